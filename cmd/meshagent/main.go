@@ -1,0 +1,67 @@
+// Command meshagent is a sidecar agent for Envoy-based service meshes: a
+// drop-in for Istio's pilot-agent built as a supervision tree.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line and returns the process exit code:
+// 0 success, 2 bad usage (unknown flag, invalid value), otherwise what the
+// command chose (1 by default).
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRootCommand(stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "meshagent: %v\n", err)
+	var exit *exitError
+	if errors.As(err, &exit) {
+		return exit.code
+	}
+	return 1
+}
+
+// exitError carries the exit code a command wants.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError is a bad flag or value: exit code 2, as for an unknown flag.
+func usageError(format string, args ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+}
+
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "meshagent",
+		Short:         "Sidecar agent for Envoy-based service meshes (a drop-in for Istio's pilot-agent)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	// Flag errors (unknown flag, bad value) are usage errors: exit code 2.
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return &exitError{code: 2, err: fmt.Errorf("%s: %w (see '%s --help')", c.CommandPath(), err, c.CommandPath())}
+	})
+	root.AddCommand(
+		newVersionCommand(),
+	)
+	return root
+}

@@ -1,0 +1,187 @@
+package messages
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+)
+
+// ErrRestart, returned (or wrapped) by a service's Serve, asks the tree to run
+// the service again at once. It is a deliberate restart, such as Envoy picking
+// up a new bootstrap, and does not count as a failure.
+var ErrRestart = errors.New("restart requested")
+
+// CertBundle is the workload's identity: its certificate chain, private key
+// and trusted roots, all PEM. From certs to sds and xds, latest value.
+type CertBundle struct {
+	CertChainPEM []byte
+	KeyPEM       []byte
+	RootsPEM     []byte
+	// Expiry is the NotAfter of the leaf certificate.
+	Expiry time.Time
+	// Version changes when, and only when, the content changes.
+	Version string
+}
+
+// String never prints the private key.
+func (b CertBundle) String() string {
+	return fmt.Sprintf("CertBundle{version=%s expiry=%s chain=%dB key=[redacted] roots=%dB}",
+		b.Version, b.Expiry.Format(time.RFC3339), len(b.CertChainPEM), len(b.RootsPEM))
+}
+
+// LogValue keeps the private key out of structured logs.
+func (b CertBundle) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("version", b.Version),
+		slog.Time("expiry", b.Expiry),
+		slog.Int("chain_bytes", len(b.CertChainPEM)),
+		slog.Int("roots_bytes", len(b.RootsPEM)),
+	)
+}
+
+// NameTable is the mesh's DNS name table as Istio's NDS sends it
+// (istio.networking.nds.v1.NameTable), as plain Go values. From xds (or a
+// file) to dns, latest value.
+type NameTable struct {
+	// Hosts maps a host name (as the control plane sends it, e.g.
+	// "reviews.default.svc.cluster.local") to what is known about it.
+	Hosts map[string]NameInfo
+	// Version identifies this table (the NDS response version, or the file's).
+	Version string
+}
+
+// NameInfo mirrors istio.networking.nds.v1.NameTable.NameInfo.
+type NameInfo struct {
+	IPs       []netip.Addr
+	Registry  string // "Kubernetes" for services of the cluster
+	Shortname string
+	Namespace string
+	AltHosts  []string
+}
+
+// HealthState is a service's condition as the status server sees it.
+type HealthState int
+
+const (
+	// Starting: running but not yet able to do its job.
+	Starting HealthState = iota
+	// Ready: doing its job.
+	Ready
+	// Degraded: doing its job on stale input (a bad cert update, say).
+	Degraded
+	// Failed: not running; the tree will restart it.
+	Failed
+	// Stopped: stopped on purpose.
+	Stopped
+)
+
+func (s HealthState) String() string {
+	switch s {
+	case Starting:
+		return "starting"
+	case Ready:
+		return "ready"
+	case Degraded:
+		return "degraded"
+	case Failed:
+		return "failed"
+	case Stopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("HealthState(%d)", int(s))
+}
+
+// Serving reports whether a service in this state counts as ready.
+func (s HealthState) Serving() bool { return s == Ready || s == Degraded }
+
+// Health is one service's report about itself (or the tree's report about a
+// service). From every service and the tree to status, event stream.
+type Health struct {
+	Service string // the service's String(), e.g. "dns"
+	State   HealthState
+	Reason  string // why, when not Ready; shown by /healthz/ready and /debug/tree
+	Time    time.Time
+}
+
+// EnvoyState is what the envoy service knows of its child process. From envoy
+// to status and xds, latest value.
+type EnvoyState struct {
+	// Epoch counts the Envoy processes this agent started, from 0.
+	Epoch   int
+	PID     int
+	Started time.Time
+	// Running is true from start until the process has exited.
+	Running bool
+	// Ready is true while Envoy's admin /ready answers LIVE.
+	Ready bool
+	// Draining is true once a drain has begun.
+	Draining bool
+	// ExitCode is Envoy's exit status once it has exited (-1 if killed by
+	// a signal); ExitReason says how it ended ("exit status 1",
+	// "signal: killed", ...).
+	ExitCode   int
+	ExitReason string
+	// Stopped is true when the envoy service has stopped for good (after a
+	// drain or at shutdown): the tree waits for it before stopping the rest.
+	Stopped bool
+}
+
+// Drain asks the envoy service to drain Envoy. From status and the signal
+// handler (via the tree) to envoy, command stream.
+type Drain struct {
+	Reason string
+	// Deadline is when the drain must end; zero means the configured
+	// termination drain duration from now.
+	Deadline time.Time
+	// Exit: after draining, stop Envoy and report Stopped. False is Istio's
+	// POST /drain: drain listeners and keep running until told to exit.
+	Exit bool
+	// Immediate skips draining (Istio's /quitquitquit): stop Envoy now.
+	Immediate bool
+}
+
+// Shutdown asks the tree to stop the agent. From status (/quitquitquit) and
+// the signal handler to tree, command stream.
+type Shutdown struct {
+	Reason string
+	// Graceful drains Envoy first; false stops at once (a second signal,
+	// /quitquitquit).
+	Graceful bool
+}
+
+// Chaos asks the tree to make a service fail, so that its supervisor must
+// restart it. From status (/debug/chaos/kill, when chaos is enabled) to tree.
+type Chaos struct {
+	Service string
+}
+
+// ServiceInfo is one node of the supervision tree as /debug/tree shows it.
+type ServiceInfo struct {
+	Name      string        `json:"name"`
+	Path      string        `json:"path"` // "xds/dns"
+	Kind      string        `json:"kind"` // "service" or "supervisor"
+	State     HealthState   `json:"-"`
+	StateName string        `json:"state"`
+	Reason    string        `json:"reason,omitempty"`
+	Restarts  int           `json:"restarts"`
+	Panics    int           `json:"panics"`
+	Failures  int           `json:"consecutive_failures"`
+	LastError string        `json:"last_error,omitempty"`
+	NextDelay time.Duration `json:"next_delay_ns,omitempty"`
+	Since     time.Time     `json:"since"`
+}
+
+// TreeState is the whole tree, in depth-first order. From tree to status,
+// latest value.
+type TreeState struct {
+	Services []ServiceInfo
+}
+
+// Readiness is the agent's overall readiness as /healthz/ready answers it.
+// From status to tree (for systemd's READY=1), latest value.
+type Readiness struct {
+	Ready  bool
+	Reason string
+}
