@@ -185,3 +185,7 @@ type Readiness struct {
 	Ready  bool
 	Reason string
 }
+
+// AgentService is the name under which the tree reports the agent's own
+// Health: Stopped while shutting down, so that readiness fails at once.
+const AgentService = "agent"

@@ -1,0 +1,165 @@
+package status
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+func (s *Service) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz/ready", s.handleReady)
+	mux.HandleFunc("GET /debug/tree", s.handleTree)
+	metrics := promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})
+	mux.Handle("GET /stats/prometheus", metrics)
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("/quitquitquit", loopbackOnly(postOnly(s.handleQuit)))
+	mux.HandleFunc("/drain", loopbackOnly(postOnly(s.handleDrain)))
+	if s.cfg.Chaos {
+		mux.HandleFunc("/debug/chaos/kill", loopbackOnly(postOnly(s.handleChaosKill)))
+	}
+	if s.cfg.Profiling {
+		mux.HandleFunc("/debug/pprof/", loopbackOnly(pprof.Index))
+		mux.HandleFunc("/debug/pprof/cmdline", loopbackOnly(pprof.Cmdline))
+		mux.HandleFunc("/debug/pprof/profile", loopbackOnly(pprof.Profile))
+		mux.HandleFunc("/debug/pprof/symbol", loopbackOnly(pprof.Symbol))
+		mux.HandleFunc("/debug/pprof/trace", loopbackOnly(pprof.Trace))
+	}
+	return mux
+}
+
+// handleReady answers kubelet (through Envoy's 15021) and `meshagent wait`:
+// 200 when every required service and Envoy are ready, else 503 with every
+// reason in plain text.
+func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request) {
+	v := s.view.Load()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !v.ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %s\n", v.reason)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// handleTree prints the supervision tree: each node's state, restarts,
+// panics and last error; JSON with ?format=json.
+func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
+	t, _ := s.in.Tree.Get()
+	v := s.view.Load()
+	if r.URL.Query().Get("format") == "json" {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(struct {
+			Ready    bool                   `json:"ready"`
+			Reason   string                 `json:"reason,omitempty"`
+			Services []messages.ServiceInfo `json:"services"`
+		}{v.ready, v.reason, t.Services})
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	writeTree(w, t, v)
+}
+
+func writeTree(w io.Writer, t messages.TreeState, v *view) {
+	readiness := "ready"
+	if !v.ready {
+		readiness = "not ready: " + v.reason
+	}
+	fmt.Fprintf(w, "meshagent (%s)\n", readiness)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tSTATE\tRESTARTS\tPANICS\tSINCE\tLAST ERROR")
+	for _, n := range t.Services {
+		depth := strings.Count(n.Path, "/")
+		label := strings.Repeat("  ", depth) + "├── " + n.Name
+		state := n.StateName
+		if h, ok := v.healths[n.Name]; ok && n.State != messages.Failed && h.State != n.State {
+			// The service's own report is more precise than the
+			// runner's (running is not the same as ready).
+			state = h.State.String()
+		}
+		if n.State == messages.Failed && n.NextDelay > 0 {
+			state += " (retry in " + n.NextDelay.Round(time.Millisecond).String() + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", label, state, n.Restarts, n.Panics,
+			n.Since.UTC().Format(time.RFC3339), oneLine(n.LastError))
+	}
+	tw.Flush()
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// handleQuit is Istio's /quitquitquit: stop the agent now, without
+// draining.
+func (s *Service) handleQuit(w http.ResponseWriter, _ *http.Request) {
+	s.log.Info("quit requested over /quitquitquit")
+	s.out.Shutdown.Send(messages.Shutdown{Reason: "/quitquitquit", Graceful: false})
+	fmt.Fprintln(w, "OK")
+}
+
+// handleDrain is Istio's /drain: drain Envoy's listeners and keep running
+// (the native-sidecar preStop hook); a later SIGTERM exits without another
+// drain.
+func (s *Service) handleDrain(w http.ResponseWriter, _ *http.Request) {
+	s.log.Info("drain requested over /drain")
+	s.out.Drain.Send(messages.Drain{Reason: "/drain", Exit: false})
+	fmt.Fprintln(w, "OK")
+}
+
+// handleChaosKill makes the named service fail so that its supervisor must
+// restart it.
+func (s *Service) handleChaosKill(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("service")
+	t, _ := s.in.Tree.Get()
+	for _, n := range t.Services {
+		if n.Name == name {
+			s.log.Warn("chaos kill requested", "target", name)
+			s.out.Chaos.Send(messages.Chaos{Service: name})
+			fmt.Fprintf(w, "killing %s\n", name)
+			return
+		}
+	}
+	http.Error(w, fmt.Sprintf("no service %q in the tree", name), http.StatusNotFound)
+}
+
+func postOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "method not allowed: use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// loopbackOnly refuses callers that are not on this host: these endpoints
+// stop, drain or break the agent.
+func loopbackOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		ip := net.ParseIP(host)
+		if err != nil || ip == nil || !ip.IsLoopback() {
+			http.Error(w, "only allowed from localhost", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	}
+}

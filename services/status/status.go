@@ -1,0 +1,205 @@
+// Package status is the agent's status server on :15020: readiness for
+// kubelet (behind Envoy's 15021) or systemd, the supervision tree, the
+// agent's Prometheus metrics, /quitquitquit, pprof and the chaos endpoints.
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Config is the status server's configuration.
+type Config struct {
+	// Addr is where to listen, ":15020" (ProxyConfig.statusPort).
+	Addr string
+	// Required are the services whose Health must be Ready (or Degraded)
+	// for /healthz/ready to answer 200.
+	Required []string
+	// RequireEnvoy: readiness also needs EnvoyState.Ready.
+	RequireEnvoy bool
+	// Chaos enables POST /debug/chaos/kill (--chaos, MESHAGENT_CHAOS=1).
+	Chaos bool
+	// Profiling serves /debug/pprof/ to loopback callers (--profiling).
+	Profiling bool
+	// Gatherer is the agent's metrics registry, served on /stats/prometheus.
+	Gatherer prometheus.Gatherer
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("status address %q: %w", c.Addr, err)
+	}
+	if c.Gatherer == nil {
+		return errors.New("status server needs a metrics gatherer")
+	}
+	return nil
+}
+
+// Inputs are what the status server reads.
+type Inputs struct {
+	Health messages.Source[messages.Health]
+	Envoy  messages.Latest[messages.EnvoyState]
+	Tree   messages.Latest[messages.TreeState]
+}
+
+// Outputs are what the status server sends.
+type Outputs struct {
+	Readiness messages.Sink[messages.Readiness]
+	Drain     messages.Sink[messages.Drain]
+	Shutdown  messages.Sink[messages.Shutdown]
+	Chaos     messages.Sink[messages.Chaos]
+}
+
+// Service is the status server.
+type Service struct {
+	cfg Config
+	in  Inputs
+	out Outputs
+	log *slog.Logger
+
+	// healths is the latest Health per service. It survives restarts of
+	// this service (health is an event stream: what was consumed is gone)
+	// and is touched only by Serve's state loop.
+	healths map[string]messages.Health
+	// view is the state loop's latest conclusion, read by HTTP handlers.
+	view atomic.Pointer[view]
+}
+
+// view is an immutable snapshot for the HTTP handlers.
+type view struct {
+	ready   bool
+	reason  string
+	healths map[string]messages.Health
+}
+
+// New returns the status server.
+func New(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
+	s := &Service{cfg: cfg, in: in, out: out, log: log, healths: map[string]messages.Health{}}
+	s.view.Store(&view{reason: "starting"})
+	return s
+}
+
+func (s *Service) String() string { return "status" }
+
+// Serve listens and serves until ctx is done.
+func (s *Service) Serve(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("status server: listen %s: %w", s.cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	s.log.Info("status server listening", "addr", ln.Addr().String())
+
+	loopErr := s.stateLoop(ctx, served)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	srv.Close()
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("status server: %w", err)
+	}
+	return loopErr
+}
+
+// stateLoop owns the health map: it folds Health events, Envoy's state and
+// the tree into a readiness verdict, until ctx is done or serving fails.
+func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
+	s.healths[s.String()] = messages.Health{Service: s.String(), State: messages.Ready, Time: time.Now()}
+	s.update()
+	for {
+		_, _, envoyChanged := s.in.Envoy.Watch()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-served:
+			return fmt.Errorf("status server stopped serving: %w", err)
+		case <-s.in.Health.Ready():
+			for _, h := range s.in.Health.Take() {
+				s.healths[h.Service] = h
+			}
+		case <-envoyChanged:
+		}
+		s.update()
+	}
+}
+
+// update recomputes the verdict, publishes it for the handlers and for the
+// tree (systemd READY=1).
+func (s *Service) update() {
+	ready, reason := s.readiness()
+	snapshot := make(map[string]messages.Health, len(s.healths))
+	for k, v := range s.healths {
+		snapshot[k] = v
+	}
+	prev := s.view.Swap(&view{ready: ready, reason: reason, healths: snapshot})
+	if prev.ready != ready || prev.reason != reason {
+		s.out.Readiness.Send(messages.Readiness{Ready: ready, Reason: reason})
+	}
+}
+
+// readiness is the verdict of /healthz/ready: every reason it is not ready.
+func (s *Service) readiness() (bool, string) {
+	var why []string
+	if h, ok := s.healths[messages.AgentService]; ok && !h.State.Serving() {
+		why = append(why, "agent: "+describe(h))
+	}
+	required := append([]string(nil), s.cfg.Required...)
+	sort.Strings(required)
+	for _, name := range required {
+		h, ok := s.healths[name]
+		switch {
+		case !ok:
+			why = append(why, name+": no report yet")
+		case !h.State.Serving():
+			why = append(why, name+": "+describe(h))
+		}
+	}
+	if s.cfg.RequireEnvoy {
+		st, ok := s.in.Envoy.Get()
+		switch {
+		case !ok || !st.Running:
+			why = append(why, "envoy: not running"+exitSuffix(st))
+		case st.Draining:
+			why = append(why, "envoy: draining")
+		case !st.Ready:
+			why = append(why, "envoy: not ready")
+		}
+	}
+	if len(why) > 0 {
+		return false, strings.Join(why, "; ")
+	}
+	return true, ""
+}
+
+func describe(h messages.Health) string {
+	if h.Reason == "" {
+		return h.State.String()
+	}
+	return h.State.String() + " (" + h.Reason + ")"
+}
+
+func exitSuffix(st messages.EnvoyState) string {
+	if st.ExitReason == "" {
+		return ""
+	}
+	return " (last exit: " + st.ExitReason + ")"
+}

@@ -1,0 +1,309 @@
+package tree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// AgentService is the name under which the tree itself reports Health (the
+// status server is ready only while the agent is not shutting down).
+const AgentService = messages.AgentService
+
+// EnvoyService is the name of the service that runs Envoy; shutdown drains
+// it before stopping the rest.
+const EnvoyService = "envoy"
+
+// Node is one entry of the tree: a service (Service set) or a group of
+// nodes under a supervisor of their own (Children set).
+type Node struct {
+	Name     string
+	Service  suture.Service
+	Children []Node
+	// Policy overrides the agent's default restart policy for this node.
+	Policy *Policy
+	// RestartWhen, for a group: blocks until the group must be rebuilt
+	// (returns true) or ctx is done (false).
+	RestartWhen func(ctx context.Context) bool
+}
+
+// Options tune the tree; zero values take the defaults.
+type Options struct {
+	Clock         Clock
+	DefaultPolicy *Policy
+	// StopTimeout bounds how long one service may take to stop once
+	// cancelled (suture's Timeout); default 10s.
+	StopTimeout time.Duration
+	// DrainTimeout bounds how long a graceful shutdown waits for Envoy to
+	// drain and stop before stopping the rest; default 1m.
+	DrainTimeout time.Duration
+	// Notifier speaks to systemd; nil does nothing.
+	Notifier Notifier
+}
+
+// Agent is a built supervision tree, ready to Run once.
+type Agent struct {
+	ch       *Channels
+	opts     Options
+	log      *slog.Logger
+	root     *suture.Supervisor
+	runners  map[string]*runner
+	hasEnvoy bool
+	giveUps  chan *GiveUpError
+}
+
+// runtimeEnv is what every runner shares.
+type runtimeEnv struct {
+	clock    Clock
+	registry *registry
+	health   messages.Sink[messages.Health]
+	metrics  *metrics
+	log      *slog.Logger
+	giveUp   func(*GiveUpError)
+}
+
+// New builds the tree from nodes. Names must be unique across the tree:
+// they are how Health, metrics, chaos and /debug/tree address a service.
+func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger, opts Options) (*Agent, error) {
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.DefaultPolicy == nil {
+		p := DefaultPolicy()
+		opts.DefaultPolicy = &p
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 10 * time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = time.Minute
+	}
+	if opts.Notifier == nil {
+		opts.Notifier = nopNotifier{}
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("registering tree metrics: %w", err)
+	}
+	a := &Agent{
+		ch: ch, opts: opts, log: log,
+		runners: map[string]*runner{},
+		giveUps: make(chan *GiveUpError, 1),
+	}
+	env := &runtimeEnv{
+		clock:    opts.Clock,
+		registry: newRegistry(ch.Tree, opts.Clock),
+		health:   ch.Health,
+		metrics:  m,
+		log:      log,
+		giveUp: func(g *GiveUpError) {
+			select {
+			case a.giveUps <- g:
+			default: // the agent is already giving up
+			}
+		},
+	}
+	spec := suture.Spec{
+		EventHook: eventHook(log, ch.Health, m, opts.Clock),
+		// Restart pacing is the runners' job: keep suture's own
+		// supervisor-wide backoff out of the way.
+		FailureThreshold:         1e9,
+		FailureDecay:             1,
+		Timeout:                  opts.StopTimeout,
+		DontPropagateTermination: true,
+	}
+	a.root = suture.New("meshagent", spec)
+	for _, n := range nodes {
+		r, err := a.build(n, "", env, spec)
+		if err != nil {
+			return nil, err
+		}
+		a.root.Add(r)
+	}
+	return a, nil
+}
+
+func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) (*runner, error) {
+	if n.Name == "" {
+		return nil, errors.New("tree node without a name")
+	}
+	if _, dup := a.runners[n.Name]; dup || n.Name == AgentService {
+		return nil, fmt.Errorf("tree node name %q is used twice", n.Name)
+	}
+	if (n.Service == nil) == (len(n.Children) == 0) {
+		return nil, fmt.Errorf("tree node %q must have either a service or children", n.Name)
+	}
+	policy := *a.opts.DefaultPolicy
+	if n.Policy != nil {
+		policy = *n.Policy
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("restart policy of %s: %w", n.Name, err)
+	}
+	path := n.Name
+	if parent != "" {
+		path = parent + "/" + n.Name
+	}
+	kind := "service"
+	if n.Service == nil {
+		kind = "supervisor"
+	}
+	env.registry.add(path, n.Name, kind)
+
+	svc := n.Service
+	if svc == nil {
+		st := &subtree{name: n.Name, spec: spec, restartWhen: n.RestartWhen}
+		for _, c := range n.Children {
+			cr, err := a.build(c, path, env, spec)
+			if err != nil {
+				return nil, err
+			}
+			st.children = append(st.children, cr)
+		}
+		svc = st
+	}
+	r := newRunner(n.Name, path, svc, policy, env)
+	a.runners[n.Name] = r
+	if n.Name == EnvoyService {
+		a.hasEnvoy = true
+	}
+	return r, nil
+}
+
+// Run serves the tree until ctx is done, a Shutdown arrives, or a service
+// gives up. A graceful stop drains Envoy first and returns nil; a give-up
+// returns the *GiveUpError.
+func (a *Agent) Run(ctx context.Context) error {
+	// The services run under a context of their own, cancelled only after
+	// Envoy has drained: ordered shutdown is explicit (suture cancels all
+	// children at once).
+	rootCtx, cancelRoot := context.WithCancel(context.Background())
+	defer cancelRoot()
+	done := a.root.ServeBackground(rootCtx)
+	a.agentHealth(messages.Ready, "")
+
+	watchdog, stopWatchdog := a.watchdog()
+	defer stopWatchdog()
+	notifiedReady := false
+	var giveUp *GiveUpError
+	graceful, reason := true, ""
+
+loop:
+	for {
+		readiness, _, readinessChanged := a.ch.Readiness.Watch()
+		if readiness.Ready && !notifiedReady {
+			notifiedReady = true
+			a.notify("READY=1")
+		}
+		select {
+		case <-ctx.Done():
+			reason = "agent stopped"
+			break loop
+		case <-a.ch.Shutdown.Ready():
+			for _, s := range a.ch.Shutdown.Take() {
+				reason = s.Reason
+				graceful = graceful && s.Graceful
+			}
+			break loop
+		case <-a.ch.Chaos.Ready():
+			for _, c := range a.ch.Chaos.Take() {
+				a.chaos(c.Service)
+			}
+		case giveUp = <-a.giveUps:
+			graceful, reason = false, giveUp.Error()
+			break loop
+		case err := <-done:
+			return fmt.Errorf("supervision tree stopped unexpectedly: %w", err)
+		case <-readinessChanged:
+		case <-watchdog:
+			a.notify("WATCHDOG=1")
+		}
+	}
+
+	a.log.Info("shutting down", "reason", reason, "graceful", graceful)
+	a.agentHealth(messages.Stopped, "shutting down: "+reason)
+	a.notify("STOPPING=1")
+	if graceful {
+		a.drainEnvoy(reason, watchdog)
+	}
+	cancelRoot()
+	<-done
+	if giveUp != nil {
+		return giveUp
+	}
+	return nil
+}
+
+// drainEnvoy asks the envoy service to drain and stop Envoy, and waits
+// until it has, or DrainTimeout passes. A Shutdown that arrives meanwhile
+// and is not graceful (a second signal) turns the drain into a stop now.
+func (a *Agent) drainEnvoy(reason string, watchdog <-chan time.Time) {
+	if !a.hasEnvoy {
+		return
+	}
+	if st, ok := a.ch.Envoy.Get(); !ok || !st.Running || st.Stopped {
+		return
+	}
+	a.ch.Drain.Send(messages.Drain{Reason: reason, Exit: true})
+	timeout := a.opts.Clock.After(a.opts.DrainTimeout)
+	for {
+		st, _, changed := a.ch.Envoy.Watch()
+		if st.Stopped || !st.Running {
+			return
+		}
+		select {
+		case <-changed:
+		case <-a.ch.Shutdown.Ready():
+			for _, s := range a.ch.Shutdown.Take() {
+				if !s.Graceful {
+					a.log.Warn("stopping Envoy without finishing the drain", "reason", s.Reason)
+					a.ch.Drain.Send(messages.Drain{Reason: s.Reason, Exit: true, Immediate: true})
+				}
+			}
+		case <-watchdog:
+			a.notify("WATCHDOG=1")
+		case <-timeout:
+			a.log.Warn("Envoy did not finish draining in time; stopping the agent", "timeout", a.opts.DrainTimeout)
+			return
+		}
+	}
+}
+
+func (a *Agent) chaos(service string) {
+	r, ok := a.runners[service]
+	if !ok {
+		a.log.Warn("chaos: no such service", "service", service)
+		return
+	}
+	select {
+	case r.kill <- struct{}{}:
+	default: // a kill is already pending
+	}
+}
+
+func (a *Agent) agentHealth(state messages.HealthState, reason string) {
+	a.ch.Health.Send(messages.Health{Service: AgentService, State: state, Reason: reason, Time: a.opts.Clock.Now()})
+}
+
+func (a *Agent) notify(state string) {
+	if err := a.opts.Notifier.Notify(state); err != nil {
+		a.log.Warn("systemd notify failed", "state", state, "error", err)
+	}
+}
+
+// watchdog ticks at half the systemd watchdog interval, or never.
+func (a *Agent) watchdog() (<-chan time.Time, func()) {
+	interval := a.opts.Notifier.WatchdogInterval()
+	if interval <= 0 {
+		return nil, func() {}
+	}
+	t := time.NewTicker(interval / 2)
+	return t.C, t.Stop
+}

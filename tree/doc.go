@@ -1,0 +1,18 @@
+// Package tree builds the agent's supervision tree and owns its channels.
+//
+// suture (github.com/thejerf/suture/v4) supervises the services, but it
+// restarts a failed service at once and only backs off a whole supervisor.
+// This package adds what a sidecar agent needs on top:
+//
+//   - a backoff runner around every service: the first restart fast, then
+//     growing with jitter to a cap, reset after a period of health, and an
+//     optional give-up limit after which the whole agent exits non-zero;
+//   - subtrees that are rebuilt from scratch (a stopped suture supervisor
+//     cannot be served again), e.g. the xds subtree when the roots change;
+//   - an event hook that never blocks and turns suture's events into Health
+//     messages, log lines and Prometheus counters;
+//   - the registry behind /debug/tree, published as a TreeState value;
+//   - ordered shutdown: drain Envoy, wait for it, then stop the rest.
+//
+// tree is the only package that calls the services' constructors.
+package tree

@@ -1,0 +1,38 @@
+package tree
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the tree's Prometheus counters.
+type metrics struct {
+	restarts *prometheus.CounterVec
+	panics   *prometheus.CounterVec
+	giveUps  *prometheus.CounterVec
+	dropped  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_service_restarts_total",
+			Help: "Restarts of a service by its supervisor after it failed, panicked or asked to be restarted.",
+		}, []string{"service"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_service_panics_total",
+			Help: "Panics recovered from a service.",
+		}, []string{"service"}),
+		giveUps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_service_give_ups_total",
+			Help: "Services that failed more often than their restart limit allows.",
+		}, []string{"service"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_health_events_dropped_total",
+			Help: "Health events dropped because the status server fell behind.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.restarts, m.panics, m.giveUps, m.dropped} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,217 @@
+package tree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// ErrChaosKill is the failure a runner reports when /debug/chaos/kill made
+// its service fail.
+var ErrChaosKill = errors.New("killed by chaos request")
+
+// ErrUnexpectedReturn is the failure of a service whose Serve returned nil
+// while the agent was running: services run until stopped.
+var ErrUnexpectedReturn = errors.New("service returned without being stopped")
+
+// runner wraps one service (or subtree) with the restart policy suture lacks:
+// a jittered, growing delay before each restart, reset after a healthy run,
+// panics turned into failures with their stack, chaos kills, and the give-up
+// limit. suture calls Serve again after it returns; everything below the
+// "touched only by Serve" line belongs to that one goroutine at a time.
+type runner struct {
+	name    string // the service's name, as in logs, metrics, Health
+	path    string // its place in the tree, "xds/dns"
+	service suture.Service
+	policy  Policy
+	clock   Clock
+	reg     *registry
+	health  messages.Sink[messages.Health]
+	metrics *metrics
+	log     *slog.Logger
+	// giveUp tells the agent to exit; it is called at most once.
+	giveUp func(*GiveUpError)
+	// kill receives chaos requests; buffered so the sender never blocks.
+	kill chan struct{}
+
+	// touched only by Serve
+	rng         *rand.Rand
+	consecutive int         // failures since the last healthy run
+	failures    []time.Time // failure times inside the give-up window
+	nextDelay   time.Duration
+	lastErr     error
+}
+
+func newRunner(name, path string, svc suture.Service, p Policy, env *runtimeEnv) *runner {
+	return &runner{
+		name: name, path: path, service: svc, policy: p,
+		clock: env.clock, reg: env.registry, health: env.health, metrics: env.metrics,
+		log: env.log.With("service", name), giveUp: env.giveUp,
+		kill: make(chan struct{}, 1),
+		rng:  rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+}
+
+func (r *runner) String() string { return r.name }
+
+// Serve waits out the backoff owed by the previous failure, runs the
+// service, and classifies how it ended.
+func (r *runner) Serve(ctx context.Context) error {
+	if r.nextDelay > 0 {
+		select {
+		case <-r.clock.After(r.nextDelay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// A kill sent while the service was down applies to no run.
+	select {
+	case <-r.kill:
+	default:
+	}
+
+	r.reg.update(r.path, func(n *messages.ServiceInfo) {
+		n.State, n.Reason, n.NextDelay = messages.Starting, "", 0
+	})
+	runCtx, cancel := context.WithCancelCause(ctx)
+	stopKillWatch := r.watchKill(runCtx, cancel)
+	started := r.clock.Now()
+	err, panicked := r.serveRecovering(runCtx)
+	stopKillWatch()
+	killed := errors.Is(context.Cause(runCtx), ErrChaosKill)
+	cancel(nil)
+
+	switch {
+	case ctx.Err() != nil && !panicked:
+		r.reg.update(r.path, func(n *messages.ServiceInfo) { n.State, n.Reason = messages.Stopped, "" })
+		r.sendHealth(messages.Stopped, "stopped")
+		return ctx.Err()
+	case killed && !panicked:
+		err = fmt.Errorf("%w (service returned: %v)", ErrChaosKill, err)
+	case errors.Is(err, suture.ErrDoNotRestart):
+		// A one-shot service that finished: keep the health it reported.
+		r.reg.update(r.path, func(n *messages.ServiceInfo) { n.State, n.Reason = messages.Stopped, "done" })
+		return err
+	case errors.Is(err, suture.ErrTerminateSupervisorTree):
+		return err
+	case errors.Is(err, messages.ErrRestart):
+		r.nextDelay = 0
+		r.metrics.restarts.WithLabelValues(r.name).Inc()
+		r.reg.update(r.path, func(n *messages.ServiceInfo) { n.Restarts++; n.Reason = err.Error() })
+		r.log.Info("service restarting on request", "reason", err)
+		return err
+	case err == nil:
+		err = ErrUnexpectedReturn
+	}
+	return r.failed(err, started, panicked)
+}
+
+// failed records a failure, decides whether to give up, and sets the delay
+// before the next run.
+func (r *runner) failed(err error, started time.Time, panicked bool) error {
+	now := r.clock.Now()
+	if now.Sub(started) >= r.policy.HealthyAfter {
+		r.consecutive = 0
+	}
+	r.consecutive++
+	r.lastErr = err
+	if panicked {
+		r.metrics.panics.WithLabelValues(r.name).Inc()
+	}
+
+	if g := r.policy.GiveUp; g != nil {
+		kept := r.failures[:0]
+		for _, t := range r.failures {
+			if now.Sub(t) < g.Window {
+				kept = append(kept, t)
+			}
+		}
+		r.failures = append(kept, now)
+		if len(r.failures) > g.Restarts {
+			gu := &GiveUpError{Service: r.name, Failures: len(r.failures), Window: g.Window, Err: err}
+			r.metrics.giveUps.WithLabelValues(r.name).Inc()
+			r.reg.update(r.path, func(n *messages.ServiceInfo) {
+				n.State, n.Reason, n.LastError, n.Failures = messages.Failed, "gave up", err.Error(), r.consecutive
+			})
+			r.sendHealth(messages.Failed, gu.Error())
+			r.log.Error("service failed too often; the agent gives up", "failures", len(r.failures),
+				"window", g.Window, "error", err)
+			r.giveUp(gu)
+			return suture.ErrDoNotRestart
+		}
+	}
+
+	r.nextDelay = r.policy.delay(r.consecutive, r.rng)
+	r.metrics.restarts.WithLabelValues(r.name).Inc()
+	r.reg.update(r.path, func(n *messages.ServiceInfo) {
+		n.State, n.Reason, n.LastError = messages.Failed, "restarting", err.Error()
+		n.Restarts++
+		n.Failures = r.consecutive
+		n.NextDelay = r.nextDelay
+		if panicked {
+			n.Panics++
+		}
+	})
+	r.sendHealth(messages.Failed, err.Error())
+	r.log.Warn("service failed; restarting", "attempt", r.consecutive, "next_delay", r.nextDelay, "error", err)
+	return err
+}
+
+// serveRecovering runs the service and turns a panic into an error that
+// carries the stack, so that the restart is ours (with backoff) and the
+// panic is counted where the service is named.
+func (r *runner) serveRecovering(ctx context.Context) (err error, panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			stack := debug.Stack()
+			r.log.Error("service panicked", "panic", fmt.Sprint(p), "stack", string(stack))
+			err, panicked = fmt.Errorf("panic: %v", p), true
+		}
+	}()
+	return r.service.Serve(ctx), false
+}
+
+// watchKill cancels the run when a chaos kill arrives. The returned func
+// stops the watcher and waits for it.
+func (r *runner) watchKill(ctx context.Context, cancel context.CancelCauseFunc) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-r.kill:
+			r.log.Warn("chaos: killing service")
+			cancel(ErrChaosKill)
+		case <-stop:
+		case <-ctx.Done():
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+
+func (r *runner) sendHealth(state messages.HealthState, reason string) {
+	r.health.Send(messages.Health{Service: r.name, State: state, Reason: reason, Time: r.clock.Now()})
+}
+
+// GiveUpError is the agent's exit error when a service failed more often
+// than its restart limit allows.
+type GiveUpError struct {
+	Service  string
+	Failures int
+	Window   time.Duration
+	Err      error // the last failure
+}
+
+func (e *GiveUpError) Error() string {
+	return fmt.Sprintf("%s failed %d times within %s, giving up; last error: %v", e.Service, e.Failures, e.Window, e.Err)
+}
+
+func (e *GiveUpError) Unwrap() error { return e.Err }

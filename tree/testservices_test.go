@@ -1,0 +1,206 @@
+package tree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/status"
+)
+
+// readyService reports Ready and runs until stopped. Before reporting
+// Ready on a run, it waits for gate (if set) so tests can hold it in
+// Starting.
+type readyService struct {
+	name   string
+	health messages.Sink[messages.Health]
+	runs   atomic.Int32
+	gate   chan struct{}
+	// panicAfter makes the first run panic after this long.
+	panicAfter time.Duration
+}
+
+func (s *readyService) String() string { return s.name }
+
+func (s *readyService) Serve(ctx context.Context) error {
+	run := s.runs.Add(1)
+	if run > 1 && s.gate != nil {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.health.Send(messages.Health{Service: s.name, State: messages.Ready, Time: time.Now()})
+	if run == 1 && s.panicAfter > 0 {
+		select {
+		case <-time.After(s.panicAfter):
+			panic("boom from " + s.name)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// failingService fails every run at once.
+type failingService struct {
+	name string
+	runs atomic.Int32
+}
+
+func (s *failingService) String() string { return s.name }
+func (s *failingService) Serve(context.Context) error {
+	n := s.runs.Add(1)
+	return fmt.Errorf("run %d: %w", n, errFake)
+}
+
+var errFake = errors.New("fake failure")
+
+// fastPolicy restarts almost at once, so tests do not wait on backoff.
+func fastPolicy() *Policy {
+	return &Policy{FirstDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, Multiplier: 2, HealthyAfter: time.Hour}
+}
+
+// harness is a tree with a status server on a free loopback port.
+type harness struct {
+	t     *testing.T
+	ch    *Channels
+	reg   *prometheus.Registry
+	agent *Agent
+	base  string
+	done  chan error
+	stop  context.CancelFunc
+}
+
+func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, required []string) *harness {
+	t.Helper()
+	h := &harness{t: t, ch: ch, reg: prometheus.NewRegistry()}
+	addr := freeAddr(t)
+	h.base = "http://" + addr
+	st := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
+		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree},
+		status.Outputs{Readiness: h.ch.Readiness, Drain: h.ch.Drain, Shutdown: h.ch.Shutdown, Chaos: h.ch.Chaos},
+		testLogger(t))
+	nodes = append(nodes, Node{Name: "status", Service: st})
+	if opts.DefaultPolicy == nil {
+		opts.DefaultPolicy = fastPolicy()
+	}
+	a, err := New(h.ch, nodes, h.reg, testLogger(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(30 * time.Second):
+			t.Error("agent did not stop")
+		}
+	})
+	return h
+}
+
+func (h *harness) get(path string) (int, string) {
+	h.t.Helper()
+	resp, err := http.Get(h.base + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (h *harness) post(path string) (int, string) {
+	h.t.Helper()
+	resp, err := http.Post(h.base+path, "text/plain", nil)
+	if err != nil {
+		h.t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// eventually polls cond until it holds, failing after a generous bound
+// (a liveness bound, not a performance assertion).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitStatus(path string, code int) string {
+	h.t.Helper()
+	var body string
+	eventually(h.t, fmt.Sprintf("GET %s = %d", path, code), func() bool {
+		var got int
+		got, body = h.get(path)
+		return got == code
+	})
+	return body
+}
+
+func (h *harness) counter(name, service string) float64 {
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == service {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,316 @@
+package tree
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/thejerf/suture/v4"
+	"go.uber.org/goleak"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A service that panics is restarted: the panic shows in /debug/tree and
+// in the counters, and the service is back and ready.
+func TestPanicIsRestartedAndVisible(t *testing.T) {
+	ch := NewChannels(nil)
+	svc := &readyService{name: "ticker", health: ch.Health, panicAfter: 50 * time.Millisecond}
+	h := newHarnessWith(t, ch, []Node{{Name: "ticker", Service: svc}}, Options{}, []string{"ticker"})
+
+	eventually(t, "second run of the panicking service", func() bool { return svc.runs.Load() >= 2 })
+	h.waitStatus("/healthz/ready", 200)
+
+	var tree struct {
+		Ready    bool                   `json:"ready"`
+		Services []messages.ServiceInfo `json:"services"`
+	}
+	eventually(t, "panic recorded in /debug/tree", func() bool {
+		_, body := h.get("/debug/tree?format=json")
+		if err := json.Unmarshal([]byte(body), &tree); err != nil {
+			t.Fatalf("bad /debug/tree JSON: %v\n%s", err, body)
+		}
+		for _, s := range tree.Services {
+			if s.Name == "ticker" {
+				return s.Panics == 1 && s.Restarts == 1 && strings.Contains(s.LastError, "boom from ticker")
+			}
+		}
+		return false
+	})
+	_, text := h.get("/debug/tree")
+	if !strings.Contains(text, "ticker") || !strings.Contains(text, "panic: boom from ticker") {
+		t.Fatalf("text /debug/tree lacks the panic:\n%s", text)
+	}
+	if got := h.counter("meshagent_service_panics_total", "ticker"); got != 1 {
+		t.Fatalf("panics counter = %v, want 1", got)
+	}
+	if got := h.counter("meshagent_service_restarts_total", "ticker"); got != 1 {
+		t.Fatalf("restarts counter = %v, want 1", got)
+	}
+	_, metrics := h.get("/stats/prometheus")
+	if !strings.Contains(metrics, `meshagent_service_restarts_total{service="ticker"} 1`) {
+		t.Fatalf("/stats/prometheus lacks the restart counter:\n%s", metrics)
+	}
+}
+
+// A service that fails past its give-up limit ends the agent with an error
+// that names it.
+func TestGiveUpEndsTheAgent(t *testing.T) {
+	ch := NewChannels(nil)
+	bad := &failingService{name: "crasher"}
+	limit := fastPolicy()
+	limit.GiveUp = &GiveUp{Restarts: 3, Window: time.Minute}
+	a, err := New(ch, []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(context.Background()) }()
+	var runErr error
+	select {
+	case runErr = <-errc:
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent did not give up")
+	}
+	var gu *GiveUpError
+	if !errors.As(runErr, &gu) {
+		t.Fatalf("Run = %v, want a *GiveUpError", runErr)
+	}
+	if gu.Service != "crasher" || gu.Failures != 4 || !errors.Is(runErr, errFake) {
+		t.Fatalf("give-up = %+v", gu)
+	}
+	if got := bad.runs.Load(); got != 4 {
+		t.Fatalf("service ran %d times, want 4 (3 restarts)", got)
+	}
+}
+
+// Restarts 0 is Istio's behaviour: the first failure ends the agent.
+func TestGiveUpWithZeroRestarts(t *testing.T) {
+	ch := NewChannels(nil)
+	bad := &failingService{name: "envoy"}
+	p := fastPolicy()
+	p.GiveUp = &GiveUp{Restarts: 0, Window: time.Minute}
+	a, err := New(ch, []Node{{Name: "envoy", Service: bad, Policy: p}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gu *GiveUpError
+	if err := a.Run(context.Background()); !errors.As(err, &gu) || bad.runs.Load() != 1 {
+		t.Fatalf("Run = %v after %d runs; want a give-up after 1", err, bad.runs.Load())
+	}
+}
+
+// A chaos kill makes readiness fail, then the restarted service makes it
+// pass again.
+func TestChaosKillThenReadyAgain(t *testing.T) {
+	ch := NewChannels(nil)
+	gate := make(chan struct{})
+	svc := &readyService{name: "dns", health: ch.Health, gate: gate}
+	h := newHarnessWith(t, ch, []Node{{Name: "xds", Children: []Node{{Name: "dns", Service: svc}}}}, Options{}, []string{"dns"})
+	h.waitStatus("/healthz/ready", 200)
+
+	if code, body := h.post("/debug/chaos/kill?service=dns"); code != 200 {
+		t.Fatalf("chaos kill = %d %s", code, body)
+	}
+	body := h.waitStatus("/healthz/ready", 503)
+	if !strings.Contains(body, "dns") {
+		t.Fatalf("503 body does not name the service: %q", body)
+	}
+	close(gate)
+	h.waitStatus("/healthz/ready", 200)
+	if got := svc.runs.Load(); got != 2 {
+		t.Fatalf("service ran %d times, want 2", got)
+	}
+	if got := h.counter("meshagent_service_restarts_total", "dns"); got != 1 {
+		t.Fatalf("restarts counter = %v, want 1", got)
+	}
+	if code, _ := h.post("/debug/chaos/kill?service=nosuch"); code != 404 {
+		t.Fatalf("chaos kill of an unknown service = %d, want 404", code)
+	}
+	if code, _ := h.get("/debug/chaos/kill?service=dns"); code != 405 {
+		t.Fatalf("GET chaos kill = %d, want 405", code)
+	}
+}
+
+// The tree speaks sd_notify: READY=1 once ready, STOPPING=1 on shutdown.
+func TestSystemdNotify(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+
+	ch := NewChannels(nil)
+	svc := &readyService{name: "svc", health: ch.Health}
+	h := newHarnessWith(t, ch, []Node{{Name: "svc", Service: svc}}, Options{Notifier: SystemdNotifier{}}, []string{"svc"})
+	if got := readNotify(t, conn); got != "READY=1" {
+		t.Fatalf("first notification %q, want READY=1", got)
+	}
+	h.stop()
+	if got := readNotify(t, conn); got != "STOPPING=1" {
+		t.Fatalf("second notification %q, want STOPPING=1", got)
+	}
+}
+
+func readNotify(t *testing.T, conn *net.UnixConn) string {
+	t.Helper()
+	buf := make([]byte, 256)
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := conn.Read(buf)
+	if err != nil {
+		t.Fatalf("reading sd_notify: %v", err)
+	}
+	return string(buf[:n])
+}
+
+// fakeEnvoy stands for the envoy service: it drains on a Drain command and
+// records whether any other service had been stopped by then.
+type fakeEnvoy struct {
+	drain      messages.Source[messages.Drain]
+	state      messages.Sink[messages.EnvoyState]
+	other      *readyService
+	otherAlive func() bool
+	sawAlive   chan bool
+}
+
+func (f *fakeEnvoy) String() string { return "envoy" }
+func (f *fakeEnvoy) Serve(ctx context.Context) error {
+	f.state.Send(messages.EnvoyState{Running: true, Ready: true})
+	select {
+	case <-f.drain.Ready():
+		f.drain.Take()
+		f.sawAlive <- f.otherAlive()
+		f.state.Send(messages.EnvoyState{Stopped: true})
+		return suture.ErrDoNotRestart
+	case <-ctx.Done():
+		f.sawAlive <- false
+		return ctx.Err()
+	}
+}
+
+// A graceful stop drains Envoy while the rest of the tree still runs.
+func TestShutdownDrainsEnvoyFirst(t *testing.T) {
+	ch := NewChannels(nil)
+	other := &stoppable{name: "sds", health: ch.Health}
+	fe := &fakeEnvoy{drain: ch.Drain, state: ch.Envoy, otherAlive: other.alive, sawAlive: make(chan bool, 1)}
+	h := newHarnessWith(t, ch, []Node{{Name: "sds", Service: other}, {Name: "envoy", Service: fe}}, Options{}, []string{"sds"})
+	h.waitStatus("/healthz/ready", 200)
+	h.stop()
+	select {
+	case alive := <-fe.sawAlive:
+		if !alive {
+			t.Fatal("sds was stopped before Envoy drained")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Envoy was never asked to drain")
+	}
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("graceful Run = %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent did not stop after the drain")
+	}
+}
+
+type stoppable struct {
+	name    string
+	health  messages.Sink[messages.Health]
+	running chan struct{}
+}
+
+func (s *stoppable) String() string { return s.name }
+func (s *stoppable) alive() bool {
+	select {
+	case <-s.running:
+		return false
+	default:
+		return true
+	}
+}
+func (s *stoppable) Serve(ctx context.Context) error {
+	s.running = make(chan struct{})
+	s.health.Send(messages.Health{Service: s.name, State: messages.Ready})
+	<-ctx.Done()
+	close(s.running)
+	return ctx.Err()
+}
+
+// /quitquitquit stops the agent at once, loopback only.
+func TestQuitQuitQuit(t *testing.T) {
+	ch := NewChannels(nil)
+	h := newHarnessWith(t, ch, nil, Options{}, nil)
+	h.waitStatus("/healthz/ready", 200)
+	if code, _ := h.get("/quitquitquit"); code != 405 {
+		t.Fatalf("GET /quitquitquit = %d, want 405", code)
+	}
+	if code, body := h.post("/quitquitquit"); code != 200 || !strings.Contains(body, "OK") {
+		t.Fatalf("POST /quitquitquit = %d %q", code, body)
+	}
+	select {
+	case err := <-h.done:
+		h.done <- err
+		if err != nil {
+			t.Fatalf("Run after quit = %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent did not stop on /quitquitquit")
+	}
+}
+
+// A group restarts as a whole when its trigger fires: a fresh supervisor,
+// every child run again.
+func TestSubtreeRebuild(t *testing.T) {
+	ch := NewChannels(nil)
+	a1 := &readyService{name: "xdsproxy", health: ch.Health}
+	a2 := &readyService{name: "dns", health: ch.Health}
+	trigger := make(chan struct{}, 1)
+	restartWhen := func(ctx context.Context) bool {
+		select {
+		case <-trigger:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
+		Children: []Node{{Name: "xdsproxy", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "xdsproxy"})
+	h.waitStatus("/healthz/ready", 200)
+	trigger <- struct{}{}
+	eventually(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
+	h.waitStatus("/healthz/ready", 200)
+	if got := h.counter("meshagent_service_restarts_total", "xds"); got != 1 {
+		t.Fatalf("xds restarts = %v, want 1", got)
+	}
+	if got := h.counter("meshagent_service_restarts_total", "dns"); got != 0 {
+		t.Fatalf("dns restarts = %v, want 0 (it was rebuilt, not failed)", got)
+	}
+}
+
+func TestNewRejectsBadTrees(t *testing.T) {
+	svc := &failingService{name: "a"}
+	cases := map[string][]Node{
+		"duplicate":  {{Name: "a", Service: svc}, {Name: "a", Service: svc}},
+		"no name":    {{Service: svc}},
+		"empty":      {{Name: "g"}},
+		"reserved":   {{Name: "agent", Service: svc}},
+		"bad policy": {{Name: "a", Service: svc, Policy: &Policy{FirstDelay: time.Second, MaxDelay: time.Millisecond, Multiplier: 2}}},
+	}
+	for name, nodes := range cases {
+		if _, err := New(NewChannels(nil), nodes, prometheus.NewRegistry(), testLogger(t), Options{}); err == nil {
+			t.Errorf("%s: New accepted %+v", name, nodes)
+		}
+	}
+}
