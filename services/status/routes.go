@@ -58,6 +58,9 @@ func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 	t, _ := s.in.Tree.Get()
 	v := s.view.Load()
 	if r.URL.Query().Get("format") == "json" {
+		for i := range t.Services {
+			t.Services[i].StateName = displayState(t.Services[i], v)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -83,12 +86,7 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 	for _, n := range t.Services {
 		depth := strings.Count(n.Path, "/")
 		label := strings.Repeat("  ", depth) + "├── " + n.Name
-		state := n.StateName
-		if h, ok := v.healths[n.Name]; ok && n.State != messages.Failed && h.State != n.State {
-			// The service's own report is more precise than the
-			// runner's (running is not the same as ready).
-			state = h.State.String()
-		}
+		state := displayState(n, v)
 		if n.State == messages.Failed && n.NextDelay > 0 {
 			state += " (retry in " + n.NextDelay.Round(time.Millisecond).String() + ")"
 		}
@@ -96,6 +94,15 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 			n.Since.UTC().Format(time.RFC3339), oneLine(n.LastError))
 	}
 	tw.Flush()
+}
+
+// displayState is a node's state for people: the tree knows whether a
+// service runs, the service's own Health knows whether it is ready.
+func displayState(n messages.ServiceInfo, v *view) string {
+	if h, ok := v.healths[n.Name]; ok && n.State == messages.Starting {
+		return h.State.String()
+	}
+	return n.StateName
 }
 
 func oneLine(s string) string {

@@ -123,6 +123,11 @@ func (s *Service) Serve(ctx context.Context) error {
 // stateLoop owns the health map: it folds Health events, Envoy's state and
 // the tree into a readiness verdict, until ctx is done or serving fails.
 func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
+	// Reports queued while this service was down (its own failure among
+	// them) come first: they are older than this run.
+	for _, h := range s.in.Health.Take() {
+		s.healths[h.Service] = h
+	}
 	s.healths[s.String()] = messages.Health{Service: s.String(), State: messages.Ready, Time: time.Now()}
 	s.update()
 	for {

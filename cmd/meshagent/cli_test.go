@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+func runCLI(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestUnknownFlagIsUsageError(t *testing.T) {
+	code, _, stderr := runCLI("proxy", "--bogus")
+	if code != 2 || !strings.Contains(stderr, "unknown flag: --bogus") {
+		t.Fatalf("proxy --bogus: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestBadValuesAreUsageErrors(t *testing.T) {
+	root := t.TempDir()
+	cases := [][]string{
+		{"proxy", "--root", root + "/missing"},
+		{"proxy", "--root", root, "gateway"},
+		{"proxy", "--root", root, "--envoy-restarts", "-1"},
+		{"proxy", "--root", root, "--stsPort", "15463"},
+		{"proxy", "--root", root, "--log_output_level", "default:loud"},
+		{"proxy", "--root", root, "--concurrency", "x"},
+		{"version", "-o", "xml"},
+		{"request", "--debug-port", "22", "GET", "/"},
+		{"wait", "--timeoutSeconds", "0"},
+	}
+	for _, args := range cases {
+		code, _, stderr := runCLI(args...)
+		if code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 with a message", args, code, stderr)
+		}
+	}
+}
+
+func TestBadProxyConfigEnvNamesIt(t *testing.T) {
+	t.Setenv("PROXY_CONFIG", "statusPort: [")
+	code, _, stderr := runCLI("proxy", "--root", t.TempDir())
+	if code != 2 || !strings.Contains(stderr, "PROXY_CONFIG") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, _ := runCLI("version", "-s")
+	if code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("version -s: %d %q", code, out)
+	}
+	code, out, _ = runCLI("version", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"clientVersion"`) {
+		t.Fatalf("version -o json: %d %q", code, out)
+	}
+}
+
+func TestWaitUntilReady(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) < 3 {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	code, out, stderr := runCLI("wait", "--url", srv.URL, "--periodMillis", "10", "--timeoutSeconds", "30")
+	if code != 0 || !strings.Contains(out, "Envoy is ready!") || calls.Load() != 3 {
+		t.Fatalf("wait: exit %d after %d calls, out %q, err %q", code, calls.Load(), out, stderr)
+	}
+}
+
+func TestWaitTimesOut(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "never", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	code, _, stderr := runCLI("wait", "--url", srv.URL, "--periodMillis", "10", "--timeoutSeconds", "1")
+	if code != 1 || !strings.Contains(stderr, "timeout waiting for Envoy proxy to become ready") || !strings.Contains(stderr, "503") {
+		t.Fatalf("wait: exit %d, err %q", code, stderr)
+	}
+}

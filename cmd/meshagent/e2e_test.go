@@ -1,0 +1,223 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the real binary, as a user or kubelet would.
+
+var agentBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "meshagent-e2e")
+	if err != nil {
+		panic(err)
+	}
+	agentBinary = filepath.Join(dir, "meshagent")
+	build := exec.Command("go", "build", "-o", agentBinary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "building meshagent: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// agentProcess is a running `meshagent proxy`.
+type agentProcess struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *lockedBuffer
+	exited chan error
+}
+
+func startAgent(t *testing.T, env []string, args ...string) *agentProcess {
+	t.Helper()
+	port := freePort(t)
+	root := t.TempDir()
+	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
+	cmd.Env = append(os.Environ(), append([]string{
+		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d}`, port, freePort(t)),
+	}, env...)...)
+	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("agent log:\n%s", p.stderr.String())
+		}
+	})
+	return p
+}
+
+func (p *agentProcess) get(path string) (int, string) {
+	resp, err := http.Get(p.base + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (p *agentProcess) waitStatus(t *testing.T, path string, code int) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, body := p.get(path)
+		if got == code {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: last %d %q, want %d", path, got, body, code)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (p *agentProcess) waitExit(t *testing.T) int {
+	t.Helper()
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		if err == nil {
+			return 0
+		}
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		t.Fatalf("agent wait: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent did not exit")
+	}
+	return -1
+}
+
+func TestAgentServesTreeAndStopsOnSIGTERM(t *testing.T) {
+	p := startAgent(t, nil, "--chaos")
+	p.waitStatus(t, "/healthz/ready", 200)
+	body := p.waitStatus(t, "/debug/tree", 200)
+	if !strings.Contains(body, "status") || !strings.Contains(body, "meshagent (ready)") {
+		t.Fatalf("/debug/tree:\n%s", body)
+	}
+	if code, _ := p.get("/stats/prometheus"); code != 200 {
+		t.Fatalf("/stats/prometheus = %d", code)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+	if !strings.Contains(p.stderr.String(), "shutting down") {
+		t.Fatalf("no shutdown log:\n%s", p.stderr.String())
+	}
+}
+
+// A process supervised by systemd (Type=notify) sees READY=1 then STOPPING=1.
+func TestAgentSdNotify(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	p := startAgent(t, []string{"NOTIFY_SOCKET=" + sock})
+	want := []string{"READY=1", "STOPPING=1"}
+	for i, w := range want {
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 128)
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", w, err)
+		}
+		if got := string(buf[:n]); got != w {
+			t.Fatalf("notification %d = %q, want %q", i, got, w)
+		}
+		if i == 0 {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// Chaos endpoints exist only when asked for, and only for loopback callers.
+func TestChaosIsOptIn(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitStatus(t, "/healthz/ready", 200)
+	resp, err := http.Post(p.base+"/debug/chaos/kill?service=status", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("chaos kill without --chaos = %d, want 404", resp.StatusCode)
+	}
+}
+
+// As PID 1 (a container without an init) the agent runs under its own
+// minimal init that forwards signals and passes the exit status through.
+func TestAgentAsPID1(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a PID namespace (unshare --pid)")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare (util-linux)")
+	}
+	out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "version", "-s").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		t.Fatalf("version as PID 1: %v %q", err, out)
+	}
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "proxy", "--bogus")
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("proxy --bogus as PID 1: %v, want exit 2", err)
+	}
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

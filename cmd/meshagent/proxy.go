@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/tree"
+)
+
+// proxyFlags are the `proxy` command's flags: Istio's pilot-agent flags
+// plus meshagent's own (--root, --chaos, --envoy-restarts).
+type proxyFlags struct {
+	// Istio's
+	domain, meshConfig, serviceCluster             string
+	proxyLogLevel, proxyComponentLogLevel          string
+	templateFile, outlierLogPath, tokenManagerPlug string
+	stsPort, concurrency                           int
+	profiling                                      bool
+	// meshagent's
+	root               string
+	chaos              bool
+	envoyRestarts      int
+	envoyRestartWindow time.Duration
+}
+
+// agentConfig is the whole configuration of a `proxy` run, parsed once from
+// flags, environment and files, and validated in one place.
+type agentConfig struct {
+	root      string
+	proxyType string
+	proxy     *meshconfig.ProxyConfig
+	pod       podInfo
+	domain    string
+	chaos     bool
+	profiling bool
+	logLevel  string
+	// envoy restart limit: more than envoyRestarts failures within
+	// envoyRestartWindow and the agent exits.
+	envoyRestarts      int
+	envoyRestartWindow time.Duration
+}
+
+// podInfo is the workload's identity from Istio's environment variables.
+type podInfo struct {
+	name, namespace, serviceAccount string
+	instanceIPs                     []string
+}
+
+// path places an agent path (Istio's "./etc/istio/proxy" or
+// "/var/lib/istio") under --root.
+func (c *agentConfig) path(p string) string {
+	return filepath.Join(c.root, p)
+}
+
+func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
+	f := &proxyFlags{}
+	cmd := &cobra.Command{
+		Use:   "proxy [sidecar|router|waypoint]",
+		Short: "Runs the sidecar agent: the supervision tree around Envoy",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := parseAgentConfig(cmd, f, args, os.LookupEnv, slog.New(slog.NewTextHandler(stderr, nil)))
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(*logs, stderr)
+			if err != nil {
+				return usageError("%v", err)
+			}
+			return runAgent(cfg, log)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
+	fl.StringVar(&f.meshConfig, "meshConfig", "./etc/istio/config/mesh", "File name for Istio mesh configuration. If not specified, a default mesh will be used.")
+	fl.StringVar(&f.serviceCluster, "serviceCluster", "istio-proxy", "Service cluster")
+	fl.StringVar(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
+	fl.StringVar(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
+	fl.StringVar(&f.templateFile, "templateFile", "", "Go template bootstrap config")
+	fl.StringVar(&f.outlierLogPath, "outlierLogPath", "", "The log path for outlier detection")
+	fl.StringVar(&f.tokenManagerPlug, "tokenManagerPlugin", "GoogleTokenExchange", "Token provider specific plugin name (accepted for compatibility; meshagent has no STS server)")
+	fl.IntVar(&f.stsPort, "stsPort", 0, "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)")
+	fl.IntVar(&f.concurrency, "concurrency", 0, "number of worker threads to run")
+	fl.BoolVar(&f.profiling, "profiling", true, "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)")
+	fl.StringVar(&f.root, "root", "/", "Directory under which every agent file path lives (env MESHAGENT_ROOT); / in production, a temp dir in tests")
+	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
+	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
+	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
+	return cmd
+}
+
+// parseAgentConfig is the one place where flags, environment and files
+// become the agent's configuration: flag > environment > file > default.
+func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, args []string, lookup func(string) (string, bool), log *slog.Logger) (*agentConfig, error) {
+	env := func(k string) string { v, _ := lookup(k); return v }
+	c := &agentConfig{proxyType: "sidecar", profiling: f.profiling, logLevel: f.proxyLogLevel}
+	if len(args) == 1 {
+		c.proxyType = args[0]
+	}
+	switch c.proxyType {
+	case "sidecar", "router", "waypoint":
+	default:
+		return nil, usageError("proxy: unknown proxy type %q: want sidecar, router or waypoint", c.proxyType)
+	}
+
+	c.root = f.root
+	if !cmd.Flags().Changed("root") {
+		if v, ok := lookup("MESHAGENT_ROOT"); ok && v != "" {
+			c.root = v
+		}
+	}
+	if !filepath.IsAbs(c.root) {
+		abs, err := filepath.Abs(c.root)
+		if err != nil {
+			return nil, usageError("--root %q: %v", c.root, err)
+		}
+		c.root = abs
+	}
+	if st, err := os.Stat(c.root); err != nil || !st.IsDir() {
+		return nil, usageError("--root %q: not a directory", c.root)
+	}
+
+	c.chaos = f.chaos
+	if !cmd.Flags().Changed("chaos") {
+		if v, ok := lookup("MESHAGENT_CHAOS"); ok && v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, usageError("MESHAGENT_CHAOS=%q: want true or false", v)
+			}
+			c.chaos = b
+		}
+	}
+
+	if f.envoyRestarts < 0 {
+		return nil, usageError("--envoy-restarts %d: must be 0 or more", f.envoyRestarts)
+	}
+	if f.envoyRestartWindow <= 0 {
+		return nil, usageError("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
+	}
+	c.envoyRestarts, c.envoyRestartWindow = f.envoyRestarts, f.envoyRestartWindow
+	if f.stsPort != 0 {
+		return nil, usageError("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
+	}
+	if f.concurrency < 0 {
+		return nil, usageError("--concurrency %d: must be 0 or more", f.concurrency)
+	}
+	if _, err := parseLogLevel(cmd.Flags().Lookup("log_output_level").Value.String()); err != nil {
+		return nil, usageError("%v", err)
+	}
+
+	c.pod = podInfo{
+		name:           env("POD_NAME"),
+		namespace:      env("POD_NAMESPACE"),
+		serviceAccount: env("SERVICE_ACCOUNT"),
+	}
+	if ip := env("INSTANCE_IP"); ip != "" {
+		for _, s := range strings.Split(ip, ",") {
+			if net.ParseIP(strings.TrimSpace(s)) == nil {
+				return nil, usageError("INSTANCE_IP=%q: %q is not an IP address", ip, s)
+			}
+			c.pod.instanceIPs = append(c.pod.instanceIPs, strings.TrimSpace(s))
+		}
+	}
+	c.domain = f.domain
+	if c.domain == "" {
+		c.domain = c.pod.namespace + ".svc.cluster.local"
+	}
+
+	pc, err := loadProxyConfig(proxyConfigSources{
+		meshConfigFile:  c.path(f.meshConfig),
+		proxyConfigEnv:  env("PROXY_CONFIG"),
+		annotationsFile: c.path("./etc/istio/pod/annotations"),
+	}, log)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	if cmd.Flags().Changed("concurrency") {
+		pc.Concurrency = nil
+		if f.concurrency > 0 {
+			pc.Concurrency = wrapInt32(f.concurrency)
+		}
+	}
+	if err := validateProxyConfig(pc); err != nil {
+		return nil, usageError("invalid proxy configuration: %v", err)
+	}
+	c.proxy = pc
+	return c, nil
+}
+
+// treeConfig turns the agent's configuration into each service's config.
+func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
+	tc := tree.Config{
+		DefaultPolicy: tree.DefaultPolicy(),
+		EnvoyPolicy:   tree.DefaultPolicy(),
+		StopTimeout:   10 * time.Second,
+	}
+	tc.EnvoyPolicy.GiveUp = &tree.GiveUp{Restarts: c.envoyRestarts, Window: c.envoyRestartWindow}
+	drain := c.proxy.GetTerminationDrainDuration().AsDuration()
+	tc.DrainTimeout = drain + 15*time.Second
+	if d := drain + 10*time.Second; d > tc.StopTimeout {
+		tc.StopTimeout = d
+	}
+	if c.proxy.StatusPort != 0 {
+		tc.Status = &status.Config{
+			Addr:      fmt.Sprintf(":%d", c.proxy.StatusPort),
+			Chaos:     c.chaos,
+			Profiling: c.profiling,
+			Gatherer:  reg,
+		}
+	}
+	return tc
+}
+
+// runAgent builds the tree and runs it until a signal, /quitquitquit or a
+// give-up. SIGTERM/SIGINT drain gracefully; a second signal stops at once;
+// a third exits on the spot.
+func runAgent(cfg *agentConfig, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	agent, ch, err := tree.Build(cfg.treeConfig(reg), reg, log, tree.SystemdNotifier{})
+	if err != nil {
+		return err
+	}
+	log.Info("meshagent starting", "version", buildVersion, "type", cfg.proxyType, "root", cfg.root,
+		"status_port", cfg.proxy.StatusPort, "chaos", cfg.chaos)
+
+	sigs := make(chan os.Signal, 3)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	stopSignals := make(chan struct{})
+	signalsDone := make(chan struct{})
+	go func() {
+		defer close(signalsDone)
+		for n := 1; ; n++ {
+			select {
+			case sig := <-sigs:
+				switch n {
+				case 1:
+					log.Info("signal received, draining", "signal", sig.String())
+					ch.Shutdown.Send(shutdownFor(sig, true))
+				case 2:
+					log.Warn("second signal received, stopping now", "signal", sig.String())
+					ch.Shutdown.Send(shutdownFor(sig, false))
+				default:
+					log.Error("third signal received, exiting at once", "signal", sig.String())
+					os.Exit(1)
+				}
+			case <-stopSignals:
+				return
+			}
+		}
+	}()
+	err = agent.Run(context.Background())
+	close(stopSignals)
+	<-signalsDone
+
+	var gu *tree.GiveUpError
+	if errors.As(err, &gu) {
+		return &exitError{code: giveUpExitCode(gu), err: err}
+	}
+	if err == nil {
+		log.Info("meshagent stopped")
+	}
+	return err
+}
+
+func shutdownFor(sig os.Signal, graceful bool) messages.Shutdown {
+	return messages.Shutdown{Reason: "received " + sig.String(), Graceful: graceful}
+}
+
+// giveUpExitCode is the agent's exit code when a service gave up: the
+// failed process's own exit status when it has one (Envoy, with
+// --envoy-restarts=0, as Istio's agent), else 1.
+func giveUpExitCode(gu *tree.GiveUpError) int {
+	var coded interface{ ExitCode() int }
+	if errors.As(gu.Err, &coded) && coded.ExitCode() > 0 {
+		return coded.ExitCode()
+	}
+	return 1
+}

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/yaml"
+)
+
+// Annotation keys Istio's agent reads from the pod's annotations file.
+const (
+	annotationProxyConfig      = "proxy.istio.io/config"
+	annotationDiscoveryAddress = "sidecar.istio.io/discoveryAddress"
+	annotationStatusPort       = "status.sidecar.istio.io/port"
+)
+
+// defaultProxyConfig is Istio's DefaultProxyConfig (pkg/config/mesh).
+func defaultProxyConfig() *meshconfig.ProxyConfig {
+	return &meshconfig.ProxyConfig{
+		ConfigPath:               "./etc/istio/proxy",
+		ClusterName:              &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
+		DrainDuration:            durationpb.New(45 * time.Second),
+		TerminationDrainDuration: durationpb.New(5 * time.Second),
+		ProxyAdminPort:           15000,
+		Concurrency:              wrapperspb.Int32(2),
+		ControlPlaneAuthPolicy:   meshconfig.AuthenticationPolicy_MUTUAL_TLS,
+		DiscoveryAddress:         "istiod.istio-system.svc:15012",
+		BinaryPath:               "/usr/local/bin/envoy",
+		StatNameLength:           189,
+		StatusPort:               15020,
+	}
+}
+
+// proxyConfigSources are the layers of the ProxyConfig, lowest first.
+type proxyConfigSources struct {
+	meshConfigFile  string // --meshConfig, after --root
+	proxyConfigEnv  string // PROXY_CONFIG
+	annotationsFile string // ./etc/istio/pod/annotations, after --root
+}
+
+// loadProxyConfig builds the ProxyConfig as Istio's agent does: defaults,
+// then the mesh config file's defaultConfig, then PROXY_CONFIG, then the
+// proxy.istio.io/config annotation, then the discoveryAddress and status
+// port annotations. Every error names the layer it came from.
+func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.ProxyConfig, error) {
+	pc := defaultProxyConfig()
+
+	if data, err := os.ReadFile(src.meshConfigFile); err == nil {
+		var mesh map[string]json.RawMessage
+		js, err := yaml.YAMLToJSON(data)
+		if err == nil {
+			err = json.Unmarshal(js, &mesh)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mesh config file %s: %w", src.meshConfigFile, err)
+		}
+		if dc, ok := mesh["defaultConfig"]; ok {
+			if pc, err = overlayProxyConfig(pc, dc, "defaultConfig of mesh config file "+src.meshConfigFile, log); err != nil {
+				return nil, err
+			}
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("mesh config file: %w", err)
+	}
+
+	if src.proxyConfigEnv != "" {
+		var err error
+		if pc, err = overlayProxyConfig(pc, []byte(src.proxyConfigEnv), "PROXY_CONFIG", log); err != nil {
+			return nil, err
+		}
+	}
+
+	annotations, err := readDownwardAPIFile(src.annotationsFile)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := annotations[annotationProxyConfig]; ok {
+		if pc, err = overlayProxyConfig(pc, []byte(v), "annotation "+annotationProxyConfig, log); err != nil {
+			return nil, err
+		}
+	}
+	if v, ok := annotations[annotationDiscoveryAddress]; ok {
+		pc.DiscoveryAddress = v
+	}
+	if v, ok := annotations[annotationStatusPort]; ok {
+		port, err := strconv.ParseUint(v, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("annotation %s=%q in %s: not a port", annotationStatusPort, v, src.annotationsFile)
+		}
+		pc.StatusPort = int32(port)
+	}
+	return pc, nil
+}
+
+// overlayProxyConfig lays YAML or JSON over pc: fields present in the
+// overlay replace those of pc (an explicit 0 or "" included, so that
+// statusPort: 0 can turn the status server off), objects merge, lists are
+// replaced. proxyMetadata merges key by key, as in Istio. Unknown fields
+// are tolerated with a warning, as Istio's agent tolerates them.
+func overlayProxyConfig(pc *meshconfig.ProxyConfig, overlay []byte, source string, log *slog.Logger) (*meshconfig.ProxyConfig, error) {
+	js, err := yaml.YAMLToJSON(overlay)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not YAML or JSON: %w", source, err)
+	}
+	var top map[string]any
+	if err := json.Unmarshal(js, &top); err != nil {
+		return nil, fmt.Errorf("%s: want a ProxyConfig object: %w", source, err)
+	}
+	if top == nil {
+		return pc, nil
+	}
+	unknown := normalizeKeys(top, pc.ProtoReflect().Descriptor(), "")
+	if len(unknown) > 0 {
+		log.Warn("ignoring unknown ProxyConfig fields", "source", source, "fields", unknown)
+	}
+	baseJSON, err := protojson.Marshal(pc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	var base map[string]any
+	if err := json.Unmarshal(baseJSON, &base); err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	merged, err := json.Marshal(mergeJSON(base, top))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	next := &meshconfig.ProxyConfig{}
+	if err := protojson.Unmarshal(merged, next); err != nil {
+		return nil, fmt.Errorf("%s: invalid ProxyConfig: %w", source, err)
+	}
+	return next, nil
+}
+
+// normalizeKeys renames every field key of obj to its protojson name (so
+// that snake_case and lowerCamelCase inputs merge) and drops, returning,
+// the keys that are not fields of md.
+func normalizeKeys(obj map[string]any, md protoreflect.MessageDescriptor, prefix string) []string {
+	var unknown []string
+	fields := md.Fields()
+	for key, val := range obj {
+		fd := fields.ByJSONName(key)
+		if fd == nil {
+			fd = fields.ByTextName(key)
+		}
+		if fd == nil {
+			unknown = append(unknown, prefix+key)
+			delete(obj, key)
+			continue
+		}
+		if name := fd.JSONName(); name != key {
+			delete(obj, key)
+			obj[name] = val
+		}
+		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() || isWellKnown(fd.Message()) {
+			continue
+		}
+		switch v := val.(type) {
+		case map[string]any:
+			unknown = append(unknown, normalizeKeys(v, fd.Message(), prefix+fd.JSONName()+".")...)
+		case []any:
+			for _, e := range v {
+				if m, ok := e.(map[string]any); ok {
+					unknown = append(unknown, normalizeKeys(m, fd.Message(), prefix+fd.JSONName()+".")...)
+				}
+			}
+		}
+	}
+	return unknown
+}
+
+// isWellKnown reports messages that protojson writes as scalars (Duration,
+// wrappers) or free-form JSON (Struct): their keys are not fields.
+func isWellKnown(md protoreflect.MessageDescriptor) bool {
+	return strings.HasPrefix(string(md.FullName()), "google.protobuf.")
+}
+
+// mergeJSON lays over onto base: objects merge recursively, everything else
+// (scalars, lists, null) replaces.
+func mergeJSON(base, over map[string]any) map[string]any {
+	for k, v := range over {
+		if vm, ok := v.(map[string]any); ok {
+			if bm, ok := base[k].(map[string]any); ok {
+				base[k] = mergeJSON(bm, vm)
+				continue
+			}
+		}
+		base[k] = v
+	}
+	return base
+}
+
+// readDownwardAPIFile reads a Kubernetes Downward API labels or
+// annotations file: one key="quoted value" per line. A missing file is
+// empty (the agent also runs outside Kubernetes).
+func readDownwardAPIFile(path string) (map[string]string, error) {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pod info file: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		if text == "" {
+			continue
+		}
+		key, quoted, ok := strings.Cut(text, "=")
+		if !ok {
+			return nil, fmt.Errorf("%s:%d: want key=\"value\", got %q", path, line, text)
+		}
+		val, err := strconv.Unquote(quoted)
+		if err != nil {
+			val = quoted // Downward API quotes values, but be lenient
+		}
+		out[key] = val
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// validateProxyConfig checks the ProxyConfig fields the agent uses; every
+// error names the field and the value.
+func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
+	var errs []error
+	if pc.StatusPort < 0 || pc.StatusPort > 65535 {
+		errs = append(errs, fmt.Errorf("ProxyConfig statusPort %d: not a port (0 disables the status server)", pc.StatusPort))
+	}
+	if pc.ProxyAdminPort < 1 || pc.ProxyAdminPort > 65535 {
+		errs = append(errs, fmt.Errorf("ProxyConfig proxyAdminPort %d: not a port", pc.ProxyAdminPort))
+	}
+	if pc.StatusPort != 0 && pc.StatusPort == pc.ProxyAdminPort {
+		errs = append(errs, fmt.Errorf("ProxyConfig statusPort and proxyAdminPort are both %d", pc.StatusPort))
+	}
+	if pc.BinaryPath == "" {
+		errs = append(errs, errors.New("ProxyConfig binaryPath is empty"))
+	}
+	if pc.ConfigPath == "" {
+		errs = append(errs, errors.New("ProxyConfig configPath is empty"))
+	}
+	if _, port, err := net.SplitHostPort(pc.DiscoveryAddress); err != nil {
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: %v", pc.DiscoveryAddress, err))
+	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: bad port %q", pc.DiscoveryAddress, port))
+	}
+	if d := pc.GetDrainDuration(); d != nil && d.AsDuration() <= 0 {
+		errs = append(errs, fmt.Errorf("ProxyConfig drainDuration %s must be positive", d.AsDuration()))
+	}
+	if d := pc.GetTerminationDrainDuration(); d != nil && d.AsDuration() < 0 {
+		errs = append(errs, fmt.Errorf("ProxyConfig terminationDrainDuration %s is negative", d.AsDuration()))
+	}
+	if c := pc.GetConcurrency(); c != nil && c.GetValue() < 0 {
+		errs = append(errs, fmt.Errorf("ProxyConfig concurrency %d is negative", c.GetValue()))
+	}
+	return errors.Join(errs...)
+}
+
+func wrapInt32(v int) *wrapperspb.Int32Value { return wrapperspb.Int32(int32(v)) }
