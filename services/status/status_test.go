@@ -1,0 +1,244 @@
+package status
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/goleak"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fixture struct {
+	svc    *Service
+	health *messages.Stream[messages.Health]
+	envoy  *messages.Cell[messages.EnvoyState]
+	tree   *messages.Cell[messages.TreeState]
+	ready  *messages.Cell[messages.Readiness]
+	drain  *messages.Stream[messages.Drain]
+	stop   *messages.Stream[messages.Shutdown]
+	chaos  *messages.Stream[messages.Chaos]
+	reg    *prometheus.Registry
+}
+
+func newFixture(cfg Config) *fixture {
+	f := &fixture{
+		health: messages.NewStream[messages.Health](0, nil),
+		envoy:  messages.NewCell[messages.EnvoyState](),
+		tree:   messages.NewCell[messages.TreeState](),
+		ready:  messages.NewCell[messages.Readiness](),
+		drain:  messages.NewStream[messages.Drain](0, nil),
+		stop:   messages.NewStream[messages.Shutdown](0, nil),
+		chaos:  messages.NewStream[messages.Chaos](0, nil),
+		reg:    prometheus.NewRegistry(),
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = f.reg
+	}
+	f.svc = New(cfg, Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree},
+		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return f
+}
+
+// serve runs the service on a free port and returns its base URL.
+func (f *fixture) serve(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	f.svc.cfg.Addr = addr
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.svc.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != context.Canceled {
+			t.Errorf("Serve = %v, want context.Canceled", err)
+		}
+	})
+	base := "http://" + addr
+	waitFor(t, func() bool {
+		resp, err := client.Get(base + "/healthz/ready")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	return base
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// client keeps no idle connections, so goleak sees none after a test.
+var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Readiness needs every required service and Envoy; the 503 body says why.
+func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
+	f := newFixture(Config{Required: []string{"sds", "dns"}, RequireEnvoy: true})
+	base := f.serve(t)
+
+	code, body := get(t, base+"/healthz/ready")
+	if code != 503 || !strings.Contains(body, "dns: no report yet") || !strings.Contains(body, "envoy: not running") {
+		t.Fatalf("initial: %d %q", code, body)
+	}
+	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})
+	f.health.Send(messages.Health{Service: "dns", State: messages.Starting, Reason: "DNS lookup table is not ready yet"})
+	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true})
+	waitFor(t, func() bool {
+		_, body := get(t, base+"/healthz/ready")
+		return strings.Contains(body, "DNS lookup table is not ready yet") && !strings.Contains(body, "envoy")
+	})
+	f.health.Send(messages.Health{Service: "dns", State: messages.Degraded, Reason: "stale table"})
+	waitFor(t, func() bool { c, _ := get(t, base+"/healthz/ready"); return c == 200 })
+	if r, _ := f.ready.Get(); !r.Ready {
+		t.Fatalf("Readiness value = %+v, want ready", r)
+	}
+
+	f.envoy.Send(messages.EnvoyState{Running: false, ExitReason: "signal: killed"})
+	waitFor(t, func() bool {
+		c, body := get(t, base+"/healthz/ready")
+		return c == 503 && strings.Contains(body, "last exit: signal: killed")
+	})
+	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true, Draining: true})
+	waitFor(t, func() bool {
+		_, body := get(t, base+"/healthz/ready")
+		return strings.Contains(body, "envoy: draining")
+	})
+
+	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true})
+	f.health.Send(messages.Health{Service: messages.AgentService, State: messages.Stopped, Reason: "shutting down"})
+	waitFor(t, func() bool {
+		_, body := get(t, base+"/healthz/ready")
+		return strings.Contains(body, "agent: stopped (shutting down)")
+	})
+}
+
+// The metrics endpoint serves valid Prometheus text, as promtool sees it.
+func TestMetricsPassPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian package prometheus)")
+	}
+	f := newFixture(Config{})
+	f.reg.MustRegister(collectors.NewGoCollector())
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_service_restarts_total", Help: "Restarts."}, []string{"service"})
+	c.WithLabelValues("dns").Add(3)
+	f.reg.MustRegister(c)
+	base := f.serve(t)
+	code, body := get(t, base+"/stats/prometheus")
+	if code != 200 || !strings.Contains(body, `meshagent_service_restarts_total{service="dns"} 3`) {
+		t.Fatalf("/stats/prometheus = %d\n%s", code, body)
+	}
+	check := exec.Command(promtool, "check", "metrics")
+	check.Stdin = strings.NewReader(body)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
+}
+
+// Endpoints that stop or break the agent refuse other hosts and non-POSTs.
+func TestDangerousEndpointsAreLoopbackOnly(t *testing.T) {
+	f := newFixture(Config{Chaos: true, Profiling: true, Gatherer: prometheus.NewRegistry()})
+	h := f.svc.routes()
+	for _, path := range []string{"/quitquitquit", "/drain", "/debug/chaos/kill?service=x", "/debug/pprof/"} {
+		req := httptest.NewRequest(http.MethodPost, path, nil)
+		req.RemoteAddr = "192.0.2.10:40000"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusForbidden {
+			t.Errorf("POST %s from 192.0.2.10 = %d, want 403", path, rec.Code)
+		}
+	}
+	if got := f.stop.Take(); len(got) != 0 {
+		t.Fatalf("a refused quit still sent %v", got)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/quitquitquit", nil)
+	req.RemoteAddr = "127.0.0.1:40000"
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET /quitquitquit = %d, want 405", rec.Code)
+	}
+	req = httptest.NewRequest(http.MethodPost, "/drain", nil)
+	req.RemoteAddr = "[::1]:40000"
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if got := f.drain.Take(); rec.Code != 200 || len(got) != 1 || got[0].Exit {
+		t.Fatalf("POST /drain = %d, drains %+v; want one Drain without exit", rec.Code, got)
+	}
+}
+
+func TestProfilingAndChaosAreOptIn(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	h := f.svc.routes()
+	for _, path := range []string{"/debug/pprof/", "/debug/chaos/kill?service=x"} {
+		req := httptest.NewRequest(http.MethodPost, path, nil)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusNotFound {
+			t.Errorf("%s without opting in = %d, want 404", path, rec.Code)
+		}
+	}
+}
+
+func TestListenFailureIsAnError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f := newFixture(Config{Addr: ln.Addr().String()})
+	err = f.svc.Serve(context.Background())
+	if err == nil || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Fatalf("Serve on a busy port = %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{Addr: "nonsense", Gatherer: prometheus.NewRegistry()}).Validate(); err == nil {
+		t.Fatal("bad address accepted")
+	}
+	if err := (Config{Addr: ":15020"}).Validate(); err == nil {
+		t.Fatal("missing gatherer accepted")
+	}
+	if err := (Config{Addr: ":15020", Gatherer: prometheus.NewRegistry()}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
