@@ -34,7 +34,7 @@ func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) *listenerv3
 			{"zstd", &zstdv3.Zstd{}},
 			{"gzip", &gzipv3.Gzip{}},
 		} {
-			filters = append(filters, httpFilter("envoy.filters.http.compressor", &compressorv3.Compressor{
+			filters = append(filters, httpFilter("envoy.filters.http.compressor."+lib.name, &compressorv3.Compressor{
 				CompressorLibrary: &corev3.TypedExtensionConfig{Name: lib.name, TypedConfig: mustAny(lib.cfg)},
 				ResponseDirectionConfig: &compressorv3.Compressor_ResponseDirectionConfig{
 					RemoveAcceptEncodingHeader: true,

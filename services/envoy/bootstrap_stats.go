@@ -83,7 +83,7 @@ func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
 				out = append(out, p)
 				continue
 			}
-			for _, ip := range c.InstanceIPs {
+			for _, ip := range dedupe(c.InstanceIPs) {
 				out = append(out, strings.ReplaceAll(p, "{pod_ip}", ip))
 			}
 		}
