@@ -9,7 +9,6 @@ import (
 	"time"
 )
 
-
 func TestCommandLine(t *testing.T) {
 	b := Bootstrap{Path: "./etc/istio/proxy/envoy-rev.json"}
 	base := []string{
@@ -91,4 +90,3 @@ func TestCommandLineGolden(t *testing.T) {
 		t.Errorf("command line differs from %s:\n%s", golden, firstDiff(string(want), got))
 	}
 }
-

@@ -110,7 +110,9 @@ func TestBadInputsNameTheFile(t *testing.T) {
 			[]string{"bootstrap template", "nope.json", "no such file"}},
 		{"template is a directory", func(c *BootstrapConfig) { c.TemplateFile = testdata },
 			[]string{"bootstrap template", testdata}},
-		{"template syntax", func(c *BootstrapConfig) { c.IstioBootstrap = writeTemp(t, "syntax.tmpl", `{"node": {"id": "{{ .nodeID "}}`) },
+		{"template syntax", func(c *BootstrapConfig) {
+			c.IstioBootstrap = writeTemp(t, "syntax.tmpl", `{"node": {"id": "{{ .nodeID "}}`)
+		},
 			[]string{"bootstrap template", "syntax.tmpl"}},
 		{"template renders invalid JSON", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "bad-json.json.tmpl") },
 			[]string{"bad-json.json.tmpl", "not a valid Envoy bootstrap"}},
