@@ -440,3 +440,32 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestWithDefaults(t *testing.T) {
+	c := BootstrapConfig{Proxy: &meshv1alpha1.ProxyConfig{ProxyAdminPort: 15100}}.WithDefaults()
+	want := BootstrapConfig{
+		ProxyType: "sidecar", ConfigPath: "./etc/istio/proxy", XDSSocket: "./etc/istio/proxy/XDS",
+		SDSSocket: "./var/run/secrets/workload-spiffe-uds/socket", LabelsFile: "./etc/istio/pod/labels",
+		AnnotationsFile: "./etc/istio/pod/annotations", AdminPort: 15100, StatusPort: 15020,
+		EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090,
+	}
+	c.Proxy = nil
+	if got, _ := json.Marshal(c); string(got) != string(must(json.Marshal(want))) {
+		t.Errorf("WithDefaults =\n  %s\nwant\n  %s", got, must(json.Marshal(want)))
+	}
+	abs := BootstrapConfig{ConfigPath: "/root/etc/istio/proxy", AdminPort: 1}.WithDefaults()
+	if abs.XDSSocket != "/root/etc/istio/proxy/XDS" || abs.AdminPort != 1 {
+		t.Errorf("WithDefaults kept/derived %s, %d", abs.XDSSocket, abs.AdminPort)
+	}
+	// Still missing what has no default: the pod's IPs.
+	if err := abs.Validate(); err == nil || !strings.Contains(err.Error(), "InstanceIPs") {
+		t.Errorf("Validate after WithDefaults = %v", err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
