@@ -206,7 +206,7 @@ func TestBootstrapContents(t *testing.T) {
 			t.Errorf("metadata %s = %q, want %q", k, got, want)
 		}
 	}
-	for _, k := range []string{"NOT_META", "BROKEN", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "credential"} {
+	for _, k := range []string{"NOT_META", "BROKEN", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "credential", "METADATA_DISCOVERY", "STS_PORT"} {
 		if _, ok := md[k]; ok {
 			t.Errorf("metadata has %s", k)
 		}
@@ -343,6 +343,9 @@ func TestBootstrapOptions(t *testing.T) {
 	c.MetricsLocalhostOnly = true
 	c.ExitOnZeroActiveConnections = true
 	c.CredentialSocketExists = true
+	c.MetadataDiscovery = true
+	c.STSPort = 15463
+	c.OutlierLogPath = "/dev/stdout"
 	c.Proxy.StatsCompression = wrapperspb.Bool(false)
 	c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin.istio-system:9411"}}}
 	c.Proxy.RuntimeValues = map[string]string{"overload.global_downstream_max_connections": "5000"}
@@ -364,8 +367,16 @@ func TestBootstrapOptions(t *testing.T) {
 		t.Errorf("metrics listener has %d network filters", n)
 	}
 	md := b.GetNode().GetMetadata().GetFields()
-	if md["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"].GetStringValue() != "true" || md["credential"].GetStringValue() != "true" {
-		t.Error("EXIT_ON_ZERO_ACTIVE_CONNECTIONS / credential metadata missing")
+	for k, want := range map[string]string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true", "credential": "true", "METADATA_DISCOVERY": "true", "STS_PORT": "15463", "OUTLIER_LOG_PATH": "/dev/stdout"} {
+		if got := md[k].GetStringValue(); got != want {
+			t.Errorf("metadata %s = %q, want %q", k, got, want)
+		}
+	}
+	if b.GetBootstrapExtensions()[0].GetName() != "metadata_discovery" {
+		t.Error("METADATA_DISCOVERY did not add the metadata_discovery extension")
+	}
+	if b.GetClusterManager().GetOutlierDetection().GetEventLogPath() != "/dev/stdout" {
+		t.Error("outlier log path not in cluster_manager")
 	}
 	js, _ := protojson.Marshal(b.GetStatsConfig())
 	if !bytes.Contains(js, []byte(`"downstream_cx_active"`)) {
