@@ -1,0 +1,45 @@
+package envoy
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// BenchmarkProtojsonMarshal is the baseline: protojson alone on the already built default bootstrap.
+func BenchmarkProtojsonMarshal(b *testing.B) {
+	c := testConfig(b)
+	node, err := buildNode(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bs, err := defaultBootstrap(c, node)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := (protojson.MarshalOptions{UseProtoNames: true}).Marshal(bs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkWriteBootstrap is the whole job: read pod files, build, marshal, re-indent, write, rename.
+func BenchmarkWriteBootstrap(b *testing.B) {
+	c := testConfig(b)
+	for b.Loop() {
+		if _, err := WriteBootstrap(c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRenderDefault is WriteBootstrap without the file system write.
+func BenchmarkRenderDefault(b *testing.B) {
+	c := testConfig(b)
+	for b.Loop() {
+		if _, err := renderDefault(c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package envoy
+
+import (
+	"strconv"
+
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	filelogv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
+	brotliv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/brotli/compressor/v3"
+	gzipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/gzip/compressor/v3"
+	zstdv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/zstd/compressor/v3"
+	compressorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/compressor/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/proto"
+)
+
+// metricsListener serves Envoy's merged Prometheus stats on <wildcard>:15090 (localhost only with
+// METRICS_LOCALHOST_ACCESS_ONLY), compressed unless statsCompression is off.
+func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) *listenerv3.Listener {
+	host, extra := fam.wildcard, fam.additionalWildcard
+	if c.MetricsLocalhostOnly {
+		host, extra = fam.localhost, ""
+	}
+	var filters []*hcmv3.HttpFilter
+	if compress {
+		for _, lib := range []struct {
+			name string
+			cfg  proto.Message
+		}{
+			{"brotli", &brotliv3.Brotli{}},
+			{"zstd", &zstdv3.Zstd{}},
+			{"gzip", &gzipv3.Gzip{}},
+		} {
+			filters = append(filters, httpFilter("envoy.filters.http.compressor."+lib.name, &compressorv3.Compressor{
+				CompressorLibrary: &corev3.TypedExtensionConfig{Name: lib.name, TypedConfig: mustAny(lib.cfg)},
+				ResponseDirectionConfig: &compressorv3.Compressor_ResponseDirectionConfig{
+					RemoveAcceptEncodingHeader: true,
+				},
+				ChooseFirst: true,
+			}))
+		}
+	}
+	return httpListener(host, extra, c.EnvoyPrometheusPort, "stats", "/stats/prometheus", statsCluster, filters)
+}
+
+// healthListener forwards /healthz/ready on <wildcard>:15021 to the agent's status port, so that
+// readiness also proves Envoy is serving.
+func healthListener(c BootstrapConfig, fam ipFamily) *listenerv3.Listener {
+	return httpListener(fam.wildcard, fam.additionalWildcard, c.EnvoyStatusPort, "agent", "/healthz/ready", agentCluster, nil)
+}
+
+// httpListener is a static listener routing one path prefix to one cluster. These listeners are the
+// agent's own: they ignore the global connection limit and the overload manager.
+func httpListener(host, additional string, port int, statPrefix, prefix, cluster string, filters []*hcmv3.HttpFilter) *listenerv3.Listener {
+	hcm := &hcmv3.HttpConnectionManager{
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		StatPrefix: statPrefix,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			VirtualHosts: []*routev3.VirtualHost{{
+				Name:    "backend",
+				Domains: []string{"*"},
+				Routes: []*routev3.Route{{
+					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
+					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+					}},
+				}},
+			}},
+		}},
+		HttpFilters: append(filters, httpFilter("envoy.filters.http.router", &routerv3.Router{})),
+	}
+	l := &listenerv3.Listener{
+		Name:    host + "_" + strconv.Itoa(port), // Envoy's listener stat form: 0.0.0.0_15090
+		Address: socketAddress(host, port),
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name:       "envoy.filters.network.http_connection_manager",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
+		}}}},
+		IgnoreGlobalConnLimit: true,
+		BypassOverloadManager: true,
+	}
+	if additional != "" {
+		l.AdditionalAddresses = []*listenerv3.AdditionalAddress{{Address: socketAddress(additional, port)}}
+	}
+	return l
+}
+
+func httpFilter(name string, cfg proto.Message) *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
+}
+
+// devNullAccessLog discards the admin interface's access log, as Istio does.
+func devNullAccessLog() *accesslogv3.AccessLog {
+	return &accesslogv3.AccessLog{
+		Name:       "envoy.access_loggers.file",
+		ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: mustAny(&filelogv3.FileAccessLog{Path: "/dev/null"})},
+	}
+}

@@ -1,0 +1,175 @@
+package envoy
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+
+	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Pod annotations that tune the stats section (Istio's sidecar.istio.io/* names).
+const (
+	annoExtraStatTags     = "sidecar.istio.io/extraStatTags"
+	annoInclusionPrefixes = "sidecar.istio.io/statsInclusionPrefixes"
+	annoInclusionSuffixes = "sidecar.istio.io/statsInclusionSuffixes"
+	annoInclusionRegexps  = "sidecar.istio.io/statsInclusionRegexps"
+	annoHistogramBuckets  = "sidecar.istio.io/statsHistogramBuckets"
+	annoStatsCompression  = "sidecar.istio.io/statsCompression"
+	annoStatsFlush        = "sidecar.istio.io/statsFlushInterval"
+)
+
+// Stats Istio always keeps: the readiness check and drain logic read them.
+var (
+	requiredInclusionPrefixes = []string{"cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm"}
+	rbacInclusionSuffixes     = []string{"rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied"}
+	requiredInclusionRegexps  = []string{`vhost\..*\.route\..*`}
+)
+
+// statsTag is one of Istio's tag extraction rules (name, regex).
+type statsTag struct{ name, regex string }
+
+// istioStatsTagsHead and istioStatsTagsTail surround the extra stat tags, in Istio's order.
+var (
+	istioStatsTagsHead = []statsTag{
+		{"cluster_name", `^cluster\.((.+?(\..+?\.svc\.cluster\.local)?)\.)`},
+		{"tcp_prefix", `^tcp\.((.*?)\.)\w+?$`},
+		{"response_code", `_rq(_(\d{3}))$`},
+		{"response_code_class", `_rq(_(\dxx))$`},
+		{"http_conn_manager_listener_prefix", `^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
+		{"http_conn_manager_prefix", `^http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
+		{"listener_address", `^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
+		{"mongo_prefix", `^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$`},
+	}
+	istioStatsTagsTail = []statsTag{
+		{"cache", `(cache\.(.+?)\.)`},
+		{"component", `(component\.(.+?)\.)`},
+		{"tag", `(tag\.(.+?);\.)`},
+		{"wasm_filter", `(wasm_filter\.(.+?)\.)`},
+		{"authz_enforce_result", `rbac(\.(allowed|denied))`},
+		{"authz_dry_run_action", `(\.istio_dry_run_(allow|deny)_)`},
+		{"authz_dry_run_result", `(\.shadow_(allowed|denied))`},
+	}
+)
+
+// statsOptions are the stats choices derived from ProxyConfig, annotations and environment.
+type statsOptions struct {
+	extraTags                  []string
+	prefixes, suffixes, regexp []string
+	buckets                    []*metricsv3.HistogramBucketSettings
+	compression                bool
+	flushInterval              time.Duration
+}
+
+func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
+	pc := c.Proxy
+	anno := node.annotations
+	// An annotation replaces the ProxyConfig list (never merged); the required entries are appended and
+	// {pod_ip} expands to each instance IP.
+	parse := func(annotation string, fromProxy, required []string) []string {
+		var list []string
+		if v := anno[annotation]; v != "" {
+			list = strings.Split(v, ",")
+		} else {
+			list = slices.Clone(fromProxy)
+		}
+		list = append(list, required...)
+		out := make([]string, 0, len(list))
+		for _, p := range list {
+			if !strings.Contains(p, "{pod_ip}") {
+				out = append(out, p)
+				continue
+			}
+			for _, ip := range dedupe(c.InstanceIPs) {
+				out = append(out, strings.ReplaceAll(p, "{pod_ip}", ip))
+			}
+		}
+		return out
+	}
+	suffixes := rbacInclusionSuffixes
+	if c.ExitOnZeroActiveConnections {
+		suffixes = append(slices.Clone(suffixes), "downstream_cx_active")
+	}
+	m := pc.GetProxyStatsMatcher()
+	o := statsOptions{
+		prefixes:      parse(annoInclusionPrefixes, m.GetInclusionPrefixes(), requiredInclusionPrefixes),
+		suffixes:      parse(annoInclusionSuffixes, m.GetInclusionSuffixes(), suffixes),
+		regexp:        parse(annoInclusionRegexps, m.GetInclusionRegexps(), requiredInclusionRegexps),
+		compression:   pc.GetStatsCompression() == nil || pc.GetStatsCompression().GetValue(),
+		flushInterval: 5 * time.Second,
+	}
+	for _, t := range append(slices.Clone(pc.GetExtraStatTags()), strings.Split(anno[annoExtraStatTags], ",")...) {
+		if t != "" && !slices.Contains(o.extraTags, t) {
+			o.extraTags = append(o.extraTags, t)
+		}
+	}
+	if v, ok := anno[annoStatsCompression]; ok {
+		o.compression = v != "false"
+	}
+	if d, err := time.ParseDuration(anno[annoStatsFlush]); err == nil && d > 0 {
+		o.flushInterval = d
+	}
+	// Histogram buckets: a JSON object prefix → bounds; ignored if it does not parse (as in Istio).
+	var js map[string][]float64
+	if json.Unmarshal([]byte(anno[annoHistogramBuckets]), &js) == nil {
+		prefixes := make([]string, 0, len(js))
+		for p := range js {
+			prefixes = append(prefixes, p)
+		}
+		slices.Sort(prefixes)
+		for _, p := range prefixes {
+			o.buckets = append(o.buckets, &metricsv3.HistogramBucketSettings{Match: prefixMatcher(p), Buckets: js[p]})
+		}
+	}
+	return o
+}
+
+// statsConfig is Istio's stats_config: its tag extraction rules and an inclusion list.
+func statsConfig(o statsOptions, metadataDiscovery bool) *metricsv3.StatsConfig {
+	var tags []*metricsv3.TagSpecifier
+	add := func(t statsTag) {
+		tags = append(tags, &metricsv3.TagSpecifier{TagName: t.name, TagValue: &metricsv3.TagSpecifier_Regex{Regex: t.regex}})
+	}
+	for _, t := range istioStatsTagsHead {
+		add(t)
+	}
+	for _, name := range o.extraTags {
+		add(statsTag{name, `(` + name + `=\.=(.*?);\.;)`})
+	}
+	for _, t := range istioStatsTagsTail {
+		add(t)
+	}
+
+	patterns := []*matcherv3.StringMatcher{prefixMatcher("reporter=")}
+	if metadataDiscovery {
+		patterns = append(patterns, prefixMatcher("workload_discovery"))
+	}
+	for _, p := range o.prefixes {
+		patterns = append(patterns, prefixMatcher(p))
+	}
+	for _, s := range o.suffixes {
+		patterns = append(patterns, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s}})
+	}
+	for _, r := range o.regexp {
+		patterns = append(patterns, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: r}}})
+	}
+	patterns = append(patterns, prefixMatcher("component"), prefixMatcher("istio"))
+
+	return &metricsv3.StatsConfig{
+		StatsTags:               tags,
+		UseAllDefaultTags:       boolValue(false),
+		HistogramBucketSettings: o.buckets,
+		StatsMatcher: &metricsv3.StatsMatcher{StatsMatcher: &metricsv3.StatsMatcher_InclusionList{
+			InclusionList: &matcherv3.ListStringMatcher{Patterns: patterns},
+		}},
+	}
+}
+
+func statsFlush(o statsOptions) *durationpb.Duration { return durationpb.New(o.flushInterval) }
+
+func prefixMatcher(p string) *matcherv3.StringMatcher {
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: p}}
+}
