@@ -32,6 +32,9 @@ type Cell[T any] struct {
 	value   T
 	set     bool
 	changed chan struct{}
+	// watched: someone holds changed, so the next Send must close it.
+	// Without watchers a Send allocates nothing.
+	watched bool
 }
 
 // NewCell returns an empty cell.
@@ -43,8 +46,11 @@ func NewCell[T any]() *Cell[T] {
 func (c *Cell[T]) Send(v T) {
 	c.mu.Lock()
 	c.value, c.set = v, true
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.watched {
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.watched = false
+	}
 	c.mu.Unlock()
 }
 
@@ -59,5 +65,6 @@ func (c *Cell[T]) Get() (T, bool) {
 func (c *Cell[T]) Watch() (T, bool, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.watched = true
 	return c.value, c.set, c.changed
 }

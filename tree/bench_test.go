@@ -1,0 +1,71 @@
+package tree
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/thejerf/suture/v4"
+)
+
+// signallingService fails each run after telling the benchmark it started.
+type signallingService struct{ started chan struct{} }
+
+func (s *signallingService) String() string { return "bench" }
+func (s *signallingService) Serve(context.Context) error {
+	s.started <- struct{}{}
+	return errFake
+}
+
+// BenchmarkRestartThroughRunner measures failure → next run through our
+// backoff runner (delay 0, so only the machinery is measured);
+// BenchmarkRestartBareSuture is the baseline: suture restarting the same
+// service directly. Their ratio is the runner's overhead per restart.
+func BenchmarkRestartThroughRunner(b *testing.B) {
+	svc := &signallingService{started: make(chan struct{})}
+	p := Policy{FirstDelay: 0, MaxDelay: 0, Multiplier: 1, HealthyAfter: 1 << 62}
+	a, err := New(NewChannels(nil), []Node{{Name: "bench", Service: svc, Policy: &p}}, prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	<-svc.started
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		<-svc.started
+	}
+	b.StopTimer()
+	cancel()
+	go func() {
+		for range svc.started {
+		}
+	}()
+	<-done
+	close(svc.started)
+}
+
+func BenchmarkRestartBareSuture(b *testing.B) {
+	svc := &signallingService{started: make(chan struct{})}
+	sup := suture.New("bench", suture.Spec{FailureThreshold: 1e9, FailureDecay: 1, EventHook: func(suture.Event) {}})
+	sup.Add(svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := sup.ServeBackground(ctx)
+	<-svc.started
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		<-svc.started
+	}
+	b.StopTimer()
+	cancel()
+	go func() {
+		for range svc.started {
+		}
+	}()
+	<-done
+	close(svc.started)
+}

@@ -1,0 +1,59 @@
+package tree
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestChaosSoak kills random services (leaves and whole subtrees) over and
+// over through /debug/chaos/kill and checks that the tree always heals:
+// readiness returns to 200 after every round and every kill is counted.
+// `make chaos` runs the long form (MESHAGENT_CHAOS_LONG=1).
+func TestChaosSoak(t *testing.T) {
+	rounds := 20
+	if os.Getenv("MESHAGENT_CHAOS_LONG") != "" {
+		rounds = 500
+	}
+	if testing.Short() {
+		rounds = 5
+	}
+	ch := NewChannels(nil)
+	leaves := map[string]*readyService{}
+	for _, name := range []string{"certs", "sds", "dns", "envoyish", "capture"} {
+		leaves[name] = &readyService{name: name, health: ch.Health}
+	}
+	nodes := []Node{
+		{Name: "capture", Service: leaves["capture"]},
+		{Name: "identity", Children: []Node{{Name: "certs", Service: leaves["certs"]}, {Name: "sds", Service: leaves["sds"]}}},
+		{Name: "xds", Children: []Node{{Name: "dns", Service: leaves["dns"]}}},
+		{Name: "envoyish", Service: leaves["envoyish"]},
+	}
+	required := []string{"certs", "sds", "dns", "envoyish", "capture"}
+	h := newHarnessWith(t, ch, nodes, Options{}, required)
+	h.waitStatus("/healthz/ready", 200)
+
+	targets := []string{"certs", "sds", "dns", "envoyish", "capture", "identity", "xds"}
+	killed := map[string]int{}
+	rng := rand.New(rand.NewPCG(42, uint64(time.Now().UnixNano())))
+	deadline := time.Now().Add(5 * time.Minute)
+	for round := 0; round < rounds && time.Now().Before(deadline); round++ {
+		victim := targets[rng.IntN(len(targets))]
+		if code, body := h.post("/debug/chaos/kill?service=" + victim); code != 200 {
+			t.Fatalf("round %d: kill %s = %d %s", round, victim, code, body)
+		}
+		killed[victim]++
+		eventually(t, fmt.Sprintf("round %d: %s restarted (%d kills)", round, victim, killed[victim]), func() bool {
+			return h.counter("meshagent_service_restarts_total", victim) == float64(killed[victim])
+		})
+		h.waitStatus("/healthz/ready", 200)
+	}
+	for name, n := range killed {
+		if got := h.counter("meshagent_service_restarts_total", name); got != float64(n) {
+			t.Errorf("%s: %v restarts counted, %d kills", name, got, n)
+		}
+	}
+	t.Logf("chaos: %d rounds, kills per service: %v", rounds, killed)
+}
