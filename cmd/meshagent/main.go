@@ -64,17 +64,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		return &exitError{code: 2, err: fmt.Errorf("%s: %w (see '%s --help')", c.CommandPath(), err, c.CommandPath())}
 	})
 	logs := &logOptions{}
-	pf := root.PersistentFlags()
-	pf.BoolVar(&logs.asJSON, "log_as_json", false, "Whether to format output as JSON or in plain console-friendly format")
-	pf.StringVar(&logs.outputLevel, "log_output_level", "default:info", "Comma-separated minimum per-scope logging level of messages to output, in the form of <scope>:<level>,<scope>:<level>,... where level is one of [debug, info, warn, error, fatal, none]; meshagent uses the default scope's level")
-	// Istio's other logging flags, accepted so that Istio command lines keep working.
-	pf.StringVar(&logs.caller, "log_caller", "", "Accepted for compatibility with Istio; ignored")
-	pf.StringVar(&logs.stacktraceLevel, "log_stacktrace_level", "default:none", "Accepted for compatibility with Istio; ignored")
-	pf.StringVar(&logs.target, "log_target", "stdout", "Accepted for compatibility with Istio; meshagent logs to stderr")
-	pf.StringVar(&logs.rotate, "log_rotate", "", "Accepted for compatibility with Istio; ignored")
-	pf.IntVar(&logs.rotateMaxAge, "log_rotate_max_age", 30, "Accepted for compatibility with Istio; ignored")
-	pf.IntVar(&logs.rotateMaxSize, "log_rotate_max_size", 104857600, "Accepted for compatibility with Istio; ignored")
-	pf.IntVar(&logs.rotateMaxBack, "log_rotate_max_backups", 1000, "Accepted for compatibility with Istio; ignored")
+	addLogFlags(root.PersistentFlags(), logs)
 	root.AddCommand(
 		newProxyCommand(stderr, logs),
 		newWaitCommand(),

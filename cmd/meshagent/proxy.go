@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
@@ -51,7 +52,17 @@ type agentConfig struct {
 	domain    string
 	chaos     bool
 	profiling bool
-	logLevel  string
+	// Envoy's bootstrap and command line
+	nodeIPs           []string
+	serviceCluster    string
+	templateFile      string
+	logLevel          string
+	componentLogLevel string
+	logAsJSON         bool
+	envoy             envoySettings
+	// the DNS proxy
+	dnsEnabled bool
+	dnsAddr    string
 	// envoy restart limit: more than envoyRestarts failures within
 	// envoyRestartWindow and the agent exits.
 	envoyRestarts      int
@@ -77,7 +88,7 @@ func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
 		Short: "Runs the sidecar agent: the supervision tree around Envoy",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := parseAgentConfig(cmd, f, args, os.LookupEnv, slog.New(slog.NewTextHandler(stderr, nil)))
+			cfg, err := parseAgentConfig(cmd, f, logs, args, os.LookupEnv, slog.New(slog.NewTextHandler(stderr, nil)))
 			if err != nil {
 				return err
 			}
@@ -88,7 +99,11 @@ func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
 			return runAgent(cfg, log)
 		},
 	}
-	fl := cmd.Flags()
+	addProxyFlags(cmd.Flags(), f)
+	return cmd
+}
+
+func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 	fl.StringVar(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
 	fl.StringVar(&f.meshConfig, "meshConfig", "./etc/istio/config/mesh", "File name for Istio mesh configuration. If not specified, a default mesh will be used.")
 	fl.StringVar(&f.serviceCluster, "serviceCluster", "istio-proxy", "Service cluster")
@@ -104,14 +119,17 @@ func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
 	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
 	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
 	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
-	return cmd
 }
 
 // parseAgentConfig is the one place where flags, environment and files
 // become the agent's configuration: flag > environment > file > default.
-func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, args []string, lookup func(string) (string, bool), log *slog.Logger) (*agentConfig, error) {
+func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args []string, lookup func(string) (string, bool), log *slog.Logger) (*agentConfig, error) {
 	env := func(k string) string { v, _ := lookup(k); return v }
-	c := &agentConfig{proxyType: "sidecar", profiling: f.profiling, logLevel: f.proxyLogLevel}
+	c := &agentConfig{
+		proxyType: "sidecar", profiling: f.profiling,
+		logLevel: f.proxyLogLevel, componentLogLevel: f.proxyComponentLogLevel, logAsJSON: logs.asJSON,
+		templateFile: f.templateFile,
+	}
 	if len(args) == 1 {
 		c.proxyType = args[0]
 	}
@@ -162,7 +180,7 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, args []string, lookup f
 	if f.concurrency < 0 {
 		return nil, usageError("--concurrency %d: must be 0 or more", f.concurrency)
 	}
-	if _, err := parseLogLevel(cmd.Flags().Lookup("log_output_level").Value.String()); err != nil {
+	if _, err := parseLogLevel(logs.outputLevel); err != nil {
 		return nil, usageError("%v", err)
 	}
 
@@ -182,6 +200,19 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, args []string, lookup f
 	c.domain = f.domain
 	if c.domain == "" {
 		c.domain = c.pod.namespace + ".svc.cluster.local"
+	}
+	c.nodeIPs = nodeIPs(c.pod.instanceIPs)
+	if cmd.Flags().Changed("serviceCluster") {
+		c.serviceCluster = f.serviceCluster
+	}
+
+	envs := &envReader{lookup: lookup}
+	c.envoy = readEnvoySettings(envs, f.outlierLogPath)
+	c.dnsEnabled = envs.boolean("ISTIO_META_DNS_CAPTURE", false) && c.proxyType == "sidecar" ||
+		envs.boolean("ISTIO_META_ENABLE_DNS_SERVER", false)
+	c.dnsAddr = envs.str("DNS_PROXY_ADDR", "localhost:15053")
+	if err := envs.err(); err != nil {
+		return nil, usageError("%v", err)
 	}
 
 	pc, err := loadProxyConfig(proxyConfigSources{
