@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/spf13/cobra v1.10.2
+	github.com/thejerf/suture/v4 v4.0.6
 	sigs.k8s.io/yaml v1.6.0
 )
 
