@@ -30,10 +30,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 	r.state.Draining = true
 	r.publish()
 	r.s.setHealth(messages.Starting, "draining: "+d.Reason)
-	if err := r.s.admin.drainListeners(ctx); err != nil {
-		// Istio goes on waiting: Envoy may still finish its connections.
-		log.Warn("drain_listeners failed", "err", err)
-	}
+	r.postDrainListeners(ctx)
 	if !d.Exit {
 		// Istio's POST /drain: drain, keep running until told to exit.
 		log.Info("envoy draining; it keeps running until told to exit")
@@ -84,7 +81,7 @@ func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-cha
 		case ready := <-readiness:
 			r.setReady(ready)
 		case <-r.drainReady():
-			for _, d := range r.s.drain.Take() {
+			for _, d := range r.s.takeDrains() {
 				if d.Immediate {
 					r.s.log.Info("immediate stop during drain", "reason", d.Reason)
 					r.stop("stopped without draining: " + d.Reason)
@@ -116,6 +113,30 @@ func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-cha
 				r.s.log.Info("waiting for active connections to end", "active", n)
 			}
 			check = clock.After(activeConnectionsPollInterval)
+		}
+	}
+}
+
+// postDrainListeners asks Envoy to drain. An Envoy that has only just
+// started may not answer yet: try for about a second. On failure, go on as
+// Istio does: the drain period still lets connections finish.
+func (r *run) postDrainListeners(ctx context.Context) {
+	const attempts = 10
+	for i := 1; ; i++ {
+		err := r.s.admin.drainListeners(ctx)
+		if err == nil {
+			return
+		}
+		if i == attempts {
+			r.s.log.Warn("drain_listeners failed", "err", err, "attempts", i)
+			return
+		}
+		select {
+		case <-r.child.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-r.s.cfg.Clock.After(100 * time.Millisecond):
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/thejerf/suture/v4"
@@ -169,9 +170,11 @@ type Service struct {
 	log    *slog.Logger
 	admin  *adminClient
 
-	// epoch is the Epoch of the next Envoy process; it survives Serve calls
-	// and is touched only by Serve's goroutine.
+	// epoch is the Epoch of the next Envoy process and last the last
+	// EnvoyState published; both survive Serve calls and are touched only
+	// by Serve's goroutine.
 	epoch int
+	last  messages.EnvoyState
 }
 
 // New returns the service. drain may be nil (no drain commands).
@@ -196,6 +199,19 @@ func (s *Service) Serve(ctx context.Context) error {
 		s.setHealth(messages.Failed, err.Error())
 		return err
 	}
+	// A stop requested while Envoy was not running (between a crash and
+	// the restart, say) is honoured without starting it again.
+	pending := s.takeDrains()
+	for _, d := range pending {
+		if d.Exit || d.Immediate {
+			s.log.Info("not starting envoy: a stop was requested", "reason", d.Reason)
+			s.last.Running, s.last.Ready, s.last.Stopped = false, false, true
+			s.state.Send(s.last)
+			s.setHealth(messages.Stopped, "stop requested before start: "+d.Reason)
+			return errDrained("stop requested before start")
+		}
+	}
+
 	s.setHealth(messages.Starting, "starting envoy")
 	child, err := s.start()
 	if err != nil {
@@ -205,6 +221,8 @@ func (s *Service) Serve(ctx context.Context) error {
 	r := &run{s: s, child: child, state: messages.EnvoyState{
 		Epoch: child.epoch, PID: child.pid, Started: child.started, Running: true,
 	}}
+	// Serve never returns, not even by a panic, while Envoy runs.
+	defer r.ensureGone()
 	r.publish()
 	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
 
@@ -217,7 +235,20 @@ func (s *Service) Serve(ctx context.Context) error {
 	}()
 	defer func() { stopReady(); <-pollerDone }()
 
+	for _, d := range pending { // drains without Exit, asked before the start
+		if err := r.handleDrain(ctx, d, readiness); err != nil {
+			return err
+		}
+	}
 	return r.loop(ctx, readiness)
+}
+
+// takeDrains returns the waiting Drain commands, if there is a source.
+func (s *Service) takeDrains() []messages.Drain {
+	if s.drain == nil {
+		return nil
+	}
+	return s.drain.Take()
 }
 
 // run is the state of one Serve call.
@@ -228,7 +259,22 @@ type run struct {
 	drained bool // a drain finished; a later exit or stop does not drain again
 }
 
-func (r *run) publish() { r.s.state.Send(r.state) }
+func (r *run) publish() {
+	r.s.last = r.state
+	r.s.state.Send(r.state)
+}
+
+// ensureGone kills and reaps Envoy if it still runs: the last line of
+// defence when Serve unwinds by a path that did not stop it (a panic).
+func (r *run) ensureGone() {
+	select {
+	case <-r.child.done:
+	default:
+		r.s.log.Error("envoy still running as Serve returns; killing it", "pid", r.child.pid)
+		_ = r.child.cmd.Process.Signal(syscall.SIGKILL)
+		<-r.child.done
+	}
+}
 
 // loop waits for Envoy's exit, a readiness change, a drain command, or ctx.
 func (r *run) loop(ctx context.Context, readiness <-chan bool) error {
@@ -242,7 +288,7 @@ func (r *run) loop(ctx context.Context, readiness <-chan bool) error {
 		case ready := <-readiness:
 			r.setReady(ready)
 		case <-r.drainReady():
-			for _, d := range r.s.drain.Take() {
+			for _, d := range r.s.takeDrains() {
 				if err := r.handleDrain(ctx, d, readiness); err != nil {
 					return err
 				}

@@ -198,10 +198,9 @@ func TestDrainThenExitLater(t *testing.T) {
 	h.drain.Send(messages.Drain{Reason: "POST /drain"})
 	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
 	if !realEnvoy {
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful") && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitFor(t, "fakeenvoy to record the drain", func() bool {
+			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
+		})
 	}
 	select {
 	case err := <-errc:
@@ -409,4 +408,46 @@ func runAsParent() int {
 	}
 	fmt.Fprintln(os.Stderr, "parent: Serve:", <-errc)
 	return 1
+}
+
+// A stop asked for while no Envoy runs (between a crash and the restart) is
+// honoured by the next Serve without starting Envoy.
+func TestStopRequestedBeforeStart(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := h.serve(ctx)
+	first := h.waitState("running", running)
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitServe(errc); !errors.Is(err, ErrEnvoyExited) {
+		t.Fatalf("Serve = %v", err)
+	}
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(h.serve(ctx)); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve with a pending stop = %v; want ErrDrained", err)
+	}
+	st, _ := h.state.Get()
+	if !st.Stopped || st.Running || st.PID != first.PID || st.Epoch != first.Epoch {
+		t.Fatalf("state = %+v; want stopped, no new process", st)
+	}
+}
+
+// A drain without Exit asked for before the start is applied once Envoy runs.
+func TestDrainRequestedBeforeStart(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.drain.Send(messages.Drain{Reason: "POST /drain"})
+	errc := h.serve(ctx)
+	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Running && s.Draining })
+	if !realEnvoy {
+		waitFor(t, "fakeenvoy to record the drain", func() bool {
+			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
+		})
+	}
+	cancel()
+	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve = %v", err)
+	}
 }
