@@ -20,11 +20,16 @@ type adminClient struct {
 func newAdminClient(addr string) *adminClient {
 	return &adminClient{
 		base: "http://" + addr,
-		// Envoy's admin is on loopback: no proxy from the environment, and
-		// no keep-alive connection that would show up in its stats.
-		http: &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}},
+		// Envoy's admin is on loopback: no proxy from the environment. One
+		// kept-alive connection serves the readiness polls; Serve closes
+		// it when it returns (closeIdle).
+		http: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: 10 * time.Second}},
 	}
 }
+
+// closeIdle closes the kept-alive connection, and with it the transport's
+// goroutines.
+func (a *adminClient) closeIdle() { a.http.CloseIdleConnections() }
 
 // ready reports whether GET /ready answers 200 "LIVE".
 func (a *adminClient) ready(ctx context.Context) (bool, error) {
@@ -120,10 +125,15 @@ func (s *Service) pollReady(ctx context.Context, out chan bool) {
 			}
 			out <- ready
 		}
+		// Once ready, a change is rare: poll at most once a second.
+		interval := s.cfg.ReadyPollInterval
+		if last {
+			interval = max(interval, time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.cfg.Clock.After(s.cfg.ReadyPollInterval):
+		case <-s.cfg.Clock.After(interval):
 		}
 	}
 }

@@ -233,7 +233,7 @@ func (s *Service) Serve(ctx context.Context) error {
 		defer close(pollerDone)
 		s.pollReady(readyCtx, readiness)
 	}()
-	defer func() { stopReady(); <-pollerDone }()
+	defer func() { stopReady(); <-pollerDone; s.admin.closeIdle() }()
 
 	for _, d := range pending { // drains without Exit, asked before the start
 		if err := r.handleDrain(ctx, d, readiness); err != nil {

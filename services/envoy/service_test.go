@@ -451,3 +451,54 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 }
+
+// RunAs: Envoy runs as uid/gid 1337 (Istio's proxy user) when asked.
+func TestRunAs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start Envoy as uid 1337")
+	}
+	// Everything Envoy reads must be readable by uid 1337.
+	dir, err := os.MkdirTemp("", "envoy-runas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "envoy")
+	raw, err := os.ReadFile(envoyBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, nil, func(c *Config) {
+		c.BinaryPath = bin
+		c.RunAs = &Credential{UID: 1337, GID: 1337}
+		port := c.AdminAddr[strings.LastIndexByte(c.AdminAddr, ':')+1:]
+		c.Prepare = func() ([]string, error) {
+			p, _ := strconv.Atoi(port)
+			args, err := writeBootstrap(dir, p)
+			if err == nil {
+				err = os.Chmod(filepath.Join(dir, "envoy-rev.json"), 0o644)
+			}
+			return args, err
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := h.serve(ctx)
+	st := h.waitState("ready", ready) // it read its bootstrap as 1337
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Uid:\t1337\t1337\t1337\t1337", "Gid:\t1337\t1337\t1337\t1337"} {
+		if !strings.Contains(string(status), want) {
+			t.Fatalf("envoy /proc status lacks %q:\n%s", want, status)
+		}
+	}
+	cancel()
+	h.waitServe(errc)
+}
