@@ -502,3 +502,49 @@ func TestRunAs(t *testing.T) {
 	cancel()
 	h.waitServe(errc)
 }
+
+// A long drain is cut short by the agent stopping or by an immediate stop
+// (a second SIGTERM, /quitquitquit).
+func TestDrainCutShort(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  func(h *harness, cancel context.CancelFunc)
+		want error
+	}{
+		{"ctx cancelled", func(_ *harness, cancel context.CancelFunc) { cancel() }, context.Canceled},
+		{"immediate drain", func(h *harness, _ context.CancelFunc) {
+			h.drain.Send(messages.Drain{Reason: "quitquitquit", Immediate: true})
+		}, ErrDrained},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := h.serve(ctx)
+			st := h.waitState("ready", ready)
+			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
+			tc.cut(h, cancel)
+			if err := h.waitServe(errc); !errors.Is(err, tc.want) {
+				t.Fatalf("Serve = %v; want %v", err, tc.want)
+			}
+			if final, _ := h.state.Get(); !final.Stopped || !pidGone(st.PID) {
+				t.Fatalf("state = %+v; want stopped and no envoy", final)
+			}
+		})
+	}
+}
+
+// Drain.Deadline overrides the termination drain duration.
+func TestDrainDeadline(t *testing.T) {
+	h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true, Deadline: time.Now().Add(300 * time.Millisecond)})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !strings.Contains(h.logs.String(), "termination drain duration over") {
+		t.Fatalf("drain did not end at its deadline:\n%s", h.logs)
+	}
+}
