@@ -202,6 +202,11 @@ func TestDrainThenExitLater(t *testing.T) {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}
+	if !realEnvoy {
+		if _, drains := httpGet(t, "http://"+h.admin+"/fake/drains"); !strings.Contains(drains, `"inboundonly\u0026graceful"`) {
+			t.Fatalf("fakeenvoy recorded drains %s; want inboundonly&graceful", drains)
+		}
+	}
 	select {
 	case err := <-errc:
 		t.Fatalf("Serve returned %v after a drain without Exit", err)
