@@ -74,14 +74,14 @@ const (
 	outputYAML = "envoy-rev.yaml"
 )
 
-// ErrInvalidConfig marks a BootstrapConfig that Validate rejects.
-var ErrInvalidConfig = errors.New("invalid bootstrap config")
+// ErrInvalidBootstrap marks a BootstrapConfig that Validate rejects.
+var ErrInvalidBootstrap = errors.New("invalid bootstrap config")
 
 // Validate checks the values a bootstrap cannot be built without; errors name the field and value.
 func (c BootstrapConfig) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidBootstrap}, args...)...))
 	}
 	switch c.ProxyType {
 	case "sidecar", "router", "waypoint":

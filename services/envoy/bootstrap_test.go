@@ -442,8 +442,8 @@ func TestValidate(t *testing.T) {
 			c := testConfig(t)
 			tc.edit(&c)
 			err := c.Validate()
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v, want ErrInvalidConfig naming %q", err, tc.want)
+			if !errors.Is(err, ErrInvalidBootstrap) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want ErrInvalidBootstrap naming %q", err, tc.want)
 			}
 			if _, werr := WriteBootstrap(c); werr == nil {
 				t.Fatal("WriteBootstrap accepted an invalid config")

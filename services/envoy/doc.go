@@ -1,0 +1,21 @@
+// Package envoy runs Envoy as a child process of the agent and tells the rest
+// of the agent what became of it.
+//
+// The Service starts Envoy (in its own process group, killed by the kernel if
+// the agent dies), follows its admin /ready endpoint, publishes EnvoyState and
+// Health, drains it on a Drain command the way Istio's pilot-agent does
+// (POST /drain_listeners?inboundonly&graceful, then wait the termination drain
+// duration or, when asked, until no connection is active), and stops it with
+// SIGTERM then SIGKILL after a grace period.
+//
+// The Service never restarts Envoy itself: when Envoy exits, Serve publishes
+// the exit and returns an error wrapping ErrEnvoyExited, and the supervision
+// tree decides when (and whether) Serve runs again. Each Serve call starts one
+// Envoy process; EnvoyState.Epoch counts them.
+//
+// The bootstrap file and Envoy's command line are written by Config.Prepare
+// (see bootstrap.go and args.go in this package).
+//
+// testdata/fakeenvoy is a stand-in Envoy used by the tests; with
+// MESHAGENT_TEST_ENVOY=/path/to/envoy the same tests run against a real one.
+package envoy

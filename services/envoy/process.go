@@ -1,0 +1,125 @@
+package envoy
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// child is one running Envoy process.
+type child struct {
+	cmd     *exec.Cmd
+	pid     int
+	epoch   int
+	started time.Time
+	// done is closed when the process has exited and been reaped; waitErr
+	// is then Wait's result.
+	done    chan struct{}
+	waitErr error
+}
+
+// start prepares the bootstrap and arguments and starts Envoy. It never
+// leaves a process behind when it fails.
+func (s *Service) start() (*child, error) {
+	if err := checkBinary(s.cfg.BinaryPath); err != nil {
+		return nil, err
+	}
+	var args []string
+	if s.cfg.Prepare != nil {
+		var err error
+		if args, err = s.cfg.Prepare(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
+		}
+	}
+	cmd := exec.Command(s.cfg.BinaryPath, args...)
+	cmd.Env = s.cfg.Env
+	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, s.cfg.Stderr
+	// Envoy gets its own process group, so that a signal sent to the
+	// agent's group (a terminal's ^C, say) does not reach it behind our
+	// back, and SIGKILL from the kernel when the thread that started it
+	// dies, so that a dead agent never leaves an Envoy holding the ports.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if c := s.cfg.RunAs; c != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID}
+	}
+	// If Envoy's output is a pipe rather than a file, a grandchild holding
+	// it must not keep Wait from returning.
+	cmd.WaitDelay = time.Second
+
+	// Pdeathsig is tied to the OS thread that forks, not to the process:
+	// keep this goroutine on one thread across Start. The runtime only
+	// ends a thread whose goroutine exits while locked, which this one
+	// does not, so the thread lives as long as the agent.
+	runtime.LockOSThread()
+	err := cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", s.cfg.BinaryPath, err)
+	}
+	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.cfg.Clock.Now(), done: make(chan struct{})}
+	s.epoch++
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// checkBinary says clearly, naming the path, why Envoy cannot be run.
+func checkBinary(path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %s does not exist (set ProxyConfig.binaryPath)", ErrBinary, path)
+	case err != nil:
+		return fmt.Errorf("%w: %s: %v", ErrBinary, path, err)
+	case st.IsDir():
+		return fmt.Errorf("%w: %s is a directory", ErrBinary, path)
+	case st.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("%w: %s is not executable (mode %v)", ErrBinary, path, st.Mode().Perm())
+	}
+	return nil
+}
+
+// wait blocks until the process has exited and been reaped.
+func (c *child) wait() { <-c.done }
+
+// exitStatus is the exit code (-1 when killed by a signal) and how it ended.
+// Only valid after done is closed.
+func (c *child) exitStatus() (int, string) {
+	st := c.cmd.ProcessState
+	if st == nil {
+		return -1, fmt.Sprintf("not reaped: %v", c.waitErr)
+	}
+	return st.ExitCode(), st.String()
+}
+
+// terminate sends SIGTERM, then SIGKILL after grace, and waits for the exit.
+// Process.Signal goes through a pidfd, so a signal can never reach another
+// process that reused the pid.
+func (c *child) terminate(grace time.Duration, clock Clock, log *slog.Logger) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		log.Warn("SIGTERM envoy", "pid", c.pid, "err", err)
+	}
+	select {
+	case <-c.done:
+		return
+	case <-clock.After(grace):
+	}
+	log.Warn("envoy did not exit after SIGTERM; killing it", "pid", c.pid, "grace", grace)
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		log.Error("SIGKILL envoy", "pid", c.pid, "err", err)
+	}
+	<-c.done
+}

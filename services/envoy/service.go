@@ -1,0 +1,376 @@
+package envoy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Defaults, from Istio where Istio has one.
+const (
+	// DefaultBinaryPath is ProxyConfig.binaryPath's default.
+	DefaultBinaryPath = "/usr/local/bin/envoy"
+	// DefaultAdminAddr is Envoy's admin address in Istio's bootstrap
+	// (ProxyConfig.proxyAdminPort 15000 on localhost).
+	DefaultAdminAddr = "127.0.0.1:15000"
+	// DefaultTerminationDrainDuration is ProxyConfig.terminationDrainDuration's default.
+	DefaultTerminationDrainDuration = 5 * time.Second
+	// DefaultMinimumDrainDuration is MINIMUM_DRAIN_DURATION's default.
+	DefaultMinimumDrainDuration = 5 * time.Second
+	// DefaultKillGrace is how long Envoy has to exit after SIGTERM before it
+	// gets SIGKILL. Istio kills at once after the drain (Process.Kill); we
+	// let Envoy flush its logs and close its sockets first.
+	DefaultKillGrace = 5 * time.Second
+	// DefaultReadyPollInterval is how often admin /ready is polled.
+	DefaultReadyPollInterval = 100 * time.Millisecond
+	// activeConnectionsPollInterval is Istio's activeConnectionCheckDelay.
+	activeConnectionsPollInterval = time.Second
+)
+
+// Sentinel errors, checked with errors.Is.
+var (
+	// ErrEnvoyExited: Envoy exited without being asked to. The error Serve
+	// returns is an *ExitError that carries the exit status.
+	ErrEnvoyExited = errors.New("envoy exited")
+	// ErrDrained: Envoy was drained (or stopped by an immediate Drain) and
+	// stopped on purpose. Serve's error also wraps suture.ErrDoNotRestart.
+	ErrDrained = errors.New("envoy drained and stopped")
+	// ErrBinary: the Envoy binary is missing or cannot be executed.
+	ErrBinary = errors.New("envoy binary unusable")
+	// ErrPrepare: Config.Prepare (bootstrap and arguments) failed.
+	ErrPrepare = errors.New("prepare envoy start")
+	// ErrInvalidConfig: a Config field is invalid.
+	ErrInvalidConfig = errors.New("invalid envoy config")
+)
+
+// Credential is the user and group Envoy runs as (Istio: uid/gid 1337 when
+// the agent runs as root and DNS_PROXY_ADDR ends in ":53").
+type Credential struct {
+	UID, GID uint32
+}
+
+// Clock is where the service gets time from; tests may replace it.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Config is how to run Envoy. Zero fields take the defaults above.
+type Config struct {
+	// BinaryPath is Envoy's executable (ProxyConfig.binaryPath).
+	BinaryPath string
+	// Prepare writes the bootstrap and returns Envoy's arguments (everything
+	// after the binary). It is called before every start; an error is a
+	// start failure. Nil means no arguments.
+	Prepare func() ([]string, error)
+	// AdminAddr is host:port of Envoy's admin API (ProxyConfig.proxyAdminPort).
+	AdminAddr string
+	// TerminationDrainDuration is how long a drain lasts
+	// (ProxyConfig.terminationDrainDuration), unless Drain.Deadline says otherwise.
+	TerminationDrainDuration time.Duration
+	// MinimumDrainDuration is how long a drain lasts at least when
+	// ExitOnZeroActiveConnections is set (MINIMUM_DRAIN_DURATION).
+	MinimumDrainDuration time.Duration
+	// ExitOnZeroActiveConnections ends a drain as soon as Envoy has no active
+	// downstream connection (EXIT_ON_ZERO_ACTIVE_CONNECTIONS).
+	ExitOnZeroActiveConnections bool
+	// ExcludedListeners are the listener stat names (as in
+	// "listener.<name>.downstream_cx_active") that do not count as active
+	// connections: the agent's own listeners. Nil means Istio's:
+	// 0.0.0.0_15021, 0.0.0.0_15090, [__]_15021, [__]_15090 and admin.
+	ExcludedListeners []string
+	// KillGrace is how long Envoy has after SIGTERM before SIGKILL.
+	KillGrace time.Duration
+	// ReadyPollInterval is how often admin /ready is polled.
+	ReadyPollInterval time.Duration
+	// RunAs, when not nil, is the uid/gid Envoy runs as; nil inherits ours.
+	RunAs *Credential
+	// Stdout and Stderr receive Envoy's output (default: ours).
+	Stdout, Stderr io.Writer
+	// Env is Envoy's environment; nil inherits the agent's.
+	Env []string
+	// Clock, nil for the real one.
+	Clock Clock
+}
+
+// withDefaults returns cfg with every zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	if cfg.BinaryPath == "" {
+		cfg.BinaryPath = DefaultBinaryPath
+	}
+	if cfg.AdminAddr == "" {
+		cfg.AdminAddr = DefaultAdminAddr
+	}
+	if cfg.TerminationDrainDuration == 0 {
+		cfg.TerminationDrainDuration = DefaultTerminationDrainDuration
+	}
+	if cfg.MinimumDrainDuration == 0 {
+		cfg.MinimumDrainDuration = DefaultMinimumDrainDuration
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = DefaultKillGrace
+	}
+	if cfg.ReadyPollInterval == 0 {
+		cfg.ReadyPollInterval = DefaultReadyPollInterval
+	}
+	if cfg.ExcludedListeners == nil {
+		cfg.ExcludedListeners = []string{"0.0.0.0_15021", "0.0.0.0_15090", "[__]_15021", "[__]_15090", "admin", "admin.main_thread"}
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	return cfg
+}
+
+// Validate reports the first invalid field, by name and value.
+func (cfg Config) Validate() error {
+	if _, _, err := net.SplitHostPort(cfg.AdminAddr); err != nil {
+		return fmt.Errorf("%w: AdminAddr %q: %v", ErrInvalidConfig, cfg.AdminAddr, err)
+	}
+	for name, d := range map[string]time.Duration{
+		"TerminationDrainDuration": cfg.TerminationDrainDuration,
+		"MinimumDrainDuration":     cfg.MinimumDrainDuration,
+		"KillGrace":                cfg.KillGrace,
+		"ReadyPollInterval":        cfg.ReadyPollInterval,
+	} {
+		if d < 0 {
+			return fmt.Errorf("%w: %s %v is negative", ErrInvalidConfig, name, d)
+		}
+	}
+	return nil
+}
+
+// Service runs one Envoy process per Serve call.
+type Service struct {
+	cfg    Config
+	drain  messages.Source[messages.Drain]
+	state  messages.Sink[messages.EnvoyState]
+	health messages.Sink[messages.Health]
+	log    *slog.Logger
+	admin  *adminClient
+
+	// epoch is the Epoch of the next Envoy process and last the last
+	// EnvoyState published; both survive Serve calls and are touched only
+	// by Serve's goroutine.
+	epoch int
+	last  messages.EnvoyState
+}
+
+// New returns the service. drain may be nil (no drain commands).
+func New(cfg Config, drain messages.Source[messages.Drain], state messages.Sink[messages.EnvoyState],
+	health messages.Sink[messages.Health], log *slog.Logger) *Service {
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, drain: drain, state: state, health: health, log: log, admin: newAdminClient(cfg.AdminAddr)}
+}
+
+// String names the service in logs, metrics and /debug/tree.
+func (s *Service) String() string { return "envoy" }
+
+// Serve starts Envoy and runs until Envoy exits (an *ExitError wrapping
+// ErrEnvoyExited), ctx is done (Envoy is stopped, ctx.Err()), or a Drain with
+// Exit or Immediate has stopped it (ErrDrained and suture.ErrDoNotRestart).
+// It never returns while Envoy runs.
+func (s *Service) Serve(ctx context.Context) error {
+	if err := s.cfg.Validate(); err != nil {
+		s.setHealth(messages.Failed, err.Error())
+		return err
+	}
+	// A stop requested while Envoy was not running (between a crash and
+	// the restart, say) is honoured without starting it again.
+	pending := s.takeDrains()
+	for _, d := range pending {
+		if d.Exit || d.Immediate {
+			s.log.Info("not starting envoy: a stop was requested", "reason", d.Reason)
+			s.last.Running, s.last.Ready, s.last.Stopped = false, false, true
+			s.state.Send(s.last)
+			s.setHealth(messages.Stopped, "stop requested before start: "+d.Reason)
+			return errDrained("stop requested before start")
+		}
+	}
+
+	s.setHealth(messages.Starting, "starting envoy")
+	child, err := s.start()
+	if err != nil {
+		s.setHealth(messages.Failed, err.Error())
+		return err
+	}
+	r := &run{s: s, child: child, state: messages.EnvoyState{
+		Epoch: child.epoch, PID: child.pid, Started: child.started, Running: true,
+	}}
+	// Serve never returns, not even by a panic, while Envoy runs.
+	defer r.ensureGone()
+	r.publish()
+	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
+
+	readyCtx, stopReady := context.WithCancel(ctx)
+	readiness := make(chan bool, 1)
+	pollerDone := make(chan struct{})
+	go func() {
+		defer close(pollerDone)
+		s.pollReady(readyCtx, readiness)
+	}()
+	defer func() { stopReady(); <-pollerDone; s.admin.closeIdle() }()
+
+	for _, d := range pending { // drains without Exit, asked before the start
+		if err := r.handleDrain(ctx, d, readiness); err != nil {
+			return err
+		}
+	}
+	return r.loop(ctx, readiness)
+}
+
+// takeDrains returns the waiting Drain commands, if there is a source.
+func (s *Service) takeDrains() []messages.Drain {
+	if s.drain == nil {
+		return nil
+	}
+	return s.drain.Take()
+}
+
+// run is the state of one Serve call.
+type run struct {
+	s       *Service
+	child   *child
+	state   messages.EnvoyState
+	drained bool // a drain finished; a later exit or stop does not drain again
+}
+
+func (r *run) publish() {
+	r.s.last = r.state
+	r.s.state.Send(r.state)
+}
+
+// ensureGone kills and reaps Envoy if it still runs: the last line of
+// defence when Serve unwinds by a path that did not stop it (a panic).
+func (r *run) ensureGone() {
+	select {
+	case <-r.child.done:
+	default:
+		r.s.log.Error("envoy still running as Serve returns; killing it", "pid", r.child.pid)
+		_ = r.child.cmd.Process.Signal(syscall.SIGKILL)
+		<-r.child.done
+	}
+}
+
+// loop waits for Envoy's exit, a readiness change, a drain command, or ctx.
+func (r *run) loop(ctx context.Context, readiness <-chan bool) error {
+	for {
+		select {
+		case <-r.child.done:
+			return r.exited()
+		case <-ctx.Done():
+			r.stop("agent stopping")
+			return ctx.Err()
+		case ready := <-readiness:
+			r.setReady(ready)
+		case <-r.drainReady():
+			for _, d := range r.s.takeDrains() {
+				if err := r.handleDrain(ctx, d, readiness); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// drainReady is the drain source's Ready channel, or nil (never ready).
+func (r *run) drainReady() <-chan struct{} {
+	if r.s.drain == nil {
+		return nil
+	}
+	return r.s.drain.Ready()
+}
+
+func (r *run) setReady(ready bool) {
+	if r.state.Ready == ready {
+		return
+	}
+	r.state.Ready = ready
+	r.publish()
+	switch {
+	case r.state.Draining:
+		// Health stays "draining".
+	case ready:
+		r.s.setHealth(messages.Ready, "")
+	default:
+		r.s.setHealth(messages.Starting, "envoy admin /ready is not LIVE")
+	}
+}
+
+// exited publishes Envoy's unexpected exit and returns the error for it.
+func (r *run) exited() error {
+	r.child.wait()
+	code, reason := r.child.exitStatus()
+	r.state.Running, r.state.Ready = false, false
+	r.state.ExitCode, r.state.ExitReason = code, reason
+	r.publish()
+	err := &ExitError{Epoch: r.child.epoch, PID: r.child.pid, ExitCode: code, Reason: reason}
+	if reason == "signal: killed" {
+		r.s.log.Warn("envoy was killed; it may have run out of memory", "pid", r.child.pid)
+	}
+	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason)
+	r.s.setHealth(messages.Failed, err.Error())
+	return err
+}
+
+// stop terminates Envoy (SIGTERM, SIGKILL after the grace period), waits for
+// it and publishes Stopped.
+func (r *run) stop(why string) {
+	r.s.log.Info("stopping envoy", "pid", r.child.pid, "reason", why)
+	r.child.terminate(r.s.cfg.KillGrace, r.s.cfg.Clock, r.s.log)
+	code, reason := r.child.exitStatus()
+	r.state.Running, r.state.Ready, r.state.Stopped = false, false, true
+	r.state.ExitCode, r.state.ExitReason = code, reason
+	r.publish()
+	r.s.setHealth(messages.Stopped, why)
+}
+
+func (s *Service) setHealth(state messages.HealthState, reason string) {
+	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.cfg.Clock.Now()})
+}
+
+// ExitError is Serve's error when Envoy exited on its own. It wraps
+// ErrEnvoyExited.
+type ExitError struct {
+	Epoch, PID int
+	// ExitCode is Envoy's exit status, -1 if a signal killed it.
+	ExitCode int
+	// Reason is how it ended: "exit status 1", "signal: killed", ...
+	Reason string
+}
+
+func (e *ExitError) Error() string {
+	return fmt.Sprintf("envoy exited (pid %d, epoch %d): %s", e.PID, e.Epoch, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrEnvoyExited) true.
+func (e *ExitError) Unwrap() error { return ErrEnvoyExited }
+
+// errDrained is what Serve returns after a deliberate stop by a Drain.
+func errDrained(why string) error {
+	return fmt.Errorf("%w (%s): %w", ErrDrained, why, suture.ErrDoNotRestart)
+}

@@ -1,0 +1,328 @@
+package envoy
+
+// Tests of the stand-in Envoy itself (testdata/fakeenvoy): the tests above
+// are only as good as it is.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func runFake(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(envoyBinary, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String()
+}
+
+func TestFakeEnvoyRejectsBadInput(t *testing.T) {
+	skipIfReal(t)
+	dir := t.TempDir()
+	good, err := writeBootstrap(dir, freePort(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"admin":{"address":{"socket_address":{"address":"127.0.0.1","port_value":99999}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		mention string
+	}{
+		{"unknown flag", append([]string{"--no-such-flag"}, good...), "no-such-flag"},
+		{"invalid bootstrap", []string{"-c", bad}, "PortValue"},
+		{"missing bootstrap", []string{"-c", filepath.Join(dir, "none.json")}, "none.json"},
+		{"bad drain strategy", append(append([]string{}, good...), "--drain-strategy", "sometimes"), "drain-strategy"},
+		{"unknown field", []string{"--config-yaml", "admin: {address: {socket_address: {address: 127.0.0.1, port_value: 1}}}\nbogus_field: 1"}, "bogus_field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runFake(t, tc.args...)
+			if code != 1 || !strings.Contains(out, tc.mention) {
+				t.Fatalf("exit %d, output %q; want 1 naming %s", code, out, tc.mention)
+			}
+		})
+	}
+}
+
+// xdsServer is a go-control-plane server on two unix sockets (ADS, SDS)
+// that records the ACKs it gets.
+type xdsServer struct {
+	mu   sync.Mutex
+	acks map[string]bool // type URL -> ACKed
+}
+
+func (x *xdsServer) ack(typeURL string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.acks[typeURL] = true
+}
+
+func (x *xdsServer) acked(typeURL string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.acks[typeURL]
+}
+
+func startXDSServer(t *testing.T, nodeID string, sockets ...string) *xdsServer {
+	x := &xdsServer{acks: map[string]bool{}}
+	snapCache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	snap, err := cachev3.NewSnapshot("v1", map[resource.Type][]types.Resource{
+		resource.ClusterType: {&clusterv3.Cluster{Name: "outbound|9080||reviews.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.SecretType: {
+			&tlsv3.Secret{Name: "default", Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+				CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "chain"}}}}},
+			&tlsv3.Secret{Name: "ROOTCA", Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+				TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "roots"}}}}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := snapCache.SetSnapshot(ctx, nodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+	srv := serverv3.NewServer(ctx, snapCache, serverv3.CallbackFuncs{
+		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
+			if r.GetResponseNonce() != "" && r.GetErrorDetail() == nil {
+				x.ack(r.GetTypeUrl())
+			}
+			return nil
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
+			if r.GetResponseNonce() != "" && r.GetErrorDetail() == nil {
+				x.ack(r.GetTypeUrl())
+			}
+			return nil
+		},
+	})
+	g := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	secretv3.RegisterSecretDiscoveryServiceServer(g, srv)
+	var wg sync.WaitGroup
+	for _, s := range sockets {
+		l, err := net.Listen("unix", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = g.Serve(l) }()
+	}
+	t.Cleanup(func() { g.Stop(); cancel(); wg.Wait() })
+	return x
+}
+
+// fullBootstrap is a bootstrap shaped like Istio's: ADS over the xds-grpc
+// pipe, SDS over sds-grpc, and the 15090/15021-style static listeners.
+func fullBootstrap(t *testing.T, dir string, admin, metrics, health int, agentAddr string, apiType corev3.ApiConfigSource_ApiType) string {
+	sock := func(host string, port int) *corev3.Address {
+		return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}}}
+	}
+	pipe := func(p string) *corev3.Address {
+		return &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: p}}}
+	}
+	cluster := func(name string, addr *corev3.Address) *clusterv3.Cluster {
+		return &clusterv3.Cluster{
+			Name: name, ConnectTimeout: durationpb.New(time.Second),
+			ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+			LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+				LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}}}}}}},
+		}
+	}
+	router, _ := anypb.New(&routerv3.Router{})
+	listener := func(port int, path, cluster string) *listenerv3.Listener {
+		hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
+			StatPrefix: "stats",
+			RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+				VirtualHosts: []*routev3.VirtualHost{{Name: "backend", Domains: []string{"*"}, Routes: []*routev3.Route{{
+					Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: path}},
+					Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
+				}}}},
+			}},
+			HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &listenerv3.Listener{
+			Address: sock("127.0.0.1", port),
+			FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+				Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm}}}}},
+		}
+	}
+	agentHost, agentPort, _ := net.SplitHostPort(agentAddr)
+	var ap int
+	fmt.Sscan(agentPort, &ap)
+	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}, ResourceApiVersion: corev3.ApiVersion_V3}
+	boot := &bootstrapv3.Bootstrap{
+		Node:  &corev3.Node{Id: "sidecar~127.0.0.1~fake.default~default.svc.cluster.local", Cluster: "fake.default"},
+		Admin: &bootstrapv3.Admin{Address: sock("127.0.0.1", admin)},
+		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
+			LdsConfig: ads, CdsConfig: ads,
+			AdsConfig: &corev3.ApiConfigSource{
+				ApiType: apiType, TransportApiVersion: corev3.ApiVersion_V3, SetNodeOnFirstMessageOnly: true,
+				GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "xds-grpc"}}}},
+			},
+		},
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
+			Clusters: []*clusterv3.Cluster{
+				cluster("prometheus_stats", sock("127.0.0.1", admin)),
+				cluster("agent", sock(agentHost, ap)),
+				cluster("xds-grpc", pipe(filepath.Join(dir, "XDS"))),
+				cluster("sds-grpc", pipe(filepath.Join(dir, "SDS"))),
+			},
+			Listeners: []*listenerv3.Listener{
+				listener(metrics, "/stats/prometheus", "prometheus_stats"),
+				listener(health, "/healthz/ready", "agent"),
+			},
+		},
+	}
+	raw, err := protojson.Marshal(boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "envoy-rev.json")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// The fake routes its static listeners by the bootstrap, connects to the
+// xDS and SDS sockets once they appear, and ACKs what it receives.
+func TestFakeEnvoyListenersAndXDS(t *testing.T) {
+	skipIfReal(t)
+	for _, apiType := range []corev3.ApiConfigSource_ApiType{corev3.ApiConfigSource_DELTA_GRPC, corev3.ApiConfigSource_GRPC} {
+		t.Run(apiType.String(), func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "fe") // short: unix socket paths are limited
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				fmt.Fprintf(w, "agent saw %s", r.URL.Path)
+			}))
+			defer agent.Close()
+			admin, metrics, health := freePort(t), freePort(t), freePort(t)
+			path := fullBootstrap(t, dir, admin, metrics, health, agent.Listener.Addr().String(), apiType)
+
+			cmd := exec.Command(envoyBinary, "-c", path, "--disable-hot-restart")
+			var out syncBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
+			waitFor(t, "fake admin /ready", func() bool {
+				resp, err := http.Get(adminURL + "/ready")
+				if err == nil {
+					resp.Body.Close()
+				}
+				return err == nil && resp.StatusCode == http.StatusOK
+			})
+
+			// The sockets did not exist when the fake started; now they do.
+			x := startXDSServer(t, "sidecar~127.0.0.1~fake.default~default.svc.cluster.local",
+				filepath.Join(dir, "XDS"), filepath.Join(dir, "SDS"))
+			waitFor(t, "CDS and SDS ACKs", func() bool { return x.acked(resource.ClusterType) && x.acked(resource.SecretType) })
+
+			_, dump := httpGet(t, adminURL+"/config_dump")
+			var cd struct {
+				Received map[string]map[string]json.RawMessage `json:"received"`
+			}
+			if err := json.Unmarshal([]byte(dump), &cd); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := cd.Received[resource.ClusterType]["outbound|9080||reviews.default.svc.cluster.local"]; !ok {
+				t.Fatalf("config_dump lacks the xDS cluster: %s", dump)
+			}
+			if _, ok := cd.Received[resource.SecretType]["ROOTCA"]; !ok {
+				t.Fatalf("config_dump lacks the ROOTCA secret: %s", dump)
+			}
+
+			if code, body := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", health)); code != 200 || body != "agent saw /healthz/ready" {
+				t.Fatalf("health listener: %d %q", code, body)
+			}
+			if code, body := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats/prometheus", metrics)); code != 200 || !strings.Contains(body, "envoy_server_state") {
+				t.Fatalf("metrics listener: %d %q", code, body)
+			}
+			if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/other", metrics)); code != http.StatusNotFound {
+				t.Fatalf("unrouted path: %d; want 404", code)
+			}
+
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("fake after SIGTERM: %v\n%s", err, out.String())
+			}
+		})
+	}
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,234 @@
+package envoy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/meshagent/meshagent/messages"
+
+	// fakeenvoy's dependencies, named here so that `go mod tidy` (which
+	// does not look into testdata/) keeps them.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	_ "google.golang.org/grpc"
+	_ "sigs.k8s.io/yaml"
+)
+
+// envoyBinary is the Envoy the tests run: fakeenvoy built in TestMain, or
+// $MESHAGENT_TEST_ENVOY (a real envoy).
+var (
+	envoyBinary string
+	realEnvoy   bool
+)
+
+// parentEnv makes the test binary act as an agent that starts Envoy and
+// waits to be killed (see TestParentDeathKillsEnvoy).
+const parentEnv = "MESHAGENT_ENVOY_TEST_PARENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(parentEnv) != "" {
+		os.Exit(runAsParent())
+	}
+	dir, err := os.MkdirTemp("", "fakeenvoy")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	envoyBinary = os.Getenv("MESHAGENT_TEST_ENVOY")
+	realEnvoy = envoyBinary != ""
+	if !realEnvoy {
+		envoyBinary = filepath.Join(dir, "fakeenvoy")
+		out, err := exec.Command("go", "build", "-o", envoyBinary, "../../testdata/fakeenvoy").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "go build testdata/fakeenvoy: %v\n%s", err, out)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// writeBootstrap writes a minimal valid bootstrap, admin on 127.0.0.1:port,
+// and returns Envoy's arguments for it.
+func writeBootstrap(dir string, port int) ([]string, error) {
+	boot := &bootstrapv3.Bootstrap{
+		Node: &corev3.Node{Id: "sidecar~127.0.0.1~test.default~default.svc.cluster.local", Cluster: "test.default"},
+		Admin: &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+			SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}},
+		}}},
+	}
+	raw, err := protojson.Marshal(boot)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "envoy-rev.json")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		return nil, err
+	}
+	return []string{"-c", path, "--drain-time-s", "1", "--drain-strategy", "immediate",
+		"--local-address-ip-version", "v4", "--file-flush-interval-msec", "1000",
+		"--disable-hot-restart", "--allow-unknown-static-fields", "-l", "warning", "--concurrency", "1"}, nil
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// harness is one Service with its channels, running fakeenvoy (or envoy).
+type harness struct {
+	t       testing.TB
+	svc     *Service
+	state   *messages.Cell[messages.EnvoyState]
+	health  *messages.Stream[messages.Health]
+	drain   *messages.Stream[messages.Drain]
+	admin   string
+	stderr  *syncBuffer // Envoy's stderr
+	logs    *syncBuffer // the service's log
+	healths []messages.Health
+}
+
+// newHarness builds a service on a fresh bootstrap; env is added to Envoy's
+// environment and mod may change the config.
+func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	port := freePort(t)
+	h := &harness{
+		t:      t,
+		state:  messages.NewCell[messages.EnvoyState](),
+		health: messages.NewStream[messages.Health](0, nil),
+		drain:  messages.NewStream[messages.Drain](0, nil),
+		admin:  fmt.Sprintf("127.0.0.1:%d", port),
+		stderr: &syncBuffer{},
+		logs:   &syncBuffer{},
+	}
+	cfg := Config{
+		BinaryPath:               envoyBinary,
+		Prepare:                  func() ([]string, error) { return writeBootstrap(dir, port) },
+		AdminAddr:                h.admin,
+		TerminationDrainDuration: time.Second,
+		MinimumDrainDuration:     100 * time.Millisecond,
+		KillGrace:                2 * time.Second,
+		ReadyPollInterval:        20 * time.Millisecond,
+		Stdout:                   io.Discard,
+		Stderr:                   h.stderr,
+		Env:                      append(os.Environ(), env...),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h.svc = New(cfg, h.drain, h.state, h.health, log)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("service log:\n%s\nenvoy stderr:\n%s", h.logs, h.stderr)
+		}
+	})
+	return h
+}
+
+// serve runs Serve in a goroutine; the returned channel gets its error.
+func (h *harness) serve(ctx context.Context) <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- h.svc.Serve(ctx) }()
+	return errc
+}
+
+// waitState waits until the published EnvoyState satisfies ok.
+func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
+	h.t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		v, set, changed := h.state.Watch()
+		if set && ok(v) {
+			return v
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			h.t.Fatalf("timed out waiting for EnvoyState %s; last %+v", what, v)
+		}
+	}
+}
+
+// waitServe waits for Serve's error (hang guard only, not a timing check).
+func (h *harness) waitServe(errc <-chan error) error {
+	h.t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(60 * time.Second):
+		h.t.Fatal("Serve did not return")
+		return nil
+	}
+}
+
+// healthLog collects every Health report so far.
+func (h *harness) healthLog() []messages.Health {
+	h.healths = append(h.healths, h.health.Take()...)
+	return h.healths
+}
+
+func (h *harness) sawHealth(state messages.HealthState, reasonPart string) bool {
+	for _, r := range h.healthLog() {
+		if r.State == state && strings.Contains(r.Reason, reasonPart) && r.Service == "envoy" {
+			return true
+		}
+	}
+	return false
+}
+
+func running(s messages.EnvoyState) bool { return s.Running }
+func ready(s messages.EnvoyState) bool   { return s.Running && s.Ready }

@@ -1,0 +1,45 @@
+package envoy
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Under a real suture supervisor: a dead Envoy is restarted (next epoch),
+// a drained one is not, and the supervisor's stop leaves no Envoy behind.
+func TestUnderSupervisor(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	sup := suture.New("test", suture.Spec{FailureBackoff: 10 * time.Millisecond, Timeout: 30 * time.Second})
+	sup.Add(h.svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := sup.ServeBackground(ctx)
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("supervisor: %v", err)
+		}
+	}()
+
+	first := h.waitState("ready", ready)
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	second := h.waitState("restarted", func(s messages.EnvoyState) bool { return s.Running && s.PID != first.PID })
+	if second.Epoch != first.Epoch+1 {
+		t.Fatalf("epoch after restart = %d; want %d", second.Epoch, first.Epoch+1)
+	}
+
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	h.waitState("stopped", func(s messages.EnvoyState) bool { return s.Stopped })
+	waitFor(t, "the supervisor to drop the drained service", func() bool { return len(sup.Services()) == 0 })
+	if st, _ := h.state.Get(); st.Running || st.PID != second.PID || !pidGone(second.PID) {
+		t.Fatalf("after the drain: %+v; want the second Envoy gone and no third", st)
+	}
+}

@@ -1,0 +1,555 @@
+package envoy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// pidGone reports whether no process has this pid (it was reaped).
+func pidGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+func skipIfReal(t *testing.T) {
+	if realEnvoy {
+		t.Skip("needs fakeenvoy's knobs; MESHAGENT_TEST_ENVOY is set")
+	}
+}
+
+// Start: Running with a PID, then Ready once admin /ready is LIVE; a cancel
+// stops Envoy and leaves no child behind.
+func TestStartReadyAndStop(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := h.serve(ctx)
+
+	st := h.waitState("running", running)
+	if st.PID <= 0 || st.Epoch != 0 || st.Started.IsZero() {
+		t.Fatalf("first state = %+v; want a PID, epoch 0, a start time", st)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", st.PID)); err != nil {
+		t.Fatalf("envoy pid %d not in /proc: %v", st.PID, err)
+	}
+	st = h.waitState("ready", ready)
+	if !h.sawHealth(messages.Starting, "") || !h.sawHealth(messages.Ready, "") {
+		t.Fatalf("health reports %+v; want Starting then Ready", h.healthLog())
+	}
+
+	cancel()
+	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve after cancel = %v; want context.Canceled", err)
+	}
+	final, _ := h.state.Get()
+	if !final.Stopped || final.Running || final.Ready {
+		t.Fatalf("state after stop = %+v; want Stopped, not running", final)
+	}
+	if !pidGone(st.PID) {
+		t.Fatalf("envoy pid %d still exists after Serve returned", st.PID)
+	}
+	if final.ExitReason != "exit status 0" {
+		t.Errorf("exit after SIGTERM = %q; want a clean exit 0", final.ExitReason)
+	}
+}
+
+// A killed Envoy: the exit is published before Serve returns an error
+// carrying "signal: killed"; the next Serve starts a new process, epoch+1.
+func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := h.serve(ctx)
+	first := h.waitState("ready", ready)
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := h.waitServe(errc)
+	// Serve has returned: the exit must already be published.
+	st, _ := h.state.Get()
+	if st.Running || st.Ready || st.ExitReason != "signal: killed" || st.ExitCode != -1 || st.PID != first.PID {
+		t.Fatalf("state when Serve returned = %+v; want not running, not ready, signal: killed", st)
+	}
+	if !errors.Is(err, ErrEnvoyExited) || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("Serve = %v; want ErrEnvoyExited with signal: killed", err)
+	}
+	var exit *ExitError
+	if !errors.As(err, &exit) || exit.PID != first.PID || exit.ExitCode != -1 {
+		t.Fatalf("Serve error %#v; want *ExitError for pid %d", err, first.PID)
+	}
+
+	errc = h.serve(ctx)
+	second := h.waitState("second envoy running", func(s messages.EnvoyState) bool { return s.Running && s.PID != first.PID })
+	if second.Epoch != first.Epoch+1 {
+		t.Fatalf("second epoch = %d; want %d", second.Epoch, first.Epoch+1)
+	}
+	cancel()
+	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("second Serve = %v", err)
+	}
+}
+
+// A crash: the exit status reaches Serve's error and EnvoyState.
+func TestCrashExitStatus(t *testing.T) {
+	skipIfReal(t)
+	for _, code := range []int{1, 3} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			env := []string{"FAKE_ENVOY_CRASH_AFTER=200ms"}
+			if code != 1 {
+				env = append(env, "FAKE_ENVOY_EXIT_CODE="+strconv.Itoa(code))
+			}
+			h := newHarness(t, env, nil)
+			err := h.waitServe(h.serve(context.Background()))
+			want := fmt.Sprintf("exit status %d", code)
+			var exit *ExitError
+			if !errors.As(err, &exit) || exit.ExitCode != code || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Serve = %v; want *ExitError with %s", err, want)
+			}
+			st, _ := h.state.Get()
+			if st.Running || st.ExitCode != code || st.ExitReason != want {
+				t.Fatalf("state = %+v", st)
+			}
+			if !h.sawHealth(messages.Failed, want) {
+				t.Fatalf("no Failed health naming %q: %+v", want, h.healthLog())
+			}
+		})
+	}
+}
+
+// Drain{Exit}: Istio's drain_listeners query, the drain period, then a clean
+// SIGTERM exit, Stopped, and no restart.
+func TestDrainExit(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	err := h.waitServe(errc)
+	if !errors.Is(err, suture.ErrDoNotRestart) || !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve after drain = %v; want ErrDrained and suture.ErrDoNotRestart", err)
+	}
+	st, _ := h.state.Get()
+	if !st.Stopped || !st.Draining || st.Running || st.ExitReason != "exit status 0" {
+		t.Fatalf("state = %+v; want stopped after drain, clean exit", st)
+	}
+	if !h.sawHealth(messages.Starting, "draining") {
+		t.Fatalf("no not-ready draining health: %+v", h.healthLog())
+	}
+	if !realEnvoy {
+		if got := strings.Count(h.stderr.String(), "drain_listeners?inboundonly&graceful"); got != 1 {
+			t.Fatalf("fakeenvoy saw %d drain_listeners?inboundonly&graceful; want 1\n%s", got, h.stderr)
+		}
+	}
+	if !strings.Contains(h.logs.String(), "termination drain duration over") {
+		t.Fatalf("drain did not wait the termination drain duration:\n%s", h.logs)
+	}
+}
+
+// ExitOnZeroActiveConnections: the drain ends when connections reach zero,
+// long before the (huge) termination drain duration, and only listener
+// stats that Istio counts are counted.
+func TestDrainExitOnZeroActiveConnections(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, []string{"FAKE_ENVOY_ACTIVE_CONNECTIONS=5", "FAKE_ENVOY_DRAIN_SECONDS=1.5"}, func(c *Config) {
+		c.ExitOnZeroActiveConnections = true
+		c.TerminationDrainDuration = time.Hour
+	})
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	err := h.waitServe(errc)
+	if !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	logs := h.logs.String()
+	iWait := strings.Index(logs, "waiting for active connections to end")
+	iZero := strings.Index(logs, "no more active connections")
+	if iWait < 0 || iZero < iWait {
+		t.Fatalf("want waits on active connections, then zero:\n%s", logs)
+	}
+	// The fake reports 5 on the inbound listener plus per-worker, http.,
+	// internal-listener and admin duplicates that must not count.
+	for _, line := range strings.Split(logs, "\n") {
+		if _, v, ok := strings.Cut(line, "active="); ok {
+			if n, _ := strconv.Atoi(strings.Fields(v)[0]); n > 5 || n <= 0 {
+				t.Fatalf("counted %d active connections; want 1..5: %s", n, line)
+			}
+		}
+	}
+}
+
+// Drain without Exit (Istio's POST /drain) keeps Envoy running; a later
+// Drain{Exit} stops it at once without draining again.
+func TestDrainThenExitLater(t *testing.T) {
+	h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+	errc := h.serve(context.Background())
+	first := h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "POST /drain"})
+	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
+	if !realEnvoy {
+		waitFor(t, "fakeenvoy to record the drain", func() bool {
+			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
+		})
+	}
+	if !realEnvoy {
+		if _, drains := httpGet(t, "http://"+h.admin+"/fake/drains"); !strings.Contains(drains, `"inboundonly\u0026graceful"`) {
+			t.Fatalf("fakeenvoy recorded drains %s; want inboundonly&graceful", drains)
+		}
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("Serve returned %v after a drain without Exit", err)
+	default:
+	}
+	if pidGone(first.PID) {
+		t.Fatal("envoy gone after a drain without Exit")
+	}
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !realEnvoy {
+		if n := strings.Count(h.stderr.String(), "drain_listeners?"); n != 1 {
+			t.Fatalf("drain_listeners called %d times; want once", n)
+		}
+	}
+}
+
+// Drain{Immediate} (Istio's /quitquitquit) stops Envoy without draining.
+func TestDrainImmediate(t *testing.T) {
+	h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+	errc := h.serve(context.Background())
+	h.waitState("running", running)
+	h.drain.Send(messages.Drain{Reason: "quitquitquit", Immediate: true})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) || !errors.Is(err, suture.ErrDoNotRestart) {
+		t.Fatalf("Serve = %v", err)
+	}
+	st, _ := h.state.Get()
+	if !st.Stopped || st.Draining {
+		t.Fatalf("state = %+v; want stopped without draining", st)
+	}
+	if strings.Contains(h.stderr.String(), "drain_listeners") {
+		t.Fatal("immediate stop drained listeners")
+	}
+}
+
+// An Envoy that ignores SIGTERM is killed after the grace period.
+func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, []string{"FAKE_ENVOY_IGNORE_SIGTERM=1"}, func(c *Config) { c.KillGrace = 300 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := h.serve(ctx)
+	st := h.waitState("ready", ready)
+	cancel()
+	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve = %v", err)
+	}
+	final, _ := h.state.Get()
+	if final.ExitReason != "signal: killed" || !final.Stopped {
+		t.Fatalf("state = %+v; want killed and stopped", final)
+	}
+	if !strings.Contains(h.stderr.String(), "ignoring terminated") {
+		t.Fatal("fakeenvoy never got SIGTERM before SIGKILL")
+	}
+	if !pidGone(st.PID) {
+		t.Fatal("envoy still exists")
+	}
+}
+
+// An Envoy that never becomes ready is Running but never Ready, health Starting.
+func TestNeverReady(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, []string{"FAKE_ENVOY_NEVER_READY=1"}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := h.serve(ctx)
+	h.waitState("running", running)
+	// Let the poller see PRE_INITIALIZING answers a few times.
+	time.Sleep(200 * time.Millisecond)
+	if st, _ := h.state.Get(); st.Ready {
+		t.Fatalf("state = %+v; want not ready", st)
+	}
+	if h.sawHealth(messages.Ready, "") {
+		t.Fatal("reported Ready")
+	}
+	cancel()
+	h.waitServe(errc)
+}
+
+// Unusable binaries and a failing Prepare fail Serve with a clear error.
+func TestStartFailures(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "envoy-not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "no-such-envoy")
+	for _, tc := range []struct {
+		name    string
+		mod     func(*Config)
+		is      error
+		mention string
+	}{
+		{"missing", func(c *Config) { c.BinaryPath = missing }, ErrBinary, missing},
+		{"not executable", func(c *Config) { c.BinaryPath = notExec }, ErrBinary, notExec},
+		{"directory", func(c *Config) { c.BinaryPath = dir }, ErrBinary, dir},
+		{"prepare", func(c *Config) {
+			c.Prepare = func() ([]string, error) { return nil, errors.New("template /x/tmpl.json: bad") }
+		}, ErrPrepare, "/x/tmpl.json"},
+		{"admin address", func(c *Config) { c.AdminAddr = "localhost" }, ErrInvalidConfig, "AdminAddr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, tc.mod)
+			err := h.waitServe(h.serve(context.Background()))
+			if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.mention) {
+				t.Fatalf("Serve = %v; want %v naming %s", err, tc.is, tc.mention)
+			}
+			if !h.sawHealth(messages.Failed, tc.mention) {
+				t.Fatalf("no Failed health naming %s: %+v", tc.mention, h.healthLog())
+			}
+			if _, set := h.state.Get(); set {
+				t.Fatal("EnvoyState published without a process")
+			}
+		})
+	}
+}
+
+// Pdeathsig: an agent killed with SIGKILL takes its Envoy with it.
+func TestParentDeathKillsEnvoy(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), parentEnv+"="+envoyBinary,
+		"MESHAGENT_ENVOY_TEST_DIR="+t.TempDir(), "MESHAGENT_ENVOY_TEST_PORT="+strconv.Itoa(freePort(t)))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading envoy pid from the parent: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(line), "envoy-pid "))
+	if err != nil || pid <= 0 {
+		t.Fatalf("parent said %q", line)
+	}
+	if pidGone(pid) {
+		t.Fatalf("envoy %d not running before the parent died", pid)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// Envoy, orphaned, is killed by the kernel and reaped by init (or the
+	// nearest subreaper); wait for its pid to disappear (or turn zombie).
+	deadline := time.Now().Add(30 * time.Second)
+	for !pidGone(pid) && !isZombie(pid) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("envoy %d outlived its parent", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isZombie(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) STATE ...
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
+}
+
+// runAsParent is the test binary acting as an agent for
+// TestParentDeathKillsEnvoy: start Envoy, print its pid, wait to be killed.
+func runAsParent() int {
+	port, _ := strconv.Atoi(os.Getenv("MESHAGENT_ENVOY_TEST_PORT"))
+	dir := os.Getenv("MESHAGENT_ENVOY_TEST_DIR")
+	state := messages.NewCell[messages.EnvoyState]()
+	svc := New(Config{
+		BinaryPath: os.Getenv(parentEnv),
+		Prepare:    func() ([]string, error) { return writeBootstrap(dir, port) },
+		AdminAddr:  fmt.Sprintf("127.0.0.1:%d", port),
+	}, nil, state, messages.NewStream[messages.Health](0, nil), nil)
+	errc := make(chan error, 1)
+	go func() { errc <- svc.Serve(context.Background()) }()
+	for {
+		st, ok, changed := state.Watch()
+		if ok && st.Running {
+			fmt.Printf("envoy-pid %d\n", st.PID)
+			break
+		}
+		select {
+		case <-changed:
+		case err := <-errc:
+			fmt.Fprintln(os.Stderr, "parent: Serve:", err)
+			return 1
+		}
+	}
+	// Start Envoy from some other goroutines meanwhile, so that the one
+	// that forked Envoy is not special: Pdeathsig must follow the process.
+	for range 4 {
+		go func() { _ = exec.Command("true").Run() }()
+	}
+	fmt.Fprintln(os.Stderr, "parent: Serve:", <-errc)
+	return 1
+}
+
+// A stop asked for while no Envoy runs (between a crash and the restart) is
+// honoured by the next Serve without starting Envoy.
+func TestStopRequestedBeforeStart(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := h.serve(ctx)
+	first := h.waitState("running", running)
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitServe(errc); !errors.Is(err, ErrEnvoyExited) {
+		t.Fatalf("Serve = %v", err)
+	}
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(h.serve(ctx)); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve with a pending stop = %v; want ErrDrained", err)
+	}
+	st, _ := h.state.Get()
+	if !st.Stopped || st.Running || st.PID != first.PID || st.Epoch != first.Epoch {
+		t.Fatalf("state = %+v; want stopped, no new process", st)
+	}
+}
+
+// A drain without Exit asked for before the start is applied once Envoy runs.
+func TestDrainRequestedBeforeStart(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.drain.Send(messages.Drain{Reason: "POST /drain"})
+	errc := h.serve(ctx)
+	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Running && s.Draining })
+	if !realEnvoy {
+		waitFor(t, "fakeenvoy to record the drain", func() bool {
+			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
+		})
+	}
+	cancel()
+	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve = %v", err)
+	}
+}
+
+// RunAs: Envoy runs as uid/gid 1337 (Istio's proxy user) when asked.
+func TestRunAs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start Envoy as uid 1337")
+	}
+	// Everything Envoy reads must be readable by uid 1337.
+	dir, err := os.MkdirTemp("", "envoy-runas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "envoy")
+	raw, err := os.ReadFile(envoyBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, nil, func(c *Config) {
+		c.BinaryPath = bin
+		c.RunAs = &Credential{UID: 1337, GID: 1337}
+		port := c.AdminAddr[strings.LastIndexByte(c.AdminAddr, ':')+1:]
+		c.Prepare = func() ([]string, error) {
+			p, _ := strconv.Atoi(port)
+			args, err := writeBootstrap(dir, p)
+			if err == nil {
+				err = os.Chmod(filepath.Join(dir, "envoy-rev.json"), 0o644)
+			}
+			return args, err
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := h.serve(ctx)
+	st := h.waitState("ready", ready) // it read its bootstrap as 1337
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Uid:\t1337\t1337\t1337\t1337", "Gid:\t1337\t1337\t1337\t1337"} {
+		if !strings.Contains(string(status), want) {
+			t.Fatalf("envoy /proc status lacks %q:\n%s", want, status)
+		}
+	}
+	cancel()
+	h.waitServe(errc)
+}
+
+// A long drain is cut short by the agent stopping or by an immediate stop
+// (a second SIGTERM, /quitquitquit).
+func TestDrainCutShort(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  func(h *harness, cancel context.CancelFunc)
+		want error
+	}{
+		{"ctx cancelled", func(_ *harness, cancel context.CancelFunc) { cancel() }, context.Canceled},
+		{"immediate drain", func(h *harness, _ context.CancelFunc) {
+			h.drain.Send(messages.Drain{Reason: "quitquitquit", Immediate: true})
+		}, ErrDrained},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := h.serve(ctx)
+			st := h.waitState("ready", ready)
+			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
+			tc.cut(h, cancel)
+			if err := h.waitServe(errc); !errors.Is(err, tc.want) {
+				t.Fatalf("Serve = %v; want %v", err, tc.want)
+			}
+			if final, _ := h.state.Get(); !final.Stopped || !pidGone(st.PID) {
+				t.Fatalf("state = %+v; want stopped and no envoy", final)
+			}
+		})
+	}
+}
+
+// Drain.Deadline overrides the termination drain duration.
+func TestDrainDeadline(t *testing.T) {
+	h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true, Deadline: time.Now().Add(300 * time.Millisecond)})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !strings.Contains(h.logs.String(), "termination drain duration over") {
+		t.Fatalf("drain did not end at its deadline:\n%s", h.logs)
+	}
+}

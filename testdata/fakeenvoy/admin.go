@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log"
+	"net/http"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+type jsonRaw = json.RawMessage
+
+// adminMux is Envoy's admin API, as much as the agent and the tests use.
+func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
+		st := e.serverState()
+		if st != stateLive {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintln(w, stateNames[st])
+	})
+	mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{
+			"version":              "fakeenvoy/0.0.0/Clean/RELEASE/BoringSSL",
+			"state":                stateNames[e.serverState()],
+			"uptime_current_epoch": fmt.Sprintf("%ds", int(time.Since(e.started).Seconds())),
+			"node":                 jsonRaw(mustProtoJSON(e.boot.GetNode())),
+		})
+	})
+	mux.HandleFunc("GET /stats", e.handleStats)
+	mux.HandleFunc("GET /stats/prometheus", e.handlePrometheus)
+	mux.HandleFunc("POST /drain_listeners", func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.drains = append(e.drains, r.URL.RawQuery)
+		if e.drainStarted.IsZero() {
+			e.drainStarted = time.Now()
+		}
+		e.mu.Unlock()
+		log.Printf("drain_listeners?%s", r.URL.RawQuery)
+		fmt.Fprintln(w, "OK")
+	})
+	mux.HandleFunc("GET /fake/drains", func(w http.ResponseWriter, _ *http.Request) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		writeJSON(w, append([]string{}, e.drains...))
+	})
+	mux.HandleFunc("POST /healthcheck/fail", func(w http.ResponseWriter, _ *http.Request) {
+		e.mu.Lock()
+		e.healthFailed = true
+		e.mu.Unlock()
+		fmt.Fprintln(w, "OK")
+	})
+	mux.HandleFunc("POST /healthcheck/ok", func(w http.ResponseWriter, _ *http.Request) {
+		e.mu.Lock()
+		e.healthFailed = false
+		e.mu.Unlock()
+		fmt.Fprintln(w, "OK")
+	})
+	mux.HandleFunc("POST /quitquitquit", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "OK")
+		select {
+		case exit <- 0:
+		default:
+		}
+	})
+	mux.HandleFunc("GET /config_dump", func(w http.ResponseWriter, _ *http.Request) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		writeJSON(w, map[string]any{
+			"bootstrap": jsonRaw(mustProtoJSON(e.boot)),
+			"received":  e.received,
+		})
+	})
+	return mux
+}
+
+// stats is every stat the fake reports, by Envoy name.
+func (e *envoy) stats() map[string]int {
+	out := map[string]int{"server.state": e.serverState()}
+	e.mu.Lock()
+	for name, n := range e.active {
+		out["listener."+name+".downstream_cx_active"] = n
+		out["http."+name+".downstream_cx_active"] = n
+	}
+	e.mu.Unlock()
+	if n := e.businessConnections(); n >= 0 {
+		// What a sidecar's inbound listener reports, with the per-worker
+		// and http. duplicates and an internal listener, none of which may
+		// be counted twice by the agent.
+		out["listener.0.0.0.0_15006.downstream_cx_active"] = n
+		out["listener.0.0.0.0_15006.worker_0.downstream_cx_active"] = n
+		out["http.inbound_0.0.0.0_15006.downstream_cx_active"] = n
+		out["listener.envoy_internal_connect_originate.downstream_cx_active"] = 7
+	}
+	return out
+}
+
+// handleStats serves /stats text: "name: value" lines, sorted, filtered by
+// the filter regex.
+func (e *envoy) handleStats(w http.ResponseWriter, r *http.Request) {
+	var filter *regexp.Regexp
+	if f := r.URL.Query().Get("filter"); f != "" {
+		var err error
+		if filter, err = regexp.Compile(f); err != nil {
+			http.Error(w, "Invalid re2 regex", http.StatusBadRequest)
+			return
+		}
+	}
+	if r.URL.Query().Get("format") == "prometheus" {
+		e.handlePrometheus(w, r)
+		return
+	}
+	stats := e.stats()
+	names := make([]string, 0, len(stats))
+	for n := range stats {
+		if filter == nil || filter.MatchString(n) {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "%s: %d\n", n, stats[n])
+	}
+}
+
+// handlePrometheus serves /stats/prometheus, as gauges with Envoy's tags.
+func (e *envoy) handlePrometheus(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	stats := e.stats()
+	fmt.Fprintf(w, "# TYPE envoy_server_state gauge\nenvoy_server_state{} %d\n", stats["server.state"])
+	var lines []string
+	for name, n := range stats {
+		l, ok := strings.CutPrefix(name, "listener.")
+		if !ok {
+			continue
+		}
+		l, ok = strings.CutSuffix(l, ".downstream_cx_active")
+		if !ok || strings.Contains(l, "worker_") {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("envoy_listener_downstream_cx_active{envoy_listener_address=%q} %d", l, n))
+	}
+	sort.Strings(lines)
+	fmt.Fprintf(w, "# TYPE envoy_listener_downstream_cx_active gauge\n%s\n", strings.Join(lines, "\n"))
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		log.Printf("write json: %v", err)
+	}
+}
+
+func mustProtoJSON(m proto.Message) []byte {
+	raw, err := protojson.Marshal(m)
+	if err != nil || len(raw) == 0 {
+		return []byte("{}")
+	}
+	return raw
+}

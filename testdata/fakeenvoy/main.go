@@ -1,0 +1,149 @@
+// Command fakeenvoy is a stand-in for Envoy in tests. It is a test tool, never
+// the product.
+//
+// It accepts Envoy's command line (unknown flags exit 1, like Envoy), loads
+// and validates the bootstrap, serves the admin API on the bootstrap's admin
+// address, serves the bootstrap's static HTTP listeners by routing to its
+// static clusters, connects to the xDS and SDS clusters over their unix
+// sockets and ACKs what it receives, and exits 0 on SIGTERM.
+//
+// Environment knobs (see knobs.go): FAKE_ENVOY_CRASH_AFTER,
+// FAKE_ENVOY_EXIT_CODE, FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER,
+// FAKE_ENVOY_IGNORE_SIGTERM, FAKE_ENVOY_ACTIVE_CONNECTIONS,
+// FAKE_ENVOY_DRAIN_SECONDS.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// options is Envoy's command line, as much as the agent uses.
+type options struct {
+	configPath, configYAML                    string
+	drainTimeS                                int
+	drainStrategy, localAddressIPVersion      string
+	fileFlushIntervalMsec, fileFlushMinSizeKB int
+	disableHotRestart, allowUnknownStatic     bool
+	logLevel, componentLogLevel, logFormat    string
+	concurrency                               int
+	skipDeprecatedLogs, enableCoreDump        bool
+	serviceCluster, serviceNode               string
+	baseID, restartEpoch                      int
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("envoy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintln(stderr, "usage: envoy -c <bootstrap> [options] (fakeenvoy: a test stand-in)") }
+	fs.StringVar(&o.configPath, "c", "", "bootstrap file")
+	fs.StringVar(&o.configPath, "config-path", "", "bootstrap file")
+	fs.StringVar(&o.configYAML, "config-yaml", "", "bootstrap override, merged")
+	fs.IntVar(&o.drainTimeS, "drain-time-s", 600, "drain time")
+	fs.StringVar(&o.drainStrategy, "drain-strategy", "gradual", "gradual|immediate")
+	fs.StringVar(&o.localAddressIPVersion, "local-address-ip-version", "v4", "v4|v6")
+	fs.IntVar(&o.fileFlushIntervalMsec, "file-flush-interval-msec", 10000, "")
+	fs.IntVar(&o.fileFlushMinSizeKB, "file-flush-min-size-kb", 64, "")
+	fs.BoolVar(&o.disableHotRestart, "disable-hot-restart", false, "")
+	fs.BoolVar(&o.allowUnknownStatic, "allow-unknown-static-fields", false, "")
+	fs.StringVar(&o.logLevel, "l", "info", "log level")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level")
+	fs.StringVar(&o.componentLogLevel, "component-log-level", "", "")
+	fs.StringVar(&o.logFormat, "log-format", "", "")
+	fs.IntVar(&o.concurrency, "concurrency", 0, "")
+	fs.BoolVar(&o.skipDeprecatedLogs, "skip-deprecated-logs", false, "")
+	fs.BoolVar(&o.enableCoreDump, "enable-core-dump", false, "")
+	fs.StringVar(&o.serviceCluster, "service-cluster", "", "")
+	fs.StringVar(&o.serviceNode, "service-node", "", "")
+	fs.IntVar(&o.baseID, "base-id", 0, "")
+	fs.IntVar(&o.restartEpoch, "restart-epoch", 0, "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch o.drainStrategy {
+	case "gradual", "immediate":
+	default:
+		return nil, fmt.Errorf("--drain-strategy %q: want gradual or immediate", o.drainStrategy)
+	}
+	switch o.localAddressIPVersion {
+	case "v4", "v6":
+	default:
+		return nil, fmt.Errorf("--local-address-ip-version %q: want v4 or v6", o.localAddressIPVersion)
+	}
+	if o.configPath == "" && o.configYAML == "" {
+		return nil, fmt.Errorf("at least one of --config-path or --config-yaml must be given")
+	}
+	return o, nil
+}
+
+func main() {
+	log.SetPrefix(fmt.Sprintf("fakeenvoy[%d] ", os.Getpid()))
+	log.SetFlags(log.Lmicroseconds)
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	opts, err := parseFlags(args, os.Stderr)
+	if err != nil {
+		log.Printf("error: %v", err)
+		return 1
+	}
+	k, err := readKnobs()
+	if err != nil {
+		log.Printf("error: %v", err)
+		return 1
+	}
+	boot, err := loadBootstrap(opts)
+	if err != nil {
+		log.Printf("error initializing configuration '%s': %v", opts.configPath, err)
+		return 1
+	}
+
+	// SIGTERM/SIGINT end the fake like Envoy: a short graceful close, exit 0.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnvoy(boot, k)
+	exit := make(chan int, 1)
+	if err := e.start(ctx, exit); err != nil {
+		log.Printf("error: %v", err)
+		return 1
+	}
+	log.Printf("started: admin on %s", e.adminAddr)
+
+	var crash <-chan time.Time
+	if k.crashAfter > 0 {
+		crash = time.After(k.crashAfter)
+	}
+	for {
+		select {
+		case s := <-sigs:
+			if k.ignoreSIGTERM {
+				log.Printf("ignoring %v (FAKE_ENVOY_IGNORE_SIGTERM)", s)
+				continue
+			}
+			log.Printf("caught %v, shutting down", s)
+			e.shutdown()
+			return 0
+		case <-crash:
+			log.Printf("crashing with exit code %d (FAKE_ENVOY_CRASH_AFTER)", k.exitCode)
+			return k.exitCode
+		case code := <-exit:
+			e.shutdown()
+			return code
+		}
+	}
+}
