@@ -78,3 +78,14 @@ func (p *testPKI) leaf(t testing.TB, lifetime time.Duration) (chainPEM, keyPEM [
 	id, _ := url.Parse("spiffe://cluster.local/ns/default/sa/test")
 	return p.issue(t, key.Public(), lifetime, []*url.URL{id}, nil), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
+
+// leafFor returns a server certificate (chain, key PEM) for the given IPs.
+func (p *testPKI) leafFor(t testing.TB, ips []net.IP) (chainPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKCS8PrivateKey(key)
+	return p.issue(t, key.Public(), time.Hour, nil, ips), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
