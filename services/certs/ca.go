@@ -58,7 +58,7 @@ func (s *Service) serveCA(ctx context.Context) error {
 		if conn == nil {
 			c, err := s.dialCA()
 			if err != nil {
-				s.caFailure(err)
+				s.caFailure(err, false)
 				wait, backoff = jittered(backoff), min(backoff*2, s.cfg.RetryMax)
 				continue
 			}
@@ -69,7 +69,7 @@ func (s *Service) serveCA(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			s.caFailure(err)
+			s.caFailure(err, true)
 			// A fresh connection next time: the CA may have moved or its
 			// root file changed.
 			conn.Close()
@@ -86,8 +86,11 @@ func (s *Service) serveCA(ctx context.Context) error {
 }
 
 // caFailure reports a failed request; the reason carries the CA's own error.
-func (s *Service) caFailure(err error) {
-	s.m.outgoingFailed.WithLabelValues("csr").Inc()
+// requested says whether a request was sent (and so counted).
+func (s *Service) caFailure(err error, requested bool) {
+	if requested {
+		s.m.outgoingFailed.WithLabelValues("csr").Inc()
+	}
 	reason := "certificate request failed: " + err.Error()
 	if b, ok := s.last(); ok {
 		now := s.clock.Now()

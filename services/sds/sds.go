@@ -129,11 +129,9 @@ func (s *Service) listen() (net.Listener, error) {
 	return lis, nil
 }
 
-func removeSocket(path string) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		_ = err // best effort: a stale socket is removed on the next start
-	}
-}
+// removeSocket is best effort: the listener usually unlinks the socket
+// itself, and a leftover one is removed as stale on the next start.
+func removeSocket(path string) { _ = os.Remove(path) }
 
 // handler implements SecretDiscoveryService on top of the latest CertBundle.
 type handler struct {
