@@ -224,7 +224,7 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 
 // A short-lived certificate is renewed before it expires.
 func TestCARenewsBeforeExpiry(t *testing.T) {
-	c := newCASetup(t, 3*time.Second)
+	c := newCASetup(t, 4*time.Second)
 	c.ca.start(t)
 	c.start(t)
 	b1 := c.out.waitFor(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -513,5 +514,44 @@ func TestConfigValidate(t *testing.T) {
 	long := Config{SocketPath: "/" + strings.Repeat("a", 120)}
 	if err := long.Validate(); err == nil || !strings.Contains(err.Error(), "107") {
 		t.Errorf("long path: %v", err)
+	}
+}
+
+// With a proxy UID/GID configured, the socket belongs to it and is 0660.
+func TestSocketChownedToProxy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	root, _ := os.MkdirTemp("", "sds")
+	defer os.RemoveAll(root)
+	cfg := DefaultConfig(root)
+	cfg.SocketUID, cfg.SocketGID = 1337, 1337
+	health := messages.NewCell[messages.Health]()
+	svc := New(cfg, messages.NewCell[messages.CertBundle](), health, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx) }()
+	for {
+		h, ok, changed := health.Watch()
+		if ok && h.State == messages.Ready {
+			break
+		}
+		select {
+		case <-changed:
+		case err := <-done:
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(cfg.SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if st.Uid != 1337 || st.Gid != 1337 || fi.Mode().Perm() != 0o660 {
+		t.Errorf("socket owner %d:%d mode %v; want 1337:1337 0660", st.Uid, st.Gid, fi.Mode().Perm())
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
 	}
 }

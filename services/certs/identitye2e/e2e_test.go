@@ -354,7 +354,7 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 // A short-lived CA certificate is renewed before expiry and pushed on the
 // same open stream; a wrong token shows the CA's error in health.
 func TestCARenewalPushedOnSameStream(t *testing.T) {
-	ca := startTestCA(t, 3*time.Second)
+	ca := startTestCA(t, 4*time.Second)
 	a := newAgent(t)
 	a.certCfg.CAAddr = ca.addr
 	a.certCfg.KeyAlgorithm = certs.ECDSA
