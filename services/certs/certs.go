@@ -39,6 +39,9 @@ type Service struct {
 	mu      sync.Mutex
 	current messages.CertBundle // last published bundle (zero if none)
 	written string              // version last written to OutputCertsDir
+	// reported is the last health sent in this run, so that a noisy
+	// directory does not flood the health stream with repeats.
+	reported *messages.Health
 }
 
 // New returns the CertWatcher. It publishes on out and reports on health.
@@ -68,6 +71,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
+	s.reported = nil
 	if s.cfg.Source == SourceFiles {
 		return s.serveFiles(ctx)
 	}
@@ -107,8 +111,14 @@ func (s *Service) expirySeconds() float64 {
 	return b.Expiry.Sub(s.clock.Now()).Seconds()
 }
 
+// report sends a health change; a repeat of the last one is not sent.
 func (s *Service) report(state messages.HealthState, reason string) {
-	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.clock.Now()})
+	if r := s.reported; r != nil && r.State == state && r.Reason == reason {
+		return
+	}
+	h := messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.clock.Now()}
+	s.reported = &h
+	s.health.Send(h)
 }
 
 // metrics follow Istio's names (security/pkg/monitoring, cache metrics).

@@ -108,7 +108,9 @@ func (s *Service) reload() {
 		}
 		return
 	}
-	s.publish(b)
+	if !s.publish(b) {
+		s.log.Debug("certificate files unchanged", "version", b.Version)
+	}
 	s.report(messages.Ready, "")
 }
 
