@@ -215,6 +215,9 @@ func (c Config) Validate() error {
 				return fmt.Errorf("certs config: %s %q must be an absolute path", name, p)
 			}
 		}
+		if c.OutputCertsDir != "" && filepath.Clean(c.OutputCertsDir) == filepath.Dir(c.CertChainFile) {
+			return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q is the directory the certificates are read from: that would feed our own output back", c.OutputCertsDir)
+		}
 		if c.FileDebounce < 0 {
 			return fmt.Errorf("certs config: FileDebounce (FILE_DEBOUNCE_DURATION) %v must not be negative", c.FileDebounce)
 		}
