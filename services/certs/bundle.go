@@ -1,0 +1,135 @@
+package certs
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Errors a bundle is rejected with; wrapped with the file (or CA) and detail.
+var (
+	ErrNoCertificate = errors.New("no PEM certificate found")
+	ErrBadKey        = errors.New("not a usable PEM private key")
+	ErrKeyMismatch   = errors.New("private key does not match the leaf certificate")
+	ErrExpired       = errors.New("leaf certificate has expired")
+	ErrNotYetValid   = errors.New("leaf certificate is not yet valid")
+)
+
+// bundleSources names where each part came from, for error messages.
+type bundleSources struct{ chain, key, roots string }
+
+// buildBundle checks a chain, key and roots and returns the bundle to
+// publish. Errors name the source and the problem, never the key bytes.
+func buildBundle(chainPEM, keyPEM, rootsPEM []byte, src bundleSources, now time.Time) (messages.CertBundle, error) {
+	chain, err := parseCerts(chainPEM)
+	if err != nil {
+		return messages.CertBundle{}, fmt.Errorf("certificate chain %s: %w", src.chain, err)
+	}
+	leaf := chain[0]
+	key, err := parseKey(keyPEM)
+	if err != nil {
+		return messages.CertBundle{}, fmt.Errorf("private key %s: %w", src.key, err)
+	}
+	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(leaf.PublicKey) {
+		return messages.CertBundle{}, fmt.Errorf("private key %s: %w in %s (subject %q)", src.key, ErrKeyMismatch, src.chain, leaf.Subject.String())
+	}
+	if now.After(leaf.NotAfter) {
+		return messages.CertBundle{}, fmt.Errorf("certificate chain %s: %w (not after %s, now %s)", src.chain, ErrExpired,
+			leaf.NotAfter.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	if now.Before(leaf.NotBefore.Add(-5 * time.Minute)) { // allow a little clock skew
+		return messages.CertBundle{}, fmt.Errorf("certificate chain %s: %w (not before %s)", src.chain, ErrNotYetValid,
+			leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if _, err := parseCerts(rootsPEM); err != nil {
+		return messages.CertBundle{}, fmt.Errorf("root certificates %s: %w", src.roots, err)
+	}
+	return messages.CertBundle{
+		CertChainPEM: chainPEM,
+		KeyPEM:       keyPEM,
+		RootsPEM:     rootsPEM,
+		Expiry:       leaf.NotAfter,
+		Version:      contentVersion(chainPEM, keyPEM, rootsPEM),
+	}, nil
+}
+
+// contentVersion is a hash of the content: equal content, equal version.
+func contentVersion(parts ...[]byte) string {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:", len(p))
+		h.Write(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// parseCerts returns every CERTIFICATE block of pemBytes, in order.
+func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	rest := pemBytes
+	for i := 0; ; i++ {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate #%d does not parse: %w", len(certs)+1, err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		if len(bytes.TrimSpace(pemBytes)) == 0 {
+			return nil, fmt.Errorf("%w (empty)", ErrNoCertificate)
+		}
+		return nil, ErrNoCertificate
+	}
+	return certs, nil
+}
+
+// parseKey accepts PKCS#8, PKCS#1 (RSA) and SEC 1 (EC) keys. Its errors
+// never include key material.
+func parseKey(pemBytes []byte) (crypto.Signer, error) {
+	rest := pemBytes
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			return nil, fmt.Errorf("%w: no PRIVATE KEY block", ErrBadKey)
+		}
+		var key any
+		var err error
+		switch block.Type {
+		case "PRIVATE KEY":
+			key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+		case "RSA PRIVATE KEY":
+			key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+		case "EC PRIVATE KEY":
+			key, err = x509.ParseECPrivateKey(block.Bytes)
+		default:
+			continue
+		}
+		if err != nil {
+			// x509's parse errors describe the structure, not the bytes.
+			return nil, fmt.Errorf("%w: %s block does not parse: %v", ErrBadKey, block.Type, err)
+		}
+		signer, ok := key.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("%w: unsupported key type %T", ErrBadKey, key)
+		}
+		return signer, nil
+	}
+}

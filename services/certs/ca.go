@@ -1,0 +1,236 @@
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// ErrShortChain: the CA must return the leaf and, last, the root.
+var ErrShortChain = errors.New("CA response cert_chain must hold the leaf and the root")
+
+// serveCA keeps a certificate from the CA: request one, publish it, sleep
+// until the renewal point, repeat. Failed requests are retried with
+// exponential backoff and jitter while the previous certificate (if any) is
+// still served.
+func (s *Service) serveCA(ctx context.Context) error {
+	var conn *grpc.ClientConn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	backoff := s.cfg.RetryInitial
+	var wait time.Duration
+
+	// After a restart, a still-valid certificate is kept until its renewal
+	// point instead of being replaced at once.
+	if b, ok := s.last(); ok && s.clock.Now().Before(b.Expiry) {
+		wait = s.renewDelay(b)
+		s.report(messages.Ready, "")
+	}
+	for {
+		if wait > 0 {
+			s.log.Debug("next certificate request", "in", wait)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		if conn == nil {
+			c, err := s.dialCA()
+			if err != nil {
+				s.caFailure(err, false)
+				wait, backoff = jittered(backoff), min(backoff*2, s.cfg.RetryMax)
+				continue
+			}
+			conn = c
+		}
+		b, err := s.requestCertificate(ctx, pb.NewIstioCertificateServiceClient(conn))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.caFailure(err, true)
+			// A fresh connection next time: the CA may have moved or its
+			// root file changed.
+			conn.Close()
+			conn = nil
+			wait, backoff = jittered(backoff), min(backoff*2, s.cfg.RetryMax)
+			continue
+		}
+		backoff = s.cfg.RetryInitial
+		s.publish(b)
+		s.report(messages.Ready, "")
+		wait = s.renewDelay(b)
+		s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", b.Expiry, "renew_in", wait.Round(time.Millisecond))
+	}
+}
+
+// caFailure reports a failed request; the reason carries the CA's own error.
+// requested says whether a request was sent (and so counted).
+func (s *Service) caFailure(err error, requested bool) {
+	if requested {
+		s.m.outgoingFailed.WithLabelValues("csr").Inc()
+	}
+	reason := "certificate request failed: " + err.Error()
+	if b, ok := s.last(); ok {
+		now := s.clock.Now()
+		if now.Before(b.Expiry) {
+			reason += fmt.Sprintf(" (serving the previous certificate until it expires at %s)", b.Expiry.UTC().Format(time.RFC3339))
+		} else {
+			reason += fmt.Sprintf(" (the previous certificate expired at %s)", b.Expiry.UTC().Format(time.RFC3339))
+		}
+		s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "err", err)
+		s.report(messages.Degraded, reason)
+		return
+	}
+	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "err", err)
+	s.report(messages.Starting, reason)
+}
+
+// renewDelay is how long until the renewal point: when GraceRatio (± jitter)
+// of the certificate's lifetime remains, as Istio's secret cache does.
+func (s *Service) renewDelay(b messages.CertBundle) time.Duration {
+	leaf, err := parseCerts(b.CertChainPEM)
+	if err != nil {
+		return 0
+	}
+	lifetime := b.Expiry.Sub(leaf[0].NotBefore)
+	ratio := s.cfg.GraceRatio
+	if j := s.cfg.GraceJitter; j > 0 {
+		ratio += (rand.Float64()*2 - 1) * j
+	}
+	at := b.Expiry.Add(-time.Duration(ratio * float64(lifetime)))
+	return max(at.Sub(s.clock.Now()), 0)
+}
+
+// jittered spreads d by ±20% so that many agents do not retry in step.
+func jittered(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// dialCA builds the client connection (lazily connected by gRPC).
+func (s *Service) dialCA() (*grpc.ClientConn, error) {
+	var creds credentials.TransportCredentials
+	switch {
+	case s.cfg.CAPlaintext:
+		creds = insecure.NewCredentials()
+	case s.cfg.CARootFile != "":
+		pemBytes, err := os.ReadFile(s.cfg.CARootFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA root certificate (CA_ROOT_CA): %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, fmt.Errorf("CA root certificate %s: %w", s.cfg.CARootFile, ErrNoCertificate)
+		}
+		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: hostOf(s.cfg.CAAddr)})
+	default:
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			return nil, fmt.Errorf("system root certificates: %w", err)
+		}
+		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: hostOf(s.cfg.CAAddr)})
+	}
+	conn, err := grpc.NewClient(s.cfg.CAAddr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithPerRPCCredentials(tokenCredentials{path: s.cfg.TokenFile, secure: !s.cfg.CAPlaintext}))
+	if err != nil {
+		return nil, fmt.Errorf("CA client for %s: %w", s.cfg.CAAddr, err)
+	}
+	return conn, nil
+}
+
+// requestCertificate generates a key, sends the CSR and checks the answer.
+func (s *Service) requestCertificate(ctx context.Context, client pb.IstioCertificateServiceClient) (messages.CertBundle, error) {
+	keyPEM, csrPEM, err := newKeyAndCSR(s.cfg)
+	if err != nil {
+		return messages.CertBundle{}, err
+	}
+	req := &pb.IstioCertificateRequest{
+		Csr:              string(csrPEM),
+		ValidityDuration: int64(s.cfg.SecretTTL / time.Second),
+	}
+	if s.cfg.CertSigner != "" {
+		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
+			"CertSigner": structpb.NewStringValue(s.cfg.CertSigner),
+		}}
+	}
+	md := metadata.MD{}
+	if s.cfg.ClusterID != "" {
+		md.Set("ClusterID", s.cfg.ClusterID)
+	}
+	for k, v := range s.cfg.CAHeaders {
+		md.Set(k, v)
+	}
+	callCtx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), s.cfg.RequestTimeout)
+	defer cancel()
+	s.m.outgoing.WithLabelValues("csr").Inc()
+	resp, err := client.CreateCertificate(callCtx, req)
+	if err != nil {
+		return messages.CertBundle{}, fmt.Errorf("CreateCertificate at %s: %w", s.cfg.CAAddr, err)
+	}
+	if len(resp.CertChain) <= 1 {
+		return messages.CertBundle{}, fmt.Errorf("CreateCertificate at %s: %w (got %d)", s.cfg.CAAddr, ErrShortChain, len(resp.CertChain))
+	}
+	var chain strings.Builder
+	for _, c := range resp.CertChain {
+		chain.WriteString(c)
+		if !strings.HasSuffix(c, "\n") {
+			chain.WriteString("\n")
+		}
+	}
+	root := resp.CertChain[len(resp.CertChain)-1]
+	if !strings.HasSuffix(root, "\n") {
+		root += "\n"
+	}
+	src := "CA " + s.cfg.CAAddr
+	return buildBundle([]byte(chain.String()), keyPEM, []byte(root),
+		bundleSources{chain: src + " response", key: "generated key", roots: src + " response (last element)"}, s.clock.Now())
+}
+
+// tokenCredentials sends the JWT from a file, re-read on every call so that
+// a rotated token is used at once. No file ⇒ no header.
+type tokenCredentials struct {
+	path   string
+	secure bool
+}
+
+func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	if t.path == "" {
+		return nil, nil
+	}
+	tok, err := os.ReadFile(t.path)
+	if err != nil || len(strings.TrimSpace(string(tok))) == 0 {
+		return nil, nil
+	}
+	return map[string]string{"authorization": "Bearer " + strings.TrimSpace(string(tok))}, nil
+}
+
+func (t tokenCredentials) RequireTransportSecurity() bool { return t.secure }
+
+func hostOf(addr string) string {
+	if i := strings.LastIndex(addr, ":"); i >= 0 {
+		return strings.Trim(addr[:i], "[]")
+	}
+	return addr
+}

@@ -1,0 +1,391 @@
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+const testToken = "test-jwt-token"
+
+// testCA implements IstioCertificateService over TLS, signing CSRs with a
+// root made in the test. It checks the bearer token.
+type testCA struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	pki      *testPKI
+	lifetime time.Duration
+	addr     string
+	tlsCfg   *tls.Config
+
+	mu         sync.Mutex
+	calls      int
+	clusterIDs []string
+	uris       []string
+	ttls       []int64
+	shortChain bool
+
+	srv *grpc.Server
+	lis net.Listener
+}
+
+func newTestCA(t testing.TB, lifetime time.Duration) *testCA {
+	t.Helper()
+	pki := newTestPKI(t)
+	chain, key := pki.leafFor(t, []net.IP{net.IPv4(127, 0, 0, 1)})
+	cert, err := tls.X509KeyPair(chain, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &testCA{pki: pki, lifetime: lifetime, tlsCfg: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.addr = lis.Addr().String()
+	lis.Close() // started by start(), so that tests can have the CA down first
+	return ca
+}
+
+// start serves on ca.addr (the same port each time).
+func (ca *testCA) start(t testing.TB) {
+	t.Helper()
+	var lis net.Listener
+	var err error
+	for i := 0; i < 50; i++ {
+		if lis, err = net.Listen("tcp", ca.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(ca.tlsCfg)))
+	pb.RegisterIstioCertificateServiceServer(srv, ca)
+	ca.mu.Lock()
+	ca.srv, ca.lis = srv, lis
+	ca.mu.Unlock()
+	go srv.Serve(lis)
+	t.Cleanup(ca.stop)
+}
+
+func (ca *testCA) stop() {
+	ca.mu.Lock()
+	srv := ca.srv
+	ca.srv = nil
+	ca.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
+func (ca *testCA) callCount() int {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.calls
+}
+
+func (ca *testCA) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	ca.mu.Lock()
+	ca.calls++
+	ca.mu.Unlock()
+	md, _ := metadata.FromIncomingContext(ctx)
+	if auth := md.Get("authorization"); len(auth) != 1 || auth[0] != "Bearer "+testToken {
+		return nil, status.Error(codes.Unauthenticated, "authenticate caller: token rejected by test CA")
+	}
+	block, _ := pem.Decode([]byte(req.Csr))
+	if block == nil {
+		return nil, status.Error(codes.InvalidArgument, "CSR is not PEM")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil || csr.CheckSignature() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+	}
+	ca.mu.Lock()
+	ca.clusterIDs = append(ca.clusterIDs, strings.Join(md.Get("clusterid"), ","))
+	for _, u := range csr.URIs {
+		ca.uris = append(ca.uris, u.String())
+	}
+	ca.ttls = append(ca.ttls, req.ValidityDuration)
+	short := ca.shortChain
+	ca.mu.Unlock()
+	leaf := ca.pki.issue(testingShim{}, csr.PublicKey, ca.lifetime, csr.URIs, nil)
+	if short {
+		return &pb.IstioCertificateResponse{CertChain: []string{string(leaf)}}, nil
+	}
+	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.pki.rootPEM)}}, nil
+}
+
+// testingShim lets the server goroutine use issue (which only fails on a
+// broken test PKI).
+type testingShim struct{ testing.TB }
+
+func (testingShim) Helper()           {}
+func (testingShim) Fatal(args ...any) { panic(fmt.Sprint(args...)) }
+
+// caSetup is a root dir with the CA root and token files.
+type caSetup struct {
+	ca     *testCA
+	root   string
+	cfg    Config
+	out    *bundleRecorder
+	health *healthRecorder
+	logs   *syncBuffer
+}
+
+func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
+	ca := newTestCA(t, lifetime)
+	root := t.TempDir()
+	c := &caSetup{ca: ca, root: root, out: newBundleRecorder(), health: newHealthRecorder(), logs: &syncBuffer{}}
+	c.cfg = ChooseSource(DefaultConfig(root), root, false)
+	c.cfg.CAAddr = ca.addr
+	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
+	c.cfg.ClusterID = "Kubernetes"
+	c.cfg.Namespace, c.cfg.ServiceAccount = "shop", "cart"
+	c.cfg.RetryInitial = 50 * time.Millisecond
+	c.cfg.RetryMax = 400 * time.Millisecond
+	writeFile(t, c.cfg.CARootFile, ca.pki.rootPEM)
+	writeFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
+	return c
+}
+
+func writeFile(t testing.TB, path string, data []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *caSetup) start(t *testing.T) func() {
+	return run(t, New(c.cfg, c.out, c.health, testLogger(c.logs)))
+}
+
+func TestCAIssuesSpiffeCertificate(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.ca.start(t)
+	c.cfg.OutputCertsDir = filepath.Join(c.root, "out")
+	c.start(t)
+	b := c.out.waitFor(t, "certificate from CA", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.health.waitFor(t, messages.Ready, "")
+	if string(b.RootsPEM) != string(c.ca.pki.rootPEM) {
+		t.Error("roots are not the last element of the CA's chain")
+	}
+	certs, err := parseCerts(b.CertChainPEM)
+	if err != nil || len(certs) != 2 {
+		t.Fatalf("chain: %d certs, %v", len(certs), err)
+	}
+	if got := certs[0].URIs[0].String(); got != "spiffe://cluster.local/ns/shop/sa/cart" {
+		t.Errorf("SAN %s", got)
+	}
+	c.ca.mu.Lock()
+	if c.ca.clusterIDs[0] != "Kubernetes" || c.ca.ttls[0] != int64((24*time.Hour)/time.Second) {
+		t.Errorf("request: ClusterID %q ttl %d", c.ca.clusterIDs[0], c.ca.ttls[0])
+	}
+	c.ca.mu.Unlock()
+	if _, err := parseKey(b.KeyPEM); err != nil {
+		t.Fatal(err)
+	}
+	// OUTPUT_CERTS: the three files, owner-only.
+	for _, n := range []string{KeyFileName, CertChainFileName, RootCertFileName} {
+		p := filepath.Join(c.cfg.OutputCertsDir, n)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %v, want 0600", p, fi.Mode().Perm())
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(c.cfg.OutputCertsDir, KeyFileName)); string(got) != string(b.KeyPEM) {
+		t.Error("OUTPUT_CERTS key.pem is not the served key")
+	}
+}
+
+// A short-lived certificate is renewed before it expires.
+func TestCARenewsBeforeExpiry(t *testing.T) {
+	c := newCASetup(t, 4*time.Second)
+	c.ca.start(t)
+	c.start(t)
+	b1 := c.out.waitFor(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	b2 := c.out.waitFor(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
+	if !time.Now().Before(b1.Expiry) {
+		t.Fatalf("renewed only at %v, after the first expired at %v", time.Now(), b1.Expiry)
+	}
+	if !b2.Expiry.After(b1.Expiry) {
+		t.Fatal("renewed certificate does not outlive the first")
+	}
+}
+
+// The CA is down at start: requests are retried with backoff until it is up.
+func TestCADownThenUp(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.start(t)
+	c.health.waitFor(t, messages.Starting, "CreateCertificate at "+c.ca.addr)
+	time.Sleep(600 * time.Millisecond) // several retries
+	c.ca.start(t)
+	c.out.waitFor(t, "certificate once the CA is up", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.health.waitFor(t, messages.Ready, "")
+	if n := c.ca.callCount(); n != 1 {
+		t.Errorf("CA saw %d calls; want 1 (failures were connection errors)", n)
+	}
+}
+
+// Renewal failing keeps the old certificate and reports Degraded; recovery
+// publishes a new one.
+func TestCARenewalFailureKeepsOldCert(t *testing.T) {
+	c := newCASetup(t, 3*time.Second)
+	c.ca.start(t)
+	c.start(t)
+	b1 := c.out.waitFor(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.ca.stop()
+	c.health.waitFor(t, messages.Degraded, "serving the previous certificate")
+	if got, _ := c.out.Get(); got.Version != b1.Version {
+		t.Fatal("bundle changed while the CA was down")
+	}
+	c.ca.start(t)
+	c.out.waitFor(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
+	c.health.waitFor(t, messages.Ready, "")
+}
+
+func TestCAWrongTokenReason(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
+	c.ca.start(t)
+	c.start(t)
+	h := c.health.waitFor(t, messages.Starting, "token rejected by test CA")
+	if !strings.Contains(h.Reason, "Unauthenticated") {
+		t.Errorf("reason %q lacks the gRPC code", h.Reason)
+	}
+	if !strings.Contains(c.logs.String(), "token rejected by test CA") {
+		t.Error("the CA's error is not in the log")
+	}
+	// The token is read on every call: fixing the file is enough.
+	writeFile(t, c.cfg.TokenFile, []byte(testToken))
+	c.out.waitFor(t, "certificate after the token is fixed", func(b messages.CertBundle) bool { return b.Version != "" })
+}
+
+func TestCAShortChainRejected(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.ca.shortChain = true
+	c.ca.start(t)
+	c.start(t)
+	c.health.waitFor(t, messages.Starting, ErrShortChain.Error())
+	if _, ok := c.out.Get(); ok {
+		t.Fatal("published a certificate without a root")
+	}
+}
+
+func TestCAMissingRootFile(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	os.Remove(c.cfg.CARootFile)
+	c.start(t)
+	c.health.waitFor(t, messages.Starting, "CA_ROOT_CA")
+}
+
+func TestCARSAKey(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.cfg.KeyAlgorithm, c.cfg.PKCS8Key = RSA, false
+	c.ca.start(t)
+	c.start(t)
+	b := c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	if !strings.HasPrefix(string(b.KeyPEM), "-----BEGIN RSA PRIVATE KEY-----") {
+		t.Fatalf("key is not PKCS#1 RSA")
+	}
+}
+
+// After a restart of Serve a still-valid certificate is kept, not replaced.
+func TestCARestartKeepsValidCert(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.ca.start(t)
+	s := New(c.cfg, c.out, c.health, testLogger(c.logs))
+	stop := run(t, s)
+	c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	stop()
+	stop2 := run(t, s)
+	c.health.waitFor(t, messages.Ready, "")
+	stop2()
+	if n := c.ca.callCount(); n != 1 || c.out.count() != 1 {
+		t.Fatalf("after restart: %d CA calls, %d publishes; want 1 and 1", n, c.out.count())
+	}
+}
+
+func TestConfigValidateNamesField(t *testing.T) {
+	base := DefaultConfig("/")
+	cases := map[string]func(*Config){
+		"CAAddr":         func(c *Config) { c.CAAddr = "nohostport" },
+		"SecretTTL":      func(c *Config) { c.SecretTTL = 0 },
+		"GraceRatio":     func(c *Config) { c.GraceRatio = 1.5 },
+		"ECCCurve":       func(c *Config) { c.KeyAlgorithm, c.ECCCurve = ECDSA, "P521" },
+		"RSAKeySize":     func(c *Config) { c.RSAKeySize = 1024 },
+		"KeyAlgorithm":   func(c *Config) { c.KeyAlgorithm = "DSA" },
+		"OutputCertsDir": func(c *Config) { c.OutputCertsDir = "relative" },
+		"TrustDomain":    func(c *Config) { c.TrustDomain = "" },
+		"CertChainFile":  func(c *Config) { c.Source, c.CertChainFile = SourceFiles, "x.pem" },
+		"FileDebounce":   func(c *Config) { c.Source, c.FileDebounce = SourceFiles, -1 },
+		"CARootFile":     func(c *Config) { c.CARootFile = "" },
+		"RetryInitial":   func(c *Config) { c.RetryInitial = 0 },
+		"GraceJitter":    func(c *Config) { c.GraceJitter = 0.6 },
+		"OutputFileMode": func(c *Config) { c.OutputCertsDir, c.OutputFileMode = "/out", 0o666 },
+	}
+	if err := base.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	for field, mutate := range cases {
+		c := base
+		mutate(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate() = %v; want an error naming the field", field, err)
+		}
+	}
+}
+
+func TestChooseSource(t *testing.T) {
+	root := t.TempDir()
+	cfg := DefaultConfig(root)
+	if got := ChooseSource(cfg, root, false); got.Source != SourceCA {
+		t.Fatalf("no files: source %v, want ca", got.Source)
+	}
+	if got := ChooseSource(cfg, root, true); got.Source != SourceFiles || got.CertChainFile != filepath.Join(root, EtcCertsDir, CertChainFileName) {
+		t.Fatalf("FILE_MOUNTED_CERTS: %v %s", got.Source, got.CertChainFile)
+	}
+	spiffe := filepath.Join(root, WorkloadSpiffeCreds)
+	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
+		writeFile(t, filepath.Join(spiffe, n), []byte("x"))
+	}
+	if got := ChooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(spiffe, KeyFileName) {
+		t.Fatalf("workload-spiffe-credentials: %v %s", got.Source, got.KeyFile)
+	}
+	etc := filepath.Join(root, EtcCertsDir)
+	writeFile(t, filepath.Join(etc, CertChainFileName), []byte("x"))
+	writeFile(t, filepath.Join(etc, KeyFileName), []byte("x"))
+	if got := ChooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(etc, KeyFileName) {
+		t.Fatalf("etc/certs: %v %s", got.Source, got.KeyFile)
+	}
+	// etc/certs that is also OUTPUT_CERTS is our own output, not a mount.
+	cfg.OutputCertsDir = etc
+	if got := ChooseSource(cfg, root, false); got.KeyFile != filepath.Join(spiffe, KeyFileName) {
+		t.Fatalf("etc/certs == OUTPUT_CERTS still chosen: %s", got.KeyFile)
+	}
+}

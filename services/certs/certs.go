@@ -1,0 +1,166 @@
+// Package certs is the CertWatcher: it obtains the workload's identity, from
+// file-mounted PEM files (followed with fsnotify) or from the control plane's
+// CA (a CSR to IstioCertificateService, renewed before expiry), and publishes
+// it as a messages.CertBundle (latest value) for the SDS server and the xDS
+// proxy.
+package certs
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Clock is the time source; tests inject one to check expiry handling.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Service is the CertWatcher.
+type Service struct {
+	cfg    Config
+	out    messages.Sink[messages.CertBundle]
+	health messages.Sink[messages.Health]
+	log    *slog.Logger
+	clock  Clock
+	m      metrics
+
+	// Survives restarts; touched only by Serve's goroutine (expiry is
+	// also read by the metrics gauge, hence the mutex).
+	mu      sync.Mutex
+	current messages.CertBundle // last published bundle (zero if none)
+	written string              // version last written to OutputCertsDir
+	// reported is the last health sent in this run, so that a noisy
+	// directory does not flood the health stream with repeats.
+	reported *messages.Health
+}
+
+// New returns the CertWatcher. It publishes on out and reports on health.
+func New(cfg Config, out messages.Sink[messages.CertBundle], health messages.Sink[messages.Health], log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{cfg: cfg, out: out, health: health, log: log, clock: cfg.Clock}
+	if s.clock == nil {
+		s.clock = realClock{}
+	}
+	s.m = newMetrics(s.expirySeconds)
+	if cfg.Registerer != nil {
+		if err := s.m.register(cfg.Registerer); err != nil {
+			log.Warn("certs metrics not registered", "err", err)
+		}
+	}
+	return s
+}
+
+// String is the service's name in logs, metrics and /debug/tree.
+func (s *Service) String() string { return "certs" }
+
+// Serve runs until ctx is done. A bad configuration is an error; a bad or
+// missing certificate is not: the service reports Degraded and keeps trying.
+func (s *Service) Serve(ctx context.Context) error {
+	if err := s.cfg.Validate(); err != nil {
+		return err
+	}
+	s.reported = nil
+	if s.cfg.Source == SourceFiles {
+		return s.serveFiles(ctx)
+	}
+	return s.serveCA(ctx)
+}
+
+// publish sends b if its content differs from the last published bundle and
+// writes OUTPUT_CERTS. It reports whether anything new was published.
+func (s *Service) publish(b messages.CertBundle) bool {
+	s.mu.Lock()
+	same := s.current.Version == b.Version
+	if !same {
+		s.current = b
+	}
+	s.mu.Unlock()
+	if same {
+		return false
+	}
+	s.out.Send(b)
+	s.log.Info("published workload certificate", "bundle", b)
+	s.writeOutput(b)
+	return true
+}
+
+// last returns the last published bundle (ok false if none).
+func (s *Service) last() (messages.CertBundle, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current, s.current.Version != ""
+}
+
+func (s *Service) expirySeconds() float64 {
+	b, ok := s.last()
+	if !ok {
+		return 0
+	}
+	return b.Expiry.Sub(s.clock.Now()).Seconds()
+}
+
+// report sends a health change; a repeat of the last one is not sent.
+func (s *Service) report(state messages.HealthState, reason string) {
+	if r := s.reported; r != nil && r.State == state && r.Reason == reason {
+		return
+	}
+	h := messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.clock.Now()}
+	s.reported = &h
+	s.health.Send(h)
+}
+
+// metrics follow Istio's names (security/pkg/monitoring, cache metrics).
+type metrics struct {
+	expiry          prometheus.Collector
+	outgoing        *prometheus.CounterVec
+	outgoingFailed  *prometheus.CounterVec
+	watcherFailures prometheus.Counter
+	fileFailures    prometheus.Counter
+}
+
+func newMetrics(expiry func() float64) metrics {
+	return metrics{
+		expiry: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "cert_expiry_seconds",
+			Help:        "The time remaining, in seconds, before the certificate chain will expire. A negative value indicates the cert is expired.",
+			ConstLabels: prometheus.Labels{"resource_name": "default"},
+		}, expiry),
+		outgoing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "num_outgoing_requests",
+			Help: "Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)",
+		}, []string{"request_type"}),
+		outgoingFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "num_failed_outgoing_requests",
+			Help: "Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)",
+		}, []string{"request_type"}),
+		watcherFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "num_file_watcher_failures_total",
+			Help: "Number of times file watcher failed to add watchers",
+		}),
+		fileFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "num_file_secret_failures_total",
+			Help: "Number of times secret generation failed for files",
+		}),
+	}
+}
+
+func (m metrics) register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.expiry, m.outgoing, m.outgoingFailed, m.watcherFailures, m.fileFailures} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,277 @@
+package certs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Source is where the workload certificate comes from.
+type Source int
+
+const (
+	// SourceCA: generate a key, send a CSR to the control plane's CA
+	// (IstioCertificateService) and renew before expiry.
+	SourceCA Source = iota
+	// SourceFiles: read PEM files mounted into the pod/VM and follow
+	// their changes.
+	SourceFiles
+)
+
+func (s Source) String() string {
+	if s == SourceFiles {
+		return "files"
+	}
+	return "ca"
+}
+
+// Istio's well-known paths, relative to the agent's root ("/" in production).
+const (
+	EtcCertsDir          = "etc/certs"
+	WorkloadSpiffeCreds  = "var/run/secrets/workload-spiffe-credentials"
+	DefaultCARootPath    = "var/run/secrets/istio/root-cert.pem"
+	DefaultTokenPath     = "var/run/secrets/tokens/istio-token"
+	CertChainFileName    = "cert-chain.pem"
+	KeyFileName          = "key.pem"
+	RootCertFileName     = "root-cert.pem"
+	DefaultCAAddress     = "istiod.istio-system.svc:15012"
+	DefaultTrustDomain   = "cluster.local"
+	DefaultSecretTTL     = 24 * time.Hour
+	DefaultFileDebounce  = 100 * time.Millisecond
+	DefaultGraceRatio    = 0.5
+	DefaultGraceJitter   = 0.01
+	DefaultRSAKeySize    = 2048
+	DefaultRetryInitial  = 200 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultRequestTimout = 10 * time.Second
+)
+
+// KeyAlgorithm is the workload key type for CSRs.
+type KeyAlgorithm string
+
+const (
+	RSA   KeyAlgorithm = "RSA"   // WORKLOAD_RSA_KEY_SIZE bits (Istio's default)
+	ECDSA KeyAlgorithm = "ECDSA" // ECC_SIGNATURE_ALGORITHM=ECDSA, curve ECC_CURVE
+)
+
+// Config is everything the certs service needs, as plain values. cmd fills it
+// from Istio's environment variables (named on each field); DefaultConfig and
+// ChooseSource give Istio's defaults and its choice of source.
+type Config struct {
+	// Source selects files or the CA (see ChooseSource).
+	Source Source
+
+	// --- file-mounted certificates ---
+
+	// CertChainFile, KeyFile, RootCertFile: absolute paths of the PEM files
+	// (Istio: <root>/etc/certs/{cert-chain,key,root-cert}.pem, or
+	// <root>/var/run/secrets/workload-spiffe-credentials/...).
+	CertChainFile string
+	KeyFile       string
+	RootCertFile  string
+	// FileDebounce: quiet time after the last change before re-reading
+	// (FILE_DEBOUNCE_DURATION, default 100ms).
+	FileDebounce time.Duration
+
+	// --- CA client ---
+
+	// CAAddr: host:port of IstioCertificateService (CA_ADDR; default the
+	// discovery address istiod.istio-system.svc:15012).
+	CAAddr string
+	// CARootFile: PEM roots that verify the CA's TLS certificate (CA_ROOT_CA,
+	// default <root>/var/run/secrets/istio/root-cert.pem). Empty with
+	// CASystemRoots: the OS trust store.
+	CARootFile    string
+	CASystemRoots bool
+	// CAPlaintext: no TLS (Istio does this for a CA_ADDR on port 15010).
+	CAPlaintext bool
+	// TokenFile: JWT sent as "authorization: Bearer <token>", read fresh on
+	// every call; a missing file sends no header
+	// (<root>/var/run/secrets/tokens/istio-token).
+	TokenFile string
+	// ClusterID: sent as the "ClusterID" request header (ISTIO_META_CLUSTER_ID).
+	ClusterID string
+	// CAHeaders: extra request headers (CA_HEADER_<NAME>=<value> ⇒ NAME: value).
+	CAHeaders map[string]string
+	// CertSigner: request metadata CertSigner (ISTIO_META_CERT_SIGNER).
+	CertSigner string
+	// TrustDomain, Namespace, ServiceAccount make the SPIFFE ID
+	// spiffe://<TRUST_DOMAIN>/ns/<POD_NAMESPACE>/sa/<SERVICE_ACCOUNT>.
+	TrustDomain    string
+	Namespace      string
+	ServiceAccount string
+	// SecretTTL: requested certificate lifetime (SECRET_TTL, default 24h).
+	SecretTTL time.Duration
+	// GraceRatio: renew when this fraction of the lifetime remains
+	// (SECRET_GRACE_PERIOD_RATIO, 0.5), ± GraceJitter
+	// (SECRET_GRACE_PERIOD_RATIO_JITTER, 0.01).
+	GraceRatio  float64
+	GraceJitter float64
+	// KeyAlgorithm: RSA (default) or ECDSA (ECC_SIGNATURE_ALGORITHM).
+	KeyAlgorithm KeyAlgorithm
+	// RSAKeySize: WORKLOAD_RSA_KEY_SIZE (2048).
+	RSAKeySize int
+	// ECCCurve: "P256" (default) or "P384" (ECC_CURVE).
+	ECCCurve string
+	// PKCS8Key: encode the private key as PKCS#8 (PKCS8_KEY); otherwise
+	// PKCS#1 (RSA) or SEC 1 (EC).
+	PKCS8Key bool
+	// RetryInitial, RetryMax: exponential backoff (with ±20% jitter) between
+	// failed CA calls.
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+	// RequestTimeout bounds one CreateCertificate call.
+	RequestTimeout time.Duration
+
+	// --- both ---
+
+	// OutputCertsDir: when set, write key.pem, cert-chain.pem, root-cert.pem
+	// there atomically whenever they change (OUTPUT_CERTS).
+	OutputCertsDir string
+	// OutputFileMode: mode of those files (0600; Istio uses 0644 when
+	// KUBERNETES_SERVICE_HOST is set).
+	OutputFileMode os.FileMode
+
+	// Registerer receives the metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Clock: time source (nil: the real clock). Tests inject one.
+	Clock Clock
+}
+
+// DefaultConfig returns Istio's defaults with every path under root.
+func DefaultConfig(root string) Config {
+	etc := filepath.Join(root, EtcCertsDir)
+	return Config{
+		Source:         SourceCA,
+		CertChainFile:  filepath.Join(etc, CertChainFileName),
+		KeyFile:        filepath.Join(etc, KeyFileName),
+		RootCertFile:   filepath.Join(etc, RootCertFileName),
+		FileDebounce:   DefaultFileDebounce,
+		CAAddr:         DefaultCAAddress,
+		CARootFile:     filepath.Join(root, DefaultCARootPath),
+		TokenFile:      filepath.Join(root, DefaultTokenPath),
+		TrustDomain:    DefaultTrustDomain,
+		Namespace:      "default",
+		ServiceAccount: "default",
+		SecretTTL:      DefaultSecretTTL,
+		GraceRatio:     DefaultGraceRatio,
+		GraceJitter:    DefaultGraceJitter,
+		KeyAlgorithm:   RSA,
+		RSAKeySize:     DefaultRSAKeySize,
+		ECCCurve:       "P256",
+		RetryInitial:   DefaultRetryInitial,
+		RetryMax:       DefaultRetryMax,
+		RequestTimeout: DefaultRequestTimout,
+		OutputFileMode: 0o600,
+	}
+}
+
+// ChooseSource applies Istio's rule to cfg (built by DefaultConfig(root)) and
+// returns it with Source and the file paths set:
+//
+//  1. <root>/etc/certs/cert-chain.pem and key.pem exist (and that directory
+//     is not OUTPUT_CERTS, which would be a loop) ⇒ files from etc/certs;
+//  2. <root>/var/run/secrets/workload-spiffe-credentials/{cert-chain,key,
+//     root-cert}.pem all exist ⇒ files from there;
+//  3. fileMountedCerts (FILE_MOUNTED_CERTS=true) ⇒ files from etc/certs,
+//     waited for if not there yet;
+//  4. otherwise the CA at CAAddr.
+func ChooseSource(cfg Config, root string, fileMountedCerts bool) Config {
+	etc := filepath.Join(root, EtcCertsDir)
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	useDir := func(dir string) Config {
+		cfg.Source = SourceFiles
+		cfg.CertChainFile = filepath.Join(dir, CertChainFileName)
+		cfg.KeyFile = filepath.Join(dir, KeyFileName)
+		cfg.RootCertFile = filepath.Join(dir, RootCertFileName)
+		return cfg
+	}
+	sameDir := cfg.OutputCertsDir != "" && filepath.Clean(cfg.OutputCertsDir) == filepath.Clean(etc)
+	if !sameDir && exists(filepath.Join(etc, CertChainFileName)) && exists(filepath.Join(etc, KeyFileName)) {
+		return useDir(etc)
+	}
+	spiffe := filepath.Join(root, WorkloadSpiffeCreds)
+	if exists(filepath.Join(spiffe, CertChainFileName)) && exists(filepath.Join(spiffe, KeyFileName)) &&
+		exists(filepath.Join(spiffe, RootCertFileName)) {
+		return useDir(spiffe)
+	}
+	if fileMountedCerts {
+		return useDir(etc)
+	}
+	cfg.Source = SourceCA
+	return cfg
+}
+
+// Validate checks cfg and names the field and value that are wrong.
+func (c Config) Validate() error {
+	switch c.Source {
+	case SourceFiles:
+		for name, p := range map[string]string{"CertChainFile": c.CertChainFile, "KeyFile": c.KeyFile, "RootCertFile": c.RootCertFile} {
+			if p == "" || !filepath.IsAbs(p) {
+				return fmt.Errorf("certs config: %s %q must be an absolute path", name, p)
+			}
+		}
+		if c.OutputCertsDir != "" && filepath.Clean(c.OutputCertsDir) == filepath.Dir(c.CertChainFile) {
+			return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q is the directory the certificates are read from: that would feed our own output back", c.OutputCertsDir)
+		}
+		if c.FileDebounce < 0 {
+			return fmt.Errorf("certs config: FileDebounce (FILE_DEBOUNCE_DURATION) %v must not be negative", c.FileDebounce)
+		}
+	case SourceCA:
+		if c.CAAddr == "" || !strings.Contains(c.CAAddr, ":") {
+			return fmt.Errorf("certs config: CAAddr (CA_ADDR) %q must be host:port", c.CAAddr)
+		}
+		if !c.CAPlaintext && !c.CASystemRoots && c.CARootFile == "" {
+			return fmt.Errorf("certs config: CARootFile (CA_ROOT_CA) is empty and neither CASystemRoots nor CAPlaintext is set")
+		}
+		if c.TrustDomain == "" || c.Namespace == "" || c.ServiceAccount == "" {
+			return fmt.Errorf("certs config: TrustDomain %q, Namespace %q and ServiceAccount %q must all be set (TRUST_DOMAIN, POD_NAMESPACE, SERVICE_ACCOUNT)",
+				c.TrustDomain, c.Namespace, c.ServiceAccount)
+		}
+		if c.SecretTTL <= 0 {
+			return fmt.Errorf("certs config: SecretTTL (SECRET_TTL) %v must be positive", c.SecretTTL)
+		}
+		if c.GraceRatio <= 0 || c.GraceRatio >= 1 {
+			return fmt.Errorf("certs config: GraceRatio (SECRET_GRACE_PERIOD_RATIO) %v must be in (0,1)", c.GraceRatio)
+		}
+		if c.GraceJitter < 0 || c.GraceJitter >= c.GraceRatio || c.GraceRatio+c.GraceJitter >= 1 {
+			return fmt.Errorf("certs config: GraceJitter (SECRET_GRACE_PERIOD_RATIO_JITTER) %v must be in [0, %v) and keep the ratio below 1", c.GraceJitter, c.GraceRatio)
+		}
+		switch c.KeyAlgorithm {
+		case RSA:
+			if c.RSAKeySize < 2048 {
+				return fmt.Errorf("certs config: RSAKeySize (WORKLOAD_RSA_KEY_SIZE) %d must be at least 2048", c.RSAKeySize)
+			}
+		case ECDSA:
+			if c.ECCCurve != "P256" && c.ECCCurve != "P384" {
+				return fmt.Errorf("certs config: ECCCurve (ECC_CURVE) %q must be P256 or P384", c.ECCCurve)
+			}
+		default:
+			return fmt.Errorf("certs config: KeyAlgorithm (ECC_SIGNATURE_ALGORITHM) %q must be RSA or ECDSA", c.KeyAlgorithm)
+		}
+		if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
+			return fmt.Errorf("certs config: RetryInitial %v must be positive and not above RetryMax %v", c.RetryInitial, c.RetryMax)
+		}
+		if c.RequestTimeout <= 0 {
+			return fmt.Errorf("certs config: RequestTimeout %v must be positive", c.RequestTimeout)
+		}
+	default:
+		return fmt.Errorf("certs config: Source %d is neither SourceFiles nor SourceCA", int(c.Source))
+	}
+	if c.OutputCertsDir != "" && !filepath.IsAbs(c.OutputCertsDir) {
+		return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q must be an absolute path", c.OutputCertsDir)
+	}
+	if c.OutputCertsDir != "" && c.OutputFileMode&0o002 != 0 {
+		return fmt.Errorf("certs config: OutputFileMode %v must not be world-writable", c.OutputFileMode)
+	}
+	return nil
+}
+
+// SpiffeID is the identity the CSR asks for.
+func (c Config) SpiffeID() string {
+	return fmt.Sprintf("spiffe://%s/ns/%s/sa/%s", c.TrustDomain, c.Namespace, c.ServiceAccount)
+}

@@ -1,0 +1,228 @@
+package certs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// fileSetup is a root with file-mounted certs in etc/certs.
+type fileSetup struct {
+	pki    *testPKI
+	dir    string
+	cfg    Config
+	out    *bundleRecorder
+	health *healthRecorder
+	logs   *syncBuffer
+}
+
+func newFileSetup(t *testing.T) *fileSetup {
+	root := t.TempDir()
+	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, EtcCertsDir), out: newBundleRecorder(),
+		health: newHealthRecorder(), logs: &syncBuffer{}}
+	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg = ChooseSource(DefaultConfig(root), root, true)
+	f.cfg.FileDebounce = 20 * time.Millisecond
+	return f
+}
+
+func (f *fileSetup) writeAll(t *testing.T, chain, key []byte) {
+	t.Helper()
+	mustWrite(t, filepath.Join(f.dir, RootCertFileName), f.pki.rootPEM)
+	mustWrite(t, filepath.Join(f.dir, KeyFileName), key)
+	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain)
+}
+
+func mustWrite(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fileSetup) start(t *testing.T) func() {
+	return run(t, New(f.cfg, f.out, f.health, testLogger(f.logs)))
+}
+
+func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
+	f := newFileSetup(t)
+	chain1, key1 := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain1, key1)
+	f.start(t)
+	b1 := f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) || string(b1.RootsPEM) != string(f.pki.rootPEM) {
+		t.Fatal("published bundle does not hold the files' content")
+	}
+	f.health.waitFor(t, messages.Ready, "")
+
+	chain2, key2 := f.pki.leaf(t, time.Hour)
+	// Plain in-place writes, key first: in between, the pair may not
+	// match; the debounce and the final check must end on the new pair.
+	mustWrite(t, filepath.Join(f.dir, KeyFileName), key2)
+	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain2)
+	b2 := f.out.waitFor(t, "rotated bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	if b2.Version == b1.Version {
+		t.Fatal("version unchanged after rotation")
+	}
+	f.health.waitFor(t, messages.Ready, "")
+}
+
+func TestFilesRotationByRename(t *testing.T) {
+	f := newFileSetup(t)
+	chain1, key1 := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain1, key1)
+	f.start(t)
+	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+
+	chain2, key2 := f.pki.leaf(t, time.Hour)
+	for name, data := range map[string][]byte{KeyFileName: key2, CertChainFileName: chain2} {
+		tmp := filepath.Join(f.dir, "."+name+".swp")
+		mustWrite(t, tmp, data)
+		if err := os.Rename(tmp, filepath.Join(f.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.out.waitFor(t, "renamed-in bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+}
+
+// Kubernetes mounts secrets as name -> ..data/name with ..data a symlink to
+// a timestamped directory, and swaps ..data atomically on update.
+func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
+	f := newFileSetup(t)
+	writeGeneration := func(gen string, chain, key []byte) {
+		d := filepath.Join(f.dir, gen)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mustWrite(t, filepath.Join(d, CertChainFileName), chain)
+		mustWrite(t, filepath.Join(d, KeyFileName), key)
+		mustWrite(t, filepath.Join(d, RootCertFileName), f.pki.rootPEM)
+		tmpLink := filepath.Join(f.dir, "..data_tmp")
+		if err := os.Symlink(gen, tmpLink); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmpLink, filepath.Join(f.dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	chain1, key1 := f.pki.leaf(t, time.Hour)
+	writeGeneration("..2026_01_01_00_00_00.1", chain1, key1)
+	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
+		if err := os.Symlink(filepath.Join("..data", n), filepath.Join(f.dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.start(t)
+	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
+
+	chain2, key2 := f.pki.leaf(t, time.Hour)
+	writeGeneration("..2026_01_01_00_00_00.2", chain2, key2)
+	f.out.waitFor(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+}
+
+func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
+	f := newFileSetup(t)
+	chain1, key1 := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain1, key1)
+	f.start(t)
+	b1 := f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.health.waitFor(t, messages.Ready, "")
+
+	// A corrupt chain.
+	mustWrite(t, filepath.Join(f.dir, CertChainFileName), []byte("-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"))
+	h := f.health.waitFor(t, messages.Degraded, filepath.Join(f.dir, CertChainFileName))
+	if !strings.Contains(h.Reason, "no PEM certificate") {
+		t.Errorf("reason %q does not say what is wrong", h.Reason)
+	}
+
+	// A well-formed key that does not belong to the (restored) leaf.
+	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain1)
+	f.health.waitFor(t, messages.Ready, "")
+	_, otherKey := f.pki.leaf(t, time.Hour)
+	mustWrite(t, filepath.Join(f.dir, KeyFileName), otherKey)
+	h = f.health.waitFor(t, messages.Degraded, "does not match the leaf certificate")
+	if !strings.Contains(h.Reason, filepath.Join(f.dir, KeyFileName)) {
+		t.Errorf("reason %q does not name the key file", h.Reason)
+	}
+	if strings.Contains(h.Reason, "PRIVATE KEY-----") || strings.Contains(f.logs.String(), string(otherKey[40:80])) {
+		t.Fatal("key material in the health reason or the log")
+	}
+	if got, _ := f.out.Get(); got.Version != b1.Version {
+		t.Fatalf("bad update replaced the bundle: %s -> %s", b1.Version, got.Version)
+	}
+	if f.out.count() != 1 {
+		t.Fatalf("%d bundles published; want only the first", f.out.count())
+	}
+
+	// Recovery on the next change.
+	mustWrite(t, filepath.Join(f.dir, KeyFileName), key1)
+	f.health.waitFor(t, messages.Ready, "")
+}
+
+func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
+	f := newFileSetup(t)
+	chain1, key1 := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain1, key1)
+	f.start(t)
+	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.writeAll(t, chain1, key1)
+	// The rewrite is seen and re-read ...
+	deadline := time.After(10 * time.Second)
+	for !strings.Contains(f.logs.String(), "certificate files unchanged") {
+		select {
+		case <-deadline:
+			t.Fatal("rewrite never reloaded; log:\n" + f.logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// ... and publishes nothing.
+	if c := f.out.count(); c != 1 {
+		t.Fatalf("identical rewrite published: %d bundles", c)
+	}
+}
+
+func TestFilesExpiredLeafRejected(t *testing.T) {
+	f := newFileSetup(t)
+	chain, key := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain, key)
+	f.cfg.Clock = fixedClock{time.Now().Add(2 * time.Hour)}
+	f.start(t)
+	f.health.waitFor(t, messages.Starting, "leaf certificate has expired")
+	if _, ok := f.out.Get(); ok {
+		t.Fatal("expired certificate published")
+	}
+}
+
+func TestFilesMissingAtStartThenAppear(t *testing.T) {
+	f := newFileSetup(t)
+	f.start(t)
+	f.health.waitFor(t, messages.Starting, CertChainFileName)
+	chain, key := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain, key)
+	f.out.waitFor(t, "bundle once files appear", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
+	f.health.waitFor(t, messages.Ready, "")
+}
+
+// The mount directory itself may appear late.
+func TestFilesDirectoryAppearsLate(t *testing.T) {
+	f := newFileSetup(t)
+	os.RemoveAll(f.dir)
+	f.start(t)
+	f.health.waitFor(t, messages.Starting, "no usable certificate")
+	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	chain, key := f.pki.leaf(t, time.Hour)
+	f.writeAll(t, chain, key)
+	f.out.waitFor(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
+}
+
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }

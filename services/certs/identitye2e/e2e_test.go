@@ -1,0 +1,380 @@
+package identitye2e
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/sds"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// healthLog keeps the latest Health per service.
+type healthLog struct {
+	mu     sync.Mutex
+	latest map[string]messages.Health
+	change chan struct{}
+}
+
+func (h *healthLog) Send(v messages.Health) {
+	h.mu.Lock()
+	h.latest[v.Service] = v
+	close(h.change)
+	h.change = make(chan struct{})
+	h.mu.Unlock()
+}
+
+func (h *healthLog) waitFor(t testing.TB, service string, state messages.HealthState, reasonHas string) messages.Health {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		h.mu.Lock()
+		v, ok := h.latest[service]
+		changed := h.change
+		h.mu.Unlock()
+		if ok && v.State == state && strings.Contains(v.Reason, reasonHas) {
+			return v
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s %v %q; latest %v %q", service, state, reasonHas, v.State, v.Reason)
+		}
+	}
+}
+
+// agent is certs and sds wired as the tree wires them, in a temp root.
+type agent struct {
+	root    string
+	certCfg certs.Config
+	sdsCfg  sds.Config
+	bundles *messages.Cell[messages.CertBundle]
+	health  *healthLog
+	logs    *syncBuffer
+	log     *slog.Logger
+	keys    [][]byte // every private key the test wrote or received
+	wg      sync.WaitGroup
+	cancel  context.CancelFunc
+}
+
+func newAgent(t testing.TB) *agent {
+	t.Helper()
+	root, err := os.MkdirTemp("", "id") // short: unix socket path limit
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](),
+		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
+	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a.certCfg = certs.DefaultConfig(root)
+	a.sdsCfg = sds.DefaultConfig(root)
+	t.Cleanup(func() {
+		a.stop()
+		a.assertNoKeysLogged(t)
+		os.RemoveAll(root)
+	})
+	return a
+}
+
+func (a *agent) start(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	c := certs.New(a.certCfg, a.bundles, a.health, a.log.With("service", "certs"))
+	s := sds.New(a.sdsCfg, a.bundles, a.health, a.log.With("service", "sds"))
+	for _, svc := range []interface{ Serve(context.Context) error }{c, s} {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			if err := svc.Serve(ctx); err != context.Canceled {
+				t.Errorf("%v: Serve returned %v", svc, err)
+			}
+		}()
+	}
+	a.health.waitFor(t, "sds", messages.Ready, "")
+}
+
+func (a *agent) stop() {
+	if a.cancel != nil {
+		a.cancel()
+		a.wg.Wait()
+		a.cancel = nil
+	}
+}
+
+// assertNoKeysLogged: no private key, nor any line of one, in the log.
+func (a *agent) assertNoKeysLogged(t testing.TB) {
+	t.Helper()
+	logs := a.logs.String()
+	if len(a.keys) == 0 {
+		t.Error("no keys were collected: the check would be empty")
+	}
+	for _, k := range a.keys {
+		for _, line := range strings.Split(string(k), "\n") {
+			if len(line) >= 32 && !strings.HasPrefix(line, "-----") && strings.Contains(logs, line) {
+				t.Fatalf("private key material in the log: %q", line)
+			}
+		}
+	}
+	if strings.Contains(logs, "PRIVATE KEY-----") {
+		t.Fatal("a PEM private key header in the log")
+	}
+}
+
+// envoy is an SDS client stream as Envoy opens it.
+type envoy struct {
+	stream grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
+	resps  chan *discoveryv3.DiscoveryResponse
+	errc   chan error
+	a      *agent
+	name   string
+}
+
+func (a *agent) connect(t testing.TB, name string) *envoy {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+a.sdsCfg.SocketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := sdsv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, name: name}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				e.errc <- err
+				return
+			}
+			e.resps <- r
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// next receives the next secret, ACKs it, and returns it with its version.
+func (e *envoy) next(t testing.TB) (*tlsv3.Secret, string) {
+	t.Helper()
+	select {
+	case r := <-e.resps:
+		s := &tlsv3.Secret{}
+		if len(r.Resources) != 1 {
+			t.Fatalf("%d resources, want 1", len(r.Resources))
+		}
+		if err := r.Resources[0].UnmarshalTo(s); err != nil {
+			t.Fatal(err)
+		}
+		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+			e.a.keys = append(e.a.keys, k)
+		}
+		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{e.name},
+			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+		return s, r.VersionInfo
+	case err := <-e.errc:
+		t.Fatalf("SDS stream ended: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no secret pushed")
+	}
+	return nil, ""
+}
+
+func (e *envoy) expectNothing(t testing.TB, d time.Duration) {
+	t.Helper()
+	select {
+	case r := <-e.resps:
+		t.Fatalf("unexpected push of version %s", r.VersionInfo)
+	case err := <-e.errc:
+		t.Fatalf("SDS stream ended: %v", err)
+	case <-time.After(d):
+	}
+}
+
+func chainOf(s *tlsv3.Secret) string {
+	return string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+}
+
+// fileAgent is an agent on file-mounted certs in <root>/etc/certs.
+func fileAgent(t testing.TB) (*agent, *testPKI, string) {
+	a := newAgent(t)
+	pki := newTestPKI(t)
+	dir := filepath.Join(a.root, certs.EtcCertsDir)
+	os.MkdirAll(dir, 0o755)
+	a.certCfg = certs.ChooseSource(a.certCfg, a.root, true)
+	return a, pki, dir
+}
+
+func write(t testing.TB, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeSet(t testing.TB, a *agent, dir string, pki *testPKI, chain, key []byte) {
+	a.keys = append(a.keys, key)
+	write(t, filepath.Join(dir, certs.RootCertFileName), pki.rootPEM)
+	write(t, filepath.Join(dir, certs.KeyFileName), key)
+	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+}
+
+func TestFileRotationPushedToEnvoy(t *testing.T) {
+	rotations := map[string]func(t *testing.T, dir string, chain, key []byte){
+		"plain write": func(t *testing.T, dir string, chain, key []byte) {
+			write(t, filepath.Join(dir, certs.KeyFileName), key)
+			write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+		},
+		"write tmp then rename": func(t *testing.T, dir string, chain, key []byte) {
+			for n, d := range map[string][]byte{certs.KeyFileName: key, certs.CertChainFileName: chain} {
+				write(t, filepath.Join(dir, n+".tmp"), d)
+				if err := os.Rename(filepath.Join(dir, n+".tmp"), filepath.Join(dir, n)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		},
+	}
+	for name, rotate := range rotations {
+		t.Run(name, func(t *testing.T) {
+			a, pki, dir := fileAgent(t)
+			chain1, key1 := pki.leaf(t)
+			writeSet(t, a, dir, pki, chain1, key1)
+			a.start(t)
+			e := a.connect(t, sds.WorkloadKeyCertResourceName)
+			s1, v1 := e.next(t)
+			if chainOf(s1) != string(chain1) {
+				t.Fatal("first secret is not the mounted certificate")
+			}
+			chain2, key2 := pki.leaf(t)
+			a.keys = append(a.keys, key2)
+			rotate(t, dir, chain2, key2)
+			s2, v2 := e.next(t)
+			if chainOf(s2) != string(chain2) || v2 == v1 {
+				t.Fatalf("pushed secret is not the rotated certificate (version %s -> %s)", v1, v2)
+			}
+		})
+	}
+}
+
+func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
+	a, pki, dir := fileAgent(t)
+	gen := func(name string, chain, key []byte) {
+		d := filepath.Join(dir, name)
+		os.Mkdir(d, 0o755)
+		a.keys = append(a.keys, key)
+		write(t, filepath.Join(d, certs.CertChainFileName), chain)
+		write(t, filepath.Join(d, certs.KeyFileName), key)
+		write(t, filepath.Join(d, certs.RootCertFileName), pki.rootPEM)
+		os.Symlink(name, filepath.Join(dir, "..data_tmp"))
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	chain1, key1 := pki.leaf(t)
+	gen("..1", chain1, key1)
+	for _, n := range []string{certs.CertChainFileName, certs.KeyFileName, certs.RootCertFileName} {
+		os.Symlink(filepath.Join("..data", n), filepath.Join(dir, n))
+	}
+	a.start(t)
+	e := a.connect(t, sds.WorkloadKeyCertResourceName)
+	if s, _ := e.next(t); chainOf(s) != string(chain1) {
+		t.Fatal("first secret is not the mounted certificate")
+	}
+	chain2, key2 := pki.leaf(t)
+	gen("..2", chain2, key2)
+	if s, _ := e.next(t); chainOf(s) != string(chain2) {
+		t.Fatal("..data swap not pushed")
+	}
+}
+
+// A corrupt file or a key that does not match: Envoy keeps the old secret
+// (nothing is pushed) and certs reports why. An identical rewrite pushes
+// nothing either.
+func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
+	a, pki, dir := fileAgent(t)
+	chain1, key1 := pki.leaf(t)
+	writeSet(t, a, dir, pki, chain1, key1)
+	a.start(t)
+	e := a.connect(t, sds.WorkloadKeyCertResourceName)
+	e.next(t)
+	quiet := 3 * a.certCfg.FileDebounce
+
+	write(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
+	a.health.waitFor(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
+	e.expectNothing(t, quiet)
+
+	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
+	a.health.waitFor(t, "certs", messages.Ready, "")
+	_, otherKey := pki.leaf(t)
+	a.keys = append(a.keys, otherKey)
+	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
+	a.health.waitFor(t, "certs", messages.Degraded, "does not match the leaf certificate")
+	e.expectNothing(t, quiet)
+
+	writeSet(t, a, dir, pki, chain1, key1) // back to the served content
+	a.health.waitFor(t, "certs", messages.Ready, "")
+	e.expectNothing(t, quiet)
+}
+
+// A short-lived CA certificate is renewed before expiry and pushed on the
+// same open stream; a wrong token shows the CA's error in health.
+func TestCARenewalPushedOnSameStream(t *testing.T) {
+	ca := startTestCA(t, 4*time.Second)
+	a := newAgent(t)
+	a.certCfg.CAAddr = ca.addr
+	a.certCfg.KeyAlgorithm = certs.ECDSA
+	a.certCfg.RetryInitial, a.certCfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
+	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
+	write(t, a.certCfg.CARootFile, ca.pki.rootPEM)
+	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
+	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
+	a.start(t)
+	a.health.waitFor(t, "certs", messages.Starting, "e2e CA: bad token")
+
+	write(t, a.certCfg.TokenFile, []byte(testToken))
+	e := a.connect(t, sds.WorkloadKeyCertResourceName)
+	s1, v1 := e.next(t)
+	b1, _ := a.bundles.Get()
+	s2, v2 := e.next(t)
+	if v1 == v2 || chainOf(s1) == chainOf(s2) {
+		t.Fatal("renewal pushed the same certificate")
+	}
+	if !time.Now().Before(b1.Expiry) {
+		t.Fatalf("renewal arrived at %v, after the first certificate expired (%v)", time.Now(), b1.Expiry)
+	}
+}

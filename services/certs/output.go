@@ -1,0 +1,70 @@
+package certs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// writeOutput writes the bundle to OUTPUT_CERTS (if set) when its version
+// differs from what was last written. A failure is logged, not fatal: the
+// bundle is still served over SDS.
+func (s *Service) writeOutput(b messages.CertBundle) {
+	if s.cfg.OutputCertsDir == "" || s.written == b.Version {
+		return
+	}
+	if err := writeBundleFiles(s.cfg.OutputCertsDir, b, s.cfg.OutputFileMode); err != nil {
+		s.log.Error("writing OUTPUT_CERTS", "dir", s.cfg.OutputCertsDir, "err", err)
+		return
+	}
+	s.written = b.Version
+}
+
+// writeBundleFiles writes key.pem, cert-chain.pem and root-cert.pem into dir,
+// each atomically (temp file in the same directory, fsync, rename).
+func writeBundleFiles(dir string, b messages.CertBundle, mode os.FileMode) error {
+	if mode == 0 {
+		mode = 0o600
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{KeyFileName, b.KeyPEM}, {CertChainFileName, b.CertChainPEM}, {RootCertFileName, b.RootsPEM}} {
+		if err := writeAtomic(filepath.Join(dir, f.name), f.data, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("rename to %s: %w", path, err)
+	}
+	return nil
+}
