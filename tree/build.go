@@ -9,6 +9,9 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 
+	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
 )
 
@@ -18,6 +21,11 @@ import (
 type Config struct {
 	// Status is the status server's config; nil when statusPort is 0.
 	Status *status.Config
+	// Certs and SDS make the identity subtree.
+	Certs *certs.Config
+	SDS   *sds.Config
+	// Envoy runs Envoy; nil with DISABLE_ENVOY.
+	Envoy *envoy.Config
 
 	DefaultPolicy Policy
 	// EnvoyPolicy applies to the envoy service (--envoy-restarts).
@@ -37,9 +45,29 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	var required []string
 	logFor := func(name string) *slog.Logger { return log.With("service", name) }
 
+	var identity []Node
+	if cfg.Certs != nil {
+		identity = append(identity, Node{Name: "certs", Service: certs.New(*cfg.Certs, ch.Certs, ch.Health, logFor("certs"))})
+		required = append(required, "certs")
+	}
+	if cfg.SDS != nil {
+		identity = append(identity, Node{Name: "sds", Service: sds.New(*cfg.SDS, ch.Certs, ch.Health, logFor("sds"))})
+		required = append(required, "sds")
+	}
+	if len(identity) > 0 {
+		nodes = append(nodes, Node{Name: "identity", Children: identity})
+	}
+
+	if cfg.Envoy != nil {
+		policy := cfg.EnvoyPolicy
+		nodes = append(nodes, Node{Name: EnvoyService, Policy: &policy,
+			Service: envoy.New(*cfg.Envoy, ch.Drain, ch.Envoy, ch.Health, logFor(EnvoyService))})
+	}
+
 	if cfg.Status != nil {
 		sc := *cfg.Status
 		sc.Required = append(sc.Required, required...)
+		sc.RequireEnvoy = cfg.Envoy != nil
 		st := status.New(sc,
 			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
 			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},

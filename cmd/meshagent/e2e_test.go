@@ -17,7 +17,9 @@ import (
 
 // These tests run the real binary, as a user or kubelet would.
 
-var agentBinary string
+// The binaries the end-to-end tests run: the agent, the Envoy it starts
+// (the stand-in, or MESHAGENT_TEST_ENVOY), and the dev certificate writer.
+var agentBinary, envoyBinary, devcertsBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "meshagent-e2e")
@@ -25,11 +27,18 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	agentBinary = filepath.Join(dir, "meshagent")
-	build := exec.Command("go", "build", "-o", agentBinary, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "building meshagent: %v\n", err)
-		os.Exit(1)
+	envoyBinary = filepath.Join(dir, "fakeenvoy")
+	devcertsBinary = filepath.Join(dir, "devcerts")
+	for bin, pkg := range map[string]string{agentBinary: ".", envoyBinary: "../../testdata/fakeenvoy", devcertsBinary: "../../testdata/devcerts"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
+			os.Exit(1)
+		}
+	}
+	if real := os.Getenv("MESHAGENT_TEST_ENVOY"); real != "" {
+		envoyBinary = real
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -54,13 +63,29 @@ type agentProcess struct {
 	exited chan error
 }
 
+// startAgent runs `meshagent proxy` as a pod would: file-mounted dev
+// certificates under its root, Envoy (the stand-in) as its child, every
+// port free and chosen here.
 func startAgent(t *testing.T, env []string, args ...string) *agentProcess {
 	t.Helper()
-	port := freePort(t)
+	return startAgentDrain(t, "1s", env, args...)
+}
+
+// startAgentDrain is startAgent with ProxyConfig terminationDrainDuration.
+func startAgentDrain(t *testing.T, drain string, env []string, args ...string) *agentProcess {
+	t.Helper()
 	root := t.TempDir()
+	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
+		t.Fatalf("devcerts: %v\n%s", err, out)
+	}
+	port := freePort(t)
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
 	cmd.Env = append(os.Environ(), append([]string{
-		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d}`, port, freePort(t)),
+		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q}`,
+			port, freePort(t), envoyBinary, drain),
+		fmt.Sprintf("ENVOY_STATUS_PORT=%d", freePort(t)),
+		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", freePort(t)),
+		"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
 	}, env...)...)
 	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
 	cmd.Stderr = p.stderr
@@ -220,4 +245,15 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// isZombie reports a process that has exited but not been reaped.
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
 }

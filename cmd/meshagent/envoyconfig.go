@@ -3,6 +3,8 @@ package main
 import (
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/services/envoy"
@@ -25,6 +27,8 @@ type envoySettings struct {
 	cpuLimit             int  // ISTIO_CPU_LIMIT
 	outlierLogPath       string
 	disabled             bool // DISABLE_ENVOY
+	statusPort           int  // ENVOY_STATUS_PORT (15021)
+	prometheusPort       int  // ENVOY_PROMETHEUS_PORT (15090)
 }
 
 func readEnvoySettings(e *envReader, outlierFlag string) envoySettings {
@@ -43,6 +47,8 @@ func readEnvoySettings(e *envReader, outlierFlag string) envoySettings {
 		cpuLimit:             e.integer("ISTIO_CPU_LIMIT", 0),
 		outlierLogPath:       outlierFlag,
 		disabled:             e.boolean("DISABLE_ENVOY", false),
+		statusPort:           e.integer("ENVOY_STATUS_PORT", 15021),
+		prometheusPort:       e.integer("ENVOY_PROMETHEUS_PORT", 15090),
 	}
 	if s.outlierLogPath == "" {
 		s.outlierLogPath = e.str("OUTLIER_LOG_PATH", "")
@@ -140,4 +146,38 @@ func (c *agentConfig) envoyArgs() envoy.ArgsConfig {
 // sdsSocket is the workload SDS socket Envoy is pointed at.
 func (c *agentConfig) sdsSocket() string {
 	return c.path("./var/run/secrets/workload-spiffe-uds/socket")
+}
+
+// envoyConfig is the envoy service's config: the binary, a Prepare that
+// writes the bootstrap and builds the command line before every start, and
+// the drain settings. nil with DISABLE_ENVOY (proxyless gRPC).
+func (c *agentConfig) envoyConfig() *envoy.Config {
+	if c.envoy.disabled {
+		return nil
+	}
+	bootstrap, args := c.envoyBootstrap(), c.envoyArgs()
+	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(c.proxy.ProxyAdminPort)))
+	if envoy.AllIPv6(c.nodeIPs) {
+		admin = net.JoinHostPort("::1", strconv.Itoa(int(c.proxy.ProxyAdminPort)))
+	}
+	ec := &envoy.Config{
+		BinaryPath: c.proxy.BinaryPath,
+		Prepare: func() ([]string, error) {
+			b, err := envoy.WriteBootstrap(bootstrap)
+			if err != nil {
+				return nil, err
+			}
+			return envoy.CommandLine(args, b), nil
+		},
+		AdminAddr:                   admin,
+		TerminationDrainDuration:    c.proxy.GetTerminationDrainDuration().AsDuration(),
+		MinimumDrainDuration:        c.envoy.minimumDrain,
+		ExitOnZeroActiveConnections: c.envoy.exitOnZeroActive,
+	}
+	// Istio runs Envoy as 1337 only when the agent is root and the DNS
+	// proxy takes port 53 (otherwise the container already runs as 1337).
+	if os.Geteuid() == 0 && c.dnsEnabled && strings.HasSuffix(c.dnsAddr, ":53") {
+		ec.RunAs = &envoy.Credential{UID: 1337, GID: 1337}
+	}
+	return ec
 }

@@ -26,7 +26,14 @@ func parseForTest(t *testing.T, env map[string]string, args ...string) (*agentCo
 		return nil, err
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	return parseAgentConfig(cmd, f, logs, cmd.Flags().Args(), lookup, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	environ := func() []string {
+		var kv []string
+		for k, v := range env {
+			kv = append(kv, k+"="+v)
+		}
+		return kv
+	}
+	return parseAgentConfig(cmd, f, logs, cmd.Flags().Args(), lookup, environ, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 func TestEnvoyConfigFromEnvironment(t *testing.T) {

@@ -22,6 +22,9 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
 	"github.com/meshagent/meshagent/tree"
 )
@@ -63,6 +66,10 @@ type agentConfig struct {
 	// the DNS proxy
 	dnsEnabled bool
 	dnsAddr    string
+	// the services' configs, built and validated by parseAgentConfig
+	certs    *certs.Config
+	sds      *sds.Config
+	envoyCfg *envoy.Config
 	// envoy restart limit: more than envoyRestarts failures within
 	// envoyRestartWindow and the agent exits.
 	envoyRestarts      int
@@ -88,7 +95,7 @@ func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
 		Short: "Runs the sidecar agent: the supervision tree around Envoy",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := parseAgentConfig(cmd, f, logs, args, os.LookupEnv, slog.New(slog.NewTextHandler(stderr, nil)))
+			cfg, err := parseAgentConfig(cmd, f, logs, args, os.LookupEnv, os.Environ, slog.New(slog.NewTextHandler(stderr, nil)))
 			if err != nil {
 				return err
 			}
@@ -123,7 +130,7 @@ func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 
 // parseAgentConfig is the one place where flags, environment and files
 // become the agent's configuration: flag > environment > file > default.
-func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args []string, lookup func(string) (string, bool), log *slog.Logger) (*agentConfig, error) {
+func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args []string, lookup func(string) (string, bool), environ func() []string, log *slog.Logger) (*agentConfig, error) {
 	env := func(k string) string { v, _ := lookup(k); return v }
 	c := &agentConfig{
 		proxyType: "sidecar", profiling: f.profiling,
@@ -206,7 +213,7 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 		c.serviceCluster = f.serviceCluster
 	}
 
-	envs := &envReader{lookup: lookup}
+	envs := &envReader{lookup: lookup, environ: environ}
 	c.envoy = readEnvoySettings(envs, f.outlierLogPath)
 	c.dnsEnabled = envs.boolean("ISTIO_META_DNS_CAPTURE", false) && c.proxyType == "sidecar" ||
 		envs.boolean("ISTIO_META_ENABLE_DNS_SERVER", false)
@@ -233,7 +240,32 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 		return nil, usageError("invalid proxy configuration: %v", err)
 	}
 	c.proxy = pc
+
+	c.certs, c.sds = c.identityConfigs(envs)
+	c.envoyCfg = c.envoyConfig()
+	if err := envs.err(); err != nil {
+		return nil, usageError("%v", err)
+	}
+	if err := c.validateServices(); err != nil {
+		return nil, usageError("%v", err)
+	}
 	return c, nil
+}
+
+// validateServices checks every service's config before anything starts.
+func (c *agentConfig) validateServices() error {
+	var errs []error
+	if c.certs != nil {
+		errs = append(errs, c.certs.Validate())
+	}
+	if c.sds != nil {
+		errs = append(errs, c.sds.Validate())
+	}
+	if c.envoyCfg != nil {
+		errs = append(errs, c.envoyCfg.Validate())
+		errs = append(errs, c.envoyBootstrap().Validate())
+	}
+	return errors.Join(errs...)
 }
 
 // treeConfig turns the agent's configuration into each service's config.
@@ -249,6 +281,17 @@ func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
 	if d := drain + 10*time.Second; d > tc.StopTimeout {
 		tc.StopTimeout = d
 	}
+	if c.certs != nil {
+		cc := *c.certs
+		cc.Registerer = reg
+		tc.Certs = &cc
+	}
+	if c.sds != nil {
+		sc := *c.sds
+		sc.Registerer = reg
+		tc.SDS = &sc
+	}
+	tc.Envoy = c.envoyCfg
 	if c.proxy.StatusPort != 0 {
 		tc.Status = &status.Config{
 			Addr:      fmt.Sprintf(":%d", c.proxy.StatusPort),
@@ -318,12 +361,12 @@ func shutdownFor(sig os.Signal, graceful bool) messages.Shutdown {
 }
 
 // giveUpExitCode is the agent's exit code when a service gave up: the
-// failed process's own exit status when it has one (Envoy, with
-// --envoy-restarts=0, as Istio's agent), else 1.
+// exit status of Envoy when it was the first and only failure
+// (--envoy-restarts=0, Istio's behaviour), else 1.
 func giveUpExitCode(gu *tree.GiveUpError) int {
-	var coded interface{ ExitCode() int }
-	if errors.As(gu.Err, &coded) && coded.ExitCode() > 0 {
-		return coded.ExitCode()
+	var exited *envoy.ExitError
+	if gu.Failures == 1 && errors.As(gu.Err, &exited) && exited.ExitCode > 0 {
+		return exited.ExitCode
 	}
 	return 1
 }

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var envoyStarted = regexp.MustCompile(`msg="envoy started" service=envoy pid=(\d+) epoch=(\d+)`)
+
+// envoyPIDs are the Envoy children the agent has logged, by epoch.
+func (p *agentProcess) envoyPIDs() map[int]int {
+	out := map[int]int{}
+	for _, m := range envoyStarted.FindAllStringSubmatch(p.stderr.String(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		epoch, _ := strconv.Atoi(m[2])
+		out[epoch] = pid
+	}
+	return out
+}
+
+func (p *agentProcess) waitLog(t *testing.T, what string, cond func(log string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond(p.stderr.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+// Envoy killed → the agent publishes it not ready, starts a new Envoy (new
+// pid, next epoch) and is ready again; DNS/SDS/status never stopped.
+func TestEnvoyKilledIsRestarted(t *testing.T) {
+	// Each Envoy takes a moment to become ready, so the 503 is observable.
+	p := startAgent(t, []string{"FAKE_ENVOY_READY_AFTER=700ms"})
+	p.waitStatus(t, "/healthz/ready", 200)
+	first := p.envoyPIDs()[0]
+	if first == 0 {
+		t.Fatalf("no envoy start logged:\n%s", p.stderr.String())
+	}
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	body := p.waitStatus(t, "/healthz/ready", 503)
+	if !strings.Contains(body, "envoy") {
+		t.Fatalf("503 body does not name envoy: %q", body)
+	}
+	p.waitStatus(t, "/healthz/ready", 200)
+	second := p.envoyPIDs()[1]
+	if second == 0 || second == first || !alive(second) {
+		t.Fatalf("after the kill: pids by epoch %v", p.envoyPIDs())
+	}
+	tree := p.waitStatus(t, "/debug/tree", 200)
+	if !regexp.MustCompile(`envoy\s+\S+\s+1\s`).MatchString(tree) || !strings.Contains(tree, "signal: killed") {
+		t.Fatalf("/debug/tree does not show the restart:\n%s", tree)
+	}
+	if _, metrics := p.get("/stats/prometheus"); !strings.Contains(metrics, `meshagent_service_restarts_total{service="envoy"} 1`) {
+		t.Fatalf("restart not counted:\n%s", metrics)
+	}
+}
+
+// An Envoy that keeps crashing makes the agent give up: non-zero exit, and
+// the message names Envoy's last exit.
+func TestEnvoyCrashLoopGivesUp(t *testing.T) {
+	p := startAgent(t, []string{"FAKE_ENVOY_CRASH_AFTER=10ms"}, "--envoy-restarts", "2")
+	code := p.waitExit(t)
+	log := p.stderr.String()
+	if code == 0 || !strings.Contains(log, "envoy failed 3 times") || !strings.Contains(log, "exit status 1") {
+		t.Fatalf("exit %d; log:\n%s", code, log)
+	}
+	if n := len(p.envoyPIDs()); n != 3 {
+		t.Fatalf("%d Envoy starts, want 3 (2 restarts)", n)
+	}
+}
+
+// --envoy-restarts=0 is Istio's behaviour: the agent leaves with Envoy's
+// exit status when Envoy exits.
+func TestEnvoyRestartsZeroIsIstiosBehaviour(t *testing.T) {
+	p := startAgent(t, []string{"FAKE_ENVOY_CRASH_AFTER=200ms", "FAKE_ENVOY_EXIT_CODE=3"}, "--envoy-restarts", "0")
+	if code := p.waitExit(t); code != 3 {
+		t.Fatalf("exit %d, want Envoy's 3; log:\n%s", code, p.stderr.String())
+	}
+}
+
+// SIGTERM drains Envoy the way Istio's agent does, then exits 0.
+func TestSIGTERMDrainsEnvoy(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitStatus(t, "/healthz/ready", 200)
+	envoyPID := p.envoyPIDs()[0]
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+	log := p.stderr.String()
+	drain := regexp.MustCompile(`drain_listeners\?(\S+)`).FindStringSubmatch(log)
+	if drain == nil || !strings.Contains(drain[1], "inboundonly") || !strings.Contains(drain[1], "graceful") {
+		t.Fatalf("Envoy did not see drain_listeners?inboundonly&graceful:\n%s", log)
+	}
+	// The drain came before Envoy was stopped, and Envoy is gone.
+	if strings.Index(log, "drain_listeners") > strings.Index(log, `msg="stopping envoy"`) {
+		t.Fatalf("Envoy stopped before it was drained:\n%s", log)
+	}
+	if alive(envoyPID) {
+		t.Fatalf("Envoy %d still running after the agent exited", envoyPID)
+	}
+}
+
+// With EXIT_ON_ZERO_ACTIVE_CONNECTIONS the agent leaves as soon as Envoy's
+// active connections reach zero, not after the whole drain duration.
+func TestDrainEndsAtZeroActiveConnections(t *testing.T) {
+	p := startAgentDrain(t, "60s", []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=10ms",
+		"FAKE_ENVOY_ACTIVE_CONNECTIONS=3", "FAKE_ENVOY_DRAIN_SECONDS=2"})
+	p.waitStatus(t, "/healthz/ready", 200)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	log := p.stderr.String()
+	if !strings.Contains(log, "waiting for active connections to end") || !strings.Contains(log, "no more active connections") {
+		t.Fatalf("the drain did not follow active connections:\n%s", log)
+	}
+	if strings.Contains(log, "termination drain duration over") {
+		t.Fatalf("the drain waited for the whole duration:\n%s", log)
+	}
+}
+
+// Killing the agent with SIGKILL leaves no Envoy behind (Pdeathsig).
+func TestAgentSIGKILLLeavesNoEnvoy(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitStatus(t, "/healthz/ready", 200)
+	envoyPID := p.envoyPIDs()[0]
+	if !alive(envoyPID) {
+		t.Fatalf("envoy %d not running", envoyPID)
+	}
+	_ = p.cmd.Process.Kill()
+	p.waitExit(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for alive(envoyPID) && time.Now().Before(deadline) {
+		// A killed child stays a zombie until its new parent reaps it;
+		// /proc says whether it still runs.
+		if isZombie(envoyPID) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(envoyPID) && !isZombie(envoyPID) {
+		t.Fatalf("Envoy %d outlived the agent", envoyPID)
+	}
+}
