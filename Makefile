@@ -14,11 +14,21 @@ build:
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
 
-# Runs the agent in the foreground with every file under .tmp/run (no root
-# needed). Status: http://localhost:15020/debug/tree and /healthz/ready.
-run: build
+# The Envoy `make run` starts: a real envoy if one is on PATH, else the
+# stand-in from testdata/fakeenvoy.
+ENVOY     ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(BIN)/fakeenvoy)
+
+# Runs the whole agent in the foreground with every file under .tmp/run (no
+# root needed): dev certificates (file-mounted), SDS, Envoy, status.
+run: build fakeenvoy
 	@mkdir -p $(RUN_ROOT)
-	@echo "meshagent: files under $(RUN_ROOT); try: curl localhost:15020/debug/tree ; Ctrl-C to stop"
+	@$(GO) run ./testdata/devcerts -out $(RUN_ROOT)/etc/certs
+	@echo "meshagent: files under $(RUN_ROOT), Envoy: $(ENVOY)"
+	@echo "  curl localhost:15020/debug/tree     the supervision tree"
+	@echo "  curl -i localhost:15020/healthz/ready"
+	@echo "  curl -XPOST 'localhost:15020/debug/chaos/kill?service=envoy'   watch it heal; Ctrl-C drains and stops"
+	PROXY_CONFIG='{"binaryPath":"$(ENVOY)","terminationDrainDuration":"2s"}' \
+	POD_NAME=demo-0 POD_NAMESPACE=default INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
 	MESHAGENT_CHAOS=1 $(BIN)/meshagent proxy --root $(RUN_ROOT)
 
 # The whole suite with the race detector. Tests that need root or network

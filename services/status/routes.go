@@ -99,6 +99,9 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 // displayState is a node's state for people: the tree knows whether a
 // service runs, the service's own Health knows whether it is ready.
 func displayState(n messages.ServiceInfo, v *view) string {
+	if n.Kind == "supervisor" && n.State == messages.Starting {
+		return "running" // a supervisor has no readiness of its own
+	}
 	if h, ok := v.healths[n.Name]; ok && n.State == messages.Starting {
 		return h.State.String()
 	}
