@@ -189,3 +189,7 @@ type Readiness struct {
 // AgentService is the name under which the tree reports the agent's own
 // Health: Stopped while shutting down, so that readiness fails at once.
 const AgentService = "agent"
+
+// EnvoyService is the name of the service that runs Envoy: the tree drains
+// it first at shutdown, the status server explains Envoy's readiness by it.
+const EnvoyService = "envoy"

@@ -19,7 +19,7 @@ const AgentService = messages.AgentService
 
 // EnvoyService is the name of the service that runs Envoy; shutdown drains
 // it before stopping the rest.
-const EnvoyService = "envoy"
+const EnvoyService = messages.EnvoyService
 
 // Node is one entry of the tree: a service (Service set) or a group of
 // nodes under a supervisor of their own (Children set).

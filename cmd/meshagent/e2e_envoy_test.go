@@ -158,3 +158,41 @@ func TestAgentSIGKILLLeavesNoEnvoy(t *testing.T) {
 		t.Fatalf("Envoy %d outlived the agent", envoyPID)
 	}
 }
+
+// A bootstrap that cannot be written (here: a missing override file) is a
+// clear error naming the file, on /healthz/ready and in the log, retried
+// with growing backoff, and in the end a non-zero exit.
+func TestBadBootstrapInputIsReportedWithBackoff(t *testing.T) {
+	missing := "/nonexistent/custom_bootstrap.json"
+	p := startAgent(t, []string{"ISTIO_BOOTSTRAP_OVERRIDE=" + missing}, "--envoy-restarts", "3")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := p.get("/healthz/ready")
+		if code == 503 && strings.Contains(body, missing) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz/ready never named %s: %d %q", missing, code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code := p.waitExit(t); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	log := p.stderr.String()
+	delays := regexp.MustCompile(`service=envoy attempt=(\d+) next_delay=(\S+)`).FindAllStringSubmatch(log, -1)
+	if len(delays) != 3 {
+		t.Fatalf("want 3 restarts with delays, got %v\n%s", delays, log)
+	}
+	var prev time.Duration
+	for _, d := range delays {
+		delay, err := time.ParseDuration(d[2])
+		if err != nil || delay <= prev/2 { // jittered doubling: each at least half the ceiling
+			t.Fatalf("delays do not grow: %v", delays)
+		}
+		prev = delay
+	}
+	if !strings.Contains(log, "giving up") || !strings.Contains(log, missing) {
+		t.Fatalf("give-up message does not name the file:\n%s", log)
+	}
+}

@@ -182,7 +182,12 @@ func (s *Service) readiness() (bool, string) {
 		st, ok := s.in.Envoy.Get()
 		switch {
 		case !ok || !st.Running:
-			why = append(why, "envoy: not running"+exitSuffix(st))
+			reason := "envoy: not running" + exitSuffix(st)
+			if h, ok := s.healths[messages.EnvoyService]; ok && h.State == messages.Failed {
+				// Why it cannot start (a bad binary, a bootstrap error).
+				reason += ": " + h.Reason
+			}
+			why = append(why, reason)
 		case st.Draining:
 			why = append(why, "envoy: draining")
 		case !st.Ready:
