@@ -62,6 +62,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	})
 	root.AddCommand(
 		newVersionCommand(),
+		newIstioIptablesCommand(iptablesDeps{}), newCleanIptablesCommand(iptablesDeps{}),
 	)
 	return root
 }
