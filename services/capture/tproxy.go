@@ -16,7 +16,7 @@ func (a *Applier) ipCommand(removing bool, args ...string) error {
 	}
 	msg := strings.TrimSpace(string(out))
 	low := strings.ToLower(msg)
-	if strings.Contains(low, "file exists") {
+	if !removing && (strings.Contains(low, "file exists") || strings.Contains(low, "already assigned")) {
 		return nil
 	}
 	if removing && (strings.Contains(low, "no such") || strings.Contains(low, "cannot find")) {
