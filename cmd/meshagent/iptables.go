@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -111,39 +110,52 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 
 // newCleanIptablesCommand is "meshagent clean-iptables" (Istio's former
 // istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
-// in both families, whatever flags created them; nothing else.
+// in both families, whatever flags created them. It takes istio-iptables'
+// flags too: rules of ours in built-in chains that jump nowhere (TPROXY
+// marks, interface RETURNs) are removed when they exactly match what those
+// flags (in either interception mode) would create. Nothing else is touched.
 func newCleanIptablesCommand(deps iptablesDeps) *cobra.Command {
-	var dryRun bool
-	var force string
+	deps = deps.withDefaults()
+	var cfg capture.Config
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
 		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch force {
-			case "", "legacy", "nft":
-			default:
-				return usageError("clean-iptables: --force-iptables-binary %q: must be \"legacy\" or \"nft\"", force)
-			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
-			applier, err := capture.NewApplier(force, false, log)
-			if err != nil {
-				return fmt.Errorf("clean-iptables: %w", err)
-			}
-			if dryRun {
-				fmt.Fprintln(cmd.OutOrStdout(), "# dry run: would remove every ISTIO_* chain and the rules jumping to them")
-				return nil
-			}
-			if err := applier.CleanState(); err != nil {
-				if errors.Is(err, capture.ErrPermission) {
-					return fmt.Errorf("clean-iptables: %w", capture.ErrPermission)
+	}
+	flags := capture.BindFlags(cmd.Flags(), &cfg, deps.getenv, deps.lookupUID)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.Finish(); err != nil {
+			return usageError("clean-iptables: %v", err)
+		}
+		if err := cfg.Validate(); err != nil {
+			return usageError("clean-iptables: %v", err)
+		}
+		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
+		var known []capture.RuleSet
+		for _, mode := range []string{"REDIRECT", "TPROXY"} {
+			c := cfg
+			c.InboundInterceptionMode, c.EnableIPv6 = mode, true
+			known = append(known, capture.Build(c))
+		}
+		if cfg.DryRun {
+			fmt.Fprintln(cmd.OutOrStdout(), "# dry run: would remove every ISTIO_* chain, the rules jumping to them, and these rules where present:")
+			for _, rs := range known {
+				for _, r := range append(rs.V4, rs.V6...) {
+					if r.Chain == "PREROUTING" || r.Chain == "OUTPUT" {
+						fmt.Fprintf(cmd.OutOrStdout(), "-t %s %s\n", r.Table, r.Spec())
+					}
 				}
-				return fmt.Errorf("clean-iptables: %w", err)
 			}
 			return nil
-		},
+		}
+		applier, err := capture.NewApplier(cfg.ForceIptablesBinary, false, log)
+		if err != nil {
+			return fmt.Errorf("clean-iptables: %w", err)
+		}
+		if err := applier.CleanState(known...); err != nil {
+			return fmt.Errorf("clean-iptables: %w", err)
+		}
+		return nil
 	}
-	cmd.Flags().BoolVarP(&dryRun, "dry-run", "n", false, "Change nothing")
-	cmd.Flags().StringVar(&force, "force-iptables-binary", "", `Force the iptables binary: "legacy" or "nft"`)
 	return cmd
 }

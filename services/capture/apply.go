@@ -392,13 +392,31 @@ func (a *Applier) Cleanup(rs RuleSet) error {
 }
 
 // CleanState removes every ISTIO_* chain and every jump to one, in both
-// families, whatever config created them (meshagent clean-iptables), and
-// nothing else.
-func (a *Applier) CleanState() error {
+// families, whatever config created them (meshagent clean-iptables). Rules
+// of ours in built-in chains that jump nowhere (TPROXY's MARK/CONNMARK,
+// interface RETURNs) cannot be told apart from foreign ones by looking, so
+// they are removed only when they exactly match a rule of the given rule
+// sets (the config's): nothing else is touched.
+func (a *Applier) CleanState(known ...RuleSet) error {
 	var errs []error
 	for _, f := range []*family{a.v4, a.v6} {
 		if f == nil {
 			continue
+		}
+		for _, rs := range known {
+			rules := rs.V4
+			if f == a.v6 {
+				rules = rs.V6
+			}
+			for i := len(rules) - 1; i >= 0; i-- {
+				r := rules[i]
+				if isBuiltin(r.Chain) && !strings.HasPrefix(r.Target(), ChainPrefix) {
+					a.execs.Add(1)
+					if err := f.ipt.DeleteIfExists(r.Table, r.Chain, r.Params...); err != nil && !notExist(err) {
+						errs = append(errs, classify(err))
+					}
+				}
+			}
 		}
 		out, err := a.run(f.save, "", nil)
 		if err != nil {
