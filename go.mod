@@ -7,6 +7,7 @@ require (
 	github.com/miekg/dns v1.1.73
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
+	github.com/thejerf/suture/v4 v4.0.6
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.47.0
 	sigs.k8s.io/yaml v1.6.0
