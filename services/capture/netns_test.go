@@ -316,11 +316,13 @@ func proxyListeners(t *testing.T, transparentInbound bool) {
 	}
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
 }
 
-type testWriter struct{ t *testing.T }
+func testLoggerB(b *testing.B) *slog.Logger { return testLogger(b) }
+
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
