@@ -220,9 +220,11 @@ func TestIstioIptablesHelperProcess(t *testing.T) {
 	if os.Getenv("MESHAGENT_IPTABLES_NETNS") == "1" {
 		// Fresh namespace: give it a non-loopback address (as Istio's tests
 		// do), then, if asked, run the CLI as another user.
-		if out, err := exec.Command(os.Getenv("MESHAGENT_IP_BIN"), "addr", "add", "240.240.240.240/32", "dev", "lo").CombinedOutput(); err != nil {
-			os.Stderr.Write(out)
-			os.Exit(3)
+		for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", "240.240.240.240/32", "dev", "lo"}} {
+			if out, err := exec.Command(os.Getenv("MESHAGENT_IP_BIN"), args...).CombinedOutput(); err != nil {
+				os.Stderr.Write(out)
+				os.Exit(3)
+			}
 		}
 		if uid := os.Getenv("MESHAGENT_IPTABLES_UID"); uid != "" {
 			cmd := exec.Command(os.Args[0], os.Args[1:]...)
@@ -302,5 +304,25 @@ func TestIstioIptablesNotRoot(t *testing.T) {
 	t.Logf("as uid 65534: exit %d: %s", code, out)
 	if code != 1 || !strings.Contains(out, "permission denied") || strings.Contains(out, "goroutine ") {
 		t.Errorf("exit %d, output %q; want exit 1 with a permission error, no stack trace", code, out)
+	}
+}
+
+// TestIstioIptablesValidationExit126: as root the probe is not redirected
+// (only the proxy UID's loopback calls are), so validation times out: 126.
+func TestIstioIptablesValidationExit126(t *testing.T) {
+	code, out := runChild(t, false, nil, "istio-iptables", "-i", "*", "-b", "*", "--run-validation", "--probe-timeout", "1500ms")
+	if code != 126 || !strings.Contains(out, "validation failed") {
+		t.Errorf("exit %d, output %q; want 126", code, out)
+	}
+}
+
+// TestIstioIptablesApplyAndCleanupInNetns: the real command in a fresh
+// namespace applies the sidecar rules (the capture package's kernel tests
+// cover re-runs, cleanup and traffic).
+func TestIstioIptablesApplyAndCleanupInNetns(t *testing.T) {
+	args := append([]string{}, sidecarArgs[:len(sidecarArgs)-1]...) // without --dry-run
+	code, out := runChild(t, false, nil, args...)
+	if code != 0 || !strings.Contains(out, "outcome=applied") {
+		t.Errorf("apply: exit %d: %s", code, out)
 	}
 }

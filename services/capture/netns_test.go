@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +43,16 @@ func runHelper() bool {
 		os.Exit(0)
 	case "dns":
 		helperDNS()
+		os.Exit(0)
+	case "validate":
+		cfg := sidecarConfig(false, "")
+		cfg.HostIP = netip.MustParseAddr("192.0.2.1")
+		cfg.ProbeTimeout, _ = time.ParseDuration(os.Getenv(envArgs))
+		if err := Validate(context.Background(), cfg); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("validated")
 		os.Exit(0)
 	}
 	return false
@@ -595,4 +606,32 @@ func TestKernelCleanState(t *testing.T) {
 	if after := saveState(t, true).Normalized(); fmt.Sprint(after) != fmt.Sprint(before6) {
 		t.Errorf("IPv6 after clean: %v\nbefore: %v", after, before6)
 	}
+}
+
+// TestKernelValidator: Istio's validator (run as the proxy UID, as the CNI's
+// validation container is) passes once the rules are in, and fails without.
+func TestKernelValidator(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	tp := setupTopology(t)
+	run := func(timeout string) string {
+		cmd := exec.Command(tp.bin)
+		cmd.Env = append(os.Environ(), envHelper+"=validate", envArgs+"="+timeout)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1337, Gid: 1337}}
+		out, _ := cmd.CombinedOutput()
+		return strings.TrimSpace(string(out))
+	}
+	if out := run("1500ms"); !strings.Contains(out, "probe connection was not redirected") {
+		t.Errorf("validator without rules: %q; want a failure", out)
+	}
+	cfg := sidecarConfig(false, "")
+	a, err := NewApplier("", false, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Execute(cfg, Build(cfg), a, testLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "validator with rules", run("10s"), "validated")
 }
