@@ -162,14 +162,14 @@ func (tp *topology) startHelper(t *testing.T, mode, args string, uid uint32, inP
 // inNetns returns true when the caller is already inside its namespace (run
 // the body); otherwise it runs this test in a new one, reports the outcome
 // and returns false.
-func inNetns(t *testing.T) bool {
+func inNetns(t *testing.T, unshareFlags ...string) bool {
 	t.Helper()
 	if os.Getenv(envNetns) == t.Name() {
 		return true
 	}
 	requireKernel(t)
 	t.Parallel() // each runs in its own namespaces
-	cmd := exec.Command("unshare", "-n", os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1", "-test.timeout=60s")
+	cmd := exec.Command("unshare", append(append([]string{"-n"}, unshareFlags...), os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1", "-test.timeout=60s")...)
 	cmd.Env = append(os.Environ(), envNetns+"="+t.Name())
 	out, err := cmd.CombinedOutput()
 	t.Logf("in a new network namespace:\n%s", out)
