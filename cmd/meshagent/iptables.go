@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -61,13 +62,22 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps
 	if cfg.NetworkNamespace != "" {
 		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
 	}
+	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
 	if err := cfg.FillHostInputs(deps.host); err != nil {
-		return fmt.Errorf("istio-iptables: %w", err)
+		// Istio exits 1 here. A namespace with no address yet (a bare
+		// "unshare -n") is a normal place to try the tool, so go on with
+		// IPv4 only, loudly.
+		if !errors.Is(err, capture.ErrNoLocalIP) {
+			return fmt.Errorf("istio-iptables: %w", err)
+		}
+		log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "err", err)
+		if err := cfg.FillDNSServers(deps.host); err != nil {
+			return fmt.Errorf("istio-iptables: %w", err)
+		}
 	}
 	if err := cfg.Validate(); err != nil { // DNS servers read from resolv.conf
 		return usageError("istio-iptables: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
 	if cfg.RedirectDNS && !cfg.CaptureAllDNS && len(cfg.DNSServersV4)+len(cfg.DNSServersV6) == 0 {
 		log.Warn("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided. DNS capture disabled.")
 	}

@@ -195,7 +195,8 @@ func TestIstioIptablesBadInput(t *testing.T) {
 	}
 }
 
-// TestIstioIptablesNoLocalIP: no usable address is exit 1 with Istio's message.
+// TestIstioIptablesNoLocalIP: with no usable address (a bare namespace)
+// Istio exits 1; meshagent warns and programs IPv4 only.
 func TestIstioIptablesNoLocalIP(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	deps := iptablesDeps{getenv: func(string) string { return "" }, host: capture.HostInputs{
@@ -204,10 +205,13 @@ func TestIstioIptablesNoLocalIP(t *testing.T) {
 	cmd := newIstioIptablesCommand(deps)
 	cmd.SetOut(&stdout)
 	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"--dry-run"})
-	err := cmd.Execute()
-	if err == nil || !strings.Contains(err.Error(), "no valid local IP address found") {
-		t.Errorf("err = %v", err)
+	cmd.SetArgs([]string{"--dry-run", "-i", "*"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr.String(), "IPv4 rules only") || !strings.Contains(stdout.String(), "-A ISTIO_OUTPUT -j ISTIO_REDIRECT") ||
+		strings.Contains(stdout.String(), "::6/128") {
+		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
 	}
 }
 

@@ -41,17 +41,24 @@ func (c *Config) FillHostInputs(in HostInputs) error {
 		return err
 	}
 	c.HostIP, c.EnableIPv6 = ip, ipv6
-	if c.RedirectDNS && !c.CaptureAllDNS {
-		path := in.ResolvConf
-		if path == "" {
-			path = "/etc/resolv.conf"
-		}
-		cc, err := dns.ClientConfigFromFile(path)
-		if err != nil {
-			return fmt.Errorf("read DNS servers from %s: %w", path, err)
-		}
-		c.DNSServersV4, c.DNSServersV6 = SplitDNSServers(cc.Servers)
+	return c.FillDNSServers(in)
+}
+
+// FillDNSServers sets the DNS servers from resolv.conf when RedirectDNS is
+// on and CaptureAllDNS off (the only case they are used).
+func (c *Config) FillDNSServers(in HostInputs) error {
+	if !c.RedirectDNS || c.CaptureAllDNS {
+		return nil
 	}
+	path := in.ResolvConf
+	if path == "" {
+		path = "/etc/resolv.conf"
+	}
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil {
+		return fmt.Errorf("read DNS servers from %s: %w", path, err)
+	}
+	c.DNSServersV4, c.DNSServersV6 = SplitDNSServers(cc.Servers)
 	return nil
 }
 
