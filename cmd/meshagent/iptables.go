@@ -96,7 +96,7 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps
 	}
 	log.Info("done", "outcome", string(outcome), "backend", applier.Backend())
 	if cfg.RunValidation && !cfg.CleanupOnly {
-		if err := capture.Validate(ctx, cfg); err != nil {
+		if err := capture.ValidateCapture(ctx, cfg); err != nil {
 			return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
 		}
 		log.Info("validation passed")

@@ -14,13 +14,13 @@ import (
 // (istio-iptables exits 126 then).
 var ErrValidation = errors.New("iptables validation failed: probe connection was not redirected")
 
-// Validate checks capture end to end as Istio's validator does: listen on
+// ValidateCapture checks capture end to end as Istio's validator does: listen on
 // the proxy's outbound and inbound ports on loopback, dial the inbound
 // passthrough address (127.0.0.6 / ::6) on the probe port every second, and
 // succeed once a redirected connection arrives whose original destination
 // port is the probe port. Run as the proxy UID, since only the proxy's
 // loopback calls are redirected to the inbound port.
-func Validate(ctx context.Context, cfg Config) error {
+func ValidateCapture(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.ProbeTimeout)
 	defer cancel()
 	lo, dst := "127.0.0.1", "127.0.0.6"
