@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // Real-kernel tests. Each runs its body in a fresh network namespace: the
@@ -43,6 +45,13 @@ func runHelper() bool {
 		os.Exit(0)
 	case "dns":
 		helperDNS()
+		os.Exit(0)
+	case "sidecar":
+		health := messages.NewCell[messages.Health]()
+		err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, health, slog.New(slog.DiscardHandler)).
+			Serve(context.Background())
+		h, _ := health.Get()
+		fmt.Printf("%v|%s|%s\n", err, h.State, h.Reason)
 		os.Exit(0)
 	case "validate":
 		cfg := sidecarConfig(false, "")

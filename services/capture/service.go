@@ -2,6 +2,7 @@ package capture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -93,7 +94,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	a, err := NewApplier(s.cfg.Capture.ForceIptablesBinary, s.cfg.Capture.EnableIPv6, s.log)
 	if err != nil {
 		if s.cfg.Mode == Sidecar {
-			s.report(messages.Degraded, "cannot check capture rules: "+err.Error())
+			s.notVerified(err)
 			return suture.ErrDoNotRestart
 		}
 		return fmt.Errorf("capture: %w", err)
@@ -109,12 +110,26 @@ func (s *Service) checkOnce(a *Applier, rs RuleSet) {
 	missing, err := a.Missing(rs)
 	switch {
 	case err != nil:
-		s.report(messages.Degraded, "cannot read iptables state: "+err.Error())
+		s.notVerified(err)
 	case len(missing) > 0:
 		s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
 	default:
 		s.report(messages.Ready, "")
 	}
+}
+
+// notVerified reports a sidecar whose rules could not be read. A sidecar
+// normally runs without CAP_NET_ADMIN (the init container had it), so "no
+// permission" or "no iptables" is expected and must not fail readiness: it
+// is Ready with the reason saying nothing was verified. Other errors are
+// Degraded.
+func (s *Service) notVerified(err error) {
+	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoIptables) {
+		s.log.Warn("capture rules not verified", "err", err)
+		s.report(messages.Ready, "capture rules not verified: "+err.Error())
+		return
+	}
+	s.report(messages.Degraded, "cannot read iptables state: "+err.Error())
 }
 
 func (s *Service) own(ctx context.Context, a *Applier, rs RuleSet) error {

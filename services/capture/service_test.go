@@ -3,7 +3,10 @@ package capture
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,5 +136,26 @@ func TestKernelServiceVM(t *testing.T) {
 	}
 	if st := saveState(t, false); st.Residue() {
 		t.Errorf("rules left after stop:\n%s", sh(t, "iptables-save"))
+	}
+}
+
+// TestKernelServiceSidecarUnprivileged: a sidecar without CAP_NET_ADMIN
+// cannot read the rules; that is expected, so it is Ready ("not verified").
+func TestKernelServiceSidecarUnprivileged(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	tp := setupTopology(t)
+	cmd := exec.Command(tp.bin)
+	cmd.Env = append(os.Environ(), envHelper+"=sidecar")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1337, Gid: 1337}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	parts := strings.SplitN(strings.TrimSpace(string(out)), "|", 3)
+	if len(parts) != 3 || !strings.Contains(parts[0], "should not be restarted") || parts[1] != messages.Ready.String() ||
+		!strings.Contains(parts[2], "not verified") || !strings.Contains(parts[2], "permission denied") {
+		t.Errorf("unprivileged sidecar: %q; want ErrDoNotRestart, Ready, not verified: permission denied", out)
 	}
 }
