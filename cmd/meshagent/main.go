@@ -70,6 +70,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newWaitCommand(),
 		newRequestCommand(),
 		newVersionCommand(),
+		newIstioIptablesCommand(iptablesDeps{}), newCleanIptablesCommand(iptablesDeps{}),
 	)
 	return root
 }

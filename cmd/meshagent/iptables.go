@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/services/capture"
+)
+
+// iptablesDeps are the host inputs of the iptables commands; the zero value
+// reads the real host (tests inject their own).
+type iptablesDeps struct {
+	getenv    func(string) string
+	lookupUID func(string) (string, error)
+	host      capture.HostInputs
+}
+
+func (d iptablesDeps) withDefaults() iptablesDeps {
+	if d.getenv == nil {
+		d.getenv = os.Getenv
+	}
+	return d
+}
+
+// newIstioIptablesCommand is "meshagent istio-iptables": Istio's
+// istio-iptables (pilot-agent istio-iptables) with the same flags, env
+// bindings, defaults and exit codes (2 for bad input here, 126 for a failed
+// --run-validation).
+func newIstioIptablesCommand(deps iptablesDeps) *cobra.Command {
+	deps = deps.withDefaults()
+	var cfg capture.Config
+	cmd := &cobra.Command{
+		Use:   "istio-iptables",
+		Short: "Program Istio-compatible iptables traffic capture for the sidecar",
+		Long: `Program the iptables rules that send a pod's (or VM's) traffic through Envoy,
+exactly as Istio's istio-iptables does. Every flag but --envoy-port can also be
+set with an env var: the flag name upper-cased with '-' as '_' (--istio-inbound-ports
+= ISTIO_INBOUND_PORTS); the command line wins. --dry-run prints the
+iptables-restore input for IPv4 and IPv6 and changes nothing.`,
+		Args: cobra.NoArgs,
+	}
+	flags := capture.BindFlags(cmd.Flags(), &cfg, deps.getenv, deps.lookupUID)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.Finish(); err != nil {
+			return usageError("istio-iptables: %v", err)
+		}
+		return runIstioIptables(cmd.Context(), cfg, deps, cmd.OutOrStdout(), cmd.ErrOrStderr())
+	}
+	return cmd
+}
+
+func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps, stdout, stderr io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return usageError("istio-iptables: %v", err)
+	}
+	if cfg.NetworkNamespace != "" {
+		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
+	if err := cfg.FillHostInputs(deps.host); err != nil {
+		// Istio exits 1 here. A namespace with no address yet (a bare
+		// "unshare -n") is a normal place to try the tool, so go on with
+		// IPv4 only, loudly.
+		if !errors.Is(err, capture.ErrNoLocalIP) {
+			return fmt.Errorf("istio-iptables: %w", err)
+		}
+		log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "err", err)
+		if err := cfg.FillDNSServers(deps.host); err != nil {
+			return fmt.Errorf("istio-iptables: %w", err)
+		}
+	}
+	if err := cfg.Validate(); err != nil { // DNS servers read from resolv.conf
+		return usageError("istio-iptables: %v", err)
+	}
+	if cfg.RedirectDNS && !cfg.CaptureAllDNS && len(cfg.DNSServersV4)+len(cfg.DNSServersV6) == 0 {
+		log.Warn("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided. DNS capture disabled.")
+	}
+	rules := capture.Build(cfg)
+	if cfg.DryRun {
+		printRules(stdout, rules)
+		return nil
+	}
+	applier, err := capture.NewApplier(cfg.ForceIptablesBinary, cfg.EnableIPv6, log)
+	if err != nil {
+		return fmt.Errorf("istio-iptables: %w", err)
+	}
+	outcome, err := capture.Execute(cfg, rules, applier, log)
+	if err != nil {
+		return fmt.Errorf("istio-iptables: %w", err)
+	}
+	log.Info("done", "outcome", string(outcome), "backend", applier.Backend())
+	if cfg.RunValidation && !cfg.CleanupOnly {
+		if err := capture.ValidateCapture(ctx, cfg); err != nil {
+			return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
+		}
+		log.Info("validation passed")
+	}
+	return nil
+}
+
+// printRules prints what would be applied, one restore input per family.
+func printRules(w io.Writer, rs capture.RuleSet) {
+	fmt.Fprintln(w, "# IPv4: iptables-restore --noflush <<EOF")
+	fmt.Fprint(w, capture.RestoreInput(rs.V4))
+	fmt.Fprintln(w, "# EOF")
+	if rs.IPv6 {
+		fmt.Fprintln(w, "# IPv6: ip6tables-restore --noflush <<EOF")
+		fmt.Fprint(w, capture.RestoreInput(rs.V6))
+		fmt.Fprintln(w, "# EOF")
+	} else {
+		fmt.Fprintln(w, "# IPv6: not enabled (the host's first global address is IPv4)")
+	}
+}
+
+// newCleanIptablesCommand is "meshagent clean-iptables" (Istio's former
+// istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
+// in both families, whatever flags created them. It takes istio-iptables'
+// flags too: rules of ours in built-in chains that jump nowhere (TPROXY
+// marks, interface RETURNs) are removed when they exactly match what those
+// flags (in either interception mode) would create. Nothing else is touched.
+func newCleanIptablesCommand(deps iptablesDeps) *cobra.Command {
+	deps = deps.withDefaults()
+	var cfg capture.Config
+	cmd := &cobra.Command{
+		Use:   "clean-iptables",
+		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
+		Args:  cobra.NoArgs,
+	}
+	flags := capture.BindFlags(cmd.Flags(), &cfg, deps.getenv, deps.lookupUID)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.Finish(); err != nil {
+			return usageError("clean-iptables: %v", err)
+		}
+		if err := cfg.Validate(); err != nil {
+			return usageError("clean-iptables: %v", err)
+		}
+		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
+		var known []capture.RuleSet
+		for _, mode := range []string{"REDIRECT", "TPROXY"} {
+			c := cfg
+			c.InboundInterceptionMode, c.EnableIPv6 = mode, true
+			known = append(known, capture.Build(c))
+		}
+		if cfg.DryRun {
+			fmt.Fprintln(cmd.OutOrStdout(), "# dry run: would remove every ISTIO_* chain, the rules jumping to them, and these rules where present:")
+			for _, rs := range known {
+				for _, r := range append(rs.V4, rs.V6...) {
+					if r.Chain == "PREROUTING" || r.Chain == "OUTPUT" {
+						fmt.Fprintf(cmd.OutOrStdout(), "-t %s %s\n", r.Table, r.Spec())
+					}
+				}
+			}
+			return nil
+		}
+		applier, err := capture.NewApplier(cfg.ForceIptablesBinary, false, log)
+		if err != nil {
+			return fmt.Errorf("clean-iptables: %w", err)
+		}
+		if err := applier.CleanState(known...); err != nil {
+			return fmt.Errorf("clean-iptables: %w", err)
+		}
+		return nil
+	}
+	return cmd
+}

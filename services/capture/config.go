@@ -1,0 +1,268 @@
+// Package capture programs Istio-compatible iptables traffic capture: the
+// rules istio-iptables (pilot-agent istio-iptables) writes, built as
+// iptables-restore input, applied with one restore per address family,
+// verified, reconciled and removed; plus a tree service that checks (sidecar)
+// or owns (VM) the rules.
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config mirrors Istio's tools/common/config.Config field for field (names
+// as Istio's). String fields hold what the flag or env var held.
+type Config struct {
+	ProxyPort                string        // -p --envoy-port, default 15001
+	InboundCapturePort       string        // -z --inbound-capture-port, default 15006
+	InboundTunnelPort        string        // -e --inbound-tunnel-port, default 15008
+	ProxyUID                 string        // -u --proxy-uid, comma list
+	ProxyGID                 string        // -g --proxy-gid, comma list (default = ProxyUID)
+	InboundInterceptionMode  string        // -m: "" / REDIRECT / TPROXY
+	InboundTProxyMark        string        // -t, default 1337
+	InboundTProxyRouteTable  string        // -r, default 133
+	InboundPortsInclude      string        // -b: "" none, "*" all, or list
+	InboundPortsExclude      string        // -d: only used with -b '*'
+	OwnerGroupsInclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS, default "*"
+	OwnerGroupsExclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE
+	OutboundPortsInclude     string        // -q
+	OutboundPortsExclude     string        // -o
+	OutboundIPRangesInclude  string        // -i: "" none, "*" all, or CIDR list
+	OutboundIPRangesExclude  string        // -x: CIDR list ("*" is an error for IPv4)
+	RerouteVirtualInterfaces string        // -k
+	ExcludeInterfaces        string        // -c
+	IptablesProbePort        uint16        // --iptables-probe-port, default 15002
+	ProbeTimeout             time.Duration // --probe-timeout, default 5s
+	DryRun                   bool          // -n --dry-run
+	SkipRuleApply            bool          // --skip-rule-apply
+	RunValidation            bool          // --run-validation
+	RedirectDNS              bool          // --redirect-dns (env REDIRECT_DNS, ISTIO_META_DNS_CAPTURE)
+	DropInvalid              bool          // --drop-invalid (env DROP_INVALID, INVALID_DROP)
+	CaptureAllDNS            bool          // --capture-all-dns
+	EnableIPv6               bool          // not a flag: from the host's first global address
+	DNSServersV4             []string      // from resolv.conf (re-rendered by netip)
+	DNSServersV6             []string
+	NetworkNamespace         string     // --network-namespace
+	CNIMode                  bool       // --cni-mode
+	HostIPv4LoopbackCidr     string     // env ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, default 127.0.0.1/32
+	HostIP                   netip.Addr // the address EnableIPv6 was decided from
+	DualStack                bool       // --dual-stack
+	Reconcile                bool       // --reconcile
+	CleanupOnly              bool       // --cleanup-only
+	ForceApply               bool       // --force-apply
+	NativeNftables           bool       // --native-nftables
+	ForceIptablesBinary      string     // --force-iptables-binary: "", legacy, nft
+}
+
+// Default returns Istio's defaults (tools/istio-iptables/pkg/cmd/root.go and
+// tools/common/config). ProxyUID/ProxyGID default to 1337 here; the CLI
+// resolves $ENVOY_USER first.
+func Default() Config {
+	return Config{
+		ProxyPort:               "15001",
+		InboundCapturePort:      "15006",
+		InboundTunnelPort:       "15008",
+		ProxyUID:                "1337",
+		ProxyGID:                "1337",
+		InboundTProxyMark:       "1337",
+		InboundTProxyRouteTable: "133",
+		OwnerGroupsInclude:      "*",
+		IptablesProbePort:       15002,
+		ProbeTimeout:            5 * time.Second,
+		HostIPv4LoopbackCidr:    "127.0.0.1/32",
+	}
+}
+
+// ErrInvalidConfig wraps every validation error.
+var ErrInvalidConfig = errors.New("invalid capture config")
+
+// maxOwnerGroups is Istio's limit on ISTIO_OUTBOUND_OWNER_GROUPS entries
+// (each becomes one owner match in a single rule).
+const maxOwnerGroups = 64
+
+// Validate checks every field and names the flag (or env var) and value in
+// its error. Stricter than Istio in two places, on purpose: unparsable CIDRs
+// (Istio skips them "for bug compatibility") and unknown interception modes
+// (Istio silently treats them as REDIRECT) are errors here.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(flag, value, why string) {
+		errs = append(errs, fmt.Errorf("%w: %s %q: %s", ErrInvalidConfig, flag, value, why))
+	}
+	for _, p := range []struct{ flag, v string }{
+		{"--envoy-port", c.ProxyPort},
+		{"--inbound-capture-port", c.InboundCapturePort},
+		{"--inbound-tunnel-port", c.InboundTunnelPort},
+	} {
+		if err := checkPort(p.v); err != nil {
+			bad(p.flag, p.v, err.Error())
+		}
+	}
+	for _, p := range []struct{ flag, v string }{
+		{"--istio-local-exclude-ports", c.InboundPortsExclude},
+		{"--istio-outbound-ports", c.OutboundPortsInclude},
+		{"--istio-local-outbound-ports-exclude", c.OutboundPortsExclude},
+	} {
+		for _, port := range Split(p.v) {
+			if err := checkPort(port); err != nil {
+				bad(p.flag, p.v, err.Error())
+				break
+			}
+		}
+	}
+	if c.InboundPortsInclude != "*" {
+		for _, port := range Split(c.InboundPortsInclude) {
+			if err := checkPort(port); err != nil {
+				bad("--istio-inbound-ports", c.InboundPortsInclude, err.Error()+` (or "*")`)
+				break
+			}
+		}
+	}
+	if len(Split(c.ProxyUID)) == 0 {
+		bad("--proxy-uid", c.ProxyUID, "at least one UID is required")
+	}
+	for _, id := range Split(c.ProxyUID) {
+		if _, err := strconv.ParseUint(id, 10, 32); err != nil {
+			bad("--proxy-uid", c.ProxyUID, fmt.Sprintf("%q is not a numeric UID", id))
+			break
+		}
+	}
+	for _, id := range Split(c.ProxyGID) {
+		if _, err := strconv.ParseUint(id, 10, 32); err != nil {
+			bad("--proxy-gid", c.ProxyGID, fmt.Sprintf("%q is not a numeric GID", id))
+			break
+		}
+	}
+	switch c.InboundInterceptionMode {
+	case "", "REDIRECT", "TPROXY":
+	default:
+		bad("--istio-inbound-interception-mode", c.InboundInterceptionMode, "must be REDIRECT or TPROXY")
+	}
+	if _, err := strconv.ParseUint(c.InboundTProxyMark, 10, 32); err != nil {
+		bad("--istio-inbound-tproxy-mark", c.InboundTProxyMark, "must be a number (a packet mark)")
+	}
+	if n, err := strconv.ParseUint(c.InboundTProxyRouteTable, 10, 32); err != nil || n == 0 {
+		bad("--istio-inbound-tproxy-route-table", c.InboundTProxyRouteTable, "must be a routing table number 1..4294967295")
+	}
+	if c.OutboundIPRangesInclude != "*" {
+		if err := checkCIDRs(c.OutboundIPRangesInclude); err != nil {
+			bad("--istio-service-cidr", c.OutboundIPRangesInclude, err.Error()+` (or "*")`)
+		}
+	}
+	if c.OutboundIPRangesExclude == "*" {
+		bad("--istio-service-exclude-cidr", c.OutboundIPRangesExclude, `"*" is not allowed (it would exclude everything)`)
+	} else if err := checkCIDRs(c.OutboundIPRangesExclude); err != nil {
+		bad("--istio-service-exclude-cidr", c.OutboundIPRangesExclude, err.Error())
+	}
+	for _, f := range []struct{ flag, v string }{
+		{"--kube-virt-interfaces", c.RerouteVirtualInterfaces},
+		{"--istio-exclude-interfaces", c.ExcludeInterfaces},
+	} {
+		for _, name := range Split(f.v) {
+			if err := checkInterface(name); err != nil {
+				bad(f.flag, f.v, err.Error())
+				break
+			}
+		}
+	}
+	if c.OwnerGroupsInclude != "*" && len(Split(c.OwnerGroupsInclude)) > maxOwnerGroups {
+		bad("ISTIO_OUTBOUND_OWNER_GROUPS", c.OwnerGroupsInclude,
+			fmt.Sprintf("%d groups, at most %d are allowed", len(Split(c.OwnerGroupsInclude)), maxOwnerGroups))
+	}
+	for _, g := range append(Split(c.OwnerGroupsInclude), Split(c.OwnerGroupsExclude)...) {
+		if g != "*" && strings.ContainsAny(g, " \t\n!") {
+			bad("ISTIO_OUTBOUND_OWNER_GROUPS", g, "not a group name or GID")
+			break
+		}
+	}
+	if err := checkLoopbackCIDR(c.HostIPv4LoopbackCidr); err != nil {
+		bad("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", c.HostIPv4LoopbackCidr, err.Error())
+	}
+	if c.IptablesProbePort == 0 {
+		bad("--iptables-probe-port", "0", "must be 1..65535")
+	}
+	if c.RunValidation && c.ProbeTimeout <= 0 {
+		bad("--probe-timeout", c.ProbeTimeout.String(), "must be positive")
+	}
+	switch c.ForceIptablesBinary {
+	case "", "legacy", "nft":
+	default:
+		bad("--force-iptables-binary", c.ForceIptablesBinary, `must be "legacy" or "nft"`)
+	}
+	if c.NativeNftables && c.ForceIptablesBinary != "" {
+		bad("--native-nftables", "true", "cannot be combined with --force-iptables-binary")
+	}
+	if c.NativeNftables {
+		bad("--native-nftables", "true", "the nftables backend is not supported by meshagent; use iptables")
+	}
+	for _, s := range c.DNSServersV4 {
+		if a, err := netip.ParseAddr(s); err != nil || !a.Is4() {
+			bad("DNSServersV4", s, "not an IPv4 address")
+		}
+	}
+	for _, s := range c.DNSServersV6 {
+		if a, err := netip.ParseAddr(s); err != nil || !a.Is6() {
+			bad("DNSServersV6", s, "not an IPv6 address")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Split splits a comma list, dropping empty items (so "6000,7000," is two
+// ports) and surrounding spaces.
+func Split(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+func checkPort(s string) error {
+	n, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("%q is not a port (1..65535)", s)
+	}
+	return nil
+}
+
+func checkCIDRs(list string) error {
+	for _, s := range Split(list) {
+		if _, err := netip.ParsePrefix(s); err != nil {
+			return fmt.Errorf("%q is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)", s)
+		}
+	}
+	return nil
+}
+
+// checkInterface accepts what the kernel accepts as a name (1..15 bytes, no
+// '/', ':' or whitespace), plus iptables' trailing '+' wildcard.
+func checkInterface(name string) error {
+	if len(name) > 15 {
+		return fmt.Errorf("interface name %q is longer than 15 characters", name)
+	}
+	if name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n!") {
+		return fmt.Errorf("%q is not a valid interface name", name)
+	}
+	return nil
+}
+
+func checkLoopbackCIDR(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return fmt.Errorf("not a CIDR")
+	}
+	if !p.Addr().Is4() || !p.Addr().IsLoopback() {
+		return fmt.Errorf("must be an IPv4 loopback range (127.0.0.0/8)")
+	}
+	if p.Bits() < 8 || p.Bits() > 32 {
+		return fmt.Errorf("mask must be between 8 and 32")
+	}
+	return nil
+}

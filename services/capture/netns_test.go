@@ -1,0 +1,493 @@
+package capture
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Real-kernel tests. Each runs its body in a fresh network namespace: the
+// test binary re-executes itself under "unshare -n" for that one test. The
+// namespace gets a veth pair to a peer namespace (ip netns add, removed at
+// the end) with TEST-NET addresses; the peer owns 198.51.100.7 and
+// 2001:db8:1::7 (the "remote service") and runs a listener there.
+//
+// Helper processes are the same binary in a helper mode (CAPTURE_TEST_HELPER).
+
+const (
+	envNetns  = "CAPTURE_TEST_NETNS"
+	envHelper = "CAPTURE_TEST_HELPER"
+	envArgs   = "CAPTURE_TEST_ARGS"
+)
+
+// runHelper runs a helper mode instead of the tests; returns false if none.
+func runHelper() bool {
+	switch os.Getenv(envHelper) {
+	case "dial":
+		os.Exit(helperDial(os.Getenv(envArgs)))
+	case "listen":
+		helperListen(strings.Split(os.Getenv(envArgs), ","))
+		os.Exit(0)
+	case "dns":
+		helperDNS()
+		os.Exit(0)
+	case "sidecar":
+		health := messages.NewCell[messages.Health]()
+		err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, health, slog.New(slog.DiscardHandler)).
+			Serve(context.Background())
+		h, _ := health.Get()
+		fmt.Printf("%v|%s|%s\n", err, h.State, h.Reason)
+		os.Exit(0)
+	case "validate":
+		cfg := sidecarConfig(false, "")
+		cfg.HostIP = netip.MustParseAddr("192.0.2.1")
+		cfg.ProbeTimeout, _ = time.ParseDuration(os.Getenv(envArgs))
+		if err := ValidateCapture(context.Background(), cfg); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("validated")
+		os.Exit(0)
+	}
+	return false
+}
+
+// helperDial dials "tcp ADDR" or "udp ADDR", prints the first line the
+// server sends (or "error: ...").
+func helperDial(args string) int {
+	network, addr, _ := strings.Cut(args, " ")
+	line, err := dial(network, addr)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Print(line)
+	return 0
+}
+
+func dial(network, addr string) (string, error) {
+	c, err := net.DialTimeout(network, addr, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if network == "udp" {
+		c.Write([]byte("query\n"))
+	}
+	return bufio.NewReader(c).ReadString('\n')
+}
+
+// helperListen serves "peer <local addr>" on each TCP address until stdin
+// closes.
+func helperListen(addrs []string) {
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "peer %s\n", c.LocalAddr())
+				c.Close()
+			}
+		}()
+	}
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// helperDNS answers "dns" to every UDP datagram on port 15053 (both
+// families) until stdin closes. It runs as the proxy UID, like the agent's
+// DNS proxy: the conntrack-zone rules match the proxy's replies by owner.
+func helperDNS() {
+	// Bound to loopback, like Istio's DNS proxy: replies must leave from the
+	// address the query was redirected to, or conntrack cannot un-NAT them.
+	for _, addr := range []string{"127.0.0.1:15053", "[::1]:15053"} {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				_, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteTo([]byte("dns\n"), from)
+			}
+		}()
+	}
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// startHelper starts a long-running helper (optionally as uid, optionally
+// in the peer namespace) and waits for its "ready".
+func (tp *topology) startHelper(t *testing.T, mode, args string, uid uint32, inPeer bool) {
+	t.Helper()
+	var cmd *exec.Cmd
+	if inPeer {
+		cmd = exec.Command("ip", "netns", "exec", tp.peer, tp.bin)
+	} else {
+		cmd = exec.Command(tp.bin)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	}
+	cmd.Env = append(os.Environ(), envHelper+"="+mode, envArgs+"="+args)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if strings.TrimSpace(line) != "ready" {
+		t.Fatalf("helper %s: %q", mode, line)
+	}
+}
+
+// inNetns returns true when the caller is already inside its namespace (run
+// the body); otherwise it runs this test in a new one, reports the outcome
+// and returns false.
+func inNetns(t *testing.T, unshareFlags ...string) bool {
+	t.Helper()
+	if os.Getenv(envNetns) == t.Name() {
+		return true
+	}
+	requireKernel(t)
+	t.Parallel() // each runs in its own namespaces
+	cmd := exec.Command("unshare", append(append([]string{"-n"}, unshareFlags...), os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1", "-test.timeout=60s")...)
+	cmd.Env = append(os.Environ(), envNetns+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a new network namespace:\n%s", out)
+	if err != nil {
+		t.Fatalf("test in network namespace failed: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("test did not pass in the network namespace")
+	}
+	return false
+}
+
+func requireKernel(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, iptables)")
+	}
+	for _, bin := range []string{"unshare", "ip", "iptables", "iptables-save", "iptables-restore", "ip6tables"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("needs %s in PATH", bin)
+		}
+	}
+}
+
+func sh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// topology is the namespace the test runs in, wired to a peer namespace.
+type topology struct {
+	peer string // peer namespace name
+	bin  string // a copy of the test binary other UIDs can execute
+}
+
+func setupTopology(t *testing.T) *topology {
+	t.Helper()
+	tp := &topology{peer: fmt.Sprintf("capture-peer-%d", os.Getpid())}
+	sh(t, "ip", "link", "set", "lo", "up")
+	sh(t, "ip", "netns", "add", tp.peer)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", tp.peer).Run() })
+	sh(t, "ip", "link", "add", "cap0", "type", "veth", "peer", "name", "cap1", "netns", tp.peer)
+	sh(t, "ip", "addr", "add", "192.0.2.1/24", "dev", "cap0")
+	sh(t, "ip", "-6", "addr", "add", "2001:db8::1/64", "dev", "cap0", "nodad")
+	sh(t, "ip", "link", "set", "cap0", "up")
+	sh(t, "ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2")
+	sh(t, "ip", "-6", "route", "add", "2001:db8:1::/48", "via", "2001:db8::2")
+	in := func(args ...string) { sh(t, append([]string{"ip", "netns", "exec", tp.peer}, args...)...) }
+	in("ip", "link", "set", "lo", "up")
+	in("ip", "addr", "add", "192.0.2.2/24", "dev", "cap1")
+	in("ip", "-6", "addr", "add", "2001:db8::2/64", "dev", "cap1", "nodad")
+	in("ip", "link", "set", "cap1", "up")
+	in("ip", "addr", "add", "198.51.100.7/32", "dev", "lo")
+	in("ip", "-6", "addr", "add", "2001:db8:1::7/128", "dev", "lo")
+
+	// Test binaries live in 0700 build dirs: copy for other UIDs.
+	dir, err := os.MkdirTemp("", "capture-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	tp.bin = filepath.Join(dir, "capture.test")
+	data, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tp.bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// The remote service in the peer namespace.
+	tp.startHelper(t, "listen", ":8080,:8081", 0, true)
+	return tp
+}
+
+// dialAs connects from this namespace as uid (0 = this process, in-process
+// would also do, but a child keeps all cases alike) and returns the reply.
+func (tp *topology) dialAs(t *testing.T, uid uint32, network, addr string) string {
+	t.Helper()
+	if uid == 0 { // this process: no child needed
+		reply, err := dial(network, addr)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return strings.TrimSpace(reply)
+	}
+	cmd := exec.Command(tp.bin)
+	cmd.Env = append(os.Environ(), envHelper+"=dial", envArgs+"="+network+" "+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, _ := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// dialFromPeer connects from the peer namespace (inbound traffic).
+func (tp *topology) dialFromPeer(t *testing.T, addr string) string {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", tp.peer, tp.bin)
+	cmd.Env = append(os.Environ(), envHelper+"=dial", envArgs+"=tcp "+addr)
+	out, _ := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// proxyListeners stands in for Envoy and the DNS proxy: 15001 and 15006
+// answer "<port> <original destination>", 15021 answers "direct 15021",
+// 15053 (TCP) answers "dns"; UDP 15053 is helperDNS.
+func proxyListeners(t *testing.T, transparentInbound bool) {
+	t.Helper()
+	serve := func(ln net.Listener, reply func(c net.Conn) string) {
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintln(c, reply(c))
+				c.Close()
+			}
+		}()
+	}
+	origDst := func(port string) func(net.Conn) string {
+		return func(c net.Conn) string {
+			d, err := OriginalDst(c)
+			if err != nil {
+				return port + " error " + err.Error()
+			}
+			return port + " " + d.String()
+		}
+	}
+	for _, network := range []string{"tcp4", "tcp6"} {
+		for _, port := range []string{"15001", "15006", "15021", "15053"} {
+			lc := net.ListenConfig{}
+			if port == "15006" && transparentInbound {
+				lc.Control = func(_, _ string, rc syscall.RawConn) error {
+					var serr error
+					rc.Control(func(fd uintptr) {
+						if network == "tcp4" {
+							serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+						} else {
+							serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+						}
+					})
+					return serr
+				}
+			}
+			ln, err := lc.Listen(context.Background(), network, ":"+port)
+			if err != nil {
+				t.Fatalf("listen %s %s: %v", network, port, err)
+			}
+			switch {
+			case port == "15021":
+				serve(ln, func(net.Conn) string { return "direct 15021" })
+			case port == "15053":
+				serve(ln, func(net.Conn) string { return "dns" })
+			case port == "15006" && transparentInbound:
+				serve(ln, func(c net.Conn) string { return "15006 " + c.LocalAddr().String() })
+			default:
+				serve(ln, origDst(port))
+			}
+		}
+	}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
+}
+
+func testLoggerB(b *testing.B) *slog.Logger { return testLogger(b) }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func saveState(t *testing.T, v6 bool) SaveState {
+	t.Helper()
+	bin := "iptables-save"
+	if v6 {
+		bin = "ip6tables-save"
+	}
+	return ParseSave(sh(t, bin))
+}
+
+// sidecarConfig is the injector's init-container config plus DNS capture
+// and one excluded outbound port.
+func sidecarConfig(v6 bool, mode string) Config {
+	cfg := Default()
+	cfg.InboundInterceptionMode = mode
+	cfg.OutboundIPRangesInclude = "*"
+	cfg.InboundPortsInclude = "*"
+	cfg.InboundPortsExclude = "15090,15021,15020"
+	cfg.OutboundPortsExclude = "8081"
+	cfg.RedirectDNS = true
+	cfg.DNSServersV4 = []string{"198.51.100.53"}
+	cfg.DNSServersV6 = []string{"2001:db8:1::53"}
+	cfg.EnableIPv6 = v6
+	return cfg
+}
+
+func expect(t *testing.T, what, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s: got %q, want %q", what, got, want)
+	}
+}
+
+// captureTraffic applies cfg in this namespace, sends real connections, then
+// cleans up and checks the namespace's rules are as before.
+func captureTraffic(t *testing.T, v6 bool, mode string) {
+	tp := setupTopology(t)
+	proxyListeners(t, mode == "TPROXY")
+	tp.startHelper(t, "dns", "", 1337, false)
+	before4, before6 := saveState(t, false).Normalized(), saveState(t, true).Normalized()
+
+	cfg := sidecarConfig(v6, mode)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rs := Build(cfg)
+	a, err := NewApplier("", true, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("backend %s", a.Backend())
+	if out, err := Execute(cfg, rs, a, testLogger(t)); err != nil || out != Applied {
+		t.Fatalf("Execute = %v, %v; want applied", out, err)
+	}
+	if st := saveState(t, v6); st["nat"] == nil || len(st["nat"].Rules[ChainOutput]) == 0 {
+		t.Fatalf("no ISTIO_OUTPUT rules after apply:\n%s", sh(t, "iptables-save"))
+	}
+
+	remote, local, dns, mapped := "198.51.100.7", "192.0.2.1", "198.51.100.53", ""
+	if v6 {
+		remote, local, dns = "[2001:db8:1::7]", "[2001:db8::1]", "[2001:db8:1::53]"
+		_ = mapped
+	}
+	expect(t, "outbound from uid 0", tp.dialAs(t, 0, "tcp", remote+":8080"), "15001 "+remote+":8080")
+	expect(t, "outbound from uid 1000", tp.dialAs(t, 1000, "tcp", remote+":8080"), "15001 "+remote+":8080")
+	expect(t, "outbound from proxy uid 1337 (not captured)", tp.dialAs(t, 1337, "tcp", remote+":8080"), "peer "+remote+":8080")
+	expect(t, "outbound to excluded port 8081", tp.dialAs(t, 0, "tcp", remote+":8081"), "peer "+remote+":8081")
+	if mode == "TPROXY" {
+		expect(t, "inbound (TPROXY)", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
+	} else {
+		expect(t, "inbound", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
+	}
+	expect(t, "inbound to excluded port 15021", tp.dialFromPeer(t, local+":15021"), "direct 15021")
+	expect(t, "DNS over UDP", tp.dialAs(t, 0, "udp", dns+":53"), "dns")
+	expect(t, "DNS over TCP", tp.dialAs(t, 0, "tcp", dns+":53"), "dns")
+
+	// Idempotent: a second run changes nothing and adds no duplicates.
+	saved := sh(t, "iptables-save", "-t", "nat")
+	if out, err := Execute(cfg, rs, a, testLogger(t)); err != nil || out != Unchanged {
+		t.Fatalf("second Execute = %v, %v; want unchanged", out, err)
+	}
+	if after := sh(t, "iptables-save", "-t", "nat"); stripComments(after) != stripComments(saved) {
+		t.Errorf("second run changed the rules:\n%s\nvs\n%s", saved, after)
+	}
+
+	// --cleanup-only restores the namespace's rules.
+	cfg.CleanupOnly = true
+	if _, err := Execute(cfg, rs, a, testLogger(t)); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	if after := saveState(t, false).Normalized(); fmt.Sprint(after) != fmt.Sprint(before4) {
+		t.Errorf("IPv4 rules after cleanup: %v, before: %v", after, before4)
+	}
+	if after := saveState(t, true).Normalized(); fmt.Sprint(after) != fmt.Sprint(before6) {
+		t.Errorf("IPv6 rules after cleanup: %v, before: %v", after, before6)
+	}
+	expect(t, "outbound after cleanup", tp.dialAs(t, 0, "tcp", remote+":8080"), "peer "+remote+":8080")
+}
+
+func stripComments(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestKernelRedirectIPv4(t *testing.T) {
+	if inNetns(t) {
+		captureTraffic(t, false, "REDIRECT")
+	}
+}
+
+func TestKernelRedirectIPv6(t *testing.T) {
+	if inNetns(t) {
+		captureTraffic(t, true, "REDIRECT")
+	}
+}
+
+func TestKernelTProxyIPv4(t *testing.T) {
+	if inNetns(t) {
+		captureTraffic(t, false, "TPROXY")
+	}
+}
+
+func TestKernelTProxyIPv6(t *testing.T) {
+	if inNetns(t) {
+		captureTraffic(t, true, "TPROXY")
+	}
+}

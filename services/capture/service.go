@@ -1,0 +1,214 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Mode is who owns the rules.
+type Mode int
+
+const (
+	// Sidecar: an init container (or the CNI) programmed the rules; the
+	// service only checks they are there, reports, and stops.
+	Sidecar Mode = iota
+	// VM: the agent owns the rules: applies them at start, re-applies them
+	// if they are flushed, removes them when stopped.
+	VM
+)
+
+// ServiceConfig configures the capture service.
+type ServiceConfig struct {
+	Mode Mode
+	// Capture is the istio-iptables config (host inputs already filled:
+	// EnableIPv6, DNS servers).
+	Capture Config
+	// CheckInterval is how often VM mode re-checks the rules (default 30s).
+	CheckInterval time.Duration
+	// Clock drives the re-checks (default: real time).
+	Clock Clock
+}
+
+// Clock is the time source (tests inject a manual one).
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Validate checks the config, naming the field and value.
+func (c ServiceConfig) Validate() error {
+	if c.Mode != Sidecar && c.Mode != VM {
+		return fmt.Errorf("%w: capture Mode %d: must be Sidecar or VM", ErrInvalidConfig, c.Mode)
+	}
+	if c.CheckInterval < 0 {
+		return fmt.Errorf("%w: capture CheckInterval %s: must not be negative", ErrInvalidConfig, c.CheckInterval)
+	}
+	return c.Capture.Validate()
+}
+
+// Service checks (Sidecar) or owns (VM) the traffic capture rules.
+type Service struct {
+	cfg    ServiceConfig
+	health messages.Sink[messages.Health]
+	log    *slog.Logger
+}
+
+// New returns the capture service.
+func New(cfg ServiceConfig, health messages.Sink[messages.Health], log *slog.Logger) *Service {
+	if cfg.CheckInterval == 0 {
+		cfg.CheckInterval = 30 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	return &Service{cfg: cfg, health: health, log: log}
+}
+
+// String is the service's name in logs and the tree.
+func (s *Service) String() string { return "capture" }
+
+// Serve runs the service. Sidecar: report Ready or Degraded (naming what is
+// missing) and return suture.ErrDoNotRestart. VM: apply, re-check every
+// CheckInterval and re-apply drifted or flushed rules; on cancel remove the
+// rules and return ctx.Err().
+func (s *Service) Serve(ctx context.Context) error {
+	if err := s.cfg.Validate(); err != nil {
+		return err
+	}
+	s.report(messages.Starting, "checking iptables capture rules")
+	rs := Build(s.cfg.Capture)
+	a, err := NewApplier(s.cfg.Capture.ForceIptablesBinary, s.cfg.Capture.EnableIPv6, s.log)
+	if err != nil {
+		if s.cfg.Mode == Sidecar {
+			s.notVerified(err)
+			return suture.ErrDoNotRestart
+		}
+		return fmt.Errorf("capture: %w", err)
+	}
+	if s.cfg.Mode == Sidecar {
+		s.checkOnce(a, rs)
+		return suture.ErrDoNotRestart
+	}
+	return s.own(ctx, a, rs)
+}
+
+func (s *Service) checkOnce(a *Applier, rs RuleSet) {
+	missing, err := a.Missing(rs)
+	switch {
+	case err != nil:
+		s.notVerified(err)
+	case len(missing) > 0:
+		s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
+	default:
+		s.report(messages.Ready, "")
+	}
+}
+
+// notVerified reports a sidecar whose rules could not be read. A sidecar
+// normally runs without CAP_NET_ADMIN (the init container had it), so "no
+// permission" or "no iptables" is expected and must not fail readiness: it
+// is Ready with the reason saying nothing was verified. Other errors are
+// Degraded.
+func (s *Service) notVerified(err error) {
+	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoIptables) {
+		s.log.Warn("capture rules not verified", "err", err)
+		s.report(messages.Ready, "capture rules not verified: "+err.Error())
+		return
+	}
+	s.report(messages.Degraded, "cannot read iptables state: "+err.Error())
+}
+
+func (s *Service) own(ctx context.Context, a *Applier, rs RuleSet) error {
+	cfg := s.cfg.Capture
+	cfg.Reconcile, cfg.CleanupOnly, cfg.ForceApply, cfg.DryRun = true, false, false, false
+	defer func() {
+		cleanup := cfg
+		cleanup.CleanupOnly = true
+		if _, err := Execute(cleanup, rs, a, s.log); err != nil {
+			s.log.Error("removing capture rules", "err", err)
+		} else {
+			s.log.Info("capture rules removed")
+		}
+	}()
+	for {
+		outcome, err := Execute(cfg, rs, a, s.log)
+		if err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
+		if outcome != Unchanged {
+			s.log.Info("capture rules programmed", "outcome", string(outcome), "backend", a.Backend())
+		}
+		s.report(messages.Ready, "")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.cfg.Clock.After(s.cfg.CheckInterval):
+		}
+	}
+}
+
+func (s *Service) report(state messages.HealthState, reason string) {
+	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.cfg.Clock.Now()})
+}
+
+func summarize(missing []string) string {
+	const max = 5
+	if len(missing) <= max {
+		return strings.Join(missing, "; ")
+	}
+	return strings.Join(missing[:max], "; ") + fmt.Sprintf("; and %d more", len(missing)-max)
+}
+
+// Missing lists, readably, what of rs is absent: chains missing or with a
+// different rule count, rules not found (iptables -C). Empty means in place.
+func (a *Applier) Missing(rs RuleSet) ([]string, error) {
+	var missing []string
+	for _, fr := range a.families(rs) {
+		out, err := a.run(fr.f.save, "", nil)
+		if err != nil {
+			return nil, err
+		}
+		st := ParseSave(out)
+		counts := map[[2]string]int{}
+		for _, r := range fr.rules {
+			counts[[2]string{r.Table, r.Chain}]++
+		}
+		for _, table := range Tables(fr.rules) {
+			for _, chain := range ownChains(fr.rules, table) {
+				t := st[table]
+				switch {
+				case t == nil || !slices.Contains(t.Chains, chain):
+					missing = append(missing, fmt.Sprintf("%s chain %s/%s", fr.f, table, chain))
+				case len(t.Rules[chain]) != counts[[2]string{table, chain}]:
+					missing = append(missing, fmt.Sprintf("%s chain %s/%s has %d rules, want %d",
+						fr.f, table, chain, len(t.Rules[chain]), counts[[2]string{table, chain}]))
+				}
+			}
+		}
+		for _, r := range fr.rules {
+			a.execs.Add(1)
+			ok, err := fr.f.ipt.Exists(r.Table, r.Chain, r.Params...)
+			if err != nil && !notExist(err) {
+				return nil, classify(err)
+			}
+			if !ok {
+				missing = append(missing, fmt.Sprintf("%s rule -t %s -A %s %s", fr.f, r.Table, r.Chain, strings.Join(r.Params, " ")))
+			}
+		}
+	}
+	return missing, nil
+}

@@ -1,0 +1,161 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/thejerf/suture/v4"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// manualClock fires After only when the test says so.
+type manualClock struct{ tick chan time.Time }
+
+func (c *manualClock) Now() time.Time                       { return time.Unix(1700000000, 0) }
+func (c *manualClock) After(time.Duration) <-chan time.Time { return c.tick }
+
+func TestServiceConfigValidate(t *testing.T) {
+	cfg := ServiceConfig{Mode: Mode(7), Capture: Default()}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
+		t.Errorf("bad mode: %v", err)
+	}
+	cfg = ServiceConfig{Mode: VM, Capture: Default()}
+	cfg.Capture.ProxyPort = "x"
+	if err := New(cfg, messages.NewCell[messages.Health](), testLogger(t)).Serve(context.Background()); err == nil ||
+		!strings.Contains(err.Error(), "--envoy-port") {
+		t.Errorf("Serve with bad config: %v", err)
+	}
+	if s := New(ServiceConfig{}, nil, nil); s.String() != "capture" {
+		t.Errorf("String() = %q", s.String())
+	}
+}
+
+// TestKernelServiceSidecar: without rules the service reports Degraded
+// naming what is missing; with them Ready; both times it stops for good.
+func TestKernelServiceSidecar(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	sh(t, "ip", "link", "set", "lo", "up")
+	health := messages.NewCell[messages.Health]()
+	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
+	svc := New(cfg, health, testLogger(t))
+	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
+		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
+	}
+	h, _ := health.Get()
+	if h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_OUTPUT") || h.Service != "capture" {
+		t.Errorf("without rules: %+v; want Degraded naming ISTIO_OUTPUT", h)
+	}
+	a, err := NewApplier("", false, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply(Build(cfg.Capture), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
+		t.Fatalf("Serve = %v", err)
+	}
+	if h, _ := health.Get(); h.State != messages.Ready {
+		t.Errorf("with rules: %+v; want Ready", h)
+	}
+	// One rule gone: Degraded, naming it.
+	sh(t, "iptables", "-t", "nat", "-D", ChainInbound, "-p", "tcp", "-j", ChainInRedirect)
+	svc.Serve(context.Background())
+	if h, _ := health.Get(); h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_INBOUND") {
+		t.Errorf("with a rule deleted: %+v; want Degraded naming ISTIO_INBOUND", h)
+	}
+}
+
+// TestKernelServiceVM: applies at start, re-applies after a flush on the
+// next check, removes everything when cancelled.
+func TestKernelServiceVM(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	sh(t, "ip", "link", "set", "lo", "up")
+	health := messages.NewCell[messages.Health]()
+	clock := &manualClock{tick: make(chan time.Time)}
+	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), Clock: clock, CheckInterval: time.Hour}
+	svc := New(cfg, health, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	_, _, changed := health.Watch()
+	go func() { done <- svc.Serve(ctx) }()
+	waitReady := func(what string) {
+		t.Helper()
+		for {
+			select {
+			case <-changed:
+			case err := <-done:
+				t.Fatalf("%s: Serve returned %v", what, err)
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s: no Ready", what)
+			}
+			var h messages.Health
+			h, _, changed = health.Watch()
+			if h.State == messages.Ready {
+				return
+			}
+		}
+	}
+	waitReady("start")
+	a, err := NewApplier("", false, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := Build(cfg.Capture)
+	if m, err := a.Missing(rs); err != nil || len(m) > 0 {
+		t.Fatalf("after start missing %v (%v)", m, err)
+	}
+	// Someone flushes the nat table.
+	sh(t, "iptables", "-t", "nat", "-F")
+	if m, _ := a.Missing(rs); len(m) == 0 {
+		t.Fatal("flush did not remove rules")
+	}
+	// Next check re-applies. Send the tick; Ready is re-sent after the check.
+	clock.tick <- time.Now()
+	waitReady("after flush")
+	if m, err := a.Missing(rs); err != nil || len(m) > 0 {
+		t.Errorf("after re-check missing %v (%v)", m, err)
+	}
+	if strings.Count(sh(t, "iptables-save", "-t", "nat"), "-A OUTPUT -j ISTIO_OUTPUT") != 1 {
+		t.Errorf("jump duplicated after re-apply:\n%s", sh(t, "iptables-save", "-t", "nat"))
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Serve after cancel = %v, want context.Canceled", err)
+	}
+	if st := saveState(t, false); st.Residue() {
+		t.Errorf("rules left after stop:\n%s", sh(t, "iptables-save"))
+	}
+}
+
+// TestKernelServiceSidecarUnprivileged: a sidecar without CAP_NET_ADMIN
+// cannot read the rules; that is expected, so it is Ready ("not verified").
+func TestKernelServiceSidecarUnprivileged(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	tp := setupTopology(t)
+	cmd := exec.Command(tp.bin)
+	cmd.Env = append(os.Environ(), envHelper+"=sidecar")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1337, Gid: 1337}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	parts := strings.SplitN(strings.TrimSpace(string(out)), "|", 3)
+	if len(parts) != 3 || !strings.Contains(parts[0], "should not be restarted") || parts[1] != messages.Ready.String() ||
+		!strings.Contains(parts[2], "not verified") || !strings.Contains(parts[2], "permission denied") {
+		t.Errorf("unprivileged sidecar: %q; want ErrDoNotRestart, Ready, not verified: permission denied", out)
+	}
+}
