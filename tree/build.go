@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 
+	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
@@ -26,6 +27,8 @@ type Config struct {
 	SDS   *sds.Config
 	// Envoy runs Envoy; nil with DISABLE_ENVOY.
 	Envoy *envoy.Config
+	// Capture verifies (sidecar) or owns (VM) the iptables capture.
+	Capture *capture.ServiceConfig
 
 	DefaultPolicy Policy
 	// EnvoyPolicy applies to the envoy service (--envoy-restarts).
@@ -44,6 +47,11 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	var nodes []Node
 	var required []string
 	logFor := func(name string) *slog.Logger { return log.With("service", name) }
+
+	if cfg.Capture != nil {
+		nodes = append(nodes, Node{Name: "capture", Service: capture.New(*cfg.Capture, ch.Health, logFor("capture"))})
+		required = append(required, "capture")
+	}
 
 	var identity []Node
 	if cfg.Certs != nil {

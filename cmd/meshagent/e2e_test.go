@@ -22,6 +22,11 @@ import (
 var agentBinary, envoyBinary, devcertsBinary string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
+		// The test binary re-run as a CLI child (iptables_test.go): it
+		// needs no binaries built.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "meshagent-e2e")
 	if err != nil {
 		panic(err)
@@ -74,12 +79,26 @@ func startAgent(t *testing.T, env []string, args ...string) *agentProcess {
 // startAgentDrain is startAgent with ProxyConfig terminationDrainDuration.
 func startAgentDrain(t *testing.T, drain string, env []string, args ...string) *agentProcess {
 	t.Helper()
+	return startAgentOpts(t, "", drain, env, args...)
+}
+
+// startAgentIn is startAgent inside the named network namespace.
+func startAgentIn(t *testing.T, netns string, env []string, args ...string) *agentProcess {
+	t.Helper()
+	return startAgentOpts(t, netns, "1s", env, args...)
+}
+
+func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...string) *agentProcess {
+	t.Helper()
 	root := t.TempDir()
 	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	port := freePort(t)
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
+	if netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, agentBinary, "proxy", "--root", root}, args...)...)
+	}
 	cmd.Env = append(os.Environ(), append([]string{
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q}`,
 			port, freePort(t), envoyBinary, drain),

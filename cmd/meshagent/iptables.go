@@ -63,17 +63,8 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps
 		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
-	if err := cfg.FillHostInputs(deps.host); err != nil {
-		// Istio exits 1 here. A namespace with no address yet (a bare
-		// "unshare -n") is a normal place to try the tool, so go on with
-		// IPv4 only, loudly.
-		if !errors.Is(err, capture.ErrNoLocalIP) {
-			return fmt.Errorf("istio-iptables: %w", err)
-		}
-		log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "err", err)
-		if err := cfg.FillDNSServers(deps.host); err != nil {
-			return fmt.Errorf("istio-iptables: %w", err)
-		}
+	if err := fillHostInputs(&cfg, deps.host, log); err != nil {
+		return fmt.Errorf("istio-iptables: %w", err)
 	}
 	if err := cfg.Validate(); err != nil { // DNS servers read from resolv.conf
 		return usageError("istio-iptables: %v", err)
@@ -168,4 +159,17 @@ func newCleanIptablesCommand(deps iptablesDeps) *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// fillHostInputs reads the host's addresses (IPv6 or not) and DNS servers
+// into cfg. Istio exits 1 when the host has no usable address; a namespace
+// with no address yet (a bare "unshare -n") is a normal place to run, so we
+// go on with IPv4 only, loudly.
+func fillHostInputs(cfg *capture.Config, host capture.HostInputs, log *slog.Logger) error {
+	err := cfg.FillHostInputs(host)
+	if err == nil || !errors.Is(err, capture.ErrNoLocalIP) {
+		return err
+	}
+	log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "err", err)
+	return cfg.FillDNSServers(host)
 }

@@ -22,6 +22,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
@@ -41,6 +42,7 @@ type proxyFlags struct {
 	// meshagent's
 	root               string
 	chaos              bool
+	capture            bool
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
 }
@@ -70,6 +72,7 @@ type agentConfig struct {
 	certs    *certs.Config
 	sds      *sds.Config
 	envoyCfg *envoy.Config
+	capture  *capture.ServiceConfig
 	// envoy restart limit: more than envoyRestarts failures within
 	// envoyRestartWindow and the agent exits.
 	envoyRestarts      int
@@ -123,6 +126,7 @@ func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 	fl.IntVar(&f.concurrency, "concurrency", 0, "number of worker threads to run")
 	fl.BoolVar(&f.profiling, "profiling", true, "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)")
 	fl.StringVar(&f.root, "root", "/", "Directory under which every agent file path lives (env MESHAGENT_ROOT); / in production, a temp dir in tests")
+	fl.BoolVar(&f.capture, "capture", false, "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop (env MESHAGENT_CAPTURE=1); without it the agent only verifies rules an init container applied")
 	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
 	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
 	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
@@ -241,6 +245,13 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 	}
 	c.proxy = pc
 
+	vm := f.capture
+	if !cmd.Flags().Changed("capture") {
+		vm = envs.boolean("MESHAGENT_CAPTURE", false)
+	}
+	if c.capture, err = captureConfig(lookup, vm, log); err != nil {
+		return nil, usageError("%v", err)
+	}
 	c.certs, c.sds = c.identityConfigs(envs)
 	c.envoyCfg = c.envoyConfig()
 	if err := envs.err(); err != nil {
@@ -292,6 +303,7 @@ func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
 		tc.SDS = &sc
 	}
 	tc.Envoy = c.envoyCfg
+	tc.Capture = c.capture
 	if c.proxy.StatusPort != 0 {
 		tc.Status = &status.Config{
 			Addr:      fmt.Sprintf(":%d", c.proxy.StatusPort),

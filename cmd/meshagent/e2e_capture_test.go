@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// needNetns makes a named network namespace with loopback up, or skips.
+func needNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	for _, bin := range []string{"ip", "iptables-save"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("needs %s", bin)
+		}
+	}
+	name := fmt.Sprintf("meshagent-e2e-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("cannot create a network namespace: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	if out, err := exec.Command("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v %s", err, out)
+	}
+	return name
+}
+
+func netnsRun(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// In VM mode (--capture) the agent owns the capture: it applies Istio's
+// rules from the ISTIO_* environment at start and removes exactly them
+// when it stops.
+func TestVMModeAppliesAndRemovesCapture(t *testing.T) {
+	ns := needNetns(t)
+	before := netnsRun(t, ns, "iptables-save")
+	p := startAgentIn(t, ns, []string{
+		"ISTIO_INBOUND_PORTS=*", "ISTIO_SERVICE_CIDR=*", "ISTIO_LOCAL_EXCLUDE_PORTS=22,15090,15021,15020",
+	}, "--capture")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, _ := exec.Command("ip", "netns", "exec", ns, agentBinary, "wait", "--url", p.base+"/healthz/ready",
+			"--timeoutSeconds", "1", "--periodMillis", "50").CombinedOutput()
+		if strings.Contains(string(out), "Envoy is ready!") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent in netns never ready: %s\n%s", out, p.stderr.String())
+		}
+	}
+	rules := netnsRun(t, ns, "iptables-save", "-t", "nat")
+	for _, want := range []string{"-A PREROUTING -p tcp -j ISTIO_INBOUND", "-A OUTPUT -j ISTIO_OUTPUT",
+		"--dports 22,15090,15021,15020 -j RETURN", "-A ISTIO_OUTPUT -j ISTIO_REDIRECT"} {
+		if !strings.Contains(rules, want) {
+			t.Fatalf("capture rules lack %q:\n%s", want, rules)
+		}
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	after := netnsRun(t, ns, "iptables-save")
+	if strings.Contains(after, "ISTIO") {
+		t.Fatalf("rules left after stop:\n%s\n(before:\n%s)", after, before)
+	}
+}
