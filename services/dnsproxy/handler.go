@@ -22,14 +22,6 @@ type handler struct {
 	log     *slog.Logger
 }
 
-// responseOPT is the OPT record of every local answer to an EDNS0 query.
-// Shared read-only by all responses.
-var responseOPT = func() *dns.OPT {
-	o := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT}}
-	o.SetUDPSize(dns.DefaultMsgSize)
-	return o
-}()
-
 // ServeDNS implements dns.Handler.
 func (h *handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	_, tcp := w.LocalAddr().(*net.TCPAddr)
@@ -70,7 +62,7 @@ func (h *handler) answer(req *dns.Msg, tcp bool) *dns.Msg {
 			name := strings.ToLower(q.Name) // no allocation when already lower case
 			if e, wildcard := t.lookup(name); e != nil {
 				h.metrics.localAnswers.Inc()
-				resp := localReply(req, opt != nil)
+				resp := localReply(req, opt)
 				resp.Answer = records(e, q.Qtype, name, wildcard)
 				if !tcp {
 					resp.Truncate(size)
@@ -162,7 +154,7 @@ func shuffle(rrs []dns.RR) {
 
 // localReply turns req into the authoritative reply to itself, in place,
 // without allocating: the request is ours and not used after.
-func localReply(req *dns.Msg, edns bool) *dns.Msg {
+func localReply(req *dns.Msg, opt *dns.OPT) *dns.Msg {
 	req.Response = true
 	req.Authoritative = true
 	req.RecursionAvailable = true
@@ -172,8 +164,13 @@ func localReply(req *dns.Msg, edns bool) *dns.Msg {
 	req.Rcode = dns.RcodeSuccess
 	req.Question = req.Question[:1]
 	req.Answer, req.Ns = nil, nil
-	if edns {
-		req.Extra = append(req.Extra[:0], responseOPT)
+	if opt != nil {
+		// The query's own OPT record becomes the answer's (miekg writes
+		// the rcode into it when packing, so it cannot be shared): our
+		// size, no flags, no options echoed.
+		opt.Hdr.Name, opt.Hdr.Ttl, opt.Option = ".", 0, nil
+		opt.SetUDPSize(dns.DefaultMsgSize)
+		req.Extra = append(req.Extra[:0], opt)
 	} else {
 		req.Extra = nil
 	}

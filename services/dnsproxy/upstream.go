@@ -25,6 +25,10 @@ const (
 	udpConnsPerUpstream = 4
 	// idleTCPPerUpstream is how many idle TCP connections are kept.
 	idleTCPPerUpstream = 4
+	// tcpIdleMax is how long an idle TCP connection is kept for reuse:
+	// servers close idle connections, and some (dnsmasq) spend a process
+	// on each.
+	tcpIdleMax = 5 * time.Second
 	// maxInFlightPerConn bounds the IDs in use on one socket (of 65536).
 	maxInFlightPerConn = 16384
 )
@@ -54,7 +58,7 @@ func newForwarder(servers []string, timeout time.Duration, parallel bool, m *met
 	f := &forwarder{timeout: timeout, parallel: parallel, metrics: m, log: log}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	for _, addr := range servers {
-		u := &upstream{f: f, addr: addr, idleTCP: make(chan net.Conn, idleTCPPerUpstream)}
+		u := &upstream{f: f, addr: addr, idleTCP: make(chan idleConn, idleTCPPerUpstream)}
 		for i := range u.udp {
 			u.udp[i] = &udpConn{u: u}
 		}
@@ -73,7 +77,7 @@ func (f *forwarder) close() {
 		for {
 			select {
 			case c := <-u.idleTCP:
-				c.Close()
+				c.conn.Close()
 				continue
 			default:
 			}
@@ -143,7 +147,12 @@ type upstream struct {
 	addr    string
 	udp     [udpConnsPerUpstream]*udpConn
 	next    atomic.Uint32 // round robin over udp
-	idleTCP chan net.Conn
+	idleTCP chan idleConn
+}
+
+type idleConn struct {
+	conn  net.Conn
+	since time.Time
 }
 
 // exchange sends the packed query over UDP (TCP fallback on truncation) or
@@ -179,7 +188,7 @@ func (u *upstream) exchangeTCP(ctx context.Context, query []byte, q dns.Question
 		resp, err := u.tcpRoundTrip(ctx, conn, query, q)
 		if err == nil {
 			select {
-			case u.idleTCP <- conn:
+			case u.idleTCP <- idleConn{conn, time.Now()}:
 			default:
 				conn.Close()
 			}
@@ -193,10 +202,17 @@ func (u *upstream) exchangeTCP(ctx context.Context, query []byte, q dns.Question
 }
 
 func (u *upstream) tcpConn(ctx context.Context) (net.Conn, bool, error) {
-	select {
-	case c := <-u.idleTCP:
-		return c, true, nil
-	default:
+	for {
+		select {
+		case c := <-u.idleTCP:
+			if time.Since(c.since) < tcpIdleMax {
+				return c.conn, true, nil
+			}
+			c.conn.Close()
+			continue
+		default:
+		}
+		break
 	}
 	if u.f.ctx.Err() != nil {
 		return nil, false, errClosed
