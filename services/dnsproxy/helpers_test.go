@@ -240,3 +240,5 @@ func testLogger(t testing.TB) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
