@@ -33,7 +33,10 @@ func FuzzHandle(f *testing.F) {
 			return // the server drops or FORMERRs these before the handler
 		}
 		id := req.Id
-		resp := h.answer(req, tcp)
+		resp, raw := h.answer(req, tcp)
+		if raw != nil {
+			t.Fatalf("a relayed answer from a dead upstream: %x", raw)
+		}
 		if resp == nil {
 			return
 		}

@@ -25,29 +25,34 @@ type handler struct {
 // ServeDNS implements dns.Handler.
 func (h *handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	_, tcp := w.LocalAddr().(*net.TCPAddr)
-	if resp := h.answer(req, tcp); resp != nil {
+	resp, raw := h.answer(req, tcp)
+	switch {
+	case raw != nil:
+		_, _ = w.Write(raw)
+	case resp != nil:
 		_ = w.WriteMsg(resp)
 	}
 }
 
-// answer returns the response to req, or nil to drop it. It may reuse req
-// as the response.
-func (h *handler) answer(req *dns.Msg, tcp bool) *dns.Msg {
+// answer returns the response to req, either as a message or, relayed from
+// upstream, as wire bytes; neither to drop it. It may reuse req as the
+// response.
+func (h *handler) answer(req *dns.Msg, tcp bool) (*dns.Msg, []byte) {
 	h.metrics.requests.Inc()
 	if req.Response {
-		return nil // never answer an answer: no reflection loops
+		return nil, nil // never answer an answer: no reflection loops
 	}
 	if req.Opcode != dns.OpcodeQuery {
-		return errorReply(req, dns.RcodeNotImplemented)
+		return errorReply(req, dns.RcodeNotImplemented), nil
 	}
 	if len(req.Question) != 1 {
 		// Istio answers SERVFAIL to an empty question; FORMERR is what it
 		// is (and what miekg's server answers before we see it).
-		return errorReply(req, dns.RcodeFormatError)
+		return errorReply(req, dns.RcodeFormatError), nil
 	}
 	q := req.Question[0]
 	if q.Qclass != dns.ClassINET {
-		return errorReply(req, dns.RcodeRefused)
+		return errorReply(req, dns.RcodeRefused), nil
 	}
 	size := dns.MaxMsgSize
 	opt := req.IsEdns0()
@@ -67,7 +72,7 @@ func (h *handler) answer(req *dns.Msg, tcp bool) *dns.Msg {
 				if !tcp {
 					resp.Truncate(size)
 				}
-				return resp
+				return resp, nil
 			}
 		}
 	}
@@ -75,14 +80,21 @@ func (h *handler) answer(req *dns.Msg, tcp bool) *dns.Msg {
 	// upstream answers. Before the first table Istio answers SERVFAIL; we
 	// forward, so that a workload starting before the control plane answers
 	// still resolves everything the cluster's DNS knows.
-	resp := h.fwd.forward(h.ctx, req, tcp)
-	if resp == nil {
-		return errorReply(req, dns.RcodeServerFailure)
+	raw := h.fwd.forward(h.ctx, req, tcp)
+	if raw == nil {
+		return errorReply(req, dns.RcodeServerFailure), nil
 	}
-	if !tcp {
-		resp.Truncate(size)
+	if len(raw) <= size {
+		return nil, raw
 	}
-	return resp
+	// Too big for the client (a TCP answer to a UDP client): decode and
+	// truncate, so that the client retries over TCP.
+	resp := new(dns.Msg)
+	if err := resp.Unpack(raw); err != nil {
+		return errorReply(req, dns.RcodeServerFailure), nil
+	}
+	resp.Truncate(size)
+	return resp, nil
 }
 
 // records returns the answer records of e for qtype: the prebuilt slice

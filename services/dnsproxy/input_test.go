@@ -238,3 +238,47 @@ func TestRealNameBeatsExpansion(t *testing.T) {
 		}
 	}
 }
+
+// Answers with the wrong ID or another question (spoofing, stray late
+// answers) are ignored; the real one, even in other case, is taken.
+func TestUpstreamAnswerMatching(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.99.0.4:53")
+	if err != nil {
+		t.Skipf("cannot bind 127.99.0.4:53: %v", err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := new(dns.Msg)
+			if q.Unpack(buf[:n]) != nil {
+				continue
+			}
+			reply := func(mut func(r *dns.Msg)) {
+				r := new(dns.Msg).SetReply(q)
+				r.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5},
+					A: net.IPv4(192, 0, 2, 99)}}
+				mut(r)
+				b, _ := r.Pack()
+				pc.WriteTo(b, from)
+			}
+			reply(func(r *dns.Msg) { r.Question[0].Name = "evil.example."; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 6) })
+			reply(func(r *dns.Msg) { r.Id++; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 7) })
+			reply(func(r *dns.Msg) { r.Question[0].Qtype = dns.TypeAAAA; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 8) })
+			reply(func(r *dns.Msg) { r.Question[0].Name = strings.ToUpper(r.Question[0].Name) })
+		}
+	}()
+	defer func() { pc.Close(); <-served }()
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.4")}, nil)
+	for i := 0; i < 5; i++ {
+		r := exchange(t, p.addr, "match.example.", dns.TypeA, "udp")
+		if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "192.0.2.99" {
+			t.Fatalf("got %v", r.Answer)
+		}
+	}
+}

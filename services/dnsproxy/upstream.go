@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -87,9 +86,11 @@ func (f *forwarder) close() {
 	f.wg.Wait()
 }
 
-// forward returns upstream's response to req (with req's ID), or nil when no
-// nameserver answered. tcp is the client's protocol, used upstream too.
-func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
+// forward returns upstream's response to req as it came on the wire, with
+// req's ID, or nil when no nameserver answered. tcp is the client's
+// protocol, used upstream too. The answer is relayed, not re-encoded: it is
+// checked (ID, QR, the same question) but never unpacked here.
+func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) []byte {
 	f.metrics.upstreamRequests.Inc()
 	start := time.Now()
 	defer func() { f.metrics.upstreamDuration.Observe(time.Since(start).Seconds()) }()
@@ -99,8 +100,12 @@ func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) *dns.Ms
 		f.metrics.upstreamFailures.Inc()
 		return nil
 	}
-	q := req.Question[0]
-	var resp *dns.Msg
+	q, ok := questionOf(query)
+	if !ok {
+		f.metrics.upstreamFailures.Inc()
+		return nil
+	}
+	var resp []byte
 	if f.parallel && len(f.servers) > 1 {
 		resp = f.forwardParallel(ctx, query, q, tcp)
 	} else {
@@ -108,27 +113,27 @@ func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) *dns.Ms
 			if resp, err = u.exchange(ctx, query, q, tcp); err == nil {
 				break
 			}
-			f.log.Debug("upstream failed", "upstream", u.addr, "name", q.Name, "err", err)
+			f.log.Debug("upstream failed", "upstream", u.addr, "name", req.Question[0].Name, "err", err)
 		}
 	}
 	if resp == nil {
 		f.metrics.upstreamFailures.Inc()
 		return nil
 	}
-	resp.Id = req.Id
+	binary.BigEndian.PutUint16(resp, req.Id)
 	return resp
 }
 
 // forwardParallel asks every nameserver at once; the first answer wins.
-func (f *forwarder) forwardParallel(ctx context.Context, query []byte, q dns.Question, tcp bool) *dns.Msg {
-	results := make(chan *dns.Msg, len(f.servers)) // never blocks a loser
+func (f *forwarder) forwardParallel(ctx context.Context, query, q []byte, tcp bool) []byte {
+	results := make(chan []byte, len(f.servers)) // never blocks a loser
 	for _, u := range f.servers {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
 			resp, err := u.exchange(ctx, query, q, tcp)
 			if err != nil {
-				f.log.Debug("upstream failed", "upstream", u.addr, "name", q.Name, "err", err)
+				f.log.Debug("upstream failed", "upstream", u.addr, "err", err)
 			}
 			results <- resp
 		}()
@@ -157,7 +162,7 @@ type idleConn struct {
 
 // exchange sends the packed query over UDP (TCP fallback on truncation) or
 // over TCP, and returns the matching response.
-func (u *upstream) exchange(ctx context.Context, query []byte, q dns.Question, tcp bool) (*dns.Msg, error) {
+func (u *upstream) exchange(ctx context.Context, query, q []byte, tcp bool) ([]byte, error) {
 	if tcp {
 		return u.exchangeTCP(ctx, query, q)
 	}
@@ -166,7 +171,7 @@ func (u *upstream) exchange(ctx context.Context, query []byte, q dns.Question, t
 	if err != nil {
 		return nil, err
 	}
-	if resp.Truncated {
+	if resp[2]&0x02 != 0 { // TC
 		// Better than Istio: get the whole answer over TCP, and let the
 		// client's size decide whether it must come back over TCP.
 		if full, err := u.exchangeTCP(ctx, query, q); err == nil {
@@ -179,7 +184,7 @@ func (u *upstream) exchange(ctx context.Context, query []byte, q dns.Question, t
 // exchangeTCP sends the query over an idle (or new) TCP connection; a reused
 // connection the server has closed in the meantime is retried once on a new
 // one.
-func (u *upstream) exchangeTCP(ctx context.Context, query []byte, q dns.Question) (*dns.Msg, error) {
+func (u *upstream) exchangeTCP(ctx context.Context, query, q []byte) ([]byte, error) {
 	for attempt := 0; ; attempt++ {
 		conn, reused, err := u.tcpConn(ctx)
 		if err != nil {
@@ -225,7 +230,7 @@ func (u *upstream) tcpConn(ctx context.Context) (net.Conn, bool, error) {
 	return c, false, nil
 }
 
-func (u *upstream) tcpRoundTrip(ctx context.Context, conn net.Conn, query []byte, q dns.Question) (*dns.Msg, error) {
+func (u *upstream) tcpRoundTrip(ctx context.Context, conn net.Conn, query, q []byte) ([]byte, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	stopF := context.AfterFunc(u.f.ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
@@ -249,14 +254,10 @@ func (u *upstream) tcpRoundTrip(ctx context.Context, conn net.Conn, query []byte
 	if _, err := io.ReadFull(conn, body); err != nil {
 		return nil, fmt.Errorf("tcp %s: %w", u.addr, err)
 	}
-	resp := new(dns.Msg)
-	if err := resp.Unpack(body); err != nil {
-		return nil, fmt.Errorf("tcp %s: %w", u.addr, err)
-	}
-	if resp.Id != id || !sameQuestion(resp, q) {
+	if !isAnswerTo(body, id, q) {
 		return nil, fmt.Errorf("tcp %s: %w", u.addr, errBadResponse)
 	}
-	return resp, nil
+	return body, nil
 }
 
 // udpConn is one connected UDP socket to an upstream, shared by many
@@ -271,16 +272,16 @@ type udpConn struct {
 }
 
 type waiter struct {
-	q  dns.Question
+	q  []byte         // the question section, as sent
 	ch chan udpResult // buffered 1: the reader never blocks
 }
 
 type udpResult struct {
-	resp *dns.Msg
+	resp []byte
 	err  error
 }
 
-func (c *udpConn) exchange(ctx context.Context, query []byte, q dns.Question) (*dns.Msg, error) {
+func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error) {
 	w := &waiter{q: q, ch: make(chan udpResult, 1)}
 	conn, id, err := c.register(w)
 	if err != nil {
@@ -376,10 +377,11 @@ func (c *udpConn) read(conn *net.UDPConn) {
 		if w == nil {
 			continue // late or stray answer
 		}
-		resp := new(dns.Msg)
-		if err := resp.Unpack(buf[:n]); err != nil || !sameQuestion(resp, w.q) {
+		if !isAnswerTo(buf[:n], id, w.q) {
 			continue // not the answer to that query: keep waiting for it
 		}
+		resp := make([]byte, n)
+		copy(resp, buf[:n])
 		c.mu.Lock()
 		if c.waiters[id] == w {
 			delete(c.waiters, id)
@@ -416,10 +418,51 @@ func (c *udpConn) close() {
 	}
 }
 
-func sameQuestion(resp *dns.Msg, q dns.Question) bool {
-	if !resp.Response || len(resp.Question) != 1 {
+// questionOf returns the question section of a packed query with one
+// question (the name is never compressed: nothing comes before it).
+func questionOf(msg []byte) ([]byte, bool) {
+	if len(msg) < 12 || binary.BigEndian.Uint16(msg[4:]) != 1 {
+		return nil, false
+	}
+	off := 12
+	for {
+		if off >= len(msg) {
+			return nil, false
+		}
+		l := int(msg[off])
+		if l == 0 {
+			off++
+			break
+		}
+		if l&0xc0 != 0 {
+			return nil, false
+		}
+		off += 1 + l
+	}
+	if off+4 > len(msg) {
+		return nil, false
+	}
+	return msg[12 : off+4], true
+}
+
+// isAnswerTo reports whether resp is a response with the given ID to the
+// question q (names compared without case: resolvers may randomise it).
+func isAnswerTo(resp []byte, id uint16, q []byte) bool {
+	if len(resp) < 12+len(q) || binary.BigEndian.Uint16(resp) != id || resp[2]&0x80 == 0 ||
+		binary.BigEndian.Uint16(resp[4:]) != 1 {
 		return false
 	}
-	r := resp.Question[0]
-	return r.Qtype == q.Qtype && r.Qclass == q.Qclass && strings.EqualFold(r.Name, q.Name)
+	for i, b := range resp[12 : 12+len(q)] {
+		if lower(b) != lower(q[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + ('a' - 'A')
+	}
+	return b
 }
