@@ -282,3 +282,26 @@ func TestUpstreamAnswerMatching(t *testing.T) {
 		}
 	}
 }
+
+// "localhost" binds IPv4 and IPv6 loopback when resolv.conf has servers of
+// both families, each answering over udp and tcp.
+func TestLocalhostDualStack(t *testing.T) {
+	if pc, err := net.ListenPacket("udp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		pc.Close()
+	}
+	nt := testTable("v1")
+	p := startProxy(t, Config{Listen: "localhost:0", ResolvConf: writeResolvConf(t, "127.99.0.1", "::1")}, &nt)
+	addrs := p.svc.Addrs()
+	if len(addrs) != 2 || !strings.HasPrefix(addrs[0], "127.0.0.1:") || !strings.HasPrefix(addrs[1], "[::1]:") {
+		t.Fatalf("Addrs = %v", addrs)
+	}
+	for _, a := range addrs {
+		for _, network := range []string{"udp", "tcp"} {
+			if r := exchange(t, a, "reviews.", dns.TypeAAAA, network); len(r.Answer) != 1 {
+				t.Errorf("%s %s: %v", a, network, r)
+			}
+		}
+	}
+}

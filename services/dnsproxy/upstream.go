@@ -192,6 +192,10 @@ func (u *upstream) exchangeTCP(ctx context.Context, query, q []byte) ([]byte, er
 		}
 		resp, err := u.tcpRoundTrip(ctx, conn, query, q)
 		if err == nil {
+			if u.f.ctx.Err() != nil {
+				conn.Close() // closing: the pool has been drained already
+				return resp, nil
+			}
 			select {
 			case u.idleTCP <- idleConn{conn, time.Now()}:
 			default:
