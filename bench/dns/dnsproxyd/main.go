@@ -1,0 +1,88 @@
+// Command dnsproxyd runs meshagent's DNS proxy standalone, with its name
+// table read from a file, for benchmarks (make bench-dns) until the agent's
+// CLI wires it in.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/dnsproxy"
+)
+
+func main() {
+	var cfg dnsproxy.Config
+	table := flag.String("table", "", "name table file (protojson istio.networking.nds.v1.NameTable)")
+	flag.StringVar(&cfg.Listen, "listen", dnsproxy.DefaultListen, "listen address (loopback only)")
+	flag.StringVar(&cfg.ResolvConf, "resolv-conf", dnsproxy.DefaultResolvConf, "resolv.conf with the upstream nameservers")
+	flag.StringVar(&cfg.Namespace, "namespace", "default", "the proxy's namespace")
+	flag.StringVar(&cfg.Domain, "domain", "", "the proxy's domain (default <namespace>.svc.cluster.local)")
+	flag.DurationVar(&cfg.ForwardTimeout, "forward-timeout", dnsproxy.DefaultForwardTimeout, "upstream timeout")
+	flag.BoolVar(&cfg.ForwardParallel, "forward-parallel", false, "query all upstreams at once")
+	verbose := flag.Bool("v", false, "debug logs")
+	flag.Parse()
+	if *table == "" {
+		fmt.Fprintln(os.Stderr, "dnsproxyd: -table is required")
+		os.Exit(2)
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(cfg, *table, log); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("dnsproxyd failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// healthLog logs every health change.
+type healthLog struct{ log *slog.Logger }
+
+func (h healthLog) Send(v messages.Health) {
+	h.log.Info("health", "service", v.Service, "state", v.State.String(), "reason", v.Reason)
+}
+
+func run(cfg dnsproxy.Config, tablePath string, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cell := messages.NewCell[messages.NameTable]()
+	health := healthLog{log}
+	svc, err := dnsproxy.New(cfg, cell, health, prometheus.NewRegistry(), log.With("service", "dns"))
+	if err != nil {
+		return err
+	}
+	tf := dnsproxy.NewTableFile(tablePath, cell, health, log.With("service", "nametable"))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	var wg sync.WaitGroup
+	for _, s := range []interface{ Serve(context.Context) error }{tf, svc} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- s.Serve(ctx)
+		}()
+	}
+	err = <-errs
+	cancel()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		return errors.New("shutdown timed out")
+	}
+	return err
+}

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# make bench-dns: meshagent's DNS proxy under dnsperf, against the upstream
+# resolver queried directly (the floor) and CoreDNS when a coredns binary is
+# on PATH. Two runs per target, each bounded by DURATION seconds:
+#   throughput: as fast as dnsperf goes with 100 queries outstanding (QPS);
+#   latency:    a fixed load of RATE queries/s (mean and p99 latency).
+# Prints QPS, mean and p99 latency, peak RSS (VmHWM) and ratios.
+# Needs root (the upstream dnsmasq binds port 53 of a loopback address, as
+# resolv.conf cannot name a port), dnsmasq and dnsperf (apt packages).
+set -euo pipefail
+
+DURATION=${DURATION:-5}
+RATE=${RATE:-10000}
+HOSTS=${HOSTS:-1000}
+cd "$(dirname "$0")/../.."
+
+for bin in dnsperf dnsmasq go; do
+	if ! command -v "$bin" >/dev/null; then
+		echo "bench-dns: $bin not found (apt-get install -y dnsperf dnsmasq): skipped"
+		exit 0
+	fi
+done
+if [ "$(id -u)" != 0 ]; then
+	echo "bench-dns: needs root (dnsmasq on port 53 of a loopback address): skipped"
+	exit 0
+fi
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+go build -o "$work/dnsproxyd" ./bench/dns/dnsproxyd
+
+# The mesh: HOSTS Kubernetes services over 10 namespaces; the same names in
+# a hosts file for the upstream and CoreDNS, so that each can answer them.
+up="127.77.$((RANDOM % 200 + 1)).53"
+{
+	echo '{"table": {'
+	for ((i = 0; i < HOSTS; i++)); do
+		sep=","; [ $i -eq $((HOSTS - 1)) ] && sep=""
+		echo "\"svc$i.ns$((i % 10)).svc.cluster.local\": {\"ips\": [\"10.1.$((i / 250)).$((i % 250 + 1))\"], \"registry\": \"Kubernetes\", \"shortname\": \"svc$i\", \"namespace\": \"ns$((i % 10))\"}$sep"
+	done
+	echo '}}'
+} >"$work/table.json"
+for ((i = 0; i < HOSTS; i++)); do
+	echo "10.1.$((i / 250)).$((i % 250 + 1)) svc$i.ns$((i % 10)).svc.cluster.local"
+done >"$work/hosts"
+for ((i = 0; i < HOSTS; i++)); do echo "svc$i.ns$((i % 10)).svc.cluster.local A"; done >"$work/local.txt"
+for ((i = 0; i < HOSTS; i++)); do echo "name$i.upstream.test A"; done >"$work/forwarded.txt"
+printf 'nameserver %s\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n' "$up" >"$work/resolv.conf"
+
+# Upstream: dnsmasq, answering *.upstream.test itself and forwarding nothing.
+dnsmasq -k --conf-file=/dev/null --no-resolv --no-hosts --addn-hosts="$work/hosts" --port=53 \
+	--listen-address="$up" --bind-interfaces --pid-file= --user=root \
+	--address=/upstream.test/192.0.2.77 --log-facility="$work/dnsmasq.log" &
+dnsmasq_pid=$!
+pids+=("$dnsmasq_pid")
+
+port=$((20000 + RANDOM % 20000))
+"$work/dnsproxyd" -listen "127.0.0.1:$port" -resolv-conf "$work/resolv.conf" -table "$work/table.json" \
+	-namespace ns0 2>"$work/dnsproxyd.log" &
+proxy_pid=$!
+pids+=("$proxy_pid")
+
+wait_answer() { # server port name
+	for _ in $(seq 100); do
+		if dig +short +time=1 +tries=1 @"$1" -p "$2" "$3" 2>/dev/null | grep -q .; then return 0; fi
+		sleep 0.1
+	done
+	echo "bench-dns: $1:$2 never answered $3" >&2
+	cat "$work"/*.log >&2
+	exit 1
+}
+wait_answer "$up" 53 svc0.ns0.svc.cluster.local
+wait_answer 127.0.0.1 "$port" svc0.ns0.svc.cluster.local
+wait_answer 127.0.0.1 "$port" x.upstream.test
+
+coredns_pid=""
+coredns_port=$((port + 1))
+if command -v coredns >/dev/null; then
+	cat >"$work/Corefile" <<EOC
+.:$coredns_port {
+    bind 127.0.0.1
+    hosts $work/hosts {
+        ttl 30
+        fallthrough
+    }
+    forward . $up
+    errors
+}
+EOC
+	coredns -conf "$work/Corefile" >"$work/coredns.log" 2>&1 &
+	coredns_pid=$!
+	pids+=("$coredns_pid")
+	wait_answer 127.0.0.1 "$coredns_port" svc0.ns0.svc.cluster.local
+else
+	echo "note: no coredns binary on PATH (Debian has no coredns package): CoreDNS column skipped"
+fi
+
+declare -A QPS MEAN P99
+# perf NAME SERVER PORT FILE
+perf() {
+	local name=$1 server=$2 p=$3 file=$4
+	local out="$work/$name"
+	dnsperf -s "$server" -p "$p" -d "$file" -l "$DURATION" -c 8 -q 100 >"$out.tput" 2>&1
+	QPS[$name]=$(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")
+	local lost
+	lost=$(awk '/Queries lost:/ {print $3}' "$out.tput")
+	dnsperf -s "$server" -p "$p" -d "$file" -l "$DURATION" -c 8 -Q "$RATE" -v >"$out.lat" 2>&1
+	# "> NOERROR name A 0.000123": latency in seconds, 5th field.
+	awk '/^> / {print $5}' "$out.lat" | sort -g >"$out.sorted"
+	local n
+	n=$(wc -l <"$out.sorted")
+	MEAN[$name]=$(awk '{s += $1} END {if (NR) printf "%.1f", s / NR * 1e6}' "$out.sorted")
+	P99[$name]=$(awk -v k=$(((n * 99 + 99) / 100)) 'NR == k {printf "%.1f", $1 * 1e6}' "$out.sorted")
+	if [ "${lost:-0}" != 0 ]; then echo "  ($name: $lost queries lost in the throughput run)"; fi
+}
+
+hwm() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+
+echo "running dnsperf: ${DURATION}s throughput + ${DURATION}s at ${RATE} qps per target, $HOSTS names..."
+perf upstream-local "$up" 53 "$work/local.txt"
+perf upstream-forwarded "$up" 53 "$work/forwarded.txt"
+perf proxy-local 127.0.0.1 "$port" "$work/local.txt"
+perf proxy-forwarded 127.0.0.1 "$port" "$work/forwarded.txt"
+targets=(upstream-local upstream-forwarded proxy-local proxy-forwarded)
+if [ -n "$coredns_pid" ]; then
+	perf coredns-local 127.0.0.1 "$coredns_port" "$work/local.txt"
+	perf coredns-forwarded 127.0.0.1 "$coredns_port" "$work/forwarded.txt"
+	targets+=(coredns-local coredns-forwarded)
+fi
+
+declare -A RSS
+RSS[upstream]=$(hwm "$dnsmasq_pid")
+RSS[proxy]=$(hwm "$proxy_pid")
+[ -n "$coredns_pid" ] && RSS[coredns]=$(hwm "$coredns_pid")
+
+echo
+printf '%-20s %12s %12s %12s %14s\n' target QPS "mean(us)" "p99(us)" "peakRSS(KiB)"
+for t in "${targets[@]}"; do
+	printf '%-20s %12s %12s %12s %14s\n' "$t" "${QPS[$t]}" "${MEAN[$t]}" "${P99[$t]}" "${RSS[${t%%-*}]}"
+done
+echo "(upstream = dnsmasq queried directly, answering the same names from a hosts file: the floor;"
+echo " latency at a fixed ${RATE} qps; QPS with 100 queries outstanding; peak RSS over the whole run)"
+echo
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+echo "ratios:"
+echo "  proxy-local QPS / upstream-local QPS         = $(ratio "${QPS[proxy-local]}" "${QPS[upstream-local]}")"
+echo "  proxy-forwarded QPS / upstream-forwarded QPS = $(ratio "${QPS[proxy-forwarded]}" "${QPS[upstream-forwarded]}")"
+echo "  proxy-local p99 / upstream-local p99         = $(ratio "${P99[proxy-local]}" "${P99[upstream-local]}")"
+echo "  proxy-forwarded p99 / upstream-forwarded p99 = $(ratio "${P99[proxy-forwarded]}" "${P99[upstream-forwarded]}")"
+if [ -n "$coredns_pid" ]; then
+	echo "  proxy-local QPS / coredns-local QPS          = $(ratio "${QPS[proxy-local]}" "${QPS[coredns-local]}")"
+	echo "  proxy-forwarded QPS / coredns-forwarded QPS  = $(ratio "${QPS[proxy-forwarded]}" "${QPS[coredns-forwarded]}")"
+	echo "  proxy-local p99 / coredns-local p99          = $(ratio "${P99[proxy-local]}" "${P99[coredns-local]}")"
+	echo "  proxy peak RSS / coredns peak RSS            = $(ratio "${RSS[proxy]}" "${RSS[coredns]}")"
+fi

@@ -1,0 +1,197 @@
+package dnsproxy
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync/atomic"
+
+	"github.com/miekg/dns"
+)
+
+// handler answers one query: from the lookup table when it knows the name,
+// from upstream otherwise. It is safe for concurrent use; the table is
+// swapped atomically under running queries.
+type handler struct {
+	ctx     context.Context // the run's: cancelled first at shutdown, so forwards end
+	table   atomic.Pointer[lookupTable]
+	fwd     *forwarder
+	metrics *metrics
+	log     *slog.Logger
+}
+
+// ServeDNS implements dns.Handler.
+func (h *handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	_, tcp := w.LocalAddr().(*net.TCPAddr)
+	resp, raw := h.answer(req, tcp)
+	switch {
+	case raw != nil:
+		_, _ = w.Write(raw)
+	case resp != nil:
+		_ = w.WriteMsg(resp)
+	}
+}
+
+// answer returns the response to req, either as a message or, relayed from
+// upstream, as wire bytes; neither to drop it. It may reuse req as the
+// response.
+func (h *handler) answer(req *dns.Msg, tcp bool) (*dns.Msg, []byte) {
+	h.metrics.requests.Inc()
+	if req.Response {
+		return nil, nil // never answer an answer: no reflection loops
+	}
+	if req.Opcode != dns.OpcodeQuery {
+		return errorReply(req, dns.RcodeNotImplemented), nil
+	}
+	if len(req.Question) != 1 {
+		// Istio answers SERVFAIL to an empty question; FORMERR is what it
+		// is (and what miekg's server answers before we see it).
+		return errorReply(req, dns.RcodeFormatError), nil
+	}
+	q := req.Question[0]
+	if q.Qclass != dns.ClassINET {
+		return errorReply(req, dns.RcodeRefused), nil
+	}
+	size := dns.MaxMsgSize
+	opt := req.IsEdns0()
+	if !tcp {
+		size = dns.MinMsgSize
+		if opt != nil && int(opt.UDPSize()) > size {
+			size = int(opt.UDPSize())
+		}
+	}
+	if q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA {
+		if t := h.table.Load(); t != nil {
+			name := strings.ToLower(q.Name) // no allocation when already lower case
+			if e, wildcard := t.lookup(name); e != nil {
+				h.metrics.localAnswers.Inc()
+				resp := localReply(req, opt)
+				resp.Answer = records(e, q.Qtype, name, wildcard)
+				if !tcp {
+					resp.Truncate(size)
+				}
+				return resp, nil
+			}
+		}
+	}
+	// Not a name of the mesh (or not yet a table, or another type):
+	// upstream answers. Before the first table Istio answers SERVFAIL; we
+	// forward, so that a workload starting before the control plane answers
+	// still resolves everything the cluster's DNS knows.
+	raw := h.fwd.forward(h.ctx, req, tcp)
+	if raw == nil {
+		return errorReply(req, dns.RcodeServerFailure), nil
+	}
+	if len(raw) <= size {
+		return nil, raw
+	}
+	// Too big for the client (a TCP answer to a UDP client): decode and
+	// truncate, so that the client retries over TCP.
+	resp := new(dns.Msg)
+	if err := resp.Unpack(raw); err != nil {
+		return errorReply(req, dns.RcodeServerFailure), nil
+	}
+	resp.Truncate(size)
+	return resp, nil
+}
+
+// records returns the answer records of e for qtype: the prebuilt slice
+// itself when there is nothing to shuffle or rename, else a fresh slice.
+// A known name without records of the family is NODATA (empty, NOERROR),
+// never NXDOMAIN: clients asking A and AAAA in parallel would take an
+// NXDOMAIN for the whole name (istio/istio#31250).
+func records(e *entry, qtype uint16, name string, wildcard bool) []dns.RR {
+	recs := e.a
+	if qtype == dns.TypeAAAA {
+		recs = e.aaaa
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	if !wildcard {
+		if e.cname == nil {
+			if len(recs) == 1 {
+				return recs
+			}
+			out := make([]dns.RR, len(recs))
+			copy(out, recs)
+			shuffle(out)
+			return out
+		}
+		out := make([]dns.RR, 0, 1+len(recs))
+		out = append(out, e.cname)
+		out = append(out, recs...)
+		shuffle(out[1:])
+		return out
+	}
+	// Wildcard: the records take the query's name; a search expansion of a
+	// wildcard points at the query minus the search domain.
+	out := make([]dns.RR, 0, 1+len(recs))
+	owner := name
+	if e.cname != nil && len(name) > len(e.searchSuffix) {
+		owner = name[:len(name)-len(e.searchSuffix)+1]
+		out = append(out, &dns.CNAME{Hdr: e.cname.Hdr, Target: owner})
+		out[0].Header().Name = name
+	}
+	for _, r := range recs {
+		switch r := r.(type) {
+		case *dns.A:
+			c := *r
+			c.Hdr.Name = owner
+			out = append(out, &c)
+		case *dns.AAAA:
+			c := *r
+			c.Hdr.Name = owner
+			out = append(out, &c)
+		}
+	}
+	if e.cname != nil {
+		shuffle(out[1:])
+	} else {
+		shuffle(out)
+	}
+	return out
+}
+
+// shuffle permutes address records so that clients spread over them (DNS
+// round robin, as kube-dns and Istio do).
+func shuffle(rrs []dns.RR) {
+	for i := len(rrs) - 1; i > 0; i-- {
+		j := rand.IntN(i + 1)
+		rrs[i], rrs[j] = rrs[j], rrs[i]
+	}
+}
+
+// localReply turns req into the authoritative reply to itself, in place,
+// without allocating: the request is ours and not used after.
+func localReply(req *dns.Msg, opt *dns.OPT) *dns.Msg {
+	req.Response = true
+	req.Authoritative = true
+	req.RecursionAvailable = true
+	req.Truncated = false
+	req.AuthenticatedData = false
+	req.Zero = false
+	req.Rcode = dns.RcodeSuccess
+	req.Question = req.Question[:1]
+	req.Answer, req.Ns = nil, nil
+	if opt != nil {
+		// The query's own OPT record becomes the answer's (miekg writes
+		// the rcode into it when packing, so it cannot be shared): our
+		// size, no flags, no options echoed.
+		opt.Hdr.Name, opt.Hdr.Ttl, opt.Option = ".", 0, nil
+		opt.SetUDPSize(dns.DefaultMsgSize)
+		req.Extra = append(req.Extra[:0], opt)
+	} else {
+		req.Extra = nil
+	}
+	return req
+}
+
+func errorReply(req *dns.Msg, rcode int) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetRcode(req, rcode)
+	resp.RecursionAvailable = true
+	return resp
+}

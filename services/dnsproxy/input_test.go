@@ -1,0 +1,307 @@
+package dnsproxy
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+func TestConfigValidate(t *testing.T) {
+	good := []string{"", "localhost:15053", "127.0.0.1:15053", "127.0.0.53:53", "[::1]:15053", "127.0.0.1:0"}
+	for _, l := range good {
+		if err := (Config{Listen: l}).Validate(); err != nil {
+			t.Errorf("Listen %q: %v", l, err)
+		}
+	}
+	for _, l := range []string{":15053", "0.0.0.0:15053", "10.1.2.3:53", "[::]:15053", "example.com:53"} {
+		err := (Config{Listen: l}).Validate()
+		if !errors.Is(err, ErrNotLoopback) || !strings.Contains(err.Error(), l) {
+			t.Errorf("Listen %q: %v, want ErrNotLoopback naming it", l, err)
+		}
+	}
+	for _, c := range []Config{
+		{Listen: "127.0.0.1"},
+		{Listen: "127.0.0.1:http2x"},
+		{ForwardTimeout: -time.Second},
+		{Search: []string{"bad..domain"}},
+		{Domain: "bad..domain"},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+	if _, err := New(Config{Listen: "0.0.0.0:53"}, messages.NewCell[messages.NameTable](), newHealthLog(), nil, nil); err == nil {
+		t.Error("New accepted a non-loopback address")
+	}
+}
+
+func TestListenAddrs(t *testing.T) {
+	cases := []struct {
+		listen  string
+		servers []string
+		want    string
+	}{
+		{"localhost:15053", []string{"10.96.0.10:53"}, "127.0.0.1:15053"},
+		{"localhost:15053", []string{"[fd00::10]:53"}, "[::1]:15053"},
+		{"localhost:15053", []string{"10.96.0.10:53", "[fd00::10]:53"}, "127.0.0.1:15053 [::1]:15053"},
+		{"127.0.0.2:53", []string{"[fd00::10]:53"}, "127.0.0.2:53"},
+	}
+	for _, c := range cases {
+		if got := strings.Join(listenAddrs(c.listen, c.servers), " "); got != c.want {
+			t.Errorf("listenAddrs(%s, %v) = %s, want %s", c.listen, c.servers, got, c.want)
+		}
+	}
+}
+
+func TestResolvConfErrors(t *testing.T) {
+	cell := messages.NewCell[messages.NameTable]()
+	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf"}, cell, newHealthLog(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "/nonexistent/resolv.conf") {
+		t.Errorf("missing resolv.conf: %v", err)
+	}
+	empty := writeResolvConf(t)
+	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty}, cell, newHealthLog(), nil, nil)
+	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "no nameserver") {
+		t.Errorf("resolv.conf without nameserver: %v", err)
+	}
+}
+
+func TestListenConflict(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1")},
+		messages.NewCell[messages.NameTable](), newHealthLog(), nil, nil)
+	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), pc.LocalAddr().String()) {
+		t.Errorf("port in use: %v", err)
+	}
+}
+
+// Bad packets get FORMERR, NOTIMP or REFUSED, or are dropped; the proxy
+// keeps answering.
+func TestBadInput(t *testing.T) {
+	nt := testTable("v1")
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1"), ForwardTimeout: time.Second}, &nt)
+	conn, err := net.Dial("udp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	send := func(what string, pkt []byte) *dns.Msg {
+		t.Helper()
+		if _, err := conn.Write(pkt); err != nil {
+			t.Fatal(err)
+		}
+		conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		buf := make([]byte, 4096)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return nil // dropped
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(buf[:n]); err != nil {
+			t.Fatalf("%s: unparsable answer: %v", what, err)
+		}
+		return r
+	}
+	q := func(mut func(m *dns.Msg)) []byte {
+		m := new(dns.Msg).SetQuestion("reviews.", dns.TypeA)
+		mut(m)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	rcode := func(r *dns.Msg) string {
+		if r == nil {
+			return "dropped"
+		}
+		return dns.RcodeToString[r.Rcode]
+	}
+	cases := []struct {
+		what string
+		pkt  []byte
+		want []string
+	}{
+		{"garbage", []byte{1, 2, 3}, []string{"dropped"}},
+		{"header only, bad body", append(q(func(*dns.Msg) {})[:12], 0xff, 0xff), []string{"FORMERR", "dropped"}},
+		{"zero questions", q(func(m *dns.Msg) { m.Question = nil }), []string{"FORMERR"}},
+		{"two questions", q(func(m *dns.Msg) { m.Question = append(m.Question, m.Question[0]) }), []string{"FORMERR"}},
+		{"class CH", q(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS }), []string{"REFUSED"}},
+		{"class ANY", q(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassANY }), []string{"REFUSED"}},
+		{"opcode UPDATE", q(func(m *dns.Msg) { m.Opcode = dns.OpcodeUpdate }), []string{"NOTIMP", "FORMERR"}},
+		{"a response", q(func(m *dns.Msg) { m.Response = true }), []string{"dropped"}},
+		{"compression loop", loopPacket(), []string{"FORMERR", "dropped"}},
+	}
+	for _, c := range cases {
+		got := rcode(send(c.what, c.pkt))
+		ok := false
+		for _, w := range c.want {
+			ok = ok || got == w
+		}
+		if !ok {
+			t.Errorf("%s: %s, want one of %v", c.what, got, c.want)
+		}
+	}
+	// A name of 255 octets is answered (forwarded, SERVFAIL here), not a crash.
+	long := strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("b", 61) + "."
+	if r := send("longest name", q(func(m *dns.Msg) { m.Question[0].Name = long })); r == nil || r.Rcode != dns.RcodeServerFailure {
+		t.Errorf("longest name: %v", r)
+	}
+
+	// TCP: a length prefix promising more than comes, then close; and the
+	// maximum length with nothing after.
+	for _, pkt := range [][]byte{{0xff, 0xff, 1, 2, 3}, {0x00}, {0x00, 0x05, 1, 2, 3, 4, 5}} {
+		c, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(pkt)
+		c.Close()
+	}
+	// Still answering, over both.
+	for _, network := range []string{"udp", "tcp"} {
+		if r := exchange(t, p.addr, "reviews.", dns.TypeA, network); len(r.Answer) != 2 {
+			t.Errorf("%s after bad input: %v", network, r)
+		}
+	}
+}
+
+// loopPacket is a query whose name is a compression pointer to itself.
+func loopPacket() []byte {
+	b := make([]byte, 12, 20)
+	binary.BigEndian.PutUint16(b[0:], 0x1234)
+	binary.BigEndian.PutUint16(b[4:], 1)
+	b = append(b, 0xc0, 12, 0, 1, 0, 1)
+	return b
+}
+
+func TestBuildTable(t *testing.T) {
+	nt := testTable("v1")
+	tb := buildTable(nt, "default", "default.svc.cluster.local", []string{"default.svc.cluster.local"})
+	if tb.hosts != 7 {
+		t.Errorf("hosts = %d, want 7 (the host without addresses is left out)", tb.hosts)
+	}
+	for _, name := range []string{"reviews.", "reviews.default.", "reviews.default.svc.", "reviews.default.svc.cluster.local.",
+		"reviews.alias.test.", "v6only.", "ratings.other.", "ratings.other.svc.", "remote.default.svc.cluster.remote.",
+		"external.example.com.", "many.example.com."} {
+		if e, ok := tb.names[name]; !ok || e.cname != nil {
+			t.Errorf("%s: not a host name", name)
+		}
+	}
+	for _, name := range []string{"ratings.", "remote.", "remote.default.", "ignored.example.com.", "noips.example.com."} {
+		if _, ok := tb.names[name]; ok {
+			t.Errorf("%s: should not be a name", name)
+		}
+	}
+	// Expansions: of every name, except when it is a real name.
+	if e := tb.names["reviews.default.default.svc.cluster.local."]; e == nil || e.cname == nil || e.cname.Target != "reviews.default." {
+		t.Errorf("expansion of reviews.default.: %+v", e)
+	}
+	if e := tb.names["reviews.default.svc.cluster.local."]; e.cname != nil {
+		t.Error("reviews. expanded over the real name")
+	}
+	if _, ok := tb.wildcards["wild.example.com.default.svc.cluster.local."]; !ok {
+		t.Error("no expansion of the wildcard")
+	}
+	// Without a search list: no expansions.
+	tb = buildTable(nt, "default", "default.svc.cluster.local", nil)
+	for name, e := range tb.names {
+		if e.cname != nil {
+			t.Errorf("expansion %s without a search list", name)
+		}
+	}
+}
+
+// A real name always wins over another host's search expansion.
+func TestRealNameBeatsExpansion(t *testing.T) {
+	nt := testTable("v1")
+	nt.Hosts["a.example.default.svc.cluster.local"] = messages.NameInfo{IPs: nt.Hosts["many.example.com"].IPs[:1]}
+	nt.Hosts["a.example"] = nt.Hosts["external.example.com"]
+	for i := 0; i < 20; i++ { // map order varies
+		tb := buildTable(nt, "default", "default.svc.cluster.local", []string{"default.svc.cluster.local"})
+		if e := tb.names["a.example.default.svc.cluster.local."]; e == nil || e.cname != nil {
+			t.Fatalf("real name replaced by an expansion: %+v", e)
+		}
+	}
+}
+
+// Answers with the wrong ID or another question (spoofing, stray late
+// answers) are ignored; the real one, even in other case, is taken.
+func TestUpstreamAnswerMatching(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.99.0.4:53")
+	if err != nil {
+		t.Skipf("cannot bind 127.99.0.4:53: %v", err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := new(dns.Msg)
+			if q.Unpack(buf[:n]) != nil {
+				continue
+			}
+			reply := func(mut func(r *dns.Msg)) {
+				r := new(dns.Msg).SetReply(q)
+				r.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5},
+					A: net.IPv4(192, 0, 2, 99)}}
+				mut(r)
+				b, _ := r.Pack()
+				pc.WriteTo(b, from)
+			}
+			reply(func(r *dns.Msg) { r.Question[0].Name = "evil.example."; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 6) })
+			reply(func(r *dns.Msg) { r.Id++; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 7) })
+			reply(func(r *dns.Msg) { r.Question[0].Qtype = dns.TypeAAAA; r.Answer[0].(*dns.A).A = net.IPv4(6, 6, 6, 8) })
+			reply(func(r *dns.Msg) { r.Question[0].Name = strings.ToUpper(r.Question[0].Name) })
+		}
+	}()
+	defer func() { pc.Close(); <-served }()
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.4")}, nil)
+	for i := 0; i < 5; i++ {
+		r := exchange(t, p.addr, "match.example.", dns.TypeA, "udp")
+		if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "192.0.2.99" {
+			t.Fatalf("got %v", r.Answer)
+		}
+	}
+}
+
+// "localhost" binds IPv4 and IPv6 loopback when resolv.conf has servers of
+// both families, each answering over udp and tcp.
+func TestLocalhostDualStack(t *testing.T) {
+	if pc, err := net.ListenPacket("udp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		pc.Close()
+	}
+	nt := testTable("v1")
+	p := startProxy(t, Config{Listen: "localhost:0", ResolvConf: writeResolvConf(t, "127.99.0.1", "::1")}, &nt)
+	addrs := p.svc.Addrs()
+	if len(addrs) != 2 || !strings.HasPrefix(addrs[0], "127.0.0.1:") || !strings.HasPrefix(addrs[1], "[::1]:") {
+		t.Fatalf("Addrs = %v", addrs)
+	}
+	for _, a := range addrs {
+		for _, network := range []string{"udp", "tcp"} {
+			if r := exchange(t, a, "reviews.", dns.TypeAAAA, network); len(r.Answer) != 1 {
+				t.Errorf("%s %s: %v", a, network, r)
+			}
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// notReadyReason is Istio's readiness message until the first name table.
+const notReadyReason = "DNS lookup table is not ready yet"
+
+// Service is the DNS proxy: it serves DNS on loopback, answering mesh names
+// from the latest NameTable and forwarding the rest.
+type Service struct {
+	cfg     Config
+	table   messages.Latest[messages.NameTable]
+	health  messages.Sink[messages.Health]
+	metrics *metrics
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	addrs []string // bound addresses of the current run
+}
+
+// New returns the DNS proxy service; an error for a bad Config or metrics
+// that cannot be registered.
+func New(cfg Config, table messages.Latest[messages.NameTable], health messages.Sink[messages.Health],
+	reg prometheus.Registerer, log *slog.Logger,
+) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg.withDefaults(), table: table, health: health, metrics: m, log: log}, nil
+}
+
+// String is the service's name in logs, metrics and /debug/tree.
+func (s *Service) String() string { return "dns" }
+
+// Addrs returns the addresses the proxy listens on (udp and tcp on each),
+// once it reported Ready or Starting; nil when not running.
+func (s *Service) Addrs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.addrs...)
+}
+
+// Serve listens, answers until ctx is done, then shuts both servers and the
+// upstream sockets down and returns once every goroutine has.
+func (s *Service) Serve(ctx context.Context) error {
+	rc, err := loadResolvConf(s.cfg.ResolvConf)
+	if err != nil {
+		return err
+	}
+	search := rc.search
+	if s.cfg.Search != nil {
+		search = s.cfg.Search
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fwd := newForwarder(rc.servers, s.cfg.ForwardTimeout, s.cfg.ForwardParallel, s.metrics, s.log)
+	defer fwd.close()
+	h := &handler{ctx: runCtx, fwd: fwd, metrics: s.metrics, log: s.log}
+
+	var servers []*dns.Server
+	var bound []string
+	for _, addr := range listenAddrs(s.cfg.Listen, rc.servers) {
+		pc, l, err := listen(addr)
+		if err != nil {
+			closeAll(servers)
+			return err
+		}
+		bound = append(bound, pc.LocalAddr().String())
+		servers = append(servers,
+			&dns.Server{PacketConn: pc, Handler: h, UDPSize: dns.DefaultMsgSize},
+			&dns.Server{Listener: l, Handler: h})
+	}
+	var wg sync.WaitGroup
+	failed := make(chan error, len(servers))
+	for _, srv := range servers {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.ActivateAndServe(); err != nil {
+				failed <- err
+			}
+		}()
+		// Wait for the start, so that Shutdown below never races it.
+		select {
+		case <-started:
+		case err := <-failed:
+			cancel()
+			closeAll(servers)
+			wg.Wait()
+			return fmt.Errorf("dns server: %w", err)
+		}
+	}
+	defer func() {
+		cancel() // forwards in flight end first, so handlers return
+		for _, srv := range servers {
+			_ = srv.Shutdown()
+		}
+		wg.Wait()
+		s.setAddrs(nil)
+	}()
+	s.setAddrs(bound)
+	s.log.Info("DNS proxy listening", "addrs", bound, "upstreams", rc.servers, "search", search)
+
+	ready := false
+	for {
+		nt, ok, changed := s.table.Watch()
+		if ok {
+			start := time.Now()
+			t := buildTable(nt, s.cfg.Namespace, s.cfg.Domain, search)
+			h.table.Store(t)
+			s.log.Debug("name table loaded", "version", nt.Version, "hosts", t.hosts,
+				"names", len(t.names)+len(t.wildcards), "took", time.Since(start))
+			if !ready {
+				ready = true
+				s.sendHealth(messages.Ready, "")
+			}
+		} else if !ready {
+			s.sendHealth(messages.Starting, notReadyReason)
+		}
+		select {
+		case <-changed:
+		case err := <-failed:
+			return fmt.Errorf("dns server: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (s *Service) sendHealth(state messages.HealthState, reason string) {
+	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: time.Now()})
+}
+
+func (s *Service) setAddrs(a []string) {
+	s.mu.Lock()
+	s.addrs = a
+	s.mu.Unlock()
+}
+
+// listen binds addr over udp and tcp on the same port; with port 0, the tcp
+// port follows the one the udp socket got.
+func listen(addr string) (net.PacketConn, net.Listener, error) {
+	for attempt := 0; ; attempt++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen udp %s: %w", addr, err)
+		}
+		l, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, l, nil
+		}
+		pc.Close()
+		_, port, _ := net.SplitHostPort(addr)
+		if port != "0" || !errors.Is(err, syscall.EADDRINUSE) || attempt >= 10 {
+			return nil, nil, fmt.Errorf("listen tcp %s: %w", addr, err)
+		}
+	}
+}
+
+func closeAll(servers []*dns.Server) {
+	for _, srv := range servers {
+		if srv.PacketConn != nil {
+			srv.PacketConn.Close()
+		}
+		if srv.Listener != nil {
+			srv.Listener.Close()
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package dnsproxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/messages/nds"
+)
+
+// reloadDebounce is how long the file must be quiet before it is read
+// again: editors and atomic renames produce bursts of events.
+const reloadDebounce = 100 * time.Millisecond
+
+// TableFile publishes the name table read from a file: the protojson form of
+// istio.networking.nds.v1.NameTable, as in
+//
+//	{"table": {"reviews.default.svc.cluster.local": {"ips": ["10.0.0.1"],
+//	  "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}}}
+//
+// For tests and for running the proxy without a control plane. It reloads on
+// change; a bad file keeps the last good table and reports Degraded.
+type TableFile struct {
+	path   string
+	out    messages.Sink[messages.NameTable]
+	health messages.Sink[messages.Health]
+	log    *slog.Logger
+
+	lastVersion string // survives restarts: the same file is not published twice
+}
+
+// NewTableFile returns the service that reads path into out.
+func NewTableFile(path string, out messages.Sink[messages.NameTable], health messages.Sink[messages.Health], log *slog.Logger) *TableFile {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &TableFile{path: path, out: out, health: health, log: log}
+}
+
+// String is the service's name.
+func (f *TableFile) String() string { return "nametable" }
+
+// Serve loads the file, then reloads it on every change until ctx is done.
+func (f *TableFile) Serve(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("name table file %s: watch: %w", f.path, err)
+	}
+	defer w.Close()
+	// The directory, not the file: an atomic rename replaces the file's
+	// inode and a watch on the file would be lost.
+	if err := w.Add(filepath.Dir(f.path)); err != nil {
+		return fmt.Errorf("name table file %s: watch directory: %w", f.path, err)
+	}
+	f.reload()
+	var debounce <-chan time.Time
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		select {
+		case ev, ok := <-w.Events:
+			if !ok {
+				return fmt.Errorf("name table file %s: watcher closed", f.path)
+			}
+			if filepath.Clean(ev.Name) != filepath.Clean(f.path) {
+				continue
+			}
+			if timer == nil {
+				timer = time.NewTimer(reloadDebounce)
+			} else {
+				timer.Reset(reloadDebounce)
+			}
+			debounce = timer.C
+		case err, ok := <-w.Errors:
+			if !ok {
+				return fmt.Errorf("name table file %s: watcher closed", f.path)
+			}
+			f.log.Warn("name table watch error", "file", f.path, "err", err)
+		case <-debounce:
+			debounce = nil
+			f.reload()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// reload reads and publishes the file if it changed; on error it keeps the
+// last table and reports Degraded naming the file and the error.
+func (f *TableFile) reload() {
+	nt, err := ReadTableFile(f.path)
+	if err != nil {
+		f.log.Warn("name table file rejected, keeping the last table", "err", err)
+		f.health.Send(messages.Health{Service: f.String(), State: messages.Degraded, Reason: err.Error(), Time: time.Now()})
+		return
+	}
+	if nt.Version != f.lastVersion {
+		f.out.Send(nt)
+		f.lastVersion = nt.Version
+		f.log.Info("name table loaded", "file", f.path, "version", nt.Version, "hosts", len(nt.Hosts))
+	}
+	f.health.Send(messages.Health{Service: f.String(), State: messages.Ready, Time: time.Now()})
+}
+
+// ReadTableFile reads a protojson NameTable file; its version is a hash of
+// the content.
+func ReadTableFile(path string) (messages.NameTable, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+	}
+	var pb nds.NameTable
+	if err := protojson.Unmarshal(b, &pb); err != nil {
+		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+	}
+	sum := sha256.Sum256(b)
+	nt, err := nds.ToMessage(&pb, "file-"+hex.EncodeToString(sum[:6]))
+	if err != nil {
+		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+	}
+	return nt, nil
+}

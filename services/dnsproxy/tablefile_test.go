@@ -1,0 +1,183 @@
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+const tableV1 = `{"table": {
+  "reviews.default.svc.cluster.local": {"ips": ["10.0.0.1"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"},
+  "*.wild.example.com": {"ips": ["192.0.2.10", "2001:db8::10"]}
+}}`
+
+const tableV2 = `{"table": {
+  "reviews.default.svc.cluster.local": {"ips": ["10.0.0.2"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}
+}}`
+
+func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTable], *healthLog) {
+	t.Helper()
+	out, h := messages.NewCell[messages.NameTable](), newHealthLog()
+	tf := NewTableFile(path, out, h, testLogger(t))
+	if tf.String() != "nametable" {
+		t.Errorf("String() = %q", tf.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tf.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Serve = %v", err)
+		}
+	})
+	return out, h
+}
+
+// waitTable waits until the published table satisfies ok.
+func waitTable(t *testing.T, c *messages.Cell[messages.NameTable], what string, ok func(messages.NameTable) bool) messages.NameTable {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		v, have, changed := c.Watch()
+		if have && ok(v) {
+			return v
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("table never %s; last %+v", what, v)
+		}
+	}
+}
+
+func reviewsIP(nt messages.NameTable) string {
+	if ips := nt.Hosts["reviews.default.svc.cluster.local"].IPs; len(ips) == 1 {
+		return ips[0].String()
+	}
+	return ""
+}
+
+func TestTableFileLoadReloadBad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nametable.json")
+	if err := os.WriteFile(path, []byte(tableV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, h := startTableFile(t, path)
+	v1 := waitTable(t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+	if w := v1.Hosts["*.wild.example.com"]; len(w.IPs) != 2 || w.IPs[1] != netip.MustParseAddr("2001:db8::10") {
+		t.Fatalf("wildcard = %+v", w)
+	}
+	if v1.Version == "" {
+		t.Fatal("no version")
+	}
+	h.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready && v.Service == "nametable" })
+
+	// Changed in place.
+	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v2 := waitTable(t, out, "v2", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
+	if v2.Version == v1.Version {
+		t.Fatal("version did not change")
+	}
+
+	// Bad JSON: the last table stays, Degraded names the file and error.
+	if err := os.WriteFile(path, []byte(`{"table": {`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := h.waitFor(t, "degraded", func(v messages.Health) bool { return v.State == messages.Degraded })
+	if !strings.Contains(d.Reason, path) {
+		t.Errorf("reason %q does not name the file", d.Reason)
+	}
+	if got, _ := out.Get(); got.Version != v2.Version {
+		t.Errorf("bad file replaced the table: %+v", got)
+	}
+
+	// Bad IP: names the host and the value.
+	if err := os.WriteFile(path, []byte(`{"table": {"x.example": {"ips": ["10.0.0.999"]}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d = h.waitFor(t, "degraded for the IP", func(v messages.Health) bool {
+		return v.State == messages.Degraded && strings.Contains(v.Reason, "10.0.0.999")
+	})
+	if !strings.Contains(d.Reason, `"x.example"`) {
+		t.Errorf("reason %q does not name the host", d.Reason)
+	}
+
+	// Atomic replace (write a temp file, rename over): picked up, Ready again.
+	tmp := filepath.Join(dir, ".nametable.tmp")
+	if err := os.WriteFile(tmp, []byte(tableV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitTable(t, out, "v1 again", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+	h.waitFor(t, "ready again", func(v messages.Health) bool { return v.State == messages.Ready })
+
+	// Removed: Degraded, table kept.
+	os.Remove(path)
+	h.waitFor(t, "degraded when removed", func(v messages.Health) bool { return v.State == messages.Degraded })
+	if got, _ := out.Get(); reviewsIP(got) != "10.0.0.1" {
+		t.Errorf("table lost when the file was removed")
+	}
+}
+
+func TestTableFileMissingDirectory(t *testing.T) {
+	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), newHealthLog(), nil)
+	if err := tf.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "/nonexistent/dir/nametable.json") {
+		t.Errorf("Serve = %v", err)
+	}
+}
+
+// The file feeds the proxy: a reload changes what it answers.
+func TestTableFileDrivesProxy(t *testing.T) {
+	up := startDnsmasq(t)
+	path := filepath.Join(t.TempDir(), "nametable.json")
+	if err := os.WriteFile(path, []byte(tableV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := startTableFile(t, path)
+	h := newHealthLog()
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, out, h, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	h.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+	addr := svc.Addrs()[0]
+	get := func() string {
+		r := exchange(t, addr, "reviews.", dns.TypeA, "udp")
+		if len(r.Answer) != 1 {
+			return ""
+		}
+		return r.Answer[0].(*dns.A).A.String()
+	}
+	if got := get(); got != "10.0.0.1" {
+		t.Fatalf("reviews. = %q", got)
+	}
+	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for get() != "10.0.0.2" {
+		if time.Now().After(deadline) {
+			t.Fatal("reload never reached the proxy")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,472 @@
+package dnsproxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+const (
+	// udpConnsPerUpstream is how many connected UDP sockets each upstream
+	// gets: queries are spread over them and matched to answers by ID, so
+	// no query dials a socket of its own.
+	udpConnsPerUpstream = 4
+	// idleTCPPerUpstream is how many idle TCP connections are kept.
+	idleTCPPerUpstream = 4
+	// tcpIdleMax is how long an idle TCP connection is kept for reuse:
+	// servers close idle connections, and some (dnsmasq) spend a process
+	// on each.
+	tcpIdleMax = 5 * time.Second
+	// maxInFlightPerConn bounds the IDs in use on one socket (of 65536).
+	maxInFlightPerConn = 16384
+)
+
+var (
+	errClosed      = errors.New("forwarder closed")
+	errTooMany     = errors.New("too many queries in flight")
+	errBadResponse = errors.New("response does not match the query")
+)
+
+// forwarder sends queries the table does not answer to the nameservers of
+// resolv.conf. Istio dials a new socket per query and never retries a
+// truncated answer over TCP; this one reuses sockets and does.
+type forwarder struct {
+	servers  []*upstream
+	timeout  time.Duration
+	parallel bool
+	metrics  *metrics
+	log      *slog.Logger
+
+	ctx    context.Context // cancelled by close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // socket readers and parallel exchanges
+}
+
+func newForwarder(servers []string, timeout time.Duration, parallel bool, m *metrics, log *slog.Logger) *forwarder {
+	f := &forwarder{timeout: timeout, parallel: parallel, metrics: m, log: log}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	for _, addr := range servers {
+		u := &upstream{f: f, addr: addr, idleTCP: make(chan idleConn, idleTCPPerUpstream)}
+		for i := range u.udp {
+			u.udp[i] = &udpConn{u: u}
+		}
+		f.servers = append(f.servers, u)
+	}
+	return f
+}
+
+// close stops every exchange and socket and waits for their goroutines.
+func (f *forwarder) close() {
+	f.cancel()
+	for _, u := range f.servers {
+		for _, c := range u.udp {
+			c.close()
+		}
+		for {
+			select {
+			case c := <-u.idleTCP:
+				c.conn.Close()
+				continue
+			default:
+			}
+			break
+		}
+	}
+	f.wg.Wait()
+}
+
+// forward returns upstream's response to req as it came on the wire, with
+// req's ID, or nil when no nameserver answered. tcp is the client's
+// protocol, used upstream too. The answer is relayed, not re-encoded: it is
+// checked (ID, QR, the same question) but never unpacked here.
+func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) []byte {
+	f.metrics.upstreamRequests.Inc()
+	start := time.Now()
+	defer func() { f.metrics.upstreamDuration.Observe(time.Since(start).Seconds()) }()
+	query, err := req.Pack()
+	if err != nil {
+		f.log.Debug("cannot forward query", "err", err)
+		f.metrics.upstreamFailures.Inc()
+		return nil
+	}
+	q, ok := questionOf(query)
+	if !ok {
+		f.metrics.upstreamFailures.Inc()
+		return nil
+	}
+	var resp []byte
+	if f.parallel && len(f.servers) > 1 {
+		resp = f.forwardParallel(ctx, query, q, tcp)
+	} else {
+		for _, u := range f.servers {
+			if resp, err = u.exchange(ctx, query, q, tcp); err == nil {
+				break
+			}
+			f.log.Debug("upstream failed", "upstream", u.addr, "name", req.Question[0].Name, "err", err)
+		}
+	}
+	if resp == nil {
+		f.metrics.upstreamFailures.Inc()
+		return nil
+	}
+	binary.BigEndian.PutUint16(resp, req.Id)
+	return resp
+}
+
+// forwardParallel asks every nameserver at once; the first answer wins.
+func (f *forwarder) forwardParallel(ctx context.Context, query, q []byte, tcp bool) []byte {
+	results := make(chan []byte, len(f.servers)) // never blocks a loser
+	for _, u := range f.servers {
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			resp, err := u.exchange(ctx, query, q, tcp)
+			if err != nil {
+				f.log.Debug("upstream failed", "upstream", u.addr, "err", err)
+			}
+			results <- resp
+		}()
+	}
+	for range f.servers {
+		if resp := <-results; resp != nil {
+			return resp
+		}
+	}
+	return nil
+}
+
+// upstream is one nameserver and its sockets.
+type upstream struct {
+	f       *forwarder
+	addr    string
+	udp     [udpConnsPerUpstream]*udpConn
+	next    atomic.Uint32 // round robin over udp
+	idleTCP chan idleConn
+}
+
+type idleConn struct {
+	conn  net.Conn
+	since time.Time
+}
+
+// exchange sends the packed query over UDP (TCP fallback on truncation) or
+// over TCP, and returns the matching response.
+func (u *upstream) exchange(ctx context.Context, query, q []byte, tcp bool) ([]byte, error) {
+	if tcp {
+		return u.exchangeTCP(ctx, query, q)
+	}
+	c := u.udp[u.next.Add(1)%udpConnsPerUpstream]
+	resp, err := c.exchange(ctx, query, q)
+	if err != nil {
+		return nil, err
+	}
+	if resp[2]&0x02 != 0 { // TC
+		// Better than Istio: get the whole answer over TCP, and let the
+		// client's size decide whether it must come back over TCP.
+		if full, err := u.exchangeTCP(ctx, query, q); err == nil {
+			return full, nil
+		}
+	}
+	return resp, nil
+}
+
+// exchangeTCP sends the query over an idle (or new) TCP connection; a reused
+// connection the server has closed in the meantime is retried once on a new
+// one.
+func (u *upstream) exchangeTCP(ctx context.Context, query, q []byte) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		conn, reused, err := u.tcpConn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := u.tcpRoundTrip(ctx, conn, query, q)
+		if err == nil {
+			if u.f.ctx.Err() != nil {
+				conn.Close() // closing: the pool has been drained already
+				return resp, nil
+			}
+			select {
+			case u.idleTCP <- idleConn{conn, time.Now()}:
+			default:
+				conn.Close()
+			}
+			return resp, nil
+		}
+		conn.Close()
+		if !reused || attempt > 0 || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+func (u *upstream) tcpConn(ctx context.Context) (net.Conn, bool, error) {
+	for {
+		select {
+		case c := <-u.idleTCP:
+			if time.Since(c.since) < tcpIdleMax {
+				return c.conn, true, nil
+			}
+			c.conn.Close()
+			continue
+		default:
+		}
+		break
+	}
+	if u.f.ctx.Err() != nil {
+		return nil, false, errClosed
+	}
+	d := net.Dialer{Timeout: u.f.timeout}
+	c, err := d.DialContext(ctx, "tcp", u.addr)
+	if err != nil {
+		return nil, false, fmt.Errorf("dial tcp %s: %w", u.addr, err)
+	}
+	return c, false, nil
+}
+
+func (u *upstream) tcpRoundTrip(ctx context.Context, conn net.Conn, query, q []byte) ([]byte, error) {
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	stopF := context.AfterFunc(u.f.ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stopF()
+	if err := conn.SetDeadline(time.Now().Add(u.f.timeout)); err != nil {
+		return nil, err
+	}
+	id := uint16(rand.Uint32())
+	buf := make([]byte, 2+len(query))
+	binary.BigEndian.PutUint16(buf, uint16(len(query)))
+	copy(buf[2:], query)
+	binary.BigEndian.PutUint16(buf[2:], id)
+	if _, err := conn.Write(buf); err != nil {
+		return nil, fmt.Errorf("tcp %s: %w", u.addr, err)
+	}
+	var l [2]byte
+	if _, err := io.ReadFull(conn, l[:]); err != nil {
+		return nil, fmt.Errorf("tcp %s: %w", u.addr, err)
+	}
+	body := make([]byte, binary.BigEndian.Uint16(l[:]))
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return nil, fmt.Errorf("tcp %s: %w", u.addr, err)
+	}
+	if !isAnswerTo(body, id, q) {
+		return nil, fmt.Errorf("tcp %s: %w", u.addr, errBadResponse)
+	}
+	return body, nil
+}
+
+// udpConn is one connected UDP socket to an upstream, shared by many
+// queries: each gets a random free ID and waits for the answer with that ID
+// and its question. The socket is dialled on first use and after a failure.
+type udpConn struct {
+	u       *upstream
+	mu      sync.Mutex
+	conn    *net.UDPConn
+	closed  bool
+	waiters map[uint16]*waiter
+}
+
+type waiter struct {
+	q  []byte         // the question section, as sent
+	ch chan udpResult // buffered 1: the reader never blocks
+}
+
+type udpResult struct {
+	resp []byte
+	err  error
+}
+
+func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error) {
+	w := &waiter{q: q, ch: make(chan udpResult, 1)}
+	conn, id, err := c.register(w)
+	if err != nil {
+		return nil, err
+	}
+	defer c.unregister(id, w)
+	buf := make([]byte, len(query))
+	copy(buf, query)
+	binary.BigEndian.PutUint16(buf, id)
+	if _, err := conn.Write(buf); err != nil {
+		return nil, fmt.Errorf("udp %s: %w", c.u.addr, err)
+	}
+	timer := time.NewTimer(c.u.f.timeout)
+	defer timer.Stop()
+	select {
+	case r := <-w.ch:
+		return r.resp, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("udp %s: %w", c.u.addr, context.DeadlineExceeded)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.u.f.ctx.Done():
+		return nil, errClosed
+	}
+}
+
+// register dials the socket if needed and gives w a free ID.
+func (c *udpConn) register(w *waiter) (*net.UDPConn, uint16, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, 0, errClosed
+	}
+	if c.conn == nil {
+		raddr, err := net.ResolveUDPAddr("udp", c.u.addr)
+		if err != nil {
+			return nil, 0, fmt.Errorf("udp %s: %w", c.u.addr, err)
+		}
+		conn, err := net.DialUDP("udp", nil, raddr)
+		if err != nil {
+			return nil, 0, fmt.Errorf("udp %s: %w", c.u.addr, err)
+		}
+		c.conn = conn
+		c.waiters = make(map[uint16]*waiter)
+		c.u.f.wg.Add(1)
+		go c.read(conn)
+	}
+	if len(c.waiters) >= maxInFlightPerConn {
+		return nil, 0, fmt.Errorf("udp %s: %w", c.u.addr, errTooMany)
+	}
+	for {
+		id := uint16(rand.Uint32())
+		if _, used := c.waiters[id]; !used {
+			c.waiters[id] = w
+			return c.conn, id, nil
+		}
+	}
+}
+
+func (c *udpConn) unregister(id uint16, w *waiter) {
+	c.mu.Lock()
+	if c.waiters[id] == w {
+		delete(c.waiters, id)
+	}
+	c.mu.Unlock()
+}
+
+// read delivers the socket's answers to their waiters until the socket
+// fails or is closed.
+func (c *udpConn) read(conn *net.UDPConn) {
+	defer c.u.f.wg.Done()
+	buf := make([]byte, dns.MaxMsgSize)
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				// The server's port is closed (ICMP): whatever waits on
+				// this socket will get no answer; let it try the next
+				// server now rather than after the timeout.
+				c.failAll(conn, fmt.Errorf("udp %s: %w", c.u.addr, err), false)
+				continue
+			}
+			c.failAll(conn, fmt.Errorf("udp %s: %w", c.u.addr, err), true)
+			return
+		}
+		if n < 12 {
+			continue
+		}
+		id := binary.BigEndian.Uint16(buf)
+		c.mu.Lock()
+		w := c.waiters[id]
+		c.mu.Unlock()
+		if w == nil {
+			continue // late or stray answer
+		}
+		if !isAnswerTo(buf[:n], id, w.q) {
+			continue // not the answer to that query: keep waiting for it
+		}
+		resp := make([]byte, n)
+		copy(resp, buf[:n])
+		c.mu.Lock()
+		if c.waiters[id] == w {
+			delete(c.waiters, id)
+			w.ch <- udpResult{resp: resp}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// failAll fails every waiter of conn; drop also forgets the socket so that
+// the next query dials a new one.
+func (c *udpConn) failAll(conn *net.UDPConn, err error, drop bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != conn {
+		return
+	}
+	for id, w := range c.waiters {
+		w.ch <- udpResult{err: err}
+		delete(c.waiters, id)
+	}
+	if drop {
+		conn.Close()
+		c.conn = nil
+	}
+}
+
+func (c *udpConn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn != nil {
+		c.conn.Close() // the reader fails its waiters and returns
+	}
+}
+
+// questionOf returns the question section of a packed query with one
+// question (the name is never compressed: nothing comes before it).
+func questionOf(msg []byte) ([]byte, bool) {
+	if len(msg) < 12 || binary.BigEndian.Uint16(msg[4:]) != 1 {
+		return nil, false
+	}
+	off := 12
+	for {
+		if off >= len(msg) {
+			return nil, false
+		}
+		l := int(msg[off])
+		if l == 0 {
+			off++
+			break
+		}
+		if l&0xc0 != 0 {
+			return nil, false
+		}
+		off += 1 + l
+	}
+	if off+4 > len(msg) {
+		return nil, false
+	}
+	return msg[12 : off+4], true
+}
+
+// isAnswerTo reports whether resp is a response with the given ID to the
+// question q (names compared without case: resolvers may randomise it).
+func isAnswerTo(resp []byte, id uint16, q []byte) bool {
+	if len(resp) < 12+len(q) || binary.BigEndian.Uint16(resp) != id || resp[2]&0x80 == 0 ||
+		binary.BigEndian.Uint16(resp[4:]) != 1 {
+		return false
+	}
+	for i, b := range resp[12 : 12+len(q)] {
+		if lower(b) != lower(q[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + ('a' - 'A')
+	}
+	return b
+}
