@@ -1,6 +1,8 @@
 package tree
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/dnsproxy"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
@@ -29,6 +32,10 @@ type Config struct {
 	Envoy *envoy.Config
 	// Capture verifies (sidecar) or owns (VM) the iptables capture.
 	Capture *capture.ServiceConfig
+	// DNS is the DNS proxy; NameTableFile, if set, feeds it from a file
+	// (tests, standalone mode) instead of NDS.
+	DNS           *dnsproxy.Config
+	NameTableFile string
 
 	DefaultPolicy Policy
 	// EnvoyPolicy applies to the envoy service (--envoy-restarts).
@@ -66,6 +73,25 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		nodes = append(nodes, Node{Name: "identity", Children: identity})
 	}
 
+	var xds []Node
+	if cfg.NameTableFile != "" {
+		xds = append(xds, Node{Name: "nametable", Service: dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, ch.Health, logFor("nametable"))})
+		required = append(required, "nametable")
+	}
+	if cfg.DNS != nil {
+		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, ch.Health, reg, logFor("dns"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("dns proxy: %w", err)
+		}
+		xds = append(xds, Node{Name: "dns", Service: dns})
+		required = append(required, "dns")
+	}
+	if len(xds) > 0 {
+		// The xds subtree holds the one upstream connection (with its trust
+		// roots): it is rebuilt when the roots change.
+		nodes = append(nodes, Node{Name: "xds", Children: xds, RestartWhen: rootsChanged(ch.Certs)})
+	}
+
 	if cfg.Envoy != nil {
 		policy := cfg.EnvoyPolicy
 		nodes = append(nodes, Node{Name: EnvoyService, Policy: &policy,
@@ -97,4 +123,29 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		return nil, nil, fmt.Errorf("building the supervision tree: %w", err)
 	}
 	return a, ch, nil
+}
+
+// rootsChanged is the xds subtree's restart trigger: it returns true once
+// the trust roots differ from those present when the subtree started (a
+// first bundle arriving is not a change).
+func rootsChanged(certs messages.Latest[messages.CertBundle]) func(ctx context.Context) bool {
+	return func(ctx context.Context) bool {
+		start, started, changed := certs.Watch()
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-changed:
+			}
+			var now messages.CertBundle
+			now, _, changed = certs.Watch()
+			if !started {
+				start, started = now, true
+				continue
+			}
+			if !bytes.Equal(now.RootsPEM, start.RootsPEM) {
+				return true
+			}
+		}
+	}
 }

@@ -314,3 +314,30 @@ func TestNewRejectsBadTrees(t *testing.T) {
 		}
 	}
 }
+
+// The xds subtree is rebuilt when, and only when, the trust roots change:
+// not for the first bundle, not for a renewed leaf.
+func TestRootsChangedTrigger(t *testing.T) {
+	certs := messages.NewCell[messages.CertBundle]()
+	fired := make(chan bool, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { fired <- rootsChanged(certs)(ctx) }()
+
+	certs.Send(messages.CertBundle{RootsPEM: []byte("root-1"), CertChainPEM: []byte("leaf-1"), Version: "1"})
+	certs.Send(messages.CertBundle{RootsPEM: []byte("root-1"), CertChainPEM: []byte("leaf-2"), Version: "2"})
+	select {
+	case <-fired:
+		t.Fatal("fired without a roots change")
+	case <-time.After(100 * time.Millisecond):
+	}
+	certs.Send(messages.CertBundle{RootsPEM: []byte("root-2"), CertChainPEM: []byte("leaf-2"), Version: "3"})
+	select {
+	case got := <-fired:
+		if !got {
+			t.Fatal("returned false on a roots change")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("did not fire on a roots change")
+	}
+}

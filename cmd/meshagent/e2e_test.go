@@ -276,3 +276,5 @@ func isZombie(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
+
+func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }

@@ -24,6 +24,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/dnsproxy"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
@@ -43,6 +44,8 @@ type proxyFlags struct {
 	root               string
 	chaos              bool
 	capture            bool
+	nameTable          string
+	resolvConf         string
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
 }
@@ -73,6 +76,9 @@ type agentConfig struct {
 	sds      *sds.Config
 	envoyCfg *envoy.Config
 	capture  *capture.ServiceConfig
+	dns      *dnsproxy.Config
+	// nameTableFile feeds the DNS proxy from a file (--name-table).
+	nameTableFile string
 	// envoy restart limit: more than envoyRestarts failures within
 	// envoyRestartWindow and the agent exits.
 	envoyRestarts      int
@@ -126,6 +132,8 @@ func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 	fl.IntVar(&f.concurrency, "concurrency", 0, "number of worker threads to run")
 	fl.BoolVar(&f.profiling, "profiling", true, "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)")
 	fl.StringVar(&f.root, "root", "/", "Directory under which every agent file path lives (env MESHAGENT_ROOT); / in production, a temp dir in tests")
+	fl.StringVar(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
+	fl.StringVar(&f.resolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
 	fl.BoolVar(&f.capture, "capture", false, "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop (env MESHAGENT_CAPTURE=1); without it the agent only verifies rules an init container applied")
 	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
 	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
@@ -252,6 +260,20 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 	if c.capture, err = captureConfig(lookup, vm, log); err != nil {
 		return nil, usageError("%v", err)
 	}
+	if f.nameTable != "" {
+		c.nameTableFile = f.nameTable
+		c.dnsEnabled = true
+	}
+	if c.dnsEnabled {
+		c.dns = &dnsproxy.Config{
+			Listen:          c.dnsAddr,
+			ResolvConf:      f.resolvConf,
+			Namespace:       c.pod.namespace,
+			Domain:          c.domain,
+			ForwardTimeout:  envs.duration("DNS_FORWARD_TIMEOUT", 5*time.Second),
+			ForwardParallel: envs.boolean("DNS_FORWARD_PARALLEL", false),
+		}
+	}
 	c.certs, c.sds = c.identityConfigs(envs)
 	c.envoyCfg = c.envoyConfig()
 	if err := envs.err(); err != nil {
@@ -271,6 +293,9 @@ func (c *agentConfig) validateServices() error {
 	}
 	if c.sds != nil {
 		errs = append(errs, c.sds.Validate())
+	}
+	if c.dns != nil {
+		errs = append(errs, c.dns.Validate())
 	}
 	if c.envoyCfg != nil {
 		errs = append(errs, c.envoyCfg.Validate())
@@ -304,6 +329,8 @@ func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
 	}
 	tc.Envoy = c.envoyCfg
 	tc.Capture = c.capture
+	tc.DNS = c.dns
+	tc.NameTableFile = c.nameTableFile
 	if c.proxy.StatusPort != 0 {
 		tc.Status = &status.Config{
 			Addr:      fmt.Sprintf(":%d", c.proxy.StatusPort),

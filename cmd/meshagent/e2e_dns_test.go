@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// The DNS proxy in the whole agent: fed by --name-table, readiness waits
+// for the table, answers come from it, and a chaos kill heals.
+func TestAgentDNSFromNameTable(t *testing.T) {
+	dir := t.TempDir()
+	table := filepath.Join(dir, "names.json")
+	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
+	resolv := filepath.Join(dir, "resolv.conf")
+	writeFile(t, resolv, "nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n")
+	dnsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	p := startAgent(t, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv, "--chaos")
+	p.waitStatus(t, "/healthz/ready", 200)
+
+	ask := func(name string) ([]string, error) {
+		c := &dns.Client{Timeout: 2 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		r, _, err := c.Exchange(m, dnsAddr)
+		if err != nil {
+			return nil, err
+		}
+		var ips []string
+		for _, rr := range r.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				ips = append(ips, a.A.String())
+			}
+		}
+		return ips, nil
+	}
+	for _, name := range []string{"reviews.e2e.svc.cluster.local", "reviews", "reviews.e2e"} {
+		ips, err := ask(name)
+		if err != nil || len(ips) != 1 || ips[0] != "10.0.0.7" {
+			t.Fatalf("%s: %v %v, want 10.0.0.7", name, ips, err)
+		}
+	}
+
+	// A new table file is picked up without a restart.
+	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.8"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ips, _ := ask("reviews"); len(ips) == 1 && ips[0] == "10.0.0.8" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("table reload not seen")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Kill the DNS proxy: the tree restarts it and it answers again.
+	if code, _ := postTo(p.base + "/debug/chaos/kill?service=dns"); code != 200 {
+		t.Fatalf("chaos kill = %d", code)
+	}
+	p.waitLog(t, "dns restart", func(log string) bool { return strings.Contains(log, `msg="service failed; restarting" service=dns`) })
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		if ips, _ := ask("reviews.e2e.svc.cluster.local"); len(ips) == 1 && ips[0] == "10.0.0.8" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("DNS proxy did not come back after the kill")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.waitStatus(t, "/healthz/ready", 200)
+}
+
+func postTo(url string) (int, error) {
+	resp, err := httpClient().Post(url, "text/plain", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
