@@ -4,7 +4,7 @@ BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: all build fakeenvoy run test test-short lint bench chaos clean
+.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-identity bench-dns golden chaos clean
 
 all: build
 
@@ -43,9 +43,28 @@ lint:
 	$(GO) vet ./...
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./tree/...
-	$(GO) test -run '^$$' -bench . -count 1 ./messages/...
+# Every benchmark, each printed beside its baseline from the same run.
+bench: bench-tree bench-capture bench-envoy bench-identity bench-dns
+
+bench-tree:
+	$(GO) test -run '^$$' -bench . -benchtime 20000x ./messages ./tree
+	$(GO) test -run '^$$' -bench 'AgentExec|ExecEnvoyDirect' -benchtime 20x ./cmd/meshagent
+
+bench-capture:
+	$(GO) test -run '^$$' -bench ApplySidecarRules -benchtime 30x ./services/capture
+
+bench-envoy:
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy
+
+bench-identity:
+	$(GO) test -run '^$$' -bench . -benchtime 100x ./tree/identitye2e ./services/certs
+
+bench-dns:
+	$(GO) test -run '^$$' -bench . -benchmem ./services/dnsproxy
+	bash bench/dns/run.sh
+
+golden:
+	$(GO) test ./services/envoy -run Golden -update
 
 chaos:
 	MESHAGENT_CHAOS_LONG=1 $(GO) test -race -count=1 -timeout 30m -run Chaos ./...
