@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,6 +31,8 @@ type Service struct {
 
 	mu    sync.Mutex
 	addrs []string // bound addresses of the current run
+
+	current atomic.Pointer[lookupTable] // the table answering, for NDSZ
 }
 
 // New returns the DNS proxy service; an error for a bad Config or metrics
@@ -131,6 +134,7 @@ func (s *Service) Serve(ctx context.Context) error {
 			start := time.Now()
 			t := buildTable(nt, s.cfg.Namespace, s.cfg.Domain, search)
 			h.table.Store(t)
+			s.current.Store(t)
 			s.log.Debug("name table loaded", "version", nt.Version, "hosts", t.hosts,
 				"names", len(t.names)+len(t.wildcards), "took", time.Since(start))
 			if !ready {

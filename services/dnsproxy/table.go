@@ -16,6 +16,9 @@ import (
 // at most one slice allocation.
 type lookupTable struct {
 	version string
+	// source and how it was expanded, for /debug/ndsz.
+	source            messages.NameTable
+	namespace, domain string
 	// names holds every exact name: hosts, their alt hosts, and their
 	// search expansions (as CNAMEs).
 	names map[string]*entry
@@ -46,6 +49,9 @@ func buildTable(nt messages.NameTable, namespace, domain string, search []string
 	pd, pdParts := proxyDomain(namespace, domain)
 	t := &lookupTable{
 		version:   nt.Version,
+		source:    nt,
+		namespace: namespace,
+		domain:    domain,
 		names:     make(map[string]*entry, len(nt.Hosts)*6), // Kubernetes: ~3 names and their expansions
 		wildcards: make(map[string]*entry),
 	}

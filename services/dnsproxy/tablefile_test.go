@@ -2,10 +2,14 @@ package dnsproxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +183,28 @@ func TestTableFileDrivesProxy(t *testing.T) {
 			t.Fatal("reload never reached the proxy")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNDSZ(t *testing.T) {
+	nt := testTable("v9")
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1")}, nil)
+	rec := httptest.NewRecorder()
+	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("before the table: %d", rec.Code)
+	}
+	p.table.Send(nt)
+	p.health.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+	rec = httptest.NewRecorder()
+	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	var got ndsz
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body)
+	}
+	r := got.Table["reviews.default.svc.cluster.local"]
+	want := []string{"reviews.", "reviews.alias.test.", "reviews.default.", "reviews.default.svc."}
+	if got.Version != "v9" || !slices.Equal(r.AltHosts, want) || len(r.IPs) != 3 {
+		t.Errorf("ndsz = %+v, reviews = %+v", got.Version, r)
 	}
 }
