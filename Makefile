@@ -26,10 +26,11 @@ run: build fakeenvoy
 	@echo "meshagent: files under $(RUN_ROOT), Envoy: $(ENVOY)"
 	@echo "  curl localhost:15020/debug/tree     the supervision tree"
 	@echo "  curl -i localhost:15020/healthz/ready"
+	@echo "  dig @127.0.0.1 -p 15053 reviews +short      the DNS proxy (names: testdata/nametable/demo.json)"
 	@echo "  curl -XPOST 'localhost:15020/debug/chaos/kill?service=envoy'   watch it heal; Ctrl-C drains and stops"
 	PROXY_CONFIG='{"binaryPath":"$(ENVOY)","terminationDrainDuration":"2s"}' \
 	POD_NAME=demo-0 POD_NAMESPACE=default INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
-	MESHAGENT_CHAOS=1 $(BIN)/meshagent proxy --root $(RUN_ROOT)
+	MESHAGENT_CHAOS=1 $(BIN)/meshagent proxy --root $(RUN_ROOT) --name-table $(CURDIR)/testdata/nametable/demo.json
 
 # The whole suite with the race detector. Tests that need root or network
 # namespaces run when they can and skip with a reason otherwise.

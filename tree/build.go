@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,6 +74,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		nodes = append(nodes, Node{Name: "identity", Children: identity})
 	}
 
+	debug := map[string]http.Handler{}
 	var xds []Node
 	if cfg.NameTableFile != "" {
 		xds = append(xds, Node{Name: "nametable", Service: dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, ch.Health, logFor("nametable"))})
@@ -84,6 +86,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 			return nil, nil, fmt.Errorf("dns proxy: %w", err)
 		}
 		xds = append(xds, Node{Name: "dns", Service: dns})
+		debug["/debug/ndsz"] = dns.NDSZ()
 		required = append(required, "dns")
 	}
 	if len(xds) > 0 {
@@ -102,6 +105,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		sc := *cfg.Status
 		sc.Required = append(sc.Required, required...)
 		sc.RequireEnvoy = cfg.Envoy != nil
+		sc.Debug = debug
 		st := status.New(sc,
 			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
 			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},

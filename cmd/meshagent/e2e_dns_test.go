@@ -45,6 +45,11 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 		}
 	}
 
+	// /debug/ndsz shows the table with the names the proxy generated.
+	if code, body := p.get("/debug/ndsz"); code != 200 || !strings.Contains(body, "reviews.e2e.svc.cluster.local") || !strings.Contains(body, "10.0.0.7") {
+		t.Fatalf("/debug/ndsz = %d %s", code, body)
+	}
+
 	// A new table file is picked up without a restart.
 	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.8"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
 	deadline := time.Now().Add(30 * time.Second)

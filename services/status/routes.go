@@ -28,6 +28,9 @@ func (s *Service) routes() http.Handler {
 	if s.cfg.Chaos {
 		mux.HandleFunc("/debug/chaos/kill", loopbackOnly(postOnly(s.handleChaosKill)))
 	}
+	for path, h := range s.cfg.Debug {
+		mux.HandleFunc("GET "+path, loopbackOnly(h.ServeHTTP))
+	}
 	if s.cfg.Profiling {
 		mux.HandleFunc("/debug/pprof/", loopbackOnly(pprof.Index))
 		mux.HandleFunc("/debug/pprof/cmdline", loopbackOnly(pprof.Cmdline))
@@ -82,7 +85,7 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 	}
 	fmt.Fprintf(w, "meshagent (%s)\n", readiness)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tSTATE\tRESTARTS\tPANICS\tSINCE\tLAST ERROR")
+	fmt.Fprintln(tw, "SERVICE\tSTATE\tRESTARTS\tPANICS\tSINCE\tREASON / LAST ERROR")
 	for _, n := range t.Services {
 		depth := strings.Count(n.Path, "/")
 		label := strings.Repeat("  ", depth) + "├── " + n.Name
@@ -90,8 +93,12 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 		if n.State == messages.Failed && n.NextDelay > 0 {
 			state += " (retry in " + n.NextDelay.Round(time.Millisecond).String() + ")"
 		}
+		note := n.LastError
+		if h, ok := v.healths[n.Name]; ok && h.Reason != "" && h.State != messages.Failed {
+			note = h.Reason // what the service says of itself now
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", label, state, n.Restarts, n.Panics,
-			n.Since.UTC().Format(time.RFC3339), oneLine(n.LastError))
+			n.Since.UTC().Format(time.RFC3339), oneLine(note))
 	}
 	tw.Flush()
 }
@@ -101,6 +108,9 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 func displayState(n messages.ServiceInfo, v *view) string {
 	if n.Kind == "supervisor" && n.State == messages.Starting {
 		return "running" // a supervisor has no readiness of its own
+	}
+	if h, ok := v.healths[n.Name]; ok && n.State == messages.Stopped && n.Reason == "done" {
+		return h.State.String() + ", done" // a one-shot keeps its verdict
 	}
 	if h, ok := v.healths[n.Name]; ok && n.State == messages.Starting {
 		return h.State.String()

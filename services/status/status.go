@@ -35,6 +35,10 @@ type Config struct {
 	Profiling bool
 	// Gatherer is the agent's metrics registry, served on /stats/prometheus.
 	Gatherer prometheus.Gatherer
+	// Debug are read-only debug pages other services offer, by path
+	// ("/debug/ndsz"), served to loopback callers only. The tree hands
+	// them over like channels; the status server never calls a service.
+	Debug map[string]http.Handler
 }
 
 // Validate reports a configuration that cannot work.
