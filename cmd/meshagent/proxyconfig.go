@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/services/envoy"
 )
 
 // Annotation keys Istio's agent reads from the pod's annotations file.
@@ -84,7 +85,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 		}
 	}
 
-	annotations, err := readDownwardAPIFile(src.annotationsFile)
+	annotations, err := envoy.ReadDownwardAPI(src.annotationsFile)
 	if err != nil {
 		return nil, err
 	}
@@ -202,42 +203,6 @@ func mergeJSON(base, over map[string]any) map[string]any {
 		base[k] = v
 	}
 	return base
-}
-
-// readDownwardAPIFile reads a Kubernetes Downward API labels or
-// annotations file: one key="quoted value" per line. A missing file is
-// empty (the agent also runs outside Kubernetes).
-func readDownwardAPIFile(path string) (map[string]string, error) {
-	out := map[string]string{}
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("pod info file: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-	for line := 1; sc.Scan(); line++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" {
-			continue
-		}
-		key, quoted, ok := strings.Cut(text, "=")
-		if !ok {
-			return nil, fmt.Errorf("%s:%d: want key=\"value\", got %q", path, line, text)
-		}
-		val, err := strconv.Unquote(quoted)
-		if err != nil {
-			val = quoted // Downward API quotes values, but be lenient
-		}
-		out[key] = val
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	return out, nil
 }
 
 // validateProxyConfig checks the ProxyConfig fields the agent uses; every

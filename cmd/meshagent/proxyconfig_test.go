@@ -169,19 +169,3 @@ func TestValidateProxyConfig(t *testing.T) {
 		}
 	}
 }
-
-func TestReadDownwardAPIFile(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "labels")
-	writeFile(t, p, "app=\"reviews\"\npod-template-hash=\"abc\"\nversion=\"v1\"\n\n")
-	got, err := readDownwardAPIFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got["app"] != "reviews" || got["version"] != "v1" || len(got) != 3 {
-		t.Fatalf("got %v", got)
-	}
-	writeFile(t, p, "no equals sign\n")
-	if _, err := readDownwardAPIFile(p); err == nil || !strings.Contains(err.Error(), p+":1") {
-		t.Fatalf("bad line: err = %v", err)
-	}
-}

@@ -146,8 +146,8 @@ func ParseDownwardAPI(text string) (map[string]string, error) {
 	return out, nil
 }
 
-// readDownwardAPI reads a Downward API file; a missing file (not running on Kubernetes) is not an error.
-func readDownwardAPI(path string) (map[string]string, error) {
+// ReadDownwardAPI reads a Downward API file; a missing file (not running on Kubernetes) is not an error.
+func ReadDownwardAPI(path string) (map[string]string, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -211,7 +211,7 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 		}
 	}
 
-	fileLabels, err := readDownwardAPI(c.LabelsFile)
+	fileLabels, err := ReadDownwardAPI(c.LabelsFile)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("labels file: %w", err)
 	}
@@ -224,7 +224,7 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 			labels[k] = v
 		}
 	}
-	annotations, err := readDownwardAPI(c.AnnotationsFile)
+	annotations, err := ReadDownwardAPI(c.AnnotationsFile)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("annotations file: %w", err)
 	}
