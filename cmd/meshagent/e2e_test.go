@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -247,6 +248,98 @@ func TestAgentAsPID1(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
 		t.Fatalf("proxy --bogus as PID 1: %v, want exit 2", err)
 	}
+}
+
+// As PID 1 the agent reaps the orphans of its PID namespace, and SIGTERM
+// to PID 1 reaches the agent, which drains and exits 0.
+func TestAgentAsPID1ReapsOrphans(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a PID namespace (unshare --pid)")
+	}
+	for _, bin := range []string{"unshare", "nsenter"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("needs %s (util-linux)", bin)
+		}
+	}
+	port := freePort(t)
+	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", agentBinary, "proxy", "--root", t.TempDir())
+	cmd.Env = append(os.Environ(), fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d}`, port),
+		"DISABLE_ENVOY=true", "PILOT_CERT_PROVIDER=none")
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-done
+	}()
+	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &stderr}
+	p.waitStatus(t, "/healthz/ready", 200)
+
+	init := childPIDs(t, cmd.Process.Pid) // the namespace's PID 1, as the host sees it
+	if len(init) != 1 {
+		t.Fatalf("unshare children: %v", init)
+	}
+	pid1 := init[0]
+	// An orphan in the namespace: sh starts sleep and exits at once.
+	if out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid1), "-p", "sh", "-c", "sleep 0.2 & exit 0").CombinedOutput(); err != nil {
+		t.Fatalf("nsenter: %v %s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		zombies := 0
+		orphans := 0
+		for _, c := range childPIDs(t, pid1) {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c))
+			if strings.TrimSpace(string(comm)) == "sleep" {
+				orphans++
+				if isZombie(c) {
+					zombies++
+				}
+			}
+		}
+		if orphans == 0 {
+			break // reparented to PID 1 and reaped
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan not reaped: %d sleep children of PID 1, %d zombies", orphans, zombies)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(pid1, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		done <- err
+		if err != nil {
+			t.Fatalf("unshare/agent exit: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent as PID 1 did not stop on SIGTERM")
+	}
+	if !strings.Contains(stderr.String(), "meshagent stopped") {
+		t.Fatalf("SIGTERM did not reach the agent:\n%s", stderr.String())
+	}
+}
+
+// childPIDs are pid's children, from /proc.
+func childPIDs(t *testing.T, pid int) []int {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var out []int
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, field := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(field); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }
 
 type lockedBuffer struct {
