@@ -341,3 +341,26 @@ func TestRootsChangedTrigger(t *testing.T) {
 		t.Fatal("did not fire on a roots change")
 	}
 }
+
+// With WATCHDOG_USEC set, the tree pings systemd's watchdog at half the
+// interval while its loop runs.
+func TestSystemdWatchdog(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	t.Setenv("WATCHDOG_USEC", "100000")
+
+	ch := NewChannels(nil)
+	newHarnessWith(t, ch, []Node{{Name: "svc", Service: &readyService{name: "svc", health: ch.Health}}},
+		Options{Notifier: SystemdNotifier{}}, []string{"svc"})
+	pings := 0
+	for pings < 3 {
+		if readNotify(t, conn) == "WATCHDOG=1" {
+			pings++
+		}
+	}
+}
