@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # make bench-dns: meshagent's DNS proxy under dnsperf, against the upstream
-# resolver queried directly (the floor) and CoreDNS when a coredns binary is
-# on PATH. Two runs per target, each bounded by DURATION seconds:
+# resolver queried directly (the floor) and CoreDNS (hosts plugin for the
+# mesh names, forward plugin to the same upstream for the rest) in the same
+# run. CoreDNS comes from PATH, else from $BENCH_BIN (default
+# ~/.cache/meshagent-bench/bin), else it is built there once with
+# `go install github.com/coredns/coredns@$COREDNS_VERSION` (a few minutes
+# on 2 cores; NO_COREDNS=1 skips it). Two runs per target, each bounded by
+# DURATION seconds:
 #   throughput: as fast as dnsperf goes with 100 queries outstanding (QPS);
 #   latency:    a fixed load of RATE queries/s (mean and p99 latency).
 # Prints QPS, mean and p99 latency, peak RSS (VmHWM) and ratios.
@@ -62,8 +67,16 @@ dnsmasq_pid=$!
 pids+=("$dnsmasq_pid")
 
 port=$((20000 + RANDOM % 20000))
+# PROFILE_DIR=dir: the proxy writes cpu.pprof and allocs.pprof there (go
+# tool pprof), covering the whole run.
+profile_flags=()
+if [ -n "${PROFILE_DIR:-}" ]; then
+	mkdir -p "$PROFILE_DIR"
+	profile_flags=(-cpuprofile "$PROFILE_DIR/cpu.pprof" -memprofile "$PROFILE_DIR/allocs.pprof")
+	cp "$work/dnsproxyd" "$PROFILE_DIR/dnsproxyd"
+fi
 "$work/dnsproxyd" -listen "127.0.0.1:$port" -resolv-conf "$work/resolv.conf" -table "$work/table.json" \
-	-namespace ns0 2>"$work/dnsproxyd.log" &
+	-namespace ns0 "${profile_flags[@]}" 2>"$work/dnsproxyd.log" &
 proxy_pid=$!
 pids+=("$proxy_pid")
 
@@ -80,9 +93,48 @@ wait_answer "$up" 53 svc0.ns0.svc.cluster.local
 wait_answer 127.0.0.1 "$port" svc0.ns0.svc.cluster.local
 wait_answer 127.0.0.1 "$port" x.upstream.test
 
+# BASELINE_BIN=path: another dnsproxyd build (say, of the previous commit)
+# measured in the same run as "baseline", for before/after ratios.
+baseline_pid=""
+baseline_port=$((port + 2))
+if [ -n "${BASELINE_BIN:-}" ]; then
+	"$BASELINE_BIN" -listen "127.0.0.1:$baseline_port" -resolv-conf "$work/resolv.conf" -table "$work/table.json" \
+		-namespace ns0 2>"$work/baseline.log" &
+	baseline_pid=$!
+	pids+=("$baseline_pid")
+	wait_answer 127.0.0.1 "$baseline_port" svc0.ns0.svc.cluster.local
+	wait_answer 127.0.0.1 "$baseline_port" x.upstream.test
+fi
+
+# CoreDNS: PATH, the bench cache, or built into the bench cache (not the
+# repository) from the Go module proxy.
+COREDNS_VERSION=${COREDNS_VERSION:-v1.12.1}
+BENCH_BIN=${BENCH_BIN:-$HOME/.cache/meshagent-bench/bin}
+coredns_bin=""
+if [ "${NO_COREDNS:-0}" = 1 ]; then
+	echo "note: NO_COREDNS=1: CoreDNS column skipped"
+elif command -v coredns >/dev/null; then
+	coredns_bin=$(command -v coredns)
+elif [ -x "$BENCH_BIN/coredns" ]; then
+	coredns_bin=$BENCH_BIN/coredns
+else
+	echo "bench-dns: no coredns on PATH (Debian has no package): go install github.com/coredns/coredns@$COREDNS_VERSION into $BENCH_BIN (once; several minutes)..."
+	mkdir -p "$BENCH_BIN"
+	if (cd /tmp && GOBIN="$BENCH_BIN" timeout 1800 go install "github.com/coredns/coredns@$COREDNS_VERSION") >"$work/coredns-install.log" 2>&1; then
+		coredns_bin=$BENCH_BIN/coredns
+	else
+		echo "bench-dns: go install of CoreDNS failed; going on without it. Why:"
+		tail -5 "$work/coredns-install.log" | sed 's/^/  /'
+	fi
+fi
+if [ -n "$coredns_bin" ]; then echo "CoreDNS: $coredns_bin ($("$coredns_bin" -version 2>/dev/null | head -1))"; fi
+
 coredns_pid=""
 coredns_port=$((port + 1))
-if command -v coredns >/dev/null; then
+if [ -n "$coredns_bin" ]; then
+	# The same job as the proxy: the mesh names from a hosts file (the
+	# hosts plugin), everything else forwarded to the same upstream (the
+	# forward plugin). No cache plugin: the proxy caches nothing either.
 	cat >"$work/Corefile" <<EOC
 .:$coredns_port {
     bind 127.0.0.1
@@ -94,12 +146,11 @@ if command -v coredns >/dev/null; then
     errors
 }
 EOC
-	coredns -conf "$work/Corefile" >"$work/coredns.log" 2>&1 &
+	"$coredns_bin" -conf "$work/Corefile" >"$work/coredns.log" 2>&1 &
 	coredns_pid=$!
 	pids+=("$coredns_pid")
 	wait_answer 127.0.0.1 "$coredns_port" svc0.ns0.svc.cluster.local
-else
-	echo "note: no coredns binary on PATH (Debian has no coredns package): CoreDNS column skipped"
+	wait_answer 127.0.0.1 "$coredns_port" x.upstream.test
 fi
 
 declare -A QPS MEAN P99
@@ -134,11 +185,17 @@ if [ -n "$coredns_pid" ]; then
 	perf coredns-forwarded 127.0.0.1 "$coredns_port" "$work/forwarded.txt"
 	targets+=(coredns-local coredns-forwarded)
 fi
+if [ -n "$baseline_pid" ]; then
+	perf baseline-local 127.0.0.1 "$baseline_port" "$work/local.txt"
+	perf baseline-forwarded 127.0.0.1 "$baseline_port" "$work/forwarded.txt"
+	targets+=(baseline-local baseline-forwarded)
+fi
 
 declare -A RSS
 RSS[upstream]=$(hwm "$dnsmasq_pid")
 RSS[proxy]=$(hwm "$proxy_pid")
 [ -n "$coredns_pid" ] && RSS[coredns]=$(hwm "$coredns_pid")
+[ -n "$baseline_pid" ] && RSS[baseline]=$(hwm "$baseline_pid")
 
 echo
 printf '%-20s %12s %12s %12s %14s\n' target QPS "mean(us)" "p99(us)" "peakRSS(KiB)"
@@ -158,5 +215,13 @@ if [ -n "$coredns_pid" ]; then
 	echo "  proxy-local QPS / coredns-local QPS          = $(ratio "${QPS[proxy-local]}" "${QPS[coredns-local]}")"
 	echo "  proxy-forwarded QPS / coredns-forwarded QPS  = $(ratio "${QPS[proxy-forwarded]}" "${QPS[coredns-forwarded]}")"
 	echo "  proxy-local p99 / coredns-local p99          = $(ratio "${P99[proxy-local]}" "${P99[coredns-local]}")"
+	echo "  proxy-forwarded p99 / coredns-forwarded p99  = $(ratio "${P99[proxy-forwarded]}" "${P99[coredns-forwarded]}")"
 	echo "  proxy peak RSS / coredns peak RSS            = $(ratio "${RSS[proxy]}" "${RSS[coredns]}")"
+fi
+if [ -n "$baseline_pid" ]; then
+	echo "  proxy-local QPS / baseline-local QPS         = $(ratio "${QPS[proxy-local]}" "${QPS[baseline-local]}")"
+	echo "  proxy-forwarded QPS / baseline-forwarded QPS = $(ratio "${QPS[proxy-forwarded]}" "${QPS[baseline-forwarded]}")"
+	echo "  proxy-local p99 / baseline-local p99         = $(ratio "${P99[proxy-local]}" "${P99[baseline-local]}")"
+	echo "  proxy-forwarded p99 / baseline-forwarded p99 = $(ratio "${P99[proxy-forwarded]}" "${P99[baseline-forwarded]}")"
+	echo "  proxy peak RSS / baseline peak RSS           = $(ratio "${RSS[proxy]}" "${RSS[baseline]}")"
 fi
