@@ -1,0 +1,234 @@
+package dnsproxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// udpBatch is how many packets one system call reads (recvmmsg) or
+	// writes (sendmmsg). Under load a reader finds many queries waiting.
+	udpBatch = 16
+	// udpReadSize is the largest query read, as miekg's server reads.
+	udpReadSize = dns.DefaultMsgSize
+	// maxUDPSockets bounds the sockets sharing a listen address.
+	maxUDPSockets = 4
+)
+
+// udpServer answers DNS over UDP. It replaces miekg's server there, whose
+// cost under load was mostly one read and one write system call per query
+// and a goroutine per packet (scheduler wake-ups): here each of a few
+// sockets bound to the same address (SO_REUSEPORT, one per CPU, so the
+// kernel spreads clients over them) has one goroutine that reads queries in
+// batches, answers local names and bad queries in place, and writes those
+// answers in one batch. Only a forwarded query gets a goroutine, as it waits
+// for upstream.
+type udpServer struct {
+	h     *handler
+	conns []*net.UDPConn
+	wg    sync.WaitGroup // readers and forwarded queries
+}
+
+// batchConn is ipv4.PacketConn or ipv6.PacketConn: recvmmsg and sendmmsg.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// listenUDP binds n UDP sockets to addr (n > 1: with SO_REUSEPORT; port 0:
+// all on the port the first got).
+func listenUDP(addr string, n int) ([]*net.UDPConn, error) {
+	lc := net.ListenConfig{}
+	if n > 1 {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	var conns []*net.UDPConn
+	for i := 0; i < n; i++ {
+		pc, err := lc.ListenPacket(context.Background(), "udp", addr)
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("listen udp %s: %w", addr, err)
+		}
+		conns = append(conns, pc.(*net.UDPConn))
+		addr = pc.LocalAddr().String()
+	}
+	return conns, nil
+}
+
+// udpSockets is how many sockets share a listen address: one per CPU the Go
+// runtime uses.
+func udpSockets() int {
+	return min(runtime.GOMAXPROCS(0), maxUDPSockets)
+}
+
+// serve starts a reader per socket; errs gets a reader's failure.
+func (s *udpServer) serve(errs chan<- error) {
+	for _, c := range s.conns {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.read(c); err != nil {
+				errs <- err
+			}
+		}()
+	}
+}
+
+// shutdown closes the sockets and waits for the readers and for the
+// forwarded queries (the handler's context is cancelled before, so they end).
+func (s *udpServer) shutdown() {
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.wg.Wait()
+}
+
+func (s *udpServer) read(c *net.UDPConn) error {
+	var bc batchConn
+	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
+		bc = ipv6.NewPacketConn(c)
+	} else {
+		bc = ipv4.NewPacketConn(c)
+	}
+	in := make([]ipv4.Message, udpBatch)
+	inBuf := make([]byte, udpBatch*udpReadSize)
+	for i := range in {
+		in[i].Buffers = [][]byte{inBuf[i*udpReadSize : (i+1)*udpReadSize : (i+1)*udpReadSize]}
+	}
+	out := make([]ipv4.Message, udpBatch)
+	outBuf := make([][]byte, udpBatch) // per slot, reused: grown by PackBuffer when needed
+	for i := range outBuf {
+		outBuf[i] = make([]byte, 0, dns.MinMsgSize)
+		out[i].Buffers = [][]byte{nil}
+	}
+	for {
+		n, err := bc.ReadBatch(in, 0)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var errno syscall.Errno
+			if errors.As(err, &errno) && (errno == syscall.EINTR || errno == syscall.ECONNREFUSED ||
+				errno == syscall.ENOBUFS || errno == syscall.ENOMEM) {
+				continue // transient
+			}
+			return fmt.Errorf("read udp %s: %w", c.LocalAddr(), err)
+		}
+		k := 0
+		for i := range in[:n] {
+			resp := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr)
+			if resp == nil {
+				continue
+			}
+			b, err := resp.PackBuffer(outBuf[k])
+			if err != nil {
+				continue
+			}
+			if cap(b) > cap(outBuf[k]) && cap(b) <= udpReadSize {
+				outBuf[k] = b[:0] // keep a grown buffer, within reason
+			}
+			out[k].Buffers[0] = b
+			out[k].Addr = in[i].Addr
+			k++
+		}
+		for sent := 0; sent < k; {
+			m, err := bc.WriteBatch(out[sent:k], 0)
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return nil
+				}
+				// A client that went away (or a full socket buffer)
+				// costs that answer only: UDP answers may be lost.
+				m = 1
+			}
+			sent += m
+		}
+		for i := range out[:k] {
+			out[i].Buffers[0], out[i].Addr = nil, nil
+		}
+		for i := range in[:n] {
+			in[i].Addr = nil
+		}
+	}
+}
+
+// handle returns the answer to the query in pkt, to write now; nil when the
+// query is dropped or forwarded (then a goroutine writes the answer). It
+// filters as miekg's server does before its handler runs.
+func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr) *dns.Msg {
+	if len(pkt) < 12 {
+		return nil // not even a header: no answer, it could amplify
+	}
+	var hdr dns.MsgHdr
+	hdr.Id = binary.BigEndian.Uint16(pkt)
+	bits := binary.BigEndian.Uint16(pkt[2:])
+	if bits&0x8000 != 0 {
+		return nil // a response: never answer an answer
+	}
+	hdr.Opcode = int(bits>>11) & 0xf
+	switch {
+	case hdr.Opcode != dns.OpcodeQuery && hdr.Opcode != dns.OpcodeNotify:
+		return headerReply(hdr, dns.RcodeNotImplemented)
+	case binary.BigEndian.Uint16(pkt[4:]) != 1, binary.BigEndian.Uint16(pkt[6:]) > 1,
+		binary.BigEndian.Uint16(pkt[8:]) > 1, binary.BigEndian.Uint16(pkt[10:]) > 2:
+		return headerReply(hdr, dns.RcodeFormatError)
+	}
+	req := new(dns.Msg)
+	if err := req.Unpack(pkt); err != nil {
+		return headerReply(hdr, dns.RcodeFormatError)
+	}
+	resp, size, done := s.h.answerLocal(req, false)
+	if done {
+		return resp
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		resp, raw := s.h.answerForwarded(req, false, size)
+		if raw == nil && resp != nil {
+			var err error
+			if raw, err = resp.Pack(); err != nil {
+				return
+			}
+		}
+		if raw != nil {
+			_, _ = c.WriteTo(raw, addr)
+		}
+	}()
+	return nil
+}
+
+// headerReply is the error answer to a query that could not be read past
+// its header, as miekg's server gives it: FORMERR (or NOTIMP, with the
+// query's opcode), nothing but the header.
+func headerReply(hdr dns.MsgHdr, rcode int) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.Id = hdr.Id
+	resp.Response = true
+	resp.Rcode = rcode
+	if rcode == dns.RcodeNotImplemented {
+		resp.Opcode = hdr.Opcode
+	}
+	return resp
+}
