@@ -41,6 +41,10 @@ trap cleanup EXIT
 
 go build -o "$work/dnsproxyd" ./bench/dns/dnsproxyd
 
+# The table file sits in a directory of its own: the proxy watches its
+# directory, and dnsperf's outputs in $work would wake it for nothing.
+mkdir "$work/table"
+
 # The mesh: HOSTS Kubernetes services over 10 namespaces; the same names in
 # a hosts file for the upstream and CoreDNS, so that each can answer them.
 up="127.77.$((RANDOM % 200 + 1)).53"
@@ -51,7 +55,7 @@ up="127.77.$((RANDOM % 200 + 1)).53"
 		echo "\"svc$i.ns$((i % 10)).svc.cluster.local\": {\"ips\": [\"10.1.$((i / 250)).$((i % 250 + 1))\"], \"registry\": \"Kubernetes\", \"shortname\": \"svc$i\", \"namespace\": \"ns$((i % 10))\"}$sep"
 	done
 	echo '}}'
-} >"$work/table.json"
+} >"$work/table/table.json"
 for ((i = 0; i < HOSTS; i++)); do
 	echo "10.1.$((i / 250)).$((i % 250 + 1)) svc$i.ns$((i % 10)).svc.cluster.local"
 done >"$work/hosts"
@@ -75,7 +79,7 @@ if [ -n "${PROFILE_DIR:-}" ]; then
 	profile_flags=(-cpuprofile "$PROFILE_DIR/cpu.pprof" -memprofile "$PROFILE_DIR/allocs.pprof")
 	cp "$work/dnsproxyd" "$PROFILE_DIR/dnsproxyd"
 fi
-"$work/dnsproxyd" -listen "127.0.0.1:$port" -resolv-conf "$work/resolv.conf" -table "$work/table.json" \
+"$work/dnsproxyd" -listen "127.0.0.1:$port" -resolv-conf "$work/resolv.conf" -table "$work/table/table.json" \
 	-namespace ns0 "${profile_flags[@]}" 2>"$work/dnsproxyd.log" &
 proxy_pid=$!
 pids+=("$proxy_pid")
@@ -98,7 +102,7 @@ wait_answer 127.0.0.1 "$port" x.upstream.test
 baseline_pid=""
 baseline_port=$((port + 2))
 if [ -n "${BASELINE_BIN:-}" ]; then
-	"$BASELINE_BIN" -listen "127.0.0.1:$baseline_port" -resolv-conf "$work/resolv.conf" -table "$work/table.json" \
+	"$BASELINE_BIN" -listen "127.0.0.1:$baseline_port" -resolv-conf "$work/resolv.conf" -table "$work/table/table.json" \
 		-namespace ns0 2>"$work/baseline.log" &
 	baseline_pid=$!
 	pids+=("$baseline_pid")
