@@ -97,7 +97,12 @@ func (h *handler) answerForwarded(req *dns.Msg, tcp bool, size int) (*dns.Msg, [
 	// upstream answers. Before the first table Istio answers SERVFAIL; we
 	// forward, so that a workload starting before the control plane answers
 	// still resolves everything the cluster's DNS knows.
-	raw := h.fwd.forward(h.ctx, req, tcp)
+	return fitAnswer(req, size, h.fwd.forward(h.ctx, req, tcp))
+}
+
+// fitAnswer is upstream's answer raw (with the query's ID), relayed as it
+// is when it fits in size, else decoded and truncated; SERVFAIL for none.
+func fitAnswer(req *dns.Msg, size int, raw []byte) (*dns.Msg, []byte) {
 	if raw == nil {
 		return errorReply(req, dns.RcodeServerFailure), nil
 	}

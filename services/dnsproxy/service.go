@@ -78,7 +78,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fwd := newForwarder(rc.servers, s.cfg.ForwardTimeout, s.cfg.ForwardParallel, s.metrics, s.log)
-	defer fwd.close()
+	defer fwd.close() // again at the end of a run: closing twice is fine
 	h := &handler{ctx: runCtx, fwd: fwd, metrics: s.metrics, log: s.log}
 
 	// UDP: our batching server (udpserver.go); TCP: miekg's.
@@ -122,6 +122,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	}
 	defer func() {
 		cancel() // forwards in flight end first, so handlers return
+		// The upstream sockets close before the UDP server waits: the
+		// answers it still awaits fail at once (udpServer.forwardAsync).
+		fwd.close()
 		udp.shutdown()
 		for _, srv := range servers {
 			_ = srv.Shutdown()

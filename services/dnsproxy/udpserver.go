@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
@@ -202,6 +203,9 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr) *dns.Msg {
 	if done {
 		return resp
 	}
+	if s.forwardAsync(c, addr, pkt, req, size) {
+		return nil
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -231,4 +235,90 @@ func headerReply(hdr dns.MsgHdr, rcode int) *dns.Msg {
 		resp.Opcode = hdr.Opcode
 	}
 	return resp
+}
+
+// forwardAsync forwards the query in pkt to the first nameserver over UDP
+// with no goroutine waiting: the upstream socket's reader relays the answer
+// to the client. Whatever is not that simple (a failure, to try the next
+// nameserver; a truncated answer, to fetch over TCP; one too big for the
+// client) goes on in a goroutine, the slow way. False when the query must
+// take the slow way from the start (parallel nameservers, none at all).
+func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req *dns.Msg, size int) bool {
+	f := s.h.fwd
+	if len(f.servers) == 0 || (f.parallel && len(f.servers) > 1) {
+		return false
+	}
+	query := append([]byte(nil), pkt...) // pkt's buffer is read into again
+	q, ok := questionOf(query)
+	if !ok {
+		return false
+	}
+	u := f.servers[0]
+	start := time.Now()
+	f.metrics.upstreamRequests.Inc()
+	s.wg.Add(1)
+	w := &waiter{q: q, deadline: start.Add(f.timeout)}
+	w.done = func(resp []byte, err error) {
+		defer s.wg.Done()
+		if err == nil && resp[2]&0x02 == 0 && len(resp) <= size {
+			f.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
+			binary.BigEndian.PutUint16(resp, req.Id)
+			_, _ = c.WriteTo(resp, addr)
+			return
+		}
+		if s.h.ctx.Err() != nil {
+			return // shutting down
+		}
+		if resp != nil {
+			resp = append([]byte(nil), resp...) // valid only during this call
+		}
+		s.wg.Add(1) // before the Done above: shutdown waits for it too
+		go func() {
+			defer s.wg.Done()
+			s.finishForward(c, addr, req, query, q, size, start, resp, err)
+		}()
+	}
+	if _, err := u.udp[u.next.Add(1)%udpConnsPerUpstream].send(query, w); err != nil {
+		w.done(nil, err)
+	}
+	return true
+}
+
+// finishForward is the slow way of forwardAsync's query, given the first
+// nameserver's UDP answer resp (truncated, or too big for the client) or its
+// failure err.
+func (s *udpServer) finishForward(c *net.UDPConn, addr net.Addr, req *dns.Msg, query, q []byte, size int,
+	start time.Time, resp []byte, err error,
+) {
+	f := s.h.fwd
+	defer func() { f.metrics.upstreamDuration.Observe(time.Since(start).Seconds()) }()
+	switch {
+	case err != nil:
+		f.log.Debug("upstream failed", "upstream", f.servers[0].addr, "err", err)
+		resp = nil
+		if len(f.servers) > 1 {
+			resp = f.exchange(s.h.ctx, query, q, false, 1)
+		}
+	case resp[2]&0x02 != 0:
+		// Truncated: the whole answer over TCP, and the client's size
+		// decides whether it must come back over TCP.
+		if full, err := f.servers[0].exchangeTCP(s.h.ctx, query, q); err == nil {
+			resp = full
+		}
+	}
+	if resp == nil {
+		f.metrics.upstreamFailures.Inc()
+	} else {
+		binary.BigEndian.PutUint16(resp, req.Id)
+	}
+	msg, raw := fitAnswer(req, size, resp)
+	if raw == nil && msg != nil {
+		var err error
+		if raw, err = msg.Pack(); err != nil {
+			return
+		}
+	}
+	if raw != nil {
+		_, _ = c.WriteTo(raw, addr)
+	}
 }
