@@ -6,7 +6,7 @@
 # ~/.cache/meshagent-bench/bin), else it is built there once with
 # `go install github.com/coredns/coredns@$COREDNS_VERSION` (a few minutes
 # on 2 cores; NO_COREDNS=1 skips it). Two runs per target, each bounded by
-# DURATION seconds:
+# DURATION seconds, repeated ROUNDS times (medians reported):
 #   throughput: as fast as dnsperf goes with 100 queries outstanding (QPS);
 #   latency:    a fixed load of RATE queries/s (mean and p99 latency).
 # Prints QPS, mean and p99 latency, peak RSS (VmHWM) and ratios.
@@ -14,7 +14,8 @@
 # resolv.conf cannot name a port), dnsmasq and dnsperf (apt packages).
 set -euo pipefail
 
-DURATION=${DURATION:-5}
+DURATION=${DURATION:-4}
+ROUNDS=${ROUNDS:-3}
 RATE=${RATE:-10000}
 HOSTS=${HOSTS:-1000}
 cd "$(dirname "$0")/../.."
@@ -157,13 +158,13 @@ EOC
 	wait_answer 127.0.0.1 "$coredns_port" x.upstream.test
 fi
 
-declare -A QPS MEAN P99
-# perf NAME SERVER PORT FILE
+declare -A QPS MEAN P99 QPSALL P99ALL MEANALL
+# perf NAME SERVER PORT FILE: one round; the values of every round are kept.
 perf() {
 	local name=$1 server=$2 p=$3 file=$4
 	local out="$work/$name"
 	dnsperf -s "$server" -p "$p" -d "$file" -l "$DURATION" -c 8 -q 100 >"$out.tput" 2>&1
-	QPS[$name]=$(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")
+	QPSALL[$name]+=" $(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")"
 	local lost
 	lost=$(awk '/Queries lost:/ {print $3}' "$out.tput")
 	dnsperf -s "$server" -p "$p" -d "$file" -l "$DURATION" -c 8 -Q "$RATE" -v >"$out.lat" 2>&1
@@ -171,29 +172,39 @@ perf() {
 	awk '/^> / {print $5}' "$out.lat" | sort -g >"$out.sorted"
 	local n
 	n=$(wc -l <"$out.sorted")
-	MEAN[$name]=$(awk '{s += $1} END {if (NR) printf "%.1f", s / NR * 1e6}' "$out.sorted")
-	P99[$name]=$(awk -v k=$(((n * 99 + 99) / 100)) 'NR == k {printf "%.1f", $1 * 1e6}' "$out.sorted")
+	MEANALL[$name]+=" $(awk '{s += $1} END {if (NR) printf "%.1f", s / NR * 1e6}' "$out.sorted")"
+	P99ALL[$name]+=" $(awk -v k=$(((n * 99 + 99) / 100)) 'NR == k {printf "%.1f", $1 * 1e6}' "$out.sorted")"
 	if [ "${lost:-0}" != 0 ]; then echo "  ($name: $lost queries lost in the throughput run)"; fi
 }
+median() { printf '%s\n' $1 | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+spread() { printf '%s\n' $1 | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}'; }
 
 hwm() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
 
-echo "running dnsperf: ${DURATION}s throughput + ${DURATION}s at ${RATE} qps per target, $HOSTS names..."
-perf upstream-local "$up" 53 "$work/local.txt"
-perf upstream-forwarded "$up" 53 "$work/forwarded.txt"
-perf proxy-local 127.0.0.1 "$port" "$work/local.txt"
-perf proxy-forwarded 127.0.0.1 "$port" "$work/forwarded.txt"
+# Targets take turns, round after round, so that a slow moment of the
+# machine (2 cores for dnsperf, the servers and the rest) falls on all.
 targets=(upstream-local upstream-forwarded proxy-local proxy-forwarded)
+declare -A SERVER=([upstream]="$up 53" [proxy]="127.0.0.1 $port")
 if [ -n "$coredns_pid" ]; then
-	perf coredns-local 127.0.0.1 "$coredns_port" "$work/local.txt"
-	perf coredns-forwarded 127.0.0.1 "$coredns_port" "$work/forwarded.txt"
 	targets+=(coredns-local coredns-forwarded)
+	SERVER[coredns]="127.0.0.1 $coredns_port"
 fi
 if [ -n "$baseline_pid" ]; then
-	perf baseline-local 127.0.0.1 "$baseline_port" "$work/local.txt"
-	perf baseline-forwarded 127.0.0.1 "$baseline_port" "$work/forwarded.txt"
 	targets+=(baseline-local baseline-forwarded)
+	SERVER[baseline]="127.0.0.1 $baseline_port"
 fi
+echo "running dnsperf: $ROUNDS rounds of ${DURATION}s throughput + ${DURATION}s at ${RATE} qps per target, $HOSTS names..."
+for ((r = 1; r <= ROUNDS; r++)); do
+	for t in "${targets[@]}"; do
+		# shellcheck disable=SC2086 # SERVER holds "host port"
+		perf "$t" ${SERVER[${t%%-*}]} "$work/${t#*-}.txt"
+	done
+done
+for t in "${targets[@]}"; do
+	QPS[$t]=$(median "${QPSALL[$t]}")
+	MEAN[$t]=$(median "${MEANALL[$t]}")
+	P99[$t]=$(median "${P99ALL[$t]}")
+done
 
 declare -A RSS
 RSS[upstream]=$(hwm "$dnsmasq_pid")
@@ -202,10 +213,12 @@ RSS[proxy]=$(hwm "$proxy_pid")
 [ -n "$baseline_pid" ] && RSS[baseline]=$(hwm "$baseline_pid")
 
 echo
-printf '%-20s %12s %12s %12s %14s\n' target QPS "mean(us)" "p99(us)" "peakRSS(KiB)"
+printf '%-20s %8s %16s %9s %9s %18s %13s\n' target QPS "(QPS range)" "mean(us)" "p99(us)" "(p99 range)" "peakRSS(KiB)"
 for t in "${targets[@]}"; do
-	printf '%-20s %12s %12s %12s %14s\n' "$t" "${QPS[$t]}" "${MEAN[$t]}" "${P99[$t]}" "${RSS[${t%%-*}]}"
+	printf '%-20s %8s %16s %9s %9s %18s %13s\n' "$t" "${QPS[$t]}" "($(spread "${QPSALL[$t]}"))" "${MEAN[$t]}" \
+		"${P99[$t]}" "($(spread "${P99ALL[$t]}"))" "${RSS[${t%%-*}]}"
 done
+echo "(medians of $ROUNDS rounds, ranges in brackets)"
 echo "(upstream = dnsmasq queried directly, answering the same names from a hosts file: the floor;"
 echo " latency at a fixed ${RATE} qps; QPS with 100 queries outstanding; peak RSS over the whole run)"
 echo

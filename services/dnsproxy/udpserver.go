@@ -123,6 +123,10 @@ func (s *udpServer) read(c *net.UDPConn) error {
 		outBuf[i] = make([]byte, 0, dns.MinMsgSize)
 		out[i].Buffers = [][]byte{nil}
 	}
+	// spare is the message the next query is unpacked into: a local answer
+	// is packed before the next query is read, so one message serves them
+	// all; a forwarded query keeps its own.
+	spare := new(dns.Msg)
 	for {
 		n, err := bc.ReadBatch(in, 0)
 		if err != nil {
@@ -138,11 +142,13 @@ func (s *udpServer) read(c *net.UDPConn) error {
 		}
 		k := 0
 		for i := range in[:n] {
-			resp := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr)
+			resp := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare)
 			if resp == nil {
 				continue
 			}
-			b, err := resp.PackBuffer(outBuf[k])
+			// PackBuffer uses the buffer when its length (not its
+			// capacity) is enough.
+			b, err := resp.PackBuffer(outBuf[k][:cap(outBuf[k])])
 			if err != nil {
 				continue
 			}
@@ -177,7 +183,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 // handle returns the answer to the query in pkt, to write now; nil when the
 // query is dropped or forwarded (then a goroutine writes the answer). It
 // filters as miekg's server does before its handler runs.
-func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr) *dns.Msg {
+func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg) *dns.Msg {
 	if len(pkt) < 12 {
 		return nil // not even a header: no answer, it could amplify
 	}
@@ -195,7 +201,8 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr) *dns.Msg {
 		binary.BigEndian.Uint16(pkt[8:]) > 1, binary.BigEndian.Uint16(pkt[10:]) > 2:
 		return headerReply(hdr, dns.RcodeFormatError)
 	}
-	req := new(dns.Msg)
+	req := *spare
+	*req = dns.Msg{}
 	if err := req.Unpack(pkt); err != nil {
 		return headerReply(hdr, dns.RcodeFormatError)
 	}
@@ -203,6 +210,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr) *dns.Msg {
 	if done {
 		return resp
 	}
+	*spare = new(dns.Msg) // req goes on with the forward
 	if s.forwardAsync(c, addr, pkt, req, size) {
 		return nil
 	}
