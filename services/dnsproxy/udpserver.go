@@ -167,7 +167,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 				}
 				// A client that went away (or a full socket buffer)
 				// costs that answer only: UDP answers may be lost.
-				m = 1
+				m = max(m, 0) + 1
 			}
 			sent += m
 		}

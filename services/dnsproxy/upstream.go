@@ -334,7 +334,8 @@ func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error)
 }
 
 // send registers w and writes the query to the socket with w's ID, which
-// it returns; w.done is called later unless send fails.
+// it returns. Unless it returns an error, w.done is called exactly once
+// (maybe before send returns); with an error, never.
 func (c *udpConn) send(query []byte, w *waiter) (uint16, error) {
 	conn, id, err := c.register(w)
 	if err != nil {
@@ -345,7 +346,9 @@ func (c *udpConn) send(query []byte, w *waiter) (uint16, error) {
 	buf := append(small[:0], query...)
 	binary.BigEndian.PutUint16(buf, id)
 	if _, err := conn.Write(buf); err != nil {
-		c.unregister(id, w)
+		if !c.unregister(id, w) {
+			return id, nil // failed meanwhile (socket closed): done has it
+		}
 		return 0, fmt.Errorf("udp %s: %w", c.u.addr, err)
 	}
 	return id, nil
@@ -385,12 +388,16 @@ func (c *udpConn) register(w *waiter) (*net.UDPConn, uint16, error) {
 	}
 }
 
-func (c *udpConn) unregister(id uint16, w *waiter) {
+// unregister forgets w, if still waiting; false if it was not (done is
+// called, or was).
+func (c *udpConn) unregister(id uint16, w *waiter) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.waiters[id] == w {
 		delete(c.waiters, id)
+		return true
 	}
-	c.mu.Unlock()
+	return false
 }
 
 // read delivers the socket's answers to their waiters until the socket
