@@ -105,6 +105,8 @@ func (s *udpServer) shutdown() {
 	s.wg.Wait()
 }
 
+// read serves one socket until it is closed: read a batch of queries,
+// answer what can be answered at once, write those answers in one batch.
 func (s *udpServer) read(c *net.UDPConn) error {
 	var bc batchConn
 	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {

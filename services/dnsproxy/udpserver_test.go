@@ -130,3 +130,60 @@ func cellWith(nt messages.NameTable) *messages.Cell[messages.NameTable] {
 	c.Send(nt)
 	return c
 }
+
+// Many forwarded queries at once, from several clients: each gets the
+// answer to its own question, with its own ID (answers are relayed by the
+// upstream sockets' readers, not by a goroutine per query).
+func TestForwardedConcurrent(t *testing.T) {
+	up := startDnsmasq(t)
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, up)}, nil)
+	const clients, perClient = 8, 16 // in flight at once: within the default socket buffers (~200 KiB: ~250 datagrams)
+	errs := make(chan error, clients)
+	for c := 0; c < clients; c++ {
+		go func() {
+			conn, err := net.Dial("udp", p.addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close()
+			want := map[uint16]string{}
+			for i := 0; i < perClient; i++ { // all out before any answer is read
+				m := new(dns.Msg).SetQuestion(fmt.Sprintf("c%d-q%d.upstream.test.", c, i), dns.TypeA)
+				m.Id = uint16(1000*c + i) // unique: random IDs could collide
+				want[m.Id] = m.Question[0].Name
+				pkt, _ := m.Pack()
+				if _, err := conn.Write(pkt); err != nil {
+					errs <- err
+					return
+				}
+			}
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf := make([]byte, 4096)
+			for len(want) > 0 {
+				n, err := conn.Read(buf)
+				if err != nil {
+					errs <- fmt.Errorf("client %d: %d answers missing: %w", c, len(want), err)
+					return
+				}
+				r := new(dns.Msg)
+				if err := r.Unpack(buf[:n]); err != nil {
+					errs <- err
+					return
+				}
+				name, ok := want[r.Id]
+				if !ok || len(r.Question) != 1 || r.Question[0].Name != name || len(r.Answer) != 1 {
+					errs <- fmt.Errorf("client %d: unexpected answer %v", c, r)
+					return
+				}
+				delete(want, r.Id)
+			}
+			errs <- nil
+		}()
+	}
+	for c := 0; c < clients; c++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
