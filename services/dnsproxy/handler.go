@@ -38,23 +38,35 @@ func (h *handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 // upstream, as wire bytes; neither to drop it. It may reuse req as the
 // response.
 func (h *handler) answer(req *dns.Msg, tcp bool) (*dns.Msg, []byte) {
+	resp, size, done := h.answerLocal(req, tcp)
+	if done {
+		return resp, nil
+	}
+	return h.answerForwarded(req, tcp, size)
+}
+
+// answerLocal answers what needs no upstream: local names and bad queries
+// (done; a nil response drops the query). Otherwise it returns the size the
+// forwarded answer must fit in. It never blocks, so the UDP server runs it
+// in the goroutine that read the packet.
+func (h *handler) answerLocal(req *dns.Msg, tcp bool) (resp *dns.Msg, size int, done bool) {
 	h.metrics.requests.Inc()
 	if req.Response {
-		return nil, nil // never answer an answer: no reflection loops
+		return nil, 0, true // never answer an answer: no reflection loops
 	}
 	if req.Opcode != dns.OpcodeQuery {
-		return errorReply(req, dns.RcodeNotImplemented), nil
+		return errorReply(req, dns.RcodeNotImplemented), 0, true
 	}
 	if len(req.Question) != 1 {
 		// Istio answers SERVFAIL to an empty question; FORMERR is what it
 		// is (and what miekg's server answers before we see it).
-		return errorReply(req, dns.RcodeFormatError), nil
+		return errorReply(req, dns.RcodeFormatError), 0, true
 	}
 	q := req.Question[0]
 	if q.Qclass != dns.ClassINET {
-		return errorReply(req, dns.RcodeRefused), nil
+		return errorReply(req, dns.RcodeRefused), 0, true
 	}
-	size := dns.MaxMsgSize
+	size = dns.MaxMsgSize
 	opt := req.IsEdns0()
 	if !tcp {
 		size = dns.MinMsgSize
@@ -72,15 +84,25 @@ func (h *handler) answer(req *dns.Msg, tcp bool) (*dns.Msg, []byte) {
 				if !tcp {
 					resp.Truncate(size)
 				}
-				return resp, nil
+				return resp, size, true
 			}
 		}
 	}
+	return nil, size, false
+}
+
+// answerForwarded is upstream's answer to req, to fit in size bytes.
+func (h *handler) answerForwarded(req *dns.Msg, tcp bool, size int) (*dns.Msg, []byte) {
 	// Not a name of the mesh (or not yet a table, or another type):
 	// upstream answers. Before the first table Istio answers SERVFAIL; we
 	// forward, so that a workload starting before the control plane answers
 	// still resolves everything the cluster's DNS knows.
-	raw := h.fwd.forward(h.ctx, req, tcp)
+	return fitAnswer(req, size, h.fwd.forward(h.ctx, req, tcp))
+}
+
+// fitAnswer is upstream's answer raw (with the query's ID), relayed as it
+// is when it fits in size, else decoded and truncated; SERVFAIL for none.
+func fitAnswer(req *dns.Msg, size int, raw []byte) (*dns.Msg, []byte) {
 	if raw == nil {
 		return errorReply(req, dns.RcodeServerFailure), nil
 	}

@@ -78,24 +78,27 @@ func (s *Service) Serve(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fwd := newForwarder(rc.servers, s.cfg.ForwardTimeout, s.cfg.ForwardParallel, s.metrics, s.log)
-	defer fwd.close()
+	defer fwd.close() // again at the end of a run: closing twice is fine
 	h := &handler{ctx: runCtx, fwd: fwd, metrics: s.metrics, log: s.log}
 
+	// UDP: our batching server (udpserver.go); TCP: miekg's.
+	udp := &udpServer{h: h}
 	var servers []*dns.Server
 	var bound []string
 	for _, addr := range listenAddrs(s.cfg.Listen, rc.servers) {
-		pc, l, err := listen(addr)
+		pcs, l, err := listen(addr, udpSockets())
 		if err != nil {
+			udp.shutdown()
 			closeAll(servers)
 			return err
 		}
-		bound = append(bound, pc.LocalAddr().String())
-		servers = append(servers,
-			&dns.Server{PacketConn: pc, Handler: h, UDPSize: dns.DefaultMsgSize},
-			&dns.Server{Listener: l, Handler: h})
+		bound = append(bound, pcs[0].LocalAddr().String())
+		udp.conns = append(udp.conns, pcs...)
+		servers = append(servers, &dns.Server{Listener: l, Handler: h})
 	}
 	var wg sync.WaitGroup
-	failed := make(chan error, len(servers))
+	failed := make(chan error, len(servers)+len(udp.conns))
+	udp.serve(failed)
 	for _, srv := range servers {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
@@ -111,6 +114,7 @@ func (s *Service) Serve(ctx context.Context) error {
 		case <-started:
 		case err := <-failed:
 			cancel()
+			udp.shutdown()
 			closeAll(servers)
 			wg.Wait()
 			return fmt.Errorf("dns server: %w", err)
@@ -118,6 +122,10 @@ func (s *Service) Serve(ctx context.Context) error {
 	}
 	defer func() {
 		cancel() // forwards in flight end first, so handlers return
+		// The upstream sockets close before the UDP server waits: the
+		// answers it still awaits fail at once (udpServer.forwardAsync).
+		fwd.close()
+		udp.shutdown()
 		for _, srv := range servers {
 			_ = srv.Shutdown()
 		}
@@ -164,19 +172,21 @@ func (s *Service) setAddrs(a []string) {
 	s.mu.Unlock()
 }
 
-// listen binds addr over udp and tcp on the same port; with port 0, the tcp
-// port follows the one the udp socket got.
-func listen(addr string) (net.PacketConn, net.Listener, error) {
+// listen binds addr over udp (n sockets) and tcp on the same port; with
+// port 0, the tcp port follows the one the udp sockets got.
+func listen(addr string, n int) ([]*net.UDPConn, net.Listener, error) {
 	for attempt := 0; ; attempt++ {
-		pc, err := net.ListenPacket("udp", addr)
+		pcs, err := listenUDP(addr, n)
 		if err != nil {
-			return nil, nil, fmt.Errorf("listen udp %s: %w", addr, err)
+			return nil, nil, err
 		}
-		l, err := net.Listen("tcp", pc.LocalAddr().String())
+		l, err := net.Listen("tcp", pcs[0].LocalAddr().String())
 		if err == nil {
-			return pc, l, nil
+			return pcs, l, nil
 		}
-		pc.Close()
+		for _, pc := range pcs {
+			pc.Close()
+		}
 		_, port, _ := net.SplitHostPort(addr)
 		if port != "0" || !errors.Is(err, syscall.EADDRINUSE) || attempt >= 10 {
 			return nil, nil, fmt.Errorf("listen tcp %s: %w", addr, err)

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -30,6 +33,11 @@ const (
 	tcpIdleMax = 5 * time.Second
 	// maxInFlightPerConn bounds the IDs in use on one socket (of 65536).
 	maxInFlightPerConn = 16384
+	// upstreamBatch is how many answers one read takes (recvmmsg), and
+	// upstreamReadSize the buffer of each: a bigger UDP answer is taken as
+	// truncated and fetched over TCP.
+	upstreamBatch    = 8
+	upstreamReadSize = dns.DefaultMsgSize
 )
 
 var (
@@ -105,23 +113,29 @@ func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) []byte 
 		f.metrics.upstreamFailures.Inc()
 		return nil
 	}
-	var resp []byte
-	if f.parallel && len(f.servers) > 1 {
-		resp = f.forwardParallel(ctx, query, q, tcp)
-	} else {
-		for _, u := range f.servers {
-			if resp, err = u.exchange(ctx, query, q, tcp); err == nil {
-				break
-			}
-			f.log.Debug("upstream failed", "upstream", u.addr, "name", req.Question[0].Name, "err", err)
-		}
-	}
+	resp := f.exchange(ctx, query, q, tcp, 0)
 	if resp == nil {
 		f.metrics.upstreamFailures.Inc()
 		return nil
 	}
 	binary.BigEndian.PutUint16(resp, req.Id)
 	return resp
+}
+
+// exchange asks the nameservers from the from-th on (all at once when
+// parallel) for the answer to the packed query; nil if none answered.
+func (f *forwarder) exchange(ctx context.Context, query, q []byte, tcp bool, from int) []byte {
+	if f.parallel && len(f.servers) > 1 {
+		return f.forwardParallel(ctx, query, q, tcp)
+	}
+	for _, u := range f.servers[from:] {
+		resp, err := u.exchange(ctx, query, q, tcp)
+		if err == nil {
+			return resp
+		}
+		f.log.Debug("upstream failed", "upstream", u.addr, "err", err)
+	}
+	return nil
 }
 
 // forwardParallel asks every nameserver at once; the first answer wins.
@@ -275,9 +289,16 @@ type udpConn struct {
 	waiters map[uint16]*waiter
 }
 
+// waiter is one query waiting for its answer on a udpConn.
 type waiter struct {
-	q  []byte         // the question section, as sent
-	ch chan udpResult // buffered 1: the reader never blocks
+	q []byte // the question section, as sent
+	// done gets the answer (valid only during the call) or the error,
+	// once, from the socket's reader, its sweeper or close. It must not
+	// block.
+	done func(resp []byte, err error)
+	// deadline, when set, is when the sweeper fails the query (the queries
+	// no goroutine waits for, which have no timer of their own).
+	deadline time.Time
 }
 
 type udpResult struct {
@@ -286,22 +307,22 @@ type udpResult struct {
 }
 
 func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error) {
-	w := &waiter{q: q, ch: make(chan udpResult, 1)}
-	conn, id, err := c.register(w)
+	ch := make(chan udpResult, 1) // buffered: done never blocks
+	w := &waiter{q: q, done: func(resp []byte, err error) {
+		if resp != nil {
+			resp = append([]byte(nil), resp...)
+		}
+		ch <- udpResult{resp, err}
+	}}
+	id, err := c.send(query, w)
 	if err != nil {
 		return nil, err
 	}
 	defer c.unregister(id, w)
-	buf := make([]byte, len(query))
-	copy(buf, query)
-	binary.BigEndian.PutUint16(buf, id)
-	if _, err := conn.Write(buf); err != nil {
-		return nil, fmt.Errorf("udp %s: %w", c.u.addr, err)
-	}
 	timer := time.NewTimer(c.u.f.timeout)
 	defer timer.Stop()
 	select {
-	case r := <-w.ch:
+	case r := <-ch:
 		return r.resp, r.err
 	case <-timer.C:
 		return nil, fmt.Errorf("udp %s: %w", c.u.addr, context.DeadlineExceeded)
@@ -310,6 +331,27 @@ func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error)
 	case <-c.u.f.ctx.Done():
 		return nil, errClosed
 	}
+}
+
+// send registers w and writes the query to the socket with w's ID, which
+// it returns. Unless it returns an error, w.done is called exactly once
+// (maybe before send returns); with an error, never.
+func (c *udpConn) send(query []byte, w *waiter) (uint16, error) {
+	conn, id, err := c.register(w)
+	if err != nil {
+		return 0, err
+	}
+	// The ID goes in a copy: query is the caller's, maybe shared.
+	var small [512]byte
+	buf := append(small[:0], query...)
+	binary.BigEndian.PutUint16(buf, id)
+	if _, err := conn.Write(buf); err != nil {
+		if !c.unregister(id, w) {
+			return id, nil // failed meanwhile (socket closed): done has it
+		}
+		return 0, fmt.Errorf("udp %s: %w", c.u.addr, err)
+	}
+	return id, nil
 }
 
 // register dials the socket if needed and gives w a free ID.
@@ -330,8 +372,9 @@ func (c *udpConn) register(w *waiter) (*net.UDPConn, uint16, error) {
 		}
 		c.conn = conn
 		c.waiters = make(map[uint16]*waiter)
-		c.u.f.wg.Add(1)
+		c.u.f.wg.Add(2)
 		go c.read(conn)
+		go c.sweep(conn)
 	}
 	if len(c.waiters) >= maxInFlightPerConn {
 		return nil, 0, fmt.Errorf("udp %s: %w", c.u.addr, errTooMany)
@@ -345,21 +388,35 @@ func (c *udpConn) register(w *waiter) (*net.UDPConn, uint16, error) {
 	}
 }
 
-func (c *udpConn) unregister(id uint16, w *waiter) {
+// unregister forgets w, if still waiting; false if it was not (done is
+// called, or was).
+func (c *udpConn) unregister(id uint16, w *waiter) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.waiters[id] == w {
 		delete(c.waiters, id)
+		return true
 	}
-	c.mu.Unlock()
+	return false
 }
 
 // read delivers the socket's answers to their waiters until the socket
-// fails or is closed.
+// fails or is closed, reading them in batches (recvmmsg).
 func (c *udpConn) read(conn *net.UDPConn) {
 	defer c.u.f.wg.Done()
-	buf := make([]byte, dns.MaxMsgSize)
+	var bc batchConn
+	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
+		bc = ipv6.NewPacketConn(conn)
+	} else {
+		bc = ipv4.NewPacketConn(conn)
+	}
+	msgs := make([]ipv4.Message, upstreamBatch)
+	buf := make([]byte, upstreamBatch*upstreamReadSize)
+	for i := range msgs {
+		msgs[i].Buffers = [][]byte{buf[i*upstreamReadSize : (i+1)*upstreamReadSize : (i+1)*upstreamReadSize]}
+	}
 	for {
-		n, err := conn.Read(buf)
+		n, err := bc.ReadBatch(msgs, 0)
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				// The server's port is closed (ICMP): whatever waits on
@@ -371,27 +428,63 @@ func (c *udpConn) read(conn *net.UDPConn) {
 			c.failAll(conn, fmt.Errorf("udp %s: %w", c.u.addr, err), true)
 			return
 		}
-		if n < 12 {
-			continue
-		}
-		id := binary.BigEndian.Uint16(buf)
-		c.mu.Lock()
-		w := c.waiters[id]
-		c.mu.Unlock()
-		if w == nil {
-			continue // late or stray answer
-		}
-		if !isAnswerTo(buf[:n], id, w.q) {
-			continue // not the answer to that query: keep waiting for it
-		}
-		resp := make([]byte, n)
-		copy(resp, buf[:n])
-		c.mu.Lock()
-		if c.waiters[id] == w {
+		for i := range msgs[:n] {
+			m := &msgs[i]
+			resp := m.Buffers[0][:m.N]
+			if m.N < 12 {
+				continue
+			}
+			if m.Flags&unix.MSG_TRUNC != 0 {
+				// Bigger than our buffer: what we have is cut, so it
+				// says truncated (TC), and the answer comes over TCP.
+				resp[2] |= 0x02
+			}
+			id := binary.BigEndian.Uint16(resp)
+			c.mu.Lock()
+			w := c.waiters[id]
+			if w == nil || !isAnswerTo(resp, id, w.q) {
+				// Late or stray, or not the answer to that query:
+				// keep waiting for it.
+				c.mu.Unlock()
+				continue
+			}
 			delete(c.waiters, id)
-			w.ch <- udpResult{resp: resp}
+			c.mu.Unlock()
+			w.done(resp, nil)
 		}
-		c.mu.Unlock()
+	}
+}
+
+// sweep fails the queries past their deadline (those without a timer of
+// their own) until the socket is closed or replaced.
+func (c *udpConn) sweep(conn *net.UDPConn) {
+	defer c.u.f.wg.Done()
+	tick := time.NewTicker(min(max(c.u.f.timeout/8, 5*time.Millisecond), 250*time.Millisecond))
+	defer tick.Stop()
+	var expired []*waiter
+	for {
+		select {
+		case <-c.u.f.ctx.Done():
+			return
+		case now := <-tick.C:
+			c.mu.Lock()
+			if c.conn != conn {
+				c.mu.Unlock()
+				return
+			}
+			for id, w := range c.waiters {
+				if !w.deadline.IsZero() && now.After(w.deadline) {
+					expired = append(expired, w)
+					delete(c.waiters, id)
+				}
+			}
+			c.mu.Unlock()
+			for i, w := range expired {
+				w.done(nil, fmt.Errorf("udp %s: %w", c.u.addr, context.DeadlineExceeded))
+				expired[i] = nil
+			}
+			expired = expired[:0]
+		}
 	}
 }
 
@@ -399,17 +492,22 @@ func (c *udpConn) read(conn *net.UDPConn) {
 // the next query dials a new one.
 func (c *udpConn) failAll(conn *net.UDPConn, err error, drop bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.conn != conn {
+		c.mu.Unlock()
 		return
 	}
+	failed := make([]*waiter, 0, len(c.waiters))
 	for id, w := range c.waiters {
-		w.ch <- udpResult{err: err}
+		failed = append(failed, w)
 		delete(c.waiters, id)
 	}
 	if drop {
 		conn.Close()
 		c.conn = nil
+	}
+	c.mu.Unlock()
+	for _, w := range failed {
+		w.done(nil, err)
 	}
 }
 

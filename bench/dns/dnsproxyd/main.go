@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +33,8 @@ func main() {
 	flag.DurationVar(&cfg.ForwardTimeout, "forward-timeout", dnsproxy.DefaultForwardTimeout, "upstream timeout")
 	flag.BoolVar(&cfg.ForwardParallel, "forward-parallel", false, "query all upstreams at once")
 	verbose := flag.Bool("v", false, "debug logs")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (pprof)")
+	memProfile := flag.String("memprofile", "", "write an allocation profile to this file at exit (pprof)")
 	flag.Parse()
 	if *table == "" {
 		fmt.Fprintln(os.Stderr, "dnsproxyd: -table is required")
@@ -41,10 +45,40 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if err := run(cfg, *table, log); err != nil && !errors.Is(err, context.Canceled) {
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dnsproxyd: -cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "dnsproxyd: -cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+	}
+	err := run(cfg, *table, log)
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		if perr := writeHeapProfile(*memProfile); perr != nil {
+			log.Error("memprofile", "err", perr)
+		}
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("dnsproxyd failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	runtime.GC()
+	return pprof.Lookup("allocs").WriteTo(f, 0)
 }
 
 // healthLog logs every health change.
