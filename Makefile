@@ -62,7 +62,7 @@ bench-identity:
 
 bench-dns:
 	$(GO) test -run '^$$' -bench . -benchmem ./services/dnsproxy
-	bash bench/dns/run.sh
+	ROUNDS=$${ROUNDS:-3} bash bench/dns/run.sh
 
 golden:
 	$(GO) test ./services/envoy -run Golden -update
