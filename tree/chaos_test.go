@@ -40,6 +40,7 @@ func TestChaosSoak(t *testing.T) {
 	rng := rand.New(rand.NewPCG(42, uint64(time.Now().UnixNano())))
 	deadline := time.Now().Add(5 * time.Minute)
 	for round := 0; round < rounds && time.Now().Before(deadline); round++ {
+		h.waitAllRunning()
 		victim := targets[rng.IntN(len(targets))]
 		if code, body := h.post("/debug/chaos/kill?service=" + victim); code != 200 {
 			t.Fatalf("round %d: kill %s = %d %s", round, victim, code, body)

@@ -75,6 +75,7 @@ func (r *runner) Serve(ctx context.Context) error {
 	// A kill sent while the service was down applies to no run.
 	select {
 	case <-r.kill:
+		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
 	default:
 	}
 

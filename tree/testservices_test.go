@@ -2,6 +2,7 @@ package tree
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,6 +163,27 @@ func (h *harness) waitStatus(path string, code int) string {
 		return got == code
 	})
 	return body
+}
+
+// waitAllRunning waits until /debug/tree shows every service ready and
+// every supervisor running: a kill then finds its target up.
+func (h *harness) waitAllRunning() {
+	h.t.Helper()
+	eventually(h.t, "every service ready", func() bool {
+		_, body := h.get("/debug/tree?format=json")
+		var tree struct {
+			Services []messages.ServiceInfo `json:"services"`
+		}
+		if json.Unmarshal([]byte(body), &tree) != nil || len(tree.Services) == 0 {
+			return false
+		}
+		for _, s := range tree.Services {
+			if s.StateName != "ready" && s.StateName != "running" {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (h *harness) counter(name, service string) float64 {

@@ -149,6 +149,10 @@ func (s *Service) handleChaosKill(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("service")
 	t, _ := s.in.Tree.Get()
 	for _, n := range t.Services {
+		if n.Name == name && (n.State == messages.Failed || n.State == messages.Stopped) {
+			http.Error(w, fmt.Sprintf("%s is not running (%s); nothing to kill", name, n.StateName), http.StatusConflict)
+			return
+		}
 		if n.Name == name {
 			s.log.Warn("chaos kill requested", "target", name)
 			s.out.Chaos.Send(messages.Chaos{Service: name})

@@ -242,3 +242,26 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A chaos kill names a service that is up; one that is down (in backoff)
+// is refused rather than silently dropped.
+func TestChaosKillNeedsARunningService(t *testing.T) {
+	f := newFixture(Config{Chaos: true, Gatherer: prometheus.NewRegistry()})
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{
+		{Name: "dns", State: messages.Failed, StateName: "failed"},
+		{Name: "sds", State: messages.Starting, StateName: "starting"},
+	}})
+	h := f.svc.routes()
+	for name, want := range map[string]int{"dns": http.StatusConflict, "sds": http.StatusOK, "nope": http.StatusNotFound} {
+		req := httptest.NewRequest(http.MethodPost, "/debug/chaos/kill?service="+name, nil)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("kill %s = %d %q, want %d", name, rec.Code, rec.Body.String(), want)
+		}
+	}
+	if got := f.chaos.Take(); len(got) != 1 || got[0].Service != "sds" {
+		t.Fatalf("chaos commands sent: %v, want only sds", got)
+	}
+}
