@@ -31,6 +31,7 @@ func TestBadValuesAreUsageErrors(t *testing.T) {
 		{"proxy", "--root", root, "--stsPort", "15463"},
 		{"proxy", "--root", root, "--log_output_level", "default:loud"},
 		{"proxy", "--root", root, "--concurrency", "x"},
+		{"proxy", "--root", root, "--restart-max-delay", "1ms"},
 		{"version", "-o", "xml"},
 		{"request", "--debug-port", "22", "GET", "/"},
 		{"wait", "--timeoutSeconds", "0"},

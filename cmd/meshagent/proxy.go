@@ -48,6 +48,7 @@ type proxyFlags struct {
 	resolvConf         string
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
+	restartMaxDelay    time.Duration
 }
 
 // agentConfig is the whole configuration of a `proxy` run, parsed once from
@@ -83,6 +84,8 @@ type agentConfig struct {
 	// envoyRestartWindow and the agent exits.
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
+	// restartMaxDelay caps every service's restart backoff.
+	restartMaxDelay time.Duration
 }
 
 // podInfo is the workload's identity from Istio's environment variables.
@@ -138,6 +141,7 @@ func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
 	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
 	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
+	fl.DurationVar(&f.restartMaxDelay, "restart-max-delay", 30*time.Second, "Cap of the growing delay before a failed service is restarted (the first restart is within 100ms)")
 }
 
 // parseAgentConfig is the one place where flags, environment and files
@@ -193,6 +197,10 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 		return nil, usageError("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
 	}
 	c.envoyRestarts, c.envoyRestartWindow = f.envoyRestarts, f.envoyRestartWindow
+	if f.restartMaxDelay < 100*time.Millisecond {
+		return nil, usageError("--restart-max-delay %s: must be at least 100ms", f.restartMaxDelay)
+	}
+	c.restartMaxDelay = f.restartMaxDelay
 	if f.stsPort != 0 {
 		return nil, usageError("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
 	}
@@ -311,6 +319,8 @@ func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
 		EnvoyPolicy:   tree.DefaultPolicy(),
 		StopTimeout:   10 * time.Second,
 	}
+	tc.DefaultPolicy.MaxDelay = c.restartMaxDelay
+	tc.EnvoyPolicy.MaxDelay = c.restartMaxDelay
 	tc.EnvoyPolicy.GiveUp = &tree.GiveUp{Restarts: c.envoyRestarts, Window: c.envoyRestartWindow}
 	drain := c.proxy.GetTerminationDrainDuration().AsDuration()
 	tc.DrainTimeout = drain + 15*time.Second
