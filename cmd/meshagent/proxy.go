@@ -238,9 +238,6 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 	c.dnsEnabled = envs.boolean("ISTIO_META_DNS_CAPTURE", false) && c.proxyType == "sidecar" ||
 		envs.boolean("ISTIO_META_ENABLE_DNS_SERVER", false)
 	c.dnsAddr = envs.str("DNS_PROXY_ADDR", "localhost:15053")
-	if err := envs.err(); err != nil {
-		return nil, usageError("%v", err)
-	}
 
 	pc, err := loadProxyConfig(proxyConfigSources{
 		meshConfigFile:  c.path(f.meshConfig),
@@ -284,6 +281,7 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 	}
 	c.certs, c.sds = c.identityConfigs(envs)
 	c.envoyCfg = c.envoyConfig()
+	// Every bad environment variable at once, each named.
 	if err := envs.err(); err != nil {
 		return nil, usageError("%v", err)
 	}
