@@ -88,7 +88,7 @@ func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger
 	if opts.Notifier == nil {
 		opts.Notifier = nopNotifier{}
 	}
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, ch.Health.Dropped)
 	if err != nil {
 		return nil, fmt.Errorf("registering tree metrics: %w", err)
 	}

@@ -7,10 +7,12 @@ type metrics struct {
 	restarts *prometheus.CounterVec
 	panics   *prometheus.CounterVec
 	giveUps  *prometheus.CounterVec
-	dropped  prometheus.Counter
+	dropped  prometheus.CounterFunc
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the tree's counters. healthDropped reports how many
+// Health events the stream has dropped so far (it counts them itself).
+func newMetrics(reg prometheus.Registerer, healthDropped func() uint64) (*metrics, error) {
 	m := &metrics{
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_service_restarts_total",
@@ -24,10 +26,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_service_give_ups_total",
 			Help: "Services that failed more often than their restart limit allows.",
 		}, []string{"service"}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		dropped: prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "meshagent_health_events_dropped_total",
 			Help: "Health events dropped because the status server fell behind.",
-		}),
+		}, func() float64 { return float64(healthDropped()) }),
 	}
 	for _, c := range []prometheus.Collector{m.restarts, m.panics, m.giveUps, m.dropped} {
 		if err := reg.Register(c); err != nil {

@@ -364,3 +364,29 @@ func TestSystemdWatchdog(t *testing.T) {
 		}
 	}
 }
+
+// Health events dropped by a status server that fell behind are counted in
+// meshagent_health_events_dropped_total.
+func TestDroppedHealthEventsAreCounted(t *testing.T) {
+	ch := NewChannels(nil)
+	reg := prometheus.NewRegistry()
+	if _, err := New(ch, nil, reg, testLogger(t), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < messages.DefaultStreamBound+6; i++ {
+		ch.Health.Send(messages.Health{Service: "x"})
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_health_events_dropped_total" {
+			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 6 {
+				t.Fatalf("dropped counter = %v, want 6", got)
+			}
+			return
+		}
+	}
+	t.Fatal("meshagent_health_events_dropped_total not exported")
+}
