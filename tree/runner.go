@@ -47,7 +47,6 @@ type runner struct {
 	consecutive int         // failures since the last healthy run
 	failures    []time.Time // failure times inside the give-up window
 	nextDelay   time.Duration
-	lastErr     error
 }
 
 func newRunner(name, path string, svc suture.Service, p Policy, env *runtimeEnv) *runner {
@@ -123,7 +122,6 @@ func (r *runner) failed(err error, started time.Time, panicked bool) error {
 		r.consecutive = 0
 	}
 	r.consecutive++
-	r.lastErr = err
 	if panicked {
 		r.metrics.panics.WithLabelValues(r.name).Inc()
 	}
