@@ -149,16 +149,17 @@ func (s *Service) handleChaosKill(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("service")
 	t, _ := s.in.Tree.Get()
 	for _, n := range t.Services {
-		if n.Name == name && (n.State == messages.Failed || n.State == messages.Stopped) {
+		if n.Name != name {
+			continue
+		}
+		if n.State == messages.Failed || n.State == messages.Stopped {
 			http.Error(w, fmt.Sprintf("%s is not running (%s); nothing to kill", name, n.StateName), http.StatusConflict)
 			return
 		}
-		if n.Name == name {
-			s.log.Warn("chaos kill requested", "target", name)
-			s.out.Chaos.Send(messages.Chaos{Service: name})
-			fmt.Fprintf(w, "killing %s\n", name)
-			return
-		}
+		s.log.Warn("chaos kill requested", "target", name)
+		s.out.Chaos.Send(messages.Chaos{Service: name})
+		fmt.Fprintf(w, "killing %s\n", name)
+		return
 	}
 	http.Error(w, fmt.Sprintf("no service %q in the tree", name), http.StatusNotFound)
 }
