@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
 
@@ -53,22 +54,24 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
 	var nodes []Node
-	var required []string
+	var requiredNames []string
 	logFor := func(name string) *slog.Logger { return log.With("service", name) }
+	// required makes a leaf whose Health readiness waits for.
+	required := func(name string, svc suture.Service) Node {
+		requiredNames = append(requiredNames, name)
+		return Node{Name: name, Service: svc}
+	}
 
 	if cfg.Capture != nil {
-		nodes = append(nodes, Node{Name: "capture", Service: capture.New(*cfg.Capture, ch.Health, logFor("capture"))})
-		required = append(required, "capture")
+		nodes = append(nodes, required("capture", capture.New(*cfg.Capture, ch.Health, logFor("capture"))))
 	}
 
 	var identity []Node
 	if cfg.Certs != nil {
-		identity = append(identity, Node{Name: "certs", Service: certs.New(*cfg.Certs, ch.Certs, ch.Health, logFor("certs"))})
-		required = append(required, "certs")
+		identity = append(identity, required("certs", certs.New(*cfg.Certs, ch.Certs, ch.Health, logFor("certs"))))
 	}
 	if cfg.SDS != nil {
-		identity = append(identity, Node{Name: "sds", Service: sds.New(*cfg.SDS, ch.Certs, ch.Health, logFor("sds"))})
-		required = append(required, "sds")
+		identity = append(identity, required("sds", sds.New(*cfg.SDS, ch.Certs, ch.Health, logFor("sds"))))
 	}
 	if len(identity) > 0 {
 		nodes = append(nodes, Node{Name: "identity", Children: identity})
@@ -77,17 +80,15 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	debug := map[string]http.Handler{}
 	var xds []Node
 	if cfg.NameTableFile != "" {
-		xds = append(xds, Node{Name: "nametable", Service: dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, ch.Health, logFor("nametable"))})
-		required = append(required, "nametable")
+		xds = append(xds, required("nametable", dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, ch.Health, logFor("nametable"))))
 	}
 	if cfg.DNS != nil {
 		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, ch.Health, reg, logFor("dns"))
 		if err != nil {
 			return nil, nil, fmt.Errorf("dns proxy: %w", err)
 		}
-		xds = append(xds, Node{Name: "dns", Service: dns})
+		xds = append(xds, required("dns", dns))
 		debug["/debug/ndsz"] = dns.NDSZ()
-		required = append(required, "dns")
 	}
 	if len(xds) > 0 {
 		// The xds subtree holds the one upstream connection (with its trust
@@ -103,7 +104,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 
 	if cfg.Status != nil {
 		sc := *cfg.Status
-		sc.Required = append(sc.Required, required...)
+		sc.Required = append(sc.Required, requiredNames...)
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
 		st := status.New(sc,
