@@ -155,7 +155,7 @@ func (c *agentConfig) envoyConfig() *envoy.Config {
 	if c.envoy.disabled {
 		return nil
 	}
-	bootstrap, args := c.envoyBootstrap(), c.envoyArgs()
+	bootstrap, args := c.bootstrap, c.envoyArgs()
 	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(c.proxy.ProxyAdminPort)))
 	if envoy.AllIPv6(c.nodeIPs) {
 		admin = net.JoinHostPort("::1", strconv.Itoa(int(c.proxy.ProxyAdminPort)))

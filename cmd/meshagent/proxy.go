@@ -76,8 +76,10 @@ type agentConfig struct {
 	certs    *certs.Config
 	sds      *sds.Config
 	envoyCfg *envoy.Config
-	capture  *capture.ServiceConfig
-	dns      *dnsproxy.Config
+	// bootstrap is what envoyCfg's Prepare writes before every start.
+	bootstrap envoy.BootstrapConfig
+	capture   *capture.ServiceConfig
+	dns       *dnsproxy.Config
 	// nameTableFile feeds the DNS proxy from a file (--name-table).
 	nameTableFile string
 	// envoy restart limit: more than envoyRestarts failures within
@@ -280,6 +282,7 @@ func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args 
 		}
 	}
 	c.certs, c.sds = c.identityConfigs(envs)
+	c.bootstrap = c.envoyBootstrap()
 	c.envoyCfg = c.envoyConfig()
 	// Every bad environment variable at once, each named.
 	if err := envs.err(); err != nil {
@@ -305,7 +308,7 @@ func (c *agentConfig) validateServices() error {
 	}
 	if c.envoyCfg != nil {
 		errs = append(errs, c.envoyCfg.Validate())
-		errs = append(errs, c.envoyBootstrap().Validate())
+		errs = append(errs, c.bootstrap.Validate())
 	}
 	return errors.Join(errs...)
 }
