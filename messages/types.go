@@ -105,27 +105,71 @@ type Health struct {
 	Time    time.Time
 }
 
+// EnvoyPhase is where an Envoy process is in its life. It is one value, so
+// that impossible combinations ("ready but not running") cannot be written.
+//
+//	EnvoyStarting → EnvoyRunning → EnvoyReady → EnvoyDraining → EnvoyStopped
+//	                     └──────────────┴─────────────┴──────→ EnvoyExited
+type EnvoyPhase int
+
+const (
+	// EnvoyStarting: no Envoy yet (the bootstrap is being written, or the
+	// service has not run). The zero value.
+	EnvoyStarting EnvoyPhase = iota
+	// EnvoyRunning: the process runs but is not ready.
+	EnvoyRunning
+	// EnvoyReady: the process runs and is ready to serve traffic.
+	EnvoyReady
+	// EnvoyDraining: a drain has begun; the process still runs.
+	EnvoyDraining
+	// EnvoyExited: the process ended without being asked to; the tree
+	// will start another (or give up).
+	EnvoyExited
+	// EnvoyStopped: stopped on purpose (after a drain, or at shutdown); no
+	// other Envoy follows. The tree waits for it before stopping the rest.
+	EnvoyStopped
+)
+
+func (p EnvoyPhase) String() string {
+	switch p {
+	case EnvoyStarting:
+		return "starting"
+	case EnvoyRunning:
+		return "running"
+	case EnvoyReady:
+		return "ready"
+	case EnvoyDraining:
+		return "draining"
+	case EnvoyExited:
+		return "exited"
+	case EnvoyStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("EnvoyPhase(%d)", int(p))
+}
+
+// Alive reports whether a process is running in this phase.
+func (p EnvoyPhase) Alive() bool {
+	return p == EnvoyRunning || p == EnvoyReady || p == EnvoyDraining
+}
+
 // EnvoyState is what the envoy service knows of its child process. From envoy
 // to status and xds, latest value.
 type EnvoyState struct {
+	Phase EnvoyPhase
 	// Epoch counts the Envoy processes this agent started, from 0.
 	Epoch   int
 	PID     int
 	Started time.Time
-	// Running is true from start until the process has exited.
-	Running bool
-	// Ready is true while Envoy's admin /ready answers LIVE.
-	Ready bool
-	// Draining is true once a drain has begun.
-	Draining bool
 	// ExitCode is Envoy's exit status once it has exited (-1 if killed by
 	// a signal); ExitReason says how it ended ("exit status 1",
-	// "signal: killed", ...).
+	// "signal: killed", ...). Kept across the next start, so that
+	// readiness can say why the last one ended.
 	ExitCode   int
 	ExitReason string
-	// Stopped is true when the envoy service has stopped for good (after a
-	// drain or at shutdown): the tree waits for it before stopping the rest.
-	Stopped bool
+	// NotReady says why a running Envoy is not ready yet, as its admin API
+	// tells ("config not received: cds updates 0, lds updates 0").
+	NotReady string
 }
 
 // Drain asks the envoy service to drain Envoy. From status and the signal
@@ -193,3 +237,68 @@ const AgentService = "agent"
 // EnvoyService is the name of the service that runs Envoy: the tree drains
 // it first at shutdown, the status server explains Envoy's readiness by it.
 const EnvoyService = "envoy"
+
+// XDSUpstream is the XDS proxy's connection to the control plane.
+type XDSUpstream int
+
+const (
+	// XDSIdle: no Envoy (or gRPC client) stream, so no upstream stream.
+	XDSIdle XDSUpstream = iota
+	// XDSConnecting: dialling the control plane.
+	XDSConnecting
+	// XDSConnected: an upstream stream is open.
+	XDSConnected
+	// XDSServingCache: the control plane cannot be reached and the proxy
+	// serves its last-known-good configuration to Envoy.
+	XDSServingCache
+	// XDSDown: the control plane cannot be reached and there is nothing
+	// cached to serve.
+	XDSDown
+)
+
+func (u XDSUpstream) String() string {
+	switch u {
+	case XDSIdle:
+		return "idle"
+	case XDSConnecting:
+		return "connecting"
+	case XDSConnected:
+		return "connected"
+	case XDSServingCache:
+		return "serving cached configuration"
+	case XDSDown:
+		return "down"
+	}
+	return fmt.Sprintf("XDSUpstream(%d)", int(u))
+}
+
+// XDSState is what the XDS proxy knows of its upstream. From xds to status,
+// latest value.
+type XDSState struct {
+	Upstream XDSUpstream
+	Address  string // the control plane's address (discoveryAddress)
+	// Since is when Upstream took its current value ("control plane
+	// unreachable since T" while serving the cache).
+	Since     time.Time
+	LastError string
+	// LastACK is, per type URL, the version Envoy last acknowledged.
+	LastACK map[string]string
+}
+
+// TrustAnchors are extra roots from the ProxyConfig the control plane sends
+// over xDS (caCertificatesPem, with PROXY_CONFIG_XDS_AGENT). From xds to sds,
+// latest value: SDS serves them in ROOTCA beside the mesh roots.
+type TrustAnchors struct {
+	PEM     [][]byte
+	Version string
+}
+
+// WorkloadHealth is the application's health by the readiness probe the
+// control plane configured for a VM workload (ProxyConfig.readinessProbe,
+// from its WorkloadGroup). From status (which runs the probe) to xds, which
+// reports transitions upstream as Istio's HealthInformation, latest value.
+type WorkloadHealth struct {
+	Healthy bool
+	// Reason says why not, as the probe saw it ("GET http://10.0.0.5:8080/ready: 503").
+	Reason string
+}

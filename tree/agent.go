@@ -24,8 +24,15 @@ const EnvoyService = messages.EnvoyService
 // Node is one entry of the tree: a service (Service set) or a group of
 // nodes under a supervisor of their own (Children set).
 type Node struct {
-	Name     string
-	Service  suture.Service
+	// Name is a group's name. A service's name is its String(): the one
+	// name its Health, metrics, logs and /debug/tree use. If Name is set
+	// for a service it must match.
+	Name    string
+	Service Service
+	// Health is the reporter the service was built with (its Runtime's);
+	// the runner reports the service's failures and stops through it, so
+	// that repeats are judged across restarts. Nil: the runner makes one.
+	Health   *messages.Reporter
 	Children []Node
 	// Policy overrides the agent's default restart policy for this node.
 	Policy *Policy
@@ -34,9 +41,15 @@ type Node struct {
 	RestartWhen func(ctx context.Context) bool
 }
 
+// Service is what the tree runs: a suture service that names itself.
+type Service interface {
+	suture.Service
+	String() string
+}
+
 // Options tune the tree; zero values take the defaults.
 type Options struct {
-	Clock         Clock
+	Clock         messages.Clock
 	DefaultPolicy *Policy
 	// StopTimeout bounds how long one service may take to stop once
 	// cancelled (suture's Timeout); default 10s.
@@ -57,11 +70,13 @@ type Agent struct {
 	runners  map[string]*runner
 	hasEnvoy bool
 	giveUps  chan *GiveUpError
+	// health reports the agent itself (AgentService).
+	health *messages.Reporter
 }
 
 // runtimeEnv is what every runner shares.
 type runtimeEnv struct {
-	clock    Clock
+	clock    messages.Clock
 	registry *registry
 	health   messages.Sink[messages.Health]
 	metrics  *metrics
@@ -73,7 +88,7 @@ type runtimeEnv struct {
 // they are how Health, metrics, chaos and /debug/tree address a service.
 func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger, opts Options) (*Agent, error) {
 	if opts.Clock == nil {
-		opts.Clock = realClock{}
+		opts.Clock = messages.SystemClock{}
 	}
 	if opts.DefaultPolicy == nil {
 		p := DefaultPolicy()
@@ -96,6 +111,7 @@ func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger
 		ch: ch, opts: opts, log: log,
 		runners: map[string]*runner{},
 		giveUps: make(chan *GiveUpError, 1),
+		health:  messages.NewReporter(AgentService, ch.Health, opts.Clock),
 	}
 	env := &runtimeEnv{
 		clock:    opts.Clock,
@@ -111,7 +127,7 @@ func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger
 		},
 	}
 	spec := suture.Spec{
-		EventHook: eventHook(log, ch.Health, m, opts.Clock),
+		EventHook: eventHook(log, a.reporterOf, m),
 		// Restart pacing is the runners' job: keep suture's own
 		// supervisor-wide backoff out of the way.
 		FailureThreshold:         1e9,
@@ -131,6 +147,17 @@ func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger
 }
 
 func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) (*runner, error) {
+	if n.Service != nil {
+		name := n.Service.String()
+		switch {
+		case n.Name != "" && n.Name != name:
+			return nil, fmt.Errorf("tree node %q holds service %q: a service's node is named by its String()", n.Name, name)
+		case n.Health != nil && n.Health.Name() != name:
+			// Readiness would wait forever for a name nobody reports.
+			return nil, fmt.Errorf("service %q reports its health as %q", name, n.Health.Name())
+		}
+		n.Name = name
+	}
 	if n.Name == "" {
 		return nil, errors.New("tree node without a name")
 	}
@@ -169,7 +196,11 @@ func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) 
 		}
 		svc = st
 	}
-	r := newRunner(n.Name, path, svc, policy, env)
+	health := n.Health
+	if health == nil {
+		health = messages.NewReporter(n.Name, env.health, env.clock)
+	}
+	r := newRunner(n.Name, path, svc, policy, health, env)
 	a.runners[n.Name] = r
 	if n.Name == EnvoyService {
 		a.hasEnvoy = true
@@ -248,14 +279,14 @@ func (a *Agent) drainEnvoy(reason string, watchdog <-chan time.Time) {
 	if !a.hasEnvoy {
 		return
 	}
-	if st, ok := a.ch.Envoy.Get(); !ok || !st.Running || st.Stopped {
+	if st, ok := a.ch.Envoy.Get(); !ok || !st.Phase.Alive() {
 		return
 	}
 	a.ch.Drain.Send(messages.Drain{Reason: reason, Exit: true})
 	timeout := a.opts.Clock.After(a.opts.DrainTimeout)
 	for {
 		st, _, changed := a.ch.Envoy.Watch()
-		if st.Stopped || !st.Running {
+		if !st.Phase.Alive() {
 			return
 		}
 		select {
@@ -289,7 +320,17 @@ func (a *Agent) chaos(service string) {
 }
 
 func (a *Agent) agentHealth(state messages.HealthState, reason string) {
-	a.ch.Health.Send(messages.Health{Service: AgentService, State: state, Reason: reason, Time: a.opts.Clock.Now()})
+	a.health.Report(state, reason)
+}
+
+// reporterOf is the reporter of the service named name (nil if none): the
+// event hook reports a service that overran its stop timeout through it.
+// The runners map is complete before the tree runs and never changes after.
+func (a *Agent) reporterOf(name string) *messages.Reporter {
+	if r, ok := a.runners[name]; ok {
+		return r.health
+	}
+	return nil
 }
 
 func (a *Agent) notify(state string) {

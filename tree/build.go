@@ -3,13 +3,13 @@ package tree
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
 
@@ -53,25 +53,43 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
+	clock := messages.SystemClock{}
+	// runtime is what the service called name gets besides its config and
+	// channels; its name comes from the service's own package.
+	runtime := func(name string) messages.Runtime {
+		return messages.NewRuntime(name, ch.Health, clock, reg, log)
+	}
 	var nodes []Node
 	var requiredNames []string
-	logFor := func(name string) *slog.Logger { return log.With("service", name) }
 	// required makes a leaf whose Health readiness waits for.
-	required := func(name string, svc suture.Service) Node {
-		requiredNames = append(requiredNames, name)
-		return Node{Name: name, Service: svc}
+	required := func(svc Service, rt messages.Runtime) Node {
+		requiredNames = append(requiredNames, rt.Health.Name())
+		return Node{Service: svc, Health: rt.Health}
+	}
+	var errs []error
+	check := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
 	}
 
 	if cfg.Capture != nil {
-		nodes = append(nodes, required("capture", capture.New(*cfg.Capture, ch.Health, logFor("capture"))))
+		rt := runtime(capture.Name)
+		nodes = append(nodes, required(capture.New(*cfg.Capture, rt), rt))
 	}
 
 	var identity []Node
 	if cfg.Certs != nil {
-		identity = append(identity, required("certs", certs.New(*cfg.Certs, ch.Certs, ch.Health, logFor("certs"))))
+		rt := runtime(certs.Name)
+		svc, err := certs.New(*cfg.Certs, ch.Certs, rt)
+		check("certs", err)
+		identity = append(identity, required(svc, rt))
 	}
 	if cfg.SDS != nil {
-		identity = append(identity, required("sds", sds.New(*cfg.SDS, ch.Certs, ch.Health, logFor("sds"))))
+		rt := runtime(sds.Name)
+		svc, err := sds.New(*cfg.SDS, ch.Certs, rt)
+		check("sds", err)
+		identity = append(identity, required(svc, rt))
 	}
 	if len(identity) > 0 {
 		nodes = append(nodes, Node{Name: "identity", Children: identity})
@@ -80,15 +98,17 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	debug := map[string]http.Handler{}
 	var xds []Node
 	if cfg.NameTableFile != "" {
-		xds = append(xds, required("nametable", dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, ch.Health, logFor("nametable"))))
+		rt := runtime(dnsproxy.TableFileName)
+		xds = append(xds, required(dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, rt), rt))
 	}
 	if cfg.DNS != nil {
-		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, ch.Health, reg, logFor("dns"))
-		if err != nil {
-			return nil, nil, fmt.Errorf("dns proxy: %w", err)
+		rt := runtime(dnsproxy.Name)
+		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, rt)
+		check("dns proxy", err)
+		if err == nil {
+			xds = append(xds, required(dns, rt))
+			debug["/debug/ndsz"] = dns.NDSZ()
 		}
-		xds = append(xds, required("dns", dns))
-		debug["/debug/ndsz"] = dns.NDSZ()
 	}
 	if len(xds) > 0 {
 		// The xds subtree holds the one upstream connection (with its trust
@@ -98,8 +118,9 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 
 	if cfg.Envoy != nil {
 		policy := cfg.EnvoyPolicy
-		nodes = append(nodes, Node{Name: EnvoyService, Policy: &policy,
-			Service: envoy.New(*cfg.Envoy, ch.Drain, ch.Envoy, ch.Health, logFor(EnvoyService))})
+		rt := runtime(envoy.Name)
+		nodes = append(nodes, Node{Policy: &policy, Health: rt.Health,
+			Service: envoy.New(*cfg.Envoy, ch.Drain, ch.Envoy, rt)})
 	}
 
 	if cfg.Status != nil {
@@ -107,15 +128,19 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		sc.Required = append(sc.Required, requiredNames...)
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
+		rt := runtime(status.Name)
 		st := status.New(sc,
 			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
 			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},
-			logFor("status"))
-		nodes = append(nodes, Node{Name: "status", Service: st})
+			rt)
+		nodes = append(nodes, Node{Service: st, Health: rt.Health})
 	} else {
 		// Without a status server nothing computes readiness: the tree
 		// counts as ready once it runs (systemd READY=1).
 		ch.Readiness.Send(messages.Readiness{Ready: true, Reason: "no status server"})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
 	}
 
 	a, err := New(ch, nodes, reg, log, Options{

@@ -15,13 +15,14 @@ import (
 // Failures and panics of our own services are already reported by their
 // runners (which know the attempt and the next delay); what reaches here
 // are the supervisor-level events.
-func eventHook(log *slog.Logger, health messages.Sink[messages.Health], m *metrics, clock Clock) suture.EventHook {
+func eventHook(log *slog.Logger, reporterOf func(name string) *messages.Reporter, m *metrics) suture.EventHook {
 	return func(e suture.Event) {
 		switch ev := e.(type) {
 		case suture.EventStopTimeout:
 			log.Warn("service did not stop in time", "supervisor", ev.SupervisorName, "service", ev.ServiceName)
-			health.Send(messages.Health{Service: ev.ServiceName, State: messages.Failed,
-				Reason: "did not stop within the supervisor's timeout", Time: clock.Now()})
+			if r := reporterOf(ev.ServiceName); r != nil {
+				r.Report(messages.Failed, "did not stop within the supervisor's timeout")
+			}
 		case suture.EventServicePanic:
 			// Only a panic outside a runner (in the tree itself) gets here.
 			m.panics.WithLabelValues(ev.ServiceName).Inc()

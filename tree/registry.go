@@ -13,10 +13,10 @@ type registry struct {
 	order []string
 	nodes map[string]*messages.ServiceInfo
 	out   messages.Sink[messages.TreeState]
-	clock Clock
+	clock messages.Clock
 }
 
-func newRegistry(out messages.Sink[messages.TreeState], clock Clock) *registry {
+func newRegistry(out messages.Sink[messages.TreeState], clock messages.Clock) *registry {
 	return &registry{nodes: map[string]*messages.ServiceInfo{}, out: out, clock: clock}
 }
 

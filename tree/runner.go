@@ -32,9 +32,11 @@ type runner struct {
 	path    string // its place in the tree, "xds/dns"
 	service suture.Service
 	policy  Policy
-	clock   Clock
+	clock   messages.Clock
 	reg     *registry
-	health  messages.Sink[messages.Health]
+	// health is the service's own reporter: the runner speaks for the
+	// service when it has failed or stopped.
+	health  *messages.Reporter
 	metrics *metrics
 	log     *slog.Logger
 	// giveUp tells the agent to exit; it is called at most once.
@@ -49,10 +51,10 @@ type runner struct {
 	nextDelay   time.Duration
 }
 
-func newRunner(name, path string, svc suture.Service, p Policy, env *runtimeEnv) *runner {
+func newRunner(name, path string, svc suture.Service, p Policy, health *messages.Reporter, env *runtimeEnv) *runner {
 	return &runner{
 		name: name, path: path, service: svc, policy: p,
-		clock: env.clock, reg: env.registry, health: env.health, metrics: env.metrics,
+		clock: env.clock, reg: env.registry, health: health, metrics: env.metrics,
 		log: env.log.With("service", name), giveUp: env.giveUp,
 		kill: make(chan struct{}, 1),
 		rng:  rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
@@ -197,7 +199,7 @@ func (r *runner) watchKill(ctx context.Context, cancel context.CancelCauseFunc) 
 }
 
 func (r *runner) sendHealth(state messages.HealthState, reason string) {
-	r.health.Send(messages.Health{Service: r.name, State: state, Reason: reason, Time: r.clock.Now()})
+	r.health.Report(state, reason)
 }
 
 // GiveUpError is the agent's exit error when a service failed more often

@@ -94,8 +94,8 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 	st := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
 		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree},
 		status.Outputs{Readiness: h.ch.Readiness, Drain: h.ch.Drain, Shutdown: h.ch.Shutdown, Chaos: h.ch.Chaos},
-		testLogger(t))
-	nodes = append(nodes, Node{Name: "status", Service: st})
+		messages.NewRuntime(status.Name, h.ch.Health, nil, nil, testLogger(t)))
+	nodes = append(nodes, Node{Service: st})
 	if opts.DefaultPolicy == nil {
 		opts.DefaultPolicy = fastPolicy()
 	}

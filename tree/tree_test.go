@@ -185,12 +185,12 @@ type fakeEnvoy struct {
 
 func (f *fakeEnvoy) String() string { return "envoy" }
 func (f *fakeEnvoy) Serve(ctx context.Context) error {
-	f.state.Send(messages.EnvoyState{Running: true, Ready: true})
+	f.state.Send(messages.EnvoyState{Phase: messages.EnvoyReady})
 	select {
 	case <-f.drain.Ready():
 		f.drain.Take()
 		f.sawAlive <- f.otherAlive()
-		f.state.Send(messages.EnvoyState{Stopped: true})
+		f.state.Send(messages.EnvoyState{Phase: messages.EnvoyStopped})
 		return suture.ErrDoNotRestart
 	case <-ctx.Done():
 		f.sawAlive <- false
@@ -303,7 +303,9 @@ func TestNewRejectsBadTrees(t *testing.T) {
 	svc := &failingService{name: "a"}
 	cases := map[string][]Node{
 		"duplicate":  {{Name: "a", Service: svc}, {Name: "a", Service: svc}},
-		"no name":    {{Service: svc}},
+		"no name":    {{Children: []Node{{Service: svc}}}},
+		"renamed":    {{Name: "b", Service: svc}},
+		"misreports": {{Service: svc, Health: messages.NewReporter("b", messages.NewStream[messages.Health](0, nil), nil)}},
 		"empty":      {{Name: "g"}},
 		"reserved":   {{Name: "agent", Service: svc}},
 		"bad policy": {{Name: "a", Service: svc, Policy: &Policy{FirstDelay: time.Second, MaxDelay: time.Millisecond, Multiplier: 2}}},

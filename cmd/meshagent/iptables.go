@@ -170,6 +170,6 @@ func fillHostInputs(cfg *capture.Config, host capture.HostInputs, log *slog.Logg
 	if err == nil || !errors.Is(err, capture.ErrNoLocalIP) {
 		return err
 	}
-	log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "err", err)
+	log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "error", err)
 	return cfg.FillDNSServers(host)
 }

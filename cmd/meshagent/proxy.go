@@ -328,16 +328,8 @@ func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
 	if d := drain + 10*time.Second; d > tc.StopTimeout {
 		tc.StopTimeout = d
 	}
-	if c.certs != nil {
-		cc := *c.certs
-		cc.Registerer = reg
-		tc.Certs = &cc
-	}
-	if c.sds != nil {
-		sc := *c.sds
-		sc.Registerer = reg
-		tc.SDS = &sc
-	}
+	tc.Certs = c.certs
+	tc.SDS = c.sds
 	tc.Envoy = c.envoyCfg
 	tc.Capture = c.capture
 	tc.DNS = c.dns

@@ -61,7 +61,7 @@ func NewApplier(force string, needV6 bool, log *slog.Logger) (*Applier, error) {
 		if needV6 {
 			return nil, err
 		}
-		log.Warn("ip6tables not usable; IPv6 rules will not be checked", "err", err)
+		log.Warn("ip6tables not usable; IPv6 rules will not be checked", "error", err)
 		a.v6 = nil
 	}
 	return a, nil
@@ -246,7 +246,7 @@ func (a *Applier) Apply(rs RuleSet, hadResidue bool) error {
 		if _, err := a.run(fr.f.restore, input, restoreArgs(fr.f)); err != nil {
 			if !hadResidue {
 				if cerr := a.Cleanup(rs); cerr != nil {
-					a.log.Warn("cleanup after failed apply", "err", cerr)
+					a.log.Warn("cleanup after failed apply", "error", cerr)
 				}
 			}
 			return fmt.Errorf("apply %s rules: %w", fr.f, err)

@@ -48,7 +48,7 @@ func runHelper() bool {
 		os.Exit(0)
 	case "sidecar":
 		health := messages.NewCell[messages.Health]()
-		err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, health, slog.New(slog.DiscardHandler)).
+		err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, messages.NewRuntime(Name, health, nil, nil, nil)).
 			Serve(context.Background())
 		h, _ := health.Get()
 		fmt.Printf("%v|%s|%s\n", err, h.State, h.Reason)

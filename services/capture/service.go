@@ -34,20 +34,7 @@ type ServiceConfig struct {
 	Capture Config
 	// CheckInterval is how often VM mode re-checks the rules (default 30s).
 	CheckInterval time.Duration
-	// Clock drives the re-checks (default: real time).
-	Clock Clock
 }
-
-// Clock is the time source (tests inject a manual one).
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Validate checks the config, naming the field and value.
 func (c ServiceConfig) Validate() error {
@@ -60,26 +47,27 @@ func (c ServiceConfig) Validate() error {
 	return c.Capture.Validate()
 }
 
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "capture"
+
 // Service checks (Sidecar) or owns (VM) the traffic capture rules.
 type Service struct {
 	cfg    ServiceConfig
-	health messages.Sink[messages.Health]
+	health *messages.Reporter
+	clock  messages.Clock
 	log    *slog.Logger
 }
 
 // New returns the capture service.
-func New(cfg ServiceConfig, health messages.Sink[messages.Health], log *slog.Logger) *Service {
+func New(cfg ServiceConfig, rt messages.Runtime) *Service {
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 30 * time.Second
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
-	}
-	return &Service{cfg: cfg, health: health, log: log}
+	return &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log}
 }
 
 // String is the service's name in logs and the tree.
-func (s *Service) String() string { return "capture" }
+func (s *Service) String() string { return Name }
 
 // Serve runs the service. Sidecar: report Ready or Degraded (naming what is
 // missing) and return suture.ErrDoNotRestart. VM: apply, re-check every
@@ -125,7 +113,7 @@ func (s *Service) checkOnce(a *Applier, rs RuleSet) {
 // Degraded.
 func (s *Service) notVerified(err error) {
 	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoIptables) {
-		s.log.Warn("capture rules not verified", "err", err)
+		s.log.Warn("capture rules not verified", "error", err)
 		s.report(messages.Ready, "capture rules not verified: "+err.Error())
 		return
 	}
@@ -139,7 +127,7 @@ func (s *Service) own(ctx context.Context, a *Applier, rs RuleSet) error {
 		cleanup := cfg
 		cleanup.CleanupOnly = true
 		if _, err := Execute(cleanup, rs, a, s.log); err != nil {
-			s.log.Error("removing capture rules", "err", err)
+			s.log.Error("removing capture rules", "error", err)
 		} else {
 			s.log.Info("capture rules removed")
 		}
@@ -156,13 +144,13 @@ func (s *Service) own(ctx context.Context, a *Applier, rs RuleSet) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-s.cfg.Clock.After(s.cfg.CheckInterval):
+		case <-s.clock.After(s.cfg.CheckInterval):
 		}
 	}
 }
 
 func (s *Service) report(state messages.HealthState, reason string) {
-	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.cfg.Clock.Now()})
+	s.health.Report(state, reason)
 }
 
 func summarize(missing []string) string {

@@ -28,11 +28,11 @@ func TestServiceConfigValidate(t *testing.T) {
 	}
 	cfg = ServiceConfig{Mode: VM, Capture: Default()}
 	cfg.Capture.ProxyPort = "x"
-	if err := New(cfg, messages.NewCell[messages.Health](), testLogger(t)).Serve(context.Background()); err == nil ||
+	if err := New(cfg, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testLogger(t))).Serve(context.Background()); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
 		t.Errorf("Serve with bad config: %v", err)
 	}
-	if s := New(ServiceConfig{}, nil, nil); s.String() != "capture" {
+	if s := New(ServiceConfig{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil)); s.String() != "capture" {
 		t.Errorf("String() = %q", s.String())
 	}
 }
@@ -46,7 +46,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
-	svc := New(cfg, health, testLogger(t))
+	svc := New(cfg, messages.NewRuntime(Name, health, nil, nil, testLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
 	}
@@ -84,8 +84,8 @@ func TestKernelServiceVM(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	clock := &manualClock{tick: make(chan time.Time)}
-	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), Clock: clock, CheckInterval: time.Hour}
-	svc := New(cfg, health, testLogger(t))
+	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), CheckInterval: time.Hour}
+	svc := New(cfg, messages.NewRuntime(Name, health, clock, nil, testLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	_, _, changed := health.Watch()
@@ -121,11 +121,19 @@ func TestKernelServiceVM(t *testing.T) {
 	if m, _ := a.Missing(rs); len(m) == 0 {
 		t.Fatal("flush did not remove rules")
 	}
-	// Next check re-applies. Send the tick; Ready is re-sent after the check.
+	// The next check re-applies. Health stays Ready throughout (the
+	// reporter drops the repeat), so watch the rules themselves.
 	clock.tick <- time.Now()
-	waitReady("after flush")
-	if m, err := a.Missing(rs); err != nil || len(m) > 0 {
-		t.Errorf("after re-check missing %v (%v)", m, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m, err := a.Missing(rs)
+		if err == nil && len(m) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after re-check missing %v (%v)", m, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if strings.Count(sh(t, "iptables-save", "-t", "nat"), "-A OUTPUT -j ISTIO_OUTPUT") != 1 {
 		t.Errorf("jump duplicated after re-apply:\n%s", sh(t, "iptables-save", "-t", "nat"))

@@ -18,7 +18,7 @@ func BenchmarkCSRRoundTrip(b *testing.B) {
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
 	writeFile(b, cfg.CARootFile, ca.pki.rootPEM)
 	writeFile(b, cfg.TokenFile, []byte(testToken))
-	s := New(cfg, newBundleRecorder(), newHealthRecorder(), nil)
+	s := newService(b, cfg, newBundleRecorder(), newHealthRecorder(), nil, nil, nil)
 	conn, err := s.dialCA()
 	if err != nil {
 		b.Fatal(err)

@@ -99,11 +99,11 @@ func (s *Service) caFailure(err error, requested bool) {
 		} else {
 			reason += fmt.Sprintf(" (the previous certificate expired at %s)", b.Expiry.UTC().Format(time.RFC3339))
 		}
-		s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "err", err)
+		s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
 		s.report(messages.Degraded, reason)
 		return
 	}
-	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "err", err)
+	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
 	s.report(messages.Starting, reason)
 }
 

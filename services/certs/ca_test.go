@@ -22,6 +22,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const testToken = "test-jwt-token"
@@ -149,6 +150,7 @@ type caSetup struct {
 	out    *bundleRecorder
 	health *healthRecorder
 	logs   *syncBuffer
+	reg    prometheus.Registerer
 }
 
 func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
@@ -178,7 +180,7 @@ func writeFile(t testing.TB, path string, data []byte) {
 }
 
 func (c *caSetup) start(t *testing.T) func() {
-	return run(t, New(c.cfg, c.out, c.health, testLogger(c.logs)))
+	return run(t, newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, c.reg))
 }
 
 func TestCAIssuesSpiffeCertificate(t *testing.T) {
@@ -318,7 +320,7 @@ func TestCARSAKey(t *testing.T) {
 func TestCARestartKeepsValidCert(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.ca.start(t)
-	s := New(c.cfg, c.out, c.health, testLogger(c.logs))
+	s := newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, nil)
 	stop := run(t, s)
 	c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	stop()

@@ -9,29 +9,22 @@ import (
 	"context"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
 )
 
-// Clock is the time source; tests inject one to check expiry handling.
-type Clock interface {
-	Now() time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "certs"
 
 // Service is the CertWatcher.
 type Service struct {
 	cfg    Config
 	out    messages.Sink[messages.CertBundle]
-	health messages.Sink[messages.Health]
+	health *messages.Reporter
 	log    *slog.Logger
-	clock  Clock
+	clock  messages.Clock
 	m      metrics
 
 	// Survives restarts; touched only by Serve's goroutine (expiry is
@@ -39,31 +32,20 @@ type Service struct {
 	mu      sync.Mutex
 	current messages.CertBundle // last published bundle (zero if none)
 	written string              // version last written to OutputCertsDir
-	// reported is the last health sent in this run, so that a noisy
-	// directory does not flood the health stream with repeats.
-	reported *messages.Health
 }
 
-// New returns the CertWatcher. It publishes on out and reports on health.
-func New(cfg Config, out messages.Sink[messages.CertBundle], health messages.Sink[messages.Health], log *slog.Logger) *Service {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s := &Service{cfg: cfg, out: out, health: health, log: log, clock: cfg.Clock}
-	if s.clock == nil {
-		s.clock = realClock{}
-	}
+// New returns the CertWatcher. It publishes on out.
+func New(cfg Config, out messages.Sink[messages.CertBundle], rt messages.Runtime) (*Service, error) {
+	s := &Service{cfg: cfg, out: out, health: rt.Health, log: rt.Log, clock: rt.Clock}
 	s.m = newMetrics(s.expirySeconds)
-	if cfg.Registerer != nil {
-		if err := s.m.register(cfg.Registerer); err != nil {
-			log.Warn("certs metrics not registered", "err", err)
-		}
+	if err := rt.Register(s.m.collectors()...); err != nil {
+		return nil, err
 	}
-	return s
+	return s, nil
 }
 
 // String is the service's name in logs, metrics and /debug/tree.
-func (s *Service) String() string { return "certs" }
+func (s *Service) String() string { return Name }
 
 // Serve runs until ctx is done. A bad configuration is an error; a bad or
 // missing certificate is not: the service reports Degraded and keeps trying.
@@ -71,7 +53,6 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
-	s.reported = nil
 	if s.cfg.Source == SourceFiles {
 		return s.serveFiles(ctx)
 	}
@@ -111,14 +92,10 @@ func (s *Service) expirySeconds() float64 {
 	return b.Expiry.Sub(s.clock.Now()).Seconds()
 }
 
-// report sends a health change; a repeat of the last one is not sent.
+// report sends a health change; the Reporter drops repeats, so that a noisy
+// directory does not flood the health stream.
 func (s *Service) report(state messages.HealthState, reason string) {
-	if r := s.reported; r != nil && r.State == state && r.Reason == reason {
-		return
-	}
-	h := messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.clock.Now()}
-	s.reported = &h
-	s.health.Send(h)
+	s.health.Report(state, reason)
 }
 
 // metrics follow Istio's names (security/pkg/monitoring, cache metrics).
@@ -156,11 +133,6 @@ func newMetrics(expiry func() float64) metrics {
 	}
 }
 
-func (m metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.expiry, m.outgoing, m.outgoingFailed, m.watcherFailures, m.fileFailures} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+func (m metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.expiry, m.outgoing, m.outgoingFailed, m.watcherFailures, m.fileFailures}
 }

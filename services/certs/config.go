@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Source is where the workload certificate comes from.
@@ -135,11 +133,6 @@ type Config struct {
 	// OutputFileMode: mode of those files (0600; Istio uses 0644 when
 	// KUBERNETES_SERVICE_HOST is set).
 	OutputFileMode os.FileMode
-
-	// Registerer receives the metrics (nil: not registered).
-	Registerer prometheus.Registerer
-	// Clock: time source (nil: the real clock). Tests inject one.
-	Clock Clock
 }
 
 // DefaultConfig returns Istio's defaults with every path under root.

@@ -51,7 +51,7 @@ func (s *Service) serveFiles(ctx context.Context) error {
 
 	var retryWatch <-chan time.Time
 	if err := addWatches(); err != nil {
-		s.log.Warn("cannot watch certificate directory yet; retrying", "err", err)
+		s.log.Warn("cannot watch certificate directory yet; retrying", "error", err)
 		retryWatch = time.After(time.Second)
 	}
 	s.reload()
@@ -77,7 +77,7 @@ func (s *Service) serveFiles(ctx context.Context) error {
 				return fmt.Errorf("file watcher closed")
 			}
 			s.m.watcherFailures.Inc()
-			s.log.Warn("file watcher error", "err", err)
+			s.log.Warn("file watcher error", "error", err)
 			debounce.Reset(s.cfg.FileDebounce) // events may have been lost: re-read
 		case <-retryWatch:
 			retryWatch = nil
@@ -100,10 +100,10 @@ func (s *Service) reload() {
 	if err != nil {
 		s.m.fileFailures.Inc()
 		if _, ok := s.last(); ok {
-			s.log.Warn("rejected certificate update; still serving the last good certificate", "err", err)
+			s.log.Warn("rejected certificate update; still serving the last good certificate", "error", err)
 			s.report(messages.Degraded, "rejected certificate update (serving the previous one): "+err.Error())
 		} else {
-			s.log.Warn("no usable certificate yet", "err", err)
+			s.log.Warn("no usable certificate yet", "error", err)
 			s.report(messages.Starting, "no usable certificate: "+err.Error())
 		}
 		return

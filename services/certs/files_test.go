@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fileSetup is a root with file-mounted certs in etc/certs.
@@ -18,6 +19,8 @@ type fileSetup struct {
 	out    *bundleRecorder
 	health *healthRecorder
 	logs   *syncBuffer
+	clock  messages.Clock
+	reg    prometheus.Registerer
 }
 
 func newFileSetup(t *testing.T) *fileSetup {
@@ -47,7 +50,7 @@ func mustWrite(t *testing.T, path string, data []byte) {
 }
 
 func (f *fileSetup) start(t *testing.T) func() {
-	return run(t, New(f.cfg, f.out, f.health, testLogger(f.logs)))
+	return run(t, newService(t, f.cfg, f.out, f.health, testLogger(f.logs), f.clock, f.reg))
 }
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
@@ -191,7 +194,7 @@ func TestFilesExpiredLeafRejected(t *testing.T) {
 	f := newFileSetup(t)
 	chain, key := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain, key)
-	f.cfg.Clock = fixedClock{time.Now().Add(2 * time.Hour)}
+	f.clock = fixedClock{time.Now().Add(2 * time.Hour)}
 	f.start(t)
 	f.health.waitFor(t, messages.Starting, "leaf certificate has expired")
 	if _, ok := f.out.Get(); ok {
@@ -225,4 +228,5 @@ func TestFilesDirectoryAppearsLate(t *testing.T) {
 
 type fixedClock struct{ t time.Time }
 
-func (c fixedClock) Now() time.Time { return c.t }
+func (c fixedClock) Now() time.Time                         { return c.t }
+func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

@@ -12,9 +12,22 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newService is New with a test Runtime; nil clock and reg are the system
+// clock and no metrics.
+func newService(t testing.TB, cfg Config, out messages.Sink[messages.CertBundle], health messages.Sink[messages.Health],
+	log *slog.Logger, clock messages.Clock, reg prometheus.Registerer) *Service {
+	t.Helper()
+	s, err := New(cfg, out, messages.NewRuntime(Name, health, clock, reg, log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 // bundleRecorder is the certs output: a real Cell plus a count of sends.
 type bundleRecorder struct {
@@ -118,7 +131,7 @@ func (s *syncBuffer) String() string {
 }
 
 func testLogger(buf *syncBuffer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("service", "certs")
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // run starts s.Serve and returns a stop function that checks how it ended.

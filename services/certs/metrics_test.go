@@ -32,7 +32,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestFileMetrics(t *testing.T) {
 	f := newFileSetup(t)
 	reg := prometheus.NewRegistry()
-	f.cfg.Registerer = reg
+	f.reg = reg
 	chain, key := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain, key)
 	f.start(t)
@@ -53,7 +53,7 @@ func TestFileMetrics(t *testing.T) {
 func TestCAMetrics(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	reg := prometheus.NewRegistry()
-	c.cfg.Registerer = reg
+	c.reg = reg
 	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
 	c.ca.start(t)
 	c.start(t)

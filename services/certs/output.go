@@ -16,7 +16,7 @@ func (s *Service) writeOutput(b messages.CertBundle) {
 		return
 	}
 	if err := writeBundleFiles(s.cfg.OutputCertsDir, b, s.cfg.OutputFileMode); err != nil {
-		s.log.Error("writing OUTPUT_CERTS", "dir", s.cfg.OutputCertsDir, "err", err)
+		s.log.Error("writing OUTPUT_CERTS", "dir", s.cfg.OutputCertsDir, "error", err)
 		return
 	}
 	s.written = b.Version

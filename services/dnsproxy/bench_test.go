@@ -15,7 +15,7 @@ import (
 )
 
 func benchHandler(b *testing.B, nt messages.NameTable) *handler {
-	m, _ := newMetrics(nil)
+	m := newMetrics()
 	fwd := newForwarder([]string{"127.99.0.1:53"}, 50*time.Millisecond, false, m, discardLogger())
 	b.Cleanup(fwd.close)
 	h := &handler{ctx: context.Background(), fwd: fwd, metrics: m, log: discardLogger()}
@@ -191,7 +191,7 @@ func BenchmarkTableSwap10k(b *testing.B) {
 // (the floor: the upstream's own cost plus one round trip).
 func BenchmarkForward(b *testing.B) {
 	up := startDnsmasq(b) + ":53"
-	m, _ := newMetrics(nil)
+	m := newMetrics()
 	fwd := newForwarder([]string{up}, 5*time.Second, false, m, discardLogger())
 	b.Cleanup(fwd.close)
 	req := new(dns.Msg).SetQuestion("bench.upstream.test.", dns.TypeA)

@@ -395,7 +395,7 @@ func TestServeStopsAndRestarts(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
 	cell.Send(nt)
 	h := newHealthLog()
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, cell, h, nil, nil)
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, cell, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,6 +416,8 @@ func TestServeStopsAndRestarts(t *testing.T) {
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("run %d: Serve = %v", run, err)
 		}
+		// What the tree's runner does when a service has stopped.
+		svc.health.Report(messages.Stopped, "stopped")
 		h.mu.Lock()
 		h.all = nil
 		h.mu.Unlock()

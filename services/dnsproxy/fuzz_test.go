@@ -13,7 +13,7 @@ import (
 // packable reply to the same ID. Seeds: testdata/fuzz/FuzzHandle.
 func FuzzHandle(f *testing.F) {
 	nt := testTable("v1")
-	m, _ := newMetrics(nil)
+	m := newMetrics()
 	// Nothing listens upstream: forwards fail fast (ICMP) or time out.
 	fwd := newForwarder([]string{"127.99.0.1:53"}, 50*time.Millisecond, false, m, discardLogger())
 	f.Cleanup(fwd.close)

@@ -37,7 +37,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%+v: no error", c)
 		}
 	}
-	if _, err := New(Config{Listen: "0.0.0.0:53"}, messages.NewCell[messages.NameTable](), newHealthLog(), nil, nil); err == nil {
+	if _, err := New(Config{Listen: "0.0.0.0:53"}, messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil)); err == nil {
 		t.Error("New accepted a non-loopback address")
 	}
 }
@@ -62,7 +62,7 @@ func TestListenAddrs(t *testing.T) {
 
 func TestResolvConfErrors(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
-	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf"}, cell, newHealthLog(), nil, nil)
+	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf"}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestResolvConfErrors(t *testing.T) {
 		t.Errorf("missing resolv.conf: %v", err)
 	}
 	empty := writeResolvConf(t)
-	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty}, cell, newHealthLog(), nil, nil)
+	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "no nameserver") {
 		t.Errorf("resolv.conf without nameserver: %v", err)
 	}
@@ -83,7 +83,7 @@ func TestListenConflict(t *testing.T) {
 	}
 	defer pc.Close()
 	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1")},
-		messages.NewCell[messages.NameTable](), newHealthLog(), nil, nil)
+		messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), pc.LocalAddr().String()) {
 		t.Errorf("port in use: %v", err)
 	}

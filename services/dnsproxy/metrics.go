@@ -1,8 +1,6 @@
 package dnsproxy
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -16,8 +14,8 @@ type metrics struct {
 	upstreamDuration prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
+func newMetrics() *metrics {
+	return &metrics{
 		requests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dns_requests_total", Help: "Total number of DNS requests.",
 		}),
@@ -36,13 +34,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2, 5},
 		}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.localAnswers, m.upstreamRequests, m.upstreamFailures, m.upstreamDuration} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("dns: register metrics: %w", err)
-		}
-	}
-	return m, nil
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.localAnswers, m.upstreamRequests, m.upstreamFailures, m.upstreamDuration}
 }

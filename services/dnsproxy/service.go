@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -20,12 +19,15 @@ import (
 // notReadyReason is Istio's readiness message until the first name table.
 const notReadyReason = "DNS lookup table is not ready yet"
 
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "dns"
+
 // Service is the DNS proxy: it serves DNS on loopback, answering mesh names
 // from the latest NameTable and forwarding the rest.
 type Service struct {
 	cfg     Config
 	table   messages.Latest[messages.NameTable]
-	health  messages.Sink[messages.Health]
+	health  *messages.Reporter
 	metrics *metrics
 	log     *slog.Logger
 
@@ -37,24 +39,19 @@ type Service struct {
 
 // New returns the DNS proxy service; an error for a bad Config or metrics
 // that cannot be registered.
-func New(cfg Config, table messages.Latest[messages.NameTable], health messages.Sink[messages.Health],
-	reg prometheus.Registerer, log *slog.Logger,
-) (*Service, error) {
+func New(cfg Config, table messages.Latest[messages.NameTable], rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(reg)
-	if err != nil {
+	m := newMetrics()
+	if err := rt.Register(m.collectors()...); err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Service{cfg: cfg.withDefaults(), table: table, health: health, metrics: m, log: log}, nil
+	return &Service{cfg: cfg.withDefaults(), table: table, health: rt.Health, metrics: m, log: rt.Log}, nil
 }
 
 // String is the service's name in logs, metrics and /debug/tree.
-func (s *Service) String() string { return "dns" }
+func (s *Service) String() string { return Name }
 
 // Addrs returns the addresses the proxy listens on (udp and tcp on each),
 // once it reported Ready or Starting; nil when not running.
@@ -163,7 +160,7 @@ func (s *Service) Serve(ctx context.Context) error {
 }
 
 func (s *Service) sendHealth(state messages.HealthState, reason string) {
-	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: time.Now()})
+	s.health.Report(state, reason)
 }
 
 func (s *Service) setAddrs(a []string) {

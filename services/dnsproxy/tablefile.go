@@ -32,22 +32,23 @@ const reloadDebounce = 100 * time.Millisecond
 type TableFile struct {
 	path   string
 	out    messages.Sink[messages.NameTable]
-	health messages.Sink[messages.Health]
+	health *messages.Reporter
 	log    *slog.Logger
 
 	lastVersion string // survives restarts: the same file is not published twice
 }
 
+// TableFileName is the table file service's name in logs, Health and
+// /debug/tree.
+const TableFileName = "nametable"
+
 // NewTableFile returns the service that reads path into out.
-func NewTableFile(path string, out messages.Sink[messages.NameTable], health messages.Sink[messages.Health], log *slog.Logger) *TableFile {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &TableFile{path: path, out: out, health: health, log: log}
+func NewTableFile(path string, out messages.Sink[messages.NameTable], rt messages.Runtime) *TableFile {
+	return &TableFile{path: path, out: out, health: rt.Health, log: rt.Log}
 }
 
 // String is the service's name.
-func (f *TableFile) String() string { return "nametable" }
+func (f *TableFile) String() string { return TableFileName }
 
 // Serve loads the file, then reloads it on every change until ctx is done.
 func (f *TableFile) Serve(ctx context.Context) error {
@@ -88,7 +89,7 @@ func (f *TableFile) Serve(ctx context.Context) error {
 			if !ok {
 				return fmt.Errorf("name table file %s: watcher closed", f.path)
 			}
-			f.log.Warn("name table watch error", "file", f.path, "err", err)
+			f.log.Warn("name table watch error", "file", f.path, "error", err)
 		case <-debounce:
 			debounce = nil
 			f.reload()
@@ -103,8 +104,8 @@ func (f *TableFile) Serve(ctx context.Context) error {
 func (f *TableFile) reload() {
 	nt, err := ReadTableFile(f.path)
 	if err != nil {
-		f.log.Warn("name table file rejected, keeping the last table", "err", err)
-		f.health.Send(messages.Health{Service: f.String(), State: messages.Degraded, Reason: err.Error(), Time: time.Now()})
+		f.log.Warn("name table file rejected, keeping the last table", "error", err)
+		f.health.Report(messages.Degraded, err.Error())
 		return
 	}
 	if nt.Version != f.lastVersion {
@@ -112,7 +113,7 @@ func (f *TableFile) reload() {
 		f.lastVersion = nt.Version
 		f.log.Info("name table loaded", "file", f.path, "version", nt.Version, "hosts", len(nt.Hosts))
 	}
-	f.health.Send(messages.Health{Service: f.String(), State: messages.Ready, Time: time.Now()})
+	f.health.Report(messages.Ready, "")
 }
 
 // ReadTableFile reads a protojson NameTable file; its version is a hash of

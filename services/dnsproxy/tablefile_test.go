@@ -31,7 +31,7 @@ const tableV2 = `{"table": {
 func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTable], *healthLog) {
 	t.Helper()
 	out, h := messages.NewCell[messages.NameTable](), newHealthLog()
-	tf := NewTableFile(path, out, h, testLogger(t))
+	tf := NewTableFile(path, out, messages.NewRuntime(TableFileName, h, nil, nil, testLogger(t)))
 	if tf.String() != "nametable" {
 		t.Errorf("String() = %q", tf.String())
 	}
@@ -139,7 +139,7 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 }
 
 func TestTableFileMissingDirectory(t *testing.T) {
-	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), newHealthLog(), nil)
+	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), messages.NewRuntime(TableFileName, newHealthLog(), nil, nil, nil))
 	if err := tf.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "/nonexistent/dir/nametable.json") {
 		t.Errorf("Serve = %v", err)
 	}
@@ -154,7 +154,7 @@ func TestTableFileDrivesProxy(t *testing.T) {
 	}
 	out, _ := startTableFile(t, path)
 	h := newHealthLog()
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, out, h, nil, nil)
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, out, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

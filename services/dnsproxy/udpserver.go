@@ -304,7 +304,7 @@ func (s *udpServer) finishForward(c *net.UDPConn, addr net.Addr, req *dns.Msg, q
 	defer func() { f.metrics.upstreamDuration.Observe(time.Since(start).Seconds()) }()
 	switch {
 	case err != nil:
-		f.log.Debug("upstream failed", "upstream", f.servers[0].addr, "err", err)
+		f.log.Debug("upstream failed", "upstream", f.servers[0].addr, "error", err)
 		resp = nil
 		if len(f.servers) > 1 {
 			resp = f.exchange(s.h.ctx, query, q, false, 1)

@@ -43,7 +43,7 @@ func TestStopWithForwardsInFlight(t *testing.T) {
 	up, _, ip := listenUpstream(t) // reads, never answers
 	nt := testTable("v1")
 	cfg := Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, ip), ForwardTimeout: time.Hour}
-	svc, err := New(cfg, cellWith(nt), newHealthLog(), nil, nil)
+	svc, err := New(cfg, cellWith(nt), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

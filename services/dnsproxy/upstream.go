@@ -104,7 +104,7 @@ func (f *forwarder) forward(ctx context.Context, req *dns.Msg, tcp bool) []byte 
 	defer func() { f.metrics.upstreamDuration.Observe(time.Since(start).Seconds()) }()
 	query, err := req.Pack()
 	if err != nil {
-		f.log.Debug("cannot forward query", "err", err)
+		f.log.Debug("cannot forward query", "error", err)
 		f.metrics.upstreamFailures.Inc()
 		return nil
 	}
@@ -133,7 +133,7 @@ func (f *forwarder) exchange(ctx context.Context, query, q []byte, tcp bool, fro
 		if err == nil {
 			return resp
 		}
-		f.log.Debug("upstream failed", "upstream", u.addr, "err", err)
+		f.log.Debug("upstream failed", "upstream", u.addr, "error", err)
 	}
 	return nil
 }
@@ -147,7 +147,7 @@ func (f *forwarder) forwardParallel(ctx context.Context, query, q []byte, tcp bo
 			defer f.wg.Done()
 			resp, err := u.exchange(ctx, query, q, tcp)
 			if err != nil {
-				f.log.Debug("upstream failed", "upstream", u.addr, "err", err)
+				f.log.Debug("upstream failed", "upstream", u.addr, "error", err)
 			}
 			results <- resp
 		}()

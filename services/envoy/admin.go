@@ -133,7 +133,7 @@ func (s *Service) pollReady(ctx context.Context, out chan bool) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.cfg.Clock.After(interval):
+		case <-s.clock.After(interval):
 		}
 	}
 }

@@ -27,7 +27,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 		return errDrained("already drained")
 	}
 
-	r.state.Draining = true
+	r.state.Phase = messages.EnvoyDraining
 	r.publish()
 	r.s.setHealth(messages.Starting, "draining: "+d.Reason)
 	r.postDrainListeners(ctx)
@@ -40,7 +40,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 
 	deadline := d.Deadline
 	if deadline.IsZero() {
-		deadline = r.s.cfg.Clock.Now().Add(r.s.cfg.TerminationDrainDuration)
+		deadline = r.s.clock.Now().Add(r.s.cfg.TerminationDrainDuration)
 	}
 	log.Info("draining envoy", "until", deadline, "exit_on_zero_active_connections", r.s.cfg.ExitOnZeroActiveConnections)
 	if err := r.waitDrain(ctx, deadline, readiness); err != nil {
@@ -57,7 +57,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 // the error Serve must return when Envoy exited, ctx ended, or an
 // immediate Drain came meanwhile.
 func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-chan bool) error {
-	clock := r.s.cfg.Clock
+	clock := r.s.clock
 	expired := clock.After(max(0, deadline.Sub(clock.Now())))
 
 	// With ExitOnZeroActiveConnections, the first check is after the
@@ -97,7 +97,7 @@ func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-cha
 			switch {
 			case err != nil:
 				failures++
-				r.s.log.Warn("reading active connections", "err", err, "attempt", failures)
+				r.s.log.Warn("reading active connections", "error", err, "attempt", failures)
 				if failures > 4 {
 					r.s.log.Warn("giving up waiting for active connections after 5 errors")
 					return nil
@@ -128,7 +128,7 @@ func (r *run) postDrainListeners(ctx context.Context) {
 			return
 		}
 		if i == attempts {
-			r.s.log.Warn("drain_listeners failed", "err", err, "attempts", i)
+			r.s.log.Warn("drain_listeners failed", "error", err, "attempts", i)
 			return
 		}
 		select {
@@ -136,7 +136,7 @@ func (r *run) postDrainListeners(ctx context.Context) {
 			return
 		case <-ctx.Done():
 			return
-		case <-r.s.cfg.Clock.After(100 * time.Millisecond):
+		case <-r.s.clock.After(100 * time.Millisecond):
 		}
 	}
 }

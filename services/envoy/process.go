@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // child is one running Envoy process.
@@ -62,7 +64,7 @@ func (s *Service) start() (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.cfg.BinaryPath, err)
 	}
-	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.cfg.Clock.Now(), done: make(chan struct{})}
+	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.clock.Now(), done: make(chan struct{})}
 	s.epoch++
 	go func() {
 		c.waitErr = cmd.Wait()
@@ -103,14 +105,14 @@ func (c *child) exitStatus() (int, string) {
 // terminate sends SIGTERM, then SIGKILL after grace, and waits for the exit.
 // Process.Signal goes through a pidfd, so a signal can never reach another
 // process that reused the pid.
-func (c *child) terminate(grace time.Duration, clock Clock, log *slog.Logger) {
+func (c *child) terminate(grace time.Duration, clock messages.Clock, log *slog.Logger) {
 	select {
 	case <-c.done:
 		return
 	default:
 	}
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		log.Warn("SIGTERM envoy", "pid", c.pid, "err", err)
+		log.Warn("SIGTERM envoy", "pid", c.pid, "error", err)
 	}
 	select {
 	case <-c.done:
@@ -119,7 +121,7 @@ func (c *child) terminate(grace time.Duration, clock Clock, log *slog.Logger) {
 	}
 	log.Warn("envoy did not exit after SIGTERM; killing it", "pid", c.pid, "grace", grace)
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		log.Error("SIGKILL envoy", "pid", c.pid, "err", err)
+		log.Error("SIGKILL envoy", "pid", c.pid, "error", err)
 	}
 	<-c.done
 }

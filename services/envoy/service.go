@@ -59,17 +59,6 @@ type Credential struct {
 	UID, GID uint32
 }
 
-// Clock is where the service gets time from; tests may replace it.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
 // Config is how to run Envoy. Zero fields take the defaults above.
 type Config struct {
 	// BinaryPath is Envoy's executable (ProxyConfig.binaryPath).
@@ -104,8 +93,6 @@ type Config struct {
 	Stdout, Stderr io.Writer
 	// Env is Envoy's environment; nil inherits the agent's.
 	Env []string
-	// Clock, nil for the real one.
-	Clock Clock
 }
 
 // withDefaults returns cfg with every zero field set to its default.
@@ -137,9 +124,6 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
-	}
 	return cfg
 }
 
@@ -161,12 +145,16 @@ func (cfg Config) Validate() error {
 	return nil
 }
 
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = messages.EnvoyService
+
 // Service runs one Envoy process per Serve call.
 type Service struct {
 	cfg    Config
 	drain  messages.Source[messages.Drain]
 	state  messages.Sink[messages.EnvoyState]
-	health messages.Sink[messages.Health]
+	health *messages.Reporter
+	clock  messages.Clock
 	log    *slog.Logger
 	admin  *adminClient
 
@@ -178,17 +166,14 @@ type Service struct {
 }
 
 // New returns the service. drain may be nil (no drain commands).
-func New(cfg Config, drain messages.Source[messages.Drain], state messages.Sink[messages.EnvoyState],
-	health messages.Sink[messages.Health], log *slog.Logger) *Service {
+func New(cfg Config, drain messages.Source[messages.Drain], state messages.Sink[messages.EnvoyState], rt messages.Runtime) *Service {
 	cfg = cfg.withDefaults()
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Service{cfg: cfg, drain: drain, state: state, health: health, log: log, admin: newAdminClient(cfg.AdminAddr)}
+	return &Service{cfg: cfg, drain: drain, state: state, health: rt.Health, clock: rt.Clock, log: rt.Log,
+		admin: newAdminClient(cfg.AdminAddr)}
 }
 
 // String names the service in logs, metrics and /debug/tree.
-func (s *Service) String() string { return "envoy" }
+func (s *Service) String() string { return Name }
 
 // Serve starts Envoy and runs until Envoy exits (an *ExitError wrapping
 // ErrEnvoyExited), ctx is done (Envoy is stopped, ctx.Err()), or a Drain with
@@ -205,7 +190,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	for _, d := range pending {
 		if d.Exit || d.Immediate {
 			s.log.Info("not starting envoy: a stop was requested", "reason", d.Reason)
-			s.last.Running, s.last.Ready, s.last.Stopped = false, false, true
+			s.last.Phase = messages.EnvoyStopped
 			s.state.Send(s.last)
 			s.setHealth(messages.Stopped, "stop requested before start: "+d.Reason)
 			return errDrained("stop requested before start")
@@ -219,7 +204,9 @@ func (s *Service) Serve(ctx context.Context) error {
 		return err
 	}
 	r := &run{s: s, child: child, state: messages.EnvoyState{
-		Epoch: child.epoch, PID: child.pid, Started: child.started, Running: true,
+		Phase: messages.EnvoyRunning, Epoch: child.epoch, PID: child.pid, Started: child.started,
+		// Why the previous Envoy ended stays visible while this one starts.
+		ExitCode: s.last.ExitCode, ExitReason: s.last.ExitReason,
 	}}
 	// Serve never returns, not even by a panic, while Envoy runs.
 	defer r.ensureGone()
@@ -305,27 +292,28 @@ func (r *run) drainReady() <-chan struct{} {
 	return r.s.drain.Ready()
 }
 
+// setReady moves between Running and Ready. A draining Envoy stays
+// draining whatever its admin API says.
 func (r *run) setReady(ready bool) {
-	if r.state.Ready == ready {
+	if r.state.Phase == messages.EnvoyDraining || (r.state.Phase == messages.EnvoyReady) == ready {
 		return
 	}
-	r.state.Ready = ready
-	r.publish()
-	switch {
-	case r.state.Draining:
-		// Health stays "draining".
-	case ready:
+	if ready {
+		r.state.Phase = messages.EnvoyReady
+		r.publish()
 		r.s.setHealth(messages.Ready, "")
-	default:
-		r.s.setHealth(messages.Starting, "envoy admin /ready is not LIVE")
+		return
 	}
+	r.state.Phase = messages.EnvoyRunning
+	r.publish()
+	r.s.setHealth(messages.Starting, "envoy admin /ready is not LIVE")
 }
 
 // exited publishes Envoy's unexpected exit and returns the error for it.
 func (r *run) exited() error {
 	r.child.wait()
 	code, reason := r.child.exitStatus()
-	r.state.Running, r.state.Ready = false, false
+	r.state.Phase = messages.EnvoyExited
 	r.state.ExitCode, r.state.ExitReason = code, reason
 	r.publish()
 	err := &ExitError{Epoch: r.child.epoch, PID: r.child.pid, ExitCode: code, Reason: reason}
@@ -341,16 +329,16 @@ func (r *run) exited() error {
 // it and publishes Stopped.
 func (r *run) stop(why string) {
 	r.s.log.Info("stopping envoy", "pid", r.child.pid, "reason", why)
-	r.child.terminate(r.s.cfg.KillGrace, r.s.cfg.Clock, r.s.log)
+	r.child.terminate(r.s.cfg.KillGrace, r.s.clock, r.s.log)
 	code, reason := r.child.exitStatus()
-	r.state.Running, r.state.Ready, r.state.Stopped = false, false, true
+	r.state.Phase = messages.EnvoyStopped
 	r.state.ExitCode, r.state.ExitReason = code, reason
 	r.publish()
 	r.s.setHealth(messages.Stopped, why)
 }
 
 func (s *Service) setHealth(state messages.HealthState, reason string) {
-	s.health.Send(messages.Health{Service: s.String(), State: state, Reason: reason, Time: s.cfg.Clock.Now()})
+	s.health.Report(state, reason)
 }
 
 // ExitError is Serve's error when Envoy exited on its own. It wraps

@@ -41,7 +41,7 @@ func BenchmarkServeToRunning(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		prev, _ := h.state.Get()
 		errc := h.serve(ctx)
-		h.waitState("running", func(s messages.EnvoyState) bool { return s.Running && s.PID != prev.PID })
+		h.waitState("running", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != prev.PID })
 		b.StopTimer()
 		cancel()
 		if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
@@ -70,7 +70,7 @@ func BenchmarkDeathToNextRunning(b *testing.B) {
 		}
 		errc = h.serve(ctx)
 		prev := st.PID
-		st = h.waitState("next running", func(s messages.EnvoyState) bool { return s.Running && s.PID != prev })
+		st = h.waitState("next running", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != prev })
 	}
 	b.StopTimer()
 	cancel()

@@ -170,7 +170,7 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 		mod(&cfg)
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h.svc = New(cfg, h.drain, h.state, h.health, log)
+	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, nil, nil, log))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s\nenvoy stderr:\n%s", h.logs, h.stderr)
@@ -230,5 +230,5 @@ func (h *harness) sawHealth(state messages.HealthState, reasonPart string) bool 
 	return false
 }
 
-func running(s messages.EnvoyState) bool { return s.Running }
-func ready(s messages.EnvoyState) bool   { return s.Running && s.Ready }
+func running(s messages.EnvoyState) bool { return s.Phase.Alive() }
+func ready(s messages.EnvoyState) bool   { return s.Phase == messages.EnvoyReady }

@@ -31,15 +31,15 @@ func TestUnderSupervisor(t *testing.T) {
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	second := h.waitState("restarted", func(s messages.EnvoyState) bool { return s.Running && s.PID != first.PID })
+	second := h.waitState("restarted", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != first.PID })
 	if second.Epoch != first.Epoch+1 {
 		t.Fatalf("epoch after restart = %d; want %d", second.Epoch, first.Epoch+1)
 	}
 
 	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	h.waitState("stopped", func(s messages.EnvoyState) bool { return s.Stopped })
+	h.waitState("stopped", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyStopped })
 	waitFor(t, "the supervisor to drop the drained service", func() bool { return len(sup.Services()) == 0 })
-	if st, _ := h.state.Get(); st.Running || st.PID != second.PID || !pidGone(second.PID) {
+	if st, _ := h.state.Get(); st.Phase != messages.EnvoyStopped || st.PID != second.PID || !pidGone(second.PID) {
 		t.Fatalf("after the drain: %+v; want the second Envoy gone and no third", st)
 	}
 }

@@ -54,7 +54,7 @@ func TestStartReadyAndStop(t *testing.T) {
 		t.Fatalf("Serve after cancel = %v; want context.Canceled", err)
 	}
 	final, _ := h.state.Get()
-	if !final.Stopped || final.Running || final.Ready {
+	if final.Phase != messages.EnvoyStopped {
 		t.Fatalf("state after stop = %+v; want Stopped, not running", final)
 	}
 	if !pidGone(st.PID) {
@@ -79,7 +79,7 @@ func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 	err := h.waitServe(errc)
 	// Serve has returned: the exit must already be published.
 	st, _ := h.state.Get()
-	if st.Running || st.Ready || st.ExitReason != "signal: killed" || st.ExitCode != -1 || st.PID != first.PID {
+	if st.Phase != messages.EnvoyExited || st.ExitReason != "signal: killed" || st.ExitCode != -1 || st.PID != first.PID {
 		t.Fatalf("state when Serve returned = %+v; want not running, not ready, signal: killed", st)
 	}
 	if !errors.Is(err, ErrEnvoyExited) || !strings.Contains(err.Error(), "signal: killed") {
@@ -91,7 +91,7 @@ func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 	}
 
 	errc = h.serve(ctx)
-	second := h.waitState("second envoy running", func(s messages.EnvoyState) bool { return s.Running && s.PID != first.PID })
+	second := h.waitState("second envoy running", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != first.PID })
 	if second.Epoch != first.Epoch+1 {
 		t.Fatalf("second epoch = %d; want %d", second.Epoch, first.Epoch+1)
 	}
@@ -118,7 +118,7 @@ func TestCrashExitStatus(t *testing.T) {
 				t.Fatalf("Serve = %v; want *ExitError with %s", err, want)
 			}
 			st, _ := h.state.Get()
-			if st.Running || st.ExitCode != code || st.ExitReason != want {
+			if st.Phase != messages.EnvoyExited || st.ExitCode != code || st.ExitReason != want {
 				t.Fatalf("state = %+v", st)
 			}
 			if !h.sawHealth(messages.Failed, want) {
@@ -140,7 +140,7 @@ func TestDrainExit(t *testing.T) {
 		t.Fatalf("Serve after drain = %v; want ErrDrained and suture.ErrDoNotRestart", err)
 	}
 	st, _ := h.state.Get()
-	if !st.Stopped || !st.Draining || st.Running || st.ExitReason != "exit status 0" {
+	if st.Phase != messages.EnvoyStopped || st.ExitReason != "exit status 0" {
 		t.Fatalf("state = %+v; want stopped after drain, clean exit", st)
 	}
 	if !h.sawHealth(messages.Starting, "draining") {
@@ -196,7 +196,7 @@ func TestDrainThenExitLater(t *testing.T) {
 	errc := h.serve(context.Background())
 	first := h.waitState("ready", ready)
 	h.drain.Send(messages.Drain{Reason: "POST /drain"})
-	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
+	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
 		waitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
@@ -236,7 +236,7 @@ func TestDrainImmediate(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 	st, _ := h.state.Get()
-	if !st.Stopped || st.Draining {
+	if st.Phase != messages.EnvoyStopped {
 		t.Fatalf("state = %+v; want stopped without draining", st)
 	}
 	if strings.Contains(h.stderr.String(), "drain_listeners") {
@@ -256,7 +256,7 @@ func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 	final, _ := h.state.Get()
-	if final.ExitReason != "signal: killed" || !final.Stopped {
+	if final.ExitReason != "signal: killed" || final.Phase != messages.EnvoyStopped {
 		t.Fatalf("state = %+v; want killed and stopped", final)
 	}
 	if !strings.Contains(h.stderr.String(), "ignoring terminated") {
@@ -276,7 +276,7 @@ func TestNeverReady(t *testing.T) {
 	h.waitState("running", running)
 	// Let the poller see PRE_INITIALIZING answers a few times.
 	time.Sleep(200 * time.Millisecond)
-	if st, _ := h.state.Get(); st.Ready {
+	if st, _ := h.state.Get(); st.Phase == messages.EnvoyReady {
 		t.Fatalf("state = %+v; want not ready", st)
 	}
 	if h.sawHealth(messages.Ready, "") {
@@ -390,12 +390,12 @@ func runAsParent() int {
 		BinaryPath: os.Getenv(parentEnv),
 		Prepare:    func() ([]string, error) { return writeBootstrap(dir, port) },
 		AdminAddr:  fmt.Sprintf("127.0.0.1:%d", port),
-	}, nil, state, messages.NewStream[messages.Health](0, nil), nil)
+	}, nil, state, messages.NewRuntime(Name, messages.NewStream[messages.Health](0, nil), nil, nil, nil))
 	errc := make(chan error, 1)
 	go func() { errc <- svc.Serve(context.Background()) }()
 	for {
 		st, ok, changed := state.Watch()
-		if ok && st.Running {
+		if ok && st.Phase.Alive() {
 			fmt.Printf("envoy-pid %d\n", st.PID)
 			break
 		}
@@ -434,7 +434,7 @@ func TestStopRequestedBeforeStart(t *testing.T) {
 		t.Fatalf("Serve with a pending stop = %v; want ErrDrained", err)
 	}
 	st, _ := h.state.Get()
-	if !st.Stopped || st.Running || st.PID != first.PID || st.Epoch != first.Epoch {
+	if st.Phase != messages.EnvoyStopped || st.PID != first.PID || st.Epoch != first.Epoch {
 		t.Fatalf("state = %+v; want stopped, no new process", st)
 	}
 }
@@ -445,7 +445,7 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.drain.Send(messages.Drain{Reason: "POST /drain"})
 	errc := h.serve(ctx)
-	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Running && s.Draining })
+	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
 		waitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
@@ -528,12 +528,12 @@ func TestDrainCutShort(t *testing.T) {
 			errc := h.serve(ctx)
 			st := h.waitState("ready", ready)
 			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Draining })
+			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 			tc.cut(h, cancel)
 			if err := h.waitServe(errc); !errors.Is(err, tc.want) {
 				t.Fatalf("Serve = %v; want %v", err, tc.want)
 			}
-			if final, _ := h.state.Get(); !final.Stopped || !pidGone(st.PID) {
+			if final, _ := h.state.Get(); final.Phase != messages.EnvoyStopped || !pidGone(st.PID) {
 				t.Fatalf("state = %+v; want stopped and no envoy", final)
 			}
 		})

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Istio's names for the two secrets Envoy asks for, and the socket path.
@@ -31,8 +29,6 @@ type Config struct {
 	// StopTimeout bounds the graceful stop at shutdown before open streams
 	// are cut.
 	StopTimeout time.Duration
-	// Registerer receives the metrics (nil: not registered).
-	Registerer prometheus.Registerer
 }
 
 // DefaultConfig returns the defaults with the socket under root.

@@ -26,33 +26,31 @@ import (
 // ErrSocketInUse: another server answers on the socket path.
 var ErrSocketInUse = errors.New("a live server is already listening on the SDS socket")
 
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "sds"
+
 // Service is the SDS server.
 type Service struct {
 	cfg    Config
 	certs  messages.Latest[messages.CertBundle]
-	health messages.Sink[messages.Health]
+	health *messages.Reporter
 	log    *slog.Logger
 	m      metrics
 
 	streamIDs atomic.Int64 // stream numbers for logs and nonces; never reset
 }
 
-// New returns the SDS server. It serves what certs holds and reports on health.
-func New(cfg Config, certs messages.Latest[messages.CertBundle], health messages.Sink[messages.Health], log *slog.Logger) *Service {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// New returns the SDS server. It serves what certs holds.
+func New(cfg Config, certs messages.Latest[messages.CertBundle], rt messages.Runtime) (*Service, error) {
+	s := &Service{cfg: cfg, certs: certs, health: rt.Health, log: rt.Log, m: newMetrics()}
+	if err := rt.Register(s.m.streams, s.m.pushes, s.m.nacks); err != nil {
+		return nil, err
 	}
-	s := &Service{cfg: cfg, certs: certs, health: health, log: log, m: newMetrics()}
-	if cfg.Registerer != nil {
-		if err := s.m.register(cfg.Registerer); err != nil {
-			log.Warn("sds metrics not registered", "err", err)
-		}
-	}
-	return s
+	return s, nil
 }
 
 // String is the service's name in logs, metrics and /debug/tree.
-func (s *Service) String() string { return "sds" }
+func (s *Service) String() string { return Name }
 
 // Serve listens on the socket and serves until ctx is done; then it stops
 // every stream, closes the listener and removes the socket file.
@@ -72,7 +70,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	s.log.Info("SDS server listening", "socket", s.cfg.SocketPath)
-	s.health.Send(messages.Health{Service: s.String(), State: messages.Ready, Time: time.Now()})
+	s.health.Report(messages.Ready, "")
 
 	select {
 	case <-ctx.Done():
@@ -179,13 +177,4 @@ func newMetrics() metrics {
 			Name: "sds_nacks_total", Help: "SDS responses rejected by Envoy.",
 		}),
 	}
-}
-
-func (m metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }

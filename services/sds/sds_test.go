@@ -76,7 +76,7 @@ func startServer(t *testing.T) *server {
 	t.Cleanup(func() { os.RemoveAll(root) })
 	s := &server{cfg: DefaultConfig(root), certs: messages.NewCell[messages.CertBundle](),
 		health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
-	s.svc = New(s.cfg, s.certs, s.health, slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	s.svc = newService(t, s.cfg, s.certs, s.health, slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	s.start(t)
 	return s
 }
@@ -117,7 +117,8 @@ func (s *server) stop(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Error("Serve did not return after cancel")
 	}
-	s.health.Send(messages.Health{})
+	// What the tree's runner does when a service has stopped.
+	s.svc.health.Report(messages.Stopped, "stopped")
 }
 
 func (s *server) client(t *testing.T) sdsv3.SecretDiscoveryServiceClient {
@@ -450,7 +451,7 @@ func TestStaleSocketRemovedLiveSocketRefused(t *testing.T) {
 	l.Close()
 
 	health := messages.NewCell[messages.Health]()
-	svc := New(cfg, messages.NewCell[messages.CertBundle](), health, nil)
+	svc := newService(t, cfg, messages.NewCell[messages.CertBundle](), health, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx) }()
@@ -466,7 +467,7 @@ func TestStaleSocketRemovedLiveSocketRefused(t *testing.T) {
 		}
 	}
 	// A second server on the same path must refuse.
-	err = New(cfg, messages.NewCell[messages.CertBundle](), messages.NewCell[messages.Health](), nil).Serve(context.Background())
+	err = newService(t, cfg, messages.NewCell[messages.CertBundle](), messages.NewCell[messages.Health](), nil).Serve(context.Background())
 	if !errors.Is(err, ErrSocketInUse) || !strings.Contains(err.Error(), cfg.SocketPath) {
 		t.Fatalf("second server: %v; want ErrSocketInUse naming the path", err)
 	}
@@ -527,7 +528,7 @@ func TestSocketChownedToProxy(t *testing.T) {
 	cfg := DefaultConfig(root)
 	cfg.SocketUID, cfg.SocketGID = 1337, 1337
 	health := messages.NewCell[messages.Health]()
-	svc := New(cfg, messages.NewCell[messages.CertBundle](), health, nil)
+	svc := newService(t, cfg, messages.NewCell[messages.CertBundle](), health, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx) }()
@@ -554,4 +555,14 @@ func TestSocketChownedToProxy(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
+}
+
+// newService is New with a test Runtime.
+func newService(t testing.TB, cfg Config, certs messages.Latest[messages.CertBundle], health messages.Sink[messages.Health], log *slog.Logger) *Service {
+	t.Helper()
+	svc, err := New(cfg, certs, messages.NewRuntime(Name, health, nil, nil, log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }

@@ -98,7 +98,7 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 			}
 			for _, n := range req.GetResourceNames() {
 				if err := checkName(n); err != nil {
-					log.Warn("rejecting SDS request", "err", err)
+					log.Warn("rejecting SDS request", "error", err)
 					return err
 				}
 			}
@@ -189,7 +189,7 @@ func (h *handler) DeltaSecrets(stream grpc.BidiStreamingServer[discoveryv3.Delta
 			}
 			for _, n := range req.GetResourceNamesSubscribe() {
 				if err := checkName(n); err != nil {
-					log.Warn("rejecting SDS request", "err", err)
+					log.Warn("rejecting SDS request", "error", err)
 					return err
 				}
 				subscribed[n] = true

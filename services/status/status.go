@@ -67,11 +67,15 @@ type Outputs struct {
 	Chaos     messages.Sink[messages.Chaos]
 }
 
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "status"
+
 // Service is the status server.
 type Service struct {
 	cfg Config
 	in  Inputs
 	out Outputs
+	rt  messages.Runtime
 	log *slog.Logger
 
 	// healths is the latest Health per service. It survives restarts of
@@ -90,13 +94,13 @@ type view struct {
 }
 
 // New returns the status server.
-func New(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
-	s := &Service{cfg: cfg, in: in, out: out, log: log, healths: map[string]messages.Health{}}
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) *Service {
+	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
 	return s
 }
 
-func (s *Service) String() string { return "status" }
+func (s *Service) String() string { return Name }
 
 // Serve listens and serves until ctx is done.
 func (s *Service) Serve(ctx context.Context) error {
@@ -132,7 +136,12 @@ func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
 	for _, h := range s.in.Health.Take() {
 		s.healths[h.Service] = h
 	}
-	s.healths[s.String()] = messages.Health{Service: s.String(), State: messages.Ready, Time: time.Now()}
+	s.rt.Health.Report(messages.Ready, "")
+	// Our own report is on the stream we read: take it at once, so that a
+	// restarted status server does not show itself failed.
+	for _, h := range s.in.Health.Take() {
+		s.healths[h.Service] = h
+	}
 	s.update()
 	for {
 		_, _, envoyChanged := s.in.Envoy.Watch()
@@ -185,17 +194,21 @@ func (s *Service) readiness() (bool, string) {
 	if s.cfg.RequireEnvoy {
 		st, ok := s.in.Envoy.Get()
 		switch {
-		case !ok || !st.Running:
+		case !ok || !st.Phase.Alive():
 			reason := "envoy: not running" + exitSuffix(st)
 			if h, ok := s.healths[messages.EnvoyService]; ok && h.State == messages.Failed {
 				// Why it cannot start (a bad binary, a bootstrap error).
 				reason += ": " + h.Reason
 			}
 			why = append(why, reason)
-		case st.Draining:
+		case st.Phase == messages.EnvoyDraining:
 			why = append(why, "envoy: draining")
-		case !st.Ready:
-			why = append(why, "envoy: not ready")
+		case st.Phase != messages.EnvoyReady:
+			reason := "envoy: not ready"
+			if st.NotReady != "" {
+				reason += " (" + st.NotReady + ")"
+			}
+			why = append(why, reason)
 		}
 	}
 	if len(why) > 0 {

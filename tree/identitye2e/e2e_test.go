@@ -108,8 +108,14 @@ func (a *agent) start(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
-	c := certs.New(a.certCfg, a.bundles, a.health, a.log.With("service", "certs"))
-	s := sds.New(a.sdsCfg, a.bundles, a.health, a.log.With("service", "sds"))
+	c, err := certs.New(a.certCfg, a.bundles, messages.NewRuntime(certs.Name, a.health, nil, nil, a.log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sds.New(a.sdsCfg, a.bundles, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, svc := range []interface{ Serve(context.Context) error }{c, s} {
 		a.wg.Add(1)
 		go func() {

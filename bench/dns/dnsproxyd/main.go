@@ -62,11 +62,11 @@ func main() {
 	}
 	if *memProfile != "" {
 		if perr := writeHeapProfile(*memProfile); perr != nil {
-			log.Error("memprofile", "err", perr)
+			log.Error("memprofile", "error", perr)
 		}
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
-		log.Error("dnsproxyd failed", "err", err)
+		log.Error("dnsproxyd failed", "error", err)
 		os.Exit(1)
 	}
 }
@@ -93,11 +93,11 @@ func run(cfg dnsproxy.Config, tablePath string, log *slog.Logger) error {
 	defer stop()
 	cell := messages.NewCell[messages.NameTable]()
 	health := healthLog{log}
-	svc, err := dnsproxy.New(cfg, cell, health, prometheus.NewRegistry(), log.With("service", "dns"))
+	svc, err := dnsproxy.New(cfg, cell, messages.NewRuntime(dnsproxy.Name, health, nil, prometheus.NewRegistry(), log))
 	if err != nil {
 		return err
 	}
-	tf := dnsproxy.NewTableFile(tablePath, cell, health, log.With("service", "nametable"))
+	tf := dnsproxy.NewTableFile(tablePath, cell, messages.NewRuntime(dnsproxy.TableFileName, health, nil, nil, log))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)
