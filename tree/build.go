@@ -47,6 +47,44 @@ type Config struct {
 	DrainTimeout time.Duration
 }
 
+// Validate checks every service's config (those present) and the tree's
+// own settings, and returns every problem, each named by its service.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	if c.Status != nil {
+		check(status.Name, c.Status.Validate())
+	}
+	if c.Certs != nil {
+		check(certs.Name, c.Certs.Validate())
+	}
+	if c.SDS != nil {
+		check(sds.Name, c.SDS.Validate())
+	}
+	if c.Envoy != nil {
+		check(envoy.Name, c.Envoy.Validate())
+	}
+	if c.Capture != nil {
+		check(capture.Name, c.Capture.Validate())
+	}
+	if c.DNS != nil {
+		check(dnsproxy.Name, c.DNS.Validate())
+	}
+	check("restart policy", c.DefaultPolicy.Validate())
+	check("envoy restart policy", c.EnvoyPolicy.Validate())
+	if c.StopTimeout <= 0 {
+		check("tree", fmt.Errorf("StopTimeout %v must be positive", c.StopTimeout))
+	}
+	if c.DrainTimeout < 0 {
+		check("tree", fmt.Errorf("DrainTimeout %v is negative", c.DrainTimeout))
+	}
+	return errors.Join(errs...)
+}
+
 // Build makes the channels and the services from cfg and assembles the
 // tree. It is the only place that calls the services' constructors.
 func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Notifier) (*Agent, *Channels, error) {

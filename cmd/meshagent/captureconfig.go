@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
 
 	"github.com/spf13/pflag"
@@ -10,30 +9,26 @@ import (
 )
 
 // captureConfig is the capture service's config for `proxy`: the same
-// istio-iptables settings, read from the same environment variables the
-// init container and Istio's VM bundle use (ISTIO_INBOUND_PORTS,
-// ISTIO_SERVICE_CIDR, ISTIO_LOCAL_EXCLUDE_PORTS, ...). vm: the agent owns the
-// rules (apply, reconcile, remove on stop); otherwise it only verifies them.
-func captureConfig(lookup func(string) (string, bool), vm bool, log *slog.Logger) (*capture.ServiceConfig, error) {
-	getenv := func(k string) string { v, _ := lookup(k); return v }
-	var cfg capture.Config
-	fs := pflag.NewFlagSet("capture", pflag.ContinueOnError)
-	flags := capture.BindFlags(fs, &cfg, getenv, nil)
-	if err := fs.Parse(nil); err != nil {
-		return nil, fmt.Errorf("capture settings: %w", err)
+// istio-iptables settings, from the same environment variables the init
+// container and Istio's VM bundle use (ISTIO_INBOUND_PORTS,
+// ISTIO_SERVICE_CIDR, ISTIO_LOCAL_EXCLUDE_PORTS, ...), read through the same
+// bindings as `istio-iptables` with no flag given. With --capture
+// (MESHAGENT_CAPTURE, VM mode) the agent owns the rules: apply, reconcile,
+// remove on stop; otherwise it only verifies them.
+func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger) *capture.ServiceConfig {
+	settings := bindCaptureSettings(pflag.NewFlagSet("capture", pflag.ContinueOnError))
+	cfg, err := settings.config(host)
+	if err != nil {
+		r.problems.addf("capture settings: %w", err)
+		return nil
 	}
-	if err := flags.Finish(); err != nil {
-		return nil, fmt.Errorf("capture settings: %w", err)
-	}
-	if err := fillHostInputs(&cfg, capture.HostInputs{}, log); err != nil {
-		return nil, fmt.Errorf("capture settings: %w", err)
+	if err := fillHostInputs(&cfg, host, log); err != nil {
+		r.problems.addf("capture settings: %w", err)
+		return nil
 	}
 	sc := &capture.ServiceConfig{Mode: capture.Sidecar, Capture: cfg}
-	if vm {
+	if f.capture {
 		sc.Mode = capture.VM
 	}
-	if err := sc.Validate(); err != nil {
-		return nil, fmt.Errorf("capture settings: %w", err)
-	}
-	return sc, nil
+	return sc
 }

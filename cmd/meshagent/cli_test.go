@@ -22,6 +22,22 @@ func TestUnknownFlagIsUsageError(t *testing.T) {
 	}
 }
 
+// Every bad value is reported at once, each naming its flag or variable
+// and the value, with exit code 2.
+func TestBadValuesAreReportedTogether(t *testing.T) {
+	t.Setenv("ISTIO_DELTA_XDS", "maybe")
+	t.Setenv("SECRET_TTL", "soon")
+	code, _, stderr := runCLI("proxy", "--root", t.TempDir(), "--concurrency", "x", "--envoy-restarts", "-1")
+	if code != 2 {
+		t.Fatalf("exit %d, want 2: %s", code, stderr)
+	}
+	for _, want := range []string{`--concurrency "x"`, `--envoy-restarts "-1"`, `ISTIO_DELTA_XDS="maybe"`, `SECRET_TTL="soon"`} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("error does not name %s: %s", want, stderr)
+		}
+	}
+}
+
 func TestBadValuesAreUsageErrors(t *testing.T) {
 	root := t.TempDir()
 	cases := [][]string{

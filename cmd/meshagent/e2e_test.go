@@ -53,12 +53,23 @@ func TestMain(m *testing.M) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freePorts(t, 1)[0]
+}
+
+// freePorts are n distinct free ports: each listener stays open until all
+// are chosen, so that one agent never gets the same port twice.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // agentProcess is a running `meshagent proxy`.
@@ -67,6 +78,10 @@ type agentProcess struct {
 	base   string
 	stderr *lockedBuffer
 	exited chan error
+	// root is its --root; adminPort, envoyStatusPort and
+	// envoyPrometheusPort are the ports its Envoy was given.
+	root                                 string
+	adminPort, envoyStatusPort, promPort int
 }
 
 // startAgent runs `meshagent proxy` as a pod would: file-mounted dev
@@ -95,19 +110,21 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
-	port := freePort(t)
+	ports := freePorts(t, 4)
+	port, adminPort, statusPort, promPort := ports[0], ports[1], ports[2], ports[3]
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
 	if netns != "" {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, agentBinary, "proxy", "--root", root}, args...)...)
 	}
 	cmd.Env = append(os.Environ(), append([]string{
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q}`,
-			port, freePort(t), envoyBinary, drain),
-		fmt.Sprintf("ENVOY_STATUS_PORT=%d", freePort(t)),
-		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", freePort(t)),
+			port, adminPort, envoyBinary, drain),
+		fmt.Sprintf("ENVOY_STATUS_PORT=%d", statusPort),
+		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", promPort),
 		"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
 	}, env...)...)
-	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
+	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1),
+		root: root, adminPort: adminPort, envoyStatusPort: statusPort, promPort: promPort}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,43 +1,103 @@
 package main
 
 import (
-	"io"
-	"log/slog"
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
 )
 
-// parseForTest parses a proxy command line and environment into the agent
-// configuration, as the proxy command does.
+// testHost is a host filled by hand: the given environment, a non-root
+// agent, one private address, no users, an empty resolv.conf.
+func testHost(t *testing.T, env map[string]string) hostInputs {
+	t.Helper()
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 10.96.0.10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return hostInputs{
+		env:  mapEnvironment(env),
+		euid: 1337,
+		interfaceAddrs: func() ([]netip.Prefix, error) {
+			return []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("10.9.8.7/24")}, nil
+		},
+		lookupUID:  func(string) (string, error) { return "", errors.New("no such user") },
+		resolvConf: resolv,
+	}
+}
+
+// testRoot is a fresh --root, short enough for the unix sockets under it
+// (107 bytes at most).
+func testRoot(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	return root
+}
+
+// parseForTest runs a proxy command line and environment through the
+// configuration pipeline, as the proxy command does, on testHost.
 func parseForTest(t *testing.T, env map[string]string, args ...string) (*agentConfig, error) {
+	t.Helper()
+	return parseOnHost(t, testHost(t, env), args...)
+}
+
+func parseOnHost(t *testing.T, host hostInputs, args ...string) (*agentConfig, error) {
 	t.Helper()
 	logs, f := &logOptions{}, &proxyFlags{}
 	cmd := &cobra.Command{Use: "proxy"}
 	addLogFlags(cmd.Flags(), logs)
-	addProxyFlags(cmd.Flags(), f)
+	s := newSettings(cmd.Flags())
+	bindProxyFlags(s, f)
 	if err := cmd.ParseFlags(args); err != nil {
 		return nil, err
 	}
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	environ := func() []string {
-		var kv []string
-		for k, v := range env {
-			kv = append(kv, k+"="+v)
-		}
-		return kv
+	_ = s.resolve(host.env)
+	return buildAgentConfig(agentInputs{flags: f, args: cmd.Flags().Args(), logs: *logs, host: host,
+		gatherer: prometheus.NewRegistry(), problems: s.problems, log: quietLog()})
+}
+
+// writeEnvoyBootstrap writes the bootstrap the envoy service would write
+// before starting Envoy, and returns it with Envoy's command line.
+func writeEnvoyBootstrap(t *testing.T, cfg *agentConfig) (envoy.Bootstrap, string, []string) {
+	t.Helper()
+	ec := cfg.tree.Envoy
+	if ec == nil || ec.Bootstrap == nil {
+		t.Fatal("no envoy config")
 	}
-	return parseAgentConfig(cmd, f, logs, cmd.Flags().Args(), lookup, environ, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b, err := envoy.WriteBootstrap(*ec.Bootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(b.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, string(data), envoy.CommandLine(ec.Args, b)
+}
+
+// argValue is the value after flag in Envoy's command line, "" if absent.
+func argValue(args []string, flag string) string {
+	i := slices.Index(args, flag)
+	if i < 0 || i+1 >= len(args) {
+		return ""
+	}
+	return args[i+1]
 }
 
 func TestEnvoyConfigFromEnvironment(t *testing.T) {
-	root := t.TempDir()
+	root := testRoot(t)
 	env := map[string]string{
 		"POD_NAME": "reviews-v1-abc", "POD_NAMESPACE": "bookinfo", "INSTANCE_IP": "10.1.2.3",
 		"SERVICE_ACCOUNT": "reviews", "ISTIO_META_DNS_CAPTURE": "true",
@@ -47,38 +107,32 @@ func TestEnvoyConfigFromEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bc := cfg.envoyBootstrap()
-	if err := bc.Validate(); err != nil {
+	if err := cfg.tree.Envoy.Bootstrap.Validate(); err != nil {
 		t.Fatalf("bootstrap config from env does not validate: %v", err)
 	}
-	b, err := envoy.WriteBootstrap(bc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, data, args := writeEnvoyBootstrap(t, cfg)
 	if want := filepath.Join(root, "etc/istio/proxy/envoy-rev.json"); b.Path != want {
 		t.Fatalf("bootstrap at %s, want %s", b.Path, want)
 	}
-	data, _ := os.ReadFile(b.Path)
 	for _, want := range []string{"sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", `"port_value": 25000`,
 		filepath.Join(root, "etc/istio/proxy/XDS"), filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), "localhost:15053"} {
-		if !strings.Contains(string(data), want) {
+		if !strings.Contains(data, want) {
 			t.Errorf("bootstrap lacks %q", want)
 		}
 	}
-	args := envoy.CommandLine(cfg.envoyArgs(), b)
 	for _, want := range [][]string{{"-l", "info"}, {"--component-log-level", "misc:error"}, {"--concurrency", "3"}, {"--drain-time-s", "45"}} {
-		i := slices.Index(args, want[0])
-		if i < 0 || i+1 >= len(args) || args[i+1] != want[1] {
-			t.Errorf("args %v lack %v", args, want)
+		if got := argValue(args, want[0]); got != want[1] {
+			t.Errorf("args %v: %s %q, want %q", args, want[0], got, want[1])
 		}
 	}
 }
 
 func TestEnvoyEnvBadValues(t *testing.T) {
-	for _, kv := range [][2]string{{"ISTIO_DELTA_XDS", "maybe"}, {"MINIMUM_DRAIN_DURATION", "soon"}, {"ISTIO_CPU_LIMIT", "-2"}} {
-		_, err := parseForTest(t, map[string]string{kv[0]: kv[1]}, "--root", t.TempDir())
-		if err == nil || !strings.Contains(err.Error(), kv[0]) {
-			t.Errorf("%s=%s: err = %v, want one naming the variable", kv[0], kv[1], err)
+	for _, kv := range [][2]string{{"ISTIO_DELTA_XDS", "maybe"}, {"MINIMUM_DRAIN_DURATION", "soon"}, {"ISTIO_CPU_LIMIT", "-2"},
+		{"ENVOY_STATUS_PORT", "70000"}, {"ENVOY_PROMETHEUS_PORT", "x"}, {"PEER_METADATA_DISCOVERY", "yes please"}} {
+		_, err := parseForTest(t, map[string]string{kv[0]: kv[1]}, "--root", testRoot(t))
+		if err == nil || !strings.Contains(err.Error(), kv[0]) || !strings.Contains(err.Error(), kv[1]) {
+			t.Errorf("%s=%s: err = %v, want one naming the variable and the value", kv[0], kv[1], err)
 		}
 	}
 }

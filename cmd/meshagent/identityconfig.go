@@ -1,76 +1,72 @@
 package main
 
 import (
-	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
+
+	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
 )
 
-// identityConfigs builds the certs and sds configs from Istio's
-// environment: PILOT_CERT_PROVIDER, CA_ADDR, CA_ROOT_CA, FILE_MOUNTED_CERTS,
-// TRUST_DOMAIN, SECRET_TTL, SECRET_GRACE_PERIOD_RATIO(_JITTER),
-// WORKLOAD_RSA_KEY_SIZE, ECC_SIGNATURE_ALGORITHM, ECC_CURVE, PKCS8_KEY,
-// OUTPUT_CERTS, FILE_DEBOUNCE_DURATION, ISTIO_META_CLUSTER_ID,
-// ISTIO_META_CERT_SIGNER, CA_HEADER_*. A nil certs config means no
-// certificate source (PILOT_CERT_PROVIDER=none without mounted files).
-func (c *agentConfig) identityConfigs(e *envReader) (*certs.Config, *sds.Config) {
-	cc := certs.DefaultConfig(c.root)
-	provider := e.str("PILOT_CERT_PROVIDER", "istiod")
+// identityConfig is the certs and sds services' configs, from Istio's
+// variables and paths. Both are nil with PILOT_CERT_PROVIDER=none and no
+// mounted certificates: no certificate source, nothing for SDS to serve.
+func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
+	cc := certs.DefaultConfig()
+	provider := envVar(r, "PILOT_CERT_PROVIDER", "istiod", parseString)
 	switch provider {
 	case "istiod", "kubernetes", "custom", "none":
 	default:
 		if !strings.HasPrefix(provider, "k8s.io/") {
-			e.errs = append(e.errs, fmt.Errorf("PILOT_CERT_PROVIDER=%q: want istiod, kubernetes, k8s.io/<signer>, custom or none", provider))
+			r.problems.addf("PILOT_CERT_PROVIDER=%q: want istiod, kubernetes, k8s.io/<signer>, custom or none", provider)
 		}
 	}
-	cc.CAAddr = e.str("CA_ADDR", c.proxy.DiscoveryAddress)
+	cc.CAAddr = envVar(r, "CA_ADDR", pc.DiscoveryAddress, parseString)
 	if _, port, err := net.SplitHostPort(cc.CAAddr); err == nil && port == "15010" {
 		cc.CAPlaintext = true // Istio: the CA's plaintext port
 	}
+	cc.CARootFile = rooted(root, caRootCertFile)
 	if provider == "custom" {
-		cc.CARootFile = filepath.Join(c.root, certs.EtcCertsDir, certs.RootCertFileName)
+		cc.CARootFile = rooted(root, etcCertsDir+"/"+certs.RootCertFileName)
 	}
-	switch root := e.str("CA_ROOT_CA", ""); root {
+	switch caRoot := envVar(r, "CA_ROOT_CA", "", parseString); caRoot {
 	case "":
 	case "SYSTEM":
 		cc.CARootFile, cc.CASystemRoots = "", true
 	default:
-		cc.CARootFile = c.path(root)
+		cc.CARootFile = rooted(root, caRoot)
 	}
-	cc.FileDebounce = e.duration("FILE_DEBOUNCE_DURATION", cc.FileDebounce)
-	cc.ClusterID = e.str("ISTIO_META_CLUSTER_ID", "")
-	cc.CertSigner = e.str("ISTIO_META_CERT_SIGNER", "")
-	cc.CAHeaders = e.prefixed("CA_HEADER_")
-	cc.TrustDomain = e.str("TRUST_DOMAIN", cc.TrustDomain)
-	cc.Namespace = nonEmpty(c.pod.namespace, cc.Namespace)
-	cc.ServiceAccount = nonEmpty(c.pod.serviceAccount, cc.ServiceAccount)
-	cc.SecretTTL = e.duration("SECRET_TTL", cc.SecretTTL)
-	cc.GraceRatio = e.float("SECRET_GRACE_PERIOD_RATIO", cc.GraceRatio)
-	cc.GraceJitter = e.float("SECRET_GRACE_PERIOD_RATIO_JITTER", cc.GraceJitter)
-	cc.RSAKeySize = e.integer("WORKLOAD_RSA_KEY_SIZE", cc.RSAKeySize)
-	if e.str("ECC_SIGNATURE_ALGORITHM", "") == "ECDSA" {
+	cc.TokenFile = rooted(root, tokenFile)
+	cc.FileDebounce = envVar(r, "FILE_DEBOUNCE_DURATION", cc.FileDebounce, parseDuration)
+	cc.ClusterID = envVar(r, "ISTIO_META_CLUSTER_ID", "", parseString)
+	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", parseString)
+	cc.CAHeaders = r.env.prefixed("CA_HEADER_")
+	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, parseString)
+	cc.Namespace = nonEmpty(pod.namespace, cc.Namespace)
+	cc.ServiceAccount = nonEmpty(pod.serviceAccount, cc.ServiceAccount)
+	cc.SecretTTL = envVar(r, "SECRET_TTL", cc.SecretTTL, parseDuration)
+	cc.GraceRatio = envVar(r, "SECRET_GRACE_PERIOD_RATIO", cc.GraceRatio, parseFloat)
+	cc.GraceJitter = envVar(r, "SECRET_GRACE_PERIOD_RATIO_JITTER", cc.GraceJitter, parseFloat)
+	cc.RSAKeySize = envVar(r, "WORKLOAD_RSA_KEY_SIZE", cc.RSAKeySize, parseCount)
+	if envVar(r, "ECC_SIGNATURE_ALGORITHM", "", parseString) == "ECDSA" {
 		cc.KeyAlgorithm = certs.ECDSA
 	}
-	cc.ECCCurve = e.str("ECC_CURVE", cc.ECCCurve)
-	cc.PKCS8Key = e.boolean("PKCS8_KEY", false)
-	if out := e.str("OUTPUT_CERTS", ""); out != "" {
-		cc.OutputCertsDir = c.path(out)
-		if e.str("KUBERNETES_SERVICE_HOST", "") != "" {
+	cc.ECCCurve = envVar(r, "ECC_CURVE", cc.ECCCurve, parseString)
+	cc.PKCS8Key = envVar(r, "PKCS8_KEY", false, parseBool)
+	if out := envVar(r, "OUTPUT_CERTS", "", parseString); out != "" {
+		cc.OutputCertsDir = rooted(root, out)
+		if _, onKubernetes := r.env.get("KUBERNETES_SERVICE_HOST"); onKubernetes {
 			cc.OutputFileMode = 0o644 // Istio: readable by the app container
 		}
 	}
-	cc = certs.ChooseSource(cc, c.root, e.boolean("FILE_MOUNTED_CERTS", false))
-
-	sc := sds.DefaultConfig(c.root)
+	cc = certs.ChooseSource(cc, rooted(root, etcCertsDir), rooted(root, workloadCredsDir),
+		envVar(r, "FILE_MOUNTED_CERTS", false, parseBool))
 	if cc.Source == certs.SourceCA && provider == "none" {
-		// Istio's "none": no certificates at all; SDS then has nothing to
-		// serve, so neither runs.
 		return nil, nil
 	}
+	sc := sds.NewConfig(rooted(root, workloadIdentityDir+"/"+workloadSocketFile))
 	return &cc, &sc
 }
 

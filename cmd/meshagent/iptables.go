@@ -6,35 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/capture"
 )
 
-// iptablesDeps are the host inputs of the iptables commands; the zero value
-// reads the real host (tests inject their own).
-type iptablesDeps struct {
-	getenv    func(string) string
-	lookupUID func(string) (string, error)
-	host      capture.HostInputs
-}
-
-func (d iptablesDeps) withDefaults() iptablesDeps {
-	if d.getenv == nil {
-		d.getenv = os.Getenv
-	}
-	return d
-}
-
 // newIstioIptablesCommand is "meshagent istio-iptables": Istio's
 // istio-iptables (pilot-agent istio-iptables) with the same flags, env
 // bindings, defaults and exit codes (2 for bad input here, 126 for a failed
 // --run-validation).
-func newIstioIptablesCommand(deps iptablesDeps) *cobra.Command {
-	deps = deps.withDefaults()
-	var cfg capture.Config
+func newIstioIptablesCommand(host hostInputs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "istio-iptables",
 		Short: "Program Istio-compatible iptables traffic capture for the sidecar",
@@ -45,17 +27,18 @@ set with an env var: the flag name upper-cased with '-' as '_' (--istio-inbound-
 iptables-restore input for IPv4 and IPv6 and changes nothing.`,
 		Args: cobra.NoArgs,
 	}
-	flags := capture.BindFlags(cmd.Flags(), &cfg, deps.getenv, deps.lookupUID)
+	flags := bindCaptureSettings(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := flags.Finish(); err != nil {
+		cfg, err := flags.config(host)
+		if err != nil {
 			return usageError("istio-iptables: %v", err)
 		}
-		return runIstioIptables(cmd.Context(), cfg, deps, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		return runIstioIptables(cmd.Context(), cfg, host, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	}
 	return cmd
 }
 
-func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps, stdout, stderr io.Writer) error {
+func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError("istio-iptables: %v", err)
 	}
@@ -63,7 +46,7 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, deps iptablesDeps
 		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
-	if err := fillHostInputs(&cfg, deps.host, log); err != nil {
+	if err := fillHostInputs(&cfg, host, log); err != nil {
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
 	if err := cfg.Validate(); err != nil { // DNS servers read from resolv.conf
@@ -115,17 +98,16 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 // flags too: rules of ours in built-in chains that jump nowhere (TPROXY
 // marks, interface RETURNs) are removed when they exactly match what those
 // flags (in either interception mode) would create. Nothing else is touched.
-func newCleanIptablesCommand(deps iptablesDeps) *cobra.Command {
-	deps = deps.withDefaults()
-	var cfg capture.Config
+func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
 		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
 		Args:  cobra.NoArgs,
 	}
-	flags := capture.BindFlags(cmd.Flags(), &cfg, deps.getenv, deps.lookupUID)
+	flags := bindCaptureSettings(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := flags.Finish(); err != nil {
+		cfg, err := flags.config(host)
+		if err != nil {
 			return usageError("clean-iptables: %v", err)
 		}
 		if err := cfg.Validate(); err != nil {
@@ -165,11 +147,12 @@ func newCleanIptablesCommand(deps iptablesDeps) *cobra.Command {
 // into cfg. Istio exits 1 when the host has no usable address; a namespace
 // with no address yet (a bare "unshare -n") is a normal place to run, so we
 // go on with IPv4 only, loudly.
-func fillHostInputs(cfg *capture.Config, host capture.HostInputs, log *slog.Logger) error {
-	err := cfg.FillHostInputs(host)
+func fillHostInputs(cfg *capture.Config, host hostInputs, log *slog.Logger) error {
+	in := capture.HostInputs{ResolvConf: host.resolvConf, InterfaceAddrs: host.interfaceAddrs}
+	err := cfg.FillHostInputs(in)
 	if err == nil || !errors.Is(err, capture.ErrNoLocalIP) {
 		return err
 	}
 	log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "error", err)
-	return cfg.FillDNSServers(host)
+	return cfg.FillDNSServers(in)
 }

@@ -18,12 +18,27 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run executes the command line and returns the process exit code:
-// 0 success, 2 bad usage (unknown flag, invalid value), otherwise what the
-// command chose (1 by default).
+// run executes the command line on the real host and returns the process
+// exit code: 0 success, 2 bad usage (unknown flag where one is not
+// tolerated, invalid value), otherwise what the command chose (1 by
+// default).
 func run(args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(stdout, stderr)
-	root.SetArgs(args)
+	return execute(&cliContext{args: args, host: realHost(), stdout: stdout, stderr: stderr})
+}
+
+// cliContext is one execution of the command line: its arguments, the host
+// it reads, and where it writes.
+type cliContext struct {
+	args           []string
+	host           hostInputs
+	stdout, stderr io.Writer
+}
+
+// execute runs cli's command line and returns the exit code.
+func execute(cli *cliContext) int {
+	stderr := cli.stderr
+	root := newRootCommand(cli)
+	root.SetArgs(cli.args)
 	err := root.Execute()
 	if err == nil {
 		return 0
@@ -50,15 +65,15 @@ func usageError(format string, args ...any) error {
 	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
 }
 
-func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+func newRootCommand(cli *cliContext) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "meshagent",
 		Short:         "Sidecar agent for Envoy-based service meshes (a drop-in for Istio's pilot-agent)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetOut(cli.stdout)
+	root.SetErr(cli.stderr)
 	// Flag errors (unknown flag, bad value) are usage errors: exit code 2.
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &exitError{code: 2, err: fmt.Errorf("%s: %w (see '%s --help')", c.CommandPath(), err, c.CommandPath())}
@@ -66,11 +81,11 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	logs := &logOptions{}
 	addLogFlags(root.PersistentFlags(), logs)
 	root.AddCommand(
-		newProxyCommand(stderr, logs),
+		newProxyCommand(cli, logs),
 		newWaitCommand(),
 		newRequestCommand(),
 		newVersionCommand(),
-		newIstioIptablesCommand(iptablesDeps{}), newCleanIptablesCommand(iptablesDeps{}),
+		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)
 	return root
 }

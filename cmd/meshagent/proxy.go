@@ -3,43 +3,34 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
-	"github.com/meshagent/meshagent/services/capture"
-	"github.com/meshagent/meshagent/services/certs"
-	"github.com/meshagent/meshagent/services/dnsproxy"
 	"github.com/meshagent/meshagent/services/envoy"
-	"github.com/meshagent/meshagent/services/sds"
-	"github.com/meshagent/meshagent/services/status"
 	"github.com/meshagent/meshagent/tree"
 )
 
 // proxyFlags are the `proxy` command's flags: Istio's pilot-agent flags
-// plus meshagent's own (--root, --chaos, --envoy-restarts).
+// plus meshagent's own. A pointer stays nil when the flag was not given,
+// where that differs from any value.
 type proxyFlags struct {
 	// Istio's
-	domain, meshConfig, serviceCluster             string
-	proxyLogLevel, proxyComponentLogLevel          string
-	templateFile, outlierLogPath, tokenManagerPlug string
-	stsPort, concurrency                           int
-	profiling                                      bool
+	domain, meshConfig                    string
+	serviceCluster                        *string // wins over ProxyConfig's when given
+	proxyLogLevel, proxyComponentLogLevel string
+	templateFile, outlierLogPath          string
+	tokenManagerPlugin                    string
+	stsPort                               int
+	concurrency                           *int // legacy: overrides ProxyConfig.concurrency when given and not 0
+	profiling                             bool
 	// meshagent's
 	root               string
 	chaos              bool
@@ -51,312 +42,70 @@ type proxyFlags struct {
 	restartMaxDelay    time.Duration
 }
 
-// agentConfig is the whole configuration of a `proxy` run, parsed once from
-// flags, environment and files, and validated in one place.
-type agentConfig struct {
-	root      string
-	proxyType string
-	proxy     *meshconfig.ProxyConfig
-	pod       podInfo
-	domain    string
-	chaos     bool
-	profiling bool
-	// Envoy's bootstrap and command line
-	nodeIPs           []string
-	serviceCluster    string
-	templateFile      string
-	logLevel          string
-	componentLogLevel string
-	logAsJSON         bool
-	envoy             envoySettings
-	// the DNS proxy
-	dnsEnabled bool
-	dnsAddr    string
-	// the services' configs, built and validated by parseAgentConfig
-	certs    *certs.Config
-	sds      *sds.Config
-	envoyCfg *envoy.Config
-	// bootstrap is what envoyCfg's Prepare writes before every start.
-	bootstrap envoy.BootstrapConfig
-	capture   *capture.ServiceConfig
-	dns       *dnsproxy.Config
-	// nameTableFile feeds the DNS proxy from a file (--name-table).
-	nameTableFile string
-	// envoy restart limit: more than envoyRestarts failures within
-	// envoyRestartWindow and the agent exits.
-	envoyRestarts      int
-	envoyRestartWindow time.Duration
-	// restartMaxDelay caps every service's restart backoff.
-	restartMaxDelay time.Duration
+func bindProxyFlags(s *settings, f *proxyFlags) {
+	str := func(p *string, name, def, usage string, env ...string) {
+		flagVar(s, p, def, parseString, flagSpec{name: name, env: env, usage: usage})
+	}
+	str(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
+	str(&f.meshConfig, "meshConfig", meshConfigFile, "File name for Istio mesh configuration (under --root). If not specified, a default mesh will be used.")
+	optionalFlagVar(s, &f.serviceCluster, parseString, flagSpec{name: "serviceCluster", usage: "Service cluster (default istio-proxy; given, it wins over ProxyConfig's)"})
+	str(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
+	str(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
+	str(&f.templateFile, "templateFile", "", "Go template bootstrap config")
+	str(&f.outlierLogPath, "outlierLogPath", "", "The log path for outlier detection")
+	str(&f.tokenManagerPlugin, "tokenManagerPlugin", "GoogleTokenExchange", "Token provider specific plugin name (accepted for compatibility; meshagent has no STS server)")
+	flagVar(s, &f.stsPort, 0, parseCount, flagSpec{name: "stsPort", usage: "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)"})
+	optionalFlagVar(s, &f.concurrency, parseCount, flagSpec{name: "concurrency", usage: "number of worker threads to run (legacy: prefer ProxyConfig.concurrency; 0 or unset leaves it alone)"})
+	flagVar(s, &f.profiling, true, parseBool, flagSpec{name: "profiling", usage: "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)"})
+
+	str(&f.root, "root", "/", "Directory under which every agent file path lives; / in production, a temp dir in tests", "MESHAGENT_ROOT")
+	str(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
+	str(&f.resolvConf, "resolv-conf", resolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
+	flagVar(s, &f.capture, false, parseBool, flagSpec{name: "capture", env: []string{"MESHAGENT_CAPTURE"},
+		usage: "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop; without it the agent only verifies rules an init container applied"})
+	flagVar(s, &f.chaos, false, parseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
+	flagVar(s, &f.envoyRestarts, 5, parseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
+	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, parseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
+	flagVar(s, &f.restartMaxDelay, 30*time.Second, parseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first restart is within 100ms)"})
 }
 
-// podInfo is the workload's identity from Istio's environment variables.
-type podInfo struct {
-	name, namespace, serviceAccount string
-	instanceIPs                     []string
-}
-
-// path places an agent path (Istio's "./etc/istio/proxy" or
-// "/var/lib/istio") under --root.
-func (c *agentConfig) path(p string) string {
-	return filepath.Join(c.root, p)
-}
-
-func newProxyCommand(stderr io.Writer, logs *logOptions) *cobra.Command {
+func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 	f := &proxyFlags{}
 	cmd := &cobra.Command{
 		Use:   "proxy [sidecar|router|waypoint]",
 		Short: "Runs the sidecar agent: the supervision tree around Envoy",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := parseAgentConfig(cmd, f, logs, args, os.LookupEnv, os.Environ, slog.New(slog.NewTextHandler(stderr, nil)))
-			if err != nil {
-				return err
-			}
-			log, err := newLogger(*logs, stderr)
-			if err != nil {
-				return usageError("%v", err)
-			}
-			return runAgent(cfg, log)
-		},
 	}
-	addProxyFlags(cmd.Flags(), f)
-	return cmd
-}
-
-func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
-	fl.StringVar(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
-	fl.StringVar(&f.meshConfig, "meshConfig", "./etc/istio/config/mesh", "File name for Istio mesh configuration. If not specified, a default mesh will be used.")
-	fl.StringVar(&f.serviceCluster, "serviceCluster", "istio-proxy", "Service cluster")
-	fl.StringVar(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
-	fl.StringVar(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
-	fl.StringVar(&f.templateFile, "templateFile", "", "Go template bootstrap config")
-	fl.StringVar(&f.outlierLogPath, "outlierLogPath", "", "The log path for outlier detection")
-	fl.StringVar(&f.tokenManagerPlug, "tokenManagerPlugin", "GoogleTokenExchange", "Token provider specific plugin name (accepted for compatibility; meshagent has no STS server)")
-	fl.IntVar(&f.stsPort, "stsPort", 0, "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)")
-	fl.IntVar(&f.concurrency, "concurrency", 0, "number of worker threads to run")
-	fl.BoolVar(&f.profiling, "profiling", true, "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)")
-	fl.StringVar(&f.root, "root", "/", "Directory under which every agent file path lives (env MESHAGENT_ROOT); / in production, a temp dir in tests")
-	fl.StringVar(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
-	fl.StringVar(&f.resolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
-	fl.BoolVar(&f.capture, "capture", false, "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop (env MESHAGENT_CAPTURE=1); without it the agent only verifies rules an init container applied")
-	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
-	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
-	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
-	fl.DurationVar(&f.restartMaxDelay, "restart-max-delay", 30*time.Second, "Cap of the growing delay before a failed service is restarted (the first restart is within 100ms)")
-}
-
-// parseAgentConfig is the one place where flags, environment and files
-// become the agent's configuration: flag > environment > file > default.
-func parseAgentConfig(cmd *cobra.Command, f *proxyFlags, logs *logOptions, args []string, lookup func(string) (string, bool), environ func() []string, log *slog.Logger) (*agentConfig, error) {
-	env := func(k string) string { v, _ := lookup(k); return v }
-	c := &agentConfig{
-		proxyType: "sidecar", profiling: f.profiling,
-		logLevel: f.proxyLogLevel, componentLogLevel: f.proxyComponentLogLevel, logAsJSON: logs.asJSON,
-		templateFile: f.templateFile,
-	}
-	if len(args) == 1 {
-		c.proxyType = args[0]
-	}
-	switch c.proxyType {
-	case "sidecar", "router", "waypoint":
-	default:
-		return nil, usageError("proxy: unknown proxy type %q: want sidecar, router or waypoint", c.proxyType)
-	}
-
-	c.root = f.root
-	if !cmd.Flags().Changed("root") {
-		if v, ok := lookup("MESHAGENT_ROOT"); ok && v != "" {
-			c.root = v
+	s := newSettings(cmd.Flags())
+	bindProxyFlags(s, f)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		log, err := newLogger(*logs, cmd.ErrOrStderr())
+		if err != nil { // reported with the other bad values below
+			log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 		}
-	}
-	if !filepath.IsAbs(c.root) {
-		abs, err := filepath.Abs(c.root)
+		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
+		reg := prometheus.NewRegistry()
+		cfg, err := buildAgentConfig(agentInputs{
+			flags: f, args: args, logs: *logs, host: cli.host, gatherer: reg, problems: s.problems, log: log,
+		})
 		if err != nil {
-			return nil, usageError("--root %q: %v", c.root, err)
+			return &exitError{code: 2, err: err}
 		}
-		c.root = abs
+		return runAgent(cfg, reg, log)
 	}
-	if st, err := os.Stat(c.root); err != nil || !st.IsDir() {
-		return nil, usageError("--root %q: not a directory", c.root)
-	}
-
-	c.chaos = f.chaos
-	if !cmd.Flags().Changed("chaos") {
-		if v, ok := lookup("MESHAGENT_CHAOS"); ok && v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return nil, usageError("MESHAGENT_CHAOS=%q: want true or false", v)
-			}
-			c.chaos = b
-		}
-	}
-
-	if f.envoyRestarts < 0 {
-		return nil, usageError("--envoy-restarts %d: must be 0 or more", f.envoyRestarts)
-	}
-	if f.envoyRestartWindow <= 0 {
-		return nil, usageError("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
-	}
-	c.envoyRestarts, c.envoyRestartWindow = f.envoyRestarts, f.envoyRestartWindow
-	if f.restartMaxDelay < 100*time.Millisecond {
-		return nil, usageError("--restart-max-delay %s: must be at least 100ms", f.restartMaxDelay)
-	}
-	c.restartMaxDelay = f.restartMaxDelay
-	if f.stsPort != 0 {
-		return nil, usageError("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
-	}
-	if f.concurrency < 0 {
-		return nil, usageError("--concurrency %d: must be 0 or more", f.concurrency)
-	}
-	if _, err := parseLogLevel(logs.outputLevel); err != nil {
-		return nil, usageError("%v", err)
-	}
-
-	c.pod = podInfo{
-		name:           env("POD_NAME"),
-		namespace:      env("POD_NAMESPACE"),
-		serviceAccount: env("SERVICE_ACCOUNT"),
-	}
-	if ip := env("INSTANCE_IP"); ip != "" {
-		for _, s := range strings.Split(ip, ",") {
-			if net.ParseIP(strings.TrimSpace(s)) == nil {
-				return nil, usageError("INSTANCE_IP=%q: %q is not an IP address", ip, s)
-			}
-			c.pod.instanceIPs = append(c.pod.instanceIPs, strings.TrimSpace(s))
-		}
-	}
-	c.domain = f.domain
-	if c.domain == "" {
-		c.domain = c.pod.namespace + ".svc.cluster.local"
-	}
-	c.nodeIPs = nodeIPs(c.pod.instanceIPs)
-	if cmd.Flags().Changed("serviceCluster") {
-		c.serviceCluster = f.serviceCluster
-	}
-
-	envs := &envReader{lookup: lookup, environ: environ}
-	c.envoy = readEnvoySettings(envs, f.outlierLogPath)
-	c.dnsEnabled = envs.boolean("ISTIO_META_DNS_CAPTURE", false) && c.proxyType == "sidecar" ||
-		envs.boolean("ISTIO_META_ENABLE_DNS_SERVER", false)
-	c.dnsAddr = envs.str("DNS_PROXY_ADDR", "localhost:15053")
-
-	pc, err := loadProxyConfig(proxyConfigSources{
-		meshConfigFile:  c.path(f.meshConfig),
-		proxyConfigEnv:  env("PROXY_CONFIG"),
-		annotationsFile: c.path("./etc/istio/pod/annotations"),
-	}, log)
-	if err != nil {
-		return nil, usageError("%v", err)
-	}
-	if cmd.Flags().Changed("concurrency") {
-		pc.Concurrency = nil
-		if f.concurrency > 0 {
-			pc.Concurrency = wrapInt32(f.concurrency)
-		}
-	}
-	if err := validateProxyConfig(pc); err != nil {
-		return nil, usageError("invalid proxy configuration: %v", err)
-	}
-	c.proxy = pc
-
-	vm := f.capture
-	if !cmd.Flags().Changed("capture") {
-		vm = envs.boolean("MESHAGENT_CAPTURE", false)
-	}
-	if c.capture, err = captureConfig(lookup, vm, log); err != nil {
-		return nil, usageError("%v", err)
-	}
-	if f.nameTable != "" {
-		c.nameTableFile = f.nameTable
-		c.dnsEnabled = true
-	}
-	if c.dnsEnabled {
-		c.dns = &dnsproxy.Config{
-			Listen:          c.dnsAddr,
-			ResolvConf:      f.resolvConf,
-			Namespace:       c.pod.namespace,
-			Domain:          c.domain,
-			ForwardTimeout:  envs.duration("DNS_FORWARD_TIMEOUT", 5*time.Second),
-			ForwardParallel: envs.boolean("DNS_FORWARD_PARALLEL", false),
-		}
-	}
-	c.certs, c.sds = c.identityConfigs(envs)
-	c.bootstrap = c.envoyBootstrap()
-	c.envoyCfg = c.envoyConfig()
-	// Every bad environment variable at once, each named.
-	if err := envs.err(); err != nil {
-		return nil, usageError("%v", err)
-	}
-	if err := c.validateServices(); err != nil {
-		return nil, usageError("%v", err)
-	}
-	return c, nil
-}
-
-// validateServices checks every service's config before anything starts.
-func (c *agentConfig) validateServices() error {
-	var errs []error
-	if c.certs != nil {
-		errs = append(errs, c.certs.Validate())
-	}
-	if c.sds != nil {
-		errs = append(errs, c.sds.Validate())
-	}
-	if c.dns != nil {
-		errs = append(errs, c.dns.Validate())
-	}
-	if c.envoyCfg != nil {
-		errs = append(errs, c.envoyCfg.Validate())
-		errs = append(errs, c.bootstrap.Validate())
-	}
-	return errors.Join(errs...)
-}
-
-// treeConfig turns the agent's configuration into each service's config.
-func (c *agentConfig) treeConfig(reg *prometheus.Registry) tree.Config {
-	tc := tree.Config{
-		DefaultPolicy: tree.DefaultPolicy(),
-		EnvoyPolicy:   tree.DefaultPolicy(),
-		StopTimeout:   10 * time.Second,
-	}
-	tc.DefaultPolicy.MaxDelay = c.restartMaxDelay
-	tc.EnvoyPolicy.MaxDelay = c.restartMaxDelay
-	tc.EnvoyPolicy.GiveUp = &tree.GiveUp{Restarts: c.envoyRestarts, Window: c.envoyRestartWindow}
-	drain := c.proxy.GetTerminationDrainDuration().AsDuration()
-	tc.DrainTimeout = drain + 15*time.Second
-	if d := drain + 10*time.Second; d > tc.StopTimeout {
-		tc.StopTimeout = d
-	}
-	tc.Certs = c.certs
-	tc.SDS = c.sds
-	tc.Envoy = c.envoyCfg
-	tc.Capture = c.capture
-	tc.DNS = c.dns
-	tc.NameTableFile = c.nameTableFile
-	if c.proxy.StatusPort != 0 {
-		tc.Status = &status.Config{
-			Addr:      fmt.Sprintf(":%d", c.proxy.StatusPort),
-			Chaos:     c.chaos,
-			Profiling: c.profiling,
-			Gatherer:  reg,
-		}
-	}
-	return tc
+	return cmd
 }
 
 // runAgent builds the tree and runs it until a signal, /quitquitquit or a
 // give-up. SIGTERM/SIGINT drain gracefully; a second signal stops at once;
 // a third exits on the spot.
-func runAgent(cfg *agentConfig, log *slog.Logger) error {
-	reg := prometheus.NewRegistry()
+func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	agent, ch, err := tree.Build(cfg.treeConfig(reg), reg, log, tree.SystemdNotifier{})
+	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.SystemdNotifier{})
 	if err != nil {
 		return err
 	}
-	log.Info("meshagent starting", "version", buildVersion, "type", cfg.proxyType, "root", cfg.root,
-		"status_port", cfg.proxy.StatusPort, "chaos", cfg.chaos)
+	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.proxyType, "root", cfg.root)
+	logEffectiveConfig(log, cfg)
 
 	sigs := make(chan os.Signal, 3)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

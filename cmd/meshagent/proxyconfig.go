@@ -10,11 +10,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
@@ -29,28 +27,11 @@ const (
 	annotationStatusPort       = "status.sidecar.istio.io/port"
 )
 
-// defaultProxyConfig is Istio's DefaultProxyConfig (pkg/config/mesh).
-func defaultProxyConfig() *meshconfig.ProxyConfig {
-	return &meshconfig.ProxyConfig{
-		ConfigPath:               "./etc/istio/proxy",
-		ClusterName:              &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
-		DrainDuration:            durationpb.New(45 * time.Second),
-		TerminationDrainDuration: durationpb.New(5 * time.Second),
-		ProxyAdminPort:           15000,
-		Concurrency:              wrapperspb.Int32(2),
-		ControlPlaneAuthPolicy:   meshconfig.AuthenticationPolicy_MUTUAL_TLS,
-		DiscoveryAddress:         "istiod.istio-system.svc:15012",
-		BinaryPath:               "/usr/local/bin/envoy",
-		StatNameLength:           189,
-		StatusPort:               15020,
-	}
-}
-
 // proxyConfigSources are the layers of the ProxyConfig, lowest first.
 type proxyConfigSources struct {
-	meshConfigFile  string // --meshConfig, after --root
+	meshConfigFile  string // --meshConfig, under --root
 	proxyConfigEnv  string // PROXY_CONFIG
-	annotationsFile string // ./etc/istio/pod/annotations, after --root
+	annotationsFile string // ./etc/istio/pod/annotations, under --root
 }
 
 // loadProxyConfig builds the ProxyConfig as Istio's agent does: defaults,
@@ -241,4 +222,17 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 	return errors.Join(errs...)
 }
 
-func wrapInt32(v int) *wrapperspb.Int32Value { return wrapperspb.Int32(int32(v)) }
+// applyConcurrency sets Envoy's worker count as Istio's agent does
+// (pilot/cmd/pilot-agent/config): ProxyConfig.concurrency if the layers set
+// it, else ISTIO_CPU_LIMIT (the container's CPU limit, rounded up) when not
+// 0; then the legacy --concurrency flag, when given and not 0, overrides
+// both. Unset, Envoy runs a worker per host CPU.
+func applyConcurrency(pc *meshconfig.ProxyConfig, cpuLimit, legacyFlag *int, log *slog.Logger) {
+	if pc.Concurrency == nil && cpuLimit != nil && *cpuLimit > 0 {
+		pc.Concurrency = wrapperspb.Int32(int32(*cpuLimit))
+	}
+	if legacyFlag != nil && *legacyFlag != 0 {
+		log.Warn("legacy --concurrency flag given; prefer ProxyConfig.concurrency", "concurrency", *legacyFlag)
+		pc.Concurrency = wrapperspb.Int32(int32(*legacyFlag))
+	}
+}

@@ -34,6 +34,9 @@ func TestProxyConfigDefaultsAreIstios(t *testing.T) {
 		pc.ControlPlaneAuthPolicy.String() != "MUTUAL_TLS" || pc.GetServiceCluster() != "istio-proxy" {
 		t.Fatalf("defaults differ from Istio's: %v", pc)
 	}
+	if pc.Concurrency != nil {
+		t.Fatalf("default concurrency %v: Istio's DefaultProxyConfig has none (it dropped its 2)", pc.Concurrency)
+	}
 	if err := validateProxyConfig(pc); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}

@@ -3,20 +3,18 @@ package capture
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/miekg/dns"
 )
 
-// HostInputs says where the non-flag inputs come from; zero values read the
-// host (tests inject their own).
+// HostInputs are the non-flag inputs istio-iptables reads from the host,
+// given by the caller (cmd reads the real host; tests inject their own).
 type HostInputs struct {
-	// ResolvConf is the resolver config DNS servers are read from
-	// (default /etc/resolv.conf).
+	// ResolvConf is the resolver config DNS servers are read from (Istio's
+	// /etc/resolv.conf); needed with RedirectDNS but not CaptureAllDNS.
 	ResolvConf string
-	// InterfaceAddrs lists the host's addresses in interface order
-	// (default net.InterfaceAddrs).
+	// InterfaceAddrs lists the host's addresses in interface order.
 	InterfaceAddrs func() ([]netip.Prefix, error)
 }
 
@@ -28,11 +26,10 @@ var ErrNoLocalIP = errors.New("no valid local IP address found")
 // address exists) and, with RedirectDNS but not CaptureAllDNS, the DNS
 // servers from resolv.conf, as istio-iptables does.
 func (c *Config) FillHostInputs(in HostInputs) error {
-	addrsOf := in.InterfaceAddrs
-	if addrsOf == nil {
-		addrsOf = hostAddrs
+	if in.InterfaceAddrs == nil {
+		return errors.New("list interface addresses: no source of addresses given")
 	}
-	addrs, err := addrsOf()
+	addrs, err := in.InterfaceAddrs()
 	if err != nil {
 		return fmt.Errorf("list interface addresses: %w", err)
 	}
@@ -52,7 +49,7 @@ func (c *Config) FillDNSServers(in HostInputs) error {
 	}
 	path := in.ResolvConf
 	if path == "" {
-		path = "/etc/resolv.conf"
+		return errors.New("read DNS servers: no resolv.conf given")
 	}
 	cc, err := dns.ClientConfigFromFile(path)
 	if err != nil {
@@ -105,27 +102,4 @@ func localIP(addrs []netip.Prefix, dualStack bool) (netip.Addr, bool, error) {
 		return first, false, ErrNoLocalIP
 	}
 	return first, ipv6, nil
-}
-
-func hostAddrs() ([]netip.Prefix, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			ip, ok := netip.AddrFromSlice(n.IP)
-			if !ok {
-				continue
-			}
-			ones, bits := n.Mask.Size()
-			ip = ip.Unmap()
-			if ip.Is4() && bits == 128 {
-				ones -= 96
-			}
-			out = append(out, netip.PrefixFrom(ip, ones))
-		}
-	}
-	return out, nil
 }

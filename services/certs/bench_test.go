@@ -14,7 +14,7 @@ func BenchmarkCSRRoundTrip(b *testing.B) {
 	ca := newTestCA(b, time.Hour)
 	ca.start(b)
 	root := b.TempDir()
-	cfg := DefaultConfig(root)
+	cfg := testConfig(root)
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
 	writeFile(b, cfg.CARootFile, ca.pki.rootPEM)
 	writeFile(b, cfg.TokenFile, []byte(testToken))

@@ -157,7 +157,7 @@ func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	ca := newTestCA(t, lifetime)
 	root := t.TempDir()
 	c := &caSetup{ca: ca, root: root, out: newBundleRecorder(), health: newHealthRecorder(), logs: &syncBuffer{}}
-	c.cfg = ChooseSource(DefaultConfig(root), root, false)
+	c.cfg = chooseSource(testConfig(root), root, false)
 	c.cfg.CAAddr = ca.addr
 	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
 	c.cfg.ClusterID = "Kubernetes"
@@ -333,7 +333,7 @@ func TestCARestartKeepsValidCert(t *testing.T) {
 }
 
 func TestConfigValidateNamesField(t *testing.T) {
-	base := DefaultConfig("/")
+	base := testConfig("/")
 	cases := map[string]func(*Config){
 		"CAAddr":         func(c *Config) { c.CAAddr = "nohostport" },
 		"SecretTTL":      func(c *Config) { c.SecretTTL = 0 },
@@ -365,29 +365,29 @@ func TestConfigValidateNamesField(t *testing.T) {
 
 func TestChooseSource(t *testing.T) {
 	root := t.TempDir()
-	cfg := DefaultConfig(root)
-	if got := ChooseSource(cfg, root, false); got.Source != SourceCA {
+	cfg := testConfig(root)
+	if got := chooseSource(cfg, root, false); got.Source != SourceCA {
 		t.Fatalf("no files: source %v, want ca", got.Source)
 	}
-	if got := ChooseSource(cfg, root, true); got.Source != SourceFiles || got.CertChainFile != filepath.Join(root, EtcCertsDir, CertChainFileName) {
+	if got := chooseSource(cfg, root, true); got.Source != SourceFiles || got.CertChainFile != filepath.Join(root, testEtcCertsDir, CertChainFileName) {
 		t.Fatalf("FILE_MOUNTED_CERTS: %v %s", got.Source, got.CertChainFile)
 	}
-	spiffe := filepath.Join(root, WorkloadSpiffeCreds)
+	spiffe := filepath.Join(root, testWorkloadCreds)
 	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
 		writeFile(t, filepath.Join(spiffe, n), []byte("x"))
 	}
-	if got := ChooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(spiffe, KeyFileName) {
+	if got := chooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(spiffe, KeyFileName) {
 		t.Fatalf("workload-spiffe-credentials: %v %s", got.Source, got.KeyFile)
 	}
-	etc := filepath.Join(root, EtcCertsDir)
+	etc := filepath.Join(root, testEtcCertsDir)
 	writeFile(t, filepath.Join(etc, CertChainFileName), []byte("x"))
 	writeFile(t, filepath.Join(etc, KeyFileName), []byte("x"))
-	if got := ChooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(etc, KeyFileName) {
+	if got := chooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(etc, KeyFileName) {
 		t.Fatalf("etc/certs: %v %s", got.Source, got.KeyFile)
 	}
 	// etc/certs that is also OUTPUT_CERTS is our own output, not a mount.
 	cfg.OutputCertsDir = etc
-	if got := ChooseSource(cfg, root, false); got.KeyFile != filepath.Join(spiffe, KeyFileName) {
+	if got := chooseSource(cfg, root, false); got.KeyFile != filepath.Join(spiffe, KeyFileName) {
 		t.Fatalf("etc/certs == OUTPUT_CERTS still chosen: %s", got.KeyFile)
 	}
 }

@@ -27,16 +27,14 @@ func (s Source) String() string {
 	return "ca"
 }
 
-// Istio's well-known paths, relative to the agent's root ("/" in production).
+// The file names of a certificate directory (Istio's), and the defaults of
+// the CA client's own settings, which cmd reads from Istio's environment
+// variables (SECRET_TTL, ...). Paths and addresses are not defaults here:
+// cmd gives them, from its table of Istio's paths.
 const (
-	EtcCertsDir          = "etc/certs"
-	WorkloadSpiffeCreds  = "var/run/secrets/workload-spiffe-credentials"
-	DefaultCARootPath    = "var/run/secrets/istio/root-cert.pem"
-	DefaultTokenPath     = "var/run/secrets/tokens/istio-token"
 	CertChainFileName    = "cert-chain.pem"
 	KeyFileName          = "key.pem"
 	RootCertFileName     = "root-cert.pem"
-	DefaultCAAddress     = "istiod.istio-system.svc:15012"
 	DefaultTrustDomain   = "cluster.local"
 	DefaultSecretTTL     = 24 * time.Hour
 	DefaultFileDebounce  = 100 * time.Millisecond
@@ -57,8 +55,9 @@ const (
 )
 
 // Config is everything the certs service needs, as plain values. cmd fills it
-// from Istio's environment variables (named on each field); DefaultConfig and
-// ChooseSource give Istio's defaults and its choice of source.
+// from Istio's environment variables (named on each field) and paths;
+// DefaultConfig gives the defaults of the values, ChooseSource Istio's
+// choice of source.
 type Config struct {
 	// Source selects files or the CA (see ChooseSource).
 	Source Source
@@ -66,8 +65,7 @@ type Config struct {
 	// --- file-mounted certificates ---
 
 	// CertChainFile, KeyFile, RootCertFile: absolute paths of the PEM files
-	// (Istio: <root>/etc/certs/{cert-chain,key,root-cert}.pem, or
-	// <root>/var/run/secrets/workload-spiffe-credentials/...).
+	// (set by ChooseSource).
 	CertChainFile string
 	KeyFile       string
 	RootCertFile  string
@@ -78,18 +76,18 @@ type Config struct {
 	// --- CA client ---
 
 	// CAAddr: host:port of IstioCertificateService (CA_ADDR; default the
-	// discovery address istiod.istio-system.svc:15012).
+	// discovery address).
 	CAAddr string
 	// CARootFile: PEM roots that verify the CA's TLS certificate (CA_ROOT_CA,
-	// default <root>/var/run/secrets/istio/root-cert.pem). Empty with
+	// Istio's ./var/run/secrets/istio/root-cert.pem). Empty with
 	// CASystemRoots: the OS trust store.
 	CARootFile    string
 	CASystemRoots bool
 	// CAPlaintext: no TLS (Istio does this for a CA_ADDR on port 15010).
 	CAPlaintext bool
 	// TokenFile: JWT sent as "authorization: Bearer <token>", read fresh on
-	// every call; a missing file sends no header
-	// (<root>/var/run/secrets/tokens/istio-token).
+	// every call; a missing file sends no header (Istio's
+	// ./var/run/secrets/tokens/istio-token).
 	TokenFile string
 	// ClusterID: sent as the "ClusterID" request header (ISTIO_META_CLUSTER_ID).
 	ClusterID string
@@ -135,18 +133,15 @@ type Config struct {
 	OutputFileMode os.FileMode
 }
 
-// DefaultConfig returns Istio's defaults with every path under root.
-func DefaultConfig(root string) Config {
-	etc := filepath.Join(root, EtcCertsDir)
+// DefaultConfig returns the defaults of the values: Istio's for its
+// variables (TRUST_DOMAIN, SECRET_TTL, SECRET_GRACE_PERIOD_RATIO(_JITTER),
+// WORKLOAD_RSA_KEY_SIZE, ECC_CURVE, FILE_DEBOUNCE_DURATION) and the
+// client's own retry and timeout. The paths, the CA address and the
+// workload's identity are the caller's to set.
+func DefaultConfig() Config {
 	return Config{
 		Source:         SourceCA,
-		CertChainFile:  filepath.Join(etc, CertChainFileName),
-		KeyFile:        filepath.Join(etc, KeyFileName),
-		RootCertFile:   filepath.Join(etc, RootCertFileName),
 		FileDebounce:   DefaultFileDebounce,
-		CAAddr:         DefaultCAAddress,
-		CARootFile:     filepath.Join(root, DefaultCARootPath),
-		TokenFile:      filepath.Join(root, DefaultTokenPath),
 		TrustDomain:    DefaultTrustDomain,
 		Namespace:      "default",
 		ServiceAccount: "default",
@@ -163,18 +158,19 @@ func DefaultConfig(root string) Config {
 	}
 }
 
-// ChooseSource applies Istio's rule to cfg (built by DefaultConfig(root)) and
-// returns it with Source and the file paths set:
+// ChooseSource applies Istio's rule to cfg and returns it with Source and
+// the file paths set. etcCerts and workloadCredentials are Istio's two
+// certificate directories (./etc/certs and
+// ./var/run/secrets/workload-spiffe-credentials, under the agent's root):
 //
-//  1. <root>/etc/certs/cert-chain.pem and key.pem exist (and that directory
-//     is not OUTPUT_CERTS, which would be a loop) ⇒ files from etc/certs;
-//  2. <root>/var/run/secrets/workload-spiffe-credentials/{cert-chain,key,
-//     root-cert}.pem all exist ⇒ files from there;
-//  3. fileMountedCerts (FILE_MOUNTED_CERTS=true) ⇒ files from etc/certs,
+//  1. etcCerts holds cert-chain.pem and key.pem (and is not OUTPUT_CERTS,
+//     which would be a loop) ⇒ files from etcCerts;
+//  2. workloadCredentials holds cert-chain.pem, key.pem and root-cert.pem
+//     ⇒ files from there;
+//  3. fileMountedCerts (FILE_MOUNTED_CERTS=true) ⇒ files from etcCerts,
 //     waited for if not there yet;
 //  4. otherwise the CA at CAAddr.
-func ChooseSource(cfg Config, root string, fileMountedCerts bool) Config {
-	etc := filepath.Join(root, EtcCertsDir)
+func ChooseSource(cfg Config, etcCerts, workloadCredentials string, fileMountedCerts bool) Config {
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	useDir := func(dir string) Config {
 		cfg.Source = SourceFiles
@@ -183,17 +179,16 @@ func ChooseSource(cfg Config, root string, fileMountedCerts bool) Config {
 		cfg.RootCertFile = filepath.Join(dir, RootCertFileName)
 		return cfg
 	}
-	sameDir := cfg.OutputCertsDir != "" && filepath.Clean(cfg.OutputCertsDir) == filepath.Clean(etc)
-	if !sameDir && exists(filepath.Join(etc, CertChainFileName)) && exists(filepath.Join(etc, KeyFileName)) {
-		return useDir(etc)
+	sameDir := cfg.OutputCertsDir != "" && filepath.Clean(cfg.OutputCertsDir) == filepath.Clean(etcCerts)
+	if !sameDir && exists(filepath.Join(etcCerts, CertChainFileName)) && exists(filepath.Join(etcCerts, KeyFileName)) {
+		return useDir(etcCerts)
 	}
-	spiffe := filepath.Join(root, WorkloadSpiffeCreds)
-	if exists(filepath.Join(spiffe, CertChainFileName)) && exists(filepath.Join(spiffe, KeyFileName)) &&
-		exists(filepath.Join(spiffe, RootCertFileName)) {
-		return useDir(spiffe)
+	if exists(filepath.Join(workloadCredentials, CertChainFileName)) && exists(filepath.Join(workloadCredentials, KeyFileName)) &&
+		exists(filepath.Join(workloadCredentials, RootCertFileName)) {
+		return useDir(workloadCredentials)
 	}
 	if fileMountedCerts {
-		return useDir(etc)
+		return useDir(etcCerts)
 	}
 	cfg.Source = SourceCA
 	return cfg

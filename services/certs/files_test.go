@@ -25,12 +25,12 @@ type fileSetup struct {
 
 func newFileSetup(t *testing.T) *fileSetup {
 	root := t.TempDir()
-	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, EtcCertsDir), out: newBundleRecorder(),
+	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, testEtcCertsDir), out: newBundleRecorder(),
 		health: newHealthRecorder(), logs: &syncBuffer{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f.cfg = ChooseSource(DefaultConfig(root), root, true)
+	f.cfg = chooseSource(testConfig(root), root, true)
 	f.cfg.FileDebounce = 20 * time.Millisecond
 	return f
 }

@@ -15,15 +15,7 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Defaults, as Istio's agent has them.
 const (
-	// DefaultListen is DNS_PROXY_ADDR's default. The host "localhost"
-	// means 127.0.0.1 and/or [::1], by the families of resolv.conf's servers.
-	DefaultListen = "localhost:15053"
-	// DefaultResolvConf is where the upstream nameservers come from.
-	DefaultResolvConf = "/etc/resolv.conf"
-	// DefaultForwardTimeout is DNS_FORWARD_TIMEOUT's default.
-	DefaultForwardTimeout = 5 * time.Second
 	// ttl of every local answer (Istio's defaultTTLInSeconds).
 	ttl = 30
 	// registryKubernetes is the NameInfo.Registry of cluster services, the
@@ -31,15 +23,16 @@ const (
 	registryKubernetes = "Kubernetes"
 )
 
-// Config is the DNS proxy's configuration. The zero value of a field means
-// its default.
+// Config is the DNS proxy's configuration; cmd gives every value (Istio's
+// defaults are in its table).
 type Config struct {
 	// Listen is host:port to serve DNS on, udp and tcp (DNS_PROXY_ADDR,
-	// default "localhost:15053"). The host must be "localhost" or a loopback
-	// IP: the proxy is never an open resolver.
+	// Istio's "localhost:15053"). The host must be "localhost" or a loopback
+	// IP: the proxy is never an open resolver. "localhost" means 127.0.0.1
+	// and/or [::1], by the families of resolv.conf's servers.
 	Listen string
 	// ResolvConf is the resolv.conf whose nameservers (and port) the proxy
-	// forwards to and whose search list it uses (default /etc/resolv.conf).
+	// forwards to and whose search list it uses (/etc/resolv.conf).
 	ResolvConf string
 	// Namespace is the proxy's namespace (POD_NAMESPACE): Kubernetes
 	// services of this namespace answer to their bare short name.
@@ -52,7 +45,7 @@ type Config struct {
 	// first domain is used, for Istio's search-expansion shortcut.
 	Search []string
 	// ForwardTimeout bounds one upstream exchange (DNS_FORWARD_TIMEOUT,
-	// default 5s).
+	// Istio's 5s).
 	ForwardTimeout time.Duration
 	// ForwardParallel sends each forwarded query to all nameservers at once
 	// and takes the first answer (DNS_FORWARD_PARALLEL, default false).
@@ -63,17 +56,8 @@ type Config struct {
 // loopback.
 var ErrNotLoopback = errors.New("not a loopback address (the DNS proxy must not be an open resolver)")
 
-// withDefaults fills the zero fields.
+// withDefaults derives the domain from the namespace when it is not given.
 func (c Config) withDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.ResolvConf == "" {
-		c.ResolvConf = DefaultResolvConf
-	}
-	if c.ForwardTimeout == 0 {
-		c.ForwardTimeout = DefaultForwardTimeout
-	}
 	if c.Domain == "" && c.Namespace != "" {
 		c.Domain = c.Namespace + ".svc.cluster.local"
 	}
@@ -96,8 +80,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("dns: Listen %q: %w", c.Listen, ErrNotLoopback)
 		}
 	}
-	if c.ForwardTimeout < 0 {
-		return fmt.Errorf("dns: ForwardTimeout %s: must be positive", c.ForwardTimeout)
+	if c.ResolvConf == "" {
+		return errors.New("dns: ResolvConf is empty")
+	}
+	if c.ForwardTimeout <= 0 {
+		return fmt.Errorf("dns: ForwardTimeout (DNS_FORWARD_TIMEOUT) %s: must be positive", c.ForwardTimeout)
 	}
 	for _, d := range c.Search {
 		if _, ok := dns.IsDomainName(d); !ok || d == "" {

@@ -395,7 +395,7 @@ func TestServeStopsAndRestarts(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
 	cell.Send(nt)
 	h := newHealthLog()
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, cell, messages.NewRuntime(Name, h, nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, cell, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

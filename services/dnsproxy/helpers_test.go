@@ -182,6 +182,9 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 	if cfg.Namespace == "" {
 		cfg.Namespace = "default"
 	}
+	if cfg.ForwardTimeout == 0 {
+		cfg.ForwardTimeout = 5 * time.Second // Istio's DNS_FORWARD_TIMEOUT
+	}
 	p := &proxy{table: messages.NewCell[messages.NameTable](), health: newHealthLog(), reg: prometheus.NewRegistry()}
 	if nt != nil {
 		p.table.Send(*nt)

@@ -14,30 +14,38 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	good := []string{"", "localhost:15053", "127.0.0.1:15053", "127.0.0.53:53", "[::1]:15053", "127.0.0.1:0"}
+	valid := func(listen string) Config {
+		return Config{Listen: listen, ResolvConf: "/etc/resolv.conf", ForwardTimeout: 5 * time.Second}
+	}
+	good := []string{"localhost:15053", "127.0.0.1:15053", "127.0.0.53:53", "[::1]:15053", "127.0.0.1:0"}
 	for _, l := range good {
-		if err := (Config{Listen: l}).Validate(); err != nil {
+		if err := valid(l).Validate(); err != nil {
 			t.Errorf("Listen %q: %v", l, err)
 		}
 	}
 	for _, l := range []string{":15053", "0.0.0.0:15053", "10.1.2.3:53", "[::]:15053", "example.com:53"} {
-		err := (Config{Listen: l}).Validate()
+		err := valid(l).Validate()
 		if !errors.Is(err, ErrNotLoopback) || !strings.Contains(err.Error(), l) {
 			t.Errorf("Listen %q: %v, want ErrNotLoopback naming it", l, err)
 		}
 	}
-	for _, c := range []Config{
-		{Listen: "127.0.0.1"},
-		{Listen: "127.0.0.1:http2x"},
-		{ForwardTimeout: -time.Second},
-		{Search: []string{"bad..domain"}},
-		{Domain: "bad..domain"},
+	for _, edit := range []func(*Config){
+		func(c *Config) { c.Listen = "" },
+		func(c *Config) { c.Listen = "127.0.0.1" },
+		func(c *Config) { c.Listen = "127.0.0.1:http2x" },
+		func(c *Config) { c.ResolvConf = "" },
+		func(c *Config) { c.ForwardTimeout = 0 },
+		func(c *Config) { c.ForwardTimeout = -time.Second },
+		func(c *Config) { c.Search = []string{"bad..domain"} },
+		func(c *Config) { c.Domain = "bad..domain" },
 	} {
+		c := valid("localhost:15053")
+		edit(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
 	}
-	if _, err := New(Config{Listen: "0.0.0.0:53"}, messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil)); err == nil {
+	if _, err := New(valid("0.0.0.0:53"), messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil)); err == nil {
 		t.Error("New accepted a non-loopback address")
 	}
 }
@@ -62,7 +70,7 @@ func TestListenAddrs(t *testing.T) {
 
 func TestResolvConfErrors(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
-	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf"}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf", ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +78,7 @@ func TestResolvConfErrors(t *testing.T) {
 		t.Errorf("missing resolv.conf: %v", err)
 	}
 	empty := writeResolvConf(t)
-	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty, ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "no nameserver") {
 		t.Errorf("resolv.conf without nameserver: %v", err)
 	}
@@ -82,7 +90,7 @@ func TestListenConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1")},
+	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1"), ForwardTimeout: time.Second},
 		messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), pc.LocalAddr().String()) {
 		t.Errorf("port in use: %v", err)

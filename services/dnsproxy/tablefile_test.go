@@ -154,7 +154,7 @@ func TestTableFileDrivesProxy(t *testing.T) {
 	}
 	out, _ := startTableFile(t, path)
 	h := newHealthLog()
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up)}, out, messages.NewRuntime(Name, h, nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, out, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,10 +40,15 @@ func (a *adminClient) ready(ctx context.Context) (bool, error) {
 	return code == http.StatusOK && strings.TrimSpace(body) == "LIVE", nil
 }
 
-// drainListeners asks Envoy to drain its inbound listeners gracefully, with
-// the exact query Istio sends for a sidecar.
-func (a *adminClient) drainListeners(ctx context.Context) error {
-	body, code, err := a.do(ctx, http.MethodPost, "/drain_listeners?inboundonly&graceful", 2*time.Second)
+// drainListeners asks Envoy to drain its listeners with query (Istio's
+// "inboundonly&graceful" for a sidecar, "graceful" for a gateway); skipExit
+// adds "&skip_exit", as Istio does for POST /drain, which drains but keeps
+// Envoy running (pkg/envoy/admin.go DrainListeners).
+func (a *adminClient) drainListeners(ctx context.Context, query string, skipExit bool) error {
+	if skipExit {
+		query += "&skip_exit"
+	}
+	body, code, err := a.do(ctx, http.MethodPost, "/drain_listeners?"+query, 2*time.Second)
 	if err != nil {
 		return err
 	}

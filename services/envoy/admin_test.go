@@ -5,7 +5,7 @@ import "testing"
 // The counting rules of Istio's activeProxyConnections, on the kind of text
 // a sidecar's Envoy answers to /stats?usedonly&filter=downstream_cx_active$.
 func TestSumActiveConnections(t *testing.T) {
-	excluded := Config{}.withDefaults().ExcludedListeners
+	excluded := BootstrapConfig{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats()
 	for _, tc := range []struct {
 		name  string
 		stats string

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// ArgsConfig is what Envoy's command line needs besides the bootstrap, filled by cmd.
+// ArgsConfig is what Envoy's command line needs besides the bootstrap, filled by cmd with every
+// value (Istio's defaults are in cmd's table).
 type ArgsConfig struct {
 	DrainDuration      time.Duration // ProxyConfig.drainDuration (45s) ⇒ --drain-time-s, whole seconds
 	FileFlushInterval  time.Duration // ProxyConfig.fileFlushInterval (1s) ⇒ --file-flush-interval-msec; 0 ⇒ 1000
@@ -17,16 +18,6 @@ type ArgsConfig struct {
 	IPv6               bool          // all node IPs are IPv6 (AllIPv6) ⇒ --local-address-ip-version v6
 	SkipDeprecatedLogs bool          // ENVOY_SKIP_DEPRECATED_LOGS (default true) ⇒ --skip-deprecated-logs
 	EnableCoreDump     bool          // ISTIO_ENVOY_ENABLE_CORE_DUMP ⇒ --enable-core-dump
-}
-
-// DefaultArgsConfig is Istio's defaults for a sidecar.
-func DefaultArgsConfig() ArgsConfig {
-	return ArgsConfig{
-		DrainDuration:      45 * time.Second,
-		FileFlushInterval:  time.Second,
-		LogLevel:           "warning",
-		SkipDeprecatedLogs: true,
-	}
 }
 
 // CommandLine is Envoy's argument list (without the binary), in the order Istio's agent builds it.

@@ -55,7 +55,7 @@ func TestCommandLine(t *testing.T) {
 			"--config-yaml", `{"tracing":{}}`, "--concurrency", "2")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, bb := DefaultArgsConfig(), b
+			a, bb := istioArgs(), b
 			tc.edit(&a, &bb)
 			if got := CommandLine(a, bb); !slices.Equal(got, tc.want) {
 				t.Errorf("CommandLine =\n  %q\nwant\n  %q", got, tc.want)
@@ -73,7 +73,7 @@ func TestCommandLineGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Path = "./etc/istio/proxy/envoy-rev.json" // the temp dir is not stable
-	a := DefaultArgsConfig()
+	a := istioArgs()
 	a.Concurrency = 2
 	got := strings.Join(CommandLine(a, b), "\n") + "\n"
 	golden := filepath.Join(testdata, "sidecar.args.golden")
@@ -88,5 +88,15 @@ func TestCommandLineGolden(t *testing.T) {
 	}
 	if got != string(want) {
 		t.Errorf("command line differs from %s:\n%s", golden, firstDiff(string(want), got))
+	}
+}
+
+// istioArgs is the command line config cmd builds by default (Istio's defaults for a sidecar).
+func istioArgs() ArgsConfig {
+	return ArgsConfig{
+		DrainDuration:      45 * time.Second,
+		FileFlushInterval:  time.Second,
+		LogLevel:           "warning",
+		SkipDeprecatedLogs: true,
 	}
 }

@@ -58,7 +58,10 @@ type BootstrapConfig struct {
 	OutlierLogPath              string   // OUTLIER_LOG_PATH metadata and cluster_manager outlier log
 	STSPort                     int      // --stsPort (STS_PORT metadata when > 0)
 	CredentialSocketExists      bool     // ./var/run/secrets/credential-uds/socket is a live socket ⇒ credential: "true"
-	MetadataDiscovery           bool     // METADATA_DISCOVERY: Istio's metadata_discovery extension (always for waypoints)
+	// MetadataDiscovery is PEER_METADATA_DISCOVERY: nil when the variable is not set, and then
+	// ISTIO_META_ENABLE_HBONE decides, as in Istio. It is the node's METADATA_DISCOVERY metadata and,
+	// over delta xDS, adds the metadata_discovery extension (waypoints always have it).
+	MetadataDiscovery *bool
 }
 
 // Bootstrap is the bootstrap handed to Envoy.
@@ -145,6 +148,39 @@ func (c BootstrapConfig) customConfigFile() string {
 		return c.CustomConfigFile
 	}
 	return c.Proxy.GetCustomConfigFile()
+}
+
+// metadataDiscovery is the METADATA_DISCOVERY metadata: PEER_METADATA_DISCOVERY when set, else
+// whether ISTIO_META_ENABLE_HBONE is "true" (Istio's GetNodeMetaData).
+func (c BootstrapConfig) metadataDiscovery(raw map[string]any) bool {
+	if c.MetadataDiscovery != nil {
+		return *c.MetadataDiscovery
+	}
+	return raw["ENABLE_HBONE"] == "true"
+}
+
+// metadataDiscoveryExtension says whether the bootstrap has Istio's metadata_discovery extension:
+// always for a waypoint, else as the metadata says, and never over state-of-the-world xDS, which
+// does not support it (Istio's pkg/bootstrap/config.go).
+func (c BootstrapConfig) metadataDiscoveryExtension(node nodeInfo) bool {
+	if c.ProxyType == "waypoint" {
+		return true
+	}
+	return c.DeltaXDS && c.metadataDiscovery(node.raw)
+}
+
+// AgentListenerStats are the stat names of the agent's own listeners in this bootstrap (the
+// ENVOY_STATUS_PORT and ENVOY_PROMETHEUS_PORT listeners, on either family, and admin): their
+// connections do not count when a drain waits for active connections to end (Istio's
+// knownIstioListeners).
+func (c BootstrapConfig) AgentListenerStats() []string {
+	var out []string
+	for _, port := range []int{c.EnvoyStatusPort, c.EnvoyPrometheusPort} {
+		for _, host := range []string{"0.0.0.0", "[__]", "127.0.0.1", "[__1]"} {
+			out = append(out, fmt.Sprintf("%s_%d", host, port))
+		}
+	}
+	return append(out, "admin", "admin.main_thread")
 }
 
 // pilotSAN is the PILOT_SAN metadata: explicit, or the discovery host under MUTUAL_TLS.

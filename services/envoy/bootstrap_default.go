@@ -67,7 +67,7 @@ func ipFamilyFor(ips []string, dualStack bool) ipFamily {
 func defaultBootstrap(c BootstrapConfig, node nodeInfo) (*bootstrapv3.Bootstrap, error) {
 	fam := ipFamilyFor(c.InstanceIPs, c.DualStack)
 	stats := getStatsOptions(c, node)
-	metadataDiscovery := c.ProxyType == "waypoint" || c.MetadataDiscovery
+	metadataDiscovery := c.metadataDiscoveryExtension(node)
 	runtime, maxConn, err := runtimeFlags(c, node)
 	if err != nil {
 		return nil, err

@@ -109,7 +109,7 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 		"inclusionSuffix":       stats.suffixes,
 		"inclusionRegexps":      stats.regexp,
 		"stats_compression":     node.annotations[annoStatsCompression],
-		"metadata_discovery":    c.ProxyType == "waypoint" || c.MetadataDiscovery,
+		"metadata_discovery":    c.metadataDiscoveryExtension(node),
 		"outlier_log_path":      c.OutlierLogPath,
 		"xds_socket":            c.XDSSocket,
 		"sds_socket":            c.SDSSocket,

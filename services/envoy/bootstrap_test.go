@@ -206,7 +206,11 @@ func TestBootstrapContents(t *testing.T) {
 			t.Errorf("metadata %s = %q, want %q", k, got, want)
 		}
 	}
-	for _, k := range []string{"NOT_META", "BROKEN", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "credential", "METADATA_DISCOVERY", "STS_PORT"} {
+	// Istio always writes METADATA_DISCOVERY: PEER_METADATA_DISCOVERY, else ENABLE_HBONE.
+	if got := str("METADATA_DISCOVERY"); got != "false" {
+		t.Errorf("metadata METADATA_DISCOVERY = %q, want \"false\" (PEER_METADATA_DISCOVERY unset, no HBONE)", got)
+	}
+	for _, k := range []string{"NOT_META", "BROKEN", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "credential", "STS_PORT"} {
 		if _, ok := md[k]; ok {
 			t.Errorf("metadata has %s", k)
 		}
@@ -343,7 +347,8 @@ func TestBootstrapOptions(t *testing.T) {
 	c.MetricsLocalhostOnly = true
 	c.ExitOnZeroActiveConnections = true
 	c.CredentialSocketExists = true
-	c.MetadataDiscovery = true
+	peerMetadataDiscovery := true
+	c.MetadataDiscovery = &peerMetadataDiscovery
 	c.STSPort = 15463
 	c.OutlierLogPath = "/dev/stdout"
 	c.Proxy.StatsCompression = wrapperspb.Bool(false)
@@ -372,8 +377,10 @@ func TestBootstrapOptions(t *testing.T) {
 			t.Errorf("metadata %s = %q, want %q", k, got, want)
 		}
 	}
-	if b.GetBootstrapExtensions()[0].GetName() != "metadata_discovery" {
-		t.Error("METADATA_DISCOVERY did not add the metadata_discovery extension")
+	for _, ext := range b.GetBootstrapExtensions() {
+		if ext.GetName() == "metadata_discovery" {
+			t.Error("metadata_discovery extension over state-of-the-world xDS (Istio disables it there)")
+		}
 	}
 	if b.GetClusterManager().GetOutlierDetection().GetEventLogPath() != "/dev/stdout" {
 		t.Error("outlier log path not in cluster_manager")
@@ -397,6 +404,44 @@ func TestBootstrapOptions(t *testing.T) {
 	c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin-no-port"}}}
 	if _, err := WriteBootstrap(c); err == nil || !strings.Contains(err.Error(), "zipkin.address") {
 		t.Errorf("bad zipkin address: err = %v", err)
+	}
+}
+
+// PEER_METADATA_DISCOVERY (Istio's name) turns the metadata_discovery extension on over delta xDS;
+// unset, ISTIO_META_ENABLE_HBONE decides; set to false, it wins over HBONE.
+func TestPeerMetadataDiscovery(t *testing.T) {
+	yes, no := true, false
+	for _, tc := range []struct {
+		name      string
+		set       *bool
+		hbone     bool
+		wantMeta  string
+		wantExtra bool
+	}{
+		{"unset", nil, false, "false", false},
+		{"set", &yes, false, "true", true},
+		{"unset with HBONE", nil, true, "true", true},
+		{"false beats HBONE", &no, true, "false", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(t)
+			c.MetadataDiscovery = tc.set
+			if tc.hbone {
+				c.Env = append(c.Env, "ISTIO_META_ENABLE_HBONE=true")
+			}
+			out, err := WriteBootstrap(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := loadStrict(t, out.Path)
+			if got := b.GetNode().GetMetadata().GetFields()["METADATA_DISCOVERY"].GetStringValue(); got != tc.wantMeta {
+				t.Errorf("METADATA_DISCOVERY = %q, want %q", got, tc.wantMeta)
+			}
+			has := len(b.GetBootstrapExtensions()) > 0 && b.GetBootstrapExtensions()[0].GetName() == "metadata_discovery"
+			if has != tc.wantExtra {
+				t.Errorf("metadata_discovery extension: %v, want %v", has, tc.wantExtra)
+			}
+		})
 	}
 }
 
@@ -449,28 +494,6 @@ func TestValidate(t *testing.T) {
 				t.Fatal("WriteBootstrap accepted an invalid config")
 			}
 		})
-	}
-}
-
-func TestWithDefaults(t *testing.T) {
-	c := BootstrapConfig{Proxy: &meshv1alpha1.ProxyConfig{ProxyAdminPort: 15100}}.WithDefaults()
-	want := BootstrapConfig{
-		ProxyType: "sidecar", ConfigPath: "./etc/istio/proxy", XDSSocket: "./etc/istio/proxy/XDS",
-		SDSSocket: "./var/run/secrets/workload-spiffe-uds/socket", LabelsFile: "./etc/istio/pod/labels",
-		AnnotationsFile: "./etc/istio/pod/annotations", AdminPort: 15100, StatusPort: 15020,
-		EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090,
-	}
-	c.Proxy = nil
-	if got, _ := json.Marshal(c); string(got) != string(must(json.Marshal(want))) {
-		t.Errorf("WithDefaults =\n  %s\nwant\n  %s", got, must(json.Marshal(want)))
-	}
-	abs := BootstrapConfig{ConfigPath: "/root/etc/istio/proxy", AdminPort: 1}.WithDefaults()
-	if abs.XDSSocket != "/root/etc/istio/proxy/XDS" || abs.AdminPort != 1 {
-		t.Errorf("WithDefaults kept/derived %s, %d", abs.XDSSocket, abs.AdminPort)
-	}
-	// Still missing what has no default: the pod's IPs.
-	if err := abs.Validate(); err == nil || !strings.Contains(err.Error(), "InstanceIPs") {
-		t.Errorf("Validate after WithDefaults = %v", err)
 	}
 }
 

@@ -30,7 +30,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 	r.state.Phase = messages.EnvoyDraining
 	r.publish()
 	r.s.setHealth(messages.Starting, "draining: "+d.Reason)
-	r.postDrainListeners(ctx)
+	r.postDrainListeners(ctx, !d.Exit)
 	if !d.Exit {
 		// Istio's POST /drain: drain, keep running until told to exit.
 		log.Info("envoy draining; it keeps running until told to exit")
@@ -117,13 +117,14 @@ func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-cha
 	}
 }
 
-// postDrainListeners asks Envoy to drain. An Envoy that has only just
-// started may not answer yet: try for about a second. On failure, go on as
-// Istio does: the drain period still lets connections finish.
-func (r *run) postDrainListeners(ctx context.Context) {
+// postDrainListeners asks Envoy to drain (skipExit: and keep running). An
+// Envoy that has only just started may not answer yet: try for about a
+// second. On failure, go on as Istio does: the drain period still lets
+// connections finish.
+func (r *run) postDrainListeners(ctx context.Context, skipExit bool) {
 	const attempts = 10
 	for i := 1; ; i++ {
-		err := r.s.admin.drainListeners(ctx)
+		err := r.s.admin.drainListeners(ctx, r.s.cfg.DrainQuery, skipExit)
 		if err == nil {
 			return
 		}

@@ -279,9 +279,7 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 	if c.ExitOnZeroActiveConnections {
 		typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
 	}
-	if c.MetadataDiscovery {
-		typed["METADATA_DISCOVERY"] = "true"
-	}
+	typed["METADATA_DISCOVERY"] = strconv.FormatBool(c.metadataDiscovery(raw))
 	if c.STSPort > 0 {
 		typed["STS_PORT"] = strconv.Itoa(c.STSPort)
 	}

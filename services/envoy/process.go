@@ -32,12 +32,9 @@ func (s *Service) start() (*child, error) {
 	if err := checkBinary(s.cfg.BinaryPath); err != nil {
 		return nil, err
 	}
-	var args []string
-	if s.cfg.Prepare != nil {
-		var err error
-		if args, err = s.cfg.Prepare(); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
-		}
+	args, err := s.cfg.prepare()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
 	}
 	cmd := exec.Command(s.cfg.BinaryPath, args...)
 	cmd.Env = s.cfg.Env
@@ -59,7 +56,7 @@ func (s *Service) start() (*child, error) {
 	// ends a thread whose goroutine exits while locked, which this one
 	// does not, so the thread lives as long as the agent.
 	runtime.LockOSThread()
-	err := cmd.Start()
+	err = cmd.Start()
 	runtime.UnlockOSThread()
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.cfg.BinaryPath, err)

@@ -16,17 +16,10 @@ import (
 	"github.com/meshagent/meshagent/messages"
 )
 
-// Defaults, from Istio where Istio has one.
+// The service's own operational defaults. Istio's values (binary path,
+// admin port, drain durations, drain query) are not defaults here: cmd
+// passes them explicitly, from its table of Istio's names.
 const (
-	// DefaultBinaryPath is ProxyConfig.binaryPath's default.
-	DefaultBinaryPath = "/usr/local/bin/envoy"
-	// DefaultAdminAddr is Envoy's admin address in Istio's bootstrap
-	// (ProxyConfig.proxyAdminPort 15000 on localhost).
-	DefaultAdminAddr = "127.0.0.1:15000"
-	// DefaultTerminationDrainDuration is ProxyConfig.terminationDrainDuration's default.
-	DefaultTerminationDrainDuration = 5 * time.Second
-	// DefaultMinimumDrainDuration is MINIMUM_DRAIN_DURATION's default.
-	DefaultMinimumDrainDuration = 5 * time.Second
 	// DefaultKillGrace is how long Envoy has to exit after SIGTERM before it
 	// gets SIGKILL. Istio kills at once after the drain (Process.Kill); we
 	// let Envoy flush its logs and close its sockets first.
@@ -59,29 +52,39 @@ type Credential struct {
 	UID, GID uint32
 }
 
-// Config is how to run Envoy. Zero fields take the defaults above.
+// Config is how to run Envoy. Every field is explicit, zero included
+// (MinimumDrainDuration 0 means no minimum), except KillGrace,
+// ReadyPollInterval, Stdout and Stderr, which take the defaults above.
 type Config struct {
 	// BinaryPath is Envoy's executable (ProxyConfig.binaryPath).
 	BinaryPath string
-	// Prepare writes the bootstrap and returns Envoy's arguments (everything
-	// after the binary). It is called before every start; an error is a
-	// start failure. Nil means no arguments.
+	// Bootstrap and Args are Envoy's bootstrap and command line, written
+	// and built before every start (WriteBootstrap, CommandLine).
+	Bootstrap *BootstrapConfig
+	Args      ArgsConfig
+	// Prepare, when set, replaces Bootstrap and Args: it writes a bootstrap
+	// and returns Envoy's arguments (everything after the binary). Tests
+	// use it to run Envoy on a hand-made bootstrap.
 	Prepare func() ([]string, error)
 	// AdminAddr is host:port of Envoy's admin API (ProxyConfig.proxyAdminPort).
 	AdminAddr string
+	// DrainQuery is the query of POST /drain_listeners: Istio's
+	// "inboundonly&graceful" for a sidecar, "graceful" for a gateway. A
+	// drain that keeps Envoy running (Istio's POST /drain) adds "&skip_exit".
+	DrainQuery string
 	// TerminationDrainDuration is how long a drain lasts
 	// (ProxyConfig.terminationDrainDuration), unless Drain.Deadline says otherwise.
 	TerminationDrainDuration time.Duration
 	// MinimumDrainDuration is how long a drain lasts at least when
-	// ExitOnZeroActiveConnections is set (MINIMUM_DRAIN_DURATION).
+	// ExitOnZeroActiveConnections is set (MINIMUM_DRAIN_DURATION); 0 checks
+	// the connections at once.
 	MinimumDrainDuration time.Duration
 	// ExitOnZeroActiveConnections ends a drain as soon as Envoy has no active
 	// downstream connection (EXIT_ON_ZERO_ACTIVE_CONNECTIONS).
 	ExitOnZeroActiveConnections bool
 	// ExcludedListeners are the listener stat names (as in
 	// "listener.<name>.downstream_cx_active") that do not count as active
-	// connections: the agent's own listeners. Nil means Istio's:
-	// 0.0.0.0_15021, 0.0.0.0_15090, [__]_15021, [__]_15090 and admin.
+	// connections: the agent's own listeners (BootstrapConfig.AgentListenerStats).
 	ExcludedListeners []string
 	// KillGrace is how long Envoy has after SIGTERM before SIGKILL.
 	KillGrace time.Duration
@@ -95,28 +98,13 @@ type Config struct {
 	Env []string
 }
 
-// withDefaults returns cfg with every zero field set to its default.
+// withDefaults returns cfg with the operational defaults filled in.
 func (cfg Config) withDefaults() Config {
-	if cfg.BinaryPath == "" {
-		cfg.BinaryPath = DefaultBinaryPath
-	}
-	if cfg.AdminAddr == "" {
-		cfg.AdminAddr = DefaultAdminAddr
-	}
-	if cfg.TerminationDrainDuration == 0 {
-		cfg.TerminationDrainDuration = DefaultTerminationDrainDuration
-	}
-	if cfg.MinimumDrainDuration == 0 {
-		cfg.MinimumDrainDuration = DefaultMinimumDrainDuration
-	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
 	if cfg.ReadyPollInterval == 0 {
 		cfg.ReadyPollInterval = DefaultReadyPollInterval
-	}
-	if cfg.ExcludedListeners == nil {
-		cfg.ExcludedListeners = []string{"0.0.0.0_15021", "0.0.0.0_15090", "[__]_15021", "[__]_15090", "admin", "admin.main_thread"}
 	}
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
@@ -127,22 +115,55 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// Validate reports the first invalid field, by name and value.
+// Validate reports every invalid field, by name and value, the bootstrap's
+// included.
 func (cfg Config) Validate() error {
-	if _, _, err := net.SplitHostPort(cfg.AdminAddr); err != nil {
-		return fmt.Errorf("%w: AdminAddr %q: %v", ErrInvalidConfig, cfg.AdminAddr, err)
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
 	}
-	for name, d := range map[string]time.Duration{
-		"TerminationDrainDuration": cfg.TerminationDrainDuration,
-		"MinimumDrainDuration":     cfg.MinimumDrainDuration,
-		"KillGrace":                cfg.KillGrace,
-		"ReadyPollInterval":        cfg.ReadyPollInterval,
+	if cfg.BinaryPath == "" {
+		bad("BinaryPath is empty (ProxyConfig.binaryPath)")
+	}
+	if _, _, err := net.SplitHostPort(cfg.AdminAddr); err != nil {
+		bad("AdminAddr %q: %v", cfg.AdminAddr, err)
+	}
+	if cfg.DrainQuery == "" {
+		bad("DrainQuery is empty: want Istio's inboundonly&graceful (sidecar) or graceful (gateway)")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"TerminationDrainDuration", cfg.TerminationDrainDuration},
+		{"MinimumDrainDuration", cfg.MinimumDrainDuration},
+		{"KillGrace", cfg.KillGrace},
+		{"ReadyPollInterval", cfg.ReadyPollInterval},
 	} {
-		if d < 0 {
-			return fmt.Errorf("%w: %s %v is negative", ErrInvalidConfig, name, d)
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
 		}
 	}
-	return nil
+	if cfg.Prepare == nil {
+		if cfg.Bootstrap == nil {
+			bad("neither Bootstrap nor Prepare is set")
+		} else {
+			errs = append(errs, cfg.Bootstrap.Validate())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prepare writes the bootstrap and returns Envoy's arguments.
+func (cfg Config) prepare() ([]string, error) {
+	if cfg.Prepare != nil {
+		return cfg.Prepare()
+	}
+	b, err := WriteBootstrap(*cfg.Bootstrap)
+	if err != nil {
+		return nil, err
+	}
+	return CommandLine(cfg.Args, b), nil
 }
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.

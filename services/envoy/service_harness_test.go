@@ -143,6 +143,13 @@ type harness struct {
 // environment and mod may change the config.
 func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWithClock(t, env, mod, nil)
+}
+
+// newHarnessWithClock is newHarness with the service's clock (nil: the
+// system's).
+func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock messages.Clock) *harness {
+	t.Helper()
 	dir := t.TempDir()
 	port := freePort(t)
 	h := &harness{
@@ -158,6 +165,8 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 		BinaryPath:               envoyBinary,
 		Prepare:                  func() ([]string, error) { return writeBootstrap(dir, port) },
 		AdminAddr:                h.admin,
+		DrainQuery:               "inboundonly&graceful",
+		ExcludedListeners:        BootstrapConfig{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats(),
 		TerminationDrainDuration: time.Second,
 		MinimumDrainDuration:     100 * time.Millisecond,
 		KillGrace:                2 * time.Second,
@@ -170,7 +179,7 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 		mod(&cfg)
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, nil, nil, log))
+	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s\nenvoy stderr:\n%s", h.logs, h.stderr)

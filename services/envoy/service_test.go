@@ -3,13 +3,16 @@ package envoy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -202,9 +205,10 @@ func TestDrainThenExitLater(t *testing.T) {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}
+	// Istio's POST /drain keeps Envoy running: skip_exit.
 	if !realEnvoy {
-		if _, drains := httpGet(t, "http://"+h.admin+"/fake/drains"); !strings.Contains(drains, `"inboundonly\u0026graceful"`) {
-			t.Fatalf("fakeenvoy recorded drains %s; want inboundonly&graceful", drains)
+		if drains := fakeDrains(t, h.admin); !slices.Equal(drains, []string{"inboundonly&graceful&skip_exit"}) {
+			t.Fatalf("fakeenvoy recorded drains %q; want [inboundonly&graceful&skip_exit]", drains)
 		}
 	}
 	select {
@@ -390,6 +394,7 @@ func runAsParent() int {
 		BinaryPath: os.Getenv(parentEnv),
 		Prepare:    func() ([]string, error) { return writeBootstrap(dir, port) },
 		AdminAddr:  fmt.Sprintf("127.0.0.1:%d", port),
+		DrainQuery: "inboundonly&graceful",
 	}, nil, state, messages.NewRuntime(Name, messages.NewStream[messages.Health](0, nil), nil, nil, nil))
 	errc := make(chan error, 1)
 	go func() { errc <- svc.Serve(context.Background()) }()
@@ -552,4 +557,77 @@ func TestDrainDeadline(t *testing.T) {
 	if !strings.Contains(h.logs.String(), "termination drain duration over") {
 		t.Fatalf("drain did not end at its deadline:\n%s", h.logs)
 	}
+}
+
+// fakeDrains are the drain_listeners queries the stand-in Envoy at admin
+// received, in order.
+func fakeDrains(t *testing.T, admin string) []string {
+	t.Helper()
+	_, body := httpGet(t, "http://"+admin+"/fake/drains")
+	var drains []string
+	if err := json.Unmarshal([]byte(body), &drains); err != nil {
+		t.Fatalf("GET /fake/drains: %v: %q", err, body)
+	}
+	return drains
+}
+
+// The drain query is the config's: a gateway (Istio's "proxy router")
+// drains every listener, not only the inbound ones.
+func TestGatewayDrainQuery(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, nil, func(c *Config) { c.DrainQuery = "graceful"; c.TerminationDrainDuration = 0 })
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !strings.Contains(h.stderr.String(), "drain_listeners?graceful\n") {
+		t.Fatalf("fakeenvoy did not log drain_listeners?graceful:\n%s", h.stderr)
+	}
+}
+
+// MinimumDrainDuration 0 (MINIMUM_DRAIN_DURATION=0) means no minimum: the
+// first look at the active connections is asked for at once, not after a
+// default.
+func TestMinimumDrainDurationZero(t *testing.T) {
+	skipIfReal(t)
+	clock := &recordingClock{}
+	h := newHarnessWithClock(t, []string{"FAKE_ENVOY_ACTIVE_CONNECTIONS=0"}, func(c *Config) {
+		c.ExitOnZeroActiveConnections = true
+		c.MinimumDrainDuration = 0
+		c.TerminationDrainDuration = time.Hour
+	}, clock)
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !strings.Contains(h.logs.String(), "no more active connections") {
+		t.Fatalf("the drain did not end on zero connections:\n%s", h.logs)
+	}
+	if waits := clock.waits(); !slices.Contains(waits, 0) || slices.Contains(waits, 5*time.Second) {
+		t.Fatalf("waits asked of the clock: %v; want the first connection check at once (0), no 5s default", waits)
+	}
+}
+
+// recordingClock is the system clock, remembering every wait asked of it.
+type recordingClock struct {
+	messages.SystemClock
+	mu    sync.Mutex
+	after []time.Duration
+}
+
+func (c *recordingClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	c.after = append(c.after, d)
+	c.mu.Unlock()
+	return c.SystemClock.After(d)
+}
+
+func (c *recordingClock) waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.after)
 }

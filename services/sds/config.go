@@ -6,19 +6,19 @@ import (
 	"time"
 )
 
-// Istio's names for the two secrets Envoy asks for, and the socket path.
+// Istio's names for the two secrets Envoy asks for.
 const (
 	WorkloadKeyCertResourceName = "default"
 	RootCertResourceName        = "ROOTCA"
-	DefaultSocketPath           = "var/run/secrets/workload-spiffe-uds/socket"
-	DefaultStopTimeout          = 5 * time.Second
 )
+
+// DefaultStopTimeout bounds the graceful stop (the service's own default).
+const DefaultStopTimeout = 5 * time.Second
 
 // Config is the SDS server's configuration.
 type Config struct {
-	// SocketPath: the unix socket Envoy connects to
-	// (<root>/var/run/secrets/workload-spiffe-uds/socket; Istio's
-	// WORKLOAD_IDENTITY_SOCKET_FILE names the file in that directory).
+	// SocketPath: the unix socket Envoy connects to, absolute (cmd gives
+	// Istio's <root>/var/run/secrets/workload-spiffe-uds/socket).
 	SocketPath string
 	// SocketUID, SocketGID: when >= 0, the socket is chowned to them (the
 	// proxy's UID/GID, 1337, when the agent runs as root and Envoy does
@@ -31,10 +31,11 @@ type Config struct {
 	StopTimeout time.Duration
 }
 
-// DefaultConfig returns the defaults with the socket under root.
-func DefaultConfig(root string) Config {
+// NewConfig is the config for a server on socketPath, with the socket's
+// owner left alone and the default stop timeout.
+func NewConfig(socketPath string) Config {
 	return Config{
-		SocketPath:  filepath.Join(root, DefaultSocketPath),
+		SocketPath:  socketPath,
 		SocketUID:   -1,
 		SocketGID:   -1,
 		StopTimeout: DefaultStopTimeout,

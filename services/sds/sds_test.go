@@ -74,7 +74,7 @@ func startServer(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	s := &server{cfg: DefaultConfig(root), certs: messages.NewCell[messages.CertBundle](),
+	s := &server{cfg: NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket")), certs: messages.NewCell[messages.CertBundle](),
 		health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
 	s.svc = newService(t, s.cfg, s.certs, s.health, slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	s.start(t)
@@ -440,7 +440,7 @@ func ownSocket(t *testing.T, inode string) bool {
 func TestStaleSocketRemovedLiveSocketRefused(t *testing.T) {
 	root, _ := os.MkdirTemp("", "sds")
 	defer os.RemoveAll(root)
-	cfg := DefaultConfig(root)
+	cfg := NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
 	os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o750)
 	// A stale socket: bound, then its listener closed without unlinking.
 	l, err := net.Listen("unix", cfg.SocketPath)
@@ -525,7 +525,7 @@ func TestSocketChownedToProxy(t *testing.T) {
 	}
 	root, _ := os.MkdirTemp("", "sds")
 	defer os.RemoveAll(root)
-	cfg := DefaultConfig(root)
+	cfg := NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
 	cfg.SocketUID, cfg.SocketGID = 1337, 1337
 	health := messages.NewCell[messages.Health]()
 	svc := newService(t, cfg, messages.NewCell[messages.CertBundle](), health, nil)

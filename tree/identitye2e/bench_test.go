@@ -58,7 +58,7 @@ func BenchmarkFileChangeToSDS(b *testing.B) {
 // the SDS server's input to the client receiving it (no files, no debounce).
 func BenchmarkBundleToSDS(b *testing.B) {
 	a := newAgent(b)
-	a.certCfg = certs.ChooseSource(a.certCfg, a.root, true) // files that never appear: certs stays quiet
+	a.certCfg = a.chooseSource(true) // files that never appear: certs stays quiet
 	cell := a.bundles
 	a.start(b)
 	e := a.connect(b, sds.WorkloadKeyCertResourceName)

@@ -94,8 +94,10 @@ func newAgent(t testing.TB) *agent {
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](),
 		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
 	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a.certCfg = certs.DefaultConfig(root)
-	a.sdsCfg = sds.DefaultConfig(root)
+	a.certCfg = certs.DefaultConfig()
+	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
+	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
+	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
 	t.Cleanup(func() {
 		a.stop()
 		a.assertNoKeysLogged(t)
@@ -240,9 +242,9 @@ func chainOf(s *tlsv3.Secret) string {
 func fileAgent(t testing.TB) (*agent, *testPKI, string) {
 	a := newAgent(t)
 	pki := newTestPKI(t)
-	dir := filepath.Join(a.root, certs.EtcCertsDir)
+	dir := filepath.Join(a.root, etcCertsDir)
 	os.MkdirAll(dir, 0o755)
-	a.certCfg = certs.ChooseSource(a.certCfg, a.root, true)
+	a.certCfg = a.chooseSource(true)
 	return a, pki, dir
 }
 
@@ -383,4 +385,15 @@ func TestCARenewalPushedOnSameStream(t *testing.T) {
 	if !time.Now().Before(b1.Expiry) {
 		t.Fatalf("renewal arrived at %v, after the first certificate expired (%v)", time.Now(), b1.Expiry)
 	}
+}
+
+// Istio's file-mounted certificate directories, under the test's root.
+const (
+	etcCertsDir      = "etc/certs"
+	workloadCredsDir = "var/run/secrets/workload-spiffe-credentials"
+)
+
+// chooseSource is Istio's choice of certificate source, as cmd makes it.
+func (a *agent) chooseSource(fileMountedCerts bool) certs.Config {
+	return certs.ChooseSource(a.certCfg, filepath.Join(a.root, etcCertsDir), filepath.Join(a.root, workloadCredsDir), fileMountedCerts)
 }

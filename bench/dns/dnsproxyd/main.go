@@ -26,11 +26,11 @@ import (
 func main() {
 	var cfg dnsproxy.Config
 	table := flag.String("table", "", "name table file (protojson istio.networking.nds.v1.NameTable)")
-	flag.StringVar(&cfg.Listen, "listen", dnsproxy.DefaultListen, "listen address (loopback only)")
-	flag.StringVar(&cfg.ResolvConf, "resolv-conf", dnsproxy.DefaultResolvConf, "resolv.conf with the upstream nameservers")
+	flag.StringVar(&cfg.Listen, "listen", "localhost:15053", "listen address (loopback only)")
+	flag.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf with the upstream nameservers")
 	flag.StringVar(&cfg.Namespace, "namespace", "default", "the proxy's namespace")
 	flag.StringVar(&cfg.Domain, "domain", "", "the proxy's domain (default <namespace>.svc.cluster.local)")
-	flag.DurationVar(&cfg.ForwardTimeout, "forward-timeout", dnsproxy.DefaultForwardTimeout, "upstream timeout")
+	flag.DurationVar(&cfg.ForwardTimeout, "forward-timeout", 5*time.Second, "upstream timeout")
 	flag.BoolVar(&cfg.ForwardParallel, "forward-parallel", false, "query all upstreams at once")
 	verbose := flag.Bool("v", false, "debug logs")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (pprof)")

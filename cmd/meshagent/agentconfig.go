@@ -1,0 +1,238 @@
+package main
+
+// The configuration pipeline of `proxy`, in one function: the flags, the
+// environment, the host and the files under --root go in, every service's
+// config comes out as one validated tree.Config.
+//
+//	flags ──► settings (flag, else env, else default; flagenv.go)
+//	                │
+//	environment, host, files ──► buildAgentConfig
+//	                │   ProxyConfig: Istio's defaults < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
+//	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
+//	                │   Istio's names and paths from istio.go
+//	                ▼
+//	tree.Config ──► Validate (every service, once) ──► logged once (effective.go) ──► tree.Build
+//
+// A setting is added in the builder of the service that uses it (the flag
+// or variable, its default and its mapping, on one line or two) and in the
+// service's Config.
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/tree"
+)
+
+// agentInputs is everything a `proxy` run is configured from.
+type agentInputs struct {
+	flags *proxyFlags
+	args  []string // positional: the proxy type
+	logs  logOptions
+	host  hostInputs
+	// gatherer is the metrics registry the status server serves.
+	gatherer prometheus.Gatherer
+	// problems holds the bad values found so far (the flags'); the build
+	// adds its own and reports them all. Nil: none yet.
+	problems *problems
+	// log receives warnings while building (unknown ProxyConfig fields).
+	log *slog.Logger
+}
+
+// agentConfig is the agent as built: the tree's config, and what the start
+// log line shows besides it.
+type agentConfig struct {
+	proxyType string
+	root      string
+	proxy     *meshconfig.ProxyConfig
+	tree      tree.Config
+}
+
+// podInfo is the workload's identity and addresses.
+type podInfo struct {
+	name, namespace, serviceAccount string // POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT
+	// nodeIPs are INSTANCE_IP's addresses, then the host's private ones;
+	// the first is in Envoy's node id.
+	nodeIPs []string
+	domain  string // --domain, else <namespace>.svc.cluster.local
+}
+
+// buildAgentConfig turns the inputs into every service's config, validated.
+// Every bad value — of a flag, a variable, a file, a service's config — is
+// in the error, each naming where it came from and the value.
+func buildAgentConfig(in agentInputs) (*agentConfig, error) {
+	p := in.problems
+	if p == nil {
+		p = &problems{}
+	}
+	r := envReader{env: in.host.env, problems: p}
+	f := in.flags
+	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p)}
+	if len(in.args) > 0 {
+		c.proxyType = in.args[0]
+	}
+	switch {
+	case len(in.args) > 1:
+		p.addf("proxy: %q: want at most one argument, the proxy type", in.args)
+	case c.proxyType != "sidecar" && c.proxyType != "router" && c.proxyType != "waypoint":
+		p.addf("proxy: unknown proxy type %q: want sidecar, router or waypoint", c.proxyType)
+	}
+	if _, err := parseLogLevel(in.logs.outputLevel); err != nil {
+		p.add(err)
+	}
+	if f.stsPort != 0 {
+		p.addf("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
+	}
+	if f.restartMaxDelay < 100*time.Millisecond {
+		p.addf("--restart-max-delay %s: must be at least 100ms (the first restart's delay)", f.restartMaxDelay)
+	}
+	if f.envoyRestartWindow <= 0 {
+		p.addf("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
+	}
+	if c.root == "" {
+		return nil, p.err() // nothing under it can be read
+	}
+
+	pod := podConfig(r, f, in.host)
+	pc, err := loadProxyConfig(proxyConfigSources{
+		meshConfigFile:  rooted(c.root, f.meshConfig),
+		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", parseString),
+		annotationsFile: rooted(c.root, podAnnotationsFile),
+	}, in.log)
+	if err != nil {
+		p.add(err)
+		return nil, p.err() // every service's config depends on it
+	}
+	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", parseCount), f.concurrency, in.log)
+	if err := validateProxyConfig(pc); err != nil {
+		p.addf("invalid proxy configuration: %w", err)
+		return nil, p.err()
+	}
+	c.proxy = pc
+
+	dns := dnsConfig(r, f, pod, c.proxyType)
+	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
+	c.tree = tree.Config{
+		Status:        statusConfig(pc, f, in.gatherer),
+		Certs:         certsCfg,
+		SDS:           sdsCfg,
+		Envoy:         envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON, pod: pod, proxy: pc, dns: dns, euid: in.host.euid}),
+		Capture:       captureConfig(r, f, in.host, in.log),
+		DNS:           dns.proxy,
+		NameTableFile: f.nameTable,
+	}
+	treePolicies(&c.tree, f, pc)
+	p.add(c.tree.Validate())
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkRoot returns --root (MESHAGENT_ROOT) as an absolute path to a
+// directory, or "" after reporting why it is not one.
+func checkRoot(root string, p *problems) string {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		p.addf("--root %q: %v", root, err)
+		return ""
+	}
+	if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+		p.addf("--root %q: not a directory", root)
+		return ""
+	}
+	return abs
+}
+
+// podConfig is the workload's identity from Istio's environment, and its
+// IPs: INSTANCE_IP first, then the host's private addresses (Istio's
+// getDNSDomain and IP discovery).
+func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
+	pod := podInfo{
+		name:           envVar(r, "POD_NAME", "", parseString),
+		namespace:      envVar(r, "POD_NAMESPACE", "", parseString),
+		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", parseString),
+		domain:         f.domain,
+	}
+	if pod.domain == "" {
+		pod.domain = pod.namespace + ".svc.cluster.local"
+	}
+	if v, ok := r.env.get("INSTANCE_IP"); ok {
+		for _, s := range strings.Split(v, ",") {
+			ip, err := netip.ParseAddr(strings.TrimSpace(s))
+			if err != nil {
+				r.problems.addf("INSTANCE_IP=%q: %q is not an IP address", v, s)
+				continue
+			}
+			pod.nodeIPs = append(pod.nodeIPs, ip.String())
+		}
+	}
+	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.problems)
+	if len(pod.nodeIPs) == 0 {
+		pod.nodeIPs = []string{"127.0.0.1"} // Istio: no address at all ⇒ loopback
+	}
+	return pod
+}
+
+// appendHostIPs adds the host's private addresses not already in ips.
+func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
+	if host.interfaceAddrs == nil {
+		return ips
+	}
+	addrs, err := host.interfaceAddrs()
+	if err != nil {
+		p.addf("listing the host's addresses: %v", err)
+		return ips
+	}
+	for _, a := range addrs {
+		s := a.Addr().String()
+		if a.Addr().IsPrivate() && !containsString(ips, s) {
+			ips = append(ips, s)
+		}
+	}
+	return ips
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// statusConfig is the status server on ProxyConfig.statusPort (all
+// interfaces, as Istio's); nil when the port is 0.
+func statusConfig(pc *meshconfig.ProxyConfig, f *proxyFlags, gatherer prometheus.Gatherer) *status.Config {
+	if pc.StatusPort == 0 {
+		return nil
+	}
+	return &status.Config{
+		Addr:      fmt.Sprintf(":%d", pc.StatusPort),
+		Chaos:     f.chaos,
+		Profiling: f.profiling,
+		Gatherer:  gatherer,
+	}
+}
+
+// treePolicies sets the restart policies and stop timeouts: the drain
+// bound and the stop timeout cover terminationDrainDuration plus Envoy's
+// SIGTERM-to-SIGKILL grace.
+func treePolicies(tc *tree.Config, f *proxyFlags, pc *meshconfig.ProxyConfig) {
+	tc.DefaultPolicy, tc.EnvoyPolicy = tree.DefaultPolicy(), tree.DefaultPolicy()
+	tc.DefaultPolicy.MaxDelay, tc.EnvoyPolicy.MaxDelay = f.restartMaxDelay, f.restartMaxDelay
+	tc.EnvoyPolicy.GiveUp = &tree.GiveUp{Restarts: f.envoyRestarts, Window: f.envoyRestartWindow}
+	drain := pc.GetTerminationDrainDuration().AsDuration()
+	tc.DrainTimeout = drain + drainStopMargin
+	tc.StopTimeout = max(serviceStopTimeout, drain+envoyStopMargin)
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// logEffectiveConfig logs, once at start, what every service runs with
+// (kuma-dp's "effective configuration"): one line holding the ProxyConfig
+// in its JSON form and the tree's config, every service's included, with
+// secrets redacted. What the agent was told and what it made of it can be
+// read off one line.
+func logEffectiveConfig(log *slog.Logger, cfg *agentConfig) {
+	log.Info("effective configuration", "config", effectiveConfig(cfg))
+}
+
+// effectiveConfig is the configuration as JSON, secrets redacted.
+func effectiveConfig(cfg *agentConfig) jsonValue {
+	out := map[string]any{
+		"type":        cfg.proxyType,
+		"root":        cfg.root,
+		"version":     currentVersion().Version,
+		"proxyConfig": describe(reflect.ValueOf(cfg.proxy), "proxyConfig"),
+		"tree":        describe(reflect.ValueOf(cfg.tree), ""),
+	}
+	js, err := json.Marshal(out)
+	if err != nil {
+		return jsonValue(fmt.Sprintf("%q", err.Error()))
+	}
+	return js
+}
+
+// jsonValue is JSON that a JSON log handler embeds as is and a text
+// handler prints as text.
+type jsonValue []byte
+
+func (j jsonValue) MarshalJSON() ([]byte, error) { return j, nil }
+func (j jsonValue) MarshalText() ([]byte, error) { return j, nil }
+
+const redacted = "<redacted>"
+
+// Fields whose values are never logged, by their path in tree.Config: the
+// environment (tokens travel there) is shown by variable names only, CA
+// headers (CA_HEADER_*, often credentials) by header names only; and the
+// ProxyConfig in Envoy's bootstrap config is the one logged on its own.
+var (
+	namesOnly = map[string]bool{
+		"Envoy.Env":           true,
+		"Envoy.Bootstrap.Env": true,
+		"Certs.CAHeaders":     true,
+	}
+	shownElsewhere = map[string]string{
+		"Envoy.Bootstrap.Proxy": "(proxyConfig)",
+	}
+	// secretName matches a field that holds a secret itself rather than a
+	// path to one (TokenFile and KeyFile are paths; a Token or PrivateKey
+	// field would not be).
+	secretName = regexp.MustCompile(`(?i)(token|secret|password|privatekey|credential)s?$`)
+)
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// describe renders v as JSON-ready values: structs as objects of their
+// exported fields, durations and file modes as text, protos in their JSON
+// form, byte slices (PEM, keys) by length only; functions, channels and
+// interfaces (writers, registries, handlers) are left out.
+func describe(v reflect.Value, path string) any {
+	if s, ok := shownElsewhere[path]; ok {
+		return s
+	}
+	if !v.IsValid() {
+		return nil
+	}
+	if m, ok := v.Interface().(proto.Message); ok && v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return nil
+		}
+		js, err := protojson.Marshal(m)
+		if err != nil {
+			return err.Error()
+		}
+		var out any
+		_ = json.Unmarshal(js, &out)
+		return out
+	}
+	switch {
+	case v.Type() == durationType:
+		return time.Duration(v.Int()).String()
+	case v.Type() == reflect.TypeOf(os.FileMode(0)):
+		return fmt.Sprintf("%#o", v.Uint())
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return nil
+		}
+		return describe(v.Elem(), path)
+	case reflect.Struct:
+		out := map[string]any{}
+		for i := 0; i < v.NumField(); i++ {
+			field := v.Type().Field(i)
+			if !field.IsExported() || !shown(field.Type) {
+				continue
+			}
+			p := field.Name
+			if path != "" {
+				p = path + "." + field.Name
+			}
+			if secretName.MatchString(field.Name) && !v.Field(i).IsZero() {
+				out[field.Name] = redacted
+				continue
+			}
+			out[field.Name] = describe(v.Field(i), p)
+		}
+		if s, ok := v.Interface().(fmt.Stringer); ok && len(out) == 0 {
+			return s.String()
+		}
+		return out
+	case reflect.Map:
+		if v.IsNil() {
+			return nil
+		}
+		keys := make([]string, 0, v.Len())
+		values := map[string]reflect.Value{}
+		for _, k := range v.MapKeys() {
+			ks := fmt.Sprint(k.Interface())
+			keys = append(keys, ks)
+			values[ks] = v.MapIndex(k)
+		}
+		sort.Strings(keys)
+		if namesOnly[path] {
+			return keys
+		}
+		out := map[string]any{}
+		for _, k := range keys {
+			out[k] = describe(values[k], path+"."+k)
+		}
+		return out
+	case reflect.Slice:
+		if v.IsNil() {
+			return nil
+		}
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return fmt.Sprintf("<%d bytes>", v.Len())
+		}
+		if namesOnly[path] {
+			var names []string
+			for i := 0; i < v.Len(); i++ {
+				name, _, _ := strings.Cut(fmt.Sprint(v.Index(i).Interface()), "=")
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			return names
+		}
+		out := make([]any, v.Len())
+		for i := range out {
+			out[i] = describe(v.Index(i), path)
+		}
+		return out
+	case reflect.Array:
+		if s, ok := v.Interface().(fmt.Stringer); ok {
+			return s.String() // netip.Addr and the like
+		}
+		return fmt.Sprint(v.Interface())
+	}
+	if s, ok := v.Interface().(fmt.Stringer); ok && v.Kind() != reflect.String {
+		return s.String() // enums: capture.Mode, certs.Source
+	}
+	return v.Interface()
+}
+
+// shown says whether a field of this type is configuration rather than
+// plumbing (functions, channels, writers and other interfaces).
+func shown(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Func, reflect.Chan, reflect.Interface, reflect.UnsafePointer:
+		return false
+	case reflect.Map:
+		return shown(t.Elem())
+	}
+	return true
+}

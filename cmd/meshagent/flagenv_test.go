@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+type testSettings struct {
+	port     int
+	wait     time.Duration
+	on       bool
+	optional *int
+	name     string
+}
+
+func bindTestSettings(fs *pflag.FlagSet) (*settings, *testSettings) {
+	s, v := newSettings(fs), &testSettings{}
+	flagVar(s, &v.port, 15000, parsePort, flagSpec{name: "port", env: []string{"PORT"}, usage: "a port"})
+	flagVar(s, &v.wait, 5*time.Second, parseDuration, flagSpec{name: "wait", env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
+	flagVar(s, &v.on, false, parseBool, flagSpec{name: "on", short: "o", env: []string{"ON"}, usage: "a switch"})
+	optionalFlagVar(s, &v.optional, parseCount, flagSpec{name: "optional", env: []string{"OPTIONAL"}, usage: "maybe a count"})
+	flagVar(s, &v.name, "x", parseString, flagSpec{name: "name", usage: "no variable"})
+	return s, v
+}
+
+// The command line wins, then the first variable set, then the default.
+func TestFlagElseEnvElseDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want testSettings
+	}{
+		{"defaults", nil, nil, testSettings{port: 15000, wait: 5 * time.Second, name: "x"}},
+		{"environment", nil, map[string]string{"PORT": "25000", "OLD_WAIT": "1s", "ON": "true", "OPTIONAL": "0"},
+			testSettings{port: 25000, wait: time.Second, on: true, optional: new(int), name: "x"}},
+		{"first variable wins", nil, map[string]string{"WAIT": "2s", "OLD_WAIT": "1s"}, testSettings{port: 15000, wait: 2 * time.Second, name: "x"}},
+		{"empty is unset", nil, map[string]string{"PORT": ""}, testSettings{port: 15000, wait: 5 * time.Second, name: "x"}},
+		{"flags win", []string{"--port", "35000", "-o=false", "--wait", "3s", "--optional", "7"}, map[string]string{"PORT": "25000", "ON": "true", "WAIT": "1s", "OPTIONAL": "2"},
+			testSettings{port: 35000, wait: 3 * time.Second, optional: intPtr(7), name: "x"}},
+		{"bool flag alone", []string{"--on"}, nil, testSettings{port: 15000, wait: 5 * time.Second, on: true, name: "x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			s, got := bindTestSettings(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.resolve(mapEnvironment(tc.env)); err != nil {
+				t.Fatal(err)
+			}
+			if got.port != tc.want.port || got.wait != tc.want.wait || got.on != tc.want.on || got.name != tc.want.name ||
+				(got.optional == nil) != (tc.want.optional == nil) || (got.optional != nil && *got.optional != *tc.want.optional) {
+				t.Errorf("got %+v (optional %v), want %+v (optional %v)", *got, deref(got.optional), tc.want, deref(tc.want.optional))
+			}
+		})
+	}
+}
+
+// Bad values of flags and variables are all reported, each naming itself
+// and the value; a good flag is not spoiled by a bad variable.
+func TestBadSettingsAreReportedTogether(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	s, got := bindTestSettings(fs)
+	if err := fs.Parse([]string{"--port", "0", "--optional", "-3"}); err != nil {
+		t.Fatalf("a bad value stopped the parse: %v", err)
+	}
+	err := s.resolve(mapEnvironment(map[string]string{"PORT": "x", "WAIT": "soon", "ON": "perhaps"}))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{`--port "0"`, `--optional "-3"`, `WAIT="soon"`, `ON="perhaps"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %s: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), `PORT="x"`) {
+		t.Errorf("PORT was read although --port was given: %v", err)
+	}
+	if got.wait != 5*time.Second || got.on {
+		t.Errorf("bad variables changed the values: %+v", *got)
+	}
+}
+
+// --help names every flag's variables, as consul-dataplane's flags do.
+func TestHelpNamesTheVariables(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	bindTestSettings(fs)
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	fs.PrintDefaults()
+	for _, want := range []string{"(env PORT)", "(env WAIT, OLD_WAIT)", "-o, --on", "(default 15000)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestEnvVar(t *testing.T) {
+	p := &problems{}
+	r := envReader{env: mapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
+	if got := envVar(r, "N", 1, parseCount); got != 3 {
+		t.Errorf("N = %d", got)
+	}
+	if got := envVar(r, "EMPTY", 1, parseCount); got != 1 {
+		t.Errorf("EMPTY = %d, want the default", got)
+	}
+	if got := optionalEnvVar(r, "UNSET", parseCount); got != nil {
+		t.Errorf("UNSET = %v, want nil", *got)
+	}
+	if got := envVar(r, "BAD", 1, parseCount); got != 1 || p.err() == nil || !strings.Contains(p.err().Error(), `BAD="x"`) {
+		t.Errorf("BAD = %d, problems %v", got, p.err())
+	}
+}
+
+func intPtr(n int) *int { return &n }
+
+func deref(p *int) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"os/user"
+)
+
+// hostInputs is everything the configuration reads from the host besides
+// flags and files under --root: production fills it from the real host
+// (realHost), tests by hand. Nothing below cmd reads the host itself.
+type hostInputs struct {
+	// env is the process environment.
+	env environment
+	// euid is the agent's effective uid (Envoy runs as 1337 only when the
+	// agent is root and DNS is served on :53, as in Istio).
+	euid int
+	// interfaceAddrs lists the host's addresses in interface order: the
+	// node's IPs after INSTANCE_IP, and istio-iptables' IPv6 decision.
+	interfaceAddrs func() ([]netip.Prefix, error)
+	// lookupUID resolves a user name ($ENVOY_USER, istio-iptables' default
+	// --proxy-uid).
+	lookupUID func(name string) (string, error)
+	// resolvConf is the resolver config istio-iptables reads its DNS
+	// servers from (the DNS proxy's is the --resolv-conf flag).
+	resolvConf string
+}
+
+// realHost reads the host the agent runs on.
+func realHost() hostInputs {
+	return hostInputs{
+		env:            environment{lookup: os.LookupEnv, list: os.Environ},
+		euid:           os.Geteuid(),
+		interfaceAddrs: interfaceAddrs,
+		resolvConf:     resolvConfFile,
+		lookupUID: func(name string) (string, error) {
+			u, err := user.Lookup(name)
+			if err != nil {
+				return "", err
+			}
+			return u.Uid, nil
+		},
+	}
+}
+
+// interfaceAddrs is net.InterfaceAddrs as prefixes, IPv4 unmapped.
+func interfaceAddrs() ([]netip.Prefix, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		ones, bits := n.Mask.Size()
+		ip = ip.Unmap()
+		if ip.Is4() && bits == 128 {
+			ones -= 96
+		}
+		out = append(out, netip.PrefixFrom(ip, ones))
+	}
+	return out, nil
+}
