@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func runCLI(args ...string) (int, string, string) {
@@ -15,10 +18,38 @@ func runCLI(args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-func TestUnknownFlagIsUsageError(t *testing.T) {
-	code, _, stderr := runCLI("proxy", "--bogus")
-	if code != 2 || !strings.Contains(stderr, "unknown flag: --bogus") {
-		t.Fatalf("proxy --bogus: exit %d, stderr %q", code, stderr)
+// Istio's pilot-agent tolerates unknown flags on the root command and on
+// proxy (FParseErrWhitelist); meshagent does too, and names them in a
+// warning. (The agent running with one is TestUnknownFlagIsIgnoredWithAWarning.)
+func TestUnknownFlagsAreToleratedOnRootAndProxy(t *testing.T) {
+	// The missing root stops the run after the flags were parsed.
+	code, _, stderr := runCLI("proxy", "--someUnknownFlag", "--root", t.TempDir()+"/missing", "-Z", "value", "sidecar")
+	if code != 2 || strings.Contains(stderr, "unknown flag:") || strings.Contains(stderr, "unknown shorthand") || !strings.Contains(stderr, "--root") {
+		t.Fatalf("proxy --someUnknownFlag: exit %d, stderr %q; want only the --root error", code, stderr)
+	}
+	if !strings.Contains(stderr, "ignoring unknown flags") || !strings.Contains(stderr, "--someUnknownFlag") || !strings.Contains(stderr, "-Z") {
+		t.Fatalf("no warning naming the unknown flags: %q", stderr)
+	}
+	code, out, stderr := runCLI("--someUnknownFlag")
+	if code != 0 || !strings.Contains(stderr, "--someUnknownFlag") || !strings.Contains(out, "Usage:") {
+		t.Fatalf("meshagent --someUnknownFlag: exit %d, stdout %q, stderr %q; want help and a warning", code, out, stderr)
+	}
+	// Other commands are strict, as Istio's are.
+	if code, _, stderr := runCLI("wait", "--bogus"); code != 2 || !strings.Contains(stderr, "unknown flag: --bogus") {
+		t.Fatalf("wait --bogus: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestUnknownFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	fs.String("root", "", "")
+	fs.BoolP("chaos", "c", false, "")
+	fs.Lookup("chaos").NoOptDefVal = "true"
+	fs.StringP("domain", "d", "", "")
+	got := unknownFlags(fs, []string{"proxy", "--root", "--x-looks-like-a-value", "--a", "v", "--b=1", "-c", "-dz", "-q",
+		"sidecar", "--", "--after"})
+	if want := []string{"--a", "--b", "-q"}; !slices.Equal(got, want) {
+		t.Fatalf("unknownFlags = %q, want %q", got, want)
 	}
 }
 

@@ -14,6 +14,17 @@ import (
 // The configuration as a user sees it: flags, variables and the version,
 // on the real binary.
 
+// `proxy --someUnknownFlag` runs, as Istio's pilot-agent does, and says
+// which flag it ignored.
+func TestUnknownFlagIsIgnoredWithAWarning(t *testing.T) {
+	p := startAgent(t, nil, "--someUnknownFlag")
+	p.waitStatus(t, "/healthz/ready", 200)
+	log := p.stderr.String()
+	if !strings.Contains(log, "ignoring unknown flags") || !strings.Contains(log, "--someUnknownFlag") {
+		t.Fatalf("no warning naming --someUnknownFlag:\n%s", log)
+	}
+}
+
 // Envoy's readiness listener is on ENVOY_STATUS_PORT (startAgent picks a
 // free one) and forwards to the agent: kubelet's probe works on it.
 func TestEnvoyStatusPortServesReadiness(t *testing.T) {

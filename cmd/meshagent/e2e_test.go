@@ -260,10 +260,10 @@ func TestAgentAsPID1(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) == "" {
 		t.Fatalf("version as PID 1: %v %q", err, out)
 	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "proxy", "--bogus")
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "proxy", "--concurrency", "x")
 	err = cmd.Run()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
-		t.Fatalf("proxy --bogus as PID 1: %v, want exit 2", err)
+		t.Fatalf("proxy --concurrency x as PID 1: %v, want exit 2", err)
 	}
 }
 

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func main() {
@@ -71,6 +73,15 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		Short:         "Sidecar agent for Envoy-based service meshes (a drop-in for Istio's pilot-agent)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Unknown flags are tolerated on the root command, as Istio's
+		// pilot-agent does (and named in a warning).
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if unknown := unknownFlags(cmd.Flags(), cli.args); len(unknown) > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "meshagent: warning: ignoring unknown flags %s\n", strings.Join(unknown, " "))
+			}
+			return cmd.Help()
+		},
 	}
 	root.SetOut(cli.stdout)
 	root.SetErr(cli.stderr)
@@ -88,4 +99,45 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)
 	return root
+}
+
+// unknownFlags are the flags in args that fs does not define (pflag drops
+// them silently when they are tolerated). A value after an unknown flag is
+// skipped as pflag skips it; everything after "--" is an argument.
+func unknownFlags(fs *pflag.FlagSet, args []string) []string {
+	var unknown []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return unknown
+		case strings.HasPrefix(a, "--"):
+			name, _, hasValue := strings.Cut(a[2:], "=")
+			f := fs.Lookup(name)
+			if f == nil {
+				unknown = append(unknown, "--"+name)
+				if !hasValue && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+					i++
+				}
+			} else if !hasValue && f.NoOptDefVal == "" {
+				i++ // the known flag's value
+			}
+		case strings.HasPrefix(a, "-") && len(a) > 1:
+			shorts := a[1:]
+			for j := 0; j < len(shorts); j++ {
+				f := fs.ShorthandLookup(shorts[j : j+1])
+				if f == nil {
+					unknown = append(unknown, "-"+shorts[j:j+1])
+					break
+				}
+				if f.NoOptDefVal == "" { // takes a value: the rest, or the next argument
+					if j == len(shorts)-1 {
+						i++
+					}
+					break
+				}
+			}
+		}
+	}
+	return unknown
 }

@@ -74,6 +74,10 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "proxy [sidecar|router|waypoint]",
 		Short: "Runs the sidecar agent: the supervision tree around Envoy",
+		// Istio's pilot-agent tolerates unknown flags on proxy (and root):
+		// Istio-generated command lines carry flags of other versions.
+		// They are named in a warning, never silently dropped.
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
 	}
 	s := newSettings(cmd.Flags())
 	bindProxyFlags(s, f)
@@ -81,6 +85,9 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		log, err := newLogger(*logs, cmd.ErrOrStderr())
 		if err != nil { // reported with the other bad values below
 			log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+		}
+		if unknown := unknownFlags(cmd.Flags(), cli.args); len(unknown) > 0 {
+			log.Warn("ignoring unknown flags, as Istio's pilot-agent does", "flags", unknown)
 		}
 		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
 		reg := prometheus.NewRegistry()
