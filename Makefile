@@ -3,13 +3,17 @@ GO        ?= go
 BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
+# The agent's version (`meshagent version`, the bootstrap's ISTIO_VERSION):
+# the nearest tag, else the commit, "-dirty" with uncommitted changes.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
 .PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-identity bench-dns golden chaos clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/meshagent ./cmd/meshagent
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/meshagent ./cmd/meshagent
 
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy

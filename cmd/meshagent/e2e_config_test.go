@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -38,6 +39,26 @@ func TestEnvoyStatusPortServesReadiness(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s = %d, want 200 through Envoy's listener", url, resp.StatusCode)
+	}
+}
+
+// The version the binary is built with (`make build` passes it with
+// -ldflags) is what `version` prints and what Envoy's node metadata says.
+func TestVersionComesFromTheBuild(t *testing.T) {
+	out, err := exec.Command(agentBinary, "version", "-s").Output()
+	if err != nil || strings.TrimSpace(string(out)) != e2eVersion {
+		t.Fatalf("version -s = %q, %v; want %s", out, err, e2eVersion)
+	}
+	p := startAgent(t, nil)
+	p.waitStatus(t, "/healthz/ready", 200)
+	var info struct {
+		Node struct {
+			Metadata map[string]any `json:"metadata"`
+		} `json:"node"`
+	}
+	p.adminJSON(t, "/server_info", &info)
+	if got := info.Node.Metadata["ISTIO_VERSION"]; got != e2eVersion {
+		t.Fatalf("node metadata ISTIO_VERSION = %v, want %s", got, e2eVersion)
 	}
 }
 
@@ -93,5 +114,24 @@ func (p *agentProcess) adminJSON(t *testing.T, path string, v any) {
 	defer resp.Body.Close()
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// `make build` stamps the version from git (the e2e binary above is built
+// the same way): a Makefile build never says "dev".
+func TestMakeBuildStampsTheVersion(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("needs make")
+	}
+	cmd := exec.Command("make", "-n", "build")
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n build: %v\n%s", err, out)
+	}
+	_, after, ok := strings.Cut(string(out), "-X main.buildVersion=")
+	version, _, _ := strings.Cut(after, " ")
+	if !ok || version == "" || version == "dev" || strings.ContainsAny(version, "'\"$") {
+		t.Fatalf("make build does not stamp a version: %s", out)
 	}
 }

@@ -18,6 +18,10 @@ import (
 
 // These tests run the real binary, as a user or kubelet would.
 
+// e2eVersion is the version the agent under test is built with, the way
+// `make build` sets it.
+const e2eVersion = "1.99.0-e2e"
+
 // The binaries the end-to-end tests run: the agent, the Envoy it starts
 // (the stand-in, or MESHAGENT_TEST_ENVOY), and the dev certificate writer.
 var agentBinary, envoyBinary, devcertsBinary string
@@ -37,6 +41,9 @@ func TestMain(m *testing.M) {
 	devcertsBinary = filepath.Join(dir, "devcerts")
 	for bin, pkg := range map[string]string{agentBinary: ".", envoyBinary: "../../testdata/fakeenvoy", devcertsBinary: "../../testdata/devcerts"} {
 		build := exec.Command("go", "build", "-o", bin, pkg)
+		if bin == agentBinary { // as `make build` does
+			build.Args = []string{"go", "build", "-ldflags", "-X main.buildVersion=" + e2eVersion, "-o", bin, pkg}
+		}
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)

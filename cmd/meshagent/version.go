@@ -5,13 +5,22 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
 
-// buildVersion is set by the linker: -ldflags "-X main.buildVersion=1.2.3".
+// buildVersion is set by the linker: `make build` passes
+// -ldflags "-X main.buildVersion=$(git describe --tags --always --dirty)".
+// It is the agent's version and the bootstrap's ISTIO_VERSION metadata.
+// Without it, a `go build` in a git checkout still carries the module
+// version Go stamps from the VCS; only test binaries say "dev".
 var buildVersion = "dev"
+
+// buildRevision is the commit, also set by `make build` (-X
+// main.buildRevision=...), for builds without Go's VCS stamping.
+var buildRevision = ""
 
 type versionInfo struct {
 	Version     string `json:"version"`
@@ -21,8 +30,14 @@ type versionInfo struct {
 }
 
 func currentVersion() versionInfo {
-	v := versionInfo{Version: buildVersion, GoVersion: runtime.Version(), BuildStatus: "Clean"}
+	v := versionInfo{Version: buildVersion, GitRevision: buildRevision, GoVersion: runtime.Version(), BuildStatus: "Clean"}
+	if strings.HasSuffix(v.Version, "-dirty") {
+		v.BuildStatus = "Modified"
+	}
 	if info, ok := debug.ReadBuildInfo(); ok {
+		if v.Version == "dev" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			v.Version = info.Main.Version
+		}
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
