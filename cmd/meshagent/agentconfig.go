@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -195,20 +196,11 @@ func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
 	}
 	for _, a := range addrs {
 		s := a.Addr().String()
-		if a.Addr().IsPrivate() && !containsString(ips, s) {
+		if a.Addr().IsPrivate() && !slices.Contains(ips, s) {
 			ips = append(ips, s)
 		}
 	}
 	return ips
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // statusConfig is the status server on ProxyConfig.statusPort (all
