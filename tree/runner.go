@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/thejerf/suture/v4"
@@ -25,8 +26,8 @@ var ErrUnexpectedReturn = errors.New("service returned without being stopped")
 // runner wraps one service (or subtree) with the restart policy suture lacks:
 // a jittered, growing delay before each restart, reset after a healthy run,
 // panics turned into failures with their stack, chaos kills, and the give-up
-// limit. suture calls Serve again after it returns; everything below the
-// "touched only by Serve" line belongs to that one goroutine at a time.
+// limit. Serve is exclusive (see enter): everything below the "touched only
+// by Serve" line belongs to one goroutine at a time.
 type runner struct {
 	name    string // the service's name, as in logs, metrics, Health
 	path    string // its place in the tree, "xds/dns"
@@ -43,6 +44,15 @@ type runner struct {
 	giveUp func(*GiveUpError)
 	// kill receives chaos requests; buffered so the sender never blocks.
 	kill chan struct{}
+	// stopTimeout is how long the service has to return once cancelled
+	// (its supervisor's timeout, set by the tree once its parent is built),
+	// for the report when it overruns.
+	stopTimeout time.Duration
+
+	// mu guards inServe, which is closed when the run inside Serve returns
+	// (nil: no run).
+	mu      sync.Mutex
+	inServe chan struct{}
 
 	// touched only by Serve
 	rng         *rand.Rand
@@ -66,6 +76,11 @@ func (r *runner) String() string { return r.name }
 // Serve waits out the backoff owed by the previous failure, runs the
 // service, and classifies how it ended.
 func (r *runner) Serve(ctx context.Context) error {
+	leave, err := r.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	if r.nextDelay > 0 {
 		select {
 		case <-r.clock.After(r.nextDelay):
@@ -114,6 +129,63 @@ func (r *runner) Serve(ctx context.Context) error {
 		err = ErrUnexpectedReturn
 	}
 	return r.failed(err, started, panicked)
+}
+
+// enter makes Serve exclusive: a second entry waits until the run inside
+// has returned (or ctx is done). suture abandons a child that overruns its
+// stop timeout, and a subtree rebuilt meanwhile adds the same runner to its
+// fresh supervisor, which calls Serve again at once. Running the service
+// then would break suture's contract (a stopped service is not served
+// again) and give two runs the state below the "touched only by Serve" line.
+// The wait is reported: the service is Failed, named in readiness and in
+// /debug/tree, until its old run returns and the new one starts.
+func (r *runner) enter(ctx context.Context) (leave func(), err error) {
+	reported := false
+	for {
+		r.mu.Lock()
+		prev := r.inServe
+		if prev == nil {
+			done := make(chan struct{})
+			r.inServe = done
+			r.mu.Unlock()
+			if reported {
+				r.log.Info("previous run has returned; running the service again")
+			}
+			return func() {
+				r.mu.Lock()
+				r.inServe = nil
+				r.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		r.mu.Unlock()
+		if !reported {
+			reported = true
+			const why = "previous run has not returned (it ignored cancellation); not running it again until it does"
+			r.reg.update(r.path, func(n *messages.ServiceInfo) { n.State, n.Reason = messages.Failed, why })
+			r.sendHealth(messages.Failed, why)
+			r.log.Error("service asked to run while its previous run is still inside Serve; waiting for it")
+		}
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// stopTimedOut records that the service overran its stop timeout. It runs
+// on a supervisor's goroutine (the event hook): it must not block, and it
+// touches nothing that belongs to Serve.
+func (r *runner) stopTimedOut(supervisor string) {
+	why := fmt.Sprintf("did not stop within %s of being cancelled (it ignores cancellation); its run may still be inside Serve", r.stopTimeout)
+	r.metrics.stopTimeouts.WithLabelValues(r.name).Inc()
+	r.reg.update(r.path, func(n *messages.ServiceInfo) {
+		n.State, n.Reason, n.LastError = messages.Failed, "did not stop", why
+		n.StopTimeouts++
+	})
+	r.sendHealth(messages.Failed, why)
+	r.log.Error("service did not stop in time", "supervisor", supervisor, "stop_timeout", r.stopTimeout)
 }
 
 // failed records a failure, decides whether to give up, and sets the delay
