@@ -4,7 +4,7 @@ BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-identity bench-dns golden chaos clean
+.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns golden chaos clean
 
 all: build
 
@@ -48,14 +48,20 @@ lint:
 bench: bench-tree bench-capture bench-envoy bench-identity bench-dns
 
 bench-tree:
-	$(GO) test -run '^$$' -bench . -benchtime 20000x ./messages ./tree
+	$(GO) test -run '^$$' -bench . -benchtime 20000x ./messages
+	$(GO) test -run '^$$' -bench 'Restart(ThroughRunner|BareSuture)' -benchtime 20000x ./tree
 	$(GO) test -run '^$$' -bench 'AgentExec|ExecEnvoyDirect' -benchtime 20x ./cmd/meshagent
 
 bench-capture:
 	$(GO) test -run '^$$' -bench ApplySidecarRules -benchtime 30x ./services/capture
 
-bench-envoy:
+bench-envoy: bench-restart
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy
+
+# SIGKILL → next Envoy running through the tree, p50 and max over 20 kills,
+# beside a bare os/exec restart.
+bench-restart:
+	$(GO) test -run '^$$' -bench 'KillToNextRunning' -benchtime 20x ./tree
 
 bench-identity:
 	$(GO) test -run '^$$' -bench . -benchtime 100x ./tree/identitye2e ./services/certs
