@@ -344,10 +344,7 @@ func (a *Agent) chaos(service string) {
 		a.log.Warn("chaos: no such service", "service", service)
 		return
 	}
-	select {
-	case r.kill <- struct{}{}:
-	default: // a kill is already pending
-	}
+	r.kill()
 }
 
 func (a *Agent) agentHealth(state messages.HealthState, reason string) {

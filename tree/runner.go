@@ -42,17 +42,17 @@ type runner struct {
 	log     *slog.Logger
 	// giveUp tells the agent to exit; it is called at most once.
 	giveUp func(*GiveUpError)
-	// kill receives chaos requests; buffered so the sender never blocks.
-	kill chan struct{}
 	// stopTimeout is how long the service has to return once cancelled
 	// (its supervisor's timeout, set by the tree once its parent is built),
 	// for the report when it overruns.
 	stopTimeout time.Duration
 
 	// mu guards inServe, which is closed when the run inside Serve returns
-	// (nil: no run).
-	mu      sync.Mutex
-	inServe chan struct{}
+	// (nil: no run), and cancelRun, which ends the service's current run
+	// (nil while the service is not running: in backoff, say).
+	mu        sync.Mutex
+	inServe   chan struct{}
+	cancelRun context.CancelCauseFunc
 
 	// touched only by Serve
 	rng         *rand.Rand
@@ -66,8 +66,7 @@ func newRunner(name, path string, svc suture.Service, p Policy, health *messages
 		name: name, path: path, service: svc, policy: p,
 		clock: env.clock, reg: env.registry, health: health, metrics: env.metrics,
 		log: env.log.With("service", name), giveUp: env.giveUp,
-		kill: make(chan struct{}, 1),
-		rng:  rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
 
@@ -88,21 +87,14 @@ func (r *runner) Serve(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	// A kill sent while the service was down applies to no run.
-	select {
-	case <-r.kill:
-		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
-	default:
-	}
-
 	r.reg.update(r.path, func(n *messages.ServiceInfo) {
 		n.State, n.Reason, n.NextDelay = messages.Starting, "", 0
 	})
 	runCtx, cancel := context.WithCancelCause(ctx)
-	stopKillWatch := r.watchKill(runCtx, cancel)
+	r.setRun(cancel)
 	started := r.clock.Now()
 	err, panicked := r.serveRecovering(runCtx)
-	stopKillWatch()
+	r.setRun(nil)
 	killed := errors.Is(context.Cause(runCtx), ErrChaosKill)
 	cancel(nil)
 
@@ -252,22 +244,26 @@ func (r *runner) serveRecovering(ctx context.Context) (err error, panicked bool)
 	return r.service.Serve(ctx), false
 }
 
-// watchKill cancels the run when a chaos kill arrives. The returned func
-// stops the watcher and waits for it.
-func (r *runner) watchKill(ctx context.Context, cancel context.CancelCauseFunc) func() {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		select {
-		case <-r.kill:
-			r.log.Warn("chaos: killing service")
-			cancel(ErrChaosKill)
-		case <-stop:
-		case <-ctx.Done():
-		}
-	}()
-	return func() { close(stop); <-done }
+// setRun records how to end the service's current run (nil: none).
+func (r *runner) setRun(cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	r.cancelRun = cancel
+	r.mu.Unlock()
+}
+
+// kill makes the service's current run fail with ErrChaosKill
+// (/debug/chaos/kill). A kill while the service is not running (in backoff)
+// applies to no run and is ignored.
+func (r *runner) kill() {
+	r.mu.Lock()
+	cancel := r.cancelRun
+	r.mu.Unlock()
+	if cancel == nil {
+		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
+		return
+	}
+	r.log.Warn("chaos: killing service")
+	cancel(ErrChaosKill)
 }
 
 func (r *runner) sendHealth(state messages.HealthState, reason string) {
