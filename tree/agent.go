@@ -61,6 +61,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Notifier speaks to systemd; nil does nothing.
 	Notifier Notifier
+	// ReleaseStartupMemory: once the agent is first ready, return the
+	// start-up garbage and unmap the code only start-up ran (memory.go).
+	// Build sets it; it is process-wide, so tests leave it off.
+	ReleaseStartupMemory bool
 }
 
 // Agent is a built supervision tree, ready to Run once.
@@ -263,6 +267,9 @@ loop:
 		if readiness.Ready && !notifiedReady {
 			notifiedReady = true
 			a.notify("READY=1")
+			if a.opts.ReleaseStartupMemory {
+				releaseStartupMemory(a.log)
+			}
 		}
 		select {
 		case <-ctx.Done():
