@@ -143,7 +143,7 @@ func addProxyFlags(fl *pflag.FlagSet, f *proxyFlags) {
 	fl.BoolVar(&f.chaos, "chaos", false, "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only (env MESHAGENT_CHAOS=1)")
 	fl.IntVar(&f.envoyRestarts, "envoy-restarts", 5, "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does")
 	fl.DurationVar(&f.envoyRestartWindow, "envoy-restart-window", 5*time.Minute, "Window for --envoy-restarts")
-	fl.DurationVar(&f.restartMaxDelay, "restart-max-delay", 30*time.Second, "Cap of the growing delay before a failed service is restarted (the first restart is within 100ms)")
+	fl.DurationVar(&f.restartMaxDelay, "restart-max-delay", 30*time.Second, "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)")
 }
 
 // parseAgentConfig is the one place where flags, environment and files
