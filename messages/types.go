@@ -203,18 +203,21 @@ type Chaos struct {
 
 // ServiceInfo is one node of the supervision tree as /debug/tree shows it.
 type ServiceInfo struct {
-	Name      string        `json:"name"`
-	Path      string        `json:"path"` // "xds/dns"
-	Kind      string        `json:"kind"` // "service" or "supervisor"
-	State     HealthState   `json:"-"`
-	StateName string        `json:"state"`
-	Reason    string        `json:"reason,omitempty"`
-	Restarts  int           `json:"restarts"`
-	Panics    int           `json:"panics"`
-	Failures  int           `json:"consecutive_failures"`
-	LastError string        `json:"last_error,omitempty"`
-	NextDelay time.Duration `json:"next_delay_ns,omitempty"`
-	Since     time.Time     `json:"since"`
+	Name      string      `json:"name"`
+	Path      string      `json:"path"` // "xds/dns"
+	Kind      string      `json:"kind"` // "service" or "supervisor"
+	State     HealthState `json:"-"`
+	StateName string      `json:"state"`
+	Reason    string      `json:"reason,omitempty"`
+	Restarts  int         `json:"restarts"`
+	Panics    int         `json:"panics"`
+	// StopTimeouts counts the times the service overran its stop timeout
+	// (it ignored cancellation); its old run may still be inside Serve.
+	StopTimeouts int           `json:"stop_timeouts,omitempty"`
+	Failures     int           `json:"consecutive_failures"`
+	LastError    string        `json:"last_error,omitempty"`
+	NextDelay    time.Duration `json:"next_delay_ns,omitempty"`
+	Since        time.Time     `json:"since"`
 }
 
 // TreeState is the whole tree, in depth-first order. From tree to status,

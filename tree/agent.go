@@ -52,13 +52,19 @@ type Options struct {
 	Clock         messages.Clock
 	DefaultPolicy *Policy
 	// StopTimeout bounds how long one service may take to stop once
-	// cancelled (suture's Timeout); default 10s.
+	// cancelled (suture's Timeout); default 10s. A service that overruns
+	// it is reported and abandoned, and not run again until its old Serve
+	// returns; a group's parent waits groupStopMargin longer than the group.
 	StopTimeout time.Duration
 	// DrainTimeout bounds how long a graceful shutdown waits for Envoy to
 	// drain and stop before stopping the rest; default 1m.
 	DrainTimeout time.Duration
 	// Notifier speaks to systemd; nil does nothing.
 	Notifier Notifier
+	// ReleaseStartupMemory: once the agent is first ready, return the
+	// start-up garbage and unmap the code only start-up ran (memory.go).
+	// Build sets it; it is process-wide, so tests leave it off.
+	ReleaseStartupMemory bool
 }
 
 // Agent is a built supervision tree, ready to Run once.
@@ -127,52 +133,78 @@ func New(ch *Channels, nodes []Node, reg prometheus.Registerer, log *slog.Logger
 		},
 	}
 	spec := suture.Spec{
-		EventHook: eventHook(log, a.reporterOf, m),
+		EventHook: eventHook(log, a.runnerOf, m),
 		// Restart pacing is the runners' job: keep suture's own
 		// supervisor-wide backoff out of the way.
 		FailureThreshold:         1e9,
 		FailureDecay:             1,
-		Timeout:                  opts.StopTimeout,
 		DontPropagateTermination: true,
 	}
-	a.root = suture.New("meshagent", spec)
+	var children []*runner
+	height := 0
 	for _, n := range nodes {
-		r, err := a.build(n, "", env, spec)
+		r, h, err := a.build(n, "", env, spec)
 		if err != nil {
 			return nil, err
 		}
+		children = append(children, r)
+		height = max(height, h)
+	}
+	a.root = suture.New("meshagent", a.supervisorSpec(spec, height, children))
+	for _, r := range children {
 		a.root.Add(r)
 	}
 	return a, nil
 }
 
-func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) (*runner, error) {
+// groupStopMargin is how much longer a supervisor waits for a group to stop
+// than the group waits for its own children. When a service ignores
+// cancellation, its own supervisor's timeout fires first, so the report
+// (log, meshagent_service_stop_timeouts_total, /debug/tree) names the
+// service that hung rather than every group around it. Shutdown is bounded
+// by the root's timeout: StopTimeout plus this margin per level of groups.
+const groupStopMargin = time.Second
+
+// supervisorSpec is the spec of a supervisor whose tallest child has the
+// given height (0: only services), and tells each child its stop timeout.
+func (a *Agent) supervisorSpec(spec suture.Spec, height int, children []*runner) suture.Spec {
+	spec.Timeout = a.opts.StopTimeout + time.Duration(height)*groupStopMargin
+	for _, r := range children {
+		r.stopTimeout = spec.Timeout
+	}
+	return spec
+}
+
+// build makes the runner of node n (and of its children) and returns it
+// with the node's height: 0 for a service, 1 + its tallest child's for a
+// group.
+func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) (*runner, int, error) {
 	if n.Service != nil {
 		name := n.Service.String()
 		switch {
 		case n.Name != "" && n.Name != name:
-			return nil, fmt.Errorf("tree node %q holds service %q: a service's node is named by its String()", n.Name, name)
+			return nil, 0, fmt.Errorf("tree node %q holds service %q: a service's node is named by its String()", n.Name, name)
 		case n.Health != nil && n.Health.Name() != name:
 			// Readiness would wait forever for a name nobody reports.
-			return nil, fmt.Errorf("service %q reports its health as %q", name, n.Health.Name())
+			return nil, 0, fmt.Errorf("service %q reports its health as %q", name, n.Health.Name())
 		}
 		n.Name = name
 	}
 	if n.Name == "" {
-		return nil, errors.New("tree node without a name")
+		return nil, 0, errors.New("tree node without a name")
 	}
 	if _, dup := a.runners[n.Name]; dup || n.Name == AgentService {
-		return nil, fmt.Errorf("tree node name %q is used twice", n.Name)
+		return nil, 0, fmt.Errorf("tree node name %q is used twice", n.Name)
 	}
 	if (n.Service == nil) == (len(n.Children) == 0) {
-		return nil, fmt.Errorf("tree node %q must have either a service or children", n.Name)
+		return nil, 0, fmt.Errorf("tree node %q must have either a service or children", n.Name)
 	}
 	policy := *a.opts.DefaultPolicy
 	if n.Policy != nil {
 		policy = *n.Policy
 	}
 	if err := policy.Validate(); err != nil {
-		return nil, fmt.Errorf("restart policy of %s: %w", n.Name, err)
+		return nil, 0, fmt.Errorf("restart policy of %s: %w", n.Name, err)
 	}
 	path := n.Name
 	if parent != "" {
@@ -184,16 +216,19 @@ func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) 
 	}
 	env.registry.add(path, n.Name, kind)
 
-	svc := n.Service
+	svc, height := n.Service, 0
 	if svc == nil {
-		st := &subtree{name: n.Name, spec: spec, restartWhen: n.RestartWhen}
+		st := &subtree{name: n.Name, restartWhen: n.RestartWhen}
 		for _, c := range n.Children {
-			cr, err := a.build(c, path, env, spec)
+			cr, h, err := a.build(c, path, env, spec)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			st.children = append(st.children, cr)
+			height = max(height, h)
 		}
+		st.spec = a.supervisorSpec(spec, height, st.children)
+		height++
 		svc = st
 	}
 	health := n.Health
@@ -205,7 +240,7 @@ func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) 
 	if n.Name == EnvoyService {
 		a.hasEnvoy = true
 	}
-	return r, nil
+	return r, height, nil
 }
 
 // Run serves the tree until ctx is done, a Shutdown arrives, or a service
@@ -232,6 +267,9 @@ loop:
 		if readiness.Ready && !notifiedReady {
 			notifiedReady = true
 			a.notify("READY=1")
+			if a.opts.ReleaseStartupMemory {
+				releaseStartupMemory(a.log)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -313,24 +351,18 @@ func (a *Agent) chaos(service string) {
 		a.log.Warn("chaos: no such service", "service", service)
 		return
 	}
-	select {
-	case r.kill <- struct{}{}:
-	default: // a kill is already pending
-	}
+	r.kill()
 }
 
 func (a *Agent) agentHealth(state messages.HealthState, reason string) {
 	a.health.Report(state, reason)
 }
 
-// reporterOf is the reporter of the service named name (nil if none): the
+// runnerOf is the runner of the service named name (nil if none): the
 // event hook reports a service that overran its stop timeout through it.
 // The runners map is complete before the tree runs and never changes after.
-func (a *Agent) reporterOf(name string) *messages.Reporter {
-	if r, ok := a.runners[name]; ok {
-		return r.health
-	}
-	return nil
+func (a *Agent) runnerOf(name string) *runner {
+	return a.runners[name]
 }
 
 func (a *Agent) notify(state string) {

@@ -25,7 +25,7 @@ func (s *signallingService) Serve(context.Context) error {
 // service directly. Their ratio is the runner's overhead per restart.
 func BenchmarkRestartThroughRunner(b *testing.B) {
 	svc := &signallingService{started: make(chan struct{})}
-	p := Policy{FirstDelay: 0, MaxDelay: 0, Multiplier: 1, HealthyAfter: 1 << 62}
+	p := Policy{BaseDelay: 0, MaxDelay: 0, Multiplier: 1, HealthyAfter: 1 << 62}
 	a, err := New(NewChannels(nil), []Node{{Name: "bench", Service: svc, Policy: &p}}, prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	if err != nil {

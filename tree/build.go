@@ -88,6 +88,7 @@ func (c Config) Validate() error {
 // Build makes the channels and the services from cfg and assembles the
 // tree. It is the only place that calls the services' constructors.
 func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Notifier) (*Agent, *Channels, error) {
+	setSidecarGC(log)
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
@@ -186,6 +187,8 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		StopTimeout:   cfg.StopTimeout,
 		DrainTimeout:  cfg.DrainTimeout,
 		Notifier:      notifier,
+		// The agent process is this tree's: give back what start-up held.
+		ReleaseStartupMemory: true,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("building the supervision tree: %w", err)

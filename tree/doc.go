@@ -4,7 +4,7 @@
 // restarts a failed service at once and only backs off a whole supervisor.
 // This package adds what a sidecar agent needs on top:
 //
-//   - a backoff runner around every service: the first restart fast, then
+//   - a backoff runner around every service: the first restart at once, then
 //     growing with jitter to a cap, reset after a period of health, and an
 //     optional give-up limit after which the whole agent exits non-zero;
 //   - subtrees that are rebuilt from scratch (a stopped suture supervisor

@@ -4,8 +4,6 @@ import (
 	"log/slog"
 
 	"github.com/thejerf/suture/v4"
-
-	"github.com/meshagent/meshagent/messages"
 )
 
 // eventHook turns suture's events into log lines, counters and Health. It
@@ -15,13 +13,17 @@ import (
 // Failures and panics of our own services are already reported by their
 // runners (which know the attempt and the next delay); what reaches here
 // are the supervisor-level events.
-func eventHook(log *slog.Logger, reporterOf func(name string) *messages.Reporter, m *metrics) suture.EventHook {
+func eventHook(log *slog.Logger, runnerOf func(name string) *runner, m *metrics) suture.EventHook {
 	return func(e suture.Event) {
 		switch ev := e.(type) {
 		case suture.EventStopTimeout:
-			log.Warn("service did not stop in time", "supervisor", ev.SupervisorName, "service", ev.ServiceName)
-			if r := reporterOf(ev.ServiceName); r != nil {
-				r.Report(messages.Failed, "did not stop within the supervisor's timeout")
+			// Every child of our supervisors is a runner: it counts the
+			// overrun, shows it in /debug/tree and Health, and keeps the
+			// service from being run again before the old run returns.
+			if r := runnerOf(ev.ServiceName); r != nil {
+				r.stopTimedOut(ev.SupervisorName)
+			} else {
+				log.Error("service did not stop in time", "supervisor", ev.SupervisorName, "service", ev.ServiceName)
 			}
 		case suture.EventServicePanic:
 			// Only a panic outside a runner (in the tree itself) gets here.

@@ -7,7 +7,9 @@ type metrics struct {
 	restarts *prometheus.CounterVec
 	panics   *prometheus.CounterVec
 	giveUps  *prometheus.CounterVec
-	dropped  prometheus.CounterFunc
+	// stopTimeouts counts services that overran their stop timeout.
+	stopTimeouts *prometheus.CounterVec
+	dropped      prometheus.CounterFunc
 }
 
 // newMetrics registers the tree's counters. healthDropped reports how many
@@ -26,12 +28,16 @@ func newMetrics(reg prometheus.Registerer, healthDropped func() uint64) (*metric
 			Name: "meshagent_service_give_ups_total",
 			Help: "Services that failed more often than their restart limit allows.",
 		}, []string{"service"}),
+		stopTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_service_stop_timeouts_total",
+			Help: "Times a service did not return within its stop timeout once cancelled (it ignores cancellation).",
+		}, []string{"service"}),
 		dropped: prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "meshagent_health_events_dropped_total",
 			Help: "Health events dropped because the status server fell behind.",
 		}, func() float64 { return float64(healthDropped()) }),
 	}
-	for _, c := range []prometheus.Collector{m.restarts, m.panics, m.giveUps, m.dropped} {
+	for _, c := range []prometheus.Collector{m.restarts, m.panics, m.giveUps, m.stopTimeouts, m.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

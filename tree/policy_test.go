@@ -6,13 +6,18 @@ import (
 	"time"
 )
 
-func TestPolicyDelayGrowsWithJitterToCap(t *testing.T) {
+// The first restart after a healthy run is immediate; from the second
+// consecutive failure the delay grows from BaseDelay, with jitter, to the cap.
+func TestPolicyDelayImmediateThenGrowsWithJitterToCap(t *testing.T) {
 	p := DefaultPolicy()
 	rng := rand.New(rand.NewPCG(1, 2))
+	if d := p.delay(1, rng); d != 0 {
+		t.Fatalf("first restart delay %s, want 0 (immediate)", d)
+	}
 	prevMax := time.Duration(0)
-	for attempt := 1; attempt <= 20; attempt++ {
-		full := p.FirstDelay
-		for i := 1; i < attempt && full < p.MaxDelay; i++ {
+	for attempt := 2; attempt <= 20; attempt++ {
+		full := p.BaseDelay
+		for i := 2; i < attempt && full < p.MaxDelay; i++ {
 			full *= 2
 		}
 		if full > p.MaxDelay {
@@ -32,18 +37,18 @@ func TestPolicyDelayGrowsWithJitterToCap(t *testing.T) {
 	if prevMax != p.MaxDelay {
 		t.Fatalf("ceiling after 20 attempts = %s, want the cap %s", prevMax, p.MaxDelay)
 	}
-	if d := p.delay(1, rng); d > 100*time.Millisecond {
-		t.Fatalf("first restart delay %s, want at most 100ms", d)
+	if d := p.delay(2, rng); d < p.BaseDelay/2 || d > p.BaseDelay {
+		t.Fatalf("second restart delay %s, want within [%s, %s]", d, p.BaseDelay/2, p.BaseDelay)
 	}
 }
 
 func TestPolicyValidate(t *testing.T) {
 	bad := []Policy{
-		{FirstDelay: -1, MaxDelay: 1, Multiplier: 2},
-		{FirstDelay: 2, MaxDelay: 1, Multiplier: 2},
-		{FirstDelay: 1, MaxDelay: 2, Multiplier: 0.5},
-		{FirstDelay: 1, MaxDelay: 2, Multiplier: 2, GiveUp: &GiveUp{Restarts: -1, Window: time.Second}},
-		{FirstDelay: 1, MaxDelay: 2, Multiplier: 2, GiveUp: &GiveUp{Restarts: 1}},
+		{BaseDelay: -1, MaxDelay: 1, Multiplier: 2},
+		{BaseDelay: 2, MaxDelay: 1, Multiplier: 2},
+		{BaseDelay: 1, MaxDelay: 2, Multiplier: 0.5},
+		{BaseDelay: 1, MaxDelay: 2, Multiplier: 2, GiveUp: &GiveUp{Restarts: -1, Window: time.Second}},
+		{BaseDelay: 1, MaxDelay: 2, Multiplier: 2, GiveUp: &GiveUp{Restarts: 1}},
 	}
 	for i, p := range bad {
 		if p.Validate() == nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/thejerf/suture/v4"
@@ -25,8 +26,8 @@ var ErrUnexpectedReturn = errors.New("service returned without being stopped")
 // runner wraps one service (or subtree) with the restart policy suture lacks:
 // a jittered, growing delay before each restart, reset after a healthy run,
 // panics turned into failures with their stack, chaos kills, and the give-up
-// limit. suture calls Serve again after it returns; everything below the
-// "touched only by Serve" line belongs to that one goroutine at a time.
+// limit. Serve is exclusive (see enter): everything below the "touched only
+// by Serve" line belongs to one goroutine at a time.
 type runner struct {
 	name    string // the service's name, as in logs, metrics, Health
 	path    string // its place in the tree, "xds/dns"
@@ -41,8 +42,17 @@ type runner struct {
 	log     *slog.Logger
 	// giveUp tells the agent to exit; it is called at most once.
 	giveUp func(*GiveUpError)
-	// kill receives chaos requests; buffered so the sender never blocks.
-	kill chan struct{}
+	// stopTimeout is how long the service has to return once cancelled
+	// (its supervisor's timeout, set by the tree once its parent is built),
+	// for the report when it overruns.
+	stopTimeout time.Duration
+
+	// mu guards inServe, which is closed when the run inside Serve returns
+	// (nil: no run), and cancelRun, which ends the service's current run
+	// (nil while the service is not running: in backoff, say).
+	mu        sync.Mutex
+	inServe   chan struct{}
+	cancelRun context.CancelCauseFunc
 
 	// touched only by Serve
 	rng         *rand.Rand
@@ -56,8 +66,7 @@ func newRunner(name, path string, svc suture.Service, p Policy, health *messages
 		name: name, path: path, service: svc, policy: p,
 		clock: env.clock, reg: env.registry, health: health, metrics: env.metrics,
 		log: env.log.With("service", name), giveUp: env.giveUp,
-		kill: make(chan struct{}, 1),
-		rng:  rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
 
@@ -66,6 +75,11 @@ func (r *runner) String() string { return r.name }
 // Serve waits out the backoff owed by the previous failure, runs the
 // service, and classifies how it ended.
 func (r *runner) Serve(ctx context.Context) error {
+	leave, err := r.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	if r.nextDelay > 0 {
 		select {
 		case <-r.clock.After(r.nextDelay):
@@ -73,21 +87,14 @@ func (r *runner) Serve(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	// A kill sent while the service was down applies to no run.
-	select {
-	case <-r.kill:
-		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
-	default:
-	}
-
 	r.reg.update(r.path, func(n *messages.ServiceInfo) {
 		n.State, n.Reason, n.NextDelay = messages.Starting, "", 0
 	})
 	runCtx, cancel := context.WithCancelCause(ctx)
-	stopKillWatch := r.watchKill(runCtx, cancel)
+	r.setRun(cancel)
 	started := r.clock.Now()
 	err, panicked := r.serveRecovering(runCtx)
-	stopKillWatch()
+	r.setRun(nil)
 	killed := errors.Is(context.Cause(runCtx), ErrChaosKill)
 	cancel(nil)
 
@@ -114,6 +121,63 @@ func (r *runner) Serve(ctx context.Context) error {
 		err = ErrUnexpectedReturn
 	}
 	return r.failed(err, started, panicked)
+}
+
+// enter makes Serve exclusive: a second entry waits until the run inside
+// has returned (or ctx is done). suture abandons a child that overruns its
+// stop timeout, and a subtree rebuilt meanwhile adds the same runner to its
+// fresh supervisor, which calls Serve again at once. Running the service
+// then would break suture's contract (a stopped service is not served
+// again) and give two runs the state below the "touched only by Serve" line.
+// The wait is reported: the service is Failed, named in readiness and in
+// /debug/tree, until its old run returns and the new one starts.
+func (r *runner) enter(ctx context.Context) (leave func(), err error) {
+	reported := false
+	for {
+		r.mu.Lock()
+		prev := r.inServe
+		if prev == nil {
+			done := make(chan struct{})
+			r.inServe = done
+			r.mu.Unlock()
+			if reported {
+				r.log.Info("previous run has returned; running the service again")
+			}
+			return func() {
+				r.mu.Lock()
+				r.inServe = nil
+				r.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		r.mu.Unlock()
+		if !reported {
+			reported = true
+			const why = "previous run has not returned (it ignored cancellation); not running it again until it does"
+			r.reg.update(r.path, func(n *messages.ServiceInfo) { n.State, n.Reason = messages.Failed, why })
+			r.sendHealth(messages.Failed, why)
+			r.log.Error("service asked to run while its previous run is still inside Serve; waiting for it")
+		}
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// stopTimedOut records that the service overran its stop timeout. It runs
+// on a supervisor's goroutine (the event hook): it must not block, and it
+// touches nothing that belongs to Serve.
+func (r *runner) stopTimedOut(supervisor string) {
+	why := fmt.Sprintf("did not stop within %s of being cancelled (it ignores cancellation); its run may still be inside Serve", r.stopTimeout)
+	r.metrics.stopTimeouts.WithLabelValues(r.name).Inc()
+	r.reg.update(r.path, func(n *messages.ServiceInfo) {
+		n.State, n.Reason, n.LastError = messages.Failed, "did not stop", why
+		n.StopTimeouts++
+	})
+	r.sendHealth(messages.Failed, why)
+	r.log.Error("service did not stop in time", "supervisor", supervisor, "stop_timeout", r.stopTimeout)
 }
 
 // failed records a failure, decides whether to give up, and sets the delay
@@ -180,22 +244,26 @@ func (r *runner) serveRecovering(ctx context.Context) (err error, panicked bool)
 	return r.service.Serve(ctx), false
 }
 
-// watchKill cancels the run when a chaos kill arrives. The returned func
-// stops the watcher and waits for it.
-func (r *runner) watchKill(ctx context.Context, cancel context.CancelCauseFunc) func() {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		select {
-		case <-r.kill:
-			r.log.Warn("chaos: killing service")
-			cancel(ErrChaosKill)
-		case <-stop:
-		case <-ctx.Done():
-		}
-	}()
-	return func() { close(stop); <-done }
+// setRun records how to end the service's current run (nil: none).
+func (r *runner) setRun(cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	r.cancelRun = cancel
+	r.mu.Unlock()
+}
+
+// kill makes the service's current run fail with ErrChaosKill
+// (/debug/chaos/kill). A kill while the service is not running (in backoff)
+// applies to no run and is ignored.
+func (r *runner) kill() {
+	r.mu.Lock()
+	cancel := r.cancelRun
+	r.mu.Unlock()
+	if cancel == nil {
+		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
+		return
+	}
+	r.log.Warn("chaos: killing service")
+	cancel(ErrChaosKill)
 }
 
 func (r *runner) sendHealth(state messages.HealthState, reason string) {

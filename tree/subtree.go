@@ -14,6 +14,11 @@ import (
 // cannot be served again, and a rebuild is how the whole group restarts
 // (the xds subtree when the trust roots change). Its children are runners,
 // so their backoff state survives the rebuild.
+//
+// A rebuild does not wait for a child that overran its stop timeout (suture
+// has reported and abandoned it): that child's runner refuses to run it
+// again until its old Serve returns (runner.enter), and its siblings come
+// back at once instead of staying down behind it.
 type subtree struct {
 	name     string
 	children []*runner

@@ -72,7 +72,7 @@ var errFake = errors.New("fake failure")
 
 // fastPolicy restarts almost at once, so tests do not wait on backoff.
 func fastPolicy() *Policy {
-	return &Policy{FirstDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, Multiplier: 2, HealthyAfter: time.Hour}
+	return &Policy{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, Multiplier: 2, HealthyAfter: time.Hour}
 }
 
 // harness is a tree with a status server on a free loopback port.

@@ -308,7 +308,7 @@ func TestNewRejectsBadTrees(t *testing.T) {
 		"misreports": {{Service: svc, Health: messages.NewReporter("b", messages.NewStream[messages.Health](0, nil), nil)}},
 		"empty":      {{Name: "g"}},
 		"reserved":   {{Name: "agent", Service: svc}},
-		"bad policy": {{Name: "a", Service: svc, Policy: &Policy{FirstDelay: time.Second, MaxDelay: time.Millisecond, Multiplier: 2}}},
+		"bad policy": {{Name: "a", Service: svc, Policy: &Policy{BaseDelay: time.Second, MaxDelay: time.Millisecond, Multiplier: 2}}},
 	}
 	for name, nodes := range cases {
 		if _, err := New(NewChannels(nil), nodes, prometheus.NewRegistry(), testLogger(t), Options{}); err == nil {

@@ -66,7 +66,7 @@ func bindProxyFlags(s *settings, f *proxyFlags) {
 	flagVar(s, &f.chaos, false, parseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
 	flagVar(s, &f.envoyRestarts, 5, parseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
 	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, parseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
-	flagVar(s, &f.restartMaxDelay, 30*time.Second, parseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first restart is within 100ms)"})
+	flagVar(s, &f.restartMaxDelay, 30*time.Second, parseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
 }
 
 func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {

@@ -1,0 +1,138 @@
+package tree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// skewClock is the real clock moved forward by Skip, and records every
+// delay asked of After (which then fires at once): the test sees exactly
+// which waits the runner chose, without waiting them out.
+type skewClock struct {
+	offset atomic.Int64
+	mu     sync.Mutex
+	waits  []time.Duration
+}
+
+func (c *skewClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+func (c *skewClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	c.waits = append(c.waits, d)
+	c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	ch <- c.Now()
+	return ch
+}
+
+func (c *skewClock) Skip(d time.Duration) { c.offset.Add(int64(d)) }
+
+func (c *skewClock) Waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
+}
+
+// scriptedFailures fails every run; its third run first lasts past the
+// policy's healthy period (on the skewed clock).
+type scriptedFailures struct {
+	clock   *skewClock
+	healthy time.Duration
+	runs    atomic.Int32
+}
+
+func (s *scriptedFailures) String() string { return "envoy" }
+func (s *scriptedFailures) Serve(context.Context) error {
+	n := s.runs.Add(1)
+	if n == 3 {
+		s.clock.Skip(s.healthy + time.Second)
+	}
+	return fmt.Errorf("run %d: %w", n, errFake)
+}
+
+// The first failure after a healthy run restarts at once; a crash loop is
+// still paced: the second consecutive failure waits (half to all of
+// BaseDelay), and so on. Five runs: fail, fail, healthy then fail, fail,
+// then the give-up limit.
+func TestFirstRestartImmediateThenPaced(t *testing.T) {
+	clock := &skewClock{}
+	p := DefaultPolicy()
+	p.GiveUp = &GiveUp{Restarts: 4, Window: time.Hour}
+	svc := &scriptedFailures{clock: clock, healthy: p.HealthyAfter}
+	a, err := New(NewChannels(nil), []Node{{Service: svc, Policy: &p}}, prometheus.NewRegistry(), testLogger(t), Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gu *GiveUpError
+	if err := a.Run(context.Background()); !errors.As(err, &gu) || svc.runs.Load() != 5 {
+		t.Fatalf("Run = %v after %d runs; want a give-up after 5", err, svc.runs.Load())
+	}
+	// Runs 1 and 3 (the first failures after start and after a healthy
+	// run) restarted without a wait; runs 2 and 4 waited.
+	waits := clock.Waits()
+	if len(waits) != 2 {
+		t.Fatalf("the runner waited %v; want exactly two waits (after the 2nd and 4th failures)", waits)
+	}
+	for _, d := range waits {
+		if d < p.BaseDelay/2 || d > p.BaseDelay {
+			t.Fatalf("waits %v; each must be within [%s, %s]", waits, p.BaseDelay/2, p.BaseDelay)
+		}
+	}
+}
+
+// A second Serve of the same runner waits for the first to return, and
+// gives up when its own context ends without ever running the service.
+func TestRunnerServeIsExclusive(t *testing.T) {
+	ch := NewChannels(nil)
+	stuck := newStubborn("stuck", ch.Health)
+	defer stuck.unstick()
+	a, err := New(ch, []Node{{Service: stuck}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := a.runners["stuck"]
+	first := make(chan error, 1)
+	firstCtx, cancelFirst := context.WithCancel(context.Background())
+	go func() { first <- r.Serve(firstCtx) }()
+	eventually(t, "the first run is inside Serve", func() bool { return stuck.active.Load() == 1 })
+	cancelFirst() // ignored by the service
+
+	secondCtx, cancelSecond := context.WithCancel(context.Background())
+	second := make(chan error, 1)
+	go func() { second <- r.Serve(secondCtx) }()
+	eventually(t, "the second entry is refused and reported", func() bool {
+		h, ok := r.health.Last()
+		return ok && h.State == messages.Failed
+	})
+	cancelSecond()
+	if err := <-second; !errors.Is(err, context.Canceled) {
+		t.Fatalf("second Serve = %v, want context.Canceled", err)
+	}
+	if got := stuck.runs.Load(); got != 1 {
+		t.Fatalf("the service ran %d times; the second Serve must not run it", got)
+	}
+
+	third := make(chan error, 1)
+	thirdCtx, cancelThird := context.WithCancel(context.Background())
+	defer cancelThird()
+	go func() { third <- r.Serve(thirdCtx) }()
+	stuck.unstick()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first Serve = %v", err)
+	}
+	eventually(t, "the third Serve runs the service once the first returned", func() bool { return stuck.runs.Load() == 2 })
+	if got := stuck.maxActive.Load(); got != 1 {
+		t.Fatalf("%d runs at once", got)
+	}
+	cancelThird()
+	<-third
+}
