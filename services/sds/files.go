@@ -15,6 +15,32 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
+// filesOf is the files to watch for a file secret: the ones it names, or for
+// the OS trust store the one in use (all candidates while none exists).
+func filesOf(r resource, systemRoots []string) []string {
+	switch r.kind {
+	case kindFileCert:
+		return []string{r.certPath, r.keyPath}
+	case kindFileRoots:
+		return []string{r.rootPath}
+	case kindSystemRoots:
+		if p := firstExisting(systemRoots); p != "" {
+			return []string{p}
+		}
+		return systemRoots
+	}
+	return nil
+}
+
+func firstExisting(paths []string) string {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
 // readFileSecret reads the files a file secret names and builds it, checked
 // as Istio's secret cache checks it (secretcache.go generateFileSecret):
 //
@@ -25,54 +51,49 @@ import (
 //   - file-root:system: the same, from the first OS trust store in
 //     systemRoots that exists (security.GetOSRootFilePath).
 //
-// files is what to watch for the secret, read or not. The error is a gRPC
-// status naming the secret and the file: NotFound for a missing file,
-// FailedPrecondition for one that cannot be used.
-func readFileSecret(r resource, systemRoots []string) (secret *anypb.Any, version string, files []string, err error) {
+// The error is a gRPC status naming the secret and the file: NotFound for a
+// missing file, FailedPrecondition for one that cannot be used.
+func readFileSecret(r resource, systemRoots []string) (secret *anypb.Any, version string, err error) {
 	switch r.kind {
 	case kindFileCert:
-		files = []string{r.certPath, r.keyPath}
 		chain, err := readFile(r.name, r.certPath)
 		if err != nil {
-			return nil, "", files, err
+			return nil, "", err
 		}
 		key, err := readFile(r.name, r.keyPath)
 		if err != nil {
-			return nil, "", files, err
+			return nil, "", err
 		}
 		if _, err := tls.X509KeyPair(chain, key); err != nil {
 			// crypto/tls's errors describe the PEM structure, never the key.
-			return nil, "", files, status.Errorf(codes.FailedPrecondition, "secret %q: certificate %s and key %s are not a key pair: %v",
+			return nil, "", status.Errorf(codes.FailedPrecondition, "secret %q: certificate %s and key %s are not a key pair: %v",
 				r.name, r.certPath, r.keyPath, err)
 		}
 		secret, err = tlsCertificateSecret(r.name, chain, key)
-		return secret, contentVersion(chain, key), files, err
+		return secret, contentVersion(chain, key), err
 	case kindFileRoots:
 		return readRootsSecret(r.name, r.rootPath)
 	case kindSystemRoots:
-		for _, p := range systemRoots {
-			if _, err := os.Stat(p); err == nil {
-				return readRootsSecret(r.name, p)
-			}
+		if p := firstExisting(systemRoots); p != "" {
+			return readRootsSecret(r.name, p)
 		}
-		return nil, "", systemRoots, status.Errorf(codes.NotFound, "secret %q: no OS trust store: none of %s exists",
+		return nil, "", status.Errorf(codes.NotFound, "secret %q: no OS trust store: none of %s exists",
 			r.name, strings.Join(systemRoots, ", "))
 	}
-	return nil, "", nil, status.Errorf(codes.Internal, "secret %q is not read from files", r.name)
+	return nil, "", status.Errorf(codes.Internal, "secret %q is not read from files", r.name)
 }
 
-func readRootsSecret(name, path string) (*anypb.Any, string, []string, error) {
-	files := []string{path}
+func readRootsSecret(name, path string) (*anypb.Any, string, error) {
 	data, err := readFile(name, path)
 	if err != nil {
-		return nil, "", files, err
+		return nil, "", err
 	}
 	roots, errs := parseRootCerts(data)
 	if len(roots) == 0 {
-		return nil, "", files, status.Errorf(codes.FailedPrecondition, "secret %q: no usable CA certificate in %s: %v", name, path, errors.Join(errs...))
+		return nil, "", status.Errorf(codes.FailedPrecondition, "secret %q: no usable CA certificate in %s: %v", name, path, errors.Join(errs...))
 	}
 	secret, err := validationSecret(name, roots, nil)
-	return secret, contentVersion(roots), files, err
+	return secret, contentVersion(roots), err
 }
 
 func readFile(name, path string) ([]byte, error) {

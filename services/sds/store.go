@@ -232,10 +232,11 @@ func (st *store) reload(dirty map[string]bool, watch *dirWatch) {
 // readCRL (re)reads the CRL file and moves its watches like readFile.
 func (st *store) readCRL(watch *dirWatch) {
 	prev := st.crl
-	st.crl = readCRL(st.cfg.CRLFile, prev)
-	st.crl.dirs = dirsOf(st.cfg.CRLFile)
-	watch.add(st.crl.dirs...)
+	dirs := dirsOf(st.cfg.CRLFile)
+	watch.add(dirs...) // before the read, as readFile does
 	watch.remove(prev.dirs...)
+	st.crl = readCRL(st.cfg.CRLFile, prev)
+	st.crl.dirs = dirs
 	switch {
 	case st.crl.err != nil && (prev.err == nil || prev.err.Error() != st.crl.err.Error()):
 		st.log.Warn("cannot use the CA's CRL file", "file", st.cfg.CRLFile, "error", st.crl.err)
@@ -244,15 +245,16 @@ func (st *store) readCRL(watch *dirWatch) {
 	}
 }
 
-// readFile (re)reads a file secret, keeps its last good secret on failure,
-// and moves its watches to where its files now are (a symlink's target may
-// have moved).
+// readFile (re)reads a file secret and keeps its last good secret on
+// failure. Its directories are watched before the read, so that a change
+// right after it is seen, and follow where its files now are (a symlink's
+// target may have moved).
 func (st *store) readFile(f *fileSecret, watch *dirWatch) {
-	secret, version, files, err := readFileSecret(f.res, st.cfg.SystemRootFiles)
-	dirs := dirsOf(files...)
+	dirs := dirsOf(filesOf(f.res, st.cfg.SystemRootFiles)...)
 	watch.add(dirs...)
 	watch.remove(f.dirs...)
 	f.dirs = dirs
+	secret, version, err := readFileSecret(f.res, st.cfg.SystemRootFiles)
 	if err != nil {
 		if f.state.err == nil || f.state.err.Error() != err.Error() {
 			st.log.Warn("cannot serve secret from file", "name", f.res.name, "error", err)
@@ -260,7 +262,7 @@ func (st *store) readFile(f *fileSecret, watch *dirWatch) {
 		f.state.err = err
 	} else {
 		if version != f.state.version {
-			st.log.Info("read secret from file", "name", f.res.name, "files", files, "version", version)
+			st.log.Info("read secret from file", "name", f.res.name, "version", version)
 		}
 		f.state = secretState{secret: secret, version: version}
 	}
