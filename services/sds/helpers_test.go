@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -318,6 +319,15 @@ func decode(t *testing.T, r *discoveryv3.DiscoveryResponse) map[string]*tlsv3.Se
 		out[s.Name] = s
 	}
 	return out
+}
+
+func decodeAny(t *testing.T, a *anypb.Any) *tlsv3.Secret {
+	t.Helper()
+	s := &tlsv3.Secret{}
+	if err := a.UnmarshalTo(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // resourceErrors are a response's errors by resource name.

@@ -20,20 +20,25 @@ func TestHeldUntilFirstBundleThenPushedOnSameStream(t *testing.T) {
 	s.certs.Send(bundle(1))
 	r := c.recv(t)
 	sec := decode(t, r)[WorkloadKeyCertResourceName]
-	if r.VersionInfo != "v1" || string(sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "chain-1" ||
+	if r.VersionInfo == "" || string(sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "chain-1" ||
 		string(sec.GetTlsCertificate().GetPrivateKey().GetInlineBytes()) != "key-1" || r.TypeUrl != SecretTypeURL {
 		t.Fatalf("first response: %v", r)
 	}
 	c.ack(t, r, WorkloadKeyCertResourceName)
 	c.expectNothing(t, 100*time.Millisecond) // an ACK is not answered
 
+	v1 := r.VersionInfo
 	s.certs.Send(bundle(2))
 	r = c.recv(t)
-	if r.VersionInfo != "v2" || string(decode(t, r)[WorkloadKeyCertResourceName].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "chain-2" {
+	if r.VersionInfo == v1 || string(decode(t, r)[WorkloadKeyCertResourceName].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "chain-2" {
 		t.Fatalf("push: %v", r)
 	}
-	// The same bundle again is not pushed.
+	c.ack(t, r, WorkloadKeyCertResourceName)
+	// The same bundle again is not pushed, nor one with only new roots.
 	s.certs.Send(bundle(2))
+	b := bundle(2)
+	b.RootsPEM, b.Version = []byte("roots-2"), "v2-new-roots"
+	s.certs.Send(b)
 	c.expectNothing(t, 100*time.Millisecond)
 }
 
@@ -185,7 +190,7 @@ func TestDeltaSendsOnlyChanges(t *testing.T) {
 	stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResponseNonce: r.Nonce})
 	s.certs.Send(bundle(2)) // same roots
 	r, err = stream.Recv()
-	if err != nil || len(r.Resources) != 1 || r.Resources[0].Name != WorkloadKeyCertResourceName || r.Resources[0].Version != "v2" {
+	if err != nil || len(r.Resources) != 1 || r.Resources[0].Name != WorkloadKeyCertResourceName || chainOf(decodeAny(t, r.Resources[0].Resource)) != "chain-2" {
 		t.Fatalf("delta push: %v %v", r, err)
 	}
 	cancel()
@@ -216,8 +221,8 @@ func TestShutdownEndsStreamsAndRestarts(t *testing.T) {
 	}
 	s.start(t)
 	c2 := s.open(t, WorkloadKeyCertResourceName)
-	if r := c2.recv(t); r.VersionInfo != "v1" {
-		t.Fatalf("after restart: %s", r.VersionInfo)
+	if got := chainOf(decode(t, c2.recv(t))[WorkloadKeyCertResourceName]); got != "chain-1" {
+		t.Fatalf("after restart: chain %q", got)
 	}
 }
 

@@ -296,10 +296,14 @@ func (st *store) computeIdentity() {
 	if !st.haveB {
 		return
 	}
-	if cur := st.secrets[WorkloadKeyCertResourceName]; cur.version != st.bundle.Version {
-		st.secrets[WorkloadKeyCertResourceName] = st.build(WorkloadKeyCertResourceName, st.bundle.Version, func() (secretState, error) {
+	// Each secret's version is its own content's: a bundle whose roots
+	// changed (a root file in Istio's mixed mode, a CA root rotation) does
+	// not push "default" again, nor a renewal "ROOTCA".
+	version := "cert-" + contentVersion(st.bundle.CertChainPEM, st.bundle.KeyPEM)
+	if cur := st.secrets[WorkloadKeyCertResourceName]; cur.version != version {
+		st.secrets[WorkloadKeyCertResourceName] = st.build(WorkloadKeyCertResourceName, version, func() (secretState, error) {
 			a, err := tlsCertificateSecret(WorkloadKeyCertResourceName, st.bundle.CertChainPEM, st.bundle.KeyPEM)
-			return secretState{secret: a, version: st.bundle.Version}, err
+			return secretState{secret: a, version: version}, err
 		})
 	}
 	st.secrets[RootCertResourceName] = st.rootsState()
