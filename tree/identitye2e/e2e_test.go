@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
@@ -77,6 +78,7 @@ type agent struct {
 	certCfg certs.Config
 	sdsCfg  sds.Config
 	bundles *messages.Cell[messages.CertBundle]
+	anchors *messages.Cell[messages.TrustAnchors] // what the XDS proxy would send
 	health  *healthLog
 	logs    *syncBuffer
 	log     *slog.Logger
@@ -91,11 +93,13 @@ func newAgent(t testing.TB) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](),
+	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
 	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a.certCfg = certs.DefaultConfig(root)
 	a.sdsCfg = sds.DefaultConfig(root)
+	// The OS trust store file-root:system serves is the test's.
+	a.sdsCfg.SystemRootFiles = []string{filepath.Join(root, "os/ca-certificates.crt")}
 	t.Cleanup(func() {
 		a.stop()
 		a.assertNoKeysLogged(t)
@@ -112,7 +116,7 @@ func (a *agent) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sds.New(a.sdsCfg, a.bundles, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
+	s, err := sds.NewWithInputs(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,12 +165,17 @@ type envoy struct {
 	resps  chan *discoveryv3.DiscoveryResponse
 	errc   chan error
 	a      *agent
-	name   string
+	names  []string
 }
 
-func (a *agent) connect(t testing.TB, name string) *envoy {
+func (a *agent) connect(t testing.TB, names ...string) *envoy {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+a.sdsCfg.SocketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return a.connectAt(t, a.sdsCfg.SocketPath, names...)
+}
+
+func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +184,7 @@ func (a *agent) connect(t testing.TB, name string) *envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, name: name}
+	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -189,10 +198,55 @@ func (a *agent) connect(t testing.TB, name string) *envoy {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; conn.Close() })
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{name}}); err != nil {
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// nextAll receives the next response, ACKs it, and returns its secrets and
+// its errors by name.
+func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*status.Status) {
+	t.Helper()
+	select {
+	case r := <-e.resps:
+		secrets := map[string]*tlsv3.Secret{}
+		for _, a := range r.Resources {
+			s := &tlsv3.Secret{}
+			if err := a.UnmarshalTo(s); err != nil {
+				t.Fatal(err)
+			}
+			if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+				e.a.keys = append(e.a.keys, k)
+			}
+			secrets[s.Name] = s
+		}
+		errs := map[string]*status.Status{}
+		for _, re := range r.ResourceErrors {
+			errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+		}
+		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+		return secrets, errs
+	case err := <-e.errc:
+		t.Fatalf("SDS stream ended: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no secret pushed")
+	}
+	return nil, nil
+}
+
+// until receives responses until ok holds for one, and returns its secrets.
+func (e *envoy) until(t testing.TB, what string, ok func(map[string]*tlsv3.Secret, map[string]*status.Status) bool) map[string]*tlsv3.Secret {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		secrets, errs := e.nextAll(t)
+		if ok(secrets, errs) {
+			return secrets
+		}
+	}
+	t.Fatalf("no response with %s", what)
+	return nil
 }
 
 // next receives the next secret, ACKs it, and returns it with its version.
@@ -210,7 +264,7 @@ func (e *envoy) next(t testing.TB) (*tlsv3.Secret, string) {
 		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
 			e.a.keys = append(e.a.keys, k)
 		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{e.name},
+		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
 			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 		return s, r.VersionInfo
 	case err := <-e.errc:
@@ -234,6 +288,10 @@ func (e *envoy) expectNothing(t testing.TB, d time.Duration) {
 
 func chainOf(s *tlsv3.Secret) string {
 	return string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+}
+
+func trustedCA(s *tlsv3.Secret) string {
+	return string(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
 }
 
 // fileAgent is an agent on file-mounted certs in <root>/etc/certs.
