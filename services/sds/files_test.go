@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -97,14 +98,12 @@ func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 	names := []string{WorkloadKeyCertResourceName, RootCertResourceName, fileCert, fileRoot}
 
 	c := s.open(t, names...)
-	r := c.recv(t)
-	got := decode(t, r)
-	if len(got) != 4 || chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" || trustedCA(got[RootCertResourceName]) != "roots-1" ||
+	got, errs := c.collect(t, "four secrets", names, func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool { return len(s) == 4 })
+	if chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" || trustedCA(got[RootCertResourceName]) != "roots-1" ||
 		chainOf(got[fileCert]) != string(chain1) || string(got[fileCert].GetTlsCertificate().GetPrivateKey().GetInlineBytes()) != string(key1) ||
-		trustedCA(got[fileRoot]) != string(ca1.rootPEM) || len(r.ResourceErrors) != 0 {
-		t.Fatalf("first response: %d secrets, errors %v", len(got), resourceErrors(r))
+		trustedCA(got[fileRoot]) != string(ca1.rootPEM) || len(errs) != 0 {
+		t.Fatalf("first secrets: %d secrets, errors %v", len(got), errs)
 	}
-	c.ack(t, r, names...)
 
 	chain2, key2 := ca1.leaf(t)
 	rename(t, keyFile, key2)
@@ -141,11 +140,12 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 	names := []string{WorkloadKeyCertResourceName, FileRootPrefix + missing, mismatched, FileRootPrefix + garbage}
 
 	c := s.open(t, names...)
-	r := c.recv(t)
-	if got := decode(t, r); len(got) != 1 || chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" {
-		t.Fatalf("want only the workload certificate served; got %d secrets", len(got))
+	got, errs := c.collect(t, "the workload certificate and three errors", names, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
+		return len(s) == 1 && len(errs) == 3
+	})
+	if chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" {
+		t.Fatal("workload certificate not served beside the errors")
 	}
-	errs := resourceErrors(r)
 	for name, want := range map[string]struct {
 		code  codes.Code
 		parts []string
@@ -164,7 +164,6 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 	if !containsAll(h.Reason, garbage, keyFile) {
 		t.Errorf("health reason %q does not name every bad file", h.Reason)
 	}
-	c.ack(t, r, names...)
 
 	s.write(t, missing, ca.rootPEM)
 	c.recvUntil(t, "the file that appeared", names, func(r *discoveryv3.DiscoveryResponse) bool {

@@ -291,6 +291,26 @@ func (c *sotw) recvUntil(t *testing.T, what string, names []string, ok func(*dis
 	}
 }
 
+// collect receives (and ACKs) responses, merging them as Envoy does, until ok
+// holds for what has been received, and returns that: the latest secret of
+// each name, and the errors of the names whose latest response had one.
+func (c *sotw) collect(t *testing.T, what string, names []string, ok func(map[string]*tlsv3.Secret, map[string]*status.Status) bool) (map[string]*tlsv3.Secret, map[string]*status.Status) {
+	t.Helper()
+	secrets, errs := map[string]*tlsv3.Secret{}, map[string]*status.Status{}
+	c.recvUntil(t, what, names, func(r *discoveryv3.DiscoveryResponse) bool {
+		got := decode(t, r)
+		for n, s := range got {
+			secrets[n] = s
+			delete(errs, n)
+		}
+		for n, st := range resourceErrors(r) {
+			errs[n] = st
+		}
+		return ok(secrets, errs)
+	})
+	return secrets, errs
+}
+
 func (c *sotw) ack(t *testing.T, r *discoveryv3.DiscoveryResponse, names ...string) {
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: names, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -112,11 +113,12 @@ func TestBadNamesAreErrorsForThoseNamesOnly(t *testing.T) {
 	bad := []string{"nope", "file-cert:/x", "file-cert:/x~/y~/z", "file-cert:~/y", "file-root:", "file-root:/a~/b"}
 	names := append([]string{WorkloadKeyCertResourceName}, bad...)
 	c := s.open(t, names...)
-	r := c.recv(t)
-	if got := chainOf(decode(t, r)[WorkloadKeyCertResourceName]); got != "chain-1" || len(r.Resources) != 1 {
-		t.Fatalf("good secret not served beside the bad names: %d resources, chain %q", len(r.Resources), got)
+	got, errs := c.collect(t, "the good secret and the bad names' errors", names, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
+		return len(s) == 1 && len(errs) == len(bad)
+	})
+	if chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" {
+		t.Fatal("good secret not served beside the bad names")
 	}
-	errs := resourceErrors(r)
 	for _, n := range bad {
 		st, ok := errs[n]
 		if !ok || st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), `"`+n+`"`) {
@@ -124,7 +126,6 @@ func TestBadNamesAreErrorsForThoseNamesOnly(t *testing.T) {
 		}
 	}
 	waitLog(t, s.logs, "cannot serve secret", `name=nope`, "InvalidArgument")
-	c.ack(t, r, names...)
 	c.expectNothing(t, 100*time.Millisecond) // told once, not on every request
 
 	s.certs.Send(bundle(2))

@@ -12,9 +12,11 @@ import (
 	"syscall"
 	"testing"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -145,12 +147,14 @@ func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
 			rootsFile := s.write(t, "etc/dr/ca.pem", newTestPKI(t, "dr").rootPEM)
 			names := []string{FileRootPrefix + rootsFile, WorkloadKeyCertResourceName, RootCertResourceName}
 			c := openStream(t, clientAt(t, s.cfg.FilesSocketPath), names...)
-			r := c.recv(t)
-			if _, ok := decode(t, r)[names[0]]; !ok || len(r.Resources) != 1 {
-				t.Fatalf("files socket: %d resources, want the file secret only", len(r.Resources))
+			got, errs := c.collect(t, "the file secret and two errors", names, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
+				return len(s)+len(errs) == 3
+			})
+			if _, ok := got[names[0]]; !ok || len(got) != 1 {
+				t.Fatalf("files socket: %d secrets, want the file secret only", len(got))
 			}
 			for _, n := range names[1:] {
-				st := resourceErrors(r)[n]
+				st := errs[n]
 				if st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), external) {
 					t.Errorf("%s on the files socket: %v; want FailedPrecondition naming the external server", n, st)
 				}

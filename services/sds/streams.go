@@ -21,15 +21,15 @@ var errShuttingDown = status.Error(codes.Unavailable, "SDS server shutting down"
 
 // StreamSecrets is state-of-the-world SDS, what Envoy uses. A response is
 // sent when the subscription gains a name or a subscribed secret changes,
-// and holds every subscribed secret there is. A secret that is not there
-// yet (the workload certificate before the first one) is not in it; one
-// that cannot be served (a bad name, a missing file) is in the response's
+// and holds those secrets only, as Istio's pushes do (SDS is not a type
+// whose responses must hold every subscribed resource). A secret that is not
+// there yet (the workload certificate before the first one) waits; one that
+// cannot be served (a bad name, a missing file) is in the response's
 // resource_errors with a gRPC status naming it and why, and the other
-// secrets are served as usual. Istio instead ends the whole stream with
-// the error (after retrying a missing file for 10 s), which stops every
-// other secret on it until Envoy reconnects; Envoy does not read
-// resource_errors, but its log names a secret it did not get, and ours
-// does too.
+// secrets are served as usual. Istio instead ends the whole stream with the
+// error (after retrying a missing file for 10 s), which stops every other
+// secret on it until Envoy reconnects; Envoy does not read resource_errors,
+// but its log names a secret it did not get, and ours does too.
 func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
 	ctx := stream.Context()
 	id := h.svc.streamIDs.Add(1)
@@ -92,11 +92,8 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 		}
 		resp := &discoveryv3.DiscoveryResponse{TypeUrl: SecretTypeURL}
 		var served, failed []string
-		for _, n := range names {
-			s, ok := states[n]
-			if !ok {
-				continue
-			}
+		for _, n := range changedNames {
+			s := states[n]
 			if s.secret != nil {
 				resp.Resources = append(resp.Resources, s.secret)
 				served = append(served, n)
@@ -106,15 +103,15 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 				failed = append(failed, n)
 			}
 		}
-		resp.VersionInfo = responseVersion(slices.Collect(maps.Keys(states)), states)
+		resp.VersionInfo = responseVersion(changedNames, states)
 		nonces++
 		resp.Nonce = fmt.Sprintf("%d-%d", id, nonces)
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
 		lastNonce = resp.Nonce
-		for n, s := range states {
-			sent[n] = s.key()
+		for _, n := range changedNames {
+			sent[n] = states[n].key()
 		}
 		for _, n := range served {
 			h.svc.m.pushes.WithLabelValues(n).Inc()

@@ -166,6 +166,11 @@ type envoy struct {
 	errc   chan error
 	a      *agent
 	names  []string
+	// What nextAll has received, merged as Envoy merges SDS responses, and
+	// the names of the secrets in the last response.
+	have     map[string]*tlsv3.Secret
+	errs     map[string]*status.Status
+	lastSent []string
 }
 
 func (a *agent) connect(t testing.TB, names ...string) *envoy {
@@ -184,7 +189,8 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names}
+	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names,
+		have: map[string]*tlsv3.Secret{}, errs: map[string]*status.Status{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -204,13 +210,13 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 	return e
 }
 
-// nextAll receives the next response, ACKs it, and returns its secrets and
-// its errors by name.
+// nextAll receives the next response, ACKs it, and returns every secret and
+// error received so far on the stream, merged as Envoy merges them.
 func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*status.Status) {
 	t.Helper()
 	select {
 	case r := <-e.resps:
-		secrets := map[string]*tlsv3.Secret{}
+		e.lastSent = nil
 		for _, a := range r.Resources {
 			s := &tlsv3.Secret{}
 			if err := a.UnmarshalTo(s); err != nil {
@@ -219,15 +225,16 @@ func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*sta
 			if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
 				e.a.keys = append(e.a.keys, k)
 			}
-			secrets[s.Name] = s
+			e.have[s.Name] = s
+			delete(e.errs, s.Name)
+			e.lastSent = append(e.lastSent, s.Name)
 		}
-		errs := map[string]*status.Status{}
 		for _, re := range r.ResourceErrors {
-			errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+			e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
 		}
 		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
 			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
-		return secrets, errs
+		return e.have, e.errs
 	case err := <-e.errc:
 		t.Fatalf("SDS stream ended: %v", err)
 	case <-time.After(20 * time.Second):
