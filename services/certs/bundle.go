@@ -62,6 +62,14 @@ func buildBundle(chainPEM, keyPEM, rootsPEM []byte, src bundleSources, now time.
 	}, nil
 }
 
+// withRoots is b with other trusted roots (Istio's mixed mode), under a
+// version of its own.
+func withRoots(b messages.CertBundle, rootsPEM []byte) messages.CertBundle {
+	b.RootsPEM = rootsPEM
+	b.Version = contentVersion(b.CertChainPEM, b.KeyPEM, rootsPEM)
+	return b
+}
+
 // contentVersion is a hash of the content: equal content, equal version.
 func contentVersion(parts ...[]byte) string {
 	h := sha256.New()

@@ -27,84 +27,154 @@ var ErrShortChain = errors.New("CA response cert_chain must hold the leaf and th
 // serveCA keeps a certificate from the CA: request one, publish it, sleep
 // until the renewal point, repeat. Failed requests are retried with
 // exponential backoff and jitter while the previous certificate (if any) is
-// still served.
+// still served. In Istio's mixed mode (RootsFromFile) the roots published
+// with it are RootCertFile's, followed like file-mounted certificates.
 func (s *Service) serveCA(ctx context.Context) error {
-	var conn *grpc.ClientConn
-	defer func() {
-		if conn != nil {
-			conn.Close()
+	ca := &caClient{s: s}
+	defer ca.close()
+	var rootsChanged <-chan struct{}
+	var watchFailed <-chan error
+	if s.cfg.Roots == RootsFromFile {
+		wctx, cancel := context.WithCancel(ctx)
+		watch, err := s.watchFiles(wctx, s.cfg.RootCertFile)
+		if err != nil {
+			cancel()
+			return err
 		}
-	}()
-	backoff := s.cfg.RetryInitial
-	var wait time.Duration
+		defer func() { cancel(); <-watch.done }()
+		rootsChanged, watchFailed = watch.changed, watch.failed
+		s.readRootFile()
+	}
 
+	backoff := s.cfg.RetryInitial
+	next := time.After(0)
 	// After a restart, a still-valid certificate is kept until its renewal
 	// point instead of being replaced at once.
-	if b, ok := s.last(); ok && s.clock.Now().Before(b.Expiry) {
-		wait = s.renewDelay(b)
-		s.report(messages.Ready, "")
+	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
+		next = time.After(s.renewDelay(b))
+		s.publishCA()
 	}
 	for {
-		if wait > 0 {
-			s.log.Debug("next certificate request", "in", wait)
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-watchFailed:
+			return err
+		case <-rootsChanged:
+			s.readRootFile()
+			s.publishCA()
+			continue
+		case <-next:
 		}
-		if conn == nil {
-			c, err := s.dialCA()
-			if err != nil {
-				s.caFailure(err, false)
-				wait, backoff = jittered(backoff), min(backoff*2, s.cfg.RetryMax)
-				continue
-			}
-			conn = c
-		}
-		b, err := s.requestCertificate(ctx, pb.NewIstioCertificateServiceClient(conn))
+		b, err := ca.request(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			s.caFailure(err, true)
-			// A fresh connection next time: the CA may have moved or its
-			// root file changed.
-			conn.Close()
-			conn = nil
-			wait, backoff = jittered(backoff), min(backoff*2, s.cfg.RetryMax)
+			s.caFailure(err)
+			next, backoff = time.After(jittered(backoff)), min(backoff*2, s.cfg.RetryMax)
 			continue
 		}
 		backoff = s.cfg.RetryInitial
-		s.publish(b)
-		s.report(messages.Ready, "")
-		wait = s.renewDelay(b)
+		s.caIssued = b
+		s.publishCA()
+		wait := s.renewDelay(b)
+		next = time.After(wait)
 		s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", b.Expiry, "renew_in", wait.Round(time.Millisecond))
 	}
 }
 
-// caFailure reports a failed request; the reason carries the CA's own error.
-// requested says whether a request was sent (and so counted).
-func (s *Service) caFailure(err error, requested bool) {
-	if requested {
-		s.m.outgoingFailed.WithLabelValues("csr").Inc()
+// publishCA publishes the CA's last certificate with its roots: the CA's, or
+// (RootsFromFile) the root file's last good ones.
+func (s *Service) publishCA() {
+	b := s.caIssued
+	if b.Version == "" {
+		return
 	}
+	if s.cfg.Roots == RootsFromFile {
+		if s.fileRoots == nil {
+			s.report(messages.Starting, "no usable certificate: "+s.fileRootsErr.Error())
+			return
+		}
+		b = withRoots(b, s.fileRoots)
+	}
+	s.publish(b)
+	if s.fileRootsErr != nil {
+		s.report(messages.Degraded, "rejected root certificate update (serving the previous roots): "+s.fileRootsErr.Error())
+		return
+	}
+	s.report(messages.Ready, "")
+}
+
+// readRootFile reads RootCertFile (RootsFromFile); a bad file keeps the last
+// good roots.
+func (s *Service) readRootFile() {
+	roots, err := os.ReadFile(s.cfg.RootCertFile)
+	if err != nil {
+		err = fmt.Errorf("read root certificates: %w", err)
+	} else if _, perr := parseCerts(roots); perr != nil {
+		err = fmt.Errorf("root certificates %s: %w", s.cfg.RootCertFile, perr)
+	}
+	if err != nil {
+		s.m.fileFailures.Inc()
+		s.fileRootsErr = err
+		s.log.Warn("rejected root certificate file", "error", err)
+		if s.caIssued.Version == "" {
+			s.report(messages.Starting, "no usable root certificates: "+err.Error())
+		}
+		return
+	}
+	s.fileRoots, s.fileRootsErr = roots, nil
+}
+
+// caFailure reports a failed request; the reason carries the CA's own error.
+func (s *Service) caFailure(err error) {
 	reason := "certificate request failed: " + err.Error()
-	if b, ok := s.last(); ok {
-		now := s.clock.Now()
-		if now.Before(b.Expiry) {
+	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
+	if b := s.caIssued; b.Version != "" {
+		if now := s.clock.Now(); now.Before(b.Expiry) {
 			reason += fmt.Sprintf(" (serving the previous certificate until it expires at %s)", b.Expiry.UTC().Format(time.RFC3339))
 		} else {
 			reason += fmt.Sprintf(" (the previous certificate expired at %s)", b.Expiry.UTC().Format(time.RFC3339))
 		}
-		s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
 		s.report(messages.Degraded, reason)
 		return
 	}
-	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
 	s.report(messages.Starting, reason)
+}
+
+// caClient is the connection to the CA: made when first needed, and made
+// again after a failed request (the CA may have moved, or its root file
+// changed). Used by Serve's goroutine only.
+type caClient struct {
+	s    *Service
+	conn *grpc.ClientConn
+}
+
+// request asks the CA for a certificate.
+func (c *caClient) request(ctx context.Context) (messages.CertBundle, error) {
+	if c.conn == nil {
+		conn, err := c.s.dialCA()
+		if err != nil {
+			return messages.CertBundle{}, err
+		}
+		c.conn = conn
+	}
+	b, err := c.s.requestCertificate(ctx, pb.NewIstioCertificateServiceClient(c.conn))
+	if err != nil {
+		if ctx.Err() == nil {
+			c.s.m.outgoingFailed.WithLabelValues("csr").Inc()
+		}
+		c.close()
+	}
+	return b, err
+}
+
+func (c *caClient) close() {
+	if c.conn != nil {
+		c.conn.Close()
+		c.conn = nil
+	}
 }
 
 // renewDelay is how long until the renewal point: when GraceRatio (± jitter)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -363,31 +364,100 @@ func TestConfigValidateNamesField(t *testing.T) {
 	}
 }
 
+// Istio's choice of where each part comes from, by which files exist.
 func TestChooseSource(t *testing.T) {
-	root := t.TempDir()
-	cfg := testConfig(root)
-	if got := chooseSource(cfg, root, false); got.Source != SourceCA {
-		t.Fatalf("no files: source %v, want ca", got.Source)
+	etc := func(root, name string) string { return filepath.Join(root, testEtcCertsDir, name) }
+	spiffe := func(root, name string) string { return filepath.Join(root, testWorkloadCreds, name) }
+	all := []string{CertChainFileName, KeyFileName, RootCertFileName}
+	for _, tc := range []struct {
+		name             string
+		files            func(root string) []string
+		empty            []string // files written empty
+		fileMounted      bool
+		outputIsEtcCerts bool
+		source           Source
+		roots            RootsSource
+		dir              string // where the files are read from ("" for none)
+		rootFile         string // RootCertFile, when the roots come from a file
+	}{
+		{name: "no files", source: SourceCA},
+		{name: "FILE_MOUNTED_CERTS", fileMounted: true, source: SourceFiles, dir: testEtcCertsDir},
+		{name: "etc/certs", files: func(r string) []string {
+			return []string{etc(r, CertChainFileName), etc(r, KeyFileName), etc(r, RootCertFileName)}
+		},
+			source: SourceFiles, dir: testEtcCertsDir},
+		{name: "etc/certs certificate only: roots from the CA", files: func(r string) []string { return []string{etc(r, CertChainFileName), etc(r, KeyFileName)} },
+			source: SourceFiles, roots: RootsFromCA, dir: testEtcCertsDir},
+		{name: "etc/certs certificate only, FILE_MOUNTED_CERTS: no CA, root waited for", fileMounted: true,
+			files:  func(r string) []string { return []string{etc(r, CertChainFileName), etc(r, KeyFileName)} },
+			source: SourceFiles, dir: testEtcCertsDir},
+		{name: "etc/certs root only: certificate from the CA", files: func(r string) []string { return []string{etc(r, RootCertFileName)} },
+			source: SourceCA, roots: RootsFromFile, rootFile: testEtcCertsDir + "/" + RootCertFileName},
+		{name: "etc/certs root only, FILE_MOUNTED_CERTS", fileMounted: true, files: func(r string) []string { return []string{etc(r, RootCertFileName)} },
+			source: SourceFiles, dir: testEtcCertsDir},
+		{name: "an empty file is no file", files: func(r string) []string {
+			return []string{etc(r, CertChainFileName), etc(r, KeyFileName), etc(r, RootCertFileName)}
+		},
+			empty: []string{KeyFileName, RootCertFileName}, source: SourceCA},
+		{name: "workload-spiffe-credentials win over etc/certs", files: func(r string) []string {
+			return []string{etc(r, RootCertFileName), spiffe(r, CertChainFileName), spiffe(r, KeyFileName), spiffe(r, RootCertFileName)}
+		}, source: SourceFiles, dir: testWorkloadCreds},
+		{name: "etc/certs that is OUTPUT_CERTS is our own output", outputIsEtcCerts: true,
+			files: func(r string) []string {
+				return []string{etc(r, CertChainFileName), etc(r, KeyFileName), etc(r, RootCertFileName)}
+			},
+			source: SourceCA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			cfg := testConfig(root)
+			if tc.outputIsEtcCerts {
+				cfg.OutputCertsDir = filepath.Join(root, testEtcCertsDir)
+			}
+			if tc.files != nil {
+				for _, f := range tc.files(root) {
+					data := []byte("x")
+					if slices.Contains(tc.empty, filepath.Base(f)) {
+						data = nil
+					}
+					writeFile(t, f, data)
+				}
+			}
+			got := chooseSource(cfg, root, tc.fileMounted)
+			if got.Source != tc.source || got.Roots != tc.roots {
+				t.Fatalf("source %v, roots %v; want %v, %v", got.Source, got.Roots, tc.source, tc.roots)
+			}
+			if tc.dir != "" {
+				for _, n := range all {
+					if p := filepath.Join(root, tc.dir, n); p != map[string]string{CertChainFileName: got.CertChainFile, KeyFileName: got.KeyFile, RootCertFileName: got.RootCertFile}[n] {
+						t.Errorf("%s not read from %s", n, tc.dir)
+					}
+				}
+			}
+			if tc.rootFile != "" && got.RootCertFile != filepath.Join(root, tc.rootFile) {
+				t.Errorf("RootCertFile %s, want %s", got.RootCertFile, tc.rootFile)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("chosen config invalid: %v", err)
+			}
+		})
 	}
-	if got := chooseSource(cfg, root, true); got.Source != SourceFiles || got.CertChainFile != filepath.Join(root, testEtcCertsDir, CertChainFileName) {
-		t.Fatalf("FILE_MOUNTED_CERTS: %v %s", got.Source, got.CertChainFile)
+}
+
+// Roots must fit Source: the file roots go with a CA certificate, the CA's
+// roots with a file certificate.
+func TestConfigValidateRoots(t *testing.T) {
+	c := testConfig("/")
+	c.Roots = RootsFromCA // with SourceCA
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "Roots") {
+		t.Errorf("RootsFromCA with SourceCA: %v", err)
 	}
-	spiffe := filepath.Join(root, testWorkloadCreds)
-	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
-		writeFile(t, filepath.Join(spiffe, n), []byte("x"))
+	c.Source, c.Roots = SourceFiles, RootsFromFile
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "Roots") {
+		t.Errorf("RootsFromFile with SourceFiles: %v", err)
 	}
-	if got := chooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(spiffe, KeyFileName) {
-		t.Fatalf("workload-spiffe-credentials: %v %s", got.Source, got.KeyFile)
-	}
-	etc := filepath.Join(root, testEtcCertsDir)
-	writeFile(t, filepath.Join(etc, CertChainFileName), []byte("x"))
-	writeFile(t, filepath.Join(etc, KeyFileName), []byte("x"))
-	if got := chooseSource(cfg, root, false); got.Source != SourceFiles || got.KeyFile != filepath.Join(etc, KeyFileName) {
-		t.Fatalf("etc/certs: %v %s", got.Source, got.KeyFile)
-	}
-	// etc/certs that is also OUTPUT_CERTS is our own output, not a mount.
-	cfg.OutputCertsDir = etc
-	if got := chooseSource(cfg, root, false); got.KeyFile != filepath.Join(spiffe, KeyFileName) {
-		t.Fatalf("etc/certs == OUTPUT_CERTS still chosen: %s", got.KeyFile)
+	c.Source, c.Roots, c.CAAddr = SourceFiles, RootsFromCA, "nohostport"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "CAAddr") {
+		t.Errorf("RootsFromCA checks the CA config: %v", err)
 	}
 }

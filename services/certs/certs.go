@@ -27,11 +27,16 @@ type Service struct {
 	clock  messages.Clock
 	m      metrics
 
-	// Survives restarts; touched only by Serve's goroutine (expiry is
-	// also read by the metrics gauge, hence the mutex).
+	// Survive restarts; touched only by Serve's goroutine.
+	caIssued     messages.CertBundle // the CA's last certificate, with its root (zero if none)
+	fileRoots    []byte              // RootsFromFile: RootCertFile's last good content
+	fileRootsErr error               // RootsFromFile: why RootCertFile's content is not used now
+	written      string              // version last written to OutputCertsDir
+
+	// Survives restarts; touched only by Serve's goroutine, and read by
+	// the metrics gauge, hence the mutex.
 	mu      sync.Mutex
 	current messages.CertBundle // last published bundle (zero if none)
-	written string              // version last written to OutputCertsDir
 }
 
 // New returns the CertWatcher. It publishes on out.
@@ -49,6 +54,8 @@ func (s *Service) String() string { return Name }
 
 // Serve runs until ctx is done. A bad configuration is an error; a bad or
 // missing certificate is not: the service reports Degraded and keeps trying.
+// The certificate comes from files or the CA (cfg.Source), the roots with it
+// or, in Istio's mixed mode, from the other one (cfg.Roots).
 func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err

@@ -27,6 +27,38 @@ func (s Source) String() string {
 	return "ca"
 }
 
+// RootsSource is where the trusted roots (SDS "ROOTCA") come from when that
+// is not where the certificate comes from: Istio's mixed mode, where each of
+// the two is served from files if its files exist and from the CA otherwise
+// (secretcache.go generateFileSecret decides "default" and "ROOTCA"
+// separately).
+type RootsSource int
+
+const (
+	// RootsWithCertificate: from the certificate's Source (the CA's
+	// response, or RootCertFile). The zero value.
+	RootsWithCertificate RootsSource = iota
+	// RootsFromFile: from RootCertFile, followed like the file-mounted
+	// certificates, while the certificate comes from the CA
+	// (<root>/etc/certs/root-cert.pem exists, cert-chain.pem does not).
+	RootsFromFile
+	// RootsFromCA: from the CA's response (a CSR is made for them, as
+	// Istio does, and renewed like a certificate), while the certificate
+	// comes from CertChainFile and KeyFile (<root>/etc/certs/cert-chain.pem
+	// and key.pem exist, root-cert.pem does not).
+	RootsFromCA
+)
+
+func (r RootsSource) String() string {
+	switch r {
+	case RootsFromFile:
+		return "file"
+	case RootsFromCA:
+		return "ca"
+	}
+	return "with the certificate"
+}
+
 // The file names of a certificate directory (Istio's), and the defaults of
 // the CA client's own settings, which cmd reads from Istio's environment
 // variables (SECRET_TTL, ...). Paths and addresses are not defaults here:
@@ -55,17 +87,21 @@ const (
 )
 
 // Config is everything the certs service needs, as plain values. cmd fills it
-// from Istio's environment variables (named on each field) and paths;
-// DefaultConfig gives the defaults of the values, ChooseSource Istio's
-// choice of source.
+// from Istio's environment variables (named on each field); DefaultConfig and
+// ChooseSource give Istio's defaults and its choice of source.
 type Config struct {
-	// Source selects files or the CA (see ChooseSource).
+	// Source selects files or the CA for the certificate (see
+	// ChooseSource).
 	Source Source
+	// Roots: where the trusted roots come from when not from Source
+	// (Istio's mixed mode, see RootsSource and ChooseSource).
+	Roots RootsSource
 
 	// --- file-mounted certificates ---
 
 	// CertChainFile, KeyFile, RootCertFile: absolute paths of the PEM files
-	// (set by ChooseSource).
+	// (Istio: <root>/etc/certs/{cert-chain,key,root-cert}.pem, or
+	// <root>/var/run/secrets/workload-spiffe-credentials/...).
 	CertChainFile string
 	KeyFile       string
 	RootCertFile  string
@@ -76,18 +112,18 @@ type Config struct {
 	// --- CA client ---
 
 	// CAAddr: host:port of IstioCertificateService (CA_ADDR; default the
-	// discovery address).
+	// discovery address istiod.istio-system.svc:15012).
 	CAAddr string
 	// CARootFile: PEM roots that verify the CA's TLS certificate (CA_ROOT_CA,
-	// Istio's ./var/run/secrets/istio/root-cert.pem). Empty with
+	// default <root>/var/run/secrets/istio/root-cert.pem). Empty with
 	// CASystemRoots: the OS trust store.
 	CARootFile    string
 	CASystemRoots bool
 	// CAPlaintext: no TLS (Istio does this for a CA_ADDR on port 15010).
 	CAPlaintext bool
 	// TokenFile: JWT sent as "authorization: Bearer <token>", read fresh on
-	// every call; a missing file sends no header (Istio's
-	// ./var/run/secrets/tokens/istio-token).
+	// every call; a missing file sends no header
+	// (<root>/var/run/secrets/tokens/istio-token).
 	TokenFile string
 	// ClusterID: sent as the "ClusterID" request header (ISTIO_META_CLUSTER_ID).
 	ClusterID string
@@ -158,103 +194,156 @@ func DefaultConfig() Config {
 	}
 }
 
-// ChooseSource applies Istio's rule to cfg and returns it with Source and
-// the file paths set. etcCerts and workloadCredentials are Istio's two
-// certificate directories (./etc/certs and
-// ./var/run/secrets/workload-spiffe-credentials, under the agent's root):
+// ChooseSource applies Istio's rules to cfg and returns it with Source,
+// Roots and the file paths set. etcCerts and workloadCredentials are Istio's
+// two certificate directories (./etc/certs and
+// ./var/run/secrets/workload-spiffe-credentials, under the agent's root).
+// Istio looks at the files on every request; this looks once, at start:
 //
-//  1. etcCerts holds cert-chain.pem and key.pem (and is not OUTPUT_CERTS,
-//     which would be a loop) ⇒ files from etcCerts;
-//  2. workloadCredentials holds cert-chain.pem, key.pem and root-cert.pem
-//     ⇒ files from there;
-//  3. fileMountedCerts (FILE_MOUNTED_CERTS=true) ⇒ files from etcCerts,
+//  1. workloadCredentials/{cert-chain,key,root-cert}.pem all exist ⇒ files from there, no CA (agent.go
+//     initSdsServer points the file paths there, which wins over
+//     etc/certs);
+//  2. in etcCerts (unless that directory is OUTPUT_CERTS, which
+//     would be a loop), each part by its own files, as secretcache.go
+//     generateFileSecret decides "default" and "ROOTCA" separately:
+//     cert-chain.pem and key.pem not empty ⇒ the certificate from files;
+//     root-cert.pem not empty ⇒ the roots from that file. One without the
+//     other is Istio's mixed mode: the other part comes from the CA
+//     (RootsFromCA, RootsFromFile) — except with fileMountedCerts, where
+//     there is no CA and the missing files are waited for;
+//  3. fileMountedCerts (FILE_MOUNTED_CERTS=true) ⇒ files from etc/certs,
 //     waited for if not there yet;
 //  4. otherwise the CA at CAAddr.
 func ChooseSource(cfg Config, etcCerts, workloadCredentials string, fileMountedCerts bool) Config {
+	etc := etcCerts
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
-	useDir := func(dir string) Config {
-		cfg.Source = SourceFiles
+	// Istio's keyCertificateExist and rootCertificateExist: readable and
+	// not empty.
+	notEmpty := func(p string) bool { b, err := os.ReadFile(p); return err == nil && len(b) > 0 }
+	useDir := func(dir string, roots RootsSource) Config {
+		cfg.Source, cfg.Roots = SourceFiles, roots
 		cfg.CertChainFile = filepath.Join(dir, CertChainFileName)
 		cfg.KeyFile = filepath.Join(dir, KeyFileName)
 		cfg.RootCertFile = filepath.Join(dir, RootCertFileName)
 		return cfg
 	}
-	sameDir := cfg.OutputCertsDir != "" && filepath.Clean(cfg.OutputCertsDir) == filepath.Clean(etcCerts)
-	if !sameDir && exists(filepath.Join(etcCerts, CertChainFileName)) && exists(filepath.Join(etcCerts, KeyFileName)) {
-		return useDir(etcCerts)
+	spiffe := workloadCredentials
+	if exists(filepath.Join(spiffe, CertChainFileName)) && exists(filepath.Join(spiffe, KeyFileName)) &&
+		exists(filepath.Join(spiffe, RootCertFileName)) {
+		return useDir(spiffe, RootsWithCertificate)
 	}
-	if exists(filepath.Join(workloadCredentials, CertChainFileName)) && exists(filepath.Join(workloadCredentials, KeyFileName)) &&
-		exists(filepath.Join(workloadCredentials, RootCertFileName)) {
-		return useDir(workloadCredentials)
+	sameDir := cfg.OutputCertsDir != "" && filepath.Clean(cfg.OutputCertsDir) == filepath.Clean(etc)
+	certFiles := !sameDir && notEmpty(filepath.Join(etc, CertChainFileName)) && notEmpty(filepath.Join(etc, KeyFileName))
+	rootFile := !sameDir && notEmpty(filepath.Join(etc, RootCertFileName))
+	switch {
+	case fileMountedCerts || certFiles && rootFile:
+		return useDir(etc, RootsWithCertificate)
+	case certFiles:
+		return useDir(etc, RootsFromCA)
+	case rootFile:
+		cfg.Source, cfg.Roots = SourceCA, RootsFromFile
+		cfg.RootCertFile = filepath.Join(etc, RootCertFileName)
+		return cfg
 	}
-	if fileMountedCerts {
-		return useDir(etcCerts)
-	}
-	cfg.Source = SourceCA
+	cfg.Source, cfg.Roots = SourceCA, RootsWithCertificate
 	return cfg
 }
 
 // Validate checks cfg and names the field and value that are wrong.
 func (c Config) Validate() error {
-	switch c.Source {
-	case SourceFiles:
-		for name, p := range map[string]string{"CertChainFile": c.CertChainFile, "KeyFile": c.KeyFile, "RootCertFile": c.RootCertFile} {
-			if p == "" || !filepath.IsAbs(p) {
-				return fmt.Errorf("certs config: %s %q must be an absolute path", name, p)
-			}
-		}
-		if c.OutputCertsDir != "" && filepath.Clean(c.OutputCertsDir) == filepath.Dir(c.CertChainFile) {
-			return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q is the directory the certificates are read from: that would feed our own output back", c.OutputCertsDir)
-		}
-		if c.FileDebounce < 0 {
-			return fmt.Errorf("certs config: FileDebounce (FILE_DEBOUNCE_DURATION) %v must not be negative", c.FileDebounce)
-		}
-	case SourceCA:
-		if c.CAAddr == "" || !strings.Contains(c.CAAddr, ":") {
-			return fmt.Errorf("certs config: CAAddr (CA_ADDR) %q must be host:port", c.CAAddr)
-		}
-		if !c.CAPlaintext && !c.CASystemRoots && c.CARootFile == "" {
-			return fmt.Errorf("certs config: CARootFile (CA_ROOT_CA) is empty and neither CASystemRoots nor CAPlaintext is set")
-		}
-		if c.TrustDomain == "" || c.Namespace == "" || c.ServiceAccount == "" {
-			return fmt.Errorf("certs config: TrustDomain %q, Namespace %q and ServiceAccount %q must all be set (TRUST_DOMAIN, POD_NAMESPACE, SERVICE_ACCOUNT)",
-				c.TrustDomain, c.Namespace, c.ServiceAccount)
-		}
-		if c.SecretTTL <= 0 {
-			return fmt.Errorf("certs config: SecretTTL (SECRET_TTL) %v must be positive", c.SecretTTL)
-		}
-		if c.GraceRatio <= 0 || c.GraceRatio >= 1 {
-			return fmt.Errorf("certs config: GraceRatio (SECRET_GRACE_PERIOD_RATIO) %v must be in (0,1)", c.GraceRatio)
-		}
-		if c.GraceJitter < 0 || c.GraceJitter >= c.GraceRatio || c.GraceRatio+c.GraceJitter >= 1 {
-			return fmt.Errorf("certs config: GraceJitter (SECRET_GRACE_PERIOD_RATIO_JITTER) %v must be in [0, %v) and keep the ratio below 1", c.GraceJitter, c.GraceRatio)
-		}
-		switch c.KeyAlgorithm {
-		case RSA:
-			if c.RSAKeySize < 2048 {
-				return fmt.Errorf("certs config: RSAKeySize (WORKLOAD_RSA_KEY_SIZE) %d must be at least 2048", c.RSAKeySize)
-			}
-		case ECDSA:
-			if c.ECCCurve != "P256" && c.ECCCurve != "P384" {
-				return fmt.Errorf("certs config: ECCCurve (ECC_CURVE) %q must be P256 or P384", c.ECCCurve)
-			}
-		default:
-			return fmt.Errorf("certs config: KeyAlgorithm (ECC_SIGNATURE_ALGORITHM) %q must be RSA or ECDSA", c.KeyAlgorithm)
-		}
-		if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
-			return fmt.Errorf("certs config: RetryInitial %v must be positive and not above RetryMax %v", c.RetryInitial, c.RetryMax)
-		}
-		if c.RequestTimeout <= 0 {
-			return fmt.Errorf("certs config: RequestTimeout %v must be positive", c.RequestTimeout)
-		}
-	default:
+	files, ca := c.Source == SourceFiles, c.Source == SourceCA
+	switch {
+	case c.Source != SourceFiles && c.Source != SourceCA:
 		return fmt.Errorf("certs config: Source %d is neither SourceFiles nor SourceCA", int(c.Source))
+	case c.Roots == RootsFromFile && c.Source != SourceCA:
+		return fmt.Errorf("certs config: Roots %v needs Source %v (the certificate from the CA), not %v", c.Roots, SourceCA, c.Source)
+	case c.Roots == RootsFromCA && c.Source != SourceFiles:
+		return fmt.Errorf("certs config: Roots %v needs Source %v (the certificate from files), not %v", c.Roots, SourceFiles, c.Source)
+	case c.Roots < RootsWithCertificate || c.Roots > RootsFromCA:
+		return fmt.Errorf("certs config: Roots %d is not a RootsSource", int(c.Roots))
+	}
+	if files || c.Roots == RootsFromFile {
+		if err := c.validateFiles(); err != nil {
+			return err
+		}
+	}
+	if ca || c.Roots == RootsFromCA {
+		if err := c.validateCA(); err != nil {
+			return err
+		}
 	}
 	if c.OutputCertsDir != "" && !filepath.IsAbs(c.OutputCertsDir) {
 		return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q must be an absolute path", c.OutputCertsDir)
 	}
 	if c.OutputCertsDir != "" && c.OutputFileMode&0o002 != 0 {
 		return fmt.Errorf("certs config: OutputFileMode %v must not be world-writable", c.OutputFileMode)
+	}
+	return nil
+}
+
+// validateFiles checks what reading files needs: the certificate's files
+// (SourceFiles) and the root file (unless the roots come from the CA).
+func (c Config) validateFiles() error {
+	type path struct{ field, value string }
+	var paths []path
+	if c.Source == SourceFiles {
+		paths = append(paths, path{"CertChainFile", c.CertChainFile}, path{"KeyFile", c.KeyFile})
+	}
+	if c.Source == SourceFiles && c.Roots != RootsFromCA || c.Roots == RootsFromFile {
+		paths = append(paths, path{"RootCertFile", c.RootCertFile})
+	}
+	for _, p := range paths {
+		if p.value == "" || !filepath.IsAbs(p.value) {
+			return fmt.Errorf("certs config: %s %q must be an absolute path", p.field, p.value)
+		}
+		if c.OutputCertsDir != "" && filepath.Clean(c.OutputCertsDir) == filepath.Dir(p.value) {
+			return fmt.Errorf("certs config: OutputCertsDir (OUTPUT_CERTS) %q is the directory %s is read from: that would feed our own output back", c.OutputCertsDir, p.field)
+		}
+	}
+	if c.FileDebounce < 0 {
+		return fmt.Errorf("certs config: FileDebounce (FILE_DEBOUNCE_DURATION) %v must not be negative", c.FileDebounce)
+	}
+	return nil
+}
+
+// validateCA checks what asking the CA needs.
+func (c Config) validateCA() error {
+	if c.CAAddr == "" || !strings.Contains(c.CAAddr, ":") {
+		return fmt.Errorf("certs config: CAAddr (CA_ADDR) %q must be host:port", c.CAAddr)
+	}
+	if !c.CAPlaintext && !c.CASystemRoots && c.CARootFile == "" {
+		return fmt.Errorf("certs config: CARootFile (CA_ROOT_CA) is empty and neither CASystemRoots nor CAPlaintext is set")
+	}
+	if c.TrustDomain == "" || c.Namespace == "" || c.ServiceAccount == "" {
+		return fmt.Errorf("certs config: TrustDomain %q, Namespace %q and ServiceAccount %q must all be set (TRUST_DOMAIN, POD_NAMESPACE, SERVICE_ACCOUNT)",
+			c.TrustDomain, c.Namespace, c.ServiceAccount)
+	}
+	if c.SecretTTL <= 0 {
+		return fmt.Errorf("certs config: SecretTTL (SECRET_TTL) %v must be positive", c.SecretTTL)
+	}
+	if c.GraceRatio <= 0 || c.GraceRatio >= 1 {
+		return fmt.Errorf("certs config: GraceRatio (SECRET_GRACE_PERIOD_RATIO) %v must be in (0,1)", c.GraceRatio)
+	}
+	if c.GraceJitter < 0 || c.GraceJitter >= c.GraceRatio || c.GraceRatio+c.GraceJitter >= 1 {
+		return fmt.Errorf("certs config: GraceJitter (SECRET_GRACE_PERIOD_RATIO_JITTER) %v must be in [0, %v) and keep the ratio below 1", c.GraceJitter, c.GraceRatio)
+	}
+	switch c.KeyAlgorithm {
+	case RSA:
+		if c.RSAKeySize < 2048 {
+			return fmt.Errorf("certs config: RSAKeySize (WORKLOAD_RSA_KEY_SIZE) %d must be at least 2048", c.RSAKeySize)
+		}
+	case ECDSA:
+		if c.ECCCurve != "P256" && c.ECCCurve != "P384" {
+			return fmt.Errorf("certs config: ECCCurve (ECC_CURVE) %q must be P256 or P384", c.ECCCurve)
+		}
+	default:
+		return fmt.Errorf("certs config: KeyAlgorithm (ECC_SIGNATURE_ALGORITHM) %q must be RSA or ECDSA", c.KeyAlgorithm)
+	}
+	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
+		return fmt.Errorf("certs config: RetryInitial %v must be positive and not above RetryMax %v", c.RetryInitial, c.RetryMax)
+	}
+	if c.RequestTimeout <= 0 {
+		return fmt.Errorf("certs config: RequestTimeout %v must be positive", c.RequestTimeout)
 	}
 	return nil
 }

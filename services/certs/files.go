@@ -4,90 +4,62 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
-
-	"github.com/fsnotify/fsnotify"
 
 	"github.com/meshagent/meshagent/messages"
 )
 
-// serveFiles follows the file-mounted certificates.
-//
-// The watches are on the files' directories, not the files: Kubernetes
-// swaps a "..data" symlink and editors write a temp file and rename it, and
-// a watch on the old inode would see neither. Any event in a watched
-// directory re-arms a debounce timer; when it fires the three files are read
-// and checked together. The content hash decides whether anything changed,
-// so unrelated events in the directory cost a read and nothing else.
+// serveFiles follows the file-mounted certificate (see watchFiles), and its
+// roots: from RootCertFile, or, in Istio's mixed mode (RootsFromCA), from
+// the CA, asked again at each renewal point of the certificate it answers
+// with, so that a new mesh root reaches ROOTCA.
 func (s *Service) serveFiles(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
+	paths := []string{s.cfg.CertChainFile, s.cfg.KeyFile}
+	if s.cfg.Roots != RootsFromCA {
+		paths = append(paths, s.cfg.RootCertFile)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watch, err := s.watchFiles(ctx, paths...)
 	if err != nil {
-		return fmt.Errorf("create file watcher: %w", err)
+		return err
 	}
-	defer w.Close()
+	defer func() { cancel(); <-watch.done }()
 
-	dirs := uniqueDirs(s.cfg.CertChainFile, s.cfg.KeyFile, s.cfg.RootCertFile)
-	watched := map[string]bool{}
-	// addWatches adds the directories not yet watched; a directory that
-	// does not exist yet (a volume not mounted yet) is retried by a timer.
-	addWatches := func() error {
-		var firstErr error
-		for _, d := range dirs {
-			if watched[d] {
-				continue
-			}
-			if err := w.Add(d); err != nil {
-				s.m.watcherFailures.Inc()
-				if firstErr == nil {
-					firstErr = fmt.Errorf("watch directory %s: %w", d, err)
-				}
-				continue
-			}
-			watched[d] = true
+	var rootsDue <-chan time.Time // RootsFromCA: when to ask the CA
+	ca := &caClient{s: s}
+	defer ca.close()
+	if s.cfg.Roots == RootsFromCA {
+		rootsDue = time.After(0)
+		if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
+			rootsDue = time.After(s.renewDelay(b)) // a restart keeps what the CA said
 		}
-		return firstErr
-	}
-
-	var retryWatch <-chan time.Time
-	if err := addWatches(); err != nil {
-		s.log.Warn("cannot watch certificate directory yet; retrying", "error", err)
-		retryWatch = time.After(time.Second)
 	}
 	s.reload()
-
-	debounce := time.NewTimer(0)
-	if !debounce.Stop() {
-		<-debounce.C
-	}
-	defer debounce.Stop()
-
+	backoff := s.cfg.RetryInitial
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case ev, ok := <-w.Events:
-			if !ok {
-				return fmt.Errorf("file watcher closed")
-			}
-			s.log.Debug("certificate directory changed", "file", ev.Name, "op", ev.Op.String())
-			debounce.Reset(s.cfg.FileDebounce)
-		case err, ok := <-w.Errors:
-			if !ok {
-				return fmt.Errorf("file watcher closed")
-			}
-			s.m.watcherFailures.Inc()
-			s.log.Warn("file watcher error", "error", err)
-			debounce.Reset(s.cfg.FileDebounce) // events may have been lost: re-read
-		case <-retryWatch:
-			retryWatch = nil
-			if err := addWatches(); err != nil {
-				retryWatch = time.After(time.Second)
-			} else {
-				s.log.Info("watching certificate directories", "dirs", dirs)
-			}
+		case err := <-watch.failed:
+			return err
+		case <-watch.changed:
 			s.reload()
-		case <-debounce.C:
+		case <-rootsDue:
+			b, err := ca.request(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				s.rootsFailure(err)
+				rootsDue, backoff = time.After(jittered(backoff)), min(backoff*2, s.cfg.RetryMax)
+				continue
+			}
+			backoff = s.cfg.RetryInitial
+			s.caIssued = b
+			delay := s.renewDelay(b)
+			rootsDue = time.After(delay)
+			s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", delay.Round(time.Millisecond))
 			s.reload()
 		}
 	}
@@ -123,23 +95,27 @@ func (s *Service) readFiles() (messages.CertBundle, error) {
 	if err != nil {
 		return messages.CertBundle{}, fmt.Errorf("read private key: %w", err)
 	}
-	roots, err := os.ReadFile(s.cfg.RootCertFile)
-	if err != nil {
+	src := bundleSources{s.cfg.CertChainFile, s.cfg.KeyFile, s.cfg.RootCertFile}
+	var roots []byte
+	if s.cfg.Roots == RootsFromCA {
+		if s.caIssued.Version == "" {
+			return messages.CertBundle{}, fmt.Errorf("trusted roots: not received from the CA at %s yet", s.cfg.CAAddr)
+		}
+		roots, src.roots = s.caIssued.RootsPEM, "CA "+s.cfg.CAAddr+" response (last element)"
+	} else if roots, err = os.ReadFile(s.cfg.RootCertFile); err != nil {
 		return messages.CertBundle{}, fmt.Errorf("read root certificates: %w", err)
 	}
-	return buildBundle(chain, key, roots,
-		bundleSources{s.cfg.CertChainFile, s.cfg.KeyFile, s.cfg.RootCertFile}, s.clock.Now())
+	return buildBundle(chain, key, roots, src, s.clock.Now())
 }
 
-func uniqueDirs(paths ...string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, p := range paths {
-		d := filepath.Dir(p)
-		if !seen[d] {
-			seen[d] = true
-			out = append(out, d)
-		}
+// rootsFailure reports a failed request for the CA's roots (RootsFromCA).
+func (s *Service) rootsFailure(err error) {
+	s.log.Warn("trusted roots request failed", "ca", s.cfg.CAAddr, "error", err)
+	if s.caIssued.Version == "" {
+		s.report(messages.Starting, "waiting for the trusted roots from the CA: "+err.Error())
+		return
 	}
-	return out
+	if _, ok := s.last(); ok {
+		s.report(messages.Degraded, "cannot refresh the trusted roots from the CA (serving the previous ones): "+err.Error())
+	}
 }

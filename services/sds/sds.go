@@ -1,7 +1,10 @@
-// Package sds is the SDS server: it serves the workload certificate
-// ("default") and the trusted roots ("ROOTCA") to Envoy over gRPC
-// (envoy.service.secret.v3.SecretDiscoveryService) on a unix socket, and
-// pushes a new certificate on every open stream as soon as it arrives.
+// Package sds is the SDS server: it serves Envoy, over gRPC
+// (envoy.service.secret.v3.SecretDiscoveryService) on a unix socket, the
+// secrets Istio's agent serves: the workload certificate ("default") and the
+// trusted roots ("ROOTCA", with the extra trust anchors and the CA's CRL),
+// and the file secrets istiod names in DestinationRules ("file-cert:",
+// "file-root:", "file-root:system"). Every change is pushed on the open
+// streams that asked for it.
 package sds
 
 import (
@@ -9,9 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,16 +23,23 @@ import (
 	"github.com/meshagent/meshagent/messages"
 )
 
-// ErrSocketInUse: another server answers on the socket path.
-var ErrSocketInUse = errors.New("a live server is already listening on the SDS socket")
-
 // Name is the service's name in logs, metrics, Health and /debug/tree.
 const Name = "sds"
+
+// Inputs are the channels the SDS server reads.
+type Inputs struct {
+	// Certs: the workload certificate and the mesh roots, from certs.
+	Certs messages.Latest[messages.CertBundle]
+	// TrustAnchors: extra roots from the ProxyConfig (caCertificatesPem)
+	// the XDS proxy receives with PROXY_CONFIG_XDS_AGENT, merged into
+	// ROOTCA. Optional: nil when the agent has no such input.
+	TrustAnchors messages.Latest[messages.TrustAnchors]
+}
 
 // Service is the SDS server.
 type Service struct {
 	cfg    Config
-	certs  messages.Latest[messages.CertBundle]
+	in     Inputs
 	health *messages.Reporter
 	log    *slog.Logger
 	m      metrics
@@ -40,9 +47,19 @@ type Service struct {
 	streamIDs atomic.Int64 // stream numbers for logs and nonces; never reset
 }
 
-// New returns the SDS server. It serves what certs holds.
+// New returns the SDS server serving what certs holds, without extra trust
+// anchors. It is NewWithInputs(cfg, Inputs{Certs: certs}, rt), kept until
+// the tree passes Inputs.
 func New(cfg Config, certs messages.Latest[messages.CertBundle], rt messages.Runtime) (*Service, error) {
-	s := &Service{cfg: cfg, certs: certs, health: rt.Health, log: rt.Log, m: newMetrics()}
+	return NewWithInputs(cfg, Inputs{Certs: certs}, rt)
+}
+
+// NewWithInputs returns the SDS server reading in.
+func NewWithInputs(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
+	if in.Certs == nil {
+		return nil, errors.New("sds: Inputs.Certs is required")
+	}
+	s := &Service{cfg: cfg, in: in, health: rt.Health, log: rt.Log, m: newMetrics()}
 	if err := rt.Register(s.m.streams, s.m.pushes, s.m.nacks); err != nil {
 		return nil, err
 	}
@@ -53,88 +70,69 @@ func New(cfg Config, certs messages.Latest[messages.CertBundle], rt messages.Run
 func (s *Service) String() string { return Name }
 
 // Serve listens on the socket and serves until ctx is done; then it stops
-// every stream, closes the listener and removes the socket file.
+// every stream, closes the listener and removes the socket file. It reports
+// Ready once it listens (with the reason when an external SDS server serves
+// the workload identity), and Degraded, naming them, while some asked-for
+// secrets cannot be served.
 func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
-	lis, err := s.listen()
+	lis, external, err := s.openSocket()
 	if err != nil {
 		return err
 	}
-	defer removeSocket(s.cfg.SocketPath)
+	st := newStore(s, external)
+	storeCtx, cancelStore := context.WithCancel(context.Background())
+	storeDone := make(chan error, 1)
+	go func() { storeDone <- st.run(storeCtx) }()
+	// The store outlives the gRPC server, so that ending streams can still
+	// let go of their file secrets.
+	stopStore := func() { cancelStore(); <-storeDone }
 
-	h := &handler{svc: s, stop: make(chan struct{})}
+	if lis == nil { // an external SDS server, and no files socket
+		select {
+		case <-ctx.Done():
+			stopStore()
+			return ctx.Err()
+		case err := <-storeDone:
+			cancelStore()
+			return fmt.Errorf("SDS secret store: %w", err)
+		}
+	}
+	path := lis.Addr().String()
+	defer removeSocket(path)
+
+	h := &handler{svc: s, store: st, stop: make(chan struct{})}
 	srv := grpc.NewServer(grpc.MaxConcurrentStreams(100000))
 	sdsv3.RegisterSecretDiscoveryServiceServer(srv, h)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	s.log.Info("SDS server listening", "socket", s.cfg.SocketPath)
-	s.health.Report(messages.Ready, "")
+	s.log.Info("SDS server listening", "socket", path)
 
 	select {
 	case <-ctx.Done():
 	case err := <-served:
 		h.shutdown(srv, s.cfg.StopTimeout)
-		return fmt.Errorf("serve SDS on %s: %w", s.cfg.SocketPath, err)
+		stopStore()
+		return fmt.Errorf("serve SDS on %s: %w", path, err)
+	case err := <-storeDone:
+		cancelStore()
+		h.shutdown(srv, s.cfg.StopTimeout)
+		<-served
+		return fmt.Errorf("SDS secret store: %w", err)
 	}
 	h.shutdown(srv, s.cfg.StopTimeout)
 	<-served
+	stopStore()
 	return ctx.Err()
 }
 
-// listen prepares the directory, clears a stale socket, refuses to take over
-// a live one, and listens with owner-only permissions.
-func (s *Service) listen() (net.Listener, error) {
-	path := s.cfg.SocketPath
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("create SDS socket directory %s: %w", dir, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("SDS socket path %s exists and is not a socket (%s)", path, fi.Mode())
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("%s: %w", path, ErrSocketInUse)
-		}
-		s.log.Info("removing stale SDS socket", "socket", path)
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("remove stale SDS socket %s: %w", path, err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen on SDS socket %s: %w", path, err)
-	}
-	// The directory is 0750, so nobody else can reach the socket in the
-	// moment before the chmod.
-	mode := os.FileMode(0o600)
-	if s.cfg.SocketGID >= 0 {
-		mode = 0o660
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("chmod SDS socket %s: %w", path, err)
-	}
-	if s.cfg.SocketUID >= 0 || s.cfg.SocketGID >= 0 {
-		if err := os.Chown(path, s.cfg.SocketUID, s.cfg.SocketGID); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("chown SDS socket %s to %d:%d: %w", path, s.cfg.SocketUID, s.cfg.SocketGID, err)
-		}
-	}
-	return lis, nil
-}
-
-// removeSocket is best effort: the listener usually unlinks the socket
-// itself, and a leftover one is removed as stale on the next start.
-func removeSocket(path string) { _ = os.Remove(path) }
-
-// handler implements SecretDiscoveryService on top of the latest CertBundle.
+// handler implements SecretDiscoveryService on top of the store's views.
 type handler struct {
 	sdsv3.UnimplementedSecretDiscoveryServiceServer
-	svc *Service
+	svc   *Service
+	store *store
 	// stop is closed at shutdown: every stream returns, so that
 	// GracefulStop does not wait for Envoy to hang up.
 	stop     chan struct{}

@@ -6,20 +6,243 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/meshagent/meshagent/messages"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 var errShuttingDown = status.Error(codes.Unavailable, "SDS server shutting down")
 
+// StreamSecrets is state-of-the-world SDS, what Envoy uses. A response is
+// sent when the subscription gains a name or a subscribed secret changes,
+// and holds those secrets only, as Istio's pushes do (SDS is not a type
+// whose responses must hold every subscribed resource). A secret that is not
+// there yet (the workload certificate before the first one) waits; one that
+// cannot be served (a bad name, a missing file) is in the response's
+// resource_errors with a gRPC status naming it and why, and the other
+// secrets are served as usual. Istio instead ends the whole stream with the
+// error (after retrying a missing file for 10 s), which stops every other
+// secret on it until Envoy reconnects; Envoy does not read resource_errors,
+// but its log names a secret it did not get, and ours does too.
+func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
+	ctx := stream.Context()
+	id := h.svc.streamIDs.Add(1)
+	log := h.svc.log.With("stream", id)
+	h.svc.m.streams.Inc()
+	defer h.svc.m.streams.Dec()
+	log.Debug("SDS stream opened")
+	defer log.Debug("SDS stream closed")
+
+	reqs, recvErr := receive(h, ctx, stream.Recv)
+	sub := &subscriber{store: h.store}
+	defer sub.close()
+	var (
+		names     []string              // subscribed
+		bad       map[string]error      // subscribed names this server cannot serve
+		sent      = map[string]string{} // name → secretState.key() sent
+		lastNonce string
+		nonces    int
+	)
+	secrets, _, changed := h.store.views.Watch()
+	for {
+		select {
+		case <-h.stop:
+			return errShuttingDown
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return endOfStream(err)
+		case <-changed:
+			secrets, _, changed = h.store.views.Watch()
+		case req := <-reqs:
+			if err := checkTypeURL(req.GetTypeUrl()); err != nil {
+				return err
+			}
+			if !h.current(log, req.GetResponseNonce(), lastNonce, req.GetErrorDetail(), req.GetResourceNames(), req.GetVersionInfo()) {
+				continue
+			}
+			names = dedupe(req.GetResourceNames())
+			var rs []resource
+			rs, bad = parseNames(names)
+			if err := sub.want(ctx, rs); err != nil {
+				return err
+			}
+			secrets, _, changed = h.store.views.Watch() // holds what want acquired
+			for n := range sent {
+				if !slices.Contains(names, n) {
+					delete(sent, n)
+				}
+			}
+		}
+		states := statesFor(names, bad, secrets)
+		var changedNames []string
+		for _, n := range names {
+			if s, ok := states[n]; ok && sent[n] != s.key() {
+				changedNames = append(changedNames, n)
+			}
+		}
+		if len(changedNames) == 0 {
+			continue
+		}
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: SecretTypeURL}
+		var served, failed []string
+		for _, n := range changedNames {
+			s := states[n]
+			if s.secret != nil {
+				resp.Resources = append(resp.Resources, s.secret)
+				served = append(served, n)
+			}
+			if s.err != nil {
+				resp.ResourceErrors = append(resp.ResourceErrors, resourceError(n, s.err))
+				failed = append(failed, n)
+			}
+		}
+		resp.VersionInfo = responseVersion(changedNames, states)
+		nonces++
+		resp.Nonce = fmt.Sprintf("%d-%d", id, nonces)
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		lastNonce = resp.Nonce
+		for _, n := range changedNames {
+			sent[n] = states[n].key()
+		}
+		for _, n := range served {
+			h.svc.m.pushes.WithLabelValues(n).Inc()
+		}
+		for _, n := range changedNames {
+			if err := states[n].err; err != nil {
+				log.Warn("cannot serve secret", "name", n, "code", status.Code(err), "error", status.Convert(err).Message())
+			}
+		}
+		log.Info("sent secrets", "names", served, "errors", failed, "version", resp.VersionInfo, "nonce", resp.Nonce)
+	}
+}
+
+// current handles a request's response nonce: it logs an ACK or a NACK of
+// the last response, and reports false for a request that answers an older
+// response (Envoy sends one per response it got; only the latest counts).
+func (h *handler) current(log *slog.Logger, nonce, lastNonce string, nack *statuspb.Status, names []string, version string) bool {
+	if nonce == "" {
+		return true
+	}
+	if nonce != lastNonce {
+		log.Debug("ignoring request for a stale nonce", "nonce", nonce)
+		return false
+	}
+	if nack != nil {
+		h.svc.m.nacks.Inc()
+		log.Warn("Envoy rejected secrets (NACK)", "names", names, "version", version, "nonce", nonce, "error", nack.GetMessage())
+	} else {
+		log.Debug("Envoy accepted secrets (ACK)", "names", names, "version", version)
+	}
+	return true
+}
+
+// parseNames splits names into those this server can serve and, with why,
+// those it cannot.
+func parseNames(names []string) ([]resource, map[string]error) {
+	var rs []resource
+	bad := map[string]error{}
+	for _, n := range names {
+		r, err := parseResourceName(n)
+		if err != nil {
+			bad[n] = err
+			continue
+		}
+		rs = append(rs, r)
+	}
+	return rs, bad
+}
+
+// statesFor is what there is to say about each name: its state in the view,
+// or its error if the name is bad. A name with neither is pending.
+func statesFor(names []string, bad map[string]error, secrets view) map[string]secretState {
+	out := make(map[string]secretState, len(names))
+	for _, n := range names {
+		if err, ok := bad[n]; ok {
+			out[n] = secretState{err: err}
+		} else if s, ok := secrets[n]; ok {
+			out[n] = s
+		}
+	}
+	return out
+}
+
+func resourceError(name string, err error) *discoveryv3.ResourceError {
+	return &discoveryv3.ResourceError{
+		ResourceName: &discoveryv3.ResourceName{Name: name},
+		ErrorDetail:  status.Convert(err).Proto(),
+	}
+}
+
+func dedupe(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// subscriber is one stream's hold on the store's file secrets: the store
+// reads and watches a file secret while some stream holds it.
+type subscriber struct {
+	store *store
+	held  map[string]bool
+}
+
+// want makes the stream hold exactly the file secrets among rs.
+func (s *subscriber) want(ctx context.Context, rs []resource) error {
+	var sub subscription
+	next := map[string]bool{}
+	for _, r := range rs {
+		if !r.fromFiles() || next[r.name] {
+			continue
+		}
+		next[r.name] = true
+		if !s.held[r.name] {
+			sub.acquire = append(sub.acquire, r)
+		}
+	}
+	for n := range s.held {
+		if !next[n] {
+			sub.release = append(sub.release, n)
+		}
+	}
+	if len(sub.acquire)+len(sub.release) == 0 {
+		return nil
+	}
+	if err := s.store.update(ctx, sub); err != nil {
+		return err
+	}
+	s.held = next
+	return nil
+}
+
+// close lets go of everything the stream held; the store may be gone
+// already (shutdown).
+func (s *subscriber) close() {
+	if len(s.held) == 0 {
+		return
+	}
+	sub := subscription{release: slices.Collect(maps.Keys(s.held))}
+	select {
+	case s.store.updates <- sub:
+	case <-s.store.done:
+	}
+	s.held = nil
+}
+
 // receive runs stream.Recv in its own goroutine so that the stream loop can
-// also wait for new certificates. The goroutine ends when the stream does.
+// also wait for new secrets. The goroutine ends when the stream does.
 func receive[T any](h *handler, ctx context.Context, recv func() (T, error)) (<-chan T, <-chan error) {
 	reqs := make(chan T)
 	errc := make(chan error, 1)
@@ -49,234 +272,16 @@ func endOfStream(err error) error {
 	return err
 }
 
-// StreamSecrets is state-of-the-world SDS, what Envoy uses. Each response
-// holds every subscribed secret; one is sent when the subscription gains a
-// name or a subscribed secret changes, and not before the first bundle.
-func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
-	ctx := stream.Context()
-	id := h.svc.streamIDs.Add(1)
-	log := h.svc.log.With("stream", id)
-	h.svc.m.streams.Inc()
-	defer h.svc.m.streams.Dec()
-	log.Debug("SDS stream opened")
-	defer log.Debug("SDS stream closed")
-
-	reqs, recvErr := receive(h, ctx, stream.Recv)
-	var (
-		names     []string              // subscribed
-		sent      = map[string]string{} // name → resource version sent
-		lastNonce string
-		nonces    int
-	)
-	bundle, have, changed := h.svc.certs.Watch()
-	for {
-		select {
-		case <-h.stop:
-			return errShuttingDown
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return endOfStream(err)
-		case <-changed:
-			bundle, have, changed = h.svc.certs.Watch()
-		case req := <-reqs:
-			if err := checkTypeURL(req.GetTypeUrl()); err != nil {
-				return err
-			}
-			if req.GetResponseNonce() != "" {
-				if req.GetResponseNonce() != lastNonce {
-					log.Debug("ignoring request for a stale nonce", "nonce", req.GetResponseNonce())
-					continue
-				}
-				if d := req.GetErrorDetail(); d != nil {
-					h.svc.m.nacks.Inc()
-					log.Warn("Envoy rejected secrets (NACK)", "names", req.GetResourceNames(),
-						"version", req.GetVersionInfo(), "nonce", req.GetResponseNonce(), "error", d.GetMessage())
-				} else {
-					log.Debug("Envoy accepted secrets (ACK)", "names", req.GetResourceNames(), "version", req.GetVersionInfo())
-				}
-			}
-			for _, n := range req.GetResourceNames() {
-				if err := checkName(n); err != nil {
-					log.Warn("rejecting SDS request", "error", err)
-					return err
-				}
-			}
-			names = slices.Clone(req.GetResourceNames())
-			for n := range sent {
-				if !slices.Contains(names, n) {
-					delete(sent, n)
-				}
-			}
-		}
-		if !have || len(names) == 0 || !stale(names, sent, bundle) {
-			continue
-		}
-		resp := &discoveryv3.DiscoveryResponse{VersionInfo: bundle.Version, TypeUrl: SecretTypeURL}
-		for _, n := range names {
-			a, err := secret(n, bundle)
-			if err != nil {
-				return status.Error(codes.Internal, err.Error())
-			}
-			resp.Resources = append(resp.Resources, a)
-		}
-		nonces++
-		resp.Nonce = fmt.Sprintf("%d-%d", id, nonces)
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
-		lastNonce = resp.Nonce
-		for _, n := range names {
-			sent[n] = resourceVersion(n, bundle)
-			h.svc.m.pushes.WithLabelValues(n).Inc()
-		}
-		log.Info("sent secrets", "names", names, "version", bundle.Version, "nonce", resp.Nonce)
-	}
-}
-
-// stale reports whether some subscribed secret was not sent at its current
-// version.
-func stale(names []string, sent map[string]string, b messages.CertBundle) bool {
+// secretsOf returns the secrets of states in names' order; with a name that
+// has none, its error.
+func secretsOf(names []string, states map[string]secretState) ([]*anypb.Any, error) {
+	out := make([]*anypb.Any, 0, len(names))
 	for _, n := range names {
-		if v, ok := sent[n]; !ok || v != resourceVersion(n, b) {
-			return true
+		s := states[n]
+		if s.secret == nil {
+			return nil, s.err
 		}
+		out = append(out, s.secret)
 	}
-	return false
-}
-
-// DeltaSecrets is incremental SDS: only the changed secrets are sent, each
-// with its own version.
-func (h *handler) DeltaSecrets(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
-	ctx := stream.Context()
-	id := h.svc.streamIDs.Add(1)
-	log := h.svc.log.With("stream", id, "delta", true)
-	h.svc.m.streams.Inc()
-	defer h.svc.m.streams.Dec()
-
-	reqs, recvErr := receive(h, ctx, stream.Recv)
-	subscribed := map[string]bool{}
-	sent := map[string]string{}
-	var lastNonce string
-	nonces := 0
-	bundle, have, changed := h.svc.certs.Watch()
-	for {
-		select {
-		case <-h.stop:
-			return errShuttingDown
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return endOfStream(err)
-		case <-changed:
-			bundle, have, changed = h.svc.certs.Watch()
-		case req := <-reqs:
-			if err := checkTypeURL(req.GetTypeUrl()); err != nil {
-				return err
-			}
-			if req.GetResponseNonce() != "" && req.GetResponseNonce() == lastNonce {
-				if d := req.GetErrorDetail(); d != nil {
-					h.svc.m.nacks.Inc()
-					log.Warn("Envoy rejected secrets (NACK)", "nonce", req.GetResponseNonce(), "error", d.GetMessage())
-				}
-			}
-			for n, v := range req.GetInitialResourceVersions() {
-				if err := checkName(n); err != nil {
-					return err
-				}
-				subscribed[n] = true
-				sent[n] = v
-			}
-			for _, n := range req.GetResourceNamesSubscribe() {
-				if err := checkName(n); err != nil {
-					log.Warn("rejecting SDS request", "error", err)
-					return err
-				}
-				subscribed[n] = true
-			}
-			for _, n := range req.GetResourceNamesUnsubscribe() {
-				delete(subscribed, n)
-				delete(sent, n)
-			}
-		}
-		if !have {
-			continue
-		}
-		var resources []*discoveryv3.Resource
-		var names []string
-		for _, n := range []string{WorkloadKeyCertResourceName, RootCertResourceName} {
-			v := resourceVersion(n, bundle)
-			if !subscribed[n] || sent[n] == v {
-				continue
-			}
-			a, err := secret(n, bundle)
-			if err != nil {
-				return status.Error(codes.Internal, err.Error())
-			}
-			resources = append(resources, &discoveryv3.Resource{Name: n, Version: v, Resource: a})
-			names = append(names, n)
-		}
-		if len(resources) == 0 {
-			continue
-		}
-		nonces++
-		resp := &discoveryv3.DeltaDiscoveryResponse{
-			SystemVersionInfo: bundle.Version, TypeUrl: SecretTypeURL, Resources: resources,
-			Nonce: fmt.Sprintf("%d-%d", id, nonces),
-		}
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
-		lastNonce = resp.Nonce
-		for _, r := range resources {
-			sent[r.Name] = r.Version
-			h.svc.m.pushes.WithLabelValues(r.Name).Inc()
-		}
-		log.Info("sent secrets", "names", names, "version", bundle.Version, "nonce", resp.Nonce)
-	}
-}
-
-// FetchSecrets answers once, waiting for the first bundle if there is none.
-func (h *handler) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
-	if err := checkTypeURL(req.GetTypeUrl()); err != nil {
-		return nil, err
-	}
-	if len(req.GetResourceNames()) == 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "FetchSecrets needs resource names (%q or %q)", WorkloadKeyCertResourceName, RootCertResourceName)
-	}
-	for _, n := range req.GetResourceNames() {
-		if err := checkName(n); err != nil {
-			return nil, err
-		}
-	}
-	bundle, err := h.waitBundle(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp := &discoveryv3.DiscoveryResponse{VersionInfo: bundle.Version, TypeUrl: SecretTypeURL}
-	for _, n := range req.GetResourceNames() {
-		a, err := secret(n, bundle)
-		if err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
-		}
-		resp.Resources = append(resp.Resources, a)
-	}
-	h.svc.log.LogAttrs(ctx, slog.LevelDebug, "fetched secrets", slog.Any("names", req.GetResourceNames()), slog.String("version", bundle.Version))
-	return resp, nil
-}
-
-func (h *handler) waitBundle(ctx context.Context) (messages.CertBundle, error) {
-	for {
-		b, ok, changed := h.svc.certs.Watch()
-		if ok {
-			return b, nil
-		}
-		select {
-		case <-changed:
-		case <-h.stop:
-			return messages.CertBundle{}, errShuttingDown
-		case <-ctx.Done():
-			return messages.CertBundle{}, status.FromContextError(ctx.Err()).Err()
-		}
-	}
+	return out, nil
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
@@ -77,6 +78,7 @@ type agent struct {
 	certCfg certs.Config
 	sdsCfg  sds.Config
 	bundles *messages.Cell[messages.CertBundle]
+	anchors *messages.Cell[messages.TrustAnchors] // what the XDS proxy would send
 	health  *healthLog
 	logs    *syncBuffer
 	log     *slog.Logger
@@ -91,13 +93,15 @@ func newAgent(t testing.TB) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](),
+	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
 	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a.certCfg = certs.DefaultConfig()
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
 	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
+	// The OS trust store file-root:system serves is the test's.
+	a.sdsCfg.SystemRootFiles = []string{filepath.Join(root, "os/ca-certificates.crt")}
 	t.Cleanup(func() {
 		a.stop()
 		a.assertNoKeysLogged(t)
@@ -114,7 +118,7 @@ func (a *agent) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sds.New(a.sdsCfg, a.bundles, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
+	s, err := sds.NewWithInputs(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,12 +167,22 @@ type envoy struct {
 	resps  chan *discoveryv3.DiscoveryResponse
 	errc   chan error
 	a      *agent
-	name   string
+	names  []string
+	// What nextAll has received, merged as Envoy merges SDS responses, and
+	// the names of the secrets in the last response.
+	have     map[string]*tlsv3.Secret
+	errs     map[string]*status.Status
+	lastSent []string
 }
 
-func (a *agent) connect(t testing.TB, name string) *envoy {
+func (a *agent) connect(t testing.TB, names ...string) *envoy {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+a.sdsCfg.SocketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return a.connectAt(t, a.sdsCfg.SocketPath, names...)
+}
+
+func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +191,8 @@ func (a *agent) connect(t testing.TB, name string) *envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, name: name}
+	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names,
+		have: map[string]*tlsv3.Secret{}, errs: map[string]*status.Status{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -191,10 +206,56 @@ func (a *agent) connect(t testing.TB, name string) *envoy {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; conn.Close() })
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{name}}); err != nil {
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// nextAll receives the next response, ACKs it, and returns every secret and
+// error received so far on the stream, merged as Envoy merges them.
+func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*status.Status) {
+	t.Helper()
+	select {
+	case r := <-e.resps:
+		e.lastSent = nil
+		for _, a := range r.Resources {
+			s := &tlsv3.Secret{}
+			if err := a.UnmarshalTo(s); err != nil {
+				t.Fatal(err)
+			}
+			if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+				e.a.keys = append(e.a.keys, k)
+			}
+			e.have[s.Name] = s
+			delete(e.errs, s.Name)
+			e.lastSent = append(e.lastSent, s.Name)
+		}
+		for _, re := range r.ResourceErrors {
+			e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+		}
+		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+		return e.have, e.errs
+	case err := <-e.errc:
+		t.Fatalf("SDS stream ended: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no secret pushed")
+	}
+	return nil, nil
+}
+
+// until receives responses until ok holds for one, and returns its secrets.
+func (e *envoy) until(t testing.TB, what string, ok func(map[string]*tlsv3.Secret, map[string]*status.Status) bool) map[string]*tlsv3.Secret {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		secrets, errs := e.nextAll(t)
+		if ok(secrets, errs) {
+			return secrets
+		}
+	}
+	t.Fatalf("no response with %s", what)
+	return nil
 }
 
 // next receives the next secret, ACKs it, and returns it with its version.
@@ -212,7 +273,7 @@ func (e *envoy) next(t testing.TB) (*tlsv3.Secret, string) {
 		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
 			e.a.keys = append(e.a.keys, k)
 		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: []string{e.name},
+		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
 			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 		return s, r.VersionInfo
 	case err := <-e.errc:
@@ -236,6 +297,10 @@ func (e *envoy) expectNothing(t testing.TB, d time.Duration) {
 
 func chainOf(s *tlsv3.Secret) string {
 	return string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+}
+
+func trustedCA(s *tlsv3.Secret) string {
+	return string(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
 }
 
 // fileAgent is an agent on file-mounted certs in <root>/etc/certs.

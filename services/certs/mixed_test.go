@@ -1,0 +1,122 @@
+package certs
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Istio's mixed mode, first half: <root>/etc/certs/root-cert.pem is mounted
+// but no certificate, so the certificate comes from the CA and the roots
+// from the file, followed as file-mounted certificates are.
+func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	mounted := newTestPKI(t)
+	rootFile := filepath.Join(c.root, testEtcCertsDir, RootCertFileName)
+	writeFile(t, rootFile, mounted.rootPEM)
+	c.cfg = chooseSource(c.cfg, c.root, false)
+	if c.cfg.Source != SourceCA || c.cfg.Roots != RootsFromFile {
+		t.Fatalf("chose %v / %v; want the CA's certificate with the file's roots", c.cfg.Source, c.cfg.Roots)
+	}
+	c.cfg.FileDebounce = 20 * time.Millisecond
+	c.ca.start(t)
+	c.start(t)
+	b1 := c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	chain, err := parseCerts(b1.CertChainPEM)
+	if err != nil || chain[0].URIs[0].String() != c.cfg.SpiffeID() {
+		t.Fatalf("certificate is not the CA's: %v", err)
+	}
+	if string(b1.RootsPEM) != string(mounted.rootPEM) {
+		t.Fatal("roots are not the mounted root-cert.pem")
+	}
+	c.health.waitFor(t, messages.Ready, "")
+
+	// A new mounted root: the same certificate, the new roots, no CA call.
+	next := newTestPKI(t)
+	writeFile(t, rootFile, append(append([]byte{}, mounted.rootPEM...), next.rootPEM...))
+	b2 := c.out.waitFor(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.rootPEM) })
+	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
+		t.Fatal("a roots change must keep the certificate and change the version")
+	}
+	if n := c.ca.callCount(); n != 1 {
+		t.Fatalf("%d CA calls; a root file change must not ask the CA", n)
+	}
+
+	// A bad root file keeps the last good roots and says why.
+	writeFile(t, rootFile, []byte("garbage"))
+	c.health.waitFor(t, messages.Degraded, rootFile)
+	if got, _ := c.out.Get(); got.Version != b2.Version {
+		t.Fatal("a bad root file replaced the bundle")
+	}
+}
+
+// Istio's mixed mode, second half: cert-chain.pem and key.pem are mounted
+// but no root-cert.pem, so the certificate comes from the files and the
+// roots from the CA (Istio asks the CA for a certificate to learn them).
+func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	files := newTestPKI(t)
+	dir := filepath.Join(c.root, testEtcCertsDir)
+	chain1, key1 := files.leaf(t, time.Hour)
+	writeFile(t, filepath.Join(dir, CertChainFileName), chain1)
+	writeFile(t, filepath.Join(dir, KeyFileName), key1)
+	c.cfg = chooseSource(c.cfg, c.root, false)
+	if c.cfg.Source != SourceFiles || c.cfg.Roots != RootsFromCA {
+		t.Fatalf("chose %v / %v; want the files' certificate with the CA's roots", c.cfg.Source, c.cfg.Roots)
+	}
+	c.cfg.FileDebounce = 20 * time.Millisecond
+	c.start(t) // the CA is down at first
+	c.health.waitFor(t, messages.Starting, "waiting for the trusted roots from the CA")
+	if _, ok := c.out.Get(); ok {
+		t.Fatal("published without roots")
+	}
+	c.ca.start(t)
+	b1 := c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) {
+		t.Fatal("certificate is not the mounted one")
+	}
+	if string(b1.RootsPEM) != string(c.ca.pki.rootPEM) {
+		t.Fatal("roots are not the CA's")
+	}
+	c.health.waitFor(t, messages.Ready, "")
+
+	// The mounted certificate rotates: the CA's roots stay, no CA call.
+	chain2, key2 := files.leaf(t, time.Hour)
+	os.WriteFile(filepath.Join(dir, KeyFileName), key2, 0o600)
+	os.WriteFile(filepath.Join(dir, CertChainFileName), chain2, 0o600)
+	b2 := c.out.waitFor(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	if string(b2.RootsPEM) != string(c.ca.pki.rootPEM) {
+		t.Fatal("roots lost on rotation")
+	}
+	if n := c.ca.callCount(); n != 1 {
+		t.Fatalf("%d CA calls; want 1 (for the roots)", n)
+	}
+}
+
+// The CA's roots are asked for again at the renewal point of the
+// certificate the CA answered with, so that a new mesh root gets through.
+func TestMixedRootsFromCARefreshed(t *testing.T) {
+	c := newCASetup(t, 3*time.Second)
+	files := newTestPKI(t)
+	dir := filepath.Join(c.root, testEtcCertsDir)
+	chain, key := files.leaf(t, time.Hour)
+	writeFile(t, filepath.Join(dir, CertChainFileName), chain)
+	writeFile(t, filepath.Join(dir, KeyFileName), key)
+	c.cfg = chooseSource(c.cfg, c.root, false)
+	c.ca.start(t)
+	c.start(t)
+	c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	deadline := time.Now().Add(20 * time.Second)
+	for c.ca.callCount() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the CA's roots were never asked for again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if c.out.count() != 1 {
+		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.count())
+	}
+}
