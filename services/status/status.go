@@ -185,16 +185,16 @@ func (s *Service) readiness() (bool, string) {
 	if s.cfg.RequireEnvoy {
 		st, ok := s.in.Envoy.Get()
 		switch {
-		case !ok || !st.Running:
+		case !ok || !st.Phase.Alive():
 			reason := "envoy: not running" + exitSuffix(st)
 			if h, ok := s.healths[messages.EnvoyService]; ok && h.State == messages.Failed {
 				// Why it cannot start (a bad binary, a bootstrap error).
 				reason += ": " + h.Reason
 			}
 			why = append(why, reason)
-		case st.Draining:
+		case st.Phase == messages.EnvoyDraining:
 			why = append(why, "envoy: draining")
-		case !st.Ready:
+		case st.Phase != messages.EnvoyReady:
 			why = append(why, "envoy: not ready")
 		}
 	}

@@ -119,7 +119,7 @@ func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
 	}
 	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})
 	f.health.Send(messages.Health{Service: "dns", State: messages.Starting, Reason: "DNS lookup table is not ready yet"})
-	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true})
+	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady})
 	waitFor(t, func() bool {
 		_, body := get(t, base+"/healthz/ready")
 		return strings.Contains(body, "DNS lookup table is not ready yet") && !strings.Contains(body, "envoy")
@@ -130,18 +130,18 @@ func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
 		t.Fatalf("Readiness value = %+v, want ready", r)
 	}
 
-	f.envoy.Send(messages.EnvoyState{Running: false, ExitReason: "signal: killed"})
+	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyExited, ExitReason: "signal: killed"})
 	waitFor(t, func() bool {
 		c, body := get(t, base+"/healthz/ready")
 		return c == 503 && strings.Contains(body, "last exit: signal: killed")
 	})
-	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true, Draining: true})
+	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyDraining})
 	waitFor(t, func() bool {
 		_, body := get(t, base+"/healthz/ready")
 		return strings.Contains(body, "envoy: draining")
 	})
 
-	f.envoy.Send(messages.EnvoyState{Running: true, Ready: true})
+	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady})
 	f.health.Send(messages.Health{Service: messages.AgentService, State: messages.Stopped, Reason: "shutting down"})
 	waitFor(t, func() bool {
 		_, body := get(t, base+"/healthz/ready")
