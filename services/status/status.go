@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,11 @@ type Config struct {
 	// ("/debug/ndsz"), served to loopback callers only. The tree hands
 	// them over like channels; the status server never calls a service.
 	Debug map[string]http.Handler
+	// Probes: application probe rewriting and the VM readiness probe
+	// (probeconfig.go).
+	Probes ProbeConfig
+	// Metrics: what /stats/prometheus merges besides Gatherer (metricsconfig.go).
+	Metrics MetricsConfig
 }
 
 // Validate reports a configuration that cannot work.
@@ -65,6 +71,8 @@ type Outputs struct {
 	Drain     messages.Sink[messages.Drain]
 	Shutdown  messages.Sink[messages.Shutdown]
 	Chaos     messages.Sink[messages.Chaos]
+	// WorkloadHealth is the verdict of Probes.Workload, sent on changes.
+	WorkloadHealth messages.Sink[messages.WorkloadHealth]
 }
 
 // Service is the status server.
@@ -80,6 +88,11 @@ type Service struct {
 	healths map[string]messages.Health
 	// view is the state loop's latest conclusion, read by HTTP handlers.
 	view atomic.Pointer[view]
+
+	prober   *prober
+	metrics  *mergedMetrics
+	clock    messages.Clock
+	workload workloadVerdict // touched only by runWorkloadProbe
 }
 
 // view is an immutable snapshot for the HTTP handlers.
@@ -93,6 +106,16 @@ type view struct {
 func New(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
 	s := &Service{cfg: cfg, in: in, out: out, log: log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
+	s.prober = newProber(cfg.Probes, log)
+	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, log)
+	s.clock = messages.SystemClock{}
+	if r := cfg.Metrics.Registerer; r != nil {
+		for _, c := range s.metrics.collectors() {
+			if err := r.Register(c); err != nil {
+				log.Error("cannot register the merged metrics' counters", "error", err)
+			}
+		}
+	}
 	return s
 }
 
@@ -112,6 +135,14 @@ func (s *Service) Serve(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	s.log.Info("status server listening", "addr", ln.Addr().String())
+	defer s.closeIdleConnections() // last: handlers and workers are done
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	workersCtx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	if s.cfg.Probes.Workload != nil {
+		workers.Go(func() { s.runWorkloadProbe(workersCtx) })
+	}
 
 	loopErr := s.stateLoop(ctx, served)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
