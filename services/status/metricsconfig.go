@@ -86,8 +86,8 @@ func reservedPortUse(port int) (string, bool) {
 // PrometheusScrapeConfiguration). Ports are strings there; numbers are
 // accepted too.
 type prometheusAnnotations struct {
-	Scrape  string `json:"scrape"`
-	Path    string `json:"path"`
+	Scrape  string      `json:"scrape"`
+	Path    string      `json:"path"`
 	Port    json.Number `json:"port"`
 	Targets []struct {
 		Port json.Number `json:"port"`

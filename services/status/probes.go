@@ -195,4 +195,3 @@ func lingeringDialer(source *net.TCPAddr) *net.Dialer {
 	}
 	return d
 }
-
