@@ -482,8 +482,8 @@ func TestParsePrometheusAnnotations(t *testing.T) {
 		``:                                 nil,
 		`{"scrape":"false","port":"8080"}`: nil,
 		`{"scrape":"true"}`:                {{Port: 80, Path: "/metrics"}},
-		`{"scrape":"true","port":"9090","path":"/stats"}`:                            {{Port: 9090, Path: "/stats"}},
-		`{"port":9091}`:                                                              {{Port: 9091, Path: "/metrics"}},
+		`{"scrape":"true","port":"9090","path":"/stats"}`: {{Port: 9090, Path: "/stats"}},
+		`{"port":9091}`: {{Port: 9091, Path: "/metrics"}},
 		`{"targets":[{"port":"9090","path":"/a"},{"port":"9091"}],"port":"1","path":"/x"}`: {{Port: 9090, Path: "/a"}, {Port: 9091, Path: "/metrics"}},
 	} {
 		got, err := ParsePrometheusAnnotations(value, 15020, 15000)
