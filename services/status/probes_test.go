@@ -269,7 +269,10 @@ func TestAppProbeTCP(t *testing.T) {
 	}
 }
 
-func TestAppProbeGRPC(t *testing.T) {
+// startHealthServer serves grpc.health.v1 on loopback: "" and "db"
+// SERVING, "cache" NOT_SERVING.
+func startHealthServer(t *testing.T) int {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -280,8 +283,12 @@ func TestAppProbeGRPC(t *testing.T) {
 	hs.SetServingStatus("cache", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
-	port := portOf(t, ln.Addr().String())
+	t.Cleanup(srv.Stop)
+	return portOf(t, ln.Addr().String())
+}
+
+func TestAppProbeGRPC(t *testing.T) {
+	port := startHealthServer(t)
 	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/all/livez": {"grpc": {"port": %[1]d}},
 		"/app-health/db/livez": {"grpc": {"port": %[1]d, "service": "db"}},
