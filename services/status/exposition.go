@@ -33,7 +33,7 @@ func parseExposition(body []byte, contentType string) ([]*dto.MetricFamily, erro
 	} else {
 		p = textparse.NewPromParser(body, nil, false)
 	}
-	b := familyBuilder{help: map[string]string{}}
+	b := familyBuilder{help: map[string]string{}, arena: dtoArena{strs: map[string]*string{}}}
 	var lset labels.Labels
 	for {
 		entry, err := p.Next()
@@ -88,6 +88,8 @@ type familyBuilder struct {
 	// untyped is the family of the last untyped sample, continued by the
 	// next sample of the same name.
 	untyped *dto.MetricFamily
+
+	arena dtoArena
 }
 
 func (b *familyBuilder) startBlock(name string, typ model.MetricType) {
@@ -108,12 +110,23 @@ const (
 )
 
 // role places a sample of the given name in the current block.
-func (b *familyBuilder) role(name string) sampleRole {
-	suffix, ok := strings.CutPrefix(name, b.name)
-	if !ok || b.name == "" {
+func (b *familyBuilder) role(name string) sampleRole { return roleInBlock(b.name, b.typ, name) }
+
+// roleInBlock places a sample of the given name in the block opened by the
+// TYPE line of block with type typ: the names a family's samples carry in
+// the text format and OpenMetrics.
+func roleInBlock(block string, typ model.MetricType, name string) sampleRole {
+	suffix, ok := strings.CutPrefix(name, block)
+	if !ok || block == "" {
 		return notInBlock
 	}
-	switch b.typ {
+	return roleOfSuffix(typ, suffix)
+}
+
+// roleOfSuffix is what the rest of a sample's name after its family's name
+// makes it.
+func roleOfSuffix(typ model.MetricType, suffix string) sampleRole {
+	switch typ {
 	case model.MetricTypeCounter:
 		switch suffix {
 		case "", "_total": // text names the family foo_total, OpenMetrics foo
@@ -165,9 +178,7 @@ func (b *familyBuilder) add(lset labels.Labels, ts *int64, v float64) error {
 		if b.untyped == nil || b.untyped.GetName() != name {
 			b.untyped = b.newFamily(name, dto.MetricType_UNTYPED)
 		}
-		b.untyped.Metric = append(b.untyped.Metric, &dto.Metric{
-			Label: labelPairs(lset, ""), Untyped: &dto.Untyped{Value: proto.Float64(v)}, TimestampMs: ts,
-		})
+		b.untyped.Metric = append(b.untyped.Metric, b.arena.scalar(b.arena.labelPairs(lset, ""), ts, dto.MetricType_UNTYPED, v))
 		return nil
 	}
 	b.untyped = nil
@@ -176,16 +187,7 @@ func (b *familyBuilder) add(lset labels.Labels, ts *int64, v float64) error {
 		b.grouped = map[string]*dto.Metric{}
 	}
 	if role == value {
-		m := &dto.Metric{Label: labelPairs(lset, ""), TimestampMs: ts}
-		switch b.fam.GetType() {
-		case dto.MetricType_COUNTER:
-			m.Counter = &dto.Counter{Value: proto.Float64(v)}
-		case dto.MetricType_GAUGE:
-			m.Gauge = &dto.Gauge{Value: proto.Float64(v)}
-		default:
-			m.Untyped = &dto.Untyped{Value: proto.Float64(v)}
-		}
-		b.fam.Metric = append(b.fam.Metric, m)
+		b.fam.Metric = append(b.fam.Metric, b.arena.scalar(b.arena.labelPairs(lset, ""), ts, b.fam.GetType(), v))
 		return nil
 	}
 	return b.addToGroup(lset, role, ts, v)
@@ -208,7 +210,7 @@ func (b *familyBuilder) addToGroup(lset labels.Labels, role sampleRole, ts *int6
 	case quantile:
 		skip = model.QuantileLabel
 	}
-	pairs := labelPairs(lset, skip)
+	pairs := b.arena.labelPairs(lset, skip)
 	key := labelKey(pairs)
 	m := b.grouped[key]
 	if m == nil {
@@ -308,16 +310,82 @@ func dtoType(t model.MetricType) dto.MetricType {
 	return dto.MetricType_UNTYPED
 }
 
+// dtoArena hands out the client model's values in blocks, and each
+// distinct string once: a source's 5,000 series would otherwise cost some
+// ten allocations each, most of them for label names and values that
+// repeat (an Envoy cluster name is in every cluster family).
+type dtoArena struct {
+	strs    map[string]*string
+	pairs   []dto.LabelPair
+	ptrs    []*dto.LabelPair
+	samples []scalarSample
+}
+
+// arenaBlock is how many values of a kind one allocation makes.
+const arenaBlock = 256
+
+// scalarSample is one counter, gauge or untyped sample, allocated together.
+type scalarSample struct {
+	metric  dto.Metric
+	counter dto.Counter
+	gauge   dto.Gauge
+	untyped dto.Untyped
+	value   float64
+}
+
+func (a *dtoArena) str(s string) *string {
+	if p, ok := a.strs[s]; ok {
+		return p
+	}
+	p := &s
+	a.strs[s] = p
+	return p
+}
+
 // labelPairs are a sample's labels without its name and without skip (le
 // or quantile, which place it in its histogram or summary).
-func labelPairs(lset labels.Labels, skip string) []*dto.LabelPair {
-	pairs := make([]*dto.LabelPair, 0, lset.Len())
+func (a *dtoArena) labelPairs(lset labels.Labels, skip string) []*dto.LabelPair {
+	n := lset.Len()
+	if cap(a.pairs)-len(a.pairs) < n {
+		a.pairs = make([]dto.LabelPair, 0, max(arenaBlock, n))
+	}
+	if cap(a.ptrs)-len(a.ptrs) < n {
+		a.ptrs = make([]*dto.LabelPair, 0, max(arenaBlock, n))
+	}
+	start := len(a.ptrs)
 	lset.Range(func(l labels.Label) {
-		if l.Name != labels.MetricName && l.Name != skip {
-			pairs = append(pairs, &dto.LabelPair{Name: proto.String(l.Name), Value: proto.String(l.Value)})
+		if l.Name == labels.MetricName || l.Name == skip {
+			return
 		}
+		a.pairs = a.pairs[:len(a.pairs)+1]
+		p := &a.pairs[len(a.pairs)-1]
+		p.Name, p.Value = a.str(l.Name), a.str(l.Value)
+		a.ptrs = append(a.ptrs, p)
 	})
-	return pairs
+	return a.ptrs[start:len(a.ptrs):len(a.ptrs)] // full: an append copies
+}
+
+// scalar is a sample of a scalar family of type t.
+func (a *dtoArena) scalar(pairs []*dto.LabelPair, ts *int64, t dto.MetricType, v float64) *dto.Metric {
+	if len(a.samples) == cap(a.samples) {
+		a.samples = make([]scalarSample, 0, arenaBlock)
+	}
+	a.samples = a.samples[:len(a.samples)+1]
+	s := &a.samples[len(a.samples)-1]
+	s.value = v
+	s.metric.Label, s.metric.TimestampMs = pairs, ts
+	switch t {
+	case dto.MetricType_COUNTER:
+		s.counter.Value = &s.value
+		s.metric.Counter = &s.counter
+	case dto.MetricType_GAUGE:
+		s.gauge.Value = &s.value
+		s.metric.Gauge = &s.gauge
+	default:
+		s.untyped.Value = &s.value
+		s.metric.Untyped = &s.untyped
+	}
+	return &s.metric
 }
 
 // labelKey identifies a label set (sorted, as the parser gives them).

@@ -92,8 +92,13 @@ type source struct {
 	accept string
 }
 
-// sourceResult is a source's families, or why there are none.
+// sourceResult is what a source answered, or why it is left out.
 type sourceResult struct {
+	// raw is a text body that scanned clean; names are its families.
+	raw   *bytes.Buffer
+	names []string
+	// families is the parsed body, for OpenMetrics or a body that is not
+	// clean (or, later, when another source has one of its families).
 	families []*dto.MetricFamily
 	err      error
 }
@@ -110,28 +115,97 @@ func (m *mergedMetrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i, src := range sources {
 		wg.Go(func() { results[i] = m.scrape(ctx, src, r.Header.Get("User-Agent"), budget) })
 	}
-	agent, err := m.agent.Gather()
+	gathered, err := m.agent.Gather()
 	if err != nil {
 		// Gather returns what it could gather beside the error.
 		m.failed(failureAgent, err)
 	}
+	agent := prefixed(gathered)
 	wg.Wait()
-
-	set := newFamilySet(len(agent) + 1024)
-	set.add(prefixed(agent))
+	defer func() {
+		for _, res := range results {
+			if res.raw != nil {
+				m.buffers.Put(res.raw)
+			}
+		}
+	}()
 	for i, res := range results {
 		if res.err != nil {
 			m.failed(sources[i].kind, res.err)
+		}
+	}
+
+	format := expfmt.NegotiateAccept(r.Header, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.FmtText)
+	out := m.buffer()
+	defer m.buffers.Put(out)
+	if format.FormatType() == expfmt.TypeTextPlain && passThrough(agent, results) {
+		// The common case: the text answer is the agent's families and
+		// the sources' bodies as they came, as Istio's is, after checking
+		// that this makes one valid exposition.
+		m.encode(out, format, agent)
+		for _, res := range results {
+			if res.raw != nil {
+				out.Write(res.raw.Bytes())
+				if !bytes.HasSuffix(res.raw.Bytes(), []byte("\n")) {
+					out.WriteByte('\n')
+				}
+			}
+		}
+	} else {
+		m.encode(out, format, m.merge(agent, sources, results))
+	}
+	m.send(w, r, format, out.Bytes())
+}
+
+// passThrough reports whether the sources can be written as they came:
+// each scanned clean, and no family is in two places.
+func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
+	names := make(map[string]bool, len(agent)+1024)
+	for _, f := range agent {
+		names[f.GetName()] = true
+	}
+	for _, res := range results {
+		if res.err != nil {
 			continue
 		}
-		for _, name := range set.add(res.families) {
+		if res.raw == nil {
+			return false
+		}
+		for _, n := range res.names {
+			if names[n] {
+				return false
+			}
+			names[n] = true
+		}
+	}
+	return true
+}
+
+// merge parses what is still raw and merges every family by name (see
+// familySet).
+func (m *mergedMetrics) merge(agent []*dto.MetricFamily, sources []source, results []sourceResult) []*dto.MetricFamily {
+	set := newFamilySet(len(agent) + 1024)
+	set.add(agent)
+	for i, res := range results {
+		if res.err != nil {
+			continue
+		}
+		fams := res.families
+		if res.raw != nil {
+			var err error
+			if fams, err = parseExposition(res.raw.Bytes(), "text/plain"); err != nil {
+				m.failed(sources[i].kind, err) // scanned, so not expected
+				continue
+			}
+		}
+		for _, name := range set.add(fams) {
 			if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
 				m.log.Warn("metric family left out of the merged metrics: another source has it with another type",
 					"family", name, "source", sources[i].kind)
 			}
 		}
 	}
-	m.write(w, r, set.families())
+	return set.families()
 }
 
 // sources are Envoy's endpoint (with the caller's query, as Istio passes
@@ -179,15 +253,32 @@ func (m *mergedMetrics) scrape(ctx context.Context, src source, userAgent string
 		return sourceResult{err: &sourceError{url: src.url, msg: "status " + resp.Status}}
 	}
 	buf := m.buffer()
-	defer m.buffers.Put(buf)
 	if _, err := buf.ReadFrom(http.MaxBytesReader(nil, resp.Body, m.cfg.BodyLimit)); err != nil {
+		m.buffers.Put(buf)
 		return sourceResult{err: &sourceError{url: src.url, msg: "reading the answer", err: err}}
 	}
-	fams, err := parseExposition(buf.Bytes(), resp.Header.Get("Content-Type"))
+	if ct := resp.Header.Get("Content-Type"); isOpenMetrics(ct) {
+		defer m.buffers.Put(buf)
+		fams, err := parseExposition(buf.Bytes(), ct)
+		if err != nil {
+			return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
+		}
+		return sourceResult{families: fams}
+	}
+	names, clean, err := scanExposition(buf.Bytes())
 	if err != nil {
+		m.buffers.Put(buf)
 		return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
 	}
-	return sourceResult{families: fams}
+	if !clean {
+		defer m.buffers.Put(buf)
+		fams, err := parseExposition(buf.Bytes(), "text/plain")
+		if err != nil {
+			return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
+		}
+		return sourceResult{families: fams}
+	}
+	return sourceResult{raw: buf, names: names}
 }
 
 type sourceError struct {
@@ -209,13 +300,10 @@ func (m *mergedMetrics) failed(kind string, err error) {
 	m.log.Warn("metrics source failed; merged metrics go on without it", "type", kind, "error", err)
 }
 
-// write encodes the families in the format the caller accepts (text 0.0.4,
-// or OpenMetrics when asked) into a buffer first, so that a family the
-// encoder refuses is left out whole, and gzips it when the caller accepts.
-func (m *mergedMetrics) write(w http.ResponseWriter, r *http.Request, fams []*dto.MetricFamily) {
-	format := expfmt.NegotiateAccept(r.Header, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.FmtText)
-	buf := m.buffer()
-	defer m.buffers.Put(buf)
+// encode writes the families in the format the caller accepts (text 0.0.4,
+// or OpenMetrics when asked), leaving out whole any family the encoder
+// refuses.
+func (m *mergedMetrics) encode(buf *bytes.Buffer, format expfmt.Format, fams []*dto.MetricFamily) {
 	enc := expfmt.NewEncoder(buf, format)
 	for _, f := range fams {
 		mark := buf.Len()
@@ -227,20 +315,26 @@ func (m *mergedMetrics) write(w http.ResponseWriter, r *http.Request, fams []*dt
 	if c, ok := enc.(expfmt.Closer); ok {
 		_ = c.Close() // OpenMetrics' "# EOF"
 	}
+}
+
+// send answers with body, gzipped when the caller accepts it.
+func (m *mergedMetrics) send(w http.ResponseWriter, r *http.Request, format expfmt.Format, body []byte) {
 	w.Header().Set("Content-Type", string(format))
 	w.Header().Add("Vary", "Accept-Encoding")
 	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
-		_, _ = w.Write(buf.Bytes())
+		_, _ = w.Write(body)
 		return
 	}
 	w.Header().Set("Content-Encoding", "gzip")
 	gz, _ := m.gzips.Get().(*gzip.Writer)
 	if gz == nil {
-		gz = gzip.NewWriter(w)
+		// The fastest level: a scrape is large and repetitive, so speed
+		// costs little in size, and the scrape's CPU is the agent's.
+		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
 	} else {
 		gz.Reset(w)
 	}
-	_, _ = gz.Write(buf.Bytes())
+	_, _ = gz.Write(body)
 	_ = gz.Close()
 	m.gzips.Put(gz)
 }

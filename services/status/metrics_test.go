@@ -60,7 +60,7 @@ func serveExposition(t testing.TB, e *exposition) int {
 	t.Helper()
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
-	return portOf(t.(*testing.T), srv.URL)
+	return portOf(t, srv.URL)
 }
 
 // openMetricsApp is an application that answers OpenMetrics whatever it is
@@ -247,6 +247,31 @@ func TestMergedMetrics(t *testing.T) {
 	if a, _ := app.lastAccept.Load().(string); !strings.Contains(a, "text/plain") || !strings.Contains(a, "openmetrics") {
 		t.Errorf("application was asked to Accept %q", a)
 	}
+}
+
+// Text sources that strict parsers accept and that share no family are
+// passed on as they came (Envoy's "{}" survives, which re-encoding drops),
+// and the whole still parses.
+func TestMergedMetricsPassCleanSourcesThrough(t *testing.T) {
+	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
+	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# HELP app_up Up.\n# TYPE app_up gauge\napp_up 1")}
+	reg := agentRegistry()
+	f := newFixture(Config{Gatherer: reg, Metrics: MetricsConfig{
+		EnvoyPort: serveExposition(t, envoy),
+		App:       []ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
+	}})
+	base := f.serve(t)
+	_, body := scrape(t, base+"/stats/prometheus", nil)
+	fams := parseText(t, body)
+	promtoolCheck(t, body)
+	if !strings.Contains(body, string(envoyExposition(t))) {
+		t.Error("Envoy's exposition is not in the answer as it came")
+	}
+	if !strings.HasSuffix(body, "app_up 1\n") {
+		t.Errorf("the application's body (without a final newline) does not end the answer: %q", body[max(0, len(body)-40):])
+	}
+	sampleValue(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
+	sampleValue(t, fams, "envoy_server_state")
 }
 
 // A family two sources both expose comes out once; untyped samples join
