@@ -59,8 +59,9 @@ func freePort(t testing.TB) int {
 // startIstioAgent runs `pilot-agent proxy sidecar` in a temp dir with
 // file-mounted dev certificates (it exits at start without a root
 // certificate), no cloud metadata lookups and no control plane, and waits
-// for its status port. env adds to or overrides its environment.
-func startIstioAgent(t testing.TB, binary string, env ...string) *istioAgent {
+// for its status port. proxyConfig adds fields to its PROXY_CONFIG
+// (`,"binaryPath":"..."`); env adds to or overrides its environment.
+func startIstioAgent(t testing.TB, binary, proxyConfig string, env ...string) *istioAgent {
 	t.Helper()
 	dir := t.TempDir()
 	gen := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "../../testdata/devcerts", "-out", filepath.Join(dir, "etc", "certs"))
@@ -81,8 +82,8 @@ func startIstioAgent(t testing.TB, binary string, env ...string) *istioAgent {
 		"INSTANCE_IP=127.0.0.1",
 		"POD_NAME=differential",
 		"POD_NAMESPACE=default",
-		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:1","controlPlaneAuthPolicy":"NONE"}`,
-			statusPort, adminPort),
+		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:1","controlPlaneAuthPolicy":"NONE"%s}`,
+			statusPort, adminPort, proxyConfig),
 	}, env...)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	a.cmd.Cancel = func() error { return a.cmd.Process.Signal(syscall.SIGTERM) }
@@ -223,7 +224,7 @@ func TestDifferentialAppProbes(t *testing.T) {
 	}
 	value := "{" + strings.Join(parts, ",") + "}"
 
-	istio := startIstioAgent(t, binary, AppProbersEnv+"="+value)
+	istio := startIstioAgent(t, binary, "", AppProbersEnv+"="+value)
 	ours := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, value)}})
 	oursURL := ours.serve(t)
 

@@ -63,7 +63,7 @@ func probers(t *testing.T, json string) AppProbers {
 }
 
 // portOf is the port of an httptest server or a listener address.
-func portOf(t *testing.T, addr string) int {
+func portOf(t testing.TB, addr string) int {
 	t.Helper()
 	if u, ok := strings.CutPrefix(addr, "http://"); ok {
 		addr = u
