@@ -69,12 +69,19 @@ func appScale() []byte {
 	return []byte(sb.String())
 }
 
-// scaleSources serves the two expositions and returns their ports.
-func scaleSources(b *testing.B) (envoyPort, appPort int) {
+// scaleSources serves the two expositions and returns their ports. With
+// shared, the application also exposes one of Envoy's families, so that
+// the scrape must parse and merge every family instead of passing the
+// bodies through.
+func scaleSources(b *testing.B, shared bool) (envoyPort, appPort int) {
 	b.Helper()
 	envoy := httptest.NewServer(&exposition{contentType: "text/plain; version=0.0.4", body: envoyScale()})
 	b.Cleanup(envoy.Close)
-	app := httptest.NewServer(&exposition{contentType: "text/plain; version=0.0.4; charset=utf-8", body: appScale()})
+	appBody := appScale()
+	if shared {
+		appBody = append(appBody, "# TYPE envoy_cluster_upstream_cx_total counter\nenvoy_cluster_upstream_cx_total{cluster_name=\"app\"} 1\n"...)
+	}
+	app := httptest.NewServer(&exposition{contentType: "text/plain; version=0.0.4; charset=utf-8", body: appBody})
 	b.Cleanup(app.Close)
 	return portOf(b, envoy.URL), portOf(b, app.URL)
 }
@@ -130,9 +137,16 @@ func benchScrapeURL(b *testing.B, cfg Config) string {
 	}
 }
 
-// BenchmarkScrapeMerged is one scrape of our merged endpoint.
-func BenchmarkScrapeMerged(b *testing.B) {
-	envoyPort, appPort := scaleSources(b)
+// BenchmarkScrapeMerged is one scrape of our merged endpoint: the common
+// case, sources passed through once checked.
+func BenchmarkScrapeMerged(b *testing.B) { benchmarkScrape(b, false) }
+
+// BenchmarkScrapeMergedFamilyByFamily is one scrape where a family is in
+// two sources: every family parsed, merged and encoded again.
+func BenchmarkScrapeMergedFamilyByFamily(b *testing.B) { benchmarkScrape(b, true) }
+
+func benchmarkScrape(b *testing.B, shared bool) {
+	envoyPort, appPort := scaleSources(b, shared)
 	reg := prometheus.NewRegistry()
 	url := benchScrapeURL(b, Config{Gatherer: reg, Metrics: MetricsConfig{
 		EnvoyPort: envoyPort, App: []ScrapeTarget{{Port: appPort, Path: "/metrics"}}, Registerer: reg,
@@ -149,7 +163,7 @@ func BenchmarkScrapeMerged(b *testing.B) {
 // BenchmarkFetchSourcesSeparately is the floor: Envoy's and the
 // application's expositions fetched one after the other, nothing merged.
 func BenchmarkFetchSourcesSeparately(b *testing.B) {
-	envoyPort, appPort := scaleSources(b)
+	envoyPort, appPort := scaleSources(b, false)
 	c := benchClient(b)
 	b.ReportAllocs()
 	var size int
@@ -170,7 +184,7 @@ func BenchmarkScrapeIstioAgent(b *testing.B) {
 	if binary == "" {
 		b.Skip(why)
 	}
-	envoyPort, appPort := scaleSources(b)
+	envoyPort, appPort := scaleSources(b, false)
 	// The stub ignores its bootstrap, so the template can be empty.
 	dir := b.TempDir()
 	stub, template := filepath.Join(dir, "envoy"), filepath.Join(dir, "bootstrap.tmpl.json")

@@ -34,7 +34,8 @@ type Config struct {
 	Chaos bool
 	// Profiling serves /debug/pprof/ to loopback callers (--profiling).
 	Profiling bool
-	// Gatherer is the agent's metrics registry, served on /stats/prometheus.
+	// Gatherer is the agent's metrics registry, served on /stats/prometheus
+	// with Istio's istio_agent_ prefix (metrics.go).
 	Gatherer prometheus.Gatherer
 	// Debug are read-only debug pages other services offer, by path
 	// ("/debug/ndsz"), served to loopback callers only. The tree hands
