@@ -168,11 +168,14 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
 		rt := runtime(status.Name)
-		st := status.New(sc,
+		st, err := status.New(sc,
 			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
 			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},
 			rt)
-		nodes = append(nodes, Node{Service: st, Health: rt.Health})
+		check("status server", err)
+		if err == nil {
+			nodes = append(nodes, Node{Service: st, Health: rt.Health})
+		}
 	} else {
 		// Without a status server nothing computes readiness: the tree
 		// counts as ready once it runs (systemd READY=1).

@@ -91,10 +91,13 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 	h := &harness{t: t, ch: ch, reg: prometheus.NewRegistry()}
 	addr := freeAddr(t)
 	h.base = "http://" + addr
-	st := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
+	st, err := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
 		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree},
 		status.Outputs{Readiness: h.ch.Readiness, Drain: h.ch.Drain, Shutdown: h.ch.Shutdown, Chaos: h.ch.Chaos},
 		messages.NewRuntime(status.Name, h.ch.Health, nil, nil, testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	nodes = append(nodes, Node{Service: st})
 	if opts.DefaultPolicy == nil {
 		opts.DefaultPolicy = fastPolicy()

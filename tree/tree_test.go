@@ -56,7 +56,7 @@ func TestPanicIsRestartedAndVisible(t *testing.T) {
 		t.Fatalf("restarts counter = %v, want 1", got)
 	}
 	_, metrics := h.get("/stats/prometheus")
-	if !strings.Contains(metrics, `meshagent_service_restarts_total{service="ticker"} 1`) {
+	if !strings.Contains(metrics, `istio_agent_meshagent_service_restarts_total{service="ticker"} 1`) {
 		t.Fatalf("/stats/prometheus lacks the restart counter:\n%s", metrics)
 	}
 }

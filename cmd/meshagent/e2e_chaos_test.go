@@ -78,7 +78,7 @@ func TestAgentChaos(t *testing.T) {
 // (retrying while the status server itself restarts).
 func restarts(t *testing.T, p *agentProcess, service string) float64 {
 	t.Helper()
-	want := fmt.Sprintf(`meshagent_service_restarts_total{service=%q} `, service)
+	want := fmt.Sprintf(`istio_agent_meshagent_service_restarts_total{service=%q} `, service)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if code, body := p.get("/stats/prometheus"); code == 200 {

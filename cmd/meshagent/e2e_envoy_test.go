@@ -63,7 +63,7 @@ func TestEnvoyKilledIsRestarted(t *testing.T) {
 	if !regexp.MustCompile(`envoy\s+\S+\s+1\s`).MatchString(tree) || !strings.Contains(tree, "signal: killed") {
 		t.Fatalf("/debug/tree does not show the restart:\n%s", tree)
 	}
-	if _, metrics := p.get("/stats/prometheus"); !strings.Contains(metrics, `meshagent_service_restarts_total{service="envoy"} 1`) {
+	if _, metrics := p.get("/stats/prometheus"); !strings.Contains(metrics, `istio_agent_meshagent_service_restarts_total{service="envoy"} 1`) {
 		t.Fatalf("restart not counted:\n%s", metrics)
 	}
 }

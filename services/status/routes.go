@@ -11,8 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/meshagent/meshagent/messages"
 )
 
@@ -20,9 +18,15 @@ func (s *Service) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.handleReady)
 	mux.HandleFunc("GET /debug/tree", s.handleTree)
-	metrics := promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})
-	mux.Handle("GET /stats/prometheus", metrics)
-	mux.Handle("GET /metrics", metrics)
+	metrics := s.metrics.ServeHTTP
+	if s.cfg.Metrics.LocalhostOnly {
+		metrics = loopbackOnly(metrics)
+	}
+	mux.HandleFunc("GET /stats/prometheus", metrics)
+	mux.HandleFunc("GET /metrics", metrics)
+	// Any method, as Istio: kubelet's GET and lifecycle hooks.
+	mux.HandleFunc("/app-health/", s.handleAppProbe)
+	mux.HandleFunc("/app-lifecycle/", s.handleAppProbe)
 	mux.HandleFunc("/quitquitquit", loopbackOnly(postOnly(s.handleQuit)))
 	mux.HandleFunc("/drain", loopbackOnly(postOnly(s.handleDrain)))
 	if s.cfg.Chaos {

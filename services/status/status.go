@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,12 +34,18 @@ type Config struct {
 	Chaos bool
 	// Profiling serves /debug/pprof/ to loopback callers (--profiling).
 	Profiling bool
-	// Gatherer is the agent's metrics registry, served on /stats/prometheus.
+	// Gatherer is the agent's metrics registry, served on /stats/prometheus
+	// with Istio's istio_agent_ prefix (metrics.go).
 	Gatherer prometheus.Gatherer
 	// Debug are read-only debug pages other services offer, by path
 	// ("/debug/ndsz"), served to loopback callers only. The tree hands
 	// them over like channels; the status server never calls a service.
 	Debug map[string]http.Handler
+	// Probes: application probe rewriting and the VM readiness probe
+	// (probeconfig.go).
+	Probes ProbeConfig
+	// Metrics: what /stats/prometheus merges besides Gatherer (metricsconfig.go).
+	Metrics MetricsConfig
 }
 
 // Validate reports a configuration that cannot work.
@@ -65,6 +72,8 @@ type Outputs struct {
 	Drain     messages.Sink[messages.Drain]
 	Shutdown  messages.Sink[messages.Shutdown]
 	Chaos     messages.Sink[messages.Chaos]
+	// WorkloadHealth is the verdict of Probes.Workload, sent on changes.
+	WorkloadHealth messages.Sink[messages.WorkloadHealth]
 }
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -84,6 +93,11 @@ type Service struct {
 	healths map[string]messages.Health
 	// view is the state loop's latest conclusion, read by HTTP handlers.
 	view atomic.Pointer[view]
+
+	prober   *prober
+	metrics  *mergedMetrics
+	clock    messages.Clock
+	workload workloadVerdict // touched only by runWorkloadProbe
 }
 
 // view is an immutable snapshot for the HTTP handlers.
@@ -94,10 +108,16 @@ type view struct {
 }
 
 // New returns the status server.
-func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) *Service {
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
-	return s
+	s.prober = newProber(cfg.Probes, rt.Log)
+	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log)
+	s.clock = rt.Clock
+	if err := rt.Register(s.metrics.collectors()...); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func (s *Service) String() string { return Name }
@@ -116,6 +136,14 @@ func (s *Service) Serve(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	s.log.Info("status server listening", "addr", ln.Addr().String())
+	defer s.closeIdleConnections() // last: handlers and workers are done
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	workersCtx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	if s.cfg.Probes.Workload != nil {
+		workers.Go(func() { s.runWorkloadProbe(workersCtx) })
+	}
 
 	loopErr := s.stateLoop(ctx, served)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -46,10 +47,21 @@ func newFixture(cfg Config) *fixture {
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = f.reg
 	}
-	f.svc = New(cfg, Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree},
-		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos},
-		messages.NewRuntime(Name, f.health, nil, nil, nil))
+	f.svc = mustNew(cfg, Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree},
+		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos}, nil)
 	return f
+}
+
+// mustNew is New with a test Runtime whose metrics go to the registry the
+// server also serves, as the tree does; log nil discards.
+func mustNew(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
+	reg, _ := cfg.Gatherer.(prometheus.Registerer)
+	health, _ := in.Health.(messages.Sink[messages.Health])
+	svc, err := New(cfg, in, out, messages.NewRuntime(Name, health, nil, reg, log))
+	if err != nil {
+		panic(err)
+	}
+	return svc
 }
 
 // serve runs the service on a free port and returns its base URL.

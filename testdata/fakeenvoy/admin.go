@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -128,27 +127,6 @@ func (e *envoy) handleStats(w http.ResponseWriter, r *http.Request) {
 	for _, n := range names {
 		fmt.Fprintf(w, "%s: %d\n", n, stats[n])
 	}
-}
-
-// handlePrometheus serves /stats/prometheus, as gauges with Envoy's tags.
-func (e *envoy) handlePrometheus(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	stats := e.stats()
-	fmt.Fprintf(w, "# TYPE envoy_server_state gauge\nenvoy_server_state{} %d\n", stats["server.state"])
-	var lines []string
-	for name, n := range stats {
-		l, ok := strings.CutPrefix(name, "listener.")
-		if !ok {
-			continue
-		}
-		l, ok = strings.CutSuffix(l, ".downstream_cx_active")
-		if !ok || strings.Contains(l, "worker_") {
-			continue
-		}
-		lines = append(lines, fmt.Sprintf("envoy_listener_downstream_cx_active{envoy_listener_address=%q} %d", l, n))
-	}
-	sort.Strings(lines)
-	fmt.Fprintf(w, "# TYPE envoy_listener_downstream_cx_active gauge\n%s\n", strings.Join(lines, "\n"))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

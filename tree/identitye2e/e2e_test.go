@@ -100,6 +100,9 @@ func newAgent(t testing.TB) *agent {
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
 	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
+	a.sdsCfg.WorkloadIdentitySocketFile = "socket"
+	a.sdsCfg.FilesSocketPath = filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
+	a.sdsCfg.CRLFile = filepath.Join(root, "var/run/secrets/istio/crl/ca-crl.pem")
 	// The OS trust store file-root:system serves is the test's.
 	a.sdsCfg.SystemRootFiles = []string{filepath.Join(root, "os/ca-certificates.crt")}
 	t.Cleanup(func() {

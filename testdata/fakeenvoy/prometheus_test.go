@@ -1,0 +1,63 @@
+package main
+
+import (
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// The stand-in's /stats/prometheus is a valid exposition with what the
+// agent's tests rely on: Envoy's and Istio's families, histograms, an
+// untyped family, and the lines other tests read.
+func TestPrometheusExposition(t *testing.T) {
+	e := newEnvoy(&bootstrapv3.Bootstrap{}, knobs{activeConnections: 3})
+	rec := httptest.NewRecorder()
+	e.handlePrometheus(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
+	body := rec.Body.String()
+
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("not a valid text exposition: %v\n%s", err, body)
+	}
+	for name, typ := range map[string]string{
+		"envoy_cluster_upstream_cx_total":      "COUNTER",
+		"envoy_server_state":                   "GAUGE",
+		"envoy_listener_downstream_cx_active":  "GAUGE",
+		"envoy_cluster_upstream_cx_connect_ms": "HISTOGRAM",
+		"istio_requests_total":                 "COUNTER",
+		"istio_request_duration_milliseconds":  "HISTOGRAM",
+		"envoy_fake_untyped_samples":           "UNTYPED",
+	} {
+		f, ok := fams[name]
+		if !ok || f.GetType().String() != typ {
+			t.Errorf("family %s: %v, want type %s", name, f.GetType(), typ)
+		}
+	}
+	for _, line := range []string{
+		"envoy_server_state{} 0",
+		`envoy_listener_downstream_cx_active{envoy_listener_address="0.0.0.0_15006"} 3`,
+	} {
+		if !strings.Contains(body, line+"\n") {
+			t.Errorf("exposition lacks %q", line)
+		}
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian package prometheus); the expfmt parse passed")
+	}
+	check := exec.Command(promtool, "check", "metrics")
+	check.Stdin = strings.NewReader(body)
+	out, err := check.CombinedOutput()
+	// promtool exits 3 for lint findings alone (Envoy's families have no
+	// HELP, some counters no _total) and 1 for an exposition it cannot
+	// parse.
+	if code := check.ProcessState.ExitCode(); err != nil && (code != 3 || strings.Contains(string(out), "error while linting")) {
+		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
+}
