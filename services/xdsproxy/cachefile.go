@@ -1,0 +1,249 @@
+package xdsproxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The cache file: the last-known-good configuration, so that an agent that
+// restarts during a control plane outage can still configure its Envoy.
+//
+//	"MESHXDS1" | payload | SHA-256(magic | payload)
+//
+// The payload is protobuf wire format, written and read with protowire:
+//
+//	1 header { 1 node_id, 2 control plane address, 3 mode, 4 written (unix ns) }
+//	2 entry  { 1 type_url, 2 version, 3 SotW response, 4 Delta resource (repeated) }
+//
+// The checksum catches a truncated or corrupt file, the header a file that
+// another node or control plane wrote: either is ignored with a warning and
+// removed, never served.
+
+const cacheMagic = "MESHXDS1"
+
+// errCacheFile wraps every reason a cache file is not used.
+var errCacheFile = errors.New("cache file not usable")
+
+type cacheHeader struct {
+	nodeID  string
+	address string
+	mode    cacheMode
+	written time.Time
+}
+
+func encodeCache(h cacheHeader, s cacheSnapshot) []byte {
+	var hdr []byte
+	hdr = protowire.AppendTag(hdr, 1, protowire.BytesType)
+	hdr = protowire.AppendString(hdr, h.nodeID)
+	hdr = protowire.AppendTag(hdr, 2, protowire.BytesType)
+	hdr = protowire.AppendString(hdr, h.address)
+	hdr = protowire.AppendTag(hdr, 3, protowire.VarintType)
+	hdr = protowire.AppendVarint(hdr, uint64(s.mode))
+	hdr = protowire.AppendTag(hdr, 4, protowire.VarintType)
+	hdr = protowire.AppendVarint(hdr, uint64(h.written.UnixNano()))
+
+	out := []byte(cacheMagic)
+	out = protowire.AppendTag(out, 1, protowire.BytesType)
+	out = protowire.AppendBytes(out, hdr)
+	entry := func(typeURL, version string, body func([]byte) []byte) {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, typeURL)
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, version)
+		e = body(e)
+		out = protowire.AppendTag(out, 2, protowire.BytesType)
+		out = protowire.AppendBytes(out, e)
+	}
+	for _, t := range sortedKeys(s.sotw) {
+		e := s.sotw[t]
+		entry(t, e.version, func(b []byte) []byte {
+			b = protowire.AppendTag(b, 3, protowire.BytesType)
+			return protowire.AppendBytes(b, e.b)
+		})
+	}
+	for _, t := range sortedKeys(s.delta) {
+		d := s.delta[t]
+		entry(t, d.version, func(b []byte) []byte {
+			for _, name := range sortedKeys(d.res) {
+				b = protowire.AppendTag(b, 4, protowire.BytesType)
+				b = protowire.AppendBytes(b, d.res[name].b)
+			}
+			return b
+		})
+	}
+	sum := sha256.Sum256(out)
+	return append(out, sum[:]...)
+}
+
+func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
+	var h cacheHeader
+	s := cacheSnapshot{sotw: map[string]sotwEntry{}, delta: map[string]deltaSnapshot{}}
+	if len(b) < len(cacheMagic)+sha256.Size || string(b[:len(cacheMagic)]) != cacheMagic {
+		return h, s, fmt.Errorf("%w: not a meshagent xDS cache (bad magic or too short)", errCacheFile)
+	}
+	body, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+		return h, s, fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", errCacheFile)
+	}
+	p := body[len(cacheMagic):]
+	seenHeader := false
+	for len(p) > 0 {
+		num, v, n := consumeBytesField(p)
+		if n < 0 {
+			return h, s, fmt.Errorf("%w: malformed payload", errCacheFile)
+		}
+		p = p[n:]
+		switch num {
+		case 1:
+			seenHeader = true
+			h.nodeID = firstString(v, 1)
+			h.address = firstString(v, 2)
+			h.mode = cacheMode(firstVarint(v, 3))
+			h.written = time.Unix(0, int64(firstVarint(v, 4)))
+		case 2:
+			if err := decodeEntry(v, h.mode, &s); err != nil {
+				return h, s, err
+			}
+		}
+	}
+	if !seenHeader || (h.mode != modeSotW && h.mode != modeDelta) {
+		return h, s, fmt.Errorf("%w: no valid header", errCacheFile)
+	}
+	s.mode = h.mode
+	return h, s, nil
+}
+
+func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
+	var typeURL, version string
+	var sotwBody []byte
+	res := map[string]deltaRes{}
+	for len(e) > 0 {
+		num, v, n := consumeBytesField(e)
+		if n < 0 {
+			return fmt.Errorf("%w: malformed entry", errCacheFile)
+		}
+		e = e[n:]
+		switch num {
+		case 1:
+			typeURL = string(v)
+		case 2:
+			version = string(v)
+		case 3:
+			sotwBody = bytes.Clone(v)
+		case 4:
+			info, err := scanResource(v)
+			if err != nil {
+				return fmt.Errorf("%w: %s: %v", errCacheFile, typeURL, err)
+			}
+			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(v)}
+		}
+	}
+	if typeURL == "" {
+		return fmt.Errorf("%w: entry without a type URL", errCacheFile)
+	}
+	switch mode {
+	case modeSotW:
+		f := frame{b: sotwBody}
+		if err := f.scan(); err != nil || f.typeURL != typeURL {
+			return fmt.Errorf("%w: %s: bad response", errCacheFile, typeURL)
+		}
+		s.sotw[typeURL] = sotwEntry{b: sotwBody, version: version}
+	case modeDelta:
+		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
+	}
+	return nil
+}
+
+// consumeBytesField reads one length-delimited field (others are skipped
+// and returned with num 0).
+func consumeBytesField(b []byte) (protowire.Number, []byte, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return 0, nil, n
+	}
+	if typ != protowire.BytesType {
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return 0, nil, m
+		}
+		return 0, nil, n + m
+	}
+	v, m := protowire.ConsumeBytes(b[n:])
+	if m < 0 {
+		return 0, nil, m
+	}
+	return num, v, n + m
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// readCacheFile loads the cache file for this node and control plane. A
+// missing file is (zero, nil); an unusable one an errCacheFile saying why.
+func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return cacheHeader{}, cacheSnapshot{}, nil
+	}
+	if err != nil {
+		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %v", errCacheFile, err)
+	}
+	h, s, err := decodeCache(b)
+	if err != nil {
+		return h, s, err
+	}
+	if h.nodeID != nodeID {
+		return h, s, fmt.Errorf("%w: written for node %q, this agent is node %q", errCacheFile, h.nodeID, nodeID)
+	}
+	if h.address != address {
+		return h, s, fmt.Errorf("%w: written for control plane %q, this agent uses %q", errCacheFile, h.address, address)
+	}
+	return h, s, nil
+}
+
+// writeCacheFile writes atomically: a temporary file in the same directory,
+// 0600, synced, then renamed over the old one, so that a crash leaves
+// either the old file or the new one, never half of one.
+func writeCacheFile(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
