@@ -48,19 +48,30 @@ func (u *upstreamStatus) set(up messages.XDSUpstream, since time.Time) {
 	}
 }
 
-// idle: no stream from Envoy.
+// idle: no stream from Envoy. A failing control plane stays down: the
+// next Envoy stream will find it so.
 func (u *upstreamStatus) idle() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.set(messages.XDSIdle, u.svc.rt.Clock.Now())
 	u.leaveCache()
+	if u.failing {
+		u.set(messages.XDSDown, u.unreachableSince)
+	} else {
+		u.set(messages.XDSIdle, u.svc.rt.Clock.Now())
+	}
 	u.publish()
 }
 
-// connecting: an Envoy stream opened and the upstream one is being set up.
+// connecting: an Envoy stream opened and the upstream one is being set
+// up. While the control plane is failing, the state stays what it is
+// (down, or serving the cache) until a stream works: Envoy retries
+// several times a second, and the state would flap with it.
 func (u *upstreamStatus) connecting() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.failing {
+		return
+	}
 	u.set(messages.XDSConnecting, u.svc.rt.Clock.Now())
 	u.publish()
 }
