@@ -170,11 +170,46 @@ func (c *manualClock) advance(d time.Duration) {
 	c.waiters = kept
 }
 
-// waiterAdded returns a channel closed when the next waiter is added.
-func (c *manualClock) waiterAdded() <-chan struct{} {
+// pending returns how many waiters wait, and a channel closed when the
+// next one is added.
+func (c *manualClock) pending() (int, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.added
+	return len(c.waiters), c.added
+}
+
+// advanceUntil advances the clock by step each time something waits on
+// it, until done is closed (it returns true) or after max steps (false).
+func (c *manualClock) advanceUntil(t *testing.T, step time.Duration, max int, done <-chan struct{}) bool {
+	t.Helper()
+	deadline := time.After(testTimeout)
+	for i := 0; i < max; i++ {
+		for {
+			n, added := c.pending()
+			if n > 0 {
+				break
+			}
+			select {
+			case <-added:
+			case <-done:
+				return true
+			case <-deadline:
+				t.Fatal("nothing waits on the clock")
+			}
+		}
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		c.advance(step)
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
 }
 
 // controlPlane starts an xDS server for the test.
@@ -294,13 +329,22 @@ func (p *proxy) stop(t *testing.T) {
 	}
 }
 
-// client connects an Envoy-like client to the proxy.
+// client connects an Envoy-like client to the proxy; like Envoy, it
+// reconnects when its stream ends.
 func (p *proxy) client(t *testing.T, delta bool, types ...string) *xdsserver.Client {
 	t.Helper()
-	c, err := xdsserver.NewClient(xdsserver.ClientOptions{
-		Target: "unix://" + p.cfg.SocketPath, Delta: delta, Types: types, Reconnect: true,
-		Node: &corev3.Node{Id: testNode, Cluster: "test"},
-	})
+	return p.clientWith(t, xdsserver.ClientOptions{Delta: delta, Types: types, Reconnect: true})
+}
+
+// clientWith connects a client with these options (target and node
+// filled in).
+func (p *proxy) clientWith(t *testing.T, o xdsserver.ClientOptions) *xdsserver.Client {
+	t.Helper()
+	o.Target = "unix://" + p.cfg.SocketPath
+	if o.Node == nil {
+		o.Node = &corev3.Node{Id: testNode, Cluster: "test"}
+	}
+	c, err := xdsserver.NewClient(o)
 	if err != nil {
 		t.Fatal(err)
 	}
