@@ -212,4 +212,3 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 	}
 	mustContain(t, "logs", p.logs.String(), "a newer Envoy stream replaces the open one")
 }
-
