@@ -212,3 +212,44 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 	}
 	mustContain(t, "logs", p.logs.String(), "a newer Envoy stream replaces the open one")
 }
+
+// An Envoy that does not read is not a stalled control plane: the control
+// plane answered, its answers wait for Envoy, and the stream is kept.
+func TestSlowEnvoyIsNotAStall(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "p0", 100)
+	clock := newManualClock()
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	cfg.OfflineCache = false
+	cfg.StallTimeout = time.Minute
+	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	c := p.clientWith(t, xdsserver.ClientOptions{})
+	ctx := waitCtx(t)
+	if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {
+		t.Fatal(err)
+	}
+	c.Pause()
+	for i := 1; i <= 50; i++ {
+		v := fmt.Sprintf("p%d", i)
+		if err := cp.SetSnapshot(v, xdsserver.Clusters(100, "svc-"+v+"-"), nil, nil, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new type: a request the control plane must answer, and cannot
+	// while Envoy does not read.
+	if err := c.Subscribe(resource.RouteType, []string{"80"}); err != nil {
+		t.Fatal(err)
+	}
+	never := make(chan struct{})
+	clock.advanceUntil(t, cfg.StallTimeout/4, 40, never)
+	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 0 {
+		t.Errorf("a slow Envoy was taken for a stalled control plane (%v)", got)
+	}
+	c.Resume()
+	if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p50", 100)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.State().Streams; got != 1 {
+		t.Errorf("the client needed %d streams, want 1", got)
+	}
+}

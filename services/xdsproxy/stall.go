@@ -28,6 +28,10 @@ import (
 type stallWatch struct {
 	clock   messages.Clock
 	timeout time.Duration
+	// delivering reports whether responses wait for Envoy: then the
+	// control plane has answered, and a blocked Send is Envoy's slowness
+	// reaching it through flow control, not a stall.
+	delivering func() bool
 
 	mu       sync.Mutex
 	last     time.Time // the control plane's last sign of life
@@ -35,22 +39,32 @@ type stallWatch struct {
 	sending  bool
 }
 
-func newStallWatch(clock messages.Clock, timeout time.Duration) *stallWatch {
-	return &stallWatch{clock: clock, timeout: timeout, last: clock.Now(), awaiting: map[string]bool{}}
+func newStallWatch(clock messages.Clock, timeout time.Duration, delivering func() bool) *stallWatch {
+	return &stallWatch{clock: clock, timeout: timeout, delivering: delivering, last: clock.Now(), awaiting: map[string]bool{}}
 }
 
 // asked: Envoy's request for typeURL, which needs an answer, is about to
 // be sent.
 func (w *stallWatch) asked(typeURL string) {
 	w.mu.Lock()
+	w.startWaiting()
 	w.awaiting[typeURL] = true
 	w.mu.Unlock()
+}
+
+// startWaiting: a quiet time with nothing waiting is no silence of the
+// control plane; the clock starts when something begins to wait.
+func (w *stallWatch) startWaiting() {
+	if len(w.awaiting) == 0 && !w.sending {
+		w.last = w.clock.Now()
+	}
 }
 
 // sendStart, sendDone bracket a Send to the control plane; a finished
 // Send is a sign of life (it was read, or fit its flow-control window).
 func (w *stallWatch) sendStart() {
 	w.mu.Lock()
+	w.startWaiting()
 	w.sending = true
 	w.mu.Unlock()
 }
@@ -75,6 +89,10 @@ func (w *stallWatch) stalled() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.awaiting) == 0 && !w.sending {
+		return nil
+	}
+	if w.delivering() {
+		w.last = w.clock.Now()
 		return nil
 	}
 	idle := w.clock.Now().Sub(w.last)
