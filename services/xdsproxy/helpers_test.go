@@ -253,13 +253,17 @@ type proxy struct {
 // bytes, and t.TempDir's can be longer.
 func tempRoot(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "xds")
+	root, err := makeTempRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	t.Cleanup(func() { removeAll(root) })
 	return root
 }
+
+func makeTempRoot() (string, error) { return os.MkdirTemp("", "xds") }
+
+func removeAll(dir string) { _ = os.RemoveAll(dir) }
 
 // testConfig is a plaintext proxy for the control plane at addr, with
 // its socket and cache under root.

@@ -48,6 +48,10 @@ type Options struct {
 	// "authorization: Bearer <Token>"; a stream without it fails with
 	// Unauthenticated, as istiod's does.
 	Token string
+	// ByNode keeps a snapshot per node id (SetNodeSnapshot): a push then
+	// reaches one client only, as benchmarks need. Otherwise every node
+	// gets the one snapshot of SetSnapshot.
+	ByNode bool
 }
 
 // Server is a running control plane.
@@ -111,9 +115,13 @@ func Start(opts Options) (*Server, error) {
 	if opts.Addr == "" {
 		opts.Addr = "127.0.0.1:0"
 	}
+	var hash cachev3.NodeHash = anyNode{}
+	if opts.ByNode {
+		hash = cachev3.IDHash{}
+	}
 	s := &Server{
 		opts:    opts,
-		snaps:   cachev3.NewSnapshotCache(true, anyNode{}, nil),
+		snaps:   cachev3.NewSnapshotCache(true, hash, nil),
 		nds:     cachev3.NewLinearCache(NameTableType, cachev3.WithVersionPrefix("nds-")),
 		pcfg:    cachev3.NewLinearCache(ProxyConfigType, cachev3.WithVersionPrefix("pc-")),
 		changed: make(chan struct{}),
@@ -272,6 +280,17 @@ func (s *Server) Restart() error {
 // SetSnapshot replaces the configuration; nameTable, when not nil, also
 // replaces the NDS table. Resources may be nil.
 func (s *Server) SetSnapshot(version string, clusters, listeners, routes, endpoints []types.Resource, nameTable *nds.NameTable) error {
+	if err := s.SetNodeSnapshot("any", version, clusters, listeners, routes, endpoints); err != nil {
+		return err
+	}
+	if nameTable != nil {
+		return s.SetNameTable(nameTable)
+	}
+	return nil
+}
+
+// SetNodeSnapshot replaces the configuration of one node (Options.ByNode).
+func (s *Server) SetNodeSnapshot(node, version string, clusters, listeners, routes, endpoints []types.Resource) error {
 	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
 		resource.ClusterType:  clusters,
 		resource.ListenerType: listeners,
@@ -281,13 +300,7 @@ func (s *Server) SetSnapshot(version string, clusters, listeners, routes, endpoi
 	if err != nil {
 		return err
 	}
-	if err := s.snaps.SetSnapshot(context.Background(), "any", snap); err != nil {
-		return err
-	}
-	if nameTable != nil {
-		return s.SetNameTable(nameTable)
-	}
-	return nil
+	return s.snaps.SetSnapshot(context.Background(), node, snap)
 }
 
 // SetNameTable replaces the NDS table. Any message may be given, to send
