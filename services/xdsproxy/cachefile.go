@@ -1,10 +1,12 @@
 package xdsproxy
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -40,49 +42,108 @@ type cacheHeader struct {
 	written time.Time
 }
 
+// encodeCache is the file image of a snapshot (tests; the writer streams
+// it with writeCache instead of holding a second copy of the cache).
 func encodeCache(h cacheHeader, s cacheSnapshot) []byte {
+	var buf bytes.Buffer
+	_ = writeCache(&buf, h, s)
+	return buf.Bytes()
+}
+
+// cacheSize is the size of the file image of s, without building it.
+func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
+	n := int64(len(cacheMagic) + sha256.Size)
+	n += fieldSize(len(encodeHeader(h, s.mode)))
+	for _, t := range sortedKeys(s.sotw) {
+		n += fieldSize(entrySize(t, s.sotw[t].version, s.sotw[t].b, nil))
+	}
+	for _, t := range sortedKeys(s.delta) {
+		n += fieldSize(entrySize(t, s.delta[t].version, nil, s.delta[t].res))
+	}
+	return n
+}
+
+// fieldSize is the size of a length-delimited field of n bytes (field
+// numbers here are all below 16: a one-byte tag).
+func fieldSize(n int) int64 { return int64(1 + protowire.SizeVarint(uint64(n)) + n) }
+
+func entrySize(typeURL, version string, sotw []byte, delta map[string]deltaRes) int {
+	n := int(fieldSize(len(typeURL)) + fieldSize(len(version)))
+	if sotw != nil {
+		n += int(fieldSize(len(sotw)))
+	}
+	for _, r := range delta {
+		n += int(fieldSize(len(r.b)))
+	}
+	return n
+}
+
+func encodeHeader(h cacheHeader, mode cacheMode) []byte {
 	var hdr []byte
 	hdr = protowire.AppendTag(hdr, 1, protowire.BytesType)
 	hdr = protowire.AppendString(hdr, h.nodeID)
 	hdr = protowire.AppendTag(hdr, 2, protowire.BytesType)
 	hdr = protowire.AppendString(hdr, h.address)
 	hdr = protowire.AppendTag(hdr, 3, protowire.VarintType)
-	hdr = protowire.AppendVarint(hdr, uint64(s.mode))
+	hdr = protowire.AppendVarint(hdr, uint64(mode))
 	hdr = protowire.AppendTag(hdr, 4, protowire.VarintType)
-	hdr = protowire.AppendVarint(hdr, uint64(h.written.UnixNano()))
+	return protowire.AppendVarint(hdr, uint64(h.written.UnixNano()))
+}
 
-	out := []byte(cacheMagic)
-	out = protowire.AppendTag(out, 1, protowire.BytesType)
-	out = protowire.AppendBytes(out, hdr)
-	entry := func(typeURL, version string, body func([]byte) []byte) {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, typeURL)
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, version)
-		e = body(e)
-		out = protowire.AppendTag(out, 2, protowire.BytesType)
-		out = protowire.AppendBytes(out, e)
+// writeCache streams the file image to w: the resources are written from
+// the cache's own slices, the checksum computed on the way.
+func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
+	sum := sha256.New()
+	out := &cacheWriter{w: io.MultiWriter(w, sum)}
+	out.raw([]byte(cacheMagic))
+	out.field(1, encodeHeader(h, s.mode))
+	entry := func(typeURL, version string, sotw []byte, delta map[string]deltaRes) {
+		out.tag(2, entrySize(typeURL, version, sotw, delta))
+		out.field(1, []byte(typeURL))
+		out.field(2, []byte(version))
+		if sotw != nil {
+			out.field(3, sotw)
+		}
+		for _, name := range sortedKeys(delta) {
+			out.field(4, delta[name].b)
+		}
 	}
 	for _, t := range sortedKeys(s.sotw) {
-		e := s.sotw[t]
-		entry(t, e.version, func(b []byte) []byte {
-			b = protowire.AppendTag(b, 3, protowire.BytesType)
-			return protowire.AppendBytes(b, e.b)
-		})
+		entry(t, s.sotw[t].version, s.sotw[t].b, nil)
 	}
 	for _, t := range sortedKeys(s.delta) {
-		d := s.delta[t]
-		entry(t, d.version, func(b []byte) []byte {
-			for _, name := range sortedKeys(d.res) {
-				b = protowire.AppendTag(b, 4, protowire.BytesType)
-				b = protowire.AppendBytes(b, d.res[name].b)
-			}
-			return b
-		})
+		entry(t, s.delta[t].version, nil, s.delta[t].res)
 	}
-	sum := sha256.Sum256(out)
-	return append(out, sum[:]...)
+	if out.err != nil {
+		return out.err
+	}
+	_, err := w.Write(sum.Sum(nil))
+	return err
+}
+
+// cacheWriter writes protobuf fields and keeps the first error.
+type cacheWriter struct {
+	w   io.Writer
+	buf []byte
+	err error
+}
+
+func (c *cacheWriter) raw(b []byte) {
+	if c.err == nil {
+		_, c.err = c.w.Write(b)
+	}
+}
+
+// tag writes a length-delimited field's tag and length.
+func (c *cacheWriter) tag(num protowire.Number, n int) {
+	c.buf = protowire.AppendTag(c.buf[:0], num, protowire.BytesType)
+	c.buf = protowire.AppendVarint(c.buf, uint64(n))
+	c.raw(c.buf)
+}
+
+func (c *cacheWriter) field(num protowire.Number, b []byte) {
+	c.tag(num, len(b))
+	c.raw(b)
 }
 
 func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
@@ -220,7 +281,7 @@ func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, er
 // writeCacheFile writes atomically: a temporary file in the same directory,
 // 0600, synced, then renamed over the old one, so that a crash leaves
 // either the old file or the new one, never half of one.
-func writeCacheFile(path string, data []byte) error {
+func writeCacheFile(path string, write func(io.Writer) error) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
@@ -230,19 +291,21 @@ func writeCacheFile(path string, data []byte) error {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
+	bw := bufio.NewWriterSize(tmp, 256<<10)
+	err = tmp.Chmod(0o600)
+	if err == nil {
+		err = write(bw)
 	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
+	if err == nil {
+		err = bw.Flush()
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Close(); err != nil {
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)

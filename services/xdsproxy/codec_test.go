@@ -242,3 +242,19 @@ func FuzzScan(f *testing.F) {
 		_, _, _ = decodeCache(b)
 	})
 }
+
+// cacheSize predicts the streamed file's size exactly (the bound is
+// checked before writing).
+func TestCacheSizeMatchesFile(t *testing.T) {
+	h := cacheHeader{nodeID: "node", address: "cp:15012", written: time.Unix(5, 0)}
+	for _, s := range []cacheSnapshot{
+		{mode: modeSotW, sotw: map[string]sotwEntry{resource.ClusterType: {b: sotwResponse(t, "v1", "n", 200), version: "v1"}}},
+		{mode: modeDelta, delta: map[string]deltaSnapshot{resource.ClusterType: {version: "3", res: map[string]deltaRes{
+			"a": {version: "a1", b: deltaResource(t, "a", "a1", nil)},
+		}}}},
+	} {
+		if got, want := cacheSize(h, s), int64(len(encodeCache(h, s))); got != want {
+			t.Errorf("%v: cacheSize %d, file %d bytes", s.mode, got, want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package xdsproxy
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"time"
@@ -71,18 +72,19 @@ func (s *Service) persist(last uint64) uint64 {
 		}
 		return snap.gen
 	}
-	data := encodeCache(cacheHeader{nodeID: s.cfg.NodeID, address: s.cfg.DiscoveryAddress, written: s.rt.Clock.Now()}, snap)
-	if int64(len(data)) > s.cfg.CacheMaxBytes {
+	h := cacheHeader{nodeID: s.cfg.NodeID, address: s.cfg.DiscoveryAddress, written: s.rt.Clock.Now()}
+	size := cacheSize(h, snap)
+	if size > s.cfg.CacheMaxBytes {
 		s.m.cacheWrites.WithLabelValues("too_large").Inc()
-		s.log.Warn("not writing the xDS cache file: too large", "bytes", len(data), "max", s.cfg.CacheMaxBytes)
+		s.log.Warn("not writing the xDS cache file: too large", "bytes", size, "max", s.cfg.CacheMaxBytes)
 		return snap.gen
 	}
-	if err := writeCacheFile(s.cfg.CacheFile, data); err != nil {
+	if err := writeCacheFile(s.cfg.CacheFile, func(w io.Writer) error { return writeCache(w, h, snap) }); err != nil {
 		s.m.cacheWrites.WithLabelValues("error").Inc()
 		s.log.Warn("cannot write the xDS cache file", "file", s.cfg.CacheFile, "error", err)
 		return last
 	}
 	s.m.cacheWrites.WithLabelValues("ok").Inc()
-	s.log.Debug("wrote the xDS cache file", "file", s.cfg.CacheFile, "bytes", len(data))
+	s.log.Debug("wrote the xDS cache file", "file", s.cfg.CacheFile, "bytes", size)
 	return snap.gen
 }
