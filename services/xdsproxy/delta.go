@@ -2,6 +2,7 @@ package xdsproxy
 
 import (
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 
@@ -178,6 +179,13 @@ func (x *delta) sending(f *frame) {
 		}
 	}
 	x.pending[f.typeURL] = list
+}
+
+// awaitsAnswer: a wildcard subscription that acknowledges nothing (see
+// sotw.awaitsAnswer).
+func (*delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
+	sub := req.GetResourceNamesSubscribe()
+	return req.GetResponseNonce() == "" && (len(sub) == 0 || slices.Contains(sub, "*"))
 }
 
 func (x *delta) probeRequest() *discoveryv3.DeltaDiscoveryRequest {

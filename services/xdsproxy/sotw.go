@@ -115,6 +115,15 @@ func (x *sotw) sending(f *frame) {
 	x.mu.Unlock()
 }
 
+// awaitsAnswer: a wildcard request that acknowledges nothing. Istio's
+// control plane answers every such request on a new stream, whatever
+// version Envoy holds; a request naming resources may go unanswered when
+// they do not exist.
+func (*sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
+	names := req.GetResourceNames()
+	return req.GetResponseNonce() == "" && (len(names) == 0 || slices.Contains(names, "*"))
+}
+
 func (x *sotw) probeRequest() *discoveryv3.DiscoveryRequest {
 	x.mu.Lock()
 	defer x.mu.Unlock()

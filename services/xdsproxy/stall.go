@@ -20,10 +20,15 @@ import (
 // anything or accepting anything we sent; Envoy then reconnects, and a new
 // stream may reach a working control plane.
 //
-// "Requests wait" means: Envoy asked for a type (a request without a
-// nonce, which a control plane must answer) and no response of that type
-// came; or a Send to the control plane is blocked (it is not reading).
-// ACKs and the agent's own requests expect no answer and never count.
+// "Requests wait" means: Envoy subscribed to a type by wildcard (a request
+// without a nonce, which istiod always answers, if only with an empty
+// list) and no response of that type came; or a Send to the control plane
+// is blocked (it is not reading). Requests naming resources may go
+// unanswered when the resources do not exist, ACKs and the agent's own
+// requests expect no answer: none of those count. A control plane that
+// does not answer a wildcard request from an Envoy that already holds its
+// version (go-control-plane does not) would see such a stream renewed
+// every StallTimeout while it is quiet: noisy, harmless.
 
 type stallWatch struct {
 	clock   messages.Clock

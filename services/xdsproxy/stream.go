@@ -79,6 +79,8 @@ type flavor[R request] interface {
 	// record is set); sending tracks a response about to reach Envoy.
 	observe(req R, record bool) reqInfo
 	sending(f *frame)
+	// awaitsAnswer: a control plane must answer req (the stall rule).
+	awaitsAnswer(req R) bool
 	// probeRequest is Envoy's first request, as a fresh subscription.
 	probeRequest() R
 	// replay answers, from the cache, every type Envoy asked for so far;
@@ -345,7 +347,7 @@ func (st *stream[R]) sendUpstream(up *upstream, watch *stallWatch, done <-chan s
 		}
 		for _, o := range st.queue.take() {
 			t := o.req.GetTypeUrl()
-			if !o.agent && o.req.GetResponseNonce() == "" {
+			if !o.agent && st.fl.awaitsAnswer(o.req) {
 				watch.asked(t)
 			}
 			s.m.requests.Inc()

@@ -248,7 +248,6 @@ func (b *bench) connect(targets []*target, delta bool) error {
 	return nil
 }
 
-
 func (b *bench) measureSize(targets []*target, n int, withSmall bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
