@@ -23,6 +23,24 @@ import (
 // reconnect and resynchronises with the real control plane on the next
 // stream.
 
+// canServeCache waits for Envoy's first request (it names the node) and
+// reports whether the cache holds this node's configuration for this
+// protocol.
+func (st *stream[R]) canServeCache() bool {
+	s := st.svc
+	if !s.cfg.OfflineCache {
+		return false
+	}
+	select {
+	case <-st.firstReq:
+	case <-st.readDone:
+		return false
+	case <-st.ended:
+		return false
+	}
+	return s.records(st.node) && len(s.lkg.servable(st.fl.mode())) > 0
+}
+
 // serveCache serves the cache on this stream until the control plane is
 // back, Envoy leaves, or the stream is ended.
 func (st *stream[R]) serveCache(cause error) error {
