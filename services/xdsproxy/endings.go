@@ -1,6 +1,7 @@
 package xdsproxy
 
 import (
+	"context"
 	"errors"
 	"io"
 	"strings"
@@ -16,7 +17,7 @@ import (
 // termination), the gRPC status unchanged otherwise, so that Envoy logs
 // the control plane's own reason.
 func envoyError(err error) error {
-	if err == nil || errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
 		return nil
 	}
 	if _, ok := status.FromError(err); ok {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
@@ -98,6 +100,12 @@ func TestUpstreamErrorsAreExplained(t *testing.T) {
 			}
 			if err := c.WaitFor(waitCtx(t), func(s xdsserver.State) bool { return len(s.Ends) >= 1 }); err != nil {
 				t.Fatal(err)
+			}
+			if tc.name == "wrong token" {
+				// The control plane's status reaches Envoy unchanged.
+				if end := c.State().Ends[0]; status.Code(end) != codes.Unauthenticated {
+					t.Errorf("Envoy's stream ended with %v, want the control plane's Unauthenticated", end)
+				}
 			}
 			if c.State().Counts[resource.ClusterType] != 0 {
 				t.Error("the client got configuration through a refused upstream")
