@@ -33,7 +33,9 @@ func TestServerAndClient(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		has := func(v string, n int) func(State) bool {
-			return func(s State) bool { return s.Versions[resource.ClusterType] == v && s.Counts[resource.ClusterType] == n }
+			return func(s State) bool {
+				return s.Versions[resource.ClusterType] == v && s.Counts[resource.ClusterType] == n
+			}
 		}
 		if err := c.WaitFor(ctx, has("v1", 5)); err != nil {
 			t.Fatal(err)
