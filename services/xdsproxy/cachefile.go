@@ -3,7 +3,8 @@ package xdsproxy
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
+	"encoding/binary"
+	"hash/crc32"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +20,7 @@ import (
 // The cache file: the last-known-good configuration, so that an agent that
 // restarts during a control plane outage can still configure its Envoy.
 //
-//	"MESHXDS1" | payload | SHA-256(magic | payload)
+//	"MESHXDS1" | payload | CRC-32C(magic | payload), big-endian
 //
 // The payload is protobuf wire format, written and read with protowire:
 //
@@ -31,6 +32,13 @@ import (
 // removed, never served.
 
 const cacheMagic = "MESHXDS1"
+
+// The checksum is CRC-32C: it is there to catch a truncated or damaged
+// file, not an attacker (the file is the agent's own, 0600), and it costs
+// a fraction of a cryptographic hash on every write of a large cache.
+const checksumSize = crc32.Size
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errCacheFile wraps every reason a cache file is not used.
 var errCacheFile = errors.New("cache file not usable")
@@ -52,7 +60,7 @@ func encodeCache(h cacheHeader, s cacheSnapshot) []byte {
 
 // cacheSize is the size of the file image of s, without building it.
 func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
-	n := int64(len(cacheMagic) + sha256.Size)
+	n := int64(len(cacheMagic) + checksumSize)
 	n += fieldSize(len(encodeHeader(h, s.mode)))
 	for _, t := range sortedKeys(s.sotw) {
 		n += fieldSize(entrySize(t, s.sotw[t].version, s.sotw[t].b, nil))
@@ -93,7 +101,7 @@ func encodeHeader(h cacheHeader, mode cacheMode) []byte {
 // writeCache streams the file image to w: the resources are written from
 // the cache's own slices, the checksum computed on the way.
 func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
-	sum := sha256.New()
+	sum := crc32.New(castagnoli)
 	out := &cacheWriter{w: io.MultiWriter(w, sum)}
 	out.raw([]byte(cacheMagic))
 	out.field(1, encodeHeader(h, s.mode))
@@ -104,8 +112,9 @@ func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
 		if sotw != nil {
 			out.field(3, sotw)
 		}
-		for _, name := range sortedKeys(delta) {
-			out.field(4, delta[name].b)
+		// In map order: the decoder takes each resource's name from it.
+		for _, r := range delta {
+			out.field(4, r.b)
 		}
 	}
 	for _, t := range sortedKeys(s.sotw) {
@@ -149,11 +158,11 @@ func (c *cacheWriter) field(num protowire.Number, b []byte) {
 func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
 	var h cacheHeader
 	s := cacheSnapshot{sotw: map[string]sotwEntry{}, delta: map[string]deltaSnapshot{}}
-	if len(b) < len(cacheMagic)+sha256.Size || string(b[:len(cacheMagic)]) != cacheMagic {
+	if len(b) < len(cacheMagic)+checksumSize || string(b[:len(cacheMagic)]) != cacheMagic {
 		return h, s, fmt.Errorf("%w: not a meshagent xDS cache (bad magic or too short)", errCacheFile)
 	}
-	body, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
-	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+	body, sum := b[:len(b)-checksumSize], b[len(b)-checksumSize:]
+	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(sum) {
 		return h, s, fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", errCacheFile)
 	}
 	p := body[len(cacheMagic):]
