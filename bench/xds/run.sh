@@ -15,6 +15,8 @@ set -euo pipefail
 ROUNDS=${ROUNDS:-15}
 SMALL=${SMALL:-200}
 SIZES=${SIZES:-1000,10000}
+# NOCACHE=1 also runs meshagent without its last-known-good cache.
+NOCACHE=${NOCACHE:-0}
 ISTIO_AGENT=${ISTIO_AGENT:-$HOME/.cache/meshagent-peers/pilot-agent}
 cd "$(dirname "$0")/../.."
 
@@ -33,5 +35,8 @@ else
 	echo "bench-xds: $ISTIO_AGENT not found (bash ../shared/peers/istio-agent/build.sh): Istio not measured"
 fi
 
-"$work/xdsbench" -meshagent "$work/xdsproxyd" "${istio_flags[@]}" \
+nocache_flag=()
+if [ "$NOCACHE" = 1 ]; then nocache_flag=(-nocache); fi
+
+"$work/xdsbench" -meshagent "$work/xdsproxyd" "${istio_flags[@]}" "${nocache_flag[@]}" \
 	-rounds "$ROUNDS" -small "$SMALL" -sizes "$SIZES"

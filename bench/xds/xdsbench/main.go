@@ -45,6 +45,7 @@ func main() {
 	rounds := flag.Int("rounds", 15, "pushes per figure (medians)")
 	small := flag.Int("small", 200, "small updates per protocol")
 	sizesFlag := flag.String("sizes", "1000,10000", "cluster counts")
+	noCache := flag.Bool("nocache", false, "also measure meshagent without its last-known-good cache (what the cache costs)")
 	flag.Parse()
 	if *meshagent == "" {
 		fail(errors.New("-meshagent is required"))
@@ -57,7 +58,7 @@ func main() {
 		}
 		sizes = append(sizes, n)
 	}
-	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small}
+	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache}
 	if err := b.run(sizes); err != nil {
 		fail(err)
 	}
@@ -71,6 +72,7 @@ func fail(err error) {
 type bench struct {
 	meshagent, istio, istioDir string
 	rounds, small              int
+	noCache                    bool
 	cp                         *xdsserver.Server
 	lines                      []string
 }
@@ -80,6 +82,7 @@ type target struct {
 	name   string
 	addr   string // what the client dials
 	proc   *exec.Cmd
+	dir    string // removed when stopped
 	client *xdsserver.Client
 }
 
@@ -112,13 +115,41 @@ func (b *bench) run(sizes []int) error {
 
 func (b *bench) startProxies(n int) ([]*target, error) {
 	targets := []*target{{name: "direct", addr: b.cp.Addr()}}
+	t, err := b.startMeshagent("meshagent", true)
+	if err != nil {
+		return nil, err
+	}
+	targets = append(targets, t)
+	if b.noCache {
+		t, err := b.startMeshagent("meshagent-nocache", false)
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+
+	if b.istio != "" {
+		t, err := b.startIstio()
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	fmt.Fprintf(os.Stderr, "xdsbench: %d clusters: proxies started\n", n)
+	return targets, nil
+}
+
+// startMeshagent runs xdsproxyd; name is also the node it caches for.
+func (b *bench) startMeshagent(name string, cache bool) (*target, error) {
 	dir, err := os.MkdirTemp("", "xdsb")
 	if err != nil {
 		return nil, err
 	}
 	sock := filepath.Join(dir, "XDS")
-	cmd := exec.Command(b.meshagent, "-socket", sock, "-upstream", b.cp.Addr(), "-node", "meshagent",
-		"-cache-file", filepath.Join(dir, "xds-cache.pb"))
+	cmd := exec.Command(b.meshagent, "-socket", sock, "-upstream", b.cp.Addr(), "-node", name,
+		"-cache-file", filepath.Join(dir, "xds-cache.pb"), fmt.Sprintf("-offline-cache=%t", cache))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -132,18 +163,7 @@ func (b *bench) startProxies(n int) ([]*target, error) {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("xdsproxyd did not start: %q %v", line, err)
 	}
-	targets = append(targets, &target{name: "meshagent", addr: "unix://" + sock, proc: cmd})
-
-	if b.istio != "" {
-		t, err := b.startIstio()
-		if err != nil {
-			stopAll(targets)
-			return nil, err
-		}
-		targets = append(targets, t)
-	}
-	fmt.Fprintf(os.Stderr, "xdsbench: %d clusters: proxies started\n", n)
-	return targets, nil
+	return &target{name: name, addr: "unix://" + sock, proc: cmd, dir: dir}, nil
 }
 
 // startIstio runs pilot-agent without Envoy (DISABLE_ENVOY), plaintext to
@@ -224,6 +244,9 @@ func stopAll(targets []*target) {
 				_ = t.proc.Process.Kill()
 				<-done
 			}
+		}
+		if t.dir != "" {
+			_ = os.RemoveAll(t.dir)
 		}
 	}
 }
