@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -271,5 +272,48 @@ func TestDeltaCacheAppliesRemovals(t *testing.T) {
 		if got[name] != v {
 			t.Errorf("cached cluster %q at version %q, want %q (cache %v)", name, got[name], v, got)
 		}
+	}
+}
+
+// A control plane that accepts the stream and never answers is, for a
+// fresh Envoy, as good as unreachable: after StallTimeout the cache
+// serves it.
+func TestStalledControlPlaneServesCache(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "v1", 3)
+	clock := newManualClock()
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	cfg.StallTimeout = time.Minute
+	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	recordV1(t, p, cp, true)
+
+	cp.Hang(true)
+	if err := cp.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	c := p.client(t, true)
+	ctx := waitCtx(t)
+	if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return s.Hung > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	// Step the clock until the watchdog gives up and the cache serves
+	// (then the clock stops: the retries would keep it busy).
+	serving := make(chan struct{})
+	go func() {
+		if p.states.reached(func(v []messages.XDSState) bool {
+			return len(v) > 0 && v[len(v)-1].Upstream == messages.XDSServingCache
+		}, ctx.Done()) {
+			close(serving)
+		}
+	}()
+	if !clock.advanceUntil(t, cfg.StallTimeout/4, 20, serving) {
+		t.Fatal("the stalled stream did not end")
+	}
+	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
+	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 1 {
+		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
 	}
 }

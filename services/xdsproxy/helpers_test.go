@@ -110,6 +110,24 @@ func (r *recorder[T]) waitFor(t *testing.T, what string, cond func([]T) bool) []
 	}
 }
 
+// reached waits, without failing the test (it may run on another
+// goroutine), until cond holds (true) or stop is closed (false).
+func (r *recorder[T]) reached(cond func([]T) bool, stop <-chan struct{}) bool {
+	for {
+		r.mu.Lock()
+		vals, changed := append([]T(nil), r.values...), r.changed
+		r.mu.Unlock()
+		if cond(vals) {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-stop:
+			return false
+		}
+	}
+}
+
 func lastOf[T any](v []T) any {
 	if len(v) == 0 {
 		return nil

@@ -257,6 +257,11 @@ func (st *stream[R]) run() error {
 	case fromStall:
 		s.m.stalls.Inc()
 		st.log.Warn("ending a stalled stream", "error", end.err)
+		if !end.answered {
+			// A control plane that never answered is as good as
+			// unreachable: the cache may serve.
+			return st.upstreamFailed(end.err)
+		}
 		s.status.failed(end.err, false)
 		return end.err
 	}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages/nds"
@@ -62,6 +64,8 @@ type Server struct {
 	pcfg  *cachev3.LinearCache
 	cache cachev3.Cache
 
+	hang atomic.Bool // new streams are read and never answered
+
 	mu      sync.Mutex
 	addr    string
 	grpc    *grpc.Server
@@ -77,6 +81,7 @@ type Stats struct {
 	Streams      int // State of the World streams opened
 	DeltaStreams int
 	Rejected     int            // streams refused (token)
+	Hung         int            // requests read on streams that are never answered (Hang)
 	Requests     map[string]int // by type URL
 	ACKs         map[string]int
 	NACKs        map[string]int
@@ -173,12 +178,9 @@ func (s *Server) start(addr string) error {
 			return nil
 		},
 	})
-	var opts []grpc.ServerOption
+	opts := []grpc.ServerOption{grpc.ChainStreamInterceptor(s.checkToken, s.hangs)}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
-	}
-	if s.opts.Token != "" {
-		opts = append(opts, grpc.StreamInterceptor(s.checkToken))
 	}
 	gs := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xds)
@@ -191,12 +193,32 @@ func (s *Server) start(addr string) error {
 }
 
 func (s *Server) checkToken(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if s.opts.Token == "" {
+		return h(srv, ss)
+	}
 	md, _ := metadata.FromIncomingContext(ss.Context())
 	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+s.opts.Token {
 		s.update(func(st *Stats) { st.Rejected++ })
 		return status.Error(codes.Unauthenticated, "authentication failure: bad or missing bearer token")
 	}
 	return h(srv, ss)
+}
+
+// Hang makes the streams opened from now on hang: their requests are read
+// and never answered, a control plane alive on the wire and dead inside
+// (istio/istio#57064). Streams already open are not affected.
+func (s *Server) Hang(on bool) { s.hang.Store(on) }
+
+func (s *Server) hangs(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if !s.hang.Load() {
+		return h(srv, ss)
+	}
+	for {
+		if err := ss.RecvMsg(new(emptypb.Empty)); err != nil {
+			return err
+		}
+		s.update(func(st *Stats) { st.Hung++ })
+	}
 }
 
 func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
