@@ -69,3 +69,18 @@ func protocolName(delta bool) string {
 	}
 	return "sotw"
 }
+
+// The tree restarts a service by calling Serve again on it: the socket
+// comes back, and what the proxy learnt (its cache) is kept.
+func TestServeAgain(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "v1", 3)
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	cfg.CacheFile = "" // in memory only: what survives is the Service's own
+	p := startProxy(t, cfg, proxyOpts{})
+	recordV1(t, p, cp, false)
+	p.stop(t)
+	cp.Stop()
+	p.start(t)
+	servedFromCache(t, p, false)
+}
