@@ -281,6 +281,9 @@ func (s *Service) serverOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(maxMsgSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(100000),
+		// A push of thousands of clusters goes out in fewer, larger
+		// writes (gRPC's default buffer is 32 KiB); one per connection.
+		grpc.WriteBufferSize(256 << 10),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveInterval, Timeout: s.cfg.KeepaliveTimeout}),
 		// Clients may ping as often as every half interval (Istio's
 		// policy): a stricter one would close Envoy's connection with a
