@@ -12,8 +12,8 @@
 # capture, so that its DNS proxy never forwards to this machine's resolver.
 set -euo pipefail
 
-ROUNDS=${ROUNDS:-15}
-SMALL=${SMALL:-200}
+ROUNDS=${ROUNDS:-31}
+SMALL=${SMALL:-500}
 SIZES=${SIZES:-1000,10000}
 # NOCACHE=1 also runs meshagent without its last-known-good cache.
 NOCACHE=${NOCACHE:-0}
