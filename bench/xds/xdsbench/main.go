@@ -1,0 +1,383 @@
+// Command xdsbench is the whole-process xDS proxy benchmark (make
+// bench-xds, through bench/xds/run.sh). In one run it measures the same
+// pushes three ways: a client connected to the control plane directly, the
+// same through meshagent's proxy (xdsproxyd), and through Istio's
+// pilot-agent; it prints each figure beside its baseline, as a ratio:
+//
+//   - a CDS push of 1,000 and 10,000 clusters, State of the World and
+//     Delta: time from the snapshot until the client holds every cluster
+//     (median of -rounds, rounds interleaved, the order rotated);
+//   - small updates (one cluster): the latency each proxy adds, p50/p99;
+//   - each proxy's peak RSS (VmHWM) after the runs of a size, a fresh pair
+//     of processes per size.
+//
+// The control plane (go-control-plane, testdata/testkit/xdsserver) and the
+// clients (which decode every resource, as Envoy does) run in this
+// process; each client has a snapshot of its own, so a push reaches one
+// client at a time.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+func main() {
+	meshagent := flag.String("meshagent", "", "the xdsproxyd binary")
+	istio := flag.String("istio", "", "Istio's pilot-agent binary (empty: not measured)")
+	istioDir := flag.String("istio-dir", "", "pilot-agent's working directory, with file-mounted certs in etc/certs")
+	rounds := flag.Int("rounds", 15, "pushes per figure (medians)")
+	small := flag.Int("small", 200, "small updates per protocol")
+	sizesFlag := flag.String("sizes", "1000,10000", "cluster counts")
+	noCache := flag.Bool("nocache", false, "also measure meshagent without its last-known-good cache (what the cache costs)")
+	flag.Parse()
+	if *meshagent == "" {
+		fail(errors.New("-meshagent is required"))
+	}
+	var sizes []int
+	for _, s := range strings.Split(*sizesFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			fail(fmt.Errorf("-sizes: %w", err))
+		}
+		sizes = append(sizes, n)
+	}
+	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache}
+	if err := b.run(sizes); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "xdsbench:", err)
+	os.Exit(1)
+}
+
+type bench struct {
+	meshagent, istio, istioDir string
+	rounds, small              int
+	noCache                    bool
+	cp                         *xdsserver.Server
+	lines                      []string
+}
+
+// target is one way to the control plane.
+type target struct {
+	name   string
+	addr   string // what the client dials
+	proc   *exec.Cmd
+	dir    string // removed when stopped
+	client *xdsserver.Client
+}
+
+func (b *bench) run(sizes []int) error {
+	cp, err := xdsserver.Start(xdsserver.Options{ByNode: true})
+	if err != nil {
+		return err
+	}
+	defer cp.Close()
+	b.cp = cp
+	for i, n := range sizes {
+		targets, err := b.startProxies(n)
+		if err != nil {
+			return err
+		}
+		err = b.measureSize(targets, n, i == 0)
+		b.rss(targets, n)
+		stopAll(targets)
+		if err != nil {
+			return err
+		}
+	}
+	fmt.Println()
+	fmt.Println("== xDS proxy: meshagent and Istio's pilot-agent against a direct connection (same run) ==")
+	for _, l := range b.lines {
+		fmt.Println(l)
+	}
+	return nil
+}
+
+func (b *bench) startProxies(n int) ([]*target, error) {
+	targets := []*target{{name: "direct", addr: b.cp.Addr()}}
+	t, err := b.startMeshagent("meshagent", true)
+	if err != nil {
+		return nil, err
+	}
+	targets = append(targets, t)
+	if b.noCache {
+		t, err := b.startMeshagent("meshagent-nocache", false)
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+
+	if b.istio != "" {
+		t, err := b.startIstio()
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	fmt.Fprintf(os.Stderr, "xdsbench: %d clusters: proxies started\n", n)
+	return targets, nil
+}
+
+// startMeshagent runs xdsproxyd; name is also the node it caches for.
+func (b *bench) startMeshagent(name string, cache bool) (*target, error) {
+	dir, err := os.MkdirTemp("", "xdsb")
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "XDS")
+	cmd := exec.Command(b.meshagent, "-socket", sock, "-upstream", b.cp.Addr(), "-node", name,
+		"-cache-file", filepath.Join(dir, "xds-cache.pb"), fmt.Sprintf("-offline-cache=%t", cache))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening") {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("xdsproxyd did not start: %q %v", line, err)
+	}
+	return &target{name: name, addr: "unix://" + sock, proc: cmd, dir: dir}, nil
+}
+
+// startIstio runs pilot-agent without Envoy (DISABLE_ENVOY), plaintext to
+// the control plane, file-mounted certs, no cloud probes, and no DNS
+// capture (so its DNS proxy never forwards to this machine's resolver),
+// with status and admin ports of its own.
+func (b *bench) startIstio() (*target, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(b.istioDir, "etc/istio/proxy/XDS")
+	_ = os.Remove(sock)
+	cmd := exec.Command(b.istio, "proxy", "sidecar")
+	cmd.Dir = b.istioDir
+	cmd.Env = append(os.Environ(),
+		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","statusPort":%d,"proxyAdminPort":%d}`, b.cp.Addr(), ports[0], ports[1]),
+		"DISABLE_ENVOY=true", "FILE_MOUNTED_CERTS=true", "CLOUD_PLATFORM=none",
+		"POD_NAME=bench-0", "POD_NAMESPACE=default", "INSTANCE_IP=127.0.0.1",
+		"ISTIO_META_DNS_CAPTURE=false", "ISTIO_META_DNS_AUTO_ALLOCATE=false")
+	logf, err := os.Create(filepath.Join(b.istioDir, "pilot-agent.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	// pilot-agent says nothing a script can wait on: try its socket,
+	// bounded (10s).
+	for i := 0; ; i++ {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 200 {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("pilot-agent's XDS socket %s never accepted (see %s/pilot-agent.log)", sock, b.istioDir)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &target{name: "istio", addr: "unix://" + sock, proc: cmd}, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var out []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}
+
+func stopAll(targets []*target) {
+	for _, t := range targets {
+		if t.client != nil {
+			t.client.Close()
+			t.client = nil
+		}
+		if t.proc != nil {
+			_ = t.proc.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = t.proc.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = t.proc.Process.Kill()
+				<-done
+			}
+		}
+		if t.dir != "" {
+			_ = os.RemoveAll(t.dir)
+		}
+	}
+}
+
+func (b *bench) connect(targets []*target, delta bool) error {
+	for _, t := range targets {
+		if t.client != nil {
+			t.client.Close()
+		}
+		// One node per target (its own snapshot). meshagent's is the node it
+		// caches for, so that its last-known-good cache works as in
+		// production while it is measured.
+		c, err := xdsserver.NewClient(xdsserver.ClientOptions{
+			Target: t.addr, Delta: delta, Node: &corev3.Node{Id: t.name},
+			Types: []string{resource.ClusterType}, Reconnect: true,
+		})
+		if err != nil {
+			return err
+		}
+		t.client = c
+	}
+	return nil
+}
+
+func (b *bench) measureSize(targets []*target, n int, withSmall bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	for _, delta := range []bool{false, true} {
+		proto := map[bool]string{false: "sotw", true: "delta"}[delta]
+		if err := b.connect(targets, delta); err != nil {
+			return err
+		}
+		for _, t := range targets {
+			if _, err := xdsserver.Push(ctx, b.cp, t.client, t.name, "warm", xdsserver.RoundClusters(n, 0)); err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+		}
+		times := map[string][]time.Duration{}
+		for r := 1; r <= b.rounds; r++ {
+			clusters := xdsserver.RoundClusters(n, r)
+			for i := range targets {
+				t := targets[(i+r)%len(targets)]
+				d, err := xdsserver.Push(ctx, b.cp, t.client, t.name, fmt.Sprintf("r%d", r), clusters)
+				if err != nil {
+					return fmt.Errorf("%s: %w", t.name, err)
+				}
+				times[t.name] = append(times[t.name], d)
+			}
+		}
+		base := xdsserver.Quantile(times["direct"], 0.5)
+		line := fmt.Sprintf("cds-push %-5s %5d clusters: direct %8.2f ms", proto, n, ms(base))
+		for _, t := range targets[1:] {
+			m := xdsserver.Quantile(times[t.name], 0.5)
+			line += fmt.Sprintf(" | %s %8.2f ms (%.2f×)", t.name, ms(m), float64(m)/float64(base))
+		}
+		b.lines = append(b.lines, line+fmt.Sprintf("  [median of %d]", b.rounds))
+		fmt.Fprintln(os.Stderr, "xdsbench:", line)
+
+		if withSmall {
+			if err := b.measureSmall(ctx, targets, delta, proto); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (b *bench) measureSmall(ctx context.Context, targets []*target, delta bool, proto string) error {
+	if err := b.connect(targets, delta); err != nil {
+		return err
+	}
+	times := map[string][]time.Duration{}
+	for r := 0; r <= b.small; r++ {
+		clusters := xdsserver.RoundClusters(1, r)
+		for i := range targets {
+			t := targets[(i+r)%len(targets)]
+			d, err := xdsserver.Push(ctx, b.cp, t.client, t.name, fmt.Sprintf("s%d", r), clusters)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			if r > 0 { // round 0 is the first fetch
+				times[t.name] = append(times[t.name], d)
+			}
+		}
+	}
+	p50, p99 := xdsserver.Quantile(times["direct"], 0.5), xdsserver.Quantile(times["direct"], 0.99)
+	line := fmt.Sprintf("small-update %-5s: direct p50 %.3f ms p99 %.3f ms", proto, ms(p50), ms(p99))
+	for _, t := range targets[1:] {
+		q50, q99 := xdsserver.Quantile(times[t.name], 0.5), xdsserver.Quantile(times[t.name], 0.99)
+		line += fmt.Sprintf(" | %s added p50 %+.3f ms p99 %+.3f ms", t.name, ms(q50-p50), ms(q99-p99))
+	}
+	b.lines = append(b.lines, line+fmt.Sprintf("  [%d updates]", b.small))
+	fmt.Fprintln(os.Stderr, "xdsbench:", line)
+	return nil
+}
+
+// rss records each proxy's peak RSS for this size.
+func (b *bench) rss(targets []*target, n int) {
+	vals := map[string]float64{}
+	line := fmt.Sprintf("peak-rss %5d clusters:", n)
+	for _, t := range targets {
+		if t.proc == nil {
+			continue
+		}
+		v, err := vmHWM(t.proc.Process.Pid)
+		if err != nil {
+			line += fmt.Sprintf(" %s ?(%v)", t.name, err)
+			continue
+		}
+		vals[t.name] = v
+		line += fmt.Sprintf(" %s %.1f MiB", t.name, v)
+	}
+	if vals["istio"] > 0 {
+		line += fmt.Sprintf(" (meshagent/istio %.2f×)", vals["meshagent"]/vals["istio"])
+	}
+	b.lines = append(b.lines, line)
+	fmt.Fprintln(os.Stderr, "xdsbench:", line)
+}
+
+func vmHWM(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, errors.New("no VmHWM")
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

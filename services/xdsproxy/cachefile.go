@@ -1,0 +1,321 @@
+package xdsproxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The cache file: the last-known-good configuration, so that an agent that
+// restarts during a control plane outage can still configure its Envoy.
+//
+//	"MESHXDS1" | payload | CRC-32C(magic | payload), big-endian
+//
+// The payload is protobuf wire format, written and read with protowire:
+//
+//	1 header { 1 node_id, 2 control plane address, 3 mode, 4 written (unix ns) }
+//	2 entry  { 1 type_url, 2 version, 3 SotW response, 4 Delta resource (repeated) }
+//
+// The checksum catches a truncated or corrupt file, the header a file that
+// another node or control plane wrote: either is ignored with a warning and
+// removed, never served.
+
+const cacheMagic = "MESHXDS1"
+
+// The checksum is CRC-32C: it is there to catch a truncated or damaged
+// file, not an attacker (the file is the agent's own, 0600), and it costs
+// a fraction of a cryptographic hash on every write of a large cache.
+const checksumSize = crc32.Size
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errCacheFile wraps every reason a cache file is not used.
+var errCacheFile = errors.New("cache file not usable")
+
+type cacheHeader struct {
+	nodeID  string
+	address string
+	mode    cacheMode
+	written time.Time
+}
+
+// encodeCache is the file image of a snapshot (tests; the writer streams
+// it with writeCache instead of holding a second copy of the cache).
+func encodeCache(h cacheHeader, s cacheSnapshot) []byte {
+	var buf bytes.Buffer
+	_ = writeCache(&buf, h, s)
+	return buf.Bytes()
+}
+
+// cacheSize is the size of the file image of s, without building it.
+func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
+	n := int64(len(cacheMagic) + checksumSize)
+	n += fieldSize(len(encodeHeader(h, s.mode)))
+	for _, t := range sortedKeys(s.sotw) {
+		n += fieldSize(entrySize(t, s.sotw[t].version, s.sotw[t].b, nil))
+	}
+	for _, t := range sortedKeys(s.delta) {
+		n += fieldSize(entrySize(t, s.delta[t].version, nil, s.delta[t].res))
+	}
+	return n
+}
+
+// fieldSize is the size of a length-delimited field of n bytes (field
+// numbers here are all below 16: a one-byte tag).
+func fieldSize(n int) int64 { return int64(1 + protowire.SizeVarint(uint64(n)) + n) }
+
+func entrySize(typeURL, version string, sotw []byte, delta map[string]deltaRes) int {
+	n := int(fieldSize(len(typeURL)) + fieldSize(len(version)))
+	if sotw != nil {
+		n += int(fieldSize(len(sotw)))
+	}
+	for _, r := range delta {
+		n += int(fieldSize(len(r.b)))
+	}
+	return n
+}
+
+func encodeHeader(h cacheHeader, mode cacheMode) []byte {
+	var hdr []byte
+	hdr = protowire.AppendTag(hdr, 1, protowire.BytesType)
+	hdr = protowire.AppendString(hdr, h.nodeID)
+	hdr = protowire.AppendTag(hdr, 2, protowire.BytesType)
+	hdr = protowire.AppendString(hdr, h.address)
+	hdr = protowire.AppendTag(hdr, 3, protowire.VarintType)
+	hdr = protowire.AppendVarint(hdr, uint64(mode))
+	hdr = protowire.AppendTag(hdr, 4, protowire.VarintType)
+	return protowire.AppendVarint(hdr, uint64(h.written.UnixNano()))
+}
+
+// writeCache streams the file image to w: the resources are written from
+// the cache's own slices, the checksum computed on the way.
+func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
+	sum := crc32.New(castagnoli)
+	out := &cacheWriter{w: io.MultiWriter(w, sum)}
+	out.raw([]byte(cacheMagic))
+	out.field(1, encodeHeader(h, s.mode))
+	entry := func(typeURL, version string, sotw []byte, delta map[string]deltaRes) {
+		out.tag(2, entrySize(typeURL, version, sotw, delta))
+		out.field(1, []byte(typeURL))
+		out.field(2, []byte(version))
+		if sotw != nil {
+			out.field(3, sotw)
+		}
+		// In map order: the decoder takes each resource's name from it.
+		for _, r := range delta {
+			out.field(4, r.b)
+		}
+	}
+	for _, t := range sortedKeys(s.sotw) {
+		entry(t, s.sotw[t].version, s.sotw[t].b, nil)
+	}
+	for _, t := range sortedKeys(s.delta) {
+		entry(t, s.delta[t].version, nil, s.delta[t].res)
+	}
+	if out.err != nil {
+		return out.err
+	}
+	_, err := w.Write(sum.Sum(nil))
+	return err
+}
+
+// cacheWriter writes protobuf fields and keeps the first error.
+type cacheWriter struct {
+	w   io.Writer
+	buf []byte
+	err error
+}
+
+func (c *cacheWriter) raw(b []byte) {
+	if c.err == nil {
+		_, c.err = c.w.Write(b)
+	}
+}
+
+// tag writes a length-delimited field's tag and length.
+func (c *cacheWriter) tag(num protowire.Number, n int) {
+	c.buf = protowire.AppendTag(c.buf[:0], num, protowire.BytesType)
+	c.buf = protowire.AppendVarint(c.buf, uint64(n))
+	c.raw(c.buf)
+}
+
+func (c *cacheWriter) field(num protowire.Number, b []byte) {
+	c.tag(num, len(b))
+	c.raw(b)
+}
+
+func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
+	var h cacheHeader
+	s := cacheSnapshot{sotw: map[string]sotwEntry{}, delta: map[string]deltaSnapshot{}}
+	if len(b) < len(cacheMagic)+checksumSize || string(b[:len(cacheMagic)]) != cacheMagic {
+		return h, s, fmt.Errorf("%w: not a meshagent xDS cache (bad magic or too short)", errCacheFile)
+	}
+	body, sum := b[:len(b)-checksumSize], b[len(b)-checksumSize:]
+	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(sum) {
+		return h, s, fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", errCacheFile)
+	}
+	p := body[len(cacheMagic):]
+	seenHeader := false
+	for len(p) > 0 {
+		num, v, n := consumeBytesField(p)
+		if n < 0 {
+			return h, s, fmt.Errorf("%w: malformed payload", errCacheFile)
+		}
+		p = p[n:]
+		switch num {
+		case 1:
+			seenHeader = true
+			h.nodeID = firstString(v, 1)
+			h.address = firstString(v, 2)
+			h.mode = cacheMode(firstVarint(v, 3))
+			h.written = time.Unix(0, int64(firstVarint(v, 4)))
+		case 2:
+			if err := decodeEntry(v, h.mode, &s); err != nil {
+				return h, s, err
+			}
+		}
+	}
+	if !seenHeader || (h.mode != modeSotW && h.mode != modeDelta) {
+		return h, s, fmt.Errorf("%w: no valid header", errCacheFile)
+	}
+	s.mode = h.mode
+	return h, s, nil
+}
+
+func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
+	var typeURL, version string
+	var sotwBody []byte
+	res := map[string]deltaRes{}
+	for len(e) > 0 {
+		num, v, n := consumeBytesField(e)
+		if n < 0 {
+			return fmt.Errorf("%w: malformed entry", errCacheFile)
+		}
+		e = e[n:]
+		switch num {
+		case 1:
+			typeURL = string(v)
+		case 2:
+			version = string(v)
+		case 3:
+			sotwBody = bytes.Clone(v)
+		case 4:
+			info, err := scanResource(v)
+			if err != nil {
+				return fmt.Errorf("%w: %s: %v", errCacheFile, typeURL, err)
+			}
+			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(v)}
+		}
+	}
+	if typeURL == "" {
+		return fmt.Errorf("%w: entry without a type URL", errCacheFile)
+	}
+	switch mode {
+	case modeSotW:
+		f := frame{b: sotwBody}
+		if err := f.scan(); err != nil || f.typeURL != typeURL {
+			return fmt.Errorf("%w: %s: bad response", errCacheFile, typeURL)
+		}
+		s.sotw[typeURL] = sotwEntry{b: sotwBody, version: version}
+	case modeDelta:
+		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
+	}
+	return nil
+}
+
+// consumeBytesField reads one length-delimited field (others are skipped
+// and returned with num 0).
+func consumeBytesField(b []byte) (protowire.Number, []byte, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return 0, nil, n
+	}
+	if typ != protowire.BytesType {
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return 0, nil, m
+		}
+		return 0, nil, n + m
+	}
+	v, m := protowire.ConsumeBytes(b[n:])
+	if m < 0 {
+		return 0, nil, m
+	}
+	return num, v, n + m
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// readCacheFile loads the cache file for this node and control plane. A
+// missing file is (zero, nil); an unusable one an errCacheFile saying why.
+func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return cacheHeader{}, cacheSnapshot{}, nil
+	}
+	if err != nil {
+		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %v", errCacheFile, err)
+	}
+	h, s, err := decodeCache(b)
+	if err != nil {
+		return h, s, err
+	}
+	if h.nodeID != nodeID {
+		return h, s, fmt.Errorf("%w: written for node %q, this agent is node %q", errCacheFile, h.nodeID, nodeID)
+	}
+	if h.address != address {
+		return h, s, fmt.Errorf("%w: written for control plane %q, this agent uses %q", errCacheFile, h.address, address)
+	}
+	return h, s, nil
+}
+
+// writeCacheFile writes atomically: a temporary file in the same directory,
+// 0600, synced, then renamed over the old one, so that a crash leaves
+// either the old file or the new one, never half of one.
+func writeCacheFile(path string, write func(io.Writer) error) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
+	bw := bufio.NewWriterSize(tmp, 256<<10)
+	err = tmp.Chmod(0o600)
+	if err == nil {
+		err = write(bw)
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,320 @@
+// Package xdsproxy is the agent's XDS proxy: Envoy (or a proxyless gRPC
+// client) talks xDS to it over a unix socket, and it holds the one
+// authenticated stream per Envoy stream to the control plane, as Istio's
+// agent does (pkg/istio-agent/xds_proxy.go, xds_proxy_delta.go).
+//
+// What it adds to a plain forwarder:
+//   - the agent's own types are consumed here and never reach Envoy: the
+//     DNS name table (NDS), the ProxyConfig's extra trust anchors, and the
+//     VM workload's health, reported upstream;
+//   - responses are forwarded as the raw bytes the control plane sent
+//     (codec.go): only the type URL and nonce are read from them;
+//   - the configuration Envoy last acknowledged is kept, in memory and in a
+//     file, and served to an Envoy that connects while the control plane
+//     cannot be reached (lkg.go, offline.go), which no peer does.
+package xdsproxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Name is the service's name in logs, metrics, health and /debug/tree.
+const Name = "xds"
+
+// Istio's defaults (pilot-agent), and ours where Istio has none.
+const (
+	// DefaultDiscoveryAddress is ProxyConfig.discoveryAddress's default.
+	DefaultDiscoveryAddress = "istiod.istio-system.svc:15012"
+	// DefaultSocketPath is Istio's XDS socket, <ConfigPath>/XDS, relative
+	// to the root.
+	DefaultSocketPath = "etc/istio/proxy/XDS"
+	// DefaultTokenFile is the JWT sent as a bearer token to the control
+	// plane, relative to the root.
+	DefaultTokenFile = "var/run/secrets/tokens/istio-token"
+	// DefaultCARootFile is the control plane's CA root (the istio-ca-root-cert
+	// config map, mounted), relative to the root.
+	DefaultCARootFile = "var/run/secrets/istio/root-cert.pem"
+	// DefaultGRPCBootstrapPath is GRPC_XDS_BOOTSTRAP's default, relative to
+	// the root.
+	DefaultGRPCBootstrapPath = "etc/istio/proxy/grpc-bootstrap.json"
+	// DefaultKeepaliveInterval and DefaultKeepaliveTimeout are
+	// GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT's defaults.
+	DefaultKeepaliveInterval = 30 * time.Second
+	DefaultKeepaliveTimeout  = 10 * time.Second
+	// DefaultDialTimeout bounds the opening of an upstream stream (Istio's
+	// 5s dial context).
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultStallTimeout: ours. A control plane that answers nothing for
+	// this long while requests wait is treated as gone (istio/istio#57064:
+	// an agent stuck for two days on a stream that never answered, which
+	// keepalive did not detect because the connection itself was alive).
+	// Control planes answer in seconds even under load, so two minutes
+	// never cuts a slow but working one.
+	DefaultStallTimeout = 2 * time.Minute
+	// DefaultCacheMaxBytes bounds the last-known-good configuration, in
+	// memory and on disk. 10,000 clusters with their endpoints, listeners and
+	// routes take a few MiB.
+	DefaultCacheMaxBytes = 64 << 20
+	// DefaultReconnectBackoff and DefaultReconnectBackoffMax pace the
+	// attempts to reach the control plane while the cache is served
+	// (Envoy's own xDS retry uses 500ms doubling up to 30s).
+	DefaultReconnectBackoff    = 500 * time.Millisecond
+	DefaultReconnectBackoffMax = 30 * time.Second
+	// DefaultStopTimeout bounds the graceful stop of the gRPC server.
+	DefaultStopTimeout = 5 * time.Second
+)
+
+// RootSource says where the roots that verify the control plane's
+// certificate come from. The caller applies Istio's order
+// (FindRootCAForXDS) and names the outcome here:
+//
+//	XDS_ROOT_CA=SYSTEM                          → RootsSystem
+//	XDS_ROOT_CA=<file>                          → RootsFile, RootCAFile=<file>
+//	./etc/certs/root-cert.pem exists            → RootsFile, RootCAFile=that file
+//	PROV_CERT=<dir>                             → RootsFile, RootCAFile=<dir>/root-cert.pem
+//	file-mounted certs (FILE_MOUNTED_CERTS)     → RootsCertBundle
+//	otherwise                                   → RootsFile, RootCAFile=./var/run/secrets/istio/root-cert.pem
+type RootSource int
+
+const (
+	// RootsFile: the PEM file RootCAFile, read again for every connection
+	// (a rotated root is used by the next connection, as in Istio).
+	RootsFile RootSource = iota
+	// RootsSystem: the operating system's roots (XDS_ROOT_CA=SYSTEM).
+	RootsSystem
+	// RootsCertBundle: the roots of the latest CertBundle (file-mounted
+	// certs, whose root-cert.pem the certs service watches).
+	RootsCertBundle
+)
+
+func (r RootSource) String() string {
+	switch r {
+	case RootsFile:
+		return "file"
+	case RootsSystem:
+		return "system"
+	case RootsCertBundle:
+		return "cert bundle"
+	}
+	return fmt.Sprintf("RootSource(%d)", int(r))
+}
+
+// Config is the XDS proxy's configuration: plain values, resolved by the
+// caller from Istio's flags, environment and ProxyConfig. A zero duration
+// or size means its default.
+type Config struct {
+	// SocketPath is the unix socket Envoy connects to:
+	// <root>/etc/istio/proxy/XDS (Istio: <ConfigPath>/XDS).
+	SocketPath string
+	// SocketUID, SocketGID: when >= 0, the socket is chowned to them (the
+	// proxy's 1337 when the agent runs as root and Envoy does not). The
+	// socket is 0600, or 0660 when a GID is given; never world-accessible.
+	SocketUID int
+	SocketGID int
+	// KeepaliveInterval, KeepaliveTimeout: HTTP/2 keepalive on both sides
+	// (GRPC_KEEPALIVE_INTERVAL, default 30s; GRPC_KEEPALIVE_TIMEOUT,
+	// default 10s).
+	KeepaliveInterval time.Duration
+	KeepaliveTimeout  time.Duration
+
+	// DiscoveryAddress is the control plane, host:port
+	// (ProxyConfig.discoveryAddress, default istiod.istio-system.svc:15012).
+	DiscoveryAddress string
+	// Plaintext: no TLS to the control plane
+	// (ProxyConfig.controlPlaneAuthPolicy: NONE).
+	Plaintext bool
+	// Roots and RootCAFile: see RootSource.
+	Roots      RootSource
+	RootCAFile string
+	// ServerName is the name verified in the control plane's certificate
+	// (ISTIOD_SAN). Empty: the host of DiscoveryAddress, "localhost" (a
+	// port-forward) meaning istiod.istio-system.svc, as Istio does.
+	ServerName string
+	// ClientCertificate presents the workload certificate of the latest
+	// CertBundle to the control plane (PROV_CERT, or file-mounted certs with
+	// ISTIO_META_TLS_CLIENT_CERT_CHAIN/_KEY). An expired one is not sent,
+	// the token is enough (Istio's behaviour).
+	ClientCertificate bool
+	// TokenFile holds the JWT sent as "authorization: Bearer <token>" on
+	// every upstream stream, read afresh each time; a missing file sends no
+	// header (Istio: ./var/run/secrets/tokens/istio-token). Empty: none.
+	TokenFile string
+	// ClusterID is sent as the "ClusterID" metadata (ISTIO_META_CLUSTER_ID).
+	ClusterID string
+	// Headers are extra metadata on every upstream stream (XDS_HEADER_<K>=V
+	// gives K: V).
+	Headers map[string]string
+	// DialTimeout bounds the opening of an upstream stream (default 5s).
+	DialTimeout time.Duration
+	// StallTimeout ends a stream whose control plane has neither answered
+	// nor accepted anything for this long while requests wait (ours; default
+	// 2m; istio/istio#57064).
+	StallTimeout time.Duration
+
+	// NDS asks the control plane for the DNS name table on the first LDS
+	// request of each stream and publishes it (the DNS proxy is on:
+	// ISTIO_META_DNS_CAPTURE / ISTIO_META_DNS_AUTO_ALLOCATE).
+	NDS bool
+	// ProxyConfigXDS asks for the ProxyConfig over xDS and publishes its
+	// caCertificatesPem as trust anchors (PROXY_CONFIG_XDS_AGENT).
+	ProxyConfigXDS bool
+	// HealthUpdates sends the workload's health transitions upstream as
+	// HealthInformation requests (VMs whose WorkloadGroup has a readiness
+	// probe: ProxyConfig.readinessProbe).
+	HealthUpdates bool
+
+	// OfflineCache keeps the configuration Envoy last acknowledged and
+	// serves it to an Envoy that connects while the control plane cannot be
+	// reached (ours: XDS_OFFLINE_CACHE, default true).
+	OfflineCache bool
+	// CacheFile persists it (0600, written atomically); empty keeps it in
+	// memory only. The caller passes <ConfigPath>/xds-cache.pb.
+	CacheFile string
+	// CacheMaxBytes bounds it (default 64 MiB): a larger configuration is
+	// not cached, with a warning.
+	CacheMaxBytes int64
+	// NodeID is Envoy's node id (sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local).
+	// The cache holds only what this node acknowledged, and a cache file
+	// written for another node or control plane is ignored.
+	NodeID string
+	// ReconnectBackoff, ReconnectBackoffMax pace the attempts to reach the
+	// control plane while the cache is served (defaults 500ms, 30s).
+	ReconnectBackoff    time.Duration
+	ReconnectBackoffMax time.Duration
+
+	// GRPCBootstrap, when its Path is set, is written when Serve starts
+	// (GRPC_XDS_BOOTSTRAP): the bootstrap proxyless gRPC clients read.
+	GRPCBootstrap GRPCBootstrap
+
+	// StopTimeout bounds the graceful stop at shutdown before open streams
+	// are cut (default 5s).
+	StopTimeout time.Duration
+}
+
+// DefaultConfig is Istio's defaults with every path under root.
+func DefaultConfig(root string) Config {
+	return Config{
+		SocketPath:       filepath.Join(root, DefaultSocketPath),
+		SocketUID:        -1,
+		SocketGID:        -1,
+		DiscoveryAddress: DefaultDiscoveryAddress,
+		Roots:            RootsFile,
+		RootCAFile:       filepath.Join(root, DefaultCARootFile),
+		TokenFile:        filepath.Join(root, DefaultTokenFile),
+		OfflineCache:     true,
+	}
+}
+
+// ErrBadConfig is wrapped by every Validate error.
+var ErrBadConfig = errors.New("bad xds proxy configuration")
+
+// withDefaults fills the zero durations and sizes.
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.KeepaliveInterval, DefaultKeepaliveInterval)
+	def(&c.KeepaliveTimeout, DefaultKeepaliveTimeout)
+	def(&c.DialTimeout, DefaultDialTimeout)
+	def(&c.StallTimeout, DefaultStallTimeout)
+	def(&c.ReconnectBackoff, DefaultReconnectBackoff)
+	def(&c.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	def(&c.StopTimeout, DefaultStopTimeout)
+	if c.CacheMaxBytes == 0 {
+		c.CacheMaxBytes = DefaultCacheMaxBytes
+	}
+	if c.DiscoveryAddress == "" {
+		c.DiscoveryAddress = DefaultDiscoveryAddress
+	}
+	return c
+}
+
+// Validate names the field (and the Istio setting behind it) and the value
+// that are wrong.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
+	}
+	if c.SocketPath == "" || !filepath.IsAbs(c.SocketPath) {
+		return bad("SocketPath %q must be an absolute path", c.SocketPath)
+	}
+	// sun_path is 108 bytes on Linux, including the terminating NUL.
+	if len(c.SocketPath) > 107 {
+		return bad("SocketPath %q is %d bytes; a unix socket path must be at most 107", c.SocketPath, len(c.SocketPath))
+	}
+	host, port, err := net.SplitHostPort(c.DiscoveryAddress)
+	if err != nil || host == "" || port == "" {
+		return bad("DiscoveryAddress (ProxyConfig.discoveryAddress) %q must be host:port", c.DiscoveryAddress)
+	}
+	for name, d := range map[string]time.Duration{
+		"KeepaliveInterval (GRPC_KEEPALIVE_INTERVAL)": c.KeepaliveInterval,
+		"KeepaliveTimeout (GRPC_KEEPALIVE_TIMEOUT)":   c.KeepaliveTimeout,
+		"DialTimeout":         c.DialTimeout,
+		"StallTimeout":        c.StallTimeout,
+		"ReconnectBackoff":    c.ReconnectBackoff,
+		"ReconnectBackoffMax": c.ReconnectBackoffMax,
+		"StopTimeout":         c.StopTimeout,
+	} {
+		if d < 0 {
+			return bad("%s %v must not be negative", name, d)
+		}
+	}
+	if c.ReconnectBackoffMax < c.ReconnectBackoff {
+		return bad("ReconnectBackoffMax %v is less than ReconnectBackoff %v", c.ReconnectBackoffMax, c.ReconnectBackoff)
+	}
+	if !c.Plaintext {
+		switch c.Roots {
+		case RootsFile:
+			if c.RootCAFile == "" {
+				return bad("RootCAFile (XDS_ROOT_CA) is empty with Roots=file and TLS to the control plane (controlPlaneAuthPolicy is not NONE)")
+			}
+		case RootsSystem, RootsCertBundle:
+		default:
+			return bad("Roots %d is not a RootSource", int(c.Roots))
+		}
+	}
+	for k := range c.Headers {
+		// gRPC lower-cases metadata keys itself; a space, a colon or a
+		// "grpc-" prefix cannot be sent.
+		if k == "" || strings.ContainsAny(k, " \t\r\n:") || strings.HasPrefix(strings.ToLower(k), "grpc-") {
+			return bad("Headers (XDS_HEADER_*) has an invalid key %q", k)
+		}
+	}
+	if c.CacheMaxBytes < 0 {
+		return bad("CacheMaxBytes %d must not be negative", c.CacheMaxBytes)
+	}
+	if c.OfflineCache && c.NodeID == "" {
+		return bad("NodeID is empty with OfflineCache (XDS_OFFLINE_CACHE) on: the cache must know whose configuration it holds")
+	}
+	if c.CacheFile != "" && !filepath.IsAbs(c.CacheFile) {
+		return bad("CacheFile %q must be an absolute path", c.CacheFile)
+	}
+	if err := c.GRPCBootstrap.validate(); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// serverName is the name checked in the control plane's certificate.
+func (c Config) serverName() string {
+	if c.ServerName != "" {
+		return c.ServerName
+	}
+	host, _, err := net.SplitHostPort(c.DiscoveryAddress)
+	if err != nil {
+		return ""
+	}
+	// Istio: "For debugging on localhost (with port forward)".
+	if strings.Contains(host, "localhost") {
+		return "istiod.istio-system.svc"
+	}
+	return host
+}

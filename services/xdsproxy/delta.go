@@ -1,0 +1,270 @@
+package xdsproxy
+
+import (
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// handleDelta is DeltaAggregatedResources, what Istio configures Envoy to
+// use.
+func (s *Service) handleDelta(ss grpc.ServerStream) error {
+	id := s.streamIDs.Add(1)
+	return serveStream[*discoveryv3.DeltaDiscoveryRequest](s, newDelta(s, id), id, ss)
+}
+
+// maxPendingDelta bounds the Delta responses awaiting Envoy's ACK per
+// type. Envoy ACKs each in turn; past this, the type's cached set cannot
+// be kept exact and is marked incomplete.
+const maxPendingDelta = 64
+
+// deltaSub is what Envoy subscribed to for one type.
+type deltaSub struct {
+	wildcard bool
+	names    map[string]bool
+	// initial is what Envoy said it had when it first asked
+	// (initial_resource_versions).
+	initial map[string]string
+}
+
+// delta tracks a Delta stream: subscriptions, and the responses forwarded
+// and not acknowledged yet. Each ACK applies its response to the type's
+// cached resource set.
+type delta struct {
+	svc *Service
+	id  uint64
+
+	mu      sync.Mutex
+	record  bool
+	first   *discoveryv3.DeltaDiscoveryRequest
+	subs    map[string]*deltaSub
+	order   []string
+	pending map[string][]*frame
+	started map[string]bool // the cache was aligned with Envoy for this type
+	served  map[string]bool // cache mode: types answered
+	nonces  int
+}
+
+func newDelta(s *Service, id uint64) *delta {
+	return &delta{svc: s, id: id, subs: map[string]*deltaSub{}, pending: map[string][]*frame{},
+		started: map[string]bool{}, served: map[string]bool{}}
+}
+
+func (*delta) mode() cacheMode { return modeDelta }
+func (*delta) method() string  { return methodDelta }
+
+func (*delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
+	return new(discoveryv3.DeltaDiscoveryRequest)
+}
+
+func (*delta) agentRequest(typeURL string) *discoveryv3.DeltaDiscoveryRequest {
+	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL}
+}
+
+func (*delta) agentReply(f *frame, _ string, nack error) *discoveryv3.DeltaDiscoveryRequest {
+	r := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: f.typeURL, ResponseNonce: f.nonce}
+	if nack != nil {
+		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: nack.Error()}
+	}
+	return r
+}
+
+func (*delta) healthRequest(h messages.WorkloadHealth) *discoveryv3.DeltaDiscoveryRequest {
+	r := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: healthInfoType}
+	if !h.Healthy {
+		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: h.Reason}
+	}
+	return r
+}
+
+func (*delta) agentResource(f *frame) (*anypb.Any, string, error) {
+	var r discoveryv3.DeltaDiscoveryResponse
+	if err := proto.Unmarshal(f.b, &r); err != nil {
+		return nil, f.version, err
+	}
+	if len(r.GetResources()) == 0 {
+		return nil, r.GetSystemVersionInfo(), errEmptyResource
+	}
+	res := r.GetResources()[0]
+	version := res.GetVersion()
+	if version == "" {
+		version = r.GetSystemVersionInfo()
+	}
+	return res.GetResource(), version, nil
+}
+
+func (x *delta) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool) reqInfo {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.first == nil {
+		x.first = proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
+		x.record = record
+	}
+	t := req.GetTypeUrl()
+	info := reqInfo{typeURL: t}
+	if d := req.GetErrorDetail(); d != nil {
+		info.nack = d.GetMessage()
+		if info.nack == "" {
+			info.nack = "rejected without a message"
+		}
+	}
+	sub := x.subs[t]
+	if sub == nil {
+		sub = &deltaSub{names: map[string]bool{}, initial: maps.Clone(req.GetInitialResourceVersions())}
+		// A first request naming nothing is a (legacy) wildcard.
+		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
+		for n := range sub.initial {
+			sub.names[n] = true
+		}
+		x.subs[t] = sub
+		x.order = append(x.order, t)
+	}
+	for _, n := range req.GetResourceNamesSubscribe() {
+		if n == "*" {
+			sub.wildcard = true
+		} else {
+			sub.names[n] = true
+		}
+	}
+	for _, n := range req.GetResourceNamesUnsubscribe() {
+		if n == "*" {
+			sub.wildcard = false
+		} else {
+			delete(sub.names, n)
+		}
+	}
+	nonce := req.GetResponseNonce()
+	if nonce == "" {
+		return info
+	}
+	list := x.pending[t]
+	for i, f := range list {
+		if f.nonce != nonce {
+			continue
+		}
+		x.pending[t] = list[i+1:]
+		if info.nack == "" {
+			info.acked, info.version = true, f.version
+			if record {
+				if !x.started[t] {
+					x.started[t] = true
+					x.svc.lkg.startDelta(t, sub.initial)
+				}
+				x.svc.lkg.applyDelta(t, f)
+			}
+		}
+		break
+	}
+	return info
+}
+
+func (x *delta) sending(f *frame) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	list := append(x.pending[f.typeURL], f)
+	if len(list) > maxPendingDelta {
+		list = list[1:]
+		if x.record {
+			x.svc.lkg.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
+		}
+	}
+	x.pending[f.typeURL] = list
+}
+
+// awaitsAnswer: a wildcard subscription that acknowledges nothing (see
+// sotw.awaitsAnswer).
+func (*delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
+	sub := req.GetResourceNamesSubscribe()
+	return req.GetResponseNonce() == "" && (len(sub) == 0 || slices.Contains(sub, "*"))
+}
+
+func (x *delta) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r := proto.Clone(x.first).(*discoveryv3.DeltaDiscoveryRequest)
+	// A fresh subscription: a control plane answers it even when nothing
+	// changed.
+	r.InitialResourceVersions, r.ResponseNonce, r.ErrorDetail = nil, "", nil
+	return r
+}
+
+func (x *delta) replay() []*frame {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []*frame
+	for _, t := range x.order {
+		out = append(out, x.answerFirst(t)...)
+	}
+	return out
+}
+
+// answer serves a request from the cache: the whole subscription the
+// first time a type is asked for, then what each new subscription adds.
+// ACKs and NACKs of what was served are consumed.
+func (x *delta) answer(req *discoveryv3.DeltaDiscoveryRequest) []*frame {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := req.GetTypeUrl()
+	if !x.served[t] {
+		return x.answerFirst(t)
+	}
+	if len(req.GetResourceNamesSubscribe()) == 0 || !forwardable(t) {
+		return nil
+	}
+	res, version, ok := x.svc.lkg.getDelta(t)
+	if !ok {
+		return nil
+	}
+	var pick [][]byte
+	for _, n := range req.GetResourceNamesSubscribe() {
+		if r, ok := res[n]; ok {
+			pick = append(pick, r.b)
+		}
+	}
+	if len(pick) == 0 {
+		return nil
+	}
+	return []*frame{x.cachedFrame(t, version, pick)}
+}
+
+func (x *delta) answerFirst(t string) []*frame {
+	sub := x.subs[t]
+	if sub == nil || !forwardable(t) {
+		return nil
+	}
+	res, version, ok := x.svc.lkg.getDelta(t)
+	if !ok {
+		return nil
+	}
+	x.served[t] = true
+	names := make([]string, 0, len(res))
+	for n, r := range res {
+		if (sub.wildcard || sub.names[n]) && sub.initial[n] != r.version {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	pick := make([][]byte, 0, len(names))
+	for _, n := range names {
+		pick = append(pick, res[n].b)
+	}
+	// Sent even when empty: Envoy waits for a first answer per type
+	// before it finishes initialising.
+	return []*frame{x.cachedFrame(t, version, pick)}
+}
+
+func (x *delta) cachedFrame(t, version string, resources [][]byte) *frame {
+	x.nonces++
+	nonce := cacheNonce(x.id, x.nonces)
+	return &frame{b: deltaResponse(t, version, nonce, resources), typeURL: t, nonce: nonce, version: version, resources: len(resources)}
+}

@@ -1,0 +1,319 @@
+package xdsproxy
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+// bothTypes is a client condition: clusters and listeners at version v.
+func bothTypes(v string, clusters int) func(xdsserver.State) bool {
+	return func(s xdsserver.State) bool {
+		return hasVersion(resource.ClusterType, v, clusters)(s) && hasVersion(resource.ListenerType, v, 2)(s)
+	}
+}
+
+// endsWith is a client condition: its stream ended at least n times, the
+// last time with code.
+func endsWith(n int, code codes.Code) func(xdsserver.State) bool {
+	return func(s xdsserver.State) bool {
+		return len(s.Ends) >= n && status.Code(s.Ends[len(s.Ends)-1]) == code
+	}
+}
+
+// Istio's behaviour without a cache: a control plane that dies ends
+// Envoy's stream; Envoy reconnects when it is back and gets what changed
+// meanwhile.
+func TestControlPlaneOutageEndsStream(t *testing.T) {
+	for _, delta := range []bool{false, true} {
+		t.Run(protocolName(delta), func(t *testing.T) {
+			cp := controlPlane(t, xdsserver.Options{})
+			snapshot(t, cp, "v1", 3)
+			cfg := testConfig(tempRoot(t), cp.Addr())
+			cfg.OfflineCache = false
+			p := startProxy(t, cfg, proxyOpts{})
+			c := p.client(t, delta)
+			ctx := waitCtx(t)
+			if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+				t.Fatal(err)
+			}
+
+			cp.Stop()
+			if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
+				t.Fatal(err)
+			}
+			p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown && s.LastError != "" })
+			snapshot(t, cp, "v2", 4)
+			if err := cp.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.WaitFor(ctx, bothTypes("v2", 4)); err != nil {
+				t.Fatal(err)
+			}
+			p.waitState(t, "connected again", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+			p.waitHealth(t, "Ready again", func(h messages.Health) bool { return h.State == messages.Ready })
+		})
+	}
+}
+
+// recordV1 runs a client through the proxy until the control plane has
+// its ACKs of v1 (3 clusters, 2 listeners), so that the proxy cached them.
+func recordV1(t *testing.T, p *proxy, cp *xdsserver.Server, delta bool) {
+	t.Helper()
+	ctx := waitCtx(t)
+	before := cp.Stats()
+	c := p.client(t, delta)
+	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	// The proxy records an ACK before it forwards it.
+	if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool {
+		return s.ACKs[resource.ClusterType] > before.ACKs[resource.ClusterType] &&
+			s.ACKs[resource.ListenerType] > before.ACKs[resource.ListenerType]
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
+
+// servedFromCache checks that a fresh client gets v1 from the proxy, with
+// the proxy's own nonces, while the control plane is down.
+func servedFromCache(t *testing.T, p *proxy, delta bool) *xdsserver.Client {
+	t.Helper()
+	c := p.client(t, delta)
+	if err := c.WaitFor(waitCtx(t), bothTypes("v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	for typ, nonce := range c.State().Nonces {
+		if !strings.HasPrefix(nonce, "meshagent-cache-") {
+			t.Errorf("%s came with nonce %q, not one of the cache's", typ, nonce)
+		}
+	}
+	return c
+}
+
+// The last-known-good configuration: a fresh Envoy that connects while the
+// control plane is down gets what the last one acknowledged; the proxy
+// says it serves the cache; when the control plane is back the stream is
+// ended and Envoy converges on the new configuration.
+func TestOfflineCacheServesAndResynchronises(t *testing.T) {
+	for _, delta := range []bool{false, true} {
+		t.Run(protocolName(delta), func(t *testing.T) {
+			cp := controlPlane(t, xdsserver.Options{})
+			snapshot(t, cp, "v1", 3)
+			p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
+			recordV1(t, p, cp, delta)
+
+			cp.Stop()
+			c := servedFromCache(t, p, delta)
+			st := p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
+			if st.Since.IsZero() || st.LastError == "" {
+				t.Errorf("XDSState %+v: want since and the last error", st)
+			}
+			h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
+			mustContain(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
+			if got := p.metric(t, "xds_proxy_serving_cache"); got != 1 {
+				t.Errorf("xds_proxy_serving_cache = %v, want 1", got)
+			}
+			if got := p.metric(t, "xds_proxy_messages_total", "type_url", resource.ClusterType, "direction", "cache"); got < 1 {
+				t.Errorf("no CDS response counted as served from the cache")
+			}
+			mustContain(t, "logs", p.logs.String(), "serving cached configuration to Envoy")
+
+			snapshot(t, cp, "v2", 5)
+			if err := cp.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			ctx := waitCtx(t)
+			if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
+				t.Fatal(err)
+			}
+			mustContain(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
+			if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
+				t.Fatal(err)
+			}
+			p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+			p.waitHealth(t, "Ready", func(h messages.Health) bool { return h.State == messages.Ready })
+			if got := p.metric(t, "xds_proxy_serving_cache"); got != 0 {
+				t.Errorf("xds_proxy_serving_cache = %v after the control plane came back", got)
+			}
+		})
+	}
+}
+
+// The cache file lets a restarted agent (a new Service, same file) serve
+// Envoy during an outage.
+func TestCacheFileSurvivesRestart(t *testing.T) {
+	for _, delta := range []bool{false, true} {
+		t.Run(protocolName(delta), func(t *testing.T) {
+			cp := controlPlane(t, xdsserver.Options{})
+			snapshot(t, cp, "v1", 3)
+			cfg := testConfig(tempRoot(t), cp.Addr())
+			p1 := startProxy(t, cfg, proxyOpts{})
+			recordV1(t, p1, cp, delta)
+			p1.stop(t)
+			fi, err := os.Stat(cfg.CacheFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("cache file mode %v, want 0600", fi.Mode().Perm())
+			}
+
+			cp.Stop()
+			p2 := startProxy(t, cfg, proxyOpts{})
+			servedFromCache(t, p2, delta)
+			mustContain(t, "logs", p2.logs.String(), "loaded the cached xDS configuration")
+		})
+	}
+}
+
+// A cache file that is corrupt, truncated, or written for another node or
+// control plane is ignored with a warning and removed, never served.
+func TestBadCacheFileIgnored(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "v1", 3)
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	p := startProxy(t, cfg, proxyOpts{})
+	recordV1(t, p, cp, false)
+	p.stop(t)
+	good, err := os.ReadFile(cfg.CacheFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Stop()
+	_, snap, err := decodeCache(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"corrupt", flipByte(good, len(good)/2), "checksum mismatch"},
+		{"truncated", good[:len(good)-40], "checksum mismatch"},
+		{"empty", nil, "bad magic"},
+		{"other node", encodeCache(cacheHeader{nodeID: "sidecar~10.9.9.9~other.default~default.svc.cluster.local", address: cfg.DiscoveryAddress}, snap), "written for node"},
+		{"other control plane", encodeCache(cacheHeader{nodeID: cfg.NodeID, address: "istiod.elsewhere:15012"}, snap), "written for control plane"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(cfg.CacheFile, tc.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startProxy(t, cfg, proxyOpts{})
+			mustContain(t, "logs", p.logs.String(), "ignoring the xDS cache file", tc.want)
+			if _, err := os.Stat(cfg.CacheFile); !os.IsNotExist(err) {
+				t.Errorf("the unusable cache file is still there (%v)", err)
+			}
+			c := p.client(t, false)
+			if err := c.WaitFor(waitCtx(t), endsWith(1, codes.Unavailable)); err != nil {
+				t.Fatal(err)
+			}
+			if n := c.State().Counts[resource.ClusterType]; n != 0 {
+				t.Errorf("the client got %d clusters from an unusable cache", n)
+			}
+			p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
+		})
+	}
+}
+
+func flipByte(b []byte, i int) []byte {
+	out := append([]byte(nil), b...)
+	out[i] ^= 0x5a
+	return out
+}
+
+// Delta: the cached set follows what Envoy acknowledged, removals
+// included, across streams.
+func TestDeltaCacheAppliesRemovals(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "v1", 3)
+	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
+	ctx := waitCtx(t)
+	c := p.client(t, true)
+	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	// v2: one cluster of v1 stays, two go, one comes.
+	clusters := xdsserver.Clusters(1, "svc-v1-")
+	clusters = append(clusters, xdsserver.Cluster("new-cluster"))
+	if err := cp.SetSnapshot("v2", clusters, []types.Resource{
+		xdsserver.Listener("0.0.0.0_80", "80", false, 80), xdsserver.Listener("0.0.0.0_8080", "8080", false, 8080),
+	}, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "v2", 2)); err != nil {
+		t.Fatal(err)
+	}
+	want := c.Resources(resource.ClusterType)
+	if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return s.ACKs[resource.ClusterType] >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	cp.Stop()
+
+	fresh := p.client(t, true)
+	if err := fresh.WaitFor(ctx, hasVersion(resource.ClusterType, "v2", 2)); err != nil {
+		t.Fatal(err)
+	}
+	got := fresh.Resources(resource.ClusterType)
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("cached cluster %q at version %q, want %q (cache %v)", name, got[name], v, got)
+		}
+	}
+}
+
+// A control plane that accepts the stream and never answers is, for a
+// fresh Envoy, as good as unreachable: after StallTimeout the cache
+// serves it.
+func TestStalledControlPlaneServesCache(t *testing.T) {
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, "v1", 3)
+	clock := newManualClock()
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	cfg.StallTimeout = time.Minute
+	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	recordV1(t, p, cp, true)
+
+	cp.Hang(true)
+	if err := cp.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	c := p.client(t, true)
+	ctx := waitCtx(t)
+	if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return s.Hung > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	// Step the clock until the watchdog gives up and the cache serves
+	// (then the clock stops: the retries would keep it busy).
+	serving := make(chan struct{})
+	go func() {
+		if p.states.reached(func(v []messages.XDSState) bool {
+			return len(v) > 0 && v[len(v)-1].Upstream == messages.XDSServingCache
+		}, ctx.Done()) {
+			close(serving)
+		}
+	}()
+	if !clock.advanceUntil(t, cfg.StallTimeout/4, 20, serving) {
+		t.Fatal("the stalled stream did not end")
+	}
+	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
+	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 1 {
+		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
+	}
+}

@@ -1,0 +1,165 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Serving the last-known-good configuration. When an Envoy connects and
+// the control plane cannot be reached, Istio's proxy ends the stream and
+// Envoy retries for as long as the outage lasts: an Envoy that restarted
+// in place (or a new one after an agent restart) stays empty and not
+// ready. This proxy instead answers Envoy from the cache, with nonces of
+// its own, consumes Envoy's ACKs locally, and keeps trying the control
+// plane with backoff. As soon as the control plane answers, it ends
+// Envoy's stream (Unavailable): Envoy keeps its configuration across a
+// reconnect and resynchronises with the real control plane on the next
+// stream.
+
+// canServeCache waits for Envoy's first request (it names the node) and
+// reports whether the cache holds this node's configuration for this
+// protocol.
+func (st *stream[R]) canServeCache() bool {
+	s := st.svc
+	if !s.cfg.OfflineCache {
+		return false
+	}
+	select {
+	case <-st.firstReq:
+	case <-st.readDone:
+		return false
+	case <-st.ended:
+		return false
+	}
+	return s.records(st.node) && len(s.lkg.servable(st.fl.mode())) > 0
+}
+
+// serveCache serves the cache on this stream until the control plane is
+// back, Envoy leaves, or the stream is ended.
+func (st *stream[R]) serveCache(cause error) error {
+	s := st.svc
+	s.status.failed(cause, true)
+	st.log.Warn("serving cached configuration to Envoy: control plane unreachable",
+		"address", s.cfg.DiscoveryAddress, "types", s.lkg.servable(st.fl.mode()), "error", s.describe(cause))
+	for _, f := range st.fl.replay() {
+		if err := st.sendCached(f); err != nil {
+			return envoyError(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(st.down.Context())
+	back := make(chan struct{})
+	probed := make(chan struct{})
+	go func() { defer close(probed); st.probe(ctx, back) }()
+	defer func() { cancel(); <-probed }()
+
+	for {
+		select {
+		case <-st.queue.ready:
+			for _, o := range st.queue.take() {
+				if o.agent {
+					continue // NDS and the others wait for the control plane
+				}
+				for _, f := range st.fl.answer(o.req) {
+					if err := st.sendCached(f); err != nil {
+						return envoyError(err)
+					}
+				}
+			}
+		case <-back:
+			st.log.Info("control plane reachable again: ending Envoy's stream so that it resynchronises", "address", s.cfg.DiscoveryAddress)
+			return status.Errorf(codes.Unavailable,
+				"control plane %s is reachable again: reconnect to resynchronise (this stream served the agent's cached configuration)", s.cfg.DiscoveryAddress)
+		case <-st.readDone:
+			return envoyError(st.readErr)
+		case <-st.ended:
+			return st.endErr
+		}
+	}
+}
+
+func (st *stream[R]) sendCached(f *frame) error {
+	label := typeLabel(f.typeURL)
+	st.svc.m.messages.WithLabelValues(label, dirCache).Inc()
+	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(len(f.b)))
+	st.log.Debug("served from the cache", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce)
+	return st.down.SendMsg(f)
+}
+
+// probe tries the control plane with exponential backoff and jitter until
+// it answers (then closes back) or ctx ends.
+func (st *stream[R]) probe(ctx context.Context, back chan<- struct{}) {
+	s := st.svc
+	delay := s.cfg.ReconnectBackoff
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.rt.Clock.After(jitter(delay)):
+		}
+		err := st.probeOnce(ctx)
+		if err == nil {
+			s.status.connected()
+			close(back)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.status.probeFailed(err)
+		st.log.Debug("control plane still unreachable", "attempt", attempt, "next_in", delay, "error", err)
+		delay = min(delay*2, s.cfg.ReconnectBackoffMax)
+	}
+}
+
+var errNoAnswer = errors.New("the control plane accepted the stream but did not answer")
+
+// probeOnce opens a stream and sends Envoy's first request as a fresh
+// subscription: the control plane is back when it answers (a stream that
+// opens and then refuses the token is not back).
+func (st *stream[R]) probeOnce(ctx context.Context) error {
+	s := st.svc
+	up, err := s.openUpstream(ctx, st.fl.method())
+	if err != nil {
+		s.m.istiodFailures.Inc()
+		return err
+	}
+	got := make(chan error, 1)
+	go func() {
+		if err := up.stream.SendMsg(st.fl.probeRequest()); err != nil && !errors.Is(err, io.EOF) {
+			got <- err
+			return
+		}
+		got <- up.stream.RecvMsg(new(frame))
+	}()
+	var res error
+	received := false
+	select {
+	case res = <-got:
+		received = true
+		if errors.Is(res, io.EOF) {
+			res = errNoAnswer
+		}
+	case <-s.rt.Clock.After(s.cfg.StallTimeout):
+		res = fmt.Errorf("%w within %v", errNoAnswer, s.cfg.StallTimeout)
+	case <-ctx.Done():
+		res = ctx.Err()
+	}
+	up.close()
+	if !received {
+		<-got // the goroutine returns once the stream is closed
+	}
+	return res
+}
+
+// jitter spreads retries by ±20%, so that the agents of a cluster do not
+// reach a recovering control plane all at once.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}

@@ -1,0 +1,90 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"time"
+)
+
+// cacheWriteDelay coalesces the ACKs of a push (CDS, then EDS, LDS, RDS)
+// into one write of the cache file.
+const cacheWriteDelay = time.Second
+
+// loadCache reads the cache file once per Service: a restarted Serve keeps
+// what it recorded in memory, which is newer.
+func (s *Service) loadCache() {
+	s.mu.Lock()
+	loaded := s.cacheLoaded
+	s.cacheLoaded = true
+	s.mu.Unlock()
+	if loaded || !s.cfg.OfflineCache || s.cfg.CacheFile == "" {
+		return
+	}
+	h, snap, err := readCacheFile(s.cfg.CacheFile, s.cfg.NodeID, s.cfg.DiscoveryAddress)
+	if err != nil {
+		s.log.Warn("ignoring the xDS cache file; it will be replaced", "file", s.cfg.CacheFile, "error", err)
+		if err := os.Remove(s.cfg.CacheFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("cannot remove the unusable xDS cache file", "file", s.cfg.CacheFile, "error", err)
+		}
+		return
+	}
+	if snap.mode == modeNone {
+		return
+	}
+	s.lkg.restore(snap)
+	s.log.Info("loaded the cached xDS configuration", "file", s.cfg.CacheFile, "written", h.written.Format(time.RFC3339),
+		"protocol", snap.mode, "types", s.lkg.servable(snap.mode))
+}
+
+// writeCache persists the cache after changes, coalesced, and once more
+// when ctx ends (after the streams have).
+func (s *Service) writeCache(ctx context.Context) {
+	written := s.lkg.snapshot().gen
+	for {
+		select {
+		case <-s.lkg.wake:
+			select {
+			case <-s.rt.Clock.After(cacheWriteDelay):
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+		written = s.persist(written)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// persist writes the cache if it changed since generation last; it
+// returns the generation now on disk.
+func (s *Service) persist(last uint64) uint64 {
+	snap := s.lkg.snapshot()
+	if snap.gen == last {
+		return last
+	}
+	if snap.disabled {
+		if err := os.Remove(s.cfg.CacheFile); err == nil {
+			s.log.Warn("removed the xDS cache file: the configuration is too large to cache", "file", s.cfg.CacheFile)
+		}
+		return snap.gen
+	}
+	h := cacheHeader{nodeID: s.cfg.NodeID, address: s.cfg.DiscoveryAddress, written: s.rt.Clock.Now()}
+	size := cacheSize(h, snap)
+	if size > s.cfg.CacheMaxBytes {
+		s.m.cacheWrites.WithLabelValues("too_large").Inc()
+		s.log.Warn("not writing the xDS cache file: too large", "bytes", size, "max", s.cfg.CacheMaxBytes)
+		return snap.gen
+	}
+	if err := writeCacheFile(s.cfg.CacheFile, func(w io.Writer) error { return writeCache(w, h, snap) }); err != nil {
+		s.m.cacheWrites.WithLabelValues("error").Inc()
+		s.log.Warn("cannot write the xDS cache file", "file", s.cfg.CacheFile, "error", err)
+		return last
+	}
+	s.m.cacheWrites.WithLabelValues("ok").Inc()
+	s.log.Debug("wrote the xDS cache file", "file", s.cfg.CacheFile, "bytes", size)
+	return snap.gen
+}

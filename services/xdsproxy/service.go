@@ -1,0 +1,314 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Inputs are what the proxy reads.
+type Inputs struct {
+	// Certs: the roots (Roots=RootsCertBundle) and the client certificate
+	// (ClientCertificate) for TLS to the control plane. Read at every
+	// connection, so a new bundle is used by the next one. May be nil when
+	// neither is configured.
+	Certs messages.Latest[messages.CertBundle]
+	// Workload is the VM workload's health (HealthUpdates): each change
+	// between healthy and unhealthy is reported to the control plane. May
+	// be nil otherwise.
+	Workload messages.Latest[messages.WorkloadHealth]
+}
+
+// Outputs are what the proxy publishes. A nil sink discards.
+type Outputs struct {
+	// Names: the DNS name table from NDS (Config.NDS), in the order the
+	// control plane sent them; a table that does not parse is NACKed and
+	// never published.
+	Names messages.Sink[messages.NameTable]
+	// State: the upstream's state, for the status server.
+	State messages.Sink[messages.XDSState]
+	// Anchors: the ProxyConfig's caCertificatesPem (Config.ProxyConfigXDS),
+	// for SDS's ROOTCA.
+	Anchors messages.Sink[messages.TrustAnchors]
+}
+
+type discard[T any] struct{}
+
+func (discard[T]) Send(T) {}
+
+// Service is the XDS proxy.
+type Service struct {
+	cfg    Config
+	in     Inputs
+	out    Outputs
+	rt     messages.Runtime
+	log    *slog.Logger
+	m      *metrics
+	codec  rawCodec
+	lkg    *lkg
+	status *upstreamStatus
+
+	streamIDs   atomic.Uint64 // for logs and cache nonces; never reset
+	maxInflight atomic.Int64  // the most responses ever held at once by one stream
+
+	mu          sync.Mutex
+	current     proxyStream // the one active Envoy stream
+	stopping    bool
+	lastHealth  *messages.WorkloadHealth
+	cacheLoaded bool
+
+	// wg counts the goroutines of a Serve run that outlive a stream's
+	// handler (readers, responders): Serve returns after them.
+	wg sync.WaitGroup
+}
+
+// proxyStream is what the service knows of a stream of either protocol.
+type proxyStream interface {
+	end(err error)
+	health(h messages.WorkloadHealth)
+}
+
+// New returns the XDS proxy; an error for a bad Config or metrics that
+// cannot be registered.
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if rt.Health == nil {
+		rt.Health = messages.NewReporter(Name, discard[messages.Health]{}, rt.Clock)
+	}
+	if rt.Clock == nil {
+		rt.Clock = messages.SystemClock{}
+	}
+	if rt.Log == nil {
+		rt.Log = slog.New(slog.DiscardHandler)
+	}
+	if out.Names == nil {
+		out.Names = discard[messages.NameTable]{}
+	}
+	if out.State == nil {
+		out.State = discard[messages.XDSState]{}
+	}
+	if out.Anchors == nil {
+		out.Anchors = discard[messages.TrustAnchors]{}
+	}
+	if (cfg.Roots == RootsCertBundle && !cfg.Plaintext || cfg.ClientCertificate) && in.Certs == nil {
+		return nil, fmt.Errorf("%w: Inputs.Certs is nil but the configuration needs the certificate bundle (Roots=%s, ClientCertificate=%t)",
+			ErrBadConfig, cfg.Roots, cfg.ClientCertificate)
+	}
+	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
+	s.lkg = newLKG(cfg.CacheMaxBytes, rt.Log)
+	s.status = newUpstreamStatus(s)
+	if err := rt.Register(s.m.collectors()...); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// String is the service's name.
+func (s *Service) String() string { return Name }
+
+// Serve listens on the XDS socket and proxies until ctx is done; then it
+// ends every stream, stops the server, writes the cache and returns once
+// every goroutine it started has.
+func (s *Service) Serve(ctx context.Context) error {
+	s.rt.Health.Report(messages.Starting, "opening the XDS socket")
+	if s.cfg.GRPCBootstrap.Path != "" {
+		if err := WriteGRPCBootstrap(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
+			return err
+		}
+	}
+	s.loadCache()
+	lis, err := s.listen()
+	if err != nil {
+		return err
+	}
+	defer removeSocket(s.cfg.SocketPath)
+
+	s.mu.Lock()
+	s.stopping = false
+	s.mu.Unlock()
+	srv := grpc.NewServer(s.serverOptions()...)
+	srv.RegisterService(&adsServiceDesc, s)
+	reflection.Register(srv)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	if s.cfg.HealthUpdates && s.in.Workload != nil {
+		bg.Add(1)
+		go func() { defer bg.Done(); s.watchWorkload(runCtx) }()
+	}
+	if s.cfg.OfflineCache && s.cfg.CacheFile != "" {
+		bg.Add(1)
+		go func() { defer bg.Done(); s.writeCache(runCtx) }()
+	}
+	s.log.Info("XDS proxy listening", "socket", s.cfg.SocketPath, "upstream", s.cfg.DiscoveryAddress,
+		"tls", !s.cfg.Plaintext, "roots", s.rootsDescription(), "nds", s.cfg.NDS, "offline_cache", s.cfg.OfflineCache)
+	s.status.idle()
+
+	select {
+	case <-ctx.Done():
+		err = ctx.Err()
+	case e := <-served:
+		err = fmt.Errorf("serve XDS on %s: %w", s.cfg.SocketPath, e)
+	}
+	s.shutdown(srv)
+	if errors.Is(err, ctx.Err()) {
+		<-served
+	}
+	// The cache writer flushes last, once every stream has ended.
+	cancel()
+	bg.Wait()
+	return err
+}
+
+// shutdown ends the active stream, stops the server (gracefully, within
+// StopTimeout) and waits for the streams' goroutines.
+func (s *Service) shutdown(srv *grpc.Server) {
+	s.mu.Lock()
+	s.stopping = true
+	cur := s.current
+	s.mu.Unlock()
+	if cur != nil {
+		cur.end(errShuttingDown)
+	}
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-s.rt.Clock.After(s.cfg.StopTimeout):
+		srv.Stop()
+		<-stopped
+	}
+	s.wg.Wait()
+}
+
+// register makes st the active stream; a newer stream replaces the older
+// one (Istio keeps one connection: "registered overlapping stream").
+func (s *Service) register(st proxyStream) error {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return errShuttingDown
+	}
+	old := s.current
+	s.current = st
+	s.mu.Unlock()
+	if old != nil {
+		s.log.Info("a newer Envoy stream replaces the open one")
+		old.end(nil)
+	}
+	return nil
+}
+
+func (s *Service) unregister(st proxyStream) {
+	s.mu.Lock()
+	last := s.current == st
+	if last {
+		s.current = nil
+	}
+	s.mu.Unlock()
+	if last {
+		s.status.idle()
+	}
+}
+
+// records reports whether the cache takes this node's configuration.
+func (s *Service) records(node string) bool {
+	return s.cfg.OfflineCache && node != "" && node == s.cfg.NodeID
+}
+
+// noteInflight keeps the high-water mark of responses held by a stream.
+func (s *Service) noteInflight(n int64) {
+	for {
+		m := s.maxInflight.Load()
+		if n <= m || s.maxInflight.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+// watchWorkload reports each transition of the workload's health to the
+// active stream, and keeps the last one for the next (Istio resends it
+// on every new upstream stream).
+func (s *Service) watchWorkload(ctx context.Context) {
+	var last *messages.WorkloadHealth
+	for {
+		h, ok, changed := s.in.Workload.Watch()
+		if ok && (last == nil || last.Healthy != h.Healthy) {
+			last = &h
+			s.log.Info("workload health changed; reporting it to the control plane", "healthy", h.Healthy, "reason", h.Reason)
+			s.mu.Lock()
+			s.lastHealth = last
+			if s.current != nil {
+				s.current.health(h)
+			}
+			s.mu.Unlock()
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// bundle is the latest certificate bundle, if any.
+func (s *Service) bundle() (messages.CertBundle, bool) {
+	if s.in.Certs == nil {
+		return messages.CertBundle{}, false
+	}
+	return s.in.Certs.Get()
+}
+
+func (s *Service) serverOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(s.codec),
+		// No size limit: a 10,000-cluster State of the World push is past
+		// 10 MB, and Envoy's Delta reconnect lists every resource it has.
+		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxSendMsgSize(maxMsgSize),
+		grpc.MaxConcurrentStreams(100000),
+		// A push of thousands of clusters goes out in fewer, larger
+		// writes (gRPC's default buffer is 32 KiB); one per connection.
+		grpc.WriteBufferSize(256 << 10),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveInterval, Timeout: s.cfg.KeepaliveTimeout}),
+		// Clients may ping as often as every half interval (Istio's
+		// policy): a stricter one would close Envoy's connection with a
+		// GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.cfg.KeepaliveInterval / 2, PermitWithoutStream: true}),
+	}
+}
+
+// adsServiceDesc is envoy.service.discovery.v3.AggregatedDiscoveryService
+// with handlers that take raw responses (the generated server interface
+// would force decoded ones).
+var adsServiceDesc = grpc.ServiceDesc{
+	ServiceName: adsService,
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamAggregatedResources",
+			Handler:       func(srv any, ss grpc.ServerStream) error { return srv.(*Service).handleSotW(ss) },
+			ServerStreams: true, ClientStreams: true,
+		},
+		{
+			StreamName:    "DeltaAggregatedResources",
+			Handler:       func(srv any, ss grpc.ServerStream) error { return srv.(*Service).handleDelta(ss) },
+			ServerStreams: true, ClientStreams: true,
+		},
+	},
+	Metadata: "envoy/service/discovery/v3/ads.proto",
+}

@@ -1,0 +1,169 @@
+package xdsproxy
+
+import (
+	"slices"
+	"sync"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// handleSotW is StreamAggregatedResources, State of the World.
+func (s *Service) handleSotW(ss grpc.ServerStream) error {
+	id := s.streamIDs.Add(1)
+	return serveStream[*discoveryv3.DiscoveryRequest](s, newSotW(s, id), id, ss)
+}
+
+// sotw tracks a State of the World stream: per type, the names Envoy asked
+// for and the response it has not acknowledged yet. An ACK makes that
+// response the type's last-known-good.
+type sotw struct {
+	svc *Service
+	id  uint64
+
+	mu      sync.Mutex
+	first   *discoveryv3.DiscoveryRequest
+	names   map[string][]string // type → the names of Envoy's latest request
+	order   []string            // types in the order Envoy first asked
+	pending map[string]*frame   // type → the last response forwarded
+	served  map[string][]string // cache mode: type → names last answered
+	nonces  int
+}
+
+func newSotW(s *Service, id uint64) *sotw {
+	return &sotw{svc: s, id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{}}
+}
+
+func (*sotw) mode() cacheMode { return modeSotW }
+func (*sotw) method() string  { return methodSotW }
+
+func (*sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
+
+func (*sotw) agentRequest(typeURL string) *discoveryv3.DiscoveryRequest {
+	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL}
+}
+
+func (*sotw) agentReply(f *frame, lastGood string, nack error) *discoveryv3.DiscoveryRequest {
+	r := &discoveryv3.DiscoveryRequest{TypeUrl: f.typeURL, VersionInfo: lastGood, ResponseNonce: f.nonce}
+	if nack != nil {
+		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: nack.Error()}
+	}
+	return r
+}
+
+// healthRequest is Istio's health report: a HealthInformation request,
+// with an Internal error detail and the probe's message when unhealthy.
+func (*sotw) healthRequest(h messages.WorkloadHealth) *discoveryv3.DiscoveryRequest {
+	r := &discoveryv3.DiscoveryRequest{TypeUrl: healthInfoType}
+	if !h.Healthy {
+		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: h.Reason}
+	}
+	return r
+}
+
+func (*sotw) agentResource(f *frame) (*anypb.Any, string, error) {
+	var r discoveryv3.DiscoveryResponse
+	if err := proto.Unmarshal(f.b, &r); err != nil {
+		return nil, f.version, err
+	}
+	if len(r.GetResources()) == 0 {
+		return nil, r.GetVersionInfo(), errEmptyResource
+	}
+	// Agent types are singletons (Istio's handlers take the first).
+	return r.GetResources()[0], r.GetVersionInfo(), nil
+}
+
+func (x *sotw) observe(req *discoveryv3.DiscoveryRequest, record bool) reqInfo {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.first == nil {
+		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
+	}
+	t := req.GetTypeUrl()
+	info := reqInfo{typeURL: t}
+	if d := req.GetErrorDetail(); d != nil {
+		info.nack = d.GetMessage()
+		if info.nack == "" {
+			info.nack = "rejected without a message"
+		}
+	}
+	if _, ok := x.names[t]; !ok {
+		x.order = append(x.order, t)
+	}
+	x.names[t] = req.GetResourceNames()
+	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.nonce {
+		delete(x.pending, t)
+		if info.nack == "" {
+			info.acked, info.version = true, p.version
+			if record {
+				x.svc.lkg.putSotW(t, p.b, p.version)
+			}
+		}
+	}
+	return info
+}
+
+func (x *sotw) sending(f *frame) {
+	x.mu.Lock()
+	x.pending[f.typeURL] = f
+	x.mu.Unlock()
+}
+
+// awaitsAnswer: a wildcard request that acknowledges nothing. Istio's
+// control plane answers every such request on a new stream, whatever
+// version Envoy holds; a request naming resources may go unanswered when
+// they do not exist.
+func (*sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
+	names := req.GetResourceNames()
+	return req.GetResponseNonce() == "" && (len(names) == 0 || slices.Contains(names, "*"))
+}
+
+func (x *sotw) probeRequest() *discoveryv3.DiscoveryRequest {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r := proto.Clone(x.first).(*discoveryv3.DiscoveryRequest)
+	r.VersionInfo, r.ResponseNonce, r.ErrorDetail = "", "", nil
+	return r
+}
+
+func (x *sotw) replay() []*frame {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []*frame
+	for _, t := range x.order {
+		out = append(out, x.answerType(t, x.names[t])...)
+	}
+	return out
+}
+
+// answer serves a request from the cache, unless it only acknowledges
+// what was served (same names).
+func (x *sotw) answer(req *discoveryv3.DiscoveryRequest) []*frame {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := req.GetTypeUrl()
+	if prev, ok := x.served[t]; ok && slices.Equal(prev, req.GetResourceNames()) {
+		return nil
+	}
+	return x.answerType(t, req.GetResourceNames())
+}
+
+func (x *sotw) answerType(t string, names []string) []*frame {
+	if !forwardable(t) {
+		return nil
+	}
+	e, ok := x.svc.lkg.getSotW(t)
+	if !ok {
+		return nil
+	}
+	x.served[t] = slices.Clone(names)
+	x.nonces++
+	nonce := cacheNonce(x.id, x.nonces)
+	return []*frame{{b: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version}}
+}

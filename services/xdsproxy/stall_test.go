@@ -1,0 +1,93 @@
+package xdsproxy
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+)
+
+// The watchdog's rule: a stall is requests waiting (an unanswered initial
+// request, or a blocked Send) with no sign of life for the timeout, and
+// never while answers wait for Envoy.
+func TestStallRule(t *testing.T) {
+	clock := newManualClock()
+	delivering := false
+	w := newStallWatch(clock, time.Minute, func() bool { return delivering })
+
+	clock.advance(time.Hour)
+	if err := w.stalled(); err != nil {
+		t.Fatalf("stalled with nothing waiting: %v", err)
+	}
+	w.asked(clusterType)
+	if err := w.stalled(); err != nil {
+		t.Fatalf("stalled at once: %v", err)
+	}
+	// asked does not reset the clock: the last sign of life is old.
+	w.sendStart()
+	w.sendDone()
+	clock.advance(59 * time.Second)
+	if err := w.stalled(); err != nil {
+		t.Fatalf("stalled before the timeout: %v", err)
+	}
+	clock.advance(time.Second)
+	var stall *stallError
+	if err := w.stalled(); !errors.As(err, &stall) || len(stall.types) != 1 || stall.types[0] != clusterType {
+		t.Fatalf("stalled() = %v, want a stall on CDS", err)
+	}
+
+	delivering = true
+	if err := w.stalled(); err != nil {
+		t.Fatalf("a slow Envoy counted as a stall: %v", err)
+	}
+	delivering = false
+	clock.advance(30 * time.Second)
+	if err := w.stalled(); err != nil {
+		t.Fatalf("delivering did not count as a sign of life: %v", err)
+	}
+
+	w.answered(clusterType)
+	clock.advance(time.Hour)
+	if err := w.stalled(); err != nil {
+		t.Fatalf("stalled with every request answered: %v", err)
+	}
+	w.sendStart()
+	clock.advance(time.Minute)
+	if err := w.stalled(); !errors.As(err, &stall) || !stall.sending {
+		t.Fatalf("a Send blocked for the timeout: %v, want a stall", err)
+	}
+	mustContain(t, "stall message", stall.Error(), "cannot be sent", "57064")
+}
+
+// Which requests a control plane must answer: wildcard subscriptions that
+// acknowledge nothing; never ACKs, never requests naming resources.
+func TestAwaitsAnswer(t *testing.T) {
+	s, d := newSotW(nil, 1), newDelta(nil, 1)
+	for _, tc := range []struct {
+		req  *discoveryv3.DiscoveryRequest
+		want bool
+	}{
+		{&discoveryv3.DiscoveryRequest{TypeUrl: clusterType}, true},
+		{&discoveryv3.DiscoveryRequest{TypeUrl: clusterType, VersionInfo: "v1"}, true},
+		{&discoveryv3.DiscoveryRequest{TypeUrl: clusterType, VersionInfo: "v1", ResponseNonce: "n"}, false},
+		{&discoveryv3.DiscoveryRequest{TypeUrl: endpointType, ResourceNames: []string{"a"}}, false},
+		{&discoveryv3.DiscoveryRequest{TypeUrl: endpointType, ResourceNames: []string{"*"}}, true},
+	} {
+		if got := s.awaitsAnswer(tc.req); got != tc.want {
+			t.Errorf("sotw %v: %v, want %v", tc.req, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		req  *discoveryv3.DeltaDiscoveryRequest
+		want bool
+	}{
+		{&discoveryv3.DeltaDiscoveryRequest{TypeUrl: clusterType}, true},
+		{&discoveryv3.DeltaDiscoveryRequest{TypeUrl: clusterType, ResponseNonce: "n"}, false},
+		{&discoveryv3.DeltaDiscoveryRequest{TypeUrl: endpointType, ResourceNamesSubscribe: []string{"a"}}, false},
+	} {
+		if got := d.awaitsAnswer(tc.req); got != tc.want {
+			t.Errorf("delta %v: %v, want %v", tc.req, got, tc.want)
+		}
+	}
+}

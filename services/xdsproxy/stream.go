@@ -1,0 +1,453 @@
+package xdsproxy
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// One Envoy stream and its control plane stream. Five goroutines:
+//
+//	reader     Envoy → queue (unbounded: it never blocks, istio/istio#39209)
+//	sender     queue → control plane
+//	receiver   control plane → responses (bounded: responseQueue)
+//	responder  responses → Envoy, or to the agent for its own types
+//	watchdog   ends a stalled stream (stall.go)
+//
+// and the handler's own, which waits for the first of them to fail, then
+// either returns (Envoy reconnects, as with Istio) or, when the control
+// plane could not be reached at all, serves the cache (offline.go).
+
+// responseQueue is how many responses wait between the control plane and
+// Envoy. With the one the receiver holds and the one being sent, at most
+// responseQueue+2 responses are in the proxy: a slow Envoy slows the
+// control plane down (gRPC flow control) instead of growing a buffer.
+const responseQueue = 1
+
+// request is Envoy's request in either protocol.
+type request interface {
+	*discoveryv3.DiscoveryRequest | *discoveryv3.DeltaDiscoveryRequest
+	proto.Message
+	GetTypeUrl() string
+	GetResponseNonce() string
+	GetErrorDetail() *rpcstatus.Status
+	GetNode() *corev3.Node
+}
+
+// reqInfo is what the proxy learns from one of Envoy's requests.
+type reqInfo struct {
+	typeURL string
+	// acked: it acknowledges a response forwarded on this stream, whose
+	// version is version.
+	acked   bool
+	version string
+	// nack is the error_detail's message when Envoy rejected a response.
+	nack string
+}
+
+// flavor is what differs between State of the World (sotw.go) and Delta
+// (delta.go). observe runs on the reader, sending on the responder;
+// replay and answer on the handler, in cache mode only.
+type flavor[R request] interface {
+	mode() cacheMode
+	method() string
+	newRequest() R
+	// agentRequest is the agent's own subscription to typeURL.
+	agentRequest(typeURL string) R
+	// agentReply ACKs (nack nil) or NACKs a response of an agent type;
+	// lastGood is the version the agent last accepted.
+	agentReply(f *frame, lastGood string, nack error) R
+	healthRequest(h messages.WorkloadHealth) R
+	// agentResource decodes a response of an agent type: its first
+	// resource and version (errEmptyResource when it has none).
+	agentResource(f *frame) (*anypb.Any, string, error)
+	// observe tracks Envoy's subscriptions and ACKs (feeding the cache when
+	// record is set); sending tracks a response about to reach Envoy.
+	observe(req R, record bool) reqInfo
+	sending(f *frame)
+	// awaitsAnswer: a control plane must answer req (the stall rule).
+	awaitsAnswer(req R) bool
+	// probeRequest is Envoy's first request, as a fresh subscription.
+	probeRequest() R
+	// replay answers, from the cache, every type Envoy asked for so far;
+	// answer answers one more request.
+	replay() []*frame
+	answer(req R) []*frame
+}
+
+// outgoing is a request on its way to the control plane.
+type outgoing[R request] struct {
+	req   R
+	agent bool // the agent's own (NDS, ProxyConfig, health, ACKs of those)
+}
+
+type stream[R request] struct {
+	svc  *Service
+	fl   flavor[R]
+	id   uint64
+	log  *slog.Logger
+	down grpc.ServerStream
+
+	queue *queue[outgoing[R]]
+	// firstReq is closed once node is set (Envoy's first request).
+	firstReq chan struct{}
+	node     string
+	// readDone is closed when the reader stops; readErr says why.
+	readDone chan struct{}
+	readErr  error
+	// ended is closed by end: a newer stream replaced this one, or the
+	// service stops; endErr is what the handler returns then.
+	ended   chan struct{}
+	endErr  error
+	endOnce sync.Once
+
+	// initialSent: the agent's own requests went out after Envoy's first
+	// LDS request (guarded by svc.mu).
+	initialSent bool
+	// inflight counts responses received and not yet sent or consumed.
+	inflight atomic.Int64
+	// agentVersions: per agent type, the version last accepted
+	// (responder only).
+	agentVersions map[string]string
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "the agent's XDS proxy is shutting down")
+
+// serveStream is the body of both ADS handlers.
+func serveStream[R request](s *Service, fl flavor[R], id uint64, down grpc.ServerStream) error {
+	st := &stream[R]{
+		svc: s, fl: fl, id: id, down: down,
+		log:           s.log.With("stream", id, "protocol", fl.mode().String()),
+		queue:         newQueue[outgoing[R]](),
+		firstReq:      make(chan struct{}),
+		readDone:      make(chan struct{}),
+		ended:         make(chan struct{}),
+		agentVersions: map[string]string{},
+	}
+	if err := s.register(st); err != nil {
+		return err
+	}
+	defer s.unregister(st)
+	st.log.Debug("Envoy stream opened")
+	// The reader outlives the handler by a moment (gRPC ends RecvMsg
+	// when the handler returns); Serve waits for it.
+	s.wg.Add(1)
+	go st.read()
+	s.status.connecting()
+	err := st.run()
+	st.log.Debug("Envoy stream closed", "error", err)
+	return err
+}
+
+// end stops the stream with err (nil: replaced by a newer stream, which
+// Istio ends with an OK status).
+func (st *stream[R]) end(err error) {
+	st.endOnce.Do(func() {
+		st.endErr = err
+		close(st.ended)
+	})
+}
+
+// health queues a health report, if the agent's first requests went out
+// (the control plane learns the node from Envoy's first; Istio waits for
+// the first LDS request). Called under svc.mu.
+func (st *stream[R]) health(h messages.WorkloadHealth) {
+	if st.initialSent {
+		st.queue.put(outgoing[R]{req: st.fl.healthRequest(h), agent: true})
+	}
+}
+
+// read forwards Envoy's requests to the queue, never blocking on the
+// control plane.
+func (st *stream[R]) read() {
+	s := st.svc
+	defer s.wg.Done()
+	defer close(st.readDone)
+	record := false
+	first := true
+	for {
+		req := st.fl.newRequest()
+		if err := st.down.RecvMsg(req); err != nil {
+			st.readErr = err
+			return
+		}
+		if first {
+			first = false
+			st.node = req.GetNode().GetId()
+			record = s.records(st.node)
+			close(st.firstReq)
+		}
+		info := st.fl.observe(req, record)
+		if info.acked {
+			s.status.ack(info.typeURL, info.version)
+		}
+		if info.nack != "" {
+			st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "error", info.nack)
+		}
+		st.queue.put(outgoing[R]{req: req})
+		if info.typeURL == listenerType {
+			st.sendInitial()
+		}
+	}
+}
+
+// sendInitial queues the agent's own requests after Envoy's first LDS
+// request, as Istio does: NDS, ProxyConfig, and the last health report.
+func (st *stream[R]) sendInitial() {
+	s := st.svc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.initialSent {
+		return
+	}
+	st.initialSent = true
+	if s.cfg.NDS {
+		st.queue.put(outgoing[R]{req: st.fl.agentRequest(nameTableType), agent: true})
+	}
+	if s.cfg.ProxyConfigXDS {
+		st.queue.put(outgoing[R]{req: st.fl.agentRequest(proxyConfigType), agent: true})
+	}
+	if s.cfg.HealthUpdates && s.lastHealth != nil {
+		st.queue.put(outgoing[R]{req: st.fl.healthRequest(*s.lastHealth), agent: true})
+	}
+}
+
+// Where a live stream's end came from.
+const (
+	fromUpstream = iota
+	fromDownstream
+	fromStall
+	fromEnd
+)
+
+type liveEnd struct {
+	from     int
+	err      error
+	answered bool // the control plane sent at least one response
+}
+
+// run connects upstream and proxies until one side ends.
+func (st *stream[R]) run() error {
+	s := st.svc
+	up, err := s.openUpstream(st.down.Context(), st.fl.method())
+	if err != nil {
+		s.m.istiodFailures.Inc()
+		return st.upstreamFailed(err)
+	}
+	end := st.live(up)
+	switch end.from {
+	case fromEnd:
+		return st.endErr
+	case fromDownstream:
+		s.m.envoyTerminations.WithLabelValues(terminationLabel(end.err)).Inc()
+		return envoyError(end.err)
+	case fromStall:
+		s.m.stalls.Inc()
+		st.log.Warn("ending a stalled stream", "error", end.err)
+		if !end.answered {
+			// A control plane that never answered is as good as
+			// unreachable: the cache may serve.
+			return st.upstreamFailed(end.err)
+		}
+		s.status.failed(end.err, false)
+		return end.err
+	}
+	s.m.istiodTerminations.WithLabelValues(terminationLabel(end.err)).Inc()
+	if !end.answered {
+		return st.upstreamFailed(end.err)
+	}
+	if expected(end.err) {
+		// A control plane going away in order (istiod rotates its
+		// connections): Envoy reconnects at once, no failure to report.
+		st.log.Info("control plane ended the stream; Envoy reconnects", "error", end.err)
+		return envoyError(end.err)
+	}
+	st.log.Warn("control plane stream failed; ending Envoy's stream so that it reconnects", "error", s.describe(end.err))
+	s.status.failed(end.err, false)
+	return envoyError(end.err)
+}
+
+// upstreamFailed handles a control plane that could not be reached or
+// refused the stream before answering anything: serve the cache if there
+// is one for this Envoy, else end Envoy's stream with the error (Envoy
+// retries with its own backoff, as with Istio).
+func (st *stream[R]) upstreamFailed(err error) error {
+	s := st.svc
+	if st.canServeCache() {
+		return st.serveCache(err)
+	}
+	st.log.Warn("cannot reach the control plane; ending Envoy's stream so that it retries", "address", s.cfg.DiscoveryAddress, "error", s.describe(err))
+	s.status.failed(err, false)
+	return envoyError(err)
+}
+
+// live runs the four goroutines of a connected stream and returns how it
+// ended, once the upstream goroutines have returned. The responder may
+// still be inside a Send to an Envoy that does not read: it returns when
+// the handler does (gRPC cancels the stream), and Serve waits for it.
+func (st *stream[R]) live(up *upstream) liveEnd {
+	s := st.svc
+	done := make(chan struct{})
+	upErr := make(chan error, 2)
+	downErr := make(chan error, 1)
+	stallErr := make(chan error, 1)
+	resps := make(chan *frame, responseQueue)
+	watch := newStallWatch(s.rt.Clock, s.cfg.StallTimeout, func() bool { return st.inflight.Load() > 0 })
+	var answered atomic.Bool
+
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); st.sendUpstream(up, watch, done, upErr) }()
+	go func() { defer wg.Done(); st.receiveUpstream(up, watch, &answered, resps, done, upErr) }()
+	go func() {
+		defer wg.Done()
+		if err := watch.watch(done); err != nil {
+			stallErr <- err
+		}
+	}()
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); st.respond(resps, done, downErr) }()
+
+	var end liveEnd
+	select {
+	case err := <-upErr:
+		end = liveEnd{from: fromUpstream, err: err}
+	case err := <-downErr:
+		end = liveEnd{from: fromDownstream, err: err}
+	case <-st.readDone:
+		end = liveEnd{from: fromDownstream, err: st.readErr}
+	case err := <-stallErr:
+		end = liveEnd{from: fromStall, err: err}
+	case <-st.ended:
+		end = liveEnd{from: fromEnd}
+	}
+	end.answered = answered.Load()
+	close(done)
+	up.close()
+	wg.Wait()
+	return end
+}
+
+func (st *stream[R]) sendUpstream(up *upstream, watch *stallWatch, done <-chan struct{}, upErr chan<- error) {
+	s := st.svc
+	for {
+		select {
+		case <-st.queue.ready:
+		case <-done:
+			return
+		}
+		for _, o := range st.queue.take() {
+			t := o.req.GetTypeUrl()
+			if !o.agent && st.fl.awaitsAnswer(o.req) {
+				watch.asked(t)
+			}
+			s.m.requests.Inc()
+			s.m.messages.WithLabelValues(typeLabel(t), dirRequest).Inc()
+			watch.sendStart()
+			err := up.stream.SendMsg(o.req)
+			watch.sendDone()
+			if err != nil {
+				// io.EOF: the stream is over, and the receiver reads why.
+				if !errors.Is(err, io.EOF) {
+					upErr <- err
+				}
+				return
+			}
+		}
+	}
+}
+
+func (st *stream[R]) receiveUpstream(up *upstream, watch *stallWatch, answered *atomic.Bool,
+	resps chan<- *frame, done <-chan struct{}, upErr chan<- error,
+) {
+	s := st.svc
+	for {
+		f := new(frame)
+		if err := up.stream.RecvMsg(f); err != nil {
+			upErr <- err
+			return
+		}
+		watch.answered(f.typeURL)
+		if !answered.Swap(true) {
+			st.log.Info("connected to the control plane", "address", s.cfg.DiscoveryAddress)
+			s.status.connected()
+		}
+		s.m.responses.Inc()
+		label := typeLabel(f.typeURL)
+		s.m.messages.WithLabelValues(label, dirResponse).Inc()
+		s.m.bytes.WithLabelValues(label, dirResponse).Add(float64(len(f.b)))
+		s.noteInflight(st.inflight.Add(1))
+		select {
+		case resps <- f:
+		case <-done:
+			return
+		}
+	}
+}
+
+// respond hands each response to the agent (its own types) or to Envoy,
+// in the order the control plane sent them.
+func (st *stream[R]) respond(resps <-chan *frame, done <-chan struct{}, downErr chan<- error) {
+	for {
+		select {
+		case f := <-resps:
+			err := st.handleResponse(f)
+			st.inflight.Add(-1)
+			if err != nil {
+				downErr <- err
+				return
+			}
+		case <-done:
+			return
+		}
+	}
+}
+
+func (st *stream[R]) handleResponse(f *frame) error {
+	s := st.svc
+	if s.agentType(f.typeURL) {
+		st.consumeAgent(f)
+		return nil
+	}
+	if !forwardable(f.typeURL) {
+		st.log.Error("not forwarding a response of a type Envoy does not know", "type_url", f.typeURL)
+		return nil
+	}
+	st.fl.sending(f)
+	return st.down.SendMsg(f)
+}
+
+// consumeAgent applies a response of an agent type and ACKs or NACKs it
+// upstream; it never reaches Envoy.
+func (st *stream[R]) consumeAgent(f *frame) {
+	res, version, err := st.fl.agentResource(f)
+	switch {
+	case errors.Is(err, errEmptyResource):
+		err = nil
+	case err == nil:
+		err = st.svc.consume(f.typeURL, res, version)
+	}
+	var reply R
+	if err != nil {
+		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.typeURL, "version", version, "nonce", f.nonce, "error", err)
+		reply = st.fl.agentReply(f, st.agentVersions[f.typeURL], err)
+	} else {
+		st.agentVersions[f.typeURL] = f.version
+		st.svc.status.ack(f.typeURL, f.version)
+		reply = st.fl.agentReply(f, f.version, nil)
+	}
+	st.queue.put(outgoing[R]{req: reply, agent: true})
+}

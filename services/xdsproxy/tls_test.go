@@ -1,0 +1,165 @@
+package xdsproxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+// tlsProxyConfig is a TLS proxy for the control plane at addr, trusting
+// rootPEM from the CA root file and sending token from the token file.
+func tlsProxyConfig(t *testing.T, addr string, rootPEM []byte, token string) Config {
+	t.Helper()
+	root := tempRoot(t)
+	cfg := testConfig(root, addr)
+	cfg.Plaintext = false
+	cfg.OfflineCache = false
+	writeFile(t, cfg.RootCAFile, rootPEM)
+	if token != "" {
+		writeFile(t, cfg.TokenFile, []byte(token+"\n"))
+	}
+	return cfg
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TLS to the control plane with Istio's server name rule ("localhost" is
+// istiod.istio-system.svc), the bearer token read from its file, and the
+// ClusterID and XDS_HEADER_* metadata on the stream.
+func TestTLSTokenAndMetadata(t *testing.T) {
+	ca := newTestCA(t, "istio-ca")
+	cp := controlPlane(t, xdsserver.Options{TLS: ca.serverTLS(t, nil), Token: "good-token"})
+	snapshot(t, cp, "v1", 2)
+	_, port, _ := net.SplitHostPort(cp.Addr())
+	cfg := tlsProxyConfig(t, "localhost:"+port, ca.certPEM, "good-token")
+	cfg.ClusterID = "Kubernetes"
+	cfg.Headers = map[string]string{"X-Mesh-Test": "yes"}
+	p := startProxy(t, cfg, proxyOpts{})
+	c := p.client(t, true)
+	if err := c.WaitFor(waitCtx(t), hasVersion(resource.ClusterType, "v1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	md := cp.Stats().Metadata
+	for k, want := range map[string]string{"clusterid": "Kubernetes", "x-mesh-test": "yes", "authorization": "Bearer good-token"} {
+		if got := md.Get(k); len(got) != 1 || got[0] != want {
+			t.Errorf("stream metadata %s = %q, want %q", k, got, want)
+		}
+	}
+}
+
+// A token the control plane refuses, a missing token and an untrusted
+// certificate each say so in XDSState and Health, naming what to check;
+// readiness is not lost (Degraded serves).
+func TestUpstreamErrorsAreExplained(t *testing.T) {
+	ca := newTestCA(t, "istio-ca")
+	other := newTestCA(t, "someone-else")
+	cp := controlPlane(t, xdsserver.Options{TLS: ca.serverTLS(t, nil), Token: "good-token"})
+	snapshot(t, cp, "v1", 1)
+	cases := []struct {
+		name  string
+		root  []byte
+		token string
+		want  []string
+	}{
+		{"wrong token", ca.certPEM, "stolen-token", []string{"rejected the agent's credentials", "token from", "istio-token", "Unauthenticated"}},
+		{"no token", ca.certPEM, "", []string{"rejected the agent's credentials", "Unauthenticated"}},
+		{"untrusted root", other.certPEM, "good-token", []string{"TLS handshake with the control plane failed", "root-cert.pem", "istiod.istio-system.svc", "x509"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tlsProxyConfig(t, cp.Addr(), tc.root, tc.token)
+			cfg.ServerName = "istiod.istio-system.svc" // ISTIOD_SAN: the address is an IP
+			p := startProxy(t, cfg, proxyOpts{})
+			c := p.client(t, false)
+			st := p.waitState(t, "the upstream down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
+			mustContain(t, "XDSState.LastError", st.LastError, tc.want...)
+			h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
+			mustContain(t, "Health.Reason", h.Reason, append(tc.want, "unreachable since")...)
+			if !h.State.Serving() {
+				t.Errorf("health %v does not serve: readiness would fail", h.State)
+			}
+			if err := c.WaitFor(waitCtx(t), func(s xdsserver.State) bool { return len(s.Ends) >= 1 }); err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "wrong token" {
+				// The control plane's status reaches Envoy unchanged.
+				if end := c.State().Ends[0]; status.Code(end) != codes.Unauthenticated {
+					t.Errorf("Envoy's stream ended with %v, want the control plane's Unauthenticated", end)
+				}
+			}
+			if c.State().Counts[resource.ClusterType] != 0 {
+				t.Error("the client got configuration through a refused upstream")
+			}
+			if got := p.metric(t, "istiod_connection_terminations", "type", "error") + p.metric(t, "istiod_connection_failures"); got < 1 {
+				t.Errorf("no connection failure or termination counted")
+			}
+		})
+	}
+}
+
+// The workload certificate is the client certificate when configured,
+// with the roots from the certificate bundle (file-mounted certs); an
+// expired one is not sent, and the stream works on the token alone, as
+// with Istio.
+func TestClientCertificateFromBundle(t *testing.T) {
+	ca := newTestCA(t, "istio-ca")
+	serverTLS := ca.serverTLS(t, nil)
+	serverTLS.ClientAuth = tls.RequestClientCert
+	var presented atomic.Int64 // certificates in the last handshake
+	serverTLS.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		presented.Store(int64(len(raw)))
+		return nil
+	}
+	cp := controlPlane(t, xdsserver.Options{TLS: serverTLS})
+	snapshot(t, cp, "v1", 1)
+
+	for _, expired := range []bool{false, true} {
+		name := map[bool]string{false: "valid", true: "expired"}[expired]
+		t.Run(name, func(t *testing.T) {
+			presented.Store(-1)
+			notAfter := time.Now().Add(time.Hour)
+			if expired {
+				notAfter = time.Now().Add(-time.Minute)
+			}
+			chain, key := ca.issue(t, nil, nil, "spiffe://cluster.local/ns/default/sa/default", notAfter)
+			certs := messages.NewCell[messages.CertBundle]()
+			certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.certPEM, Expiry: notAfter, Version: name})
+			cfg := testConfig(tempRoot(t), cp.Addr())
+			cfg.Plaintext, cfg.OfflineCache = false, false
+			cfg.Roots, cfg.ClientCertificate, cfg.ServerName = RootsCertBundle, true, "istiod.istio-system.svc"
+			p := startProxy(t, cfg, proxyOpts{in: Inputs{Certs: certs}})
+			c := p.client(t, false)
+			if err := c.WaitFor(waitCtx(t), hasVersion(resource.ClusterType, "v1", 1)); err != nil {
+				t.Fatal(err)
+			}
+			want := int64(1)
+			if expired {
+				want = 0
+				mustContain(t, "logs", p.logs.String(), "workload certificate expired")
+			}
+			if got := presented.Load(); got != want {
+				t.Errorf("the proxy presented %d certificates, want %d", got, want)
+			}
+		})
+	}
+}
