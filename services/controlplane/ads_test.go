@@ -17,6 +17,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -391,5 +392,27 @@ func TestUnknownTypeKeepsStream(t *testing.T) {
 	c.request(t, "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig", nil, "", "")
 	if r := c.fetch(t, resource.ClusterType, nil); len(r.GetResources()) != 6 {
 		t.Fatalf("CDS after an unknown type: %d clusters", len(r.GetResources()))
+	}
+}
+
+// A client that rejects a response is counted and logged, and is answered
+// again (after a pause that keeps a NACK loop cheap).
+func TestNACKIsCountedAndLogged(t *testing.T) {
+	s := startServer(t, readSample(t), messages.Ready, nil)
+	c := openSotW(t, s.dial(t))
+	c.request(t, resource.ClusterType, nil, "", "")
+	r := c.next(t, resource.ClusterType)
+	if err := c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: r.GetNonce(),
+		ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "cluster refused for the test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if again := c.next(t, resource.ClusterType); again.GetVersionInfo() != r.GetVersionInfo() {
+		t.Errorf("after a NACK: version %q, want %q again", again.GetVersionInfo(), r.GetVersionInfo())
+	}
+	if n := testutil.ToFloat64(s.svc.m.nacks.WithLabelValues(resource.ClusterType)); n != 1 {
+		t.Errorf("NACKs counted: %v", n)
+	}
+	if !strings.Contains(s.logs.String(), "cluster refused for the test") {
+		t.Errorf("NACK not logged:\n%s", s.logs)
 	}
 }

@@ -48,14 +48,18 @@ func outboundClusters(m Mesh) (clusters, assignments []types.Resource) {
 	return clusters, assignments
 }
 
-// loadAssignment puts every endpoint in one locality. The locality has a
-// weight because grpc-go drops localities without one.
+// loadAssignment puts every endpoint in one locality, the empty one. grpc-go
+// refuses a locality without an ID (even an empty one) and drops one
+// without a weight; Envoy needs neither.
 func loadAssignment(clusterName string, eps []Addr) *endpoint.ClusterLoadAssignment {
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: clusterName}
 	if len(eps) == 0 {
 		return cla
 	}
-	locality := &endpoint.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(uint32(len(eps)))}
+	locality := &endpoint.LocalityLbEndpoints{
+		Locality:            &core.Locality{},
+		LoadBalancingWeight: wrapperspb.UInt32(uint32(len(eps))),
+	}
 	for _, e := range eps {
 		ap, _ := e.ipPort() // checked by ParseMesh
 		locality.LbEndpoints = append(locality.LbEndpoints, &endpoint.LbEndpoint{

@@ -62,7 +62,7 @@ func New(cfg Config, rt messages.Runtime) (*Service, error) {
 	if s.clock == nil {
 		s.clock = messages.SystemClock{}
 	}
-	if err := rt.Register(s.m.reloads, s.m.streams, s.m.version); err != nil {
+	if err := rt.Register(s.m.reloads, s.m.nacks, s.m.streams, s.m.version); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -214,6 +214,9 @@ func (s *Service) transportCredentials() (credentials.TransportCredentials, erro
 	return credentials.NewTLS(conf), nil
 }
 
+// nackPause is how long a NACK is held before go-control-plane answers it.
+const nackPause = time.Second
+
 // ErrBadToken: an xDS stream without the configured bearer token.
 var ErrBadToken = errors.New("missing or wrong bearer token")
 
@@ -232,7 +235,7 @@ func (s *Service) checkToken(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	return status.Error(codes.Unauthenticated, "controlplane: "+ErrBadToken.Error())
 }
 
-// callbacks count the open streams.
+// callbacks count the open streams and report rejected responses.
 func (s *Service) callbacks() xds.Callbacks {
 	open := func(_ context.Context, id int64, typeURL string) error {
 		s.m.streams.Inc()
@@ -243,9 +246,31 @@ func (s *Service) callbacks() xds.Callbacks {
 		s.m.streams.Dec()
 		s.log.Debug("xDS stream closed", "stream", id, "node", node.GetId())
 	}
+	// A rejected response is the one thing a client cannot tell us any
+	// other way. go-control-plane answers a NACK at once with the same
+	// snapshot (the client asks again with the last version it accepted),
+	// so one resource a client refuses would spin client and server at full
+	// speed: holding the NACK for a moment keeps the loop visible but cheap.
+	nack := func(typeURL string, node *core.Node, detail string) {
+		s.m.nacks.WithLabelValues(typeURL).Inc()
+		s.log.Warn("xDS client rejected a response", "type", typeURL, "node", node.GetId(), "error", detail)
+		<-s.clock.After(nackPause)
+	}
 	return xds.CallbackFuncs{
 		StreamOpenFunc: open, StreamClosedFunc: closed,
 		DeltaStreamOpenFunc: open, DeltaStreamClosedFunc: closed,
+		StreamRequestFunc: func(_ int64, r *discovery.DiscoveryRequest) error {
+			if r.GetErrorDetail() != nil {
+				nack(r.GetTypeUrl(), r.GetNode(), r.GetErrorDetail().GetMessage())
+			}
+			return nil
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discovery.DeltaDiscoveryRequest) error {
+			if r.GetErrorDetail() != nil {
+				nack(r.GetTypeUrl(), r.GetNode(), r.GetErrorDetail().GetMessage())
+			}
+			return nil
+		},
 	}
 }
 
@@ -284,6 +309,7 @@ func (s *Service) cacheLogger() gcplog.Logger {
 
 type metrics struct {
 	reloads *prometheus.CounterVec
+	nacks   *prometheus.CounterVec
 	streams prometheus.Gauge
 	version prometheus.Gauge
 }
@@ -293,6 +319,9 @@ func newMetrics() metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "controlplane_mesh_loads_total", Help: "Mesh file loads, by result (applied, unchanged, rejected).",
 		}, []string{"result"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "controlplane_xds_nacks_total", Help: "Responses rejected by xDS clients, by type URL.",
+		}, []string{"type_url"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "controlplane_xds_streams", Help: "Open xDS streams (SotW and delta).",
 		}),
