@@ -1,0 +1,120 @@
+package ca
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Defaults. The port is istiod's CA port (15012) moved out of 15000-15090,
+// where the agent's and Envoy's own ports live.
+const (
+	DefaultListen       = "127.0.0.1:16012"
+	DefaultCertLifetime = 24 * time.Hour
+	DefaultTrustDomain  = "cluster.local"
+	DefaultStopTimeout  = 5 * time.Second
+)
+
+// The root's files in RootDir, named as Istio names its self-signed root.
+const (
+	RootCertFile = "root-cert.pem"
+	RootKeyFile  = "root-key.pem"
+)
+
+// Config is the CA's configuration.
+type Config struct {
+	// Listen is the loopback host:port the CA serves TLS on. The CA signs
+	// for any caller with a token, so it is never exposed beyond the host.
+	Listen string
+	// RootDir holds the root certificate and key (RootCertFile,
+	// RootKeyFile), generated there on first start and reused after, so
+	// that certificates stay valid across restarts. Give the agent
+	// CA_ROOT_CA=<RootDir>/root-cert.pem to verify the CA.
+	RootDir string
+	// CertLifetime is the lifetime of a workload certificate when the
+	// request asks for none, and the most it may ask for (a longer request
+	// is shortened to it).
+	CertLifetime time.Duration
+	// TrustDomain: a CSR may ask only for spiffe://<TrustDomain>/... IDs.
+	TrustDomain string
+	// ServingSANs are host names or IPs the CA's serving certificate holds
+	// besides localhost, 127.0.0.1 and ::1.
+	ServingSANs []string
+	// Token, when set, is the bearer token every request must carry.
+	// Empty accepts any non-empty bearer token (logged by fingerprint,
+	// never in clear): a request without one is still refused, as Istio's
+	// CA refuses an unauthenticated caller.
+	Token string
+	// StopTimeout bounds the graceful stop before calls are cut.
+	StopTimeout time.Duration
+}
+
+// DefaultConfig is the defaults with the root under rootDir.
+func DefaultConfig(rootDir string) Config {
+	return Config{
+		Listen:       DefaultListen,
+		RootDir:      rootDir,
+		CertLifetime: DefaultCertLifetime,
+		TrustDomain:  DefaultTrustDomain,
+		StopTimeout:  DefaultStopTimeout,
+	}
+}
+
+// RootCertPath is the root certificate's file: the agent's CA_ROOT_CA.
+func (c Config) RootCertPath() string { return filepath.Join(c.RootDir, RootCertFile) }
+
+// RootKeyPath is the root key's file.
+func (c Config) RootKeyPath() string { return filepath.Join(c.RootDir, RootKeyFile) }
+
+// trustDomainSyntax is a SPIFFE trust domain: lower case letters, digits,
+// dots, dashes and underscores.
+var trustDomainSyntax = regexp.MustCompile(`^[a-z0-9._-]+$`)
+
+// Validate names the field and value that are wrong.
+func (c Config) Validate() error {
+	if err := checkLoopback(c.Listen); err != nil {
+		return fmt.Errorf("ca config: Listen: %w", err)
+	}
+	if c.RootDir == "" {
+		return fmt.Errorf("ca config: RootDir is required")
+	}
+	if c.CertLifetime <= 0 {
+		return fmt.Errorf("ca config: CertLifetime %v must be positive", c.CertLifetime)
+	}
+	if !trustDomainSyntax.MatchString(c.TrustDomain) {
+		return fmt.Errorf("ca config: TrustDomain %q is not a SPIFFE trust domain (a-z, 0-9, '.', '-', '_')", c.TrustDomain)
+	}
+	for _, san := range c.ServingSANs {
+		if san == "" {
+			return fmt.Errorf("ca config: ServingSANs holds an empty name")
+		}
+	}
+	if c.StopTimeout < 0 {
+		return fmt.Errorf("ca config: StopTimeout %v must not be negative", c.StopTimeout)
+	}
+	return nil
+}
+
+// checkLoopback accepts host:port where host is a loopback IP or
+// "localhost" and port is a number (0 picks a free port).
+func checkLoopback(hostPort string) error {
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return fmt.Errorf("%q: %v", hostPort, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q is not a number 0-65535", hostPort, port)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q: must be a loopback address (127.0.0.1, [::1] or localhost)", hostPort)
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+// Package ca is the embedded certificate authority of `meshagent
+// standalone`: Istio's IstioCertificateService (istio.io/api
+// security/v1alpha1) over TLS, signing the agent's CSR with a self-signed
+// root kept on disk, so that the agent runs its real CA-client path.
+package ca
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Name is the service's name in logs, metrics, Health and /debug/tree.
+const Name = "ca"
+
+// ErrUnauthenticated: a request without the bearer token the CA wants.
+var ErrUnauthenticated = errors.New("request authenticate failure")
+
+// Service is the CA.
+type Service struct {
+	cfg    Config
+	health *messages.Reporter
+	clock  messages.Clock
+	log    *slog.Logger
+	m      metrics
+
+	// addr is the address Serve listens on (with the port chosen when
+	// Listen asks for port 0); empty when not listening.
+	addr atomic.Pointer[string]
+}
+
+// New returns the CA. Nothing is read or generated until Serve.
+func New(cfg Config, rt messages.Runtime) (*Service, error) {
+	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
+	if s.clock == nil {
+		s.clock = messages.SystemClock{}
+	}
+	if err := rt.Register(s.m.issued, s.m.rejected); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// String is the service's name.
+func (s *Service) String() string { return Name }
+
+// Addr is the address the CA listens on, "" when it is not listening: for
+// a caller that asked for port 0.
+func (s *Service) Addr() string {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// Serve loads (or first generates) the root, issues the CA's serving
+// certificate, and answers CreateCertificate until ctx is done.
+func (s *Service) Serve(ctx context.Context) error {
+	if err := s.cfg.Validate(); err != nil {
+		return err
+	}
+	root, created, err := loadOrCreateRoot(s.cfg, s.clock.Now())
+	if err != nil {
+		return err
+	}
+	if created {
+		s.log.Info("generated a new root", "cert", s.cfg.RootCertPath(), "key", s.cfg.RootKeyPath(), "not_after", root.cert.NotAfter)
+	}
+	serving, err := root.servingCertificate(s.cfg.ServingSANs, s.clock.Now())
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("ca: listen on %s: %w", s.cfg.Listen, err)
+	}
+	addr := lis.Addr().String()
+	s.addr.Store(&addr)
+	defer s.addr.Store(nil)
+
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{serving},
+		MinVersion:   tls.VersionTLS12,
+	})))
+	pb.RegisterIstioCertificateServiceServer(srv, &handler{svc: s, root: root})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	s.log.Info("CA listening", "address", addr, "root", s.cfg.RootCertPath(), "trust_domain", s.cfg.TrustDomain,
+		"cert_lifetime", s.cfg.CertLifetime, "token_checked", s.cfg.Token != "")
+	s.health.Report(messages.Ready, "")
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("ca: serve on %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	s.gracefulStop(srv)
+	<-served
+	return ctx.Err()
+}
+
+// gracefulStop lets calls in flight finish, up to StopTimeout.
+func (s *Service) gracefulStop(srv *grpc.Server) {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	t := time.NewTimer(s.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		srv.Stop()
+		<-done
+	}
+}
+
+// handler answers IstioCertificateService with the root loaded by Serve.
+type handler struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	svc  *Service
+	root *authority
+}
+
+// CreateCertificate signs the request's CSR, as Istio's CA server does
+// (security/pkg/server/ca/server.go): authenticate the caller, sign, and
+// answer the chain leaf first and the root last, one PEM certificate per
+// element (the agent needs at least two and takes the last as its root).
+func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	s := h.svc
+	caller, err := s.authenticate(ctx)
+	if err != nil {
+		s.m.rejected.WithLabelValues("unauthenticated").Inc()
+		s.log.Warn("certificate request refused", "error", err)
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	requested := time.Duration(req.GetValidityDuration()) * time.Second
+	leaf, err := h.root.sign([]byte(req.GetCsr()), requested, s.cfg.CertLifetime, s.cfg.TrustDomain, s.clock.Now())
+	if err != nil {
+		code, reason := grpcError(err)
+		s.m.rejected.WithLabelValues(reason).Inc()
+		s.log.Warn("certificate request refused", "caller", caller, "error", err)
+		return nil, status.Error(code, err.Error())
+	}
+	s.m.issued.Inc()
+	ids := make([]string, len(leaf.cert.URIs))
+	for i, u := range leaf.cert.URIs {
+		ids[i] = u.String()
+	}
+	s.log.Info("certificate issued", "caller", caller, "spiffe_ids", ids, "serial", leaf.cert.SerialNumber.Text(16),
+		"not_after", leaf.cert.NotAfter, "lifetime", leaf.cert.NotAfter.Sub(leaf.cert.NotBefore), "requested", requested)
+	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf.pem), string(h.root.certPEM)}}, nil
+}
+
+// authenticate wants a bearer token: the configured one, or any when none
+// is configured. It names the caller for the log by the token's
+// fingerprint, never the token itself.
+func (s *Service) authenticate(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	var token string
+	for _, v := range md.Get("authorization") {
+		if scheme, t, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(t) != "" {
+			token = strings.TrimSpace(t)
+			break
+		}
+	}
+	if token == "" {
+		return "", fmt.Errorf("%w: no bearer token (authorization: Bearer <token>)", ErrUnauthenticated)
+	}
+	sum := sha256.Sum256([]byte(token))
+	caller := "token sha256:" + hex.EncodeToString(sum[:6])
+	if s.cfg.Token == "" {
+		return caller + " (not checked)", nil
+	}
+	if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.Token)) != 1 {
+		return "", fmt.Errorf("%w: the bearer token (%s) is not the CA's", ErrUnauthenticated, caller)
+	}
+	return caller, nil
+}
+
+// grpcError maps a signing error to its code and its metric label.
+func grpcError(err error) (codes.Code, string) {
+	switch {
+	case errors.Is(err, ErrBadCSR):
+		return codes.InvalidArgument, "bad_csr"
+	case errors.Is(err, ErrIdentity):
+		return codes.PermissionDenied, "identity"
+	}
+	return codes.Internal, "internal"
+}
+
+type metrics struct {
+	issued   prometheus.Counter
+	rejected *prometheus.CounterVec
+}
+
+func newMetrics() metrics {
+	return metrics{
+		issued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ca_certificates_issued_total", Help: "Workload certificates signed.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ca_requests_rejected_total", Help: "Certificate requests refused, by reason (unauthenticated, bad_csr, identity, internal).",
+		}, []string{"reason"}),
+	}
+}

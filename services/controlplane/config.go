@@ -1,0 +1,96 @@
+package controlplane
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Defaults. The port is istiod's plaintext xDS port (15010) moved out of
+// 15000-15090, where the agent's and Envoy's own ports live, so that the
+// embedded control plane can run beside an agent on the same host.
+const (
+	DefaultListen      = "127.0.0.1:16010"
+	DefaultDebounce    = 100 * time.Millisecond
+	DefaultStopTimeout = 5 * time.Second
+)
+
+// Config is the embedded control plane's configuration.
+type Config struct {
+	// Listen is the loopback host:port the xDS server listens on. The
+	// server has no authorization model beyond an optional token, so it
+	// is never exposed beyond the host.
+	Listen string
+	// MeshFile is the mesh YAML (testdata/standalone/mesh.yaml documents
+	// the format), reloaded when it changes.
+	MeshFile string
+	// TLS, when CertFile is set, serves TLS with that certificate and key;
+	// with ClientCAFile it also requires client certificates signed by it.
+	// Plaintext otherwise, as istiod's 15010.
+	TLS TLSFiles
+	// Token, when set, is the bearer token every xDS stream must carry
+	// (authorization: Bearer <token>); empty accepts any caller.
+	Token string
+	// Debounce is how long the mesh file must be quiet before it is read:
+	// editors and atomic renames produce bursts of events.
+	Debounce time.Duration
+	// StopTimeout bounds the graceful stop before open streams are cut.
+	StopTimeout time.Duration
+}
+
+// TLSFiles are PEM files read when the service starts.
+type TLSFiles struct {
+	CertFile     string
+	KeyFile      string
+	ClientCAFile string
+}
+
+// DefaultConfig is the defaults with the mesh file given.
+func DefaultConfig(meshFile string) Config {
+	return Config{Listen: DefaultListen, MeshFile: meshFile, Debounce: DefaultDebounce, StopTimeout: DefaultStopTimeout}
+}
+
+// Validate names the field and value that are wrong.
+func (c Config) Validate() error {
+	if err := checkLoopback(c.Listen); err != nil {
+		return fmt.Errorf("controlplane config: Listen: %w", err)
+	}
+	if c.MeshFile == "" {
+		return fmt.Errorf("controlplane config: MeshFile is required")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return fmt.Errorf("controlplane config: TLS needs both CertFile (%q) and KeyFile (%q)", c.TLS.CertFile, c.TLS.KeyFile)
+	}
+	if c.TLS.ClientCAFile != "" && c.TLS.CertFile == "" {
+		return fmt.Errorf("controlplane config: TLS.ClientCAFile %q needs CertFile and KeyFile", c.TLS.ClientCAFile)
+	}
+	if c.Debounce <= 0 {
+		return fmt.Errorf("controlplane config: Debounce %v must be positive", c.Debounce)
+	}
+	if c.StopTimeout < 0 {
+		return fmt.Errorf("controlplane config: StopTimeout %v must not be negative", c.StopTimeout)
+	}
+	return nil
+}
+
+// checkLoopback accepts host:port where host is a loopback IP or
+// "localhost" and port is a number (0 picks a free port).
+func checkLoopback(hostPort string) error {
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return fmt.Errorf("%q: %v", hostPort, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q is not a number 0-65535", hostPort, port)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q: must be a loopback address (127.0.0.1, [::1] or localhost)", hostPort)
+	}
+	return nil
+}

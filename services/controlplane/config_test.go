@@ -1,0 +1,116 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+func TestConfigValidate(t *testing.T) {
+	good := DefaultConfig("/etc/mesh.yaml")
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(*Config){
+		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16010" },
+		"listen without port": func(c *Config) { c.Listen = "127.0.0.1" },
+		"no mesh file":        func(c *Config) { c.MeshFile = "" },
+		"cert without key":    func(c *Config) { c.TLS.CertFile = "/c.pem" },
+		"client CA alone":     func(c *Config) { c.TLS.ClientCAFile = "/ca.pem" },
+		"no debounce":         func(c *Config) { c.Debounce = 0 },
+	} {
+		c := good
+		edit(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	for _, ok := range []string{"localhost:0", "[::1]:16010", "127.0.0.2:1"} {
+		c := good
+		c.Listen = ok
+		if err := c.Validate(); err != nil {
+			t.Errorf("Listen %s: %v", ok, err)
+		}
+	}
+}
+
+// With TLS files the server speaks TLS only.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	pool := writeSelfSigned(t, certFile, keyFile)
+	s := startServer(t, readSample(t), messages.Ready, func(c *Config) {
+		c.TLS = TLSFiles{CertFile: certFile, KeyFile: keyFile}
+	})
+	conn, err := grpc.NewClient(s.svc.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := openSotW(t, conn)
+	if r := c.fetch(t, resource.ClusterType, nil); len(r.GetResources()) != 6 {
+		t.Fatalf("CDS over TLS: %d clusters", len(r.GetResources()))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(s.dial(t)).StreamAggregatedResources(ctx) // plaintext
+	if err == nil {
+		if err = stream.Send(&discovery.DiscoveryRequest{Node: sidecarNode, TypeUrl: resource.ClusterType}); err == nil {
+			_, err = stream.Recv()
+		}
+	}
+	if err == nil {
+		t.Fatal("a plaintext client got an answer from the TLS server")
+	}
+}
+
+func writeSelfSigned(t *testing.T, certFile, keyFile string) *x509.CertPool {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return pool
+}
