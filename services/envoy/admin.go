@@ -31,13 +31,72 @@ func newAdminClient(addr string) *adminClient {
 // goroutines.
 func (a *adminClient) closeIdle() { a.http.CloseIdleConnections() }
 
-// ready reports whether GET /ready answers 200 "LIVE".
-func (a *adminClient) ready(ctx context.Context) (bool, error) {
-	body, code, err := a.do(ctx, http.MethodGet, "/ready", time.Second)
-	if err != nil {
-		return false, err
+// readinessStats are the stats Istio's readiness probe reads
+// (pilot-agent status/util/stats.go), in one request.
+const readinessStats = `/stats?usedonly&filter=^(server\.state|listener_manager\.workers_started|(cluster_manager\.cds|listener_manager\.lds)\.update_(success|rejected))$`
+
+// readiness is Envoy's readiness by Istio's rules: first its config must
+// have arrived (cds and lds update_success above 0), then the server must be
+// LIVE with its workers started. Not ready comes with Istio's reason, which
+// tells a config that never came from one that was rejected.
+func (a *adminClient) readiness(ctx context.Context) (ready bool, why string) {
+	body, code, err := a.do(ctx, http.MethodGet, readinessStats, 3*time.Second)
+	switch {
+	case err != nil:
+		return false, "admin API not answering: " + err.Error()
+	case code != http.StatusOK:
+		return false, fmt.Sprintf("admin API /stats answered %d", code)
 	}
-	return code == http.StatusOK && strings.TrimSpace(body) == "LIVE", nil
+	stats := map[string]uint64{}
+	for _, line := range strings.Split(body, "\n") {
+		name, value, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(value), 10, 64); err == nil {
+			stats[strings.TrimSpace(name)] = n
+		}
+	}
+	cdsOK, ldsOK := stats["cluster_manager.cds.update_success"], stats["listener_manager.lds.update_success"]
+	cdsNo, ldsNo := stats["cluster_manager.cds.update_rejected"], stats["listener_manager.lds.update_rejected"]
+	counts := fmt.Sprintf("cds updates: %d successful, %d rejected; lds updates: %d successful, %d rejected", cdsOK, cdsNo, ldsOK, ldsNo)
+	switch {
+	case cdsOK == 0 && ldsOK == 0:
+		if cdsNo > 0 || ldsNo > 0 {
+			return false, "config received from XDS server, but was rejected: " + counts
+		}
+		return false, "config not received from XDS server (is the control plane reachable?): " + counts
+	case cdsOK == 0 || ldsOK == 0:
+		if cdsNo > 0 || ldsNo > 0 {
+			return false, "config received from XDS server, but was rejected: " + counts
+		}
+		return false, "config not fully received from XDS server: " + counts
+	}
+	state, ok := stats["server.state"]
+	switch {
+	case !ok:
+		return false, "server.state is not yet updated"
+	case state != 0:
+		return false, "server is not live, current state is: " + serverStateName(state)
+	case stats["listener_manager.workers_started"] != 1:
+		return false, "workers have not yet started"
+	}
+	return true, ""
+}
+
+// serverStateName is Envoy's name for a server.state value.
+func serverStateName(s uint64) string {
+	switch s {
+	case 0:
+		return "LIVE"
+	case 1:
+		return "DRAINING"
+	case 2:
+		return "PRE_INITIALIZING"
+	case 3:
+		return "INITIALIZING"
+	}
+	return "UNKNOWN"
 }
 
 // drainListeners asks Envoy to drain its listeners with query (Istio's
@@ -115,30 +174,36 @@ func (a *adminClient) do(ctx context.Context, method, path string, timeout time.
 	return string(body), resp.StatusCode, err
 }
 
-// pollReady polls admin /ready until ctx is done and sends each change of
-// readiness (starting from not ready) on out, which holds one value; a
-// value not yet read is replaced by the newer one.
-func (s *Service) pollReady(ctx context.Context, out chan bool) {
-	last := false
+// readiness is one verdict of the readiness poll.
+type readiness struct {
+	ready bool
+	why   string // Istio's reason when not ready
+}
+
+// pollReady polls Envoy's readiness until it is ready or ctx is done, and
+// sends each change of the verdict on out, which holds one value (a value
+// not yet read is replaced by the newer one). Once ready it stops, as
+// Istio's probe does: a LIVE Envoy with started workers does not go back in
+// its lifetime (only a drain, which the service itself starts, changes it).
+func (s *Service) pollReady(ctx context.Context, out chan readiness) {
+	var last readiness
 	for {
-		ready, _ := s.admin.ready(ctx) // not answering is not ready
-		if ready != last {
-			last = ready
+		ready, why := s.admin.readiness(ctx)
+		if now := (readiness{ready, why}); now != last {
+			last = now
 			select { // replace an unread value
 			case <-out:
 			default:
 			}
-			out <- ready
+			out <- now
 		}
-		// Once ready, a change is rare: poll at most once a second.
-		interval := s.cfg.ReadyPollInterval
-		if last {
-			interval = max(interval, time.Second)
+		if ready {
+			return
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(interval):
+		case <-s.clock.After(s.cfg.ReadyPollInterval):
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 // handleDrain carries out one Drain command. It returns nil when Envoy keeps
 // running (a drain without Exit), or the error Serve must return.
-func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-chan bool) error {
+func (r *run) handleDrain(ctx context.Context, d messages.Drain, ready <-chan readiness) error {
 	log := r.s.log.With("reason", d.Reason, "exit", d.Exit, "immediate", d.Immediate)
 	switch {
 	case d.Immediate:
@@ -43,7 +43,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 		deadline = r.s.clock.Now().Add(r.s.cfg.TerminationDrainDuration)
 	}
 	log.Info("draining envoy", "until", deadline, "exit_on_zero_active_connections", r.s.cfg.ExitOnZeroActiveConnections)
-	if err := r.waitDrain(ctx, deadline, readiness); err != nil {
+	if err := r.waitDrain(ctx, deadline, ready); err != nil {
 		return err
 	}
 	r.drained = true
@@ -56,7 +56,7 @@ func (r *run) handleDrain(ctx context.Context, d messages.Drain, readiness <-cha
 // connection is active. It returns nil when Envoy should now be stopped, or
 // the error Serve must return when Envoy exited, ctx ended, or an
 // immediate Drain came meanwhile.
-func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-chan bool) error {
+func (r *run) waitDrain(ctx context.Context, deadline time.Time, ready <-chan readiness) error {
 	clock := r.s.clock
 	expired := clock.After(max(0, deadline.Sub(clock.Now())))
 
@@ -78,8 +78,8 @@ func (r *run) waitDrain(ctx context.Context, deadline time.Time, readiness <-cha
 		case <-ctx.Done():
 			r.stop("agent stopping")
 			return ctx.Err()
-		case ready := <-readiness:
-			r.setReady(ready)
+		case v := <-ready:
+			r.setReady(v)
 		case <-r.drainReady():
 			for _, d := range r.s.takeDrains() {
 				if d.Immediate {

@@ -235,20 +235,20 @@ func (s *Service) Serve(ctx context.Context) error {
 	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
 
 	readyCtx, stopReady := context.WithCancel(ctx)
-	readiness := make(chan bool, 1)
+	ready := make(chan readiness, 1)
 	pollerDone := make(chan struct{})
 	go func() {
 		defer close(pollerDone)
-		s.pollReady(readyCtx, readiness)
+		s.pollReady(readyCtx, ready)
 	}()
 	defer func() { stopReady(); <-pollerDone; s.admin.closeIdle() }()
 
 	for _, d := range pending { // drains without Exit, asked before the start
-		if err := r.handleDrain(ctx, d, readiness); err != nil {
+		if err := r.handleDrain(ctx, d, ready); err != nil {
 			return err
 		}
 	}
-	return r.loop(ctx, readiness)
+	return r.loop(ctx, ready)
 }
 
 // takeDrains returns the waiting Drain commands, if there is a source.
@@ -285,7 +285,7 @@ func (r *run) ensureGone() {
 }
 
 // loop waits for Envoy's exit, a readiness change, a drain command, or ctx.
-func (r *run) loop(ctx context.Context, readiness <-chan bool) error {
+func (r *run) loop(ctx context.Context, ready <-chan readiness) error {
 	for {
 		select {
 		case <-r.child.done:
@@ -293,11 +293,11 @@ func (r *run) loop(ctx context.Context, readiness <-chan bool) error {
 		case <-ctx.Done():
 			r.stop("agent stopping")
 			return ctx.Err()
-		case ready := <-readiness:
-			r.setReady(ready)
+		case v := <-ready:
+			r.setReady(v)
 		case <-r.drainReady():
 			for _, d := range r.s.takeDrains() {
-				if err := r.handleDrain(ctx, d, readiness); err != nil {
+				if err := r.handleDrain(ctx, d, ready); err != nil {
 					return err
 				}
 			}
@@ -313,21 +313,25 @@ func (r *run) drainReady() <-chan struct{} {
 	return r.s.drain.Ready()
 }
 
-// setReady moves between Running and Ready. A draining Envoy stays
-// draining whatever its admin API says.
-func (r *run) setReady(ready bool) {
-	if r.state.Phase == messages.EnvoyDraining || (r.state.Phase == messages.EnvoyReady) == ready {
+// setReady records the readiness poll's verdict: Running with the reason
+// until Envoy is ready, then Ready. A draining Envoy stays draining
+// whatever its admin API says.
+func (r *run) setReady(v readiness) {
+	if r.state.Phase == messages.EnvoyDraining {
 		return
 	}
-	if ready {
-		r.state.Phase = messages.EnvoyReady
+	if v.ready {
+		r.state.Phase, r.state.NotReady = messages.EnvoyReady, ""
 		r.publish()
 		r.s.setHealth(messages.Ready, "")
 		return
 	}
-	r.state.Phase = messages.EnvoyRunning
+	if r.state.NotReady == v.why {
+		return
+	}
+	r.state.Phase, r.state.NotReady = messages.EnvoyRunning, v.why
 	r.publish()
-	r.s.setHealth(messages.Starting, "envoy admin /ready is not LIVE")
+	r.s.setHealth(messages.Starting, v.why)
 }
 
 // exited publishes Envoy's unexpected exit and returns the error for it.

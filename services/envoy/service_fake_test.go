@@ -90,14 +90,51 @@ func TestFakeEnvoyRejectsBadInput(t *testing.T) {
 // xdsServer is a go-control-plane server on two unix sockets (ADS, SDS)
 // that records the ACKs it gets.
 type xdsServer struct {
-	mu   sync.Mutex
-	acks map[string]bool // type URL -> ACKed
+	cache  cachev3.SnapshotCache
+	nodeID string
+
+	mu        sync.Mutex
+	acks      map[string]bool // type URL -> ACKed
+	nacks     map[string]int  // type URL -> NACKs
+	requested map[string]bool // type URL -> asked for at all
 }
 
-func (x *xdsServer) ack(typeURL string) {
+// seen records a request: asked for, ACKed or NACKed.
+func (x *xdsServer) seen(typeURL, nonce string, nack bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.acks[typeURL] = true
+	x.requested[typeURL] = true
+	switch {
+	case nonce == "":
+	case nack:
+		x.nacks[typeURL]++
+	default:
+		x.acks[typeURL] = true
+	}
+}
+
+func (x *xdsServer) wasRequested(typeURL string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.requested[typeURL]
+}
+
+func (x *xdsServer) nacked(typeURL string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.nacks[typeURL]
+}
+
+// set replaces what the server serves.
+func (x *xdsServer) set(t testing.TB, version string, resources map[resource.Type][]types.Resource) {
+	t.Helper()
+	snap, err := cachev3.NewSnapshot(version, resources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.cache.SetSnapshot(context.Background(), x.nodeID, snap); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (x *xdsServer) acked(typeURL string) bool {
@@ -106,11 +143,12 @@ func (x *xdsServer) acked(typeURL string) bool {
 	return x.acks[typeURL]
 }
 
-func startXDSServer(t *testing.T, nodeID string, sockets ...string) *xdsServer {
-	x := &xdsServer{acks: map[string]bool{}}
+func startXDSServer(t testing.TB, nodeID string, sockets ...string) *xdsServer {
 	snapCache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	x := &xdsServer{cache: snapCache, nodeID: nodeID, acks: map[string]bool{}, nacks: map[string]int{}, requested: map[string]bool{}}
 	snap, err := cachev3.NewSnapshot("v1", map[resource.Type][]types.Resource{
-		resource.ClusterType: {&clusterv3.Cluster{Name: "outbound|9080||reviews.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.ClusterType:  {&clusterv3.Cluster{Name: "outbound|9080||reviews.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.ListenerType: {inboundListener(t)},
 		resource.SecretType: {
 			&tlsv3.Secret{Name: "default", Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 				CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "chain"}}}}},
@@ -127,15 +165,11 @@ func startXDSServer(t *testing.T, nodeID string, sockets ...string) *xdsServer {
 	}
 	srv := serverv3.NewServer(ctx, snapCache, serverv3.CallbackFuncs{
 		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
-			if r.GetResponseNonce() != "" && r.GetErrorDetail() == nil {
-				x.ack(r.GetTypeUrl())
-			}
+			x.seen(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
-			if r.GetResponseNonce() != "" && r.GetErrorDetail() == nil {
-				x.ack(r.GetTypeUrl())
-			}
+			x.seen(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail() != nil)
 			return nil
 		},
 	})
@@ -269,18 +303,26 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			}
 			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 			adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
-			waitFor(t, "fake admin /ready", func() bool {
+			// Like Envoy with ADS, the fake is not live without its clusters
+			// and listeners.
+			waitFor(t, "fake admin /ready answering", func() bool {
 				resp, err := http.Get(adminURL + "/ready")
 				if err == nil {
 					resp.Body.Close()
 				}
-				return err == nil && resp.StatusCode == http.StatusOK
+				return err == nil
 			})
+			if code, body := httpGet(t, adminURL+"/ready"); code != http.StatusServiceUnavailable || !strings.Contains(body, "PRE_INITIALIZING") {
+				t.Fatalf("/ready without xDS = %d %q; want 503 PRE_INITIALIZING", code, body)
+			}
 
 			// The sockets did not exist when the fake started; now they do.
 			x := startXDSServer(t, "sidecar~127.0.0.1~fake.default~default.svc.cluster.local",
 				filepath.Join(dir, "XDS"), filepath.Join(dir, "SDS"))
-			waitFor(t, "CDS and SDS ACKs", func() bool { return x.acked(resource.ClusterType) && x.acked(resource.SecretType) })
+			waitFor(t, "CDS, LDS and SDS ACKs", func() bool {
+				return x.acked(resource.ClusterType) && x.acked(resource.ListenerType) && x.acked(resource.SecretType)
+			})
+			waitFor(t, "fake admin /ready 200", func() bool { code, _ := httpGet(t, adminURL+"/ready"); return code == http.StatusOK })
 
 			_, dump := httpGet(t, adminURL+"/config_dump")
 			var cd struct {
@@ -324,5 +366,137 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// inboundListener is a listener as a control plane sends one: an HTTP
+// connection manager with an inline route config.
+func inboundListener(t testing.TB) *listenerv3.Listener {
+	t.Helper()
+	router, err := anypb.New(&routerv3.Router{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
+		StatPrefix: "inbound_0.0.0.0_15006",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			Name: "inbound", VirtualHosts: []*routev3.VirtualHost{{Name: "all", Domains: []string{"*"}}},
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &listenerv3.Listener{
+		Name: "virtualInbound",
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: "0.0.0.0", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 15006}}}},
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm}}}}},
+	}
+}
+
+// Like Envoy, the stand-in initialises in order and is not live before it
+// has warmed: EDS clusters need their endpoints before LDS is even asked
+// for, and listeners need their RDS route configs.
+func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
+	skipIfReal(t)
+	for _, delta := range []bool{true, false} {
+		t.Run(fmt.Sprintf("delta=%v", delta), func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "fe")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			port := freePort(t)
+			args, err := writeBootstrap(dir, port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !delta {
+				args = append(args, "--config-yaml", "dynamic_resources: {ads_config: {api_type: GRPC}}")
+			}
+			x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
+			ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}, ResourceApiVersion: corev3.ApiVersion_V3}
+			edsCluster := &clusterv3.Cluster{Name: "outbound|80||a.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second),
+				ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+				EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads}}
+			cla := &endpointv3.ClusterLoadAssignment{ClusterName: edsCluster.Name}
+			rdsListener := inboundListener(t)
+			hcm := &hcmv3.HttpConnectionManager{}
+			if err := rdsListener.FilterChains[0].Filters[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+				t.Fatal(err)
+			}
+			hcm.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: "80", ConfigSource: ads}}
+			rdsListener.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}
+			route := &routev3.RouteConfiguration{Name: "80"}
+
+			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
+			cmd := exec.Command(envoyBinary, args...)
+			var out syncBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			readyURL := fmt.Sprintf("http://127.0.0.1:%d/ready", port)
+			waitFor(t, "an EDS request", func() bool { return x.wasRequested(resource.EndpointType) })
+			if code, body := httpGet(t, readyURL); code != http.StatusServiceUnavailable || !strings.Contains(body, "PRE_INITIALIZING") {
+				t.Fatalf("/ready with an unwarmed EDS cluster = %d %q", code, body)
+			}
+			if x.wasRequested(resource.ListenerType) {
+				t.Fatal("LDS requested before the clusters were warm")
+			}
+
+			x.set(t, "2", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla}, resource.ListenerType: {rdsListener}})
+			waitFor(t, "an RDS request", func() bool { return x.wasRequested(resource.RouteType) })
+			if code, _ := httpGet(t, readyURL); code != http.StatusServiceUnavailable {
+				t.Fatalf("/ready with a listener waiting for its routes = %d", code)
+			}
+
+			x.set(t, "3", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla},
+				resource.ListenerType: {rdsListener}, resource.RouteType: {route}})
+			waitFor(t, "/ready 200 once warm", func() bool { code, _ := httpGet(t, readyURL); return code == http.StatusOK })
+			_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
+			for _, want := range []string{"cluster_manager.cds.update_success: ", "listener_manager.lds.update_success: ", "listener_manager.workers_started: 1", "server.state: 0"} {
+				if !strings.Contains(stats, want) {
+					t.Errorf("stats lack %q:\n%s", want, stats)
+				}
+			}
+		})
+	}
+}
+
+// A config Envoy cannot load is rejected (NACKed), counted, and leaves the
+// stand-in not live.
+func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
+	skipIfReal(t)
+	dir, err := os.MkdirTemp("", "fe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	port := freePort(t)
+	args, err := writeBootstrap(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
+	// A cluster without a name fails Envoy's validation.
+	x.set(t, "bad", map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
+	cmd := exec.Command(envoyBinary, args...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	waitFor(t, "a CDS NACK", func() bool { return x.nacked(resource.ClusterType) > 0 })
+	_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
+	if !strings.Contains(stats, "cluster_manager.cds.update_rejected: 1") || strings.Contains(stats, "cluster_manager.cds.update_success") {
+		t.Fatalf("stats after a rejected CDS:\n%s", stats)
+	}
+	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ready", port)); code != http.StatusServiceUnavailable {
+		t.Fatalf("/ready after a rejected CDS = %d", code)
 	}
 }

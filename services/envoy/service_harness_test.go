@@ -16,9 +16,12 @@ import (
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
 
@@ -86,13 +89,35 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// writeBootstrap writes a minimal valid bootstrap, admin on 127.0.0.1:port,
-// and returns Envoy's arguments for it.
+// testNodeID is the node of writeBootstrap's bootstrap.
+const testNodeID = "sidecar~127.0.0.1~test.default~default.svc.cluster.local"
+
+// writeBootstrap writes a minimal bootstrap shaped like Istio's where
+// readiness depends on it — admin on 127.0.0.1:port, delta ADS over the
+// xds-grpc pipe <dir>/XDS with initial_fetch_timeout 0s — and returns
+// Envoy's arguments for it. Envoy is ready only once an xDS server on that
+// socket has sent it clusters and listeners (see startXDSServer).
 func writeBootstrap(dir string, port int) ([]string, error) {
+	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(0)}
 	boot := &bootstrapv3.Bootstrap{
-		Node: &corev3.Node{Id: "sidecar~127.0.0.1~test.default~default.svc.cluster.local", Cluster: "test.default"},
+		Node: &corev3.Node{Id: testNodeID, Cluster: "test.default"},
 		Admin: &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
 			SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}},
+		}}},
+		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
+			LdsConfig: ads, CdsConfig: ads,
+			AdsConfig: &corev3.ApiConfigSource{
+				ApiType: corev3.ApiConfigSource_DELTA_GRPC, TransportApiVersion: corev3.ApiVersion_V3, SetNodeOnFirstMessageOnly: true,
+				GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "xds-grpc"}}}},
+			},
+		},
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{{
+			Name: "xds-grpc", ConnectTimeout: durationpb.New(time.Second),
+			ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+			LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: "xds-grpc", Endpoints: []*endpointv3.LocalityLbEndpoints{{
+				LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: filepath.Join(dir, "XDS")}}}}}}}}}},
 		}}},
 	}
 	raw, err := protojson.Marshal(boot)
@@ -137,6 +162,7 @@ type harness struct {
 	stderr  *syncBuffer // Envoy's stderr
 	logs    *syncBuffer // the service's log
 	healths []messages.Health
+	xds     *xdsServer
 }
 
 // newHarness builds a service on a fresh bootstrap; env is added to Envoy's
@@ -150,7 +176,12 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 // system's).
 func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock messages.Clock) *harness {
 	t.Helper()
-	dir := t.TempDir()
+	// A short directory: unix socket paths are limited to 107 bytes.
+	dir, err := os.MkdirTemp("", "envoy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	port := freePort(t)
 	h := &harness{
 		t:      t,
@@ -180,6 +211,8 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
+	// The control plane Envoy's ADS talks to (the agent's XDS socket).
+	h.xds = startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s\nenvoy stderr:\n%s", h.logs, h.stderr)

@@ -17,7 +17,11 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/thejerf/suture/v4"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -497,9 +501,14 @@ func TestRunAs(t *testing.T) {
 			return args, err
 		}
 	})
+	// Its control plane, on a socket uid 1337 may connect to.
+	startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
+	if err := os.Chmod(filepath.Join(dir, "XDS"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := h.serve(ctx)
-	st := h.waitState("ready", ready) // it read its bootstrap as 1337
+	st := h.waitState("ready", ready) // it read its bootstrap as 1337 and spoke xDS
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
 	if err != nil {
 		t.Fatal(err)
@@ -630,4 +639,47 @@ func (c *recordingClock) waits() []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.after)
+}
+
+// Readiness is Istio's: not ready, saying why, until Envoy has received its
+// clusters and listeners; then ready.
+func TestReadyOnlyOnceConfigArrives(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	h.xds.cache.ClearSnapshot(testNodeID) // the control plane has nothing yet
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := h.serve(ctx)
+	st := h.waitState("not ready, config not received", func(s messages.EnvoyState) bool {
+		return strings.Contains(s.NotReady, "config not received from XDS server")
+	})
+	if st.Phase != messages.EnvoyRunning {
+		t.Fatalf("phase = %v; want running", st.Phase)
+	}
+	if !h.sawHealth(messages.Starting, "config not received") {
+		t.Fatalf("health does not say why: %+v", h.healthLog())
+	}
+	h.xds.set(t, "1", map[resource.Type][]types.Resource{
+		resource.ClusterType:  {&clusterv3.Cluster{Name: "c", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.ListenerType: {inboundListener(t)},
+	})
+	h.waitState("ready", ready)
+	cancel()
+	h.waitServe(errc)
+}
+
+// A config Envoy rejects is reported as rejected, with the counts.
+func TestNotReadyWhenConfigRejected(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, []string{"FAKE_ENVOY_REJECT=lds"}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := h.serve(ctx)
+	st := h.waitState("rejected", func(s messages.EnvoyState) bool {
+		return strings.Contains(s.NotReady, "config received from XDS server, but was rejected")
+	})
+	if !strings.Contains(st.NotReady, "lds updates: 0 successful, 1 rejected") && !strings.Contains(st.NotReady, "rejected; lds updates: 0 successful") {
+		t.Fatalf("reason lacks the counts: %q", st.NotReady)
+	}
+	cancel()
+	h.waitServe(errc)
 }

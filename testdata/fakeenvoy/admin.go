@@ -72,18 +72,40 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 	mux.HandleFunc("GET /config_dump", func(w http.ResponseWriter, _ *http.Request) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
+		received := map[string]map[string]any{}
+		for t, byName := range e.received {
+			received[t] = byName
+		}
+		for t, byName := range e.xds.resources {
+			received[t] = map[string]any{}
+			for name, m := range byName {
+				received[t][name] = jsonRaw(mustProtoJSON(m))
+			}
+		}
 		writeJSON(w, map[string]any{
 			"bootstrap": jsonRaw(mustProtoJSON(e.boot)),
-			"received":  e.received,
+			"received":  received,
+			"versions":  e.xds.versions,
 		})
 	})
 	return mux
 }
 
-// stats is every stat the fake reports, by Envoy name.
-func (e *envoy) stats() map[string]int {
-	out := map[string]int{"server.state": e.serverState()}
+// allStats is every stat the fake reports, by Envoy name. usedOnly leaves
+// out what was never written, as Envoy's /stats?usedonly.
+func (e *envoy) allStats(usedOnly bool) map[string]int {
 	e.mu.Lock()
+	out := make(map[string]int, len(e.stats)+8)
+	for name, n := range e.stats {
+		out[name] = n
+	}
+	out["server.state"] = e.serverStateLocked()
+	if !usedOnly {
+		for _, name := range []string{"cluster_manager.cds.update_success", "cluster_manager.cds.update_rejected",
+			"listener_manager.lds.update_success", "listener_manager.lds.update_rejected", "listener_manager.workers_started"} {
+			out[name] += 0
+		}
+	}
 	for name, n := range e.active {
 		out["listener."+name+".downstream_cx_active"] = n
 		out["http."+name+".downstream_cx_active"] = n
@@ -116,7 +138,8 @@ func (e *envoy) handleStats(w http.ResponseWriter, r *http.Request) {
 		e.handlePrometheus(w, r)
 		return
 	}
-	stats := e.stats()
+	_, usedOnly := r.URL.Query()["usedonly"]
+	stats := e.allStats(usedOnly)
 	names := make([]string, 0, len(stats))
 	for n := range stats {
 		if filter == nil || filter.MatchString(n) {

@@ -37,7 +37,12 @@ type envoy struct {
 	drainStarted time.Time
 	active       map[string]int // listener stat name -> open connections
 	received     map[string]map[string]any
-	// received: type URL -> resource name -> resource as JSON-able value.
+	// received: type URL -> resource name -> resource as JSON-able value,
+	// for what is not in xds (secrets, other types).
+	xds *xdsConfig
+	// stats are the counters and gauges written so far, by Envoy name:
+	// /stats?usedonly shows exactly these.
+	stats map[string]int
 
 	servers []*http.Server
 	wg      sync.WaitGroup
@@ -45,7 +50,8 @@ type envoy struct {
 }
 
 func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
-	return &envoy{boot: boot, k: k, started: time.Now(), active: map[string]int{}, received: map[string]map[string]any{}}
+	return &envoy{boot: boot, k: k, started: time.Now(), active: map[string]int{}, received: map[string]map[string]any{},
+		xds: newXDSConfig(), stats: map[string]int{}}
 }
 
 // start opens the admin API and the static listeners and starts the xDS and
@@ -65,6 +71,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	if err := e.startListeners(); err != nil {
 		return err
 	}
+	e.startInit()
 	e.startXDS(ctx)
 	return nil
 }
@@ -115,14 +122,22 @@ func (e *envoy) shutdown() {
 func (e *envoy) serverState() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.serverStateLocked()
+}
+
+func (e *envoy) serverStateLocked() int {
 	switch {
 	case e.healthFailed:
 		return stateDraining
-	case e.k.neverReady || time.Since(e.started) < e.k.readyAfter:
+	case !e.xds.live || e.k.neverReady || time.Since(e.started) < e.k.readyAfter:
 		return statePreInitializing
 	}
 	return stateLive
 }
+
+func (e *envoy) setStatLocked(name string, v int) { e.stats[name] = v }
+func (e *envoy) bumpStatLocked(name string)       { e.stats[name]++ }
+func (e *envoy) statLocked(name string) int       { return e.stats[name] }
 
 // businessConnections is FAKE_ENVOY_ACTIVE_CONNECTIONS, counting down to 0
 // over the drain time once a drain was requested; -1 if not set.

@@ -19,6 +19,9 @@ type knobs struct {
 	// down to 0 over FAKE_ENVOY_DRAIN_SECONDS (default 1).
 	activeConnections int
 	drainTime         time.Duration
+	// reject: FAKE_ENVOY_REJECT=cds,lds,eds,rds NACKs every response of
+	// those types (as Envoy rejects a config it cannot load).
+	reject map[string]bool
 }
 
 func readKnobs() (knobs, error) {
@@ -48,6 +51,9 @@ func readKnobs() (knobs, error) {
 			err = fmt.Errorf("FAKE_ENVOY_DRAIN_SECONDS=%q: %w", v, err)
 		}
 		k.drainTime = time.Duration(f * float64(time.Second))
+	}
+	if err == nil {
+		k.reject, err = parseReject(os.Getenv("FAKE_ENVOY_REJECT"))
 	}
 	k.neverReady = os.Getenv("FAKE_ENVOY_NEVER_READY") == "1"
 	k.ignoreSIGTERM = os.Getenv("FAKE_ENVOY_IGNORE_SIGTERM") == "1"

@@ -7,10 +7,16 @@
 // static clusters, connects to the xDS and SDS clusters over their unix
 // sockets and ACKs what it receives, and exits 0 on SIGTERM.
 //
+// Where the agent relies on it, it behaves as Envoy does (init.go): with ADS
+// it stays PRE_INITIALIZING until its clusters (with their endpoints) and
+// listeners (with their routes) have arrived, asks for LDS only after CDS,
+// counts xDS updates and rejections in its stats, and NACKs a config that
+// fails Envoy's validation.
+//
 // Environment knobs (see knobs.go): FAKE_ENVOY_CRASH_AFTER,
 // FAKE_ENVOY_EXIT_CODE, FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER,
 // FAKE_ENVOY_IGNORE_SIGTERM, FAKE_ENVOY_ACTIVE_CONNECTIONS,
-// FAKE_ENVOY_DRAIN_SECONDS.
+// FAKE_ENVOY_DRAIN_SECONDS, FAKE_ENVOY_REJECT.
 package main
 
 import (

@@ -18,10 +18,10 @@ import (
 // fixed otherwise.
 func (e *envoy) handlePrometheus(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	stats := e.stats()
+	stats := e.allStats(false)
 	uptime := int(time.Since(e.started).Seconds())
 
-	counter(w, "envoy_cluster_manager_cds_update_success", `{}`, 1)
+	counter(w, "envoy_cluster_manager_cds_update_success", `{}`, stats["cluster_manager.cds.update_success"])
 	counter(w, "envoy_cluster_upstream_cx_total",
 		`{cluster_name="xds-grpc"}`, 1,
 		`{cluster_name="prometheus_stats"}`, 0,
@@ -30,7 +30,7 @@ func (e *envoy) handlePrometheus(w http.ResponseWriter, _ *http.Request) {
 		`{cluster_name="xds-grpc"}`, 1,
 		`{cluster_name="agent"}`, 4)
 	histogram(w, "envoy_cluster_upstream_cx_connect_ms", `cluster_name="xds-grpc"`, []int{0, 0, 1, 1, 1}, 2.05)
-	counter(w, "envoy_listener_manager_lds_update_success", `{}`, 1)
+	counter(w, "envoy_listener_manager_lds_update_success", `{}`, stats["listener_manager.lds.update_success"])
 
 	var active []string
 	for name, n := range stats {

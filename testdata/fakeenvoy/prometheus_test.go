@@ -16,6 +16,7 @@ import (
 // untyped family, and the lines other tests read.
 func TestPrometheusExposition(t *testing.T) {
 	e := newEnvoy(&bootstrapv3.Bootstrap{}, knobs{activeConnections: 3})
+	e.startInit() // no dynamic resources: live at once
 	rec := httptest.NewRecorder()
 	e.handlePrometheus(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
 	body := rec.Body.String()

@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log"
+	"maps"
+	"slices"
 	"time"
 
 	// Resource types the fake decodes for /config_dump.
@@ -13,7 +14,9 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -80,27 +83,85 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, stream func(c
 	}()
 }
 
-// adsSotW subscribes to all clusters and listeners over state-of-the-world
-// ADS and ACKs every response.
+// adsSotW runs Envoy's side of state-of-the-world ADS: CDS first, EDS for
+// the EDS clusters, LDS once the clusters are initialised, RDS for the
+// listeners' route configs; every response ACKed or NACKed (see init.go).
+// On a reconnect it resubscribes with the versions it holds, as Envoy does.
 func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 	if err != nil {
 		return err
 	}
-	for _, t := range []string{typeCluster, typeListener} {
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: e.boot.GetNode(), TypeUrl: t}); err != nil {
-			return err
+	nonces := map[string]string{}
+	subscribed := map[string][]string{} // type URL -> names last asked for
+	first := true
+	request := func(typeURL string, names []string, errDetail *statuspb.Status) error {
+		e.mu.Lock()
+		version := e.xds.versions[typeURL]
+		e.mu.Unlock()
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: version, ResourceNames: names,
+			ResponseNonce: nonces[typeURL], ErrorDetail: errDetail}
+		if first { // set_node_on_first_message_only, as Istio's bootstrap
+			req.Node, first = e.boot.GetNode(), false
 		}
+		subscribed[typeURL] = names
+		return stream.Send(req)
+	}
+	// follow sends the requests the current config calls for that were not
+	// sent yet: EDS/RDS names that changed, LDS once clusters are ready.
+	follow := func() error {
+		for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
+			e.mu.Lock()
+			wanted := t != typeListener || e.ldsWantedLocked()
+			names := e.subscriptionLocked(t)
+			e.mu.Unlock()
+			prev, asked := subscribed[t]
+			switch {
+			case !wanted, t != typeListener && len(names) == 0 && !asked:
+				continue
+			case asked && slices.Equal(prev, names):
+				continue
+			}
+			if t == typeListener && !asked {
+				e.armListenerTimeout()
+			}
+			if err := request(t, names, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := request(typeCluster, nil, nil); err != nil {
+		return err
+	}
+	if err := follow(); err != nil {
+		return err
 	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return err
 		}
-		e.replaceAll(resp.GetTypeUrl(), resp.GetResources())
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{
-			TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(),
-		}); err != nil {
+		t := resp.GetTypeUrl()
+		nonces[t] = resp.GetNonce()
+		if _, ok := statPrefix[t]; !ok {
+			// Not one of Envoy's init types (an ECDS config, say): keep and ACK.
+			e.replaceAll(t, resp.GetResources())
+			if err := request(t, subscribed[t], nil); err != nil {
+				return err
+			}
+			continue
+		}
+		applyErr := e.apply(update{typeURL: t, version: resp.GetVersionInfo(), sotw: true, added: resp.GetResources()})
+		var detail *statuspb.Status
+		if applyErr != nil {
+			log.Printf("rejecting %s version %s: %v", shortType[t], resp.GetVersionInfo(), applyErr)
+			detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: applyErr.Error()}
+		}
+		if err := request(t, subscribed[t], detail); err != nil {
+			return err
+		}
+		if err := follow(); err != nil {
 			return err
 		}
 	}
@@ -112,25 +173,94 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil {
 		return err
 	}
-	for _, t := range []string{typeCluster, typeListener} {
-		if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: e.boot.GetNode(), TypeUrl: t}); err != nil {
-			return err
+	subscribed := map[string][]string{}
+	first := true
+	send := func(req *discoveryv3.DeltaDiscoveryRequest) error {
+		if first {
+			req.Node, first = e.boot.GetNode(), false
 		}
+		return stream.Send(req)
+	}
+	// subscribe asks for a type, or changes its names, with the versions it
+	// holds (Envoy's initial_resource_versions on a new stream).
+	subscribe := func(typeURL string, names []string) error {
+		prev, asked := subscribed[typeURL]
+		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL}
+		if !asked {
+			e.mu.Lock()
+			req.InitialResourceVersions = maps.Clone(e.xds.resourceVersions[typeURL])
+			e.mu.Unlock()
+			req.ResourceNamesSubscribe = names
+		} else {
+			for _, n := range names {
+				if !slices.Contains(prev, n) {
+					req.ResourceNamesSubscribe = append(req.ResourceNamesSubscribe, n)
+				}
+			}
+			for _, n := range prev {
+				if !slices.Contains(names, n) {
+					req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, n)
+				}
+			}
+		}
+		subscribed[typeURL] = names
+		return send(req)
+	}
+	follow := func() error {
+		for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
+			e.mu.Lock()
+			wanted := t != typeListener || e.ldsWantedLocked()
+			names := e.subscriptionLocked(t)
+			e.mu.Unlock()
+			prev, asked := subscribed[t]
+			switch {
+			case !wanted, t != typeListener && len(names) == 0 && !asked:
+				continue
+			case asked && slices.Equal(prev, names):
+				continue
+			}
+			if t == typeListener && !asked {
+				e.armListenerTimeout()
+			}
+			if err := subscribe(t, names); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := subscribe(typeCluster, nil); err != nil {
+		return err
+	}
+	if err := follow(); err != nil {
+		return err
 	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return err
 		}
+		t := resp.GetTypeUrl()
+		u := update{typeURL: t, version: resp.GetSystemVersionInfo(), removed: resp.GetRemovedResources()}
 		for _, r := range resp.GetResources() {
-			e.record(resp.GetTypeUrl(), r.GetName(), decode(r.GetResource()))
+			u.added = append(u.added, r.GetResource())
+			u.addedVersions = append(u.addedVersions, r.GetVersion())
 		}
-		for _, name := range resp.GetRemovedResources() {
-			e.record(resp.GetTypeUrl(), name, nil)
+		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: resp.GetNonce()}
+		if _, ok := statPrefix[t]; !ok {
+			for _, r := range resp.GetResources() {
+				e.record(t, r.GetName(), decode(r.GetResource()))
+			}
+			for _, name := range resp.GetRemovedResources() {
+				e.record(t, name, nil)
+			}
+		} else if applyErr := e.apply(u); applyErr != nil {
+			log.Printf("rejecting %s: %v", shortType[t], applyErr)
+			req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: applyErr.Error()}
 		}
-		if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{
-			TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce(),
-		}); err != nil {
+		if err := send(req); err != nil {
+			return err
+		}
+		if err := follow(); err != nil {
 			return err
 		}
 	}
@@ -186,12 +316,4 @@ func decode(a *anypb.Any) proto.Message {
 		return a
 	}
 	return m
-}
-
-// resourceName is the resource's name field, if it has one.
-func resourceName(m proto.Message) string {
-	if n, ok := m.(interface{ GetName() string }); ok && n.GetName() != "" {
-		return n.GetName()
-	}
-	return fmt.Sprintf("%T", m)
 }
