@@ -11,6 +11,9 @@ type Channels struct {
 	Envoy     *messages.Cell[messages.EnvoyState]
 	Tree      *messages.Cell[messages.TreeState]
 	Readiness *messages.Cell[messages.Readiness]
+	XDS       *messages.Cell[messages.XDSState]
+	Anchors   *messages.Cell[messages.TrustAnchors]
+	Workload  *messages.Cell[messages.WorkloadHealth]
 	Health    *messages.Stream[messages.Health]
 	Drain     *messages.Stream[messages.Drain]
 	Shutdown  *messages.Stream[messages.Shutdown]
@@ -26,6 +29,9 @@ func NewChannels(onHealthDropped func(total uint64)) *Channels {
 		Envoy:     messages.NewCell[messages.EnvoyState](),
 		Tree:      messages.NewCell[messages.TreeState](),
 		Readiness: messages.NewCell[messages.Readiness](),
+		XDS:       messages.NewCell[messages.XDSState](),
+		Anchors:   messages.NewCell[messages.TrustAnchors](),
+		Workload:  messages.NewCell[messages.WorkloadHealth](),
 		Health:    messages.NewStream[messages.Health](0, onHealthDropped),
 		Drain:     messages.NewStream[messages.Drain](16, nil),
 		Shutdown:  messages.NewStream[messages.Shutdown](16, nil),
