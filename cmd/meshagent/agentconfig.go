@@ -122,12 +122,24 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 
 	dns := dnsConfig(r, f, pod, c.proxyType)
 	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
+	sdsSocket := rooted(c.root, workloadIdentityDir+"/"+workloadSocketFile)
+	if sdsCfg != nil {
+		sdsSocket = sdsCfg.EnvoySocketPath()
+	}
+	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, sdsSocket: sdsSocket})
+	envoyUID := -1
+	if envoyCfg != nil && envoyCfg.RunAs != nil {
+		envoyUID = int(envoyCfg.RunAs.UID)
+	}
 	c.tree = tree.Config{
-		Status:        statusConfig(pc, f, in.gatherer),
-		Certs:         certsCfg,
-		SDS:           sdsCfg,
-		Envoy:         envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON, pod: pod, proxy: pc, dns: dns, euid: in.host.euid}),
-		Capture:       captureConfig(r, f, in.host, in.log),
+		Status:  statusConfig(pc, f, in.gatherer),
+		Certs:   certsCfg,
+		SDS:     sdsCfg,
+		Envoy:   envoyCfg,
+		Capture: captureConfig(r, f, in.host, in.log),
+		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg,
+			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID}),
 		DNS:           dns.proxy,
 		NameTableFile: f.nameTable,
 	}

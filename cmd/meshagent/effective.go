@@ -58,6 +58,7 @@ var (
 		"Envoy.Env":           true,
 		"Envoy.Bootstrap.Env": true,
 		"Certs.CAHeaders":     true,
+		"XDS.Headers":         true,
 	}
 	shownElsewhere = map[string]string{
 		"Envoy.Bootstrap.Proxy": "(proxyConfig)",
