@@ -17,7 +17,10 @@ import (
 func (s *Service) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.handleReady)
-	mux.HandleFunc("GET /debug/tree", s.handleTree)
+	// The tree names every service, its last error and the control
+	// plane's address: loopback only, as pprof and /debug/ndsz (issue 12;
+	// kubectl port-forward arrives on loopback).
+	mux.HandleFunc("GET /debug/tree", loopbackOnly(s.handleTree))
 	metrics := s.metrics.ServeHTTP
 	if s.cfg.Metrics.LocalhostOnly {
 		metrics = loopbackOnly(metrics)
@@ -180,7 +183,8 @@ func postOnly(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // loopbackOnly refuses callers that are not on this host: these endpoints
-// stop, drain or break the agent.
+// stop, drain or break the agent, or show its insides. Only the connection's
+// own address counts: X-Forwarded-For and the like are the caller's word.
 func loopbackOnly(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		host, _, err := net.SplitHostPort(r.RemoteAddr)
