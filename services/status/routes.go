@@ -63,10 +63,12 @@ func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleTree prints the supervision tree: each node's state, restarts,
-// panics and last error; JSON with ?format=json.
+// panics and last error, then the XDS proxy's upstream; JSON with
+// ?format=json.
 func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 	t, _ := s.in.Tree.Get()
 	v := s.view.Load()
+	xds := s.xdsReport()
 	if r.URL.Query().Get("format") == "json" {
 		for i := range t.Services {
 			t.Services[i].StateName = displayState(t.Services[i], v)
@@ -78,11 +80,13 @@ func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 			Ready    bool                   `json:"ready"`
 			Reason   string                 `json:"reason,omitempty"`
 			Services []messages.ServiceInfo `json:"services"`
-		}{v.ready, v.reason, t.Services})
+			XDS      *xdsJSON               `json:"xds,omitempty"`
+		}{v.ready, v.reason, t.Services, xds.json()})
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	writeTree(w, t, v)
+	writeXDS(w, xds)
 }
 
 func writeTree(w io.Writer, t messages.TreeState, v *view) {

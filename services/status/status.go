@@ -64,6 +64,9 @@ type Inputs struct {
 	Health messages.Source[messages.Health]
 	Envoy  messages.Latest[messages.EnvoyState]
 	Tree   messages.Latest[messages.TreeState]
+	// XDS is the XDS proxy's upstream, shown in /debug/tree (xdsview.go);
+	// nil when the agent has no XDS proxy.
+	XDS messages.Latest[messages.XDSState]
 }
 
 // Outputs are what the status server sends.
