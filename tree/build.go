@@ -169,8 +169,9 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		sc.Debug = debug
 		rt := runtime(status.Name)
 		st, err := status.New(sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
-			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},
+			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: ch.XDS},
+			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
+				WorkloadHealth: ch.Workload},
 			rt)
 		check("status server", err)
 		if err == nil {
