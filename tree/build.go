@@ -180,14 +180,20 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	}
 
 	if cfg.Status != nil {
+		// The upstream's state is shown only when there is an XDS proxy.
+		var xdsState messages.Latest[messages.XDSState]
+		if cfg.XDS != nil {
+			xdsState = ch.XDS
+		}
 		sc := *cfg.Status
 		sc.Required = append(sc.Required, requiredNames...)
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
 		rt := runtime(status.Name)
 		st, err := status.New(sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
-			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},
+			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState},
+			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
+				WorkloadHealth: ch.Workload},
 			rt)
 		check("status server", err)
 		if err == nil {
