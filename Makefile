@@ -3,6 +3,8 @@ GO        ?= go
 BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
+# Packages under testdata with tests of their own: ./... skips testdata.
+TESTDATA  := ./testdata/standalone ./testdata/testkit/...
 # The agent's version (`meshagent version`, the bootstrap's ISTIO_VERSION):
 # the nearest tag, else the commit, "-dirty" with uncommitted changes.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
@@ -41,13 +43,13 @@ run: build fakeenvoy
 # The whole suite with the race detector. Tests that need root or network
 # namespaces run when they can and skip with a reason otherwise.
 test: lint
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
 
 test-short:
-	$(GO) test -short -count=1 ./...
+	$(GO) test -short -count=1 ./... $(TESTDATA)
 
 lint:
-	$(GO) vet ./...
+	$(GO) vet ./... $(TESTDATA)
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # Every benchmark, each printed beside its baseline from the same run.
