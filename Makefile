@@ -3,6 +3,8 @@ GO        ?= go
 BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
+# Packages under testdata with tests of their own: ./... skips testdata.
+TESTDATA  := ./testdata/standalone ./testdata/testkit/...
 # The agent's version (`meshagent version`, the bootstrap's ISTIO_VERSION):
 # the nearest tag, else the commit, "-dirty" with uncommitted changes.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
@@ -20,34 +22,38 @@ build:
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
 
-# The Envoy `make run` starts: a real envoy if one is on PATH, else the
-# stand-in from testdata/fakeenvoy.
-ENVOY     ?= $(shell command -v envoy 2>/dev/null || echo $(CURDIR)/$(BIN)/fakeenvoy)
-
-# Runs the whole agent in the foreground with every file under .tmp/run (no
-# root needed): dev certificates (file-mounted), SDS, Envoy, status.
+# Runs `meshagent standalone` in the foreground with every file under
+# .tmp/run (no root needed): the agent's whole tree plus an embedded control
+# plane serving RUN_MESH and an embedded CA signing the agent's certificate.
+# Envoy: a real one if installed, else the stand-in built here (the agent
+# looks for it beside itself and says which in its log). Dev certificates
+# an older `make run` wrote under .tmp/run would bypass the CA: removed.
+RUN_MESH  := testdata/standalone/mesh.yaml
 run: build fakeenvoy
 	@mkdir -p $(RUN_ROOT)
-	@$(GO) run ./testdata/devcerts -out $(RUN_ROOT)/etc/certs
-	@echo "meshagent: files under $(RUN_ROOT), Envoy: $(ENVOY)"
-	@echo "  curl localhost:15020/debug/tree     the supervision tree"
-	@echo "  curl -i localhost:15020/healthz/ready"
-	@echo "  dig @127.0.0.1 -p 15053 reviews +short      the DNS proxy (names: testdata/nametable/demo.json)"
-	@echo "  curl -XPOST 'localhost:15020/debug/chaos/kill?service=envoy'   watch it heal; Ctrl-C drains and stops"
-	PROXY_CONFIG='{"binaryPath":"$(ENVOY)","terminationDrainDuration":"2s"}' \
-	POD_NAME=demo-0 POD_NAMESPACE=default INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
-	MESHAGENT_CHAOS=1 $(BIN)/meshagent proxy --root $(RUN_ROOT) --name-table $(CURDIR)/testdata/nametable/demo.json
+	@rm -rf $(RUN_ROOT)/etc/certs
+	@echo "meshagent standalone: the agent + a control plane (127.0.0.1:16010) serving $(RUN_MESH)"
+	@echo "  + a CA (127.0.0.1:16012) signing 1-minute certificates; files under $(RUN_ROOT). In another terminal:"
+	@echo "  curl -i localhost:15020/healthz/ready                   ready once Envoy has the mesh and a certificate"
+	@echo "  curl localhost:15020/debug/tree                         the tree: peers (controlplane, ca), identity, xds, envoy, status"
+	@echo "  curl -s localhost:15020/stats/prometheus | grep -E '^istio_agent_(ca|cert|controlplane)_'   certificates issued, expiry, mesh loads"
+	@echo "  dig @127.0.0.1 -p 15053 reviews.default.svc.cluster.local +short   10.96.0.10, from the mesh (NDS)"
+	@echo "  dig @127.0.0.1 -p 15053 api.example.com +short          240.240.0.10; other names go to your resolver"
+	@echo "  curl -s localhost:15000/config_dump | grep -o 'outbound|[^\"]*' | sort -u   what Envoy holds"
+	@echo "  curl -XPOST 'localhost:15020/debug/chaos/kill?service=controlplane'   make a service fail, watch it heal"
+	@echo "Edit $(RUN_MESH) (add a service): config_dump and dig follow within a second. Ctrl-C drains and stops."
+	$(BIN)/meshagent standalone --root $(RUN_ROOT) --mesh $(RUN_MESH) --chaos
 
 # The whole suite with the race detector. Tests that need root or network
 # namespaces run when they can and skip with a reason otherwise.
 test: lint
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
 
 test-short:
-	$(GO) test -short -count=1 ./...
+	$(GO) test -short -count=1 ./... $(TESTDATA)
 
 lint:
-	$(GO) vet ./...
+	$(GO) vet ./... $(TESTDATA)
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # Every benchmark, each printed beside its baseline from the same run.

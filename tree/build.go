@@ -13,8 +13,10 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 
+	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/controlplane"
 	"github.com/meshagent/meshagent/services/dnsproxy"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
@@ -42,6 +44,11 @@ type Config struct {
 	// (tests, standalone mode) instead of NDS.
 	DNS           *dnsproxy.Config
 	NameTableFile string
+	// ControlPlane and CA are the embedded peers of `meshagent standalone`
+	// (nil in a pod): the xDS server the agent's discoveryAddress names and
+	// the CA its CA_ADDR names, in a "peers" group.
+	ControlPlane *controlplane.Config
+	CA           *ca.Config
 
 	DefaultPolicy Policy
 	// EnvoyPolicy applies to the envoy service (--envoy-restarts).
@@ -81,6 +88,12 @@ func (c Config) Validate() error {
 	if c.XDS != nil {
 		check(xdsproxy.Name, c.XDS.Validate())
 	}
+	if c.ControlPlane != nil {
+		check(controlplane.Name, c.ControlPlane.Validate())
+	}
+	if c.CA != nil {
+		check(ca.Name, c.CA.Validate())
+	}
 	check("restart policy", c.DefaultPolicy.Validate())
 	check("envoy restart policy", c.EnvoyPolicy.Validate())
 	if c.StopTimeout <= 0 {
@@ -117,6 +130,27 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
+	}
+
+	// The embedded peers come first, so that they start before the agent's
+	// first calls to them (which retry anyway). Readiness does not wait for
+	// them: an agent serving its cached configuration while its control
+	// plane is down is doing its job, and says so in its own health.
+	var peers []Node
+	if cfg.ControlPlane != nil {
+		rt := runtime(controlplane.Name)
+		svc, err := controlplane.New(*cfg.ControlPlane, rt)
+		check("control plane", err)
+		peers = append(peers, Node{Service: svc, Health: rt.Health})
+	}
+	if cfg.CA != nil {
+		rt := runtime(ca.Name)
+		svc, err := ca.New(*cfg.CA, rt)
+		check("ca", err)
+		peers = append(peers, Node{Service: svc, Health: rt.Health})
+	}
+	if len(peers) > 0 {
+		nodes = append(nodes, Node{Name: "peers", Children: peers})
 	}
 
 	if cfg.Capture != nil {

@@ -7,7 +7,7 @@ package main
 //	flags ──► settings (flag, else env, else default; flagenv.go)
 //	                │
 //	environment, host, files ──► buildAgentConfig
-//	                │   ProxyConfig: Istio's defaults < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
+//	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
 //	                │   Istio's names and paths from istio.go
 //	                ▼
@@ -45,6 +45,10 @@ type agentInputs struct {
 	problems *problems
 	// log receives warnings while building (unknown ProxyConfig fields).
 	log *slog.Logger
+	// standalone is what `meshagent standalone` adds (standaloneconfig.go):
+	// a ProxyConfig layer under the user's and the embedded peers. Nil for
+	// `proxy`.
+	standalone *standaloneLayer
 }
 
 // agentConfig is the agent as built: the tree's config, and what the start
@@ -103,6 +107,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 
 	pod := podConfig(r, f, in.host)
 	pc, err := loadProxyConfig(proxyConfigSources{
+		injected:        in.standalone.proxyConfigLayer(),
 		meshConfigFile:  rooted(c.root, f.meshConfig),
 		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", parseString),
 		annotationsFile: rooted(c.root, podAnnotationsFile),
@@ -141,6 +146,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		NameTableFile: f.nameTable,
 	}
 	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
+	c.tree.ControlPlane, c.tree.CA = in.standalone.peers(c.root, certsCfg)
 	treePolicies(&c.tree, f, pc)
 	p.add(c.tree.Validate())
 	if err := p.err(); err != nil {

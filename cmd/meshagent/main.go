@@ -93,6 +93,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 	addLogFlags(root.PersistentFlags(), logs)
 	root.AddCommand(
 		newProxyCommand(cli, logs),
+		newStandaloneCommand(cli, logs),
 		newWaitCommand(),
 		newRequestCommand(),
 		newVersionCommand(),

@@ -29,17 +29,28 @@ const (
 
 // proxyConfigSources are the layers of the ProxyConfig, lowest first.
 type proxyConfigSources struct {
+	// injected is the layer a pod's injector would give the agent in its
+	// mesh config: `standalone` wires the agent to its embedded peers
+	// with it. Everything the user gives lies above it. Empty for `proxy`.
+	injected        string
 	meshConfigFile  string // --meshConfig, under --root
 	proxyConfigEnv  string // PROXY_CONFIG
 	annotationsFile string // ./etc/istio/pod/annotations, under --root
 }
 
 // loadProxyConfig builds the ProxyConfig as Istio's agent does: defaults,
-// then the mesh config file's defaultConfig, then PROXY_CONFIG, then the
-// proxy.istio.io/config annotation, then the discoveryAddress and status
-// port annotations. Every error names the layer it came from.
+// (standalone's injected layer,) then the mesh config file's defaultConfig,
+// then PROXY_CONFIG, then the proxy.istio.io/config annotation, then the
+// discoveryAddress and status port annotations. Every error names the layer
+// it came from.
 func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.ProxyConfig, error) {
 	pc := defaultProxyConfig()
+	if src.injected != "" {
+		var err error
+		if pc, err = overlayProxyConfig(pc, []byte(src.injected), "meshagent standalone's settings", log); err != nil {
+			return nil, err
+		}
+	}
 
 	if data, err := os.ReadFile(src.meshConfigFile); err == nil {
 		var mesh map[string]json.RawMessage

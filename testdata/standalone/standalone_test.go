@@ -64,7 +64,7 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	if err := os.WriteFile(token, []byte("a-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	certsCfg := certs.DefaultConfig(dir)
+	certsCfg := certs.DefaultConfig()
 	certsCfg.Source = certs.SourceCA
 	certsCfg.CAAddr = caSvc.Addr() // 127.0.0.1:<port>: the serving certificate has that IP
 	certsCfg.CARootFile = caCfg.RootCertPath()

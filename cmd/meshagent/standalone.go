@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+)
+
+// newStandaloneCommand is `meshagent standalone`: `proxy`'s whole tree, in
+// its production shape, plus an embedded control plane and CA in the same
+// process, so that the agent does its real job on a machine with no
+// cluster (standaloneconfig.go says how they are wired).
+func newStandaloneCommand(cli *cliContext, logs *logOptions) *cobra.Command {
+	f, sf := &proxyFlags{}, &standaloneFlags{}
+	cmd := &cobra.Command{
+		Use:   "standalone --mesh FILE",
+		Short: "Runs the agent with an embedded control plane and CA: a whole sidecar on one machine, no cluster",
+		Long: `Runs the agent exactly as 'proxy' does (same tree, flags and variables), plus two peers in
+the same process, started and stopped by the tree (group "peers" in /debug/tree):
+
+  controlplane  xDS (listeners, clusters, routes, endpoints) and Istio's NDS name table from --mesh,
+                reloaded when the file changes; the agent's discoveryAddress (plaintext)
+  ca            Istio's IstioCertificateService over TLS, signing the agent's CSR with a root kept
+                under --root; the agent's CA_ADDR and CA_ROOT_CA
+
+The agent runs as an injected pod would: POD_NAME=standalone-0, POD_NAMESPACE=default,
+SERVICE_ACCOUNT=default, INSTANCE_IP=127.0.0.1, ISTIO_META_DNS_CAPTURE=true (the DNS proxy forwards
+what the mesh does not know to --resolv-conf). Anything you set yourself wins: flags, then your
+environment (PROXY_CONFIG, POD_NAME, CA_ADDR, ...) and files under --root, then these.
+
+Envoy is ProxyConfig's binaryPath if set, else Istio's /usr/local/bin/envoy, else envoy on PATH,
+else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log says which.`,
+		Args: cobra.NoArgs,
+	}
+	s := newSettings(cmd.Flags())
+	bindProxyFlags(s, f)
+	bindStandaloneFlags(s, sf)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		log, err := newLogger(*logs, cmd.ErrOrStderr())
+		if err != nil { // reported with the other bad values below
+			log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+		}
+		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
+		reg := prometheus.NewRegistry()
+		selfDir := ""
+		if self, err := os.Executable(); err == nil {
+			selfDir = filepath.Dir(self)
+		}
+		cfg, envoy, err := buildStandaloneConfig(standaloneInputs{
+			agent: agentInputs{flags: f, logs: *logs, host: cli.host, gatherer: reg, problems: s.problems, log: log},
+			flags: sf, lookPath: exec.LookPath, selfDir: selfDir,
+		})
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		if err := writeStandaloneToken(rooted(cfg.root, tokenFile)); err != nil {
+			return err
+		}
+		log.Info("envoy binary", "path", envoy.path, "why", envoy.why)
+		return runAgent(cfg, reg, log)
+	}
+	return cmd
+}
+
+// writeStandaloneToken writes the token the agent sends the CA and the
+// control plane, as Kubernetes mounts one into a pod, unless there is one.
+// The embedded peers accept any token: it is there so that the agent runs
+// its real client path, header included.
+func writeStandaloneToken(path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("token file: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("token file: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(standaloneToken), 0o600); err != nil {
+		return fmt.Errorf("token file: %w", err)
+	}
+	return nil
+}
