@@ -12,12 +12,10 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +29,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -44,25 +43,12 @@ type fixedClock struct{ now time.Time }
 func (c fixedClock) Now() time.Time                         { return c.now }
 func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 type server struct {
 	svc    *Service
 	cfg    Config
 	now    time.Time
 	health *messages.Cell[messages.Health]
-	logs   *syncBuffer
+	logs   *testkit.LogBuffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -74,13 +60,13 @@ func startCA(t *testing.T, dir string, edit func(*Config)) *server {
 		dir = filepath.Join(t.TempDir(), "ca")
 	}
 	s := &server{cfg: DefaultConfig(dir), now: time.Now().Truncate(time.Second),
-		health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
+		health: messages.NewCell[messages.Health](), logs: &testkit.LogBuffer{}}
 	s.cfg.Listen = "127.0.0.1:0"
 	s.cfg.CertLifetime = time.Hour
 	if edit != nil {
 		edit(&s.cfg)
 	}
-	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := s.logs.Logger()
 	svc, err := New(s.cfg, messages.NewRuntime(Name, s.health, fixedClock{s.now}, nil, log))
 	if err != nil {
 		t.Fatal(err)

@@ -22,8 +22,10 @@ import (
 	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
-	"github.com/meshagent/meshagent/messages"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 const testToken = "test-jwt-token"
@@ -150,14 +152,14 @@ type caSetup struct {
 	cfg    Config
 	out    *bundleRecorder
 	health *healthRecorder
-	logs   *syncBuffer
+	logs   *testkit.LogBuffer
 	reg    prometheus.Registerer
 }
 
 func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	ca := newTestCA(t, lifetime)
 	root := t.TempDir()
-	c := &caSetup{ca: ca, root: root, out: newBundleRecorder(), health: newHealthRecorder(), logs: &syncBuffer{}}
+	c := &caSetup{ca: ca, root: root, out: newBundleRecorder(), health: newHealthRecorder(), logs: &testkit.LogBuffer{}}
 	c.cfg = chooseSource(testConfig(root), root, false)
 	c.cfg.CAAddr = ca.addr
 	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
@@ -181,7 +183,7 @@ func writeFile(t testing.TB, path string, data []byte) {
 }
 
 func (c *caSetup) start(t *testing.T) func() {
-	return run(t, newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, c.reg))
+	return run(t, newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, c.reg))
 }
 
 func TestCAIssuesSpiffeCertificate(t *testing.T) {
@@ -321,7 +323,7 @@ func TestCARSAKey(t *testing.T) {
 func TestCARestartKeepsValidCert(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.ca.start(t)
-	s := newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, nil)
+	s := newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, nil)
 	stop := run(t, s)
 	c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	stop()

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/messages"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // fileSetup is a root with file-mounted certs in etc/certs.
@@ -18,7 +20,7 @@ type fileSetup struct {
 	cfg    Config
 	out    *bundleRecorder
 	health *healthRecorder
-	logs   *syncBuffer
+	logs   *testkit.LogBuffer
 	clock  messages.Clock
 	reg    prometheus.Registerer
 }
@@ -26,7 +28,7 @@ type fileSetup struct {
 func newFileSetup(t *testing.T) *fileSetup {
 	root := t.TempDir()
 	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, testEtcCertsDir), out: newBundleRecorder(),
-		health: newHealthRecorder(), logs: &syncBuffer{}}
+		health: newHealthRecorder(), logs: &testkit.LogBuffer{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ func mustWrite(t *testing.T, path string, data []byte) {
 }
 
 func (f *fileSetup) start(t *testing.T) func() {
-	return run(t, newService(t, f.cfg, f.out, f.health, testLogger(f.logs), f.clock, f.reg))
+	return run(t, newService(t, f.cfg, f.out, f.health, f.logs.Logger(), f.clock, f.reg))
 }
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {

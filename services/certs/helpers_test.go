@@ -1,7 +1,6 @@
 package certs
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -11,8 +10,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/meshagent/meshagent/messages"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -110,28 +110,6 @@ func (h *healthRecorder) waitFor(t *testing.T, state messages.HealthState, reaso
 			t.Fatalf("timed out waiting for health %v with reason containing %q; latest %v %q", state, reasonHas, v.State, v.Reason)
 		}
 	}
-}
-
-// syncBuffer is a log sink safe for concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func testLogger(buf *syncBuffer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // run starts s.Serve and returns a stop function that checks how it ended.

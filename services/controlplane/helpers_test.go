@@ -1,10 +1,8 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,31 +17,19 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // waitFor bounds every wait in these tests: long enough for a loaded
 // machine, short enough that a hang fails the test rather than the suite.
 const waitFor = 15 * time.Second
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // server is a running control plane serving a mesh file in a temp dir.
 type server struct {
 	svc    *Service
 	file   string
 	health *messages.Cell[messages.Health]
-	logs   *syncBuffer
+	logs   *testkit.LogBuffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -54,7 +40,7 @@ type server struct {
 func startServer(t *testing.T, mesh []byte, want messages.HealthState, edit func(*Config)) *server {
 	t.Helper()
 	dir := t.TempDir()
-	s := &server{file: filepath.Join(dir, "mesh.yaml"), health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
+	s := &server{file: filepath.Join(dir, "mesh.yaml"), health: messages.NewCell[messages.Health](), logs: &testkit.LogBuffer{}}
 	if err := os.WriteFile(s.file, mesh, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +49,7 @@ func startServer(t *testing.T, mesh []byte, want messages.HealthState, edit func
 	if edit != nil {
 		edit(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := s.logs.Logger()
 	svc, err := New(cfg, messages.NewRuntime(Name, s.health, nil, nil, log))
 	if err != nil {
 		t.Fatal(err)

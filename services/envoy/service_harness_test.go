@@ -1,17 +1,14 @@
 package envoy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 
 	// fakeenvoy's dependencies, named here so that `go mod tidy` (which
 	// does not look into testdata/) keeps them.
@@ -133,24 +131,6 @@ func writeBootstrap(dir string, port int) ([]string, error) {
 		"--disable-hot-restart", "--allow-unknown-static-fields", "-l", "warning", "--concurrency", "1"}, nil
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // harness is one Service with its channels, running fakeenvoy (or envoy).
 type harness struct {
 	t       testing.TB
@@ -159,8 +139,8 @@ type harness struct {
 	health  *messages.Stream[messages.Health]
 	drain   *messages.Stream[messages.Drain]
 	admin   string
-	stderr  *syncBuffer // Envoy's stderr
-	logs    *syncBuffer // the service's log
+	stderr  *testkit.LogBuffer // Envoy's stderr
+	logs    *testkit.LogBuffer // the service's log
 	healths []messages.Health
 	xds     *xdsServer
 }
@@ -189,8 +169,8 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 		health: messages.NewStream[messages.Health](0, nil),
 		drain:  messages.NewStream[messages.Drain](0, nil),
 		admin:  fmt.Sprintf("127.0.0.1:%d", port),
-		stderr: &syncBuffer{},
-		logs:   &syncBuffer{},
+		stderr: &testkit.LogBuffer{},
+		logs:   &testkit.LogBuffer{},
 	}
 	cfg := Config{
 		BinaryPath:               envoyBinary,
@@ -209,7 +189,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	if mod != nil {
 		mod(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := h.logs.Logger()
 	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
 	// The control plane Envoy's ADS talks to (the agent's XDS socket).
 	h.xds = startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))

@@ -1,7 +1,6 @@
 package sds
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -37,44 +37,6 @@ func bundle(n int) messages.CertBundle {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-// waitLog waits until the log holds all of parts on one line.
-func waitLog(t *testing.T, logs *syncBuffer, parts ...string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, line := range strings.Split(logs.String(), "\n") {
-			if containsAll(line, parts...) {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line with %q; log:\n%s", parts, logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func containsAll(s string, parts ...string) bool {
-	for _, p := range parts {
-		if !strings.Contains(s, p) {
-			return false
-		}
-	}
-	return true
-}
-
 // server is an SDS service on a socket in a temp root. Its OS trust store
 // and CRL are files under the root, so that tests write them.
 type server struct {
@@ -84,7 +46,7 @@ type server struct {
 	certs   *messages.Cell[messages.CertBundle]
 	anchors *messages.Cell[messages.TrustAnchors]
 	health  *messages.Cell[messages.Health]
-	logs    *syncBuffer
+	logs    *testkit.LogBuffer
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -99,14 +61,14 @@ func newServer(t *testing.T, configure ...func(*Config)) *server {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	s := &server{cfg: testConfig(root), root: root, certs: messages.NewCell[messages.CertBundle](),
-		anchors: messages.NewCell[messages.TrustAnchors](), health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
+		anchors: messages.NewCell[messages.TrustAnchors](), health: messages.NewCell[messages.Health](), logs: &testkit.LogBuffer{}}
 	s.cfg.SystemRootFiles = []string{filepath.Join(root, "os/ssl/missing.crt"), filepath.Join(root, "os/ssl/ca-certificates.crt")}
 	s.cfg.FileDebounce = 10 * time.Millisecond
 	for _, f := range configure {
 		f(&s.cfg)
 	}
 	svc, err := New(s.cfg, Inputs{Certs: s.certs, TrustAnchors: s.anchors},
-		messages.NewRuntime(Name, s.health, nil, nil, slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+		messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}

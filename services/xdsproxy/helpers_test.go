@@ -1,10 +1,8 @@
 package xdsproxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -43,20 +42,6 @@ func waitCtx(t *testing.T) context.Context {
 
 // testNode is the node id the test clients announce and the proxy caches for.
 const testNode = "sidecar~127.0.0.1~test.default~default.svc.cluster.local"
-
-// syncBuffer collects logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // recorder is a sink that keeps every value, in order.
 type recorder[T any] struct {
@@ -262,7 +247,7 @@ type proxy struct {
 	anchors *recorder[messages.TrustAnchors]
 	health  *recorder[messages.Health]
 	reg     *prometheus.Registry
-	logs    *syncBuffer
+	logs    *testkit.LogBuffer
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -308,9 +293,9 @@ func startProxy(t *testing.T, cfg Config, o proxyOpts) *proxy {
 	p := &proxy{
 		cfg: cfg, names: newRecorder[messages.NameTable](), states: newRecorder[messages.XDSState](),
 		anchors: newRecorder[messages.TrustAnchors](), health: newRecorder[messages.Health](),
-		reg: prometheus.NewRegistry(), logs: &syncBuffer{},
+		reg: prometheus.NewRegistry(), logs: &testkit.LogBuffer{},
 	}
-	log := slog.New(slog.NewTextHandler(p.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := p.logs.Logger()
 	rt := messages.NewRuntime(Name, p.health, o.clock, p.reg, log)
 	svc, err := New(cfg, o.in, Outputs{Names: p.names, State: p.states, Anchors: p.anchors}, rt)
 	if err != nil {

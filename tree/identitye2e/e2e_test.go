@@ -1,7 +1,6 @@
 package identitye2e
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -22,21 +21,10 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // healthLog keeps the latest Health per service.
 type healthLog struct {
@@ -80,7 +68,7 @@ type agent struct {
 	bundles *messages.Cell[messages.CertBundle]
 	anchors *messages.Cell[messages.TrustAnchors] // what the XDS proxy would send
 	health  *healthLog
-	logs    *syncBuffer
+	logs    *testkit.LogBuffer
 	log     *slog.Logger
 	keys    [][]byte // every private key the test wrote or received
 	wg      sync.WaitGroup
@@ -94,8 +82,8 @@ func newAgent(t testing.TB) *agent {
 		t.Fatal(err)
 	}
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
-		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
-	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &testkit.LogBuffer{}}
+	a.log = a.logs.Logger()
 	a.certCfg = certs.DefaultConfig()
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
