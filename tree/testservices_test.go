@@ -189,23 +189,8 @@ func (h *harness) waitAllRunning() {
 }
 
 func (h *harness) counter(name, service string) float64 {
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "service" && l.GetValue() == service {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	h.t.Helper()
+	return testkit.MetricValue(h.t, h.reg, name, "service", service)
 }
 
 func freeAddr(t *testing.T) string {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -133,16 +132,15 @@ func writeBootstrap(dir string, port int) ([]string, error) {
 
 // harness is one Service with its channels, running fakeenvoy (or envoy).
 type harness struct {
-	t       testing.TB
-	svc     *Service
-	state   *messages.Cell[messages.EnvoyState]
-	health  *messages.Stream[messages.Health]
-	drain   *messages.Stream[messages.Drain]
-	admin   string
-	stderr  *testkit.LogBuffer // Envoy's stderr
-	logs    *testkit.LogBuffer // the service's log
-	healths []messages.Health
-	xds     *xdsServer
+	t      testing.TB
+	svc    *Service
+	state  *messages.Cell[messages.EnvoyState]
+	health *testkit.HealthRecorder
+	drain  *messages.Stream[messages.Drain]
+	admin  string
+	stderr *testkit.LogBuffer // Envoy's stderr
+	logs   *testkit.LogBuffer // the service's log
+	xds    *xdsServer
 }
 
 // newHarness builds a service on a fresh bootstrap; env is added to Envoy's
@@ -166,7 +164,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	h := &harness{
 		t:      t,
 		state:  messages.NewCell[messages.EnvoyState](),
-		health: messages.NewStream[messages.Health](0, nil),
+		health: &testkit.HealthRecorder{},
 		drain:  messages.NewStream[messages.Drain](0, nil),
 		admin:  fmt.Sprintf("127.0.0.1:%d", port),
 		stderr: &testkit.LogBuffer{},
@@ -211,18 +209,7 @@ func (h *harness) serve(ctx context.Context) <-chan error {
 // waitState waits until the published EnvoyState satisfies ok.
 func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
 	h.t.Helper()
-	timeout := time.After(30 * time.Second)
-	for {
-		v, set, changed := h.state.Watch()
-		if set && ok(v) {
-			return v
-		}
-		select {
-		case <-changed:
-		case <-timeout:
-			h.t.Fatalf("timed out waiting for EnvoyState %s; last %+v", what, v)
-		}
-	}
+	return testkit.WaitValue(h.t, h.state, "EnvoyState "+what, ok)
 }
 
 // waitServe waits for Serve's error (hang guard only, not a timing check).
@@ -237,19 +224,10 @@ func (h *harness) waitServe(errc <-chan error) error {
 	}
 }
 
-// healthLog collects every Health report so far.
-func (h *harness) healthLog() []messages.Health {
-	h.healths = append(h.healths, h.health.Take()...)
-	return h.healths
-}
-
+// sawHealth says whether the service has reported state with a reason
+// holding reasonPart.
 func (h *harness) sawHealth(state messages.HealthState, reasonPart string) bool {
-	for _, r := range h.healthLog() {
-		if r.State == state && strings.Contains(r.Reason, reasonPart) && r.Service == "envoy" {
-			return true
-		}
-	}
-	return false
+	return h.health.Saw(Name, state, reasonPart)
 }
 
 func running(s messages.EnvoyState) bool { return s.Phase.Alive() }

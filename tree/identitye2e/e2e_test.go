@@ -26,40 +26,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// healthLog keeps the latest Health per service.
-type healthLog struct {
-	mu     sync.Mutex
-	latest map[string]messages.Health
-	change chan struct{}
-}
-
-func (h *healthLog) Send(v messages.Health) {
-	h.mu.Lock()
-	h.latest[v.Service] = v
-	close(h.change)
-	h.change = make(chan struct{})
-	h.mu.Unlock()
-}
-
-func (h *healthLog) waitFor(t testing.TB, service string, state messages.HealthState, reasonHas string) messages.Health {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		h.mu.Lock()
-		v, ok := h.latest[service]
-		changed := h.change
-		h.mu.Unlock()
-		if ok && v.State == state && strings.Contains(v.Reason, reasonHas) {
-			return v
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s %v %q; latest %v %q", service, state, reasonHas, v.State, v.Reason)
-		}
-	}
-}
-
 // agent is certs and sds wired as the tree wires them, in a temp root.
 type agent struct {
 	root    string
@@ -67,7 +33,7 @@ type agent struct {
 	sdsCfg  sds.Config
 	bundles *messages.Cell[messages.CertBundle]
 	anchors *messages.Cell[messages.TrustAnchors] // what the XDS proxy would send
-	health  *healthLog
+	health  *testkit.HealthRecorder
 	logs    *testkit.LogBuffer
 	log     *slog.Logger
 	keys    [][]byte // every private key the test wrote or received
@@ -82,7 +48,7 @@ func newAgent(t testing.TB) *agent {
 		t.Fatal(err)
 	}
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
-		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &testkit.LogBuffer{}}
+		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	a.log = a.logs.Logger()
 	a.certCfg = certs.DefaultConfig()
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
@@ -122,7 +88,7 @@ func (a *agent) start(t testing.TB) {
 			}
 		}()
 	}
-	a.health.waitFor(t, "sds", messages.Ready, "")
+	a.health.WaitService(t, "sds", messages.Ready, "")
 }
 
 func (a *agent) stop() {
@@ -399,19 +365,19 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 	quiet := 3 * a.certCfg.FileDebounce
 
 	write(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
-	a.health.waitFor(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
+	a.health.WaitService(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
 	e.expectNothing(t, quiet)
 
 	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
-	a.health.waitFor(t, "certs", messages.Ready, "")
+	a.health.WaitService(t, "certs", messages.Ready, "")
 	_, otherKey := pki.leaf(t)
 	a.keys = append(a.keys, otherKey)
 	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
-	a.health.waitFor(t, "certs", messages.Degraded, "does not match the leaf certificate")
+	a.health.WaitService(t, "certs", messages.Degraded, "does not match the leaf certificate")
 	e.expectNothing(t, quiet)
 
 	writeSet(t, a, dir, pki, chain1, key1) // back to the served content
-	a.health.waitFor(t, "certs", messages.Ready, "")
+	a.health.WaitService(t, "certs", messages.Ready, "")
 	e.expectNothing(t, quiet)
 }
 
@@ -428,7 +394,7 @@ func TestCARenewalPushedOnSameStream(t *testing.T) {
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
 	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)
-	a.health.waitFor(t, "certs", messages.Starting, "e2e CA: bad token")
+	a.health.WaitService(t, "certs", messages.Starting, "e2e CA: bad token")
 
 	write(t, a.certCfg.TokenFile, []byte(testToken))
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)
