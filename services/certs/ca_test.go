@@ -182,8 +182,8 @@ func writeFile(t testing.TB, path string, data []byte) {
 	}
 }
 
-func (c *caSetup) start(t *testing.T) func() {
-	return run(t, newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, c.reg))
+func (c *caSetup) start(t *testing.T) *testkit.Serving {
+	return testkit.Serve(t, newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, c.reg))
 }
 
 func TestCAIssuesSpiffeCertificate(t *testing.T) {
@@ -324,12 +324,12 @@ func TestCARestartKeepsValidCert(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.ca.start(t)
 	s := newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, nil)
-	stop := run(t, s)
+	first := testkit.Serve(t, s)
 	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
-	stop()
-	stop2 := run(t, s)
+	first.Stop(t)
+	second := testkit.Serve(t, s)
 	c.health.WaitState(t, messages.Ready, "")
-	stop2()
+	second.Stop(t)
 	if n := c.ca.callCount(); n != 1 || c.out.Len() != 1 {
 		t.Fatalf("after restart: %d CA calls, %d publishes; want 1 and 1", n, c.out.Len())
 	}

@@ -51,8 +51,8 @@ func mustWrite(t *testing.T, path string, data []byte) {
 	}
 }
 
-func (f *fileSetup) start(t *testing.T) func() {
-	return run(t, newService(t, f.cfg, f.out, f.health, f.logs.Logger(), f.clock, f.reg))
+func (f *fileSetup) start(t *testing.T) *testkit.Serving {
+	return testkit.Serve(t, newService(t, f.cfg, f.out, f.health, f.logs.Logger(), f.clock, f.reg))
 }
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {

@@ -1,11 +1,8 @@
 package certs
 
 import (
-	"context"
 	"log/slog"
-	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -26,28 +23,4 @@ func newService(t testing.TB, cfg Config, out messages.Sink[messages.CertBundle]
 		t.Fatal(err)
 	}
 	return s
-}
-
-// run starts s.Serve and returns a stop function that checks how it ended.
-func run(t *testing.T, s *Service) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != context.Canceled {
-					t.Errorf("Serve returned %v, want context.Canceled", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Error("Serve did not return after cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }

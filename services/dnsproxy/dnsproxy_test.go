@@ -1,8 +1,6 @@
 package dnsproxy
 
 import (
-	"context"
-	"errors"
 	"net"
 	"os/exec"
 	"slices"
@@ -401,9 +399,7 @@ func TestServeStopsAndRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for run := 0; run < 2; run++ {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- svc.Serve(ctx) }()
+		serving := testkit.Serve(t, svc)
 		h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 		for len(svc.Addrs()) == 0 {
 			time.Sleep(time.Millisecond)
@@ -413,10 +409,7 @@ func TestServeStopsAndRestarts(t *testing.T) {
 		if r := exchange(t, addr, "reviews.", dns.TypeA, "udp"); len(r.Answer) != 2 {
 			t.Fatalf("run %d: %v", run, r)
 		}
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Fatalf("run %d: Serve = %v", run, err)
-		}
+		serving.Stop(t)
 		// What the tree's runner does when a service has stopped.
 		svc.health.Report(messages.Stopped, "stopped")
 		pc, err := net.ListenPacket("udp", addr)

@@ -2,8 +2,6 @@ package dnsproxy
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -149,15 +147,7 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 		t.Fatal(err)
 	}
 	p.svc = svc
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	})
+	testkit.Serve(t, svc)
 	p.health.WaitLast(t, "listening", func(h messages.Health) bool { return h.State == messages.Ready || h.State == messages.Starting })
 	p.addr = svc.Addrs()[0]
 	return p

@@ -1,9 +1,7 @@
 package dnsproxy
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -36,15 +34,7 @@ func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTabl
 	if tf.String() != "nametable" {
 		t.Errorf("String() = %q", tf.String())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tf.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve = %v", err)
-		}
-	})
+	testkit.Serve(t, tf)
 	return out, h
 }
 
@@ -142,10 +132,7 @@ func TestTableFileDrivesProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	testkit.Serve(t, svc)
 	h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 	addr := svc.Addrs()[0]
 	get := func() string {
@@ -161,13 +148,7 @@ func TestTableFileDrivesProxy(t *testing.T) {
 	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for get() != "10.0.0.2" {
-		if time.Now().After(deadline) {
-			t.Fatal("reload never reached the proxy")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the reload to reach the proxy", func() bool { return get() == "10.0.0.2" })
 }
 
 func TestNDSZ(t *testing.T) {

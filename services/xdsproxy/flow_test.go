@@ -142,7 +142,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	select {
 	case <-silent.got:
-	case <-time.After(testTimeout):
+	case <-time.After(testkit.Timeout):
 		t.Fatal("the request never reached the control plane")
 	}
 	ended := make(chan struct{})

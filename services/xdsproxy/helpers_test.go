@@ -2,7 +2,6 @@ package xdsproxy
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,13 +27,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testTimeout bounds every wait of a test; it is a deadlock detector,
-// never a performance threshold.
-const testTimeout = 30 * time.Second
-
+// waitCtx is a context bounded as the kit bounds its waits.
 func waitCtx(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -75,25 +71,12 @@ type proxy struct {
 	health  *testkit.Recorder[messages.Health]
 	reg     *prometheus.Registry
 	logs    *testkit.LogBuffer
-	cancel  context.CancelFunc
-	done    chan error
+	serving *testkit.Serving
 }
 
 // tempRoot is a short directory: unix socket paths are limited to 107
-// bytes, and t.TempDir's can be longer.
-func tempRoot(t *testing.T) string {
-	t.Helper()
-	root, err := makeTempRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeAll(root) })
-	return root
-}
-
-func makeTempRoot() (string, error) { return os.MkdirTemp("", "xds") }
-
-func removeAll(dir string) { _ = os.RemoveAll(dir) }
+// bytes.
+func tempRoot(t testing.TB) string { return testkit.ShortTempDir(t, "xds") }
 
 // testConfig is a plaintext proxy for the control plane at addr, with
 // its socket and cache under root.
@@ -120,49 +103,29 @@ func startProxy(t *testing.T, cfg Config, o proxyOpts) *proxy {
 	p := &proxy{
 		cfg: cfg, names: &testkit.Recorder[messages.NameTable]{}, states: &testkit.Recorder[messages.XDSState]{},
 		anchors: &testkit.Recorder[messages.TrustAnchors]{}, health: &testkit.Recorder[messages.Health]{},
-		reg: prometheus.NewRegistry(), logs: &testkit.LogBuffer{},
+		reg: prometheus.NewRegistry(), logs: testkit.NewLogBuffer(t),
 	}
-	log := p.logs.Logger()
-	rt := messages.NewRuntime(Name, p.health, o.clock, p.reg, log)
+	rt := messages.NewRuntime(Name, p.health, o.clock, p.reg, p.logs.Logger())
 	svc, err := New(cfg, o.in, Outputs{Names: p.names, State: p.states, Anchors: p.anchors}, rt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.svc = svc
 	p.start(t)
-	t.Cleanup(func() {
-		p.stop(t)
-		if t.Failed() {
-			t.Logf("proxy logs:\n%s", p.logs.String())
-		}
-	})
 	return p
 }
 
-// start serves and waits until the socket accepts.
+// start serves and waits until the socket accepts: it listens once the
+// first state is out.
 func (p *proxy) start(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel, p.done = cancel, make(chan error, 1)
-	go func() { p.done <- p.svc.Serve(ctx) }()
+	p.serving = testkit.Serve(t, p.svc)
 	p.states.WaitFor(t, "the proxy to publish its state", func(v []messages.XDSState) bool { return len(v) > 0 })
 }
 
 func (p *proxy) stop(t *testing.T) {
 	t.Helper()
-	if p.cancel == nil {
-		return
-	}
-	p.cancel()
-	p.cancel = nil
-	select {
-	case err := <-p.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	case <-time.After(testTimeout):
-		t.Error("Serve did not return after cancel")
-	}
+	p.serving.Stop(t)
 }
 
 // client connects an Envoy-like client to the proxy; like Envoy, it

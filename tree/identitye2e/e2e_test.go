@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,16 +36,12 @@ type agent struct {
 	logs    *testkit.LogBuffer
 	log     *slog.Logger
 	keys    [][]byte // every private key the test wrote or received
-	wg      sync.WaitGroup
-	cancel  context.CancelFunc
+	serving []*testkit.Serving
 }
 
 func newAgent(t testing.TB) *agent {
 	t.Helper()
-	root, err := os.MkdirTemp("", "id") // short: unix socket path limit
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := testkit.ShortTempDir(t, "id")
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	a.log = a.logs.Logger()
@@ -60,17 +55,14 @@ func newAgent(t testing.TB) *agent {
 	// The OS trust store file-root:system serves is the test's.
 	a.sdsCfg.SystemRootFiles = []string{filepath.Join(root, "os/ca-certificates.crt")}
 	t.Cleanup(func() {
-		a.stop()
+		a.stop(t)
 		a.assertNoKeysLogged(t)
-		os.RemoveAll(root)
 	})
 	return a
 }
 
 func (a *agent) start(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
 	c, err := certs.New(a.certCfg, a.bundles, messages.NewRuntime(certs.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
@@ -79,23 +71,14 @@ func (a *agent) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, svc := range []interface{ Serve(context.Context) error }{c, s} {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			if err := svc.Serve(ctx); err != context.Canceled {
-				t.Errorf("%v: Serve returned %v", svc, err)
-			}
-		}()
-	}
+	a.serving = []*testkit.Serving{testkit.Serve(t, c), testkit.Serve(t, s)}
 	a.health.WaitService(t, "sds", messages.Ready, "")
 }
 
-func (a *agent) stop() {
-	if a.cancel != nil {
-		a.cancel()
-		a.wg.Wait()
-		a.cancel = nil
+func (a *agent) stop(t testing.TB) {
+	t.Helper()
+	for _, s := range a.serving {
+		s.Stop(t)
 	}
 }
 
