@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // skewClock is the real clock moved forward by Skip, and records every
@@ -68,7 +69,7 @@ func TestFirstRestartImmediateThenPaced(t *testing.T) {
 	p := DefaultPolicy()
 	p.GiveUp = &GiveUp{Restarts: 4, Window: time.Hour}
 	svc := &scriptedFailures{clock: clock, healthy: p.HealthyAfter}
-	a, err := New(NewChannels(nil), []Node{{Service: svc, Policy: &p}}, prometheus.NewRegistry(), testLogger(t), Options{Clock: clock})
+	a, err := New(NewChannels(nil), []Node{{Service: svc, Policy: &p}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestRunnerServeIsExclusive(t *testing.T) {
 	ch := NewChannels(nil)
 	stuck := newStubborn("stuck", ch.Health)
 	defer stuck.unstick()
-	a, err := New(ch, []Node{{Service: stuck}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	a, err := New(ch, []Node{{Service: stuck}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

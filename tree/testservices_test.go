@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // readyService reports Ready and runs until stopped. Before reporting
@@ -94,7 +93,7 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 	st, err := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
 		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree},
 		status.Outputs{Readiness: h.ch.Readiness, Drain: h.ch.Drain, Shutdown: h.ch.Shutdown, Chaos: h.ch.Chaos},
-		messages.NewRuntime(status.Name, h.ch.Health, nil, nil, testLogger(t)))
+		messages.NewRuntime(status.Name, h.ch.Health, nil, nil, testkit.TestLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +101,7 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 	if opts.DefaultPolicy == nil {
 		opts.DefaultPolicy = fastPolicy()
 	}
-	a, err := New(h.ch, nodes, h.reg, testLogger(t), opts)
+	a, err := New(h.ch, nodes, h.reg, testkit.TestLogger(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,23 +189,8 @@ func (h *harness) waitAllRunning() {
 }
 
 func (h *harness) counter(name, service string) float64 {
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "service" && l.GetValue() == service {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	h.t.Helper()
+	return testkit.MetricValue(h.t, h.reg, name, "service", service)
 }
 
 func freeAddr(t *testing.T) string {
@@ -217,15 +201,4 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

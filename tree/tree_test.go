@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -68,7 +69,7 @@ func TestGiveUpEndsTheAgent(t *testing.T) {
 	bad := &failingService{name: "crasher"}
 	limit := fastPolicy()
 	limit.GiveUp = &GiveUp{Restarts: 3, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	a, err := New(ch, []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestGiveUpWithZeroRestarts(t *testing.T) {
 	bad := &failingService{name: "envoy"}
 	p := fastPolicy()
 	p.GiveUp = &GiveUp{Restarts: 0, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "envoy", Service: bad, Policy: p}}, prometheus.NewRegistry(), testLogger(t), Options{})
+	a, err := New(ch, []Node{{Name: "envoy", Service: bad, Policy: p}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,7 @@ func TestNewRejectsBadTrees(t *testing.T) {
 		"bad policy": {{Name: "a", Service: svc, Policy: &Policy{BaseDelay: time.Second, MaxDelay: time.Millisecond, Multiplier: 2}}},
 	}
 	for name, nodes := range cases {
-		if _, err := New(NewChannels(nil), nodes, prometheus.NewRegistry(), testLogger(t), Options{}); err == nil {
+		if _, err := New(NewChannels(nil), nodes, prometheus.NewRegistry(), testkit.TestLogger(t), Options{}); err == nil {
 			t.Errorf("%s: New accepted %+v", name, nodes)
 		}
 	}
@@ -372,7 +373,7 @@ func TestSystemdWatchdog(t *testing.T) {
 func TestDroppedHealthEventsAreCounted(t *testing.T) {
 	ch := NewChannels(nil)
 	reg := prometheus.NewRegistry()
-	if _, err := New(ch, nil, reg, testLogger(t), Options{}); err != nil {
+	if _, err := New(ch, nil, reg, testkit.TestLogger(t), Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < messages.DefaultStreamBound+6; i++ {

@@ -12,12 +12,10 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,40 +29,18 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const waitFor = 15 * time.Second
-
-// fixedClock stops time for the signing: lifetimes can then be checked to
-// the second.
-type fixedClock struct{ now time.Time }
-
-func (c fixedClock) Now() time.Time                         { return c.now }
-func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 type server struct {
-	svc    *Service
-	cfg    Config
-	now    time.Time
-	health *messages.Cell[messages.Health]
-	logs   *syncBuffer
-	cancel context.CancelFunc
-	done   chan error
+	svc     *Service
+	cfg     Config
+	now     time.Time // the CA's clock, frozen: lifetimes are checked to the second
+	health  *testkit.HealthRecorder
+	logs    *testkit.LogBuffer
+	serving *testkit.Serving
 }
 
 // startCA serves a CA with its root in dir (a new temp dir when empty).
@@ -74,54 +50,25 @@ func startCA(t *testing.T, dir string, edit func(*Config)) *server {
 		dir = filepath.Join(t.TempDir(), "ca")
 	}
 	s := &server{cfg: DefaultConfig(dir), now: time.Now().Truncate(time.Second),
-		health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
+		health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
 	s.cfg.Listen = "127.0.0.1:0"
 	s.cfg.CertLifetime = time.Hour
 	if edit != nil {
 		edit(&s.cfg)
 	}
-	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	svc, err := New(s.cfg, messages.NewRuntime(Name, s.health, fixedClock{s.now}, nil, log))
+	svc, err := New(s.cfg, messages.NewRuntime(Name, s.health, testkit.FrozenClock{At: s.now}, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.svc = svc
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel, s.done = cancel, make(chan error, 1)
-	go func() { s.done <- svc.Serve(ctx) }()
-	t.Cleanup(func() { s.stop(t) })
-	deadline := time.After(waitFor)
-	for {
-		h, ok, changed := s.health.Watch()
-		if ok && h.State == messages.Ready {
-			return s
-		}
-		select {
-		case <-changed:
-		case err := <-s.done:
-			s.cancel = nil
-			t.Fatalf("Serve returned %v before Ready", err)
-		case <-deadline:
-			t.Fatalf("CA never Ready; logs:\n%s", s.logs)
-		}
-	}
+	s.serving = testkit.Serve(t, svc)
+	s.health.WaitState(t, messages.Ready, "")
+	return s
 }
 
 func (s *server) stop(t *testing.T) {
 	t.Helper()
-	if s.cancel == nil {
-		return
-	}
-	s.cancel()
-	s.cancel = nil
-	select {
-	case err := <-s.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	case <-time.After(waitFor):
-		t.Error("Serve did not return after cancel")
-	}
+	s.serving.Stop(t)
 }
 
 // client verifies the CA with root-cert.pem, as the agent does with
@@ -174,7 +121,7 @@ func ecKey(t *testing.T) crypto.Signer {
 }
 
 func withToken(token string) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	if token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 	}
@@ -256,6 +203,19 @@ func TestCSRRoundTrip(t *testing.T) {
 	if n := testutil.ToFloat64(s.svc.m.issued); n != 2 {
 		t.Errorf("issued counter %v, want 2", n)
 	}
+}
+
+// The log line of an issued certificate names the cluster the caller says
+// it is in (Istio's ClusterID metadata), for whoever reads the log.
+func TestIssuedLogNamesTheCallersCluster(t *testing.T) {
+	s := startCA(t, "", nil)
+	ctx, cancel := withToken("any-token")
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "clusterid", "Kubernetes")
+	if _, err := s.client(t, "localhost").CreateCertificate(ctx, &pb.IstioCertificateRequest{Csr: newCSR(t, ecKey(t), workloadID)}); err != nil {
+		t.Fatal(err)
+	}
+	s.logs.WaitLine(t, "certificate issued", "cluster_id=Kubernetes")
 }
 
 // The requested validity is honoured up to CertLifetime; none requested is
@@ -424,7 +384,7 @@ func TestHalfARootIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	defer cancel()
 	err = svc.Serve(ctx)
 	if !errors.Is(err, ErrHalfRoot) || !strings.Contains(err.Error(), cfg.RootKeyPath()) {

@@ -164,7 +164,10 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	for i, u := range leaf.cert.URIs {
 		ids[i] = u.String()
 	}
-	s.log.Info("certificate issued", "caller", caller, "spiffe_ids", ids, "serial", leaf.cert.SerialNumber.Text(16),
+	// The cluster the caller says it is in (Istio's ClusterID metadata),
+	// logged for whoever reads the log; this CA does not check it.
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.log.Info("certificate issued", "caller", caller, "cluster_id", strings.Join(md.Get("clusterid"), ","), "spiffe_ids", ids, "serial", leaf.cert.SerialNumber.Text(16),
 		"not_after", leaf.cert.NotAfter, "lifetime", leaf.cert.NotAfter.Sub(leaf.cert.NotBefore), "requested", requested)
 	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf.pem), string(h.root.certPEM)}}, nil
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // enterNetnsB moves the benchmark goroutine's thread into a fresh network
@@ -40,7 +42,7 @@ func BenchmarkApplySidecarRules(b *testing.B) {
 	cfg.InboundPortsInclude = "*"
 	cfg.InboundPortsExclude = "15090,15021,15020"
 	rs := Build(cfg)
-	a, err := NewApplier("", false, testLoggerB(b))
+	a, err := NewApplier("", false, testkit.TestLogger(b))
 	if err != nil {
 		b.Fatal(err)
 	}

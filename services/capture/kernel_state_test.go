@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Kernel tests of state handling: verify/reconcile, failed apply, clean
@@ -21,7 +23,7 @@ func TestKernelVerifyReconcile(t *testing.T) {
 		return
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
-	log := testLogger(t)
+	log := testkit.TestLogger(t)
 	cfg := sidecarConfig(true, "")
 	cfg.ExcludeInterfaces = "eth9"
 	cfg.RerouteVirtualInterfaces = "virt0"
@@ -89,7 +91,7 @@ func TestKernelFailedApplyLeavesNothing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	log := testLogger(t)
+	log := testkit.TestLogger(t)
 	cfg := sidecarConfig(true, "")
 	rs := Build(cfg)
 	rs.V6 = append(rs.V6, Rule{Table: "nat", Chain: ChainOutput, Params: []string{"-j", "NO_SUCH_TARGET_X"}})
@@ -111,7 +113,7 @@ func TestKernelCleanState(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	log := testLogger(t)
+	log := testkit.TestLogger(t)
 	sh(t, "ip", "link", "set", "lo", "up")
 	sh(t, "iptables", "-t", "nat", "-N", "FOREIGN")
 	sh(t, "iptables", "-t", "nat", "-A", "OUTPUT", "-m", "comment", "--comment", "keep me", "-j", "FOREIGN")
@@ -155,11 +157,11 @@ func TestKernelValidator(t *testing.T) {
 		t.Errorf("validator without rules: %q; want a failure", out)
 	}
 	cfg := sidecarConfig(false, "")
-	a, err := NewApplier("", false, testLogger(t))
+	a, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Execute(cfg, Build(cfg), a, testLogger(t)); err != nil {
+	if _, err := Execute(cfg, Build(cfg), a, testkit.TestLogger(t)); err != nil {
 		t.Fatal(err)
 	}
 	expect(t, "validator with rules", run("10s"), "validated")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Real-kernel tests. Each runs its body in a fresh network namespace: the
@@ -347,19 +347,6 @@ func proxyListeners(t *testing.T, transparentInbound bool) {
 	}
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
-}
-
-func testLoggerB(b *testing.B) *slog.Logger { return testLogger(b) }
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 func saveState(t *testing.T, v6 bool) SaveState {
 	t.Helper()
 	bin := "iptables-save"
@@ -405,12 +392,12 @@ func captureTraffic(t *testing.T, v6 bool, mode string) {
 		t.Fatal(err)
 	}
 	rs := Build(cfg)
-	a, err := NewApplier("", true, testLogger(t))
+	a, err := NewApplier("", true, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("backend %s", a.Backend())
-	if out, err := Execute(cfg, rs, a, testLogger(t)); err != nil || out != Applied {
+	if out, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil || out != Applied {
 		t.Fatalf("Execute = %v, %v; want applied", out, err)
 	}
 	if st := saveState(t, v6); st["nat"] == nil || len(st["nat"].Rules[ChainOutput]) == 0 {
@@ -437,7 +424,7 @@ func captureTraffic(t *testing.T, v6 bool, mode string) {
 
 	// Idempotent: a second run changes nothing and adds no duplicates.
 	saved := sh(t, "iptables-save", "-t", "nat")
-	if out, err := Execute(cfg, rs, a, testLogger(t)); err != nil || out != Unchanged {
+	if out, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil || out != Unchanged {
 		t.Fatalf("second Execute = %v, %v; want unchanged", out, err)
 	}
 	if after := sh(t, "iptables-save", "-t", "nat"); stripComments(after) != stripComments(saved) {
@@ -446,7 +433,7 @@ func captureTraffic(t *testing.T, v6 bool, mode string) {
 
 	// --cleanup-only restores the namespace's rules.
 	cfg.CleanupOnly = true
-	if _, err := Execute(cfg, rs, a, testLogger(t)); err != nil {
+	if _, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
 	if after := saveState(t, false).Normalized(); fmt.Sprint(after) != fmt.Sprint(before4) {

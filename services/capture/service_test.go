@@ -13,6 +13,7 @@ import (
 	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // manualClock fires After only when the test says so.
@@ -28,7 +29,7 @@ func TestServiceConfigValidate(t *testing.T) {
 	}
 	cfg = ServiceConfig{Mode: VM, Capture: Default()}
 	cfg.Capture.ProxyPort = "x"
-	if err := New(cfg, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testLogger(t))).Serve(context.Background()); err == nil ||
+	if err := New(cfg, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))).Serve(context.Background()); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
 		t.Errorf("Serve with bad config: %v", err)
 	}
@@ -46,7 +47,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
-	svc := New(cfg, messages.NewRuntime(Name, health, nil, nil, testLogger(t)))
+	svc := New(cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
 	}
@@ -54,7 +55,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	if h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_OUTPUT") || h.Service != "capture" {
 		t.Errorf("without rules: %+v; want Degraded naming ISTIO_OUTPUT", h)
 	}
-	a, err := NewApplier("", false, testLogger(t))
+	a, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestKernelServiceVM(t *testing.T) {
 	health := messages.NewCell[messages.Health]()
 	clock := &manualClock{tick: make(chan time.Time)}
 	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), CheckInterval: time.Hour}
-	svc := New(cfg, messages.NewRuntime(Name, health, clock, nil, testLogger(t)))
+	svc := New(cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	_, _, changed := health.Watch()
@@ -108,7 +109,7 @@ func TestKernelServiceVM(t *testing.T) {
 		}
 	}
 	waitReady("start")
-	a, err := NewApplier("", false, testLogger(t))
+	a, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // BenchmarkCSRRoundTrip: key generation (ECDSA P-256), CSR, CreateCertificate
@@ -18,7 +21,7 @@ func BenchmarkCSRRoundTrip(b *testing.B) {
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
 	writeFile(b, cfg.CARootFile, ca.pki.rootPEM)
 	writeFile(b, cfg.TokenFile, []byte(testToken))
-	s := newService(b, cfg, newBundleRecorder(), newHealthRecorder(), nil, nil, nil)
+	s := newService(b, cfg, &testkit.Recorder[messages.CertBundle]{}, &testkit.HealthRecorder{}, nil, nil, nil)
 	conn, err := s.dialCA()
 	if err != nil {
 		b.Fatal(err)

@@ -22,8 +22,10 @@ import (
 	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
-	"github.com/meshagent/meshagent/messages"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 const testToken = "test-jwt-token"
@@ -148,16 +150,16 @@ type caSetup struct {
 	ca     *testCA
 	root   string
 	cfg    Config
-	out    *bundleRecorder
-	health *healthRecorder
-	logs   *syncBuffer
+	out    *testkit.Recorder[messages.CertBundle]
+	health *testkit.HealthRecorder
+	logs   *testkit.LogBuffer
 	reg    prometheus.Registerer
 }
 
 func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	ca := newTestCA(t, lifetime)
 	root := t.TempDir()
-	c := &caSetup{ca: ca, root: root, out: newBundleRecorder(), health: newHealthRecorder(), logs: &syncBuffer{}}
+	c := &caSetup{ca: ca, root: root, out: &testkit.Recorder[messages.CertBundle]{}, health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	c.cfg = chooseSource(testConfig(root), root, false)
 	c.cfg.CAAddr = ca.addr
 	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
@@ -180,8 +182,8 @@ func writeFile(t testing.TB, path string, data []byte) {
 	}
 }
 
-func (c *caSetup) start(t *testing.T) func() {
-	return run(t, newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, c.reg))
+func (c *caSetup) start(t *testing.T) *testkit.Serving {
+	return testkit.Serve(t, newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, c.reg))
 }
 
 func TestCAIssuesSpiffeCertificate(t *testing.T) {
@@ -189,8 +191,8 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 	c.ca.start(t)
 	c.cfg.OutputCertsDir = filepath.Join(c.root, "out")
 	c.start(t)
-	b := c.out.waitFor(t, "certificate from CA", func(b messages.CertBundle) bool { return b.Version != "" })
-	c.health.waitFor(t, messages.Ready, "")
+	b := c.out.WaitLast(t, "certificate from CA", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.health.WaitState(t, messages.Ready, "")
 	if string(b.RootsPEM) != string(c.ca.pki.rootPEM) {
 		t.Error("roots are not the last element of the CA's chain")
 	}
@@ -230,8 +232,8 @@ func TestCARenewsBeforeExpiry(t *testing.T) {
 	c := newCASetup(t, 4*time.Second)
 	c.ca.start(t)
 	c.start(t)
-	b1 := c.out.waitFor(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
-	b2 := c.out.waitFor(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
+	b1 := c.out.WaitLast(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	b2 := c.out.WaitLast(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
 	if !time.Now().Before(b1.Expiry) {
 		t.Fatalf("renewed only at %v, after the first expired at %v", time.Now(), b1.Expiry)
 	}
@@ -244,11 +246,11 @@ func TestCARenewsBeforeExpiry(t *testing.T) {
 func TestCADownThenUp(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.start(t)
-	c.health.waitFor(t, messages.Starting, "CreateCertificate at "+c.ca.addr)
+	c.health.WaitState(t, messages.Starting, "CreateCertificate at "+c.ca.addr)
 	time.Sleep(600 * time.Millisecond) // several retries
 	c.ca.start(t)
-	c.out.waitFor(t, "certificate once the CA is up", func(b messages.CertBundle) bool { return b.Version != "" })
-	c.health.waitFor(t, messages.Ready, "")
+	c.out.WaitLast(t, "certificate once the CA is up", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.health.WaitState(t, messages.Ready, "")
 	if n := c.ca.callCount(); n != 1 {
 		t.Errorf("CA saw %d calls; want 1 (failures were connection errors)", n)
 	}
@@ -260,15 +262,15 @@ func TestCARenewalFailureKeepsOldCert(t *testing.T) {
 	c := newCASetup(t, 3*time.Second)
 	c.ca.start(t)
 	c.start(t)
-	b1 := c.out.waitFor(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	b1 := c.out.WaitLast(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	c.ca.stop()
-	c.health.waitFor(t, messages.Degraded, "serving the previous certificate")
+	c.health.WaitState(t, messages.Degraded, "serving the previous certificate")
 	if got, _ := c.out.Get(); got.Version != b1.Version {
 		t.Fatal("bundle changed while the CA was down")
 	}
 	c.ca.start(t)
-	c.out.waitFor(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
-	c.health.waitFor(t, messages.Ready, "")
+	c.out.WaitLast(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
+	c.health.WaitState(t, messages.Ready, "")
 }
 
 func TestCAWrongTokenReason(t *testing.T) {
@@ -276,7 +278,7 @@ func TestCAWrongTokenReason(t *testing.T) {
 	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
 	c.ca.start(t)
 	c.start(t)
-	h := c.health.waitFor(t, messages.Starting, "token rejected by test CA")
+	h := c.health.WaitState(t, messages.Starting, "token rejected by test CA")
 	if !strings.Contains(h.Reason, "Unauthenticated") {
 		t.Errorf("reason %q lacks the gRPC code", h.Reason)
 	}
@@ -285,7 +287,7 @@ func TestCAWrongTokenReason(t *testing.T) {
 	}
 	// The token is read on every call: fixing the file is enough.
 	writeFile(t, c.cfg.TokenFile, []byte(testToken))
-	c.out.waitFor(t, "certificate after the token is fixed", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.out.WaitLast(t, "certificate after the token is fixed", func(b messages.CertBundle) bool { return b.Version != "" })
 }
 
 func TestCAShortChainRejected(t *testing.T) {
@@ -293,7 +295,7 @@ func TestCAShortChainRejected(t *testing.T) {
 	c.ca.shortChain = true
 	c.ca.start(t)
 	c.start(t)
-	c.health.waitFor(t, messages.Starting, ErrShortChain.Error())
+	c.health.WaitState(t, messages.Starting, ErrShortChain.Error())
 	if _, ok := c.out.Get(); ok {
 		t.Fatal("published a certificate without a root")
 	}
@@ -303,7 +305,7 @@ func TestCAMissingRootFile(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	os.Remove(c.cfg.CARootFile)
 	c.start(t)
-	c.health.waitFor(t, messages.Starting, "CA_ROOT_CA")
+	c.health.WaitState(t, messages.Starting, "CA_ROOT_CA")
 }
 
 func TestCARSAKey(t *testing.T) {
@@ -311,7 +313,7 @@ func TestCARSAKey(t *testing.T) {
 	c.cfg.KeyAlgorithm, c.cfg.PKCS8Key = RSA, false
 	c.ca.start(t)
 	c.start(t)
-	b := c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	b := c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	if !strings.HasPrefix(string(b.KeyPEM), "-----BEGIN RSA PRIVATE KEY-----") {
 		t.Fatalf("key is not PKCS#1 RSA")
 	}
@@ -321,15 +323,15 @@ func TestCARSAKey(t *testing.T) {
 func TestCARestartKeepsValidCert(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.ca.start(t)
-	s := newService(t, c.cfg, c.out, c.health, testLogger(c.logs), nil, nil)
-	stop := run(t, s)
-	c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
-	stop()
-	stop2 := run(t, s)
-	c.health.waitFor(t, messages.Ready, "")
-	stop2()
-	if n := c.ca.callCount(); n != 1 || c.out.count() != 1 {
-		t.Fatalf("after restart: %d CA calls, %d publishes; want 1 and 1", n, c.out.count())
+	s := newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, nil)
+	first := testkit.Serve(t, s)
+	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	first.Stop(t)
+	second := testkit.Serve(t, s)
+	c.health.WaitState(t, messages.Ready, "")
+	second.Stop(t)
+	if n := c.ca.callCount(); n != 1 || c.out.Len() != 1 {
+		t.Fatalf("after restart: %d CA calls, %d publishes; want 1 and 1", n, c.out.Len())
 	}
 }
 

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/messages"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // fileSetup is a root with file-mounted certs in etc/certs.
@@ -16,17 +18,17 @@ type fileSetup struct {
 	pki    *testPKI
 	dir    string
 	cfg    Config
-	out    *bundleRecorder
-	health *healthRecorder
-	logs   *syncBuffer
+	out    *testkit.Recorder[messages.CertBundle]
+	health *testkit.HealthRecorder
+	logs   *testkit.LogBuffer
 	clock  messages.Clock
 	reg    prometheus.Registerer
 }
 
 func newFileSetup(t *testing.T) *fileSetup {
 	root := t.TempDir()
-	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, testEtcCertsDir), out: newBundleRecorder(),
-		health: newHealthRecorder(), logs: &syncBuffer{}}
+	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, testEtcCertsDir), out: &testkit.Recorder[messages.CertBundle]{},
+		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +51,8 @@ func mustWrite(t *testing.T, path string, data []byte) {
 	}
 }
 
-func (f *fileSetup) start(t *testing.T) func() {
-	return run(t, newService(t, f.cfg, f.out, f.health, testLogger(f.logs), f.clock, f.reg))
+func (f *fileSetup) start(t *testing.T) *testkit.Serving {
+	return testkit.Serve(t, newService(t, f.cfg, f.out, f.health, f.logs.Logger(), f.clock, f.reg))
 }
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
@@ -58,22 +60,22 @@ func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
 	chain1, key1 := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain1, key1)
 	f.start(t)
-	b1 := f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) || string(b1.RootsPEM) != string(f.pki.rootPEM) {
 		t.Fatal("published bundle does not hold the files' content")
 	}
-	f.health.waitFor(t, messages.Ready, "")
+	f.health.WaitState(t, messages.Ready, "")
 
 	chain2, key2 := f.pki.leaf(t, time.Hour)
 	// Plain in-place writes, key first: in between, the pair may not
 	// match; the debounce and the final check must end on the new pair.
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), key2)
 	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain2)
-	b2 := f.out.waitFor(t, "rotated bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	b2 := f.out.WaitLast(t, "rotated bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 	if b2.Version == b1.Version {
 		t.Fatal("version unchanged after rotation")
 	}
-	f.health.waitFor(t, messages.Ready, "")
+	f.health.WaitState(t, messages.Ready, "")
 }
 
 func TestFilesRotationByRename(t *testing.T) {
@@ -81,7 +83,7 @@ func TestFilesRotationByRename(t *testing.T) {
 	chain1, key1 := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain1, key1)
 	f.start(t)
-	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 
 	chain2, key2 := f.pki.leaf(t, time.Hour)
 	for name, data := range map[string][]byte{KeyFileName: key2, CertChainFileName: chain2} {
@@ -91,7 +93,7 @@ func TestFilesRotationByRename(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f.out.waitFor(t, "renamed-in bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	f.out.WaitLast(t, "renamed-in bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 }
 
 // Kubernetes mounts secrets as name -> ..data/name with ..data a symlink to
@@ -122,11 +124,11 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 		}
 	}
 	f.start(t)
-	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
+	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
 
 	chain2, key2 := f.pki.leaf(t, time.Hour)
 	writeGeneration("..2026_01_01_00_00_00.2", chain2, key2)
-	f.out.waitFor(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	f.out.WaitLast(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 }
 
 func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
@@ -134,22 +136,22 @@ func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	chain1, key1 := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain1, key1)
 	f.start(t)
-	b1 := f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
-	f.health.waitFor(t, messages.Ready, "")
+	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.health.WaitState(t, messages.Ready, "")
 
 	// A corrupt chain.
 	mustWrite(t, filepath.Join(f.dir, CertChainFileName), []byte("-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"))
-	h := f.health.waitFor(t, messages.Degraded, filepath.Join(f.dir, CertChainFileName))
+	h := f.health.WaitState(t, messages.Degraded, filepath.Join(f.dir, CertChainFileName))
 	if !strings.Contains(h.Reason, "no PEM certificate") {
 		t.Errorf("reason %q does not say what is wrong", h.Reason)
 	}
 
 	// A well-formed key that does not belong to the (restored) leaf.
 	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain1)
-	f.health.waitFor(t, messages.Ready, "")
+	f.health.WaitState(t, messages.Ready, "")
 	_, otherKey := f.pki.leaf(t, time.Hour)
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), otherKey)
-	h = f.health.waitFor(t, messages.Degraded, "does not match the leaf certificate")
+	h = f.health.WaitState(t, messages.Degraded, "does not match the leaf certificate")
 	if !strings.Contains(h.Reason, filepath.Join(f.dir, KeyFileName)) {
 		t.Errorf("reason %q does not name the key file", h.Reason)
 	}
@@ -159,13 +161,13 @@ func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	if got, _ := f.out.Get(); got.Version != b1.Version {
 		t.Fatalf("bad update replaced the bundle: %s -> %s", b1.Version, got.Version)
 	}
-	if f.out.count() != 1 {
-		t.Fatalf("%d bundles published; want only the first", f.out.count())
+	if f.out.Len() != 1 {
+		t.Fatalf("%d bundles published; want only the first", f.out.Len())
 	}
 
 	// Recovery on the next change.
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), key1)
-	f.health.waitFor(t, messages.Ready, "")
+	f.health.WaitState(t, messages.Ready, "")
 }
 
 func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
@@ -173,7 +175,7 @@ func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 	chain1, key1 := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain1, key1)
 	f.start(t)
-	f.out.waitFor(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	f.writeAll(t, chain1, key1)
 	// The rewrite is seen and re-read ...
 	deadline := time.After(10 * time.Second)
@@ -185,7 +187,7 @@ func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 		}
 	}
 	// ... and publishes nothing.
-	if c := f.out.count(); c != 1 {
+	if c := f.out.Len(); c != 1 {
 		t.Fatalf("identical rewrite published: %d bundles", c)
 	}
 }
@@ -196,7 +198,7 @@ func TestFilesExpiredLeafRejected(t *testing.T) {
 	f.writeAll(t, chain, key)
 	f.clock = fixedClock{time.Now().Add(2 * time.Hour)}
 	f.start(t)
-	f.health.waitFor(t, messages.Starting, "leaf certificate has expired")
+	f.health.WaitState(t, messages.Starting, "leaf certificate has expired")
 	if _, ok := f.out.Get(); ok {
 		t.Fatal("expired certificate published")
 	}
@@ -205,11 +207,11 @@ func TestFilesExpiredLeafRejected(t *testing.T) {
 func TestFilesMissingAtStartThenAppear(t *testing.T) {
 	f := newFileSetup(t)
 	f.start(t)
-	f.health.waitFor(t, messages.Starting, CertChainFileName)
+	f.health.WaitState(t, messages.Starting, CertChainFileName)
 	chain, key := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain, key)
-	f.out.waitFor(t, "bundle once files appear", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
-	f.health.waitFor(t, messages.Ready, "")
+	f.out.WaitLast(t, "bundle once files appear", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
+	f.health.WaitState(t, messages.Ready, "")
 }
 
 // The mount directory itself may appear late.
@@ -217,13 +219,13 @@ func TestFilesDirectoryAppearsLate(t *testing.T) {
 	f := newFileSetup(t)
 	os.RemoveAll(f.dir)
 	f.start(t)
-	f.health.waitFor(t, messages.Starting, "no usable certificate")
+	f.health.WaitState(t, messages.Starting, "no usable certificate")
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	chain, key := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain, key)
-	f.out.waitFor(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
+	f.out.WaitLast(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
 }
 
 type fixedClock struct{ t time.Time }

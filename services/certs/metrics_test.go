@@ -8,26 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
-
-// metricValue sums the samples of the named metric in reg.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
 
 func TestFileMetrics(t *testing.T) {
 	f := newFileSetup(t)
@@ -36,16 +18,16 @@ func TestFileMetrics(t *testing.T) {
 	chain, key := f.pki.leaf(t, time.Hour)
 	f.writeAll(t, chain, key)
 	f.start(t)
-	f.out.waitFor(t, "bundle", func(b messages.CertBundle) bool { return b.Version != "" })
-	if v := metricValue(t, reg, "cert_expiry_seconds"); v < 3000 || v > 3600 {
+	f.out.WaitLast(t, "bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	if v := testkit.MetricValue(t, reg, "cert_expiry_seconds"); v < 3000 || v > 3600 {
 		t.Errorf("cert_expiry_seconds = %v, want about 3600", v)
 	}
-	if v := metricValue(t, reg, "num_file_secret_failures_total"); v != 0 {
+	if v := testkit.MetricValue(t, reg, "num_file_secret_failures_total"); v != 0 {
 		t.Errorf("num_file_secret_failures_total = %v before any failure", v)
 	}
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), []byte("junk"))
-	f.health.waitFor(t, messages.Degraded, "no PRIVATE KEY block")
-	if v := metricValue(t, reg, "num_file_secret_failures_total"); v < 1 {
+	f.health.WaitState(t, messages.Degraded, "no PRIVATE KEY block")
+	if v := testkit.MetricValue(t, reg, "num_file_secret_failures_total"); v < 1 {
 		t.Errorf("num_file_secret_failures_total = %v after a bad key", v)
 	}
 }
@@ -57,10 +39,10 @@ func TestCAMetrics(t *testing.T) {
 	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
 	c.ca.start(t)
 	c.start(t)
-	c.health.waitFor(t, messages.Starting, "token rejected")
+	c.health.WaitState(t, messages.Starting, "token rejected")
 	writeFile(t, c.cfg.TokenFile, []byte(testToken))
-	c.out.waitFor(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
-	sent, failed := metricValue(t, reg, "num_outgoing_requests"), metricValue(t, reg, "num_failed_outgoing_requests")
+	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	sent, failed := testkit.MetricValue(t, reg, "num_outgoing_requests"), testkit.MetricValue(t, reg, "num_failed_outgoing_requests")
 	if sent < 2 || failed < 1 || failed >= sent {
 		t.Errorf("num_outgoing_requests=%v num_failed_outgoing_requests=%v; want ≥2 sent, ≥1 failed, fewer failed than sent", sent, failed)
 	}

@@ -24,7 +24,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	c.cfg.FileDebounce = 20 * time.Millisecond
 	c.ca.start(t)
 	c.start(t)
-	b1 := c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	chain, err := parseCerts(b1.CertChainPEM)
 	if err != nil || chain[0].URIs[0].String() != c.cfg.SpiffeID() {
 		t.Fatalf("certificate is not the CA's: %v", err)
@@ -32,12 +32,12 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	if string(b1.RootsPEM) != string(mounted.rootPEM) {
 		t.Fatal("roots are not the mounted root-cert.pem")
 	}
-	c.health.waitFor(t, messages.Ready, "")
+	c.health.WaitState(t, messages.Ready, "")
 
 	// A new mounted root: the same certificate, the new roots, no CA call.
 	next := newTestPKI(t)
 	writeFile(t, rootFile, append(append([]byte{}, mounted.rootPEM...), next.rootPEM...))
-	b2 := c.out.waitFor(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.rootPEM) })
+	b2 := c.out.WaitLast(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.rootPEM) })
 	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
 		t.Fatal("a roots change must keep the certificate and change the version")
 	}
@@ -47,7 +47,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 
 	// A bad root file keeps the last good roots and says why.
 	writeFile(t, rootFile, []byte("garbage"))
-	c.health.waitFor(t, messages.Degraded, rootFile)
+	c.health.WaitState(t, messages.Degraded, rootFile)
 	if got, _ := c.out.Get(); got.Version != b2.Version {
 		t.Fatal("a bad root file replaced the bundle")
 	}
@@ -69,25 +69,25 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	}
 	c.cfg.FileDebounce = 20 * time.Millisecond
 	c.start(t) // the CA is down at first
-	c.health.waitFor(t, messages.Starting, "waiting for the trusted roots from the CA")
+	c.health.WaitState(t, messages.Starting, "waiting for the trusted roots from the CA")
 	if _, ok := c.out.Get(); ok {
 		t.Fatal("published without roots")
 	}
 	c.ca.start(t)
-	b1 := c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) {
 		t.Fatal("certificate is not the mounted one")
 	}
 	if string(b1.RootsPEM) != string(c.ca.pki.rootPEM) {
 		t.Fatal("roots are not the CA's")
 	}
-	c.health.waitFor(t, messages.Ready, "")
+	c.health.WaitState(t, messages.Ready, "")
 
 	// The mounted certificate rotates: the CA's roots stay, no CA call.
 	chain2, key2 := files.leaf(t, time.Hour)
 	os.WriteFile(filepath.Join(dir, KeyFileName), key2, 0o600)
 	os.WriteFile(filepath.Join(dir, CertChainFileName), chain2, 0o600)
-	b2 := c.out.waitFor(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
+	b2 := c.out.WaitLast(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 	if string(b2.RootsPEM) != string(c.ca.pki.rootPEM) {
 		t.Fatal("roots lost on rotation")
 	}
@@ -108,7 +108,7 @@ func TestMixedRootsFromCARefreshed(t *testing.T) {
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	c.ca.start(t)
 	c.start(t)
-	c.out.waitFor(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	deadline := time.Now().Add(20 * time.Second)
 	for c.ca.callCount() < 2 {
 		if time.Now().After(deadline) {
@@ -116,7 +116,7 @@ func TestMixedRootsFromCARefreshed(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if c.out.count() != 1 {
-		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.count())
+	if c.out.Len() != 1 {
+		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.Len())
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/messages/nds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func readSample(t *testing.T) []byte {
@@ -124,11 +125,11 @@ func TestSotWStreamGetsEverythingAndFollowsTheFile(t *testing.T) {
 		t.Error("edit did not reach the name table")
 	}
 	c.request(t, NameTableType, nil, ndsResp.GetVersionInfo(), ndsResp.GetNonce())
-	s.waitHealth(t, func(h messages.Health) bool { return h.State == messages.Ready }, "ready")
+	s.health.WaitLast(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
 
 	// A bad edit: the last good version stays, and health says why.
 	s.writeMesh(t, []byte("services:\n  - name: details\n    vip: [oops\n"))
-	h := s.waitHealth(t, degradedNaming(s.file), "degraded naming the file and line")
+	h := s.health.WaitLast(t, "degraded naming the file and line", degradedNaming(s.file))
 	if !strings.Contains(h.Reason, v2) {
 		t.Errorf("reason %q does not name the version served (%s)", h.Reason, v2)
 	}
@@ -147,7 +148,7 @@ func TestSotWStreamGetsEverythingAndFollowsTheFile(t *testing.T) {
 	if _, ok := unpack(t, cds.GetResources(), clusterName)[detailsCluster]; ok {
 		t.Errorf("fixed file still has %s", detailsCluster)
 	}
-	s.waitHealth(t, func(h messages.Health) bool { return h.State == messages.Ready }, "ready again")
+	s.health.WaitLast(t, "ready again", func(h messages.Health) bool { return h.State == messages.Ready })
 }
 
 // Editors often write in place (truncate, then write): the debounce reads
@@ -162,13 +163,7 @@ func TestInPlaceWritesAndIdenticalRewrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	unchanged := s.svc.m.reloads.WithLabelValues("unchanged")
-	deadline := time.Now().Add(waitFor)
-	for testutil.ToFloat64(unchanged) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the identical rewrite was never read")
-		}
-		time.Sleep(10 * time.Millisecond) // bounded polling of a counter
-	}
+	testkit.WaitFor(t, "the identical rewrite to be read", func() bool { return testutil.ToFloat64(unchanged) >= 1 })
 	if err := os.WriteFile(s.file, withDetails(sample), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +208,7 @@ func TestDeltaStream(t *testing.T) {
 			pending[typeURL] = q[1:]
 			return q[0]
 		}
-		deadline := time.After(waitFor)
+		deadline := time.After(testkit.Timeout)
 		for {
 			select {
 			case r := <-resps:
@@ -299,7 +294,7 @@ func TestDeltaStream(t *testing.T) {
 // The separate discovery services work too (Envoy without ADS).
 func TestClusterDiscoveryService(t *testing.T) {
 	s := startServer(t, readSample(t), messages.Ready, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	defer cancel()
 	stream, err := clusterservice.NewClusterDiscoveryServiceClient(s.dial(t)).StreamClusters(ctx)
 	if err != nil {
@@ -321,9 +316,9 @@ func TestClusterDiscoveryService(t *testing.T) {
 // nothing, and serves the file once it is fixed.
 func TestBadFirstFileThenFixed(t *testing.T) {
 	s := startServer(t, []byte("services: [\n"), messages.Starting, nil)
-	h := s.waitHealth(t, func(h messages.Health) bool {
+	h := s.health.WaitLast(t, "starting, naming the file and line", func(h messages.Health) bool {
 		return h.State == messages.Starting && strings.Contains(h.Reason, s.file) && strings.Contains(h.Reason, "line 1")
-	}, "starting, naming the file and line")
+	})
 	if !strings.Contains(h.Reason, "no mesh loaded yet") {
 		t.Errorf("reason %q", h.Reason)
 	}
@@ -333,7 +328,7 @@ func TestBadFirstFileThenFixed(t *testing.T) {
 	if v := c.next(t, resource.ClusterType).GetVersionInfo(); !hasPrefix(v, "1-") {
 		t.Errorf("first version %q", v)
 	}
-	s.waitHealth(t, func(h messages.Health) bool { return h.State == messages.Ready }, "ready")
+	s.health.WaitLast(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
 }
 
 // Restarting the service (as the tree does) serves again with a new
@@ -343,7 +338,7 @@ func TestRestartContinuesGenerations(t *testing.T) {
 	s.stop(t)
 	s.svc.health.Report(messages.Stopped, "stopped") // what the runner does
 	s.start(t)
-	s.waitHealth(t, func(h messages.Health) bool { return h.State == messages.Ready }, "ready after restart")
+	s.health.WaitLast(t, "ready after restart", func(h messages.Health) bool { return h.State == messages.Ready })
 	c := openSotW(t, s.dial(t))
 	if v := c.fetch(t, resource.ClusterType, nil).GetVersionInfo(); !hasPrefix(v, "2-") {
 		t.Errorf("version after restart %q, want generation 2", v)
@@ -362,7 +357,7 @@ func TestTokenRequired(t *testing.T) {
 		{"right", "Bearer s3cret", codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+			ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 			defer cancel()
 			if tc.header != "" {
 				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", tc.header)

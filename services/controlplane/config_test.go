@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -68,7 +69,7 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("CDS over TLS: %d clusters", len(r.GetResources()))
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	defer cancel()
 	stream, err := discovery.NewAggregatedDiscoveryServiceClient(s.dial(t)).StreamAggregatedResources(ctx) // plaintext
 	if err == nil {

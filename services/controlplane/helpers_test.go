@@ -1,11 +1,7 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -19,33 +15,16 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
-
-// waitFor bounds every wait in these tests: long enough for a loaded
-// machine, short enough that a hang fails the test rather than the suite.
-const waitFor = 15 * time.Second
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // server is a running control plane serving a mesh file in a temp dir.
 type server struct {
-	svc    *Service
-	file   string
-	health *messages.Cell[messages.Health]
-	logs   *syncBuffer
-	cancel context.CancelFunc
-	done   chan error
+	svc     *Service
+	file    string
+	health  *testkit.HealthRecorder
+	logs    *testkit.LogBuffer
+	serving *testkit.Serving
 }
 
 // startServer writes mesh to a temp file and serves it on a free loopback
@@ -54,80 +33,37 @@ type server struct {
 func startServer(t *testing.T, mesh []byte, want messages.HealthState, edit func(*Config)) *server {
 	t.Helper()
 	dir := t.TempDir()
-	s := &server{file: filepath.Join(dir, "mesh.yaml"), health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
-	if err := os.WriteFile(s.file, mesh, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	s := &server{file: filepath.Join(dir, "mesh.yaml"), health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
+	testkit.WriteFile(t, s.file, mesh)
 	cfg := DefaultConfig(s.file)
 	cfg.Listen = "127.0.0.1:0"
 	if edit != nil {
 		edit(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	svc, err := New(cfg, messages.NewRuntime(Name, s.health, nil, nil, log))
+	svc, err := New(cfg, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.svc = svc
 	s.start(t)
-	s.waitHealth(t, func(h messages.Health) bool { return h.State == want }, want.String())
+	s.health.WaitState(t, want, "")
 	return s
 }
 
 func (s *server) start(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel, s.done = cancel, make(chan error, 1)
-	go func() { s.done <- s.svc.Serve(ctx) }()
-	t.Cleanup(func() { s.stop(t) })
+	s.serving = testkit.Serve(t, s.svc)
 }
 
 func (s *server) stop(t *testing.T) {
 	t.Helper()
-	if s.cancel == nil {
-		return
-	}
-	s.cancel()
-	s.cancel = nil
-	select {
-	case err := <-s.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	case <-time.After(waitFor):
-		t.Error("Serve did not return after cancel")
-	}
-}
-
-// waitHealth waits until the latest report satisfies ok.
-func (s *server) waitHealth(t *testing.T, ok func(messages.Health) bool, what string) messages.Health {
-	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		h, set, changed := s.health.Watch()
-		if set && ok(h) {
-			return h
-		}
-		select {
-		case <-changed:
-		case err := <-s.done:
-			t.Fatalf("Serve returned %v while waiting for %s", err, what)
-		case <-deadline:
-			t.Fatalf("health never %s; last %+v\nlogs:\n%s", what, h, s.logs)
-		}
-	}
+	s.serving.Stop(t)
 }
 
 // writeMesh replaces the file as most tools do: a new file renamed over it.
 func (s *server) writeMesh(t *testing.T, mesh []byte) {
 	t.Helper()
-	tmp := s.file + ".tmp"
-	if err := os.WriteFile(tmp, mesh, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, s.file); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ReplaceFile(t, s.file, mesh)
 }
 
 func (s *server) dial(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
@@ -203,7 +139,7 @@ func (c *sotwClient) next(t *testing.T, typeURL string) *discovery.DiscoveryResp
 		c.pending[typeURL] = q[1:]
 		return q[0]
 	}
-	deadline := time.After(waitFor)
+	deadline := time.After(testkit.Timeout)
 	for {
 		select {
 		case r := <-c.resps:

@@ -22,6 +22,7 @@ import (
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and its balancers
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // The environment of the child process that plays the proxyless client.
@@ -72,7 +73,7 @@ services:
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*testkit.Timeout)
 	defer cancel()
 	child := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestProxylessChild$", "-test.count=1", "-test.v")
 	child.Env = append(os.Environ(),
@@ -118,7 +119,7 @@ func TestProxylessChild(t *testing.T) {
 	defer conn.Close()
 	client := healthpb.NewHealthClient(conn)
 	for _, want := range []string{os.Getenv(childFirstEnv), os.Getenv(childSecondEnv)} {
-		deadline := time.Now().Add(waitFor)
+		deadline := time.Now().Add(testkit.Timeout)
 		for {
 			var p peer.Peer
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)

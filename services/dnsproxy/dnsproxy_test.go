@@ -1,8 +1,6 @@
 package dnsproxy
 
 import (
-	"context"
-	"errors"
 	"net"
 	"os/exec"
 	"slices"
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func sortedAnswers(r *dns.Msg) []string {
@@ -28,7 +27,7 @@ func TestLocalAnswers(t *testing.T) {
 	up := startDnsmasq(t)
 	nt := testTable("v1")
 	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, up)}, &nt)
-	p.health.waitFor(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
+	p.health.WaitLast(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
 
 	for _, network := range []string{"udp", "tcp"} {
 		t.Run(network, func(t *testing.T) {
@@ -222,7 +221,7 @@ func TestNextServerAndParallel(t *testing.T) {
 func TestBeforeFirstTable(t *testing.T) {
 	up := startDnsmasq(t)
 	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, up)}, nil)
-	h := p.health.waitFor(t, "starting", func(h messages.Health) bool { return h.State == messages.Starting })
+	h := p.health.WaitLast(t, "starting", func(h messages.Health) bool { return h.State == messages.Starting })
 	if h.Reason != "DNS lookup table is not ready yet" || h.Service != "dns" {
 		t.Fatalf("health = %+v", h)
 	}
@@ -233,7 +232,7 @@ func TestBeforeFirstTable(t *testing.T) {
 		t.Fatalf("answered a mesh name before the table: %v", r)
 	}
 	p.table.Send(testTable("v1"))
-	p.health.waitFor(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
+	p.health.WaitLast(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
 	if r := exchange(t, p.addr, "reviews.", dns.TypeA, "udp"); len(r.Answer) != 2 {
 		t.Fatalf("after the table: %v", r)
 	}
@@ -394,16 +393,14 @@ func TestServeStopsAndRestarts(t *testing.T) {
 	nt := testTable("v1")
 	cell := messages.NewCell[messages.NameTable]()
 	cell.Send(nt)
-	h := newHealthLog()
+	h := &testkit.HealthRecorder{}
 	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, cell, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for run := 0; run < 2; run++ {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- svc.Serve(ctx) }()
-		h.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+		serving := testkit.Serve(t, svc)
+		h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 		for len(svc.Addrs()) == 0 {
 			time.Sleep(time.Millisecond)
 		}
@@ -412,15 +409,9 @@ func TestServeStopsAndRestarts(t *testing.T) {
 		if r := exchange(t, addr, "reviews.", dns.TypeA, "udp"); len(r.Answer) != 2 {
 			t.Fatalf("run %d: %v", run, r)
 		}
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Fatalf("run %d: Serve = %v", run, err)
-		}
+		serving.Stop(t)
 		// What the tree's runner does when a service has stopped.
 		svc.health.Report(messages.Stopped, "stopped")
-		h.mu.Lock()
-		h.all = nil
-		h.mu.Unlock()
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
 			t.Fatalf("run %d: port still bound after Serve returned: %v", run, err)

@@ -2,8 +2,6 @@ package dnsproxy
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -12,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -125,53 +123,8 @@ type proxy struct {
 	svc    *Service
 	addr   string
 	table  *messages.Cell[messages.NameTable]
-	health *healthLog
+	health *testkit.HealthRecorder
 	reg    *prometheus.Registry
-}
-
-// healthLog records every health report.
-type healthLog struct {
-	mu  sync.Mutex
-	all []messages.Health
-	ch  chan struct{}
-}
-
-func newHealthLog() *healthLog { return &healthLog{ch: make(chan struct{}, 1)} }
-
-func (h *healthLog) Send(v messages.Health) {
-	h.mu.Lock()
-	h.all = append(h.all, v)
-	h.mu.Unlock()
-	select {
-	case h.ch <- struct{}{}:
-	default:
-	}
-}
-
-func (h *healthLog) last() (messages.Health, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.all) == 0 {
-		return messages.Health{}, false
-	}
-	return h.all[len(h.all)-1], true
-}
-
-// waitFor waits until the last report satisfies ok.
-func (h *healthLog) waitFor(t testing.TB, what string, ok func(messages.Health) bool) messages.Health {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		if v, have := h.last(); have && ok(v) {
-			return v
-		}
-		select {
-		case <-h.ch:
-		case <-deadline:
-			v, _ := h.last()
-			t.Fatalf("health never became %s; last %+v", what, v)
-		}
-	}
 }
 
 func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
@@ -185,7 +138,7 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = 5 * time.Second // Istio's DNS_FORWARD_TIMEOUT
 	}
-	p := &proxy{table: messages.NewCell[messages.NameTable](), health: newHealthLog(), reg: prometheus.NewRegistry()}
+	p := &proxy{table: messages.NewCell[messages.NameTable](), health: &testkit.HealthRecorder{}, reg: prometheus.NewRegistry()}
 	if nt != nil {
 		p.table.Send(*nt)
 	}
@@ -194,16 +147,8 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 		t.Fatal(err)
 	}
 	p.svc = svc
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	})
-	p.health.waitFor(t, "listening", func(h messages.Health) bool { return h.State == messages.Ready || h.State == messages.Starting })
+	testkit.Serve(t, svc)
+	p.health.WaitLast(t, "listening", func(h messages.Health) bool { return h.State == messages.Ready || h.State == messages.Starting })
 	p.addr = svc.Addrs()[0]
 	return p
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -45,7 +46,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%+v: no error", c)
 		}
 	}
-	if _, err := New(valid("0.0.0.0:53"), messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil)); err == nil {
+	if _, err := New(valid("0.0.0.0:53"), messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil)); err == nil {
 		t.Error("New accepted a non-loopback address")
 	}
 }
@@ -70,7 +71,7 @@ func TestListenAddrs(t *testing.T) {
 
 func TestResolvConfErrors(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
-	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf", ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf", ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestResolvConfErrors(t *testing.T) {
 		t.Errorf("missing resolv.conf: %v", err)
 	}
 	empty := writeResolvConf(t)
-	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty, ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty, ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "no nameserver") {
 		t.Errorf("resolv.conf without nameserver: %v", err)
 	}
@@ -91,7 +92,7 @@ func TestListenConflict(t *testing.T) {
 	}
 	defer pc.Close()
 	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1"), ForwardTimeout: time.Second},
-		messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+		messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), pc.LocalAddr().String()) {
 		t.Errorf("port in use: %v", err)
 	}

@@ -1,9 +1,7 @@
 package dnsproxy
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -17,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 const tableV1 = `{"table": {
@@ -28,40 +27,15 @@ const tableV2 = `{"table": {
   "reviews.default.svc.cluster.local": {"ips": ["10.0.0.2"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}
 }}`
 
-func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTable], *healthLog) {
+func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTable], *testkit.HealthRecorder) {
 	t.Helper()
-	out, h := messages.NewCell[messages.NameTable](), newHealthLog()
+	out, h := messages.NewCell[messages.NameTable](), &testkit.HealthRecorder{}
 	tf := NewTableFile(path, out, messages.NewRuntime(TableFileName, h, nil, nil, testLogger(t)))
 	if tf.String() != "nametable" {
 		t.Errorf("String() = %q", tf.String())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tf.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve = %v", err)
-		}
-	})
+	testkit.Serve(t, tf)
 	return out, h
-}
-
-// waitTable waits until the published table satisfies ok.
-func waitTable(t *testing.T, c *messages.Cell[messages.NameTable], what string, ok func(messages.NameTable) bool) messages.NameTable {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		v, have, changed := c.Watch()
-		if have && ok(v) {
-			return v
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("table never %s; last %+v", what, v)
-		}
-	}
 }
 
 func reviewsIP(nt messages.NameTable) string {
@@ -78,20 +52,20 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, h := startTableFile(t, path)
-	v1 := waitTable(t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+	v1 := testkit.WaitValue[messages.NameTable](t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
 	if w := v1.Hosts["*.wild.example.com"]; len(w.IPs) != 2 || w.IPs[1] != netip.MustParseAddr("2001:db8::10") {
 		t.Fatalf("wildcard = %+v", w)
 	}
 	if v1.Version == "" {
 		t.Fatal("no version")
 	}
-	h.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready && v.Service == "nametable" })
+	h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready && v.Service == "nametable" })
 
 	// Changed in place.
 	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	v2 := waitTable(t, out, "v2", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
+	v2 := testkit.WaitValue[messages.NameTable](t, out, "v2", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
 	if v2.Version == v1.Version {
 		t.Fatal("version did not change")
 	}
@@ -100,7 +74,7 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"table": {`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := h.waitFor(t, "degraded", func(v messages.Health) bool { return v.State == messages.Degraded })
+	d := h.WaitLast(t, "degraded", func(v messages.Health) bool { return v.State == messages.Degraded })
 	if !strings.Contains(d.Reason, path) {
 		t.Errorf("reason %q does not name the file", d.Reason)
 	}
@@ -112,7 +86,7 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"table": {"x.example": {"ips": ["10.0.0.999"]}}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d = h.waitFor(t, "degraded for the IP", func(v messages.Health) bool {
+	d = h.WaitLast(t, "degraded for the IP", func(v messages.Health) bool {
 		return v.State == messages.Degraded && strings.Contains(v.Reason, "10.0.0.999")
 	})
 	if !strings.Contains(d.Reason, `"x.example"`) {
@@ -127,19 +101,19 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	waitTable(t, out, "v1 again", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
-	h.waitFor(t, "ready again", func(v messages.Health) bool { return v.State == messages.Ready })
+	testkit.WaitValue[messages.NameTable](t, out, "v1 again", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+	h.WaitLast(t, "ready again", func(v messages.Health) bool { return v.State == messages.Ready })
 
 	// Removed: Degraded, table kept.
 	os.Remove(path)
-	h.waitFor(t, "degraded when removed", func(v messages.Health) bool { return v.State == messages.Degraded })
+	h.WaitLast(t, "degraded when removed", func(v messages.Health) bool { return v.State == messages.Degraded })
 	if got, _ := out.Get(); reviewsIP(got) != "10.0.0.1" {
 		t.Errorf("table lost when the file was removed")
 	}
 }
 
 func TestTableFileMissingDirectory(t *testing.T) {
-	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), messages.NewRuntime(TableFileName, newHealthLog(), nil, nil, nil))
+	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), messages.NewRuntime(TableFileName, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err := tf.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "/nonexistent/dir/nametable.json") {
 		t.Errorf("Serve = %v", err)
 	}
@@ -153,16 +127,13 @@ func TestTableFileDrivesProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _ := startTableFile(t, path)
-	h := newHealthLog()
+	h := &testkit.HealthRecorder{}
 	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, out, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
-	h.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+	testkit.Serve(t, svc)
+	h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 	addr := svc.Addrs()[0]
 	get := func() string {
 		r := exchange(t, addr, "reviews.", dns.TypeA, "udp")
@@ -177,13 +148,7 @@ func TestTableFileDrivesProxy(t *testing.T) {
 	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for get() != "10.0.0.2" {
-		if time.Now().After(deadline) {
-			t.Fatal("reload never reached the proxy")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the reload to reach the proxy", func() bool { return get() == "10.0.0.2" })
 }
 
 func TestNDSZ(t *testing.T) {
@@ -195,7 +160,7 @@ func TestNDSZ(t *testing.T) {
 		t.Errorf("before the table: %d", rec.Code)
 	}
 	p.table.Send(nt)
-	p.health.waitFor(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+	p.health.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 	rec = httptest.NewRecorder()
 	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
 	var got ndsz

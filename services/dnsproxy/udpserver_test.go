@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // listenUpstream binds udp (and tcp) port 53 of a random loopback address,
@@ -43,7 +44,7 @@ func TestStopWithForwardsInFlight(t *testing.T) {
 	up, _, ip := listenUpstream(t) // reads, never answers
 	nt := testTable("v1")
 	cfg := Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, ip), ForwardTimeout: time.Hour}
-	svc, err := New(cfg, cellWith(nt), messages.NewRuntime(Name, newHealthLog(), nil, nil, nil))
+	svc, err := New(cfg, cellWith(nt), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

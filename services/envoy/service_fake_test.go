@@ -41,6 +41,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func runFake(t *testing.T, args ...string) (int, string) {
@@ -296,7 +298,7 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			path := fullBootstrap(t, dir, admin, metrics, health, agent.Listener.Addr().String(), apiType)
 
 			cmd := exec.Command(envoyBinary, "-c", path, "--disable-hot-restart")
-			var out syncBuffer
+			var out testkit.LogBuffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -433,7 +435,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 
 			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
 			cmd := exec.Command(envoyBinary, args...)
-			var out syncBuffer
+			var out testkit.LogBuffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -485,7 +487,7 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	// A cluster without a name fails Envoy's validation.
 	x.set(t, "bad", map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
 	cmd := exec.Command(envoyBinary, args...)
-	var out syncBuffer
+	var out testkit.LogBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,17 +1,13 @@
 package envoy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 
 	// fakeenvoy's dependencies, named here so that `go mod tidy` (which
 	// does not look into testdata/) keeps them.
@@ -133,36 +130,17 @@ func writeBootstrap(dir string, port int) ([]string, error) {
 		"--disable-hot-restart", "--allow-unknown-static-fields", "-l", "warning", "--concurrency", "1"}, nil
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // harness is one Service with its channels, running fakeenvoy (or envoy).
 type harness struct {
-	t       testing.TB
-	svc     *Service
-	state   *messages.Cell[messages.EnvoyState]
-	health  *messages.Stream[messages.Health]
-	drain   *messages.Stream[messages.Drain]
-	admin   string
-	stderr  *syncBuffer // Envoy's stderr
-	logs    *syncBuffer // the service's log
-	healths []messages.Health
-	xds     *xdsServer
+	t      testing.TB
+	svc    *Service
+	state  *messages.Cell[messages.EnvoyState]
+	health *testkit.HealthRecorder
+	drain  *messages.Stream[messages.Drain]
+	admin  string
+	stderr *testkit.LogBuffer // Envoy's stderr
+	logs   *testkit.LogBuffer // the service's log
+	xds    *xdsServer
 }
 
 // newHarness builds a service on a fresh bootstrap; env is added to Envoy's
@@ -186,11 +164,11 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	h := &harness{
 		t:      t,
 		state:  messages.NewCell[messages.EnvoyState](),
-		health: messages.NewStream[messages.Health](0, nil),
+		health: &testkit.HealthRecorder{},
 		drain:  messages.NewStream[messages.Drain](0, nil),
 		admin:  fmt.Sprintf("127.0.0.1:%d", port),
-		stderr: &syncBuffer{},
-		logs:   &syncBuffer{},
+		stderr: &testkit.LogBuffer{},
+		logs:   &testkit.LogBuffer{},
 	}
 	cfg := Config{
 		BinaryPath:               envoyBinary,
@@ -209,7 +187,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	if mod != nil {
 		mod(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := h.logs.Logger()
 	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
 	// The control plane Envoy's ADS talks to (the agent's XDS socket).
 	h.xds = startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
@@ -231,18 +209,7 @@ func (h *harness) serve(ctx context.Context) <-chan error {
 // waitState waits until the published EnvoyState satisfies ok.
 func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
 	h.t.Helper()
-	timeout := time.After(30 * time.Second)
-	for {
-		v, set, changed := h.state.Watch()
-		if set && ok(v) {
-			return v
-		}
-		select {
-		case <-changed:
-		case <-timeout:
-			h.t.Fatalf("timed out waiting for EnvoyState %s; last %+v", what, v)
-		}
-	}
+	return testkit.WaitValue(h.t, h.state, "EnvoyState "+what, ok)
 }
 
 // waitServe waits for Serve's error (hang guard only, not a timing check).
@@ -257,19 +224,10 @@ func (h *harness) waitServe(errc <-chan error) error {
 	}
 }
 
-// healthLog collects every Health report so far.
-func (h *harness) healthLog() []messages.Health {
-	h.healths = append(h.healths, h.health.Take()...)
-	return h.healths
-}
-
+// sawHealth says whether the service has reported state with a reason
+// holding reasonPart.
 func (h *harness) sawHealth(state messages.HealthState, reasonPart string) bool {
-	for _, r := range h.healthLog() {
-		if r.State == state && strings.Contains(r.Reason, reasonPart) && r.Service == "envoy" {
-			return true
-		}
-	}
-	return false
+	return h.health.Saw(Name, state, reasonPart)
 }
 
 func running(s messages.EnvoyState) bool { return s.Phase.Alive() }

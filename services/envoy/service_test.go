@@ -53,7 +53,7 @@ func TestStartReadyAndStop(t *testing.T) {
 	}
 	st = h.waitState("ready", ready)
 	if !h.sawHealth(messages.Starting, "") || !h.sawHealth(messages.Ready, "") {
-		t.Fatalf("health reports %+v; want Starting then Ready", h.healthLog())
+		t.Fatalf("health reports %+v; want Starting then Ready", h.health.All())
 	}
 
 	cancel()
@@ -129,7 +129,7 @@ func TestCrashExitStatus(t *testing.T) {
 				t.Fatalf("state = %+v", st)
 			}
 			if !h.sawHealth(messages.Failed, want) {
-				t.Fatalf("no Failed health naming %q: %+v", want, h.healthLog())
+				t.Fatalf("no Failed health naming %q: %+v", want, h.health.All())
 			}
 		})
 	}
@@ -151,7 +151,7 @@ func TestDrainExit(t *testing.T) {
 		t.Fatalf("state = %+v; want stopped after drain, clean exit", st)
 	}
 	if !h.sawHealth(messages.Starting, "draining") {
-		t.Fatalf("no not-ready draining health: %+v", h.healthLog())
+		t.Fatalf("no not-ready draining health: %+v", h.health.All())
 	}
 	if !realEnvoy {
 		if got := strings.Count(h.stderr.String(), "drain_listeners?inboundonly&graceful"); got != 1 {
@@ -323,7 +323,7 @@ func TestStartFailures(t *testing.T) {
 				t.Fatalf("Serve = %v; want %v naming %s", err, tc.is, tc.mention)
 			}
 			if !h.sawHealth(messages.Failed, tc.mention) {
-				t.Fatalf("no Failed health naming %s: %+v", tc.mention, h.healthLog())
+				t.Fatalf("no Failed health naming %s: %+v", tc.mention, h.health.All())
 			}
 			if _, set := h.state.Get(); set {
 				t.Fatal("EnvoyState published without a process")
@@ -656,7 +656,7 @@ func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 		t.Fatalf("phase = %v; want running", st.Phase)
 	}
 	if !h.sawHealth(messages.Starting, "config not received") {
-		t.Fatalf("health does not say why: %+v", h.healthLog())
+		t.Fatalf("health does not say why: %+v", h.health.All())
 	}
 	h.xds.set(t, "1", map[resource.Type][]types.Resource{
 		resource.ClusterType:  {&clusterv3.Cluster{Name: "c", ConnectTimeout: durationpb.New(time.Second)}},

@@ -119,7 +119,7 @@ func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 	c.recvUntil(t, "the rewritten file-root", names, func(r *discoveryv3.DiscoveryResponse) bool {
 		return trustedCA(decode(t, r)[fileRoot]) == string(ca2.rootPEM)
 	})
-	waitLog(t, s.logs, "read secret from file", "name="+fileRoot)
+	s.logs.WaitLine(t, "read secret from file", "name="+fileRoot)
 }
 
 // A missing file, a key that does not belong to its certificate, a CA file
@@ -158,7 +158,7 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 		if st.Code() != want.code || !containsAll(st.Message(), append(want.parts, `"`+name+`"`)...) {
 			t.Errorf("%s: %v; want %v naming the secret and %q", name, st, want.code, want.parts)
 		}
-		waitLog(t, s.logs, "cannot serve secret from file", "name="+name)
+		s.logs.WaitLine(t, "cannot serve secret from file", "name="+name)
 	}
 	h := s.waitHealth(t, messages.Degraded, missing)
 	if !containsAll(h.Reason, garbage, keyFile) {
@@ -300,4 +300,13 @@ func TestFileSecretFollowsDataSymlinkSwap(t *testing.T) {
 	c.recvUntil(t, "the second swap", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
 		return trustedCA(decode(t, r)[name]) == string(ca3.rootPEM)
 	})
+}
+
+func containsAll(s string, parts ...string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
 }

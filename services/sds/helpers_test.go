@@ -1,14 +1,10 @@
 package sds
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -37,44 +34,6 @@ func bundle(n int) messages.CertBundle {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-// waitLog waits until the log holds all of parts on one line.
-func waitLog(t *testing.T, logs *syncBuffer, parts ...string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, line := range strings.Split(logs.String(), "\n") {
-			if containsAll(line, parts...) {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line with %q; log:\n%s", parts, logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func containsAll(s string, parts ...string) bool {
-	for _, p := range parts {
-		if !strings.Contains(s, p) {
-			return false
-		}
-	}
-	return true
-}
-
 // server is an SDS service on a socket in a temp root. Its OS trust store
 // and CRL are files under the root, so that tests write them.
 type server struct {
@@ -83,30 +42,23 @@ type server struct {
 	root    string
 	certs   *messages.Cell[messages.CertBundle]
 	anchors *messages.Cell[messages.TrustAnchors]
-	health  *messages.Cell[messages.Health]
-	logs    *syncBuffer
-	cancel  context.CancelFunc
-	done    chan error
+	health  *testkit.HealthRecorder
+	logs    *testkit.LogBuffer
+	serving *testkit.Serving
 }
 
 // newServer makes a server, not started; configure may change its Config.
 func newServer(t *testing.T, configure ...func(*Config)) *server {
 	t.Helper()
-	// A short root: unix socket paths are limited to 107 bytes.
-	root, err := os.MkdirTemp("", "sds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testkit.ShortTempDir(t, "sds")
 	s := &server{cfg: testConfig(root), root: root, certs: messages.NewCell[messages.CertBundle](),
-		anchors: messages.NewCell[messages.TrustAnchors](), health: messages.NewCell[messages.Health](), logs: &syncBuffer{}}
+		anchors: messages.NewCell[messages.TrustAnchors](), health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
 	s.cfg.SystemRootFiles = []string{filepath.Join(root, "os/ssl/missing.crt"), filepath.Join(root, "os/ssl/ca-certificates.crt")}
 	s.cfg.FileDebounce = 10 * time.Millisecond
 	for _, f := range configure {
 		f(&s.cfg)
 	}
-	svc, err := New(s.cfg, Inputs{Certs: s.certs, TrustAnchors: s.anchors},
-		messages.NewRuntime(Name, s.health, nil, nil, slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	svc, err := New(s.cfg, Inputs{Certs: s.certs, TrustAnchors: s.anchors}, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,62 +73,24 @@ func startServer(t *testing.T, configure ...func(*Config)) *server {
 	return s
 }
 
+// start serves and waits until the server serves: Ready, or Degraded when
+// a test starts it with a bad file.
 func (s *server) start(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel, s.done = cancel, make(chan error, 1)
-	go func() { s.done <- s.svc.Serve(ctx) }()
-	t.Cleanup(func() { s.stop(t) })
-	deadline := time.After(10 * time.Second)
-	for { // Ready, or Degraded when a test starts it with a bad file
-		h, ok, changed := s.health.Watch()
-		if ok && h.State.Serving() {
-			return
-		}
-		select {
-		case <-changed:
-		case err := <-s.done:
-			t.Fatalf("Serve returned %v before serving", err)
-		case <-deadline:
-			t.Fatal("SDS server never serving")
-		}
-	}
+	s.serving = testkit.Serve(t, s.svc)
+	s.health.WaitLast(t, "the SDS server serving", func(h messages.Health) bool { return h.State.Serving() })
 }
 
 // waitHealth waits for the service's latest Health to be state with a
 // reason holding reasonHas.
 func (s *server) waitHealth(t *testing.T, state messages.HealthState, reasonHas string) messages.Health {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		h, ok, changed := s.health.Watch()
-		if ok && h.State == state && strings.Contains(h.Reason, reasonHas) {
-			return h
-		}
-		select {
-		case <-changed:
-		case err := <-s.done:
-			t.Fatalf("Serve returned %v before %v %q", err, state, reasonHas)
-		case <-deadline:
-			t.Fatalf("health never %v with %q; latest %v %q", state, reasonHas, h.State, h.Reason)
-		}
-	}
+	return s.health.WaitState(t, state, reasonHas)
 }
 
 func (s *server) stop(t *testing.T) {
-	if s.cancel == nil {
-		return
-	}
-	s.cancel()
-	s.cancel = nil
-	select {
-	case err := <-s.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve returned %v, want context.Canceled", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Error("Serve did not return after cancel")
-	}
+	t.Helper()
+	s.serving.Stop(t)
 	// What the tree's runner does when a service has stopped.
 	s.svc.health.Report(messages.Stopped, "stopped")
 }
@@ -187,12 +101,7 @@ func (s *server) write(t *testing.T, path string, data []byte) string {
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(s.root, path)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, data)
 	return path
 }
 

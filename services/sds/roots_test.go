@@ -138,7 +138,7 @@ func TestTrustAnchorsMergedIntoROOTCA(t *testing.T) {
 	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != want {
 		t.Fatalf("ROOTCA not deduplicated:\n%s\nwant\n%s", got, want)
 	}
-	waitLog(t, s.logs, "ignoring an extra trust anchor", "trust anchor #4")
+	s.logs.WaitLine(t, "ignoring an extra trust anchor", "trust anchor #4")
 	c.ack(t, r, names...)
 
 	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra1.rootPEM, extra2.rootPEM}, Version: "a3"})

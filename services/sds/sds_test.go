@@ -125,7 +125,7 @@ func TestBadNamesAreErrorsForThoseNamesOnly(t *testing.T) {
 			t.Errorf("%q: error %v; want InvalidArgument naming it", n, st)
 		}
 	}
-	waitLog(t, s.logs, "cannot serve secret", `name=nope`, "InvalidArgument")
+	s.logs.WaitLine(t, "cannot serve secret", `name=nope`, "InvalidArgument")
 	c.expectNothing(t, 100*time.Millisecond) // told once, not on every request
 
 	s.certs.Send(bundle(2))

@@ -80,7 +80,7 @@ func TestStaleSocketRemoved(t *testing.T) {
 	os.MkdirAll(filepath.Dir(s.cfg.SocketPath), 0o750)
 	staleSocket(t, s.cfg.SocketPath)
 	s.start(t)
-	waitLog(t, s.logs, "removing stale SDS socket", s.cfg.SocketPath)
+	s.logs.WaitLine(t, "removing stale SDS socket", s.cfg.SocketPath)
 	s.certs.Send(bundle(1))
 	if got := chainOf(decode(t, s.open(t, WorkloadKeyCertResourceName).recv(t))[WorkloadKeyCertResourceName]); got != "chain-1" {
 		t.Fatalf("chain %q", got)

@@ -43,8 +43,8 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 				}
 				return ips[0].String()
 			}
-			p.names.waitFor(t, "the first table", func(v []messages.NameTable) bool { return len(v) == 1 })
-			anchors := p.anchors.waitFor(t, "the trust anchors", func(v []messages.TrustAnchors) bool { return len(v) == 1 })
+			p.names.WaitFor(t, "the first table", func(v []messages.NameTable) bool { return len(v) == 1 })
+			anchors := p.anchors.WaitFor(t, "the trust anchors", func(v []messages.TrustAnchors) bool { return len(v) == 1 })
 			if len(anchors[0].PEM) != 1 || string(anchors[0].PEM[0]) != string(ca.certPEM) {
 				t.Errorf("trust anchors = %q, want the ProxyConfig's certificate", anchors[0].PEM)
 			}
@@ -53,7 +53,7 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 			if err := cp.SetNameTable(table("10.0.0.2")); err != nil {
 				t.Fatal(err)
 			}
-			p.names.waitFor(t, "the second table", func(v []messages.NameTable) bool { return len(v) == 2 })
+			p.names.WaitFor(t, "the second table", func(v []messages.NameTable) bool { return len(v) == 2 })
 			if err := cp.SetNameTable(table("not-an-ip")); err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 			if err := cp.SetNameTable(table("10.0.0.3")); err != nil {
 				t.Fatal(err)
 			}
-			got := p.names.waitFor(t, "the third table", func(v []messages.NameTable) bool { return len(v) == 3 })
+			got := p.names.WaitFor(t, "the third table", func(v []messages.NameTable) bool { return len(v) == 3 })
 			for i, want := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
 				if ip(got[i]) != want {
 					t.Errorf("table %d maps reviews to %q, want %s (versions %q)", i, ip(got[i]), want, got[i].Version)
@@ -94,7 +94,7 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 					t.Errorf("Envoy received a response of type %s", typ)
 				}
 			}
-			if st, _ := p.states.last(); st.Upstream != messages.XDSConnected {
+			if st, _ := p.states.Get(); st.Upstream != messages.XDSConnected {
 				t.Errorf("upstream state %v after NACKs, want connected", st.Upstream)
 			}
 		})
@@ -116,7 +116,7 @@ func TestProxyConfigBadAnchorNACKed(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustContain(t, "NACK", cp.Stats().LastNACK[xdsserver.ProxyConfigType], "caCertificatesPem[0]")
-	if got := p.anchors.all(); len(got) != 0 {
+	if got := p.anchors.All(); len(got) != 0 {
 		t.Errorf("published %d anchors from a bad ProxyConfig", len(got))
 	}
 }

@@ -37,10 +37,7 @@ func newBenchPair(b *testing.B, delta bool) *benchPair {
 	if err != nil {
 		b.Fatal(err)
 	}
-	root, err := makeTempRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
+	root := tempRoot(b)
 	cfg := testConfig(root, cp.Addr())
 	cfg.NodeID = "via"
 	cfg.CacheFile = filepath.Join(root, "xds-cache.pb")
@@ -81,7 +78,6 @@ func newBenchPair(b *testing.B, delta bool) *benchPair {
 		cancel()
 		<-done
 		cp.Close()
-		removeAll(root)
 	}
 	return p
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -281,7 +282,7 @@ func TestDeltaCacheAppliesRemovals(t *testing.T) {
 func TestStalledControlPlaneServesCache(t *testing.T) {
 	cp := controlPlane(t, xdsserver.Options{})
 	snapshot(t, cp, "v1", 3)
-	clock := newManualClock()
+	clock := testkit.NewManualClock()
 	cfg := testConfig(tempRoot(t), cp.Addr())
 	cfg.StallTimeout = time.Minute
 	p := startProxy(t, cfg, proxyOpts{clock: clock})
@@ -300,13 +301,13 @@ func TestStalledControlPlaneServesCache(t *testing.T) {
 	// (then the clock stops: the retries would keep it busy).
 	serving := make(chan struct{})
 	go func() {
-		if p.states.reached(func(v []messages.XDSState) bool {
+		if p.states.Reached(func(v []messages.XDSState) bool {
 			return len(v) > 0 && v[len(v)-1].Upstream == messages.XDSServingCache
 		}, ctx.Done()) {
 			close(serving)
 		}
 	}()
-	if !clock.advanceUntil(t, cfg.StallTimeout/4, 20, serving) {
+	if !clock.AdvanceUntil(t, cfg.StallTimeout/4, 20, serving) {
 		t.Fatal("the stalled stream did not end")
 	}
 	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {

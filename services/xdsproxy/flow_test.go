@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -133,7 +134,7 @@ func startSilent(t *testing.T) (*silentControlPlane, string) {
 // with Unavailable and Envoy reconnects; it is counted and reported.
 func TestStalledControlPlaneEndsStream(t *testing.T) {
 	silent, addr := startSilent(t)
-	clock := newManualClock()
+	clock := testkit.NewManualClock()
 	cfg := testConfig(tempRoot(t), addr)
 	cfg.OfflineCache = false
 	cfg.StallTimeout = time.Minute
@@ -141,7 +142,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	select {
 	case <-silent.got:
-	case <-time.After(testTimeout):
+	case <-time.After(testkit.Timeout):
 		t.Fatal("the request never reached the control plane")
 	}
 	ended := make(chan struct{})
@@ -149,7 +150,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 		defer close(ended)
 		_ = c.WaitFor(waitCtx(t), func(s xdsserver.State) bool { return len(s.Ends) > 0 })
 	}()
-	if !clock.advanceUntil(t, cfg.StallTimeout/4, 20, ended) {
+	if !clock.AdvanceUntil(t, cfg.StallTimeout/4, 20, ended) {
 		t.Fatal("the stream did not end")
 	}
 	end := c.State().Ends[0]
@@ -169,7 +170,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 	cp := controlPlane(t, xdsserver.Options{})
 	snapshot(t, cp, "v1", 2)
-	clock := newManualClock()
+	clock := testkit.NewManualClock()
 	cfg := testConfig(tempRoot(t), cp.Addr())
 	cfg.OfflineCache = false
 	cfg.StallTimeout = time.Minute
@@ -179,7 +180,7 @@ func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.advanceUntil(t, cfg.StallTimeout/4, 40, never) // ten stall timeouts
+	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never) // ten stall timeouts
 	if st := c.State(); len(st.Ends) != 0 || st.Streams != 1 {
 		t.Errorf("a quiet control plane was cut: %d streams, ends %v", st.Streams, st.Ends)
 	}
@@ -218,7 +219,7 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 func TestSlowEnvoyIsNotAStall(t *testing.T) {
 	cp := controlPlane(t, xdsserver.Options{})
 	snapshot(t, cp, "p0", 100)
-	clock := newManualClock()
+	clock := testkit.NewManualClock()
 	cfg := testConfig(tempRoot(t), cp.Addr())
 	cfg.OfflineCache = false
 	cfg.StallTimeout = time.Minute
@@ -241,7 +242,7 @@ func TestSlowEnvoyIsNotAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.advanceUntil(t, cfg.StallTimeout/4, 40, never)
+	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never)
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 0 {
 		t.Errorf("a slow Envoy was taken for a stalled control plane (%v)", got)
 	}

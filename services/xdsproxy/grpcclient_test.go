@@ -25,6 +25,7 @@ import (
 	// grpc-go's own xDS client: the xds:/// resolver and its balancers.
 	_ "google.golang.org/grpc/xds"
 
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -92,7 +93,7 @@ func TestProxylessGRPCThroughProxy(t *testing.T) {
 	startProxy(t, cfg, proxyOpts{})
 	checkBootstrap(t, cfg)
 
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), grpcClientEnv+"=xds:///"+target, "GRPC_XDS_BOOTSTRAP="+cfg.GRPCBootstrap.Path)

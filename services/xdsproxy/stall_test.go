@@ -6,17 +6,19 @@ import (
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // The watchdog's rule: a stall is requests waiting (an unanswered initial
 // request, or a blocked Send) with no sign of life for the timeout, and
 // never while answers wait for Envoy.
 func TestStallRule(t *testing.T) {
-	clock := newManualClock()
+	clock := testkit.NewManualClock()
 	delivering := false
 	w := newStallWatch(clock, time.Minute, func() bool { return delivering })
 
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	if err := w.stalled(); err != nil {
 		t.Fatalf("stalled with nothing waiting: %v", err)
 	}
@@ -27,11 +29,11 @@ func TestStallRule(t *testing.T) {
 	// asked does not reset the clock: the last sign of life is old.
 	w.sendStart()
 	w.sendDone()
-	clock.advance(59 * time.Second)
+	clock.Advance(59 * time.Second)
 	if err := w.stalled(); err != nil {
 		t.Fatalf("stalled before the timeout: %v", err)
 	}
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	var stall *stallError
 	if err := w.stalled(); !errors.As(err, &stall) || len(stall.types) != 1 || stall.types[0] != clusterType {
 		t.Fatalf("stalled() = %v, want a stall on CDS", err)
@@ -42,18 +44,18 @@ func TestStallRule(t *testing.T) {
 		t.Fatalf("a slow Envoy counted as a stall: %v", err)
 	}
 	delivering = false
-	clock.advance(30 * time.Second)
+	clock.Advance(30 * time.Second)
 	if err := w.stalled(); err != nil {
 		t.Fatalf("delivering did not count as a sign of life: %v", err)
 	}
 
 	w.answered(clusterType)
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	if err := w.stalled(); err != nil {
 		t.Fatalf("stalled with every request answered: %v", err)
 	}
 	w.sendStart()
-	clock.advance(time.Minute)
+	clock.Advance(time.Minute)
 	if err := w.stalled(); !errors.As(err, &stall) || !stall.sending {
 		t.Fatalf("a Send blocked for the timeout: %v, want a stall", err)
 	}

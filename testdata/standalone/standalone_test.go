@@ -5,11 +5,8 @@
 package standalone
 
 import (
-	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,37 +16,17 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-const waitFor = 30 * time.Second
-
-// run serves svc until the test ends and checks it stops when told.
-func run(t *testing.T, name string, svc interface{ Serve(context.Context) error }) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("%s: Serve returned %v, want context.Canceled", name, err)
-			}
-		case <-time.After(waitFor):
-			t.Errorf("%s: Serve did not return after cancel", name)
-		}
-	})
-}
 
 // The agent's real CA client (services/certs, as CA_ADDR, CA_ROOT_CA and a
 // token file configure it) gets its workload certificate from the embedded
 // CA, and rotates it well within the certificate's short lifetime.
 func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	dir := t.TempDir()
-	caHealth := messages.NewCell[messages.Health]()
+	caHealth := &testkit.HealthRecorder{}
 	caCfg := ca.DefaultConfig(filepath.Join(dir, "ca"))
 	caCfg.Listen = "127.0.0.1:0"
 	caCfg.CertLifetime = 4 * time.Second // the sample uses 1m; 4s keeps the test short
@@ -57,13 +34,11 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "ca", caSvc)
-	waitReady(t, caHealth)
+	testkit.Serve(t, caSvc)
+	caHealth.WaitState(t, messages.Ready, "")
 
 	token := filepath.Join(dir, "istio-token")
-	if err := os.WriteFile(token, []byte("a-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, token, []byte("a-token\n"))
 	certsCfg := certs.DefaultConfig()
 	certsCfg.Source = certs.SourceCA
 	certsCfg.CAAddr = caSvc.Addr() // 127.0.0.1:<port>: the serving certificate has that IP
@@ -75,7 +50,7 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "certs", certsSvc)
+	testkit.Serve(t, certsSvc)
 
 	first := nextBundle(t, bundles, "")
 	leaf := leafOf(t, first)
@@ -94,37 +69,10 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	}
 }
 
-func waitReady(t *testing.T, health *messages.Cell[messages.Health]) {
-	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		h, ok, changed := health.Watch()
-		if ok && h.State == messages.Ready {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("never ready; last %+v", h)
-		}
-	}
-}
-
 // nextBundle waits for a bundle whose version is not after.
 func nextBundle(t *testing.T, bundles *messages.Cell[messages.CertBundle], after string) messages.CertBundle {
 	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		b, ok, changed := bundles.Watch()
-		if ok && b.Version != after {
-			return b
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("no certificate after version %q", after)
-		}
-	}
+	return testkit.WaitValue[messages.CertBundle](t, bundles, "a certificate after version "+after, func(b messages.CertBundle) bool { return b.Version != after })
 }
 
 func leafOf(t *testing.T, b messages.CertBundle) *x509.Certificate {

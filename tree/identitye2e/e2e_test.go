@@ -1,13 +1,11 @@
 package identitye2e
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,55 +20,10 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-// healthLog keeps the latest Health per service.
-type healthLog struct {
-	mu     sync.Mutex
-	latest map[string]messages.Health
-	change chan struct{}
-}
-
-func (h *healthLog) Send(v messages.Health) {
-	h.mu.Lock()
-	h.latest[v.Service] = v
-	close(h.change)
-	h.change = make(chan struct{})
-	h.mu.Unlock()
-}
-
-func (h *healthLog) waitFor(t testing.TB, service string, state messages.HealthState, reasonHas string) messages.Health {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		h.mu.Lock()
-		v, ok := h.latest[service]
-		changed := h.change
-		h.mu.Unlock()
-		if ok && v.State == state && strings.Contains(v.Reason, reasonHas) {
-			return v
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s %v %q; latest %v %q", service, state, reasonHas, v.State, v.Reason)
-		}
-	}
-}
 
 // agent is certs and sds wired as the tree wires them, in a temp root.
 type agent struct {
@@ -79,23 +32,19 @@ type agent struct {
 	sdsCfg  sds.Config
 	bundles *messages.Cell[messages.CertBundle]
 	anchors *messages.Cell[messages.TrustAnchors] // what the XDS proxy would send
-	health  *healthLog
-	logs    *syncBuffer
+	health  *testkit.HealthRecorder
+	logs    *testkit.LogBuffer
 	log     *slog.Logger
 	keys    [][]byte // every private key the test wrote or received
-	wg      sync.WaitGroup
-	cancel  context.CancelFunc
+	serving []*testkit.Serving
 }
 
 func newAgent(t testing.TB) *agent {
 	t.Helper()
-	root, err := os.MkdirTemp("", "id") // short: unix socket path limit
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := testkit.ShortTempDir(t, "id")
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
-		health: &healthLog{latest: map[string]messages.Health{}, change: make(chan struct{})}, logs: &syncBuffer{}}
-	a.log = slog.New(slog.NewTextHandler(a.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
+	a.log = a.logs.Logger()
 	a.certCfg = certs.DefaultConfig()
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
@@ -106,17 +55,14 @@ func newAgent(t testing.TB) *agent {
 	// The OS trust store file-root:system serves is the test's.
 	a.sdsCfg.SystemRootFiles = []string{filepath.Join(root, "os/ca-certificates.crt")}
 	t.Cleanup(func() {
-		a.stop()
+		a.stop(t)
 		a.assertNoKeysLogged(t)
-		os.RemoveAll(root)
 	})
 	return a
 }
 
 func (a *agent) start(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
 	c, err := certs.New(a.certCfg, a.bundles, messages.NewRuntime(certs.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
@@ -125,23 +71,14 @@ func (a *agent) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, svc := range []interface{ Serve(context.Context) error }{c, s} {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			if err := svc.Serve(ctx); err != context.Canceled {
-				t.Errorf("%v: Serve returned %v", svc, err)
-			}
-		}()
-	}
-	a.health.waitFor(t, "sds", messages.Ready, "")
+	a.serving = []*testkit.Serving{testkit.Serve(t, c), testkit.Serve(t, s)}
+	a.health.WaitService(t, "sds", messages.Ready, "")
 }
 
-func (a *agent) stop() {
-	if a.cancel != nil {
-		a.cancel()
-		a.wg.Wait()
-		a.cancel = nil
+func (a *agent) stop(t testing.TB) {
+	t.Helper()
+	for _, s := range a.serving {
+		s.Stop(t)
 	}
 }
 
@@ -411,19 +348,19 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 	quiet := 3 * a.certCfg.FileDebounce
 
 	write(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
-	a.health.waitFor(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
+	a.health.WaitService(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
 	e.expectNothing(t, quiet)
 
 	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
-	a.health.waitFor(t, "certs", messages.Ready, "")
+	a.health.WaitService(t, "certs", messages.Ready, "")
 	_, otherKey := pki.leaf(t)
 	a.keys = append(a.keys, otherKey)
 	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
-	a.health.waitFor(t, "certs", messages.Degraded, "does not match the leaf certificate")
+	a.health.WaitService(t, "certs", messages.Degraded, "does not match the leaf certificate")
 	e.expectNothing(t, quiet)
 
 	writeSet(t, a, dir, pki, chain1, key1) // back to the served content
-	a.health.waitFor(t, "certs", messages.Ready, "")
+	a.health.WaitService(t, "certs", messages.Ready, "")
 	e.expectNothing(t, quiet)
 }
 
@@ -440,7 +377,7 @@ func TestCARenewalPushedOnSameStream(t *testing.T) {
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
 	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)
-	a.health.waitFor(t, "certs", messages.Starting, "e2e CA: bad token")
+	a.health.WaitService(t, "certs", messages.Starting, "e2e CA: bad token")
 
 	write(t, a.certCfg.TokenFile, []byte(testToken))
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)

@@ -96,7 +96,7 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 	e.until(t, "the updated OS trust store", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
 		return trustedCA(s[sds.FileRootSystemResourceName]) == string(osRoot.rootPEM)+string(osRoot2.rootPEM)
 	})
-	a.health.waitFor(t, "sds", messages.Ready, "")
+	a.health.WaitService(t, "sds", messages.Ready, "")
 }
 
 // A DestinationRule naming a file that is not there: an error for that
@@ -118,13 +118,13 @@ func TestMissingDestinationRuleFileIsAnErrorForThatSecretOnly(t *testing.T) {
 		st := errs[fileRoot]
 		return chainOf(s[sds.WorkloadKeyCertResourceName]) == string(chain) && st != nil && st.Code() == codes.NotFound && strings.Contains(st.Message(), missing)
 	})
-	a.health.waitFor(t, "sds", messages.Degraded, missing)
+	a.health.WaitService(t, "sds", messages.Degraded, missing)
 
 	write(t, missing, pki.rootPEM)
 	e.until(t, "the file once it exists", func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
 		return trustedCA(s[fileRoot]) == string(pki.rootPEM) && len(errs) == 0
 	})
-	a.health.waitFor(t, "sds", messages.Ready, "")
+	a.health.WaitService(t, "sds", messages.Ready, "")
 }
 
 // SPIRE (or another SDS server) already serves the workload identity on the
@@ -148,7 +148,7 @@ func TestExternalSDSServerInUse(t *testing.T) {
 	defer srv.Stop()
 
 	a.start(t)
-	a.health.waitFor(t, "sds", messages.Ready, "external SDS server on "+spire)
+	a.health.WaitService(t, "sds", messages.Ready, "external SDS server on "+spire)
 	if !sds.SocketLive(spire) {
 		t.Fatal("the external SDS server's socket is gone")
 	}

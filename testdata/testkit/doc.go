@@ -1,0 +1,22 @@
+// Package testkit is the one test kit of meshagent's tests: what every
+// service's tests need and would otherwise each write again.
+//
+//   - LogBuffer: a log sink safe for concurrent writers, and loggers for it
+//     and for t.Log;
+//   - Recorder and HealthRecorder: sinks that keep every value sent and wait,
+//     bounded, for one that satisfies a test; WaitValue does the same for a
+//     latest-value channel;
+//   - ManualClock and FrozenClock: messages.Clock for tests that control time;
+//   - Serve: a service's Serve in the background, stopped and checked at the
+//     end of the test;
+//   - WaitFor, FreePort, FreeAddr, ShortTempDir, WriteFile, ReplaceFile,
+//     MetricValue: the small helpers around them.
+//
+// Sub-packages: pki (a test PKI: roots, intermediates, leaves with SPIFFE
+// IDs, CRLs), istioca (the real services/ca started for a test that needs an
+// Istio CA) and xdsserver (a real xDS control plane).
+//
+// Every wait is bounded by Timeout: a deadlock detector, never a
+// performance threshold. Like everything under testdata it is skipped by
+// ./... patterns; its own tests run with `go test ./testdata/testkit/...`.
+package testkit

@@ -1,0 +1,103 @@
+package pki
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"math/big"
+	"testing"
+	"time"
+)
+
+func parse(t *testing.T, chainPEM []byte) *x509.Certificate {
+	t.Helper()
+	block, _ := pem.Decode(chainPEM)
+	if block == nil {
+		t.Fatal("no PEM")
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
+	root := NewRoot(t, "test root")
+	chain, key := root.Workload(t, 2*time.Hour)
+	if _, err := tls.X509KeyPair(chain, key); err != nil {
+		t.Fatal(err)
+	}
+	leaf := parse(t, chain)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: root.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != WorkloadID {
+		t.Errorf("URIs %v", leaf.URIs)
+	}
+	if got := leaf.NotAfter.Sub(leaf.NotBefore); got != 2*time.Hour {
+		t.Errorf("lifetime %v", got)
+	}
+	if other := NewRoot(t, "other"); other.Cert.Equal(root.Cert) {
+		t.Error("two roots are the same")
+	}
+}
+
+func TestExpiredLeaf(t *testing.T) {
+	root := NewRoot(t, "test root")
+	chain, _ := root.Leaf(t, Leaf{SPIFFE: WorkloadID, NotAfter: time.Now().Add(-time.Minute)})
+	leaf := parse(t, chain)
+	if !leaf.NotAfter.Before(time.Now()) || !leaf.NotBefore.Before(leaf.NotAfter) {
+		t.Fatalf("valid %v to %v", leaf.NotBefore, leaf.NotAfter)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: root.Pool()}); err == nil {
+		t.Fatal("an expired certificate verifies")
+	}
+}
+
+func TestServerTLS(t *testing.T) {
+	root := NewRoot(t, "test root")
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", root.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	defer func() { lis.Close(); <-served }()
+	for _, name := range []string{"istiod.istio-system.svc", "127.0.0.1"} {
+		c, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: root.Pool(), ServerName: name})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		c.Close()
+	}
+}
+
+func TestCRL(t *testing.T) {
+	root := NewRoot(t, "test root")
+	crlPEM := root.CRL(t, 3, 7, 9)
+	block, _ := pem.Decode(crlPEM)
+	if block == nil || block.Type != "X509 CRL" {
+		t.Fatalf("not a PEM CRL: %q", crlPEM)
+	}
+	crl, err := x509.ParseRevocationList(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := crl.CheckSignatureFrom(root.Cert); err != nil {
+		t.Fatal(err)
+	}
+	if crl.Number.Cmp(big.NewInt(3)) != 0 || len(crl.RevokedCertificateEntries) != 2 || crl.RevokedCertificateEntries[1].SerialNumber.Int64() != 9 {
+		t.Fatalf("CRL %v revokes %v", crl.Number, crl.RevokedCertificateEntries)
+	}
+}

@@ -1,0 +1,55 @@
+package testkit
+
+import (
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// Timeout bounds every wait of the kit: long enough for a loaded machine
+// running -race, short enough that a hang fails its test rather than the
+// whole run. It detects deadlocks; it never measures performance.
+const Timeout = 30 * time.Second
+
+// pollInterval is how often WaitFor asks again.
+const pollInterval = 5 * time.Millisecond
+
+// WaitFor polls cond until it holds, and fails the test naming what it
+// waited for when it has not within Timeout. For conditions nothing
+// signals (a file, an HTTP answer, a process); a value sent on a channel
+// of the agent is better waited for with Recorder or WaitValue, which wake
+// on each send.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(Timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", Timeout, what)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// WaitValue waits until the latest value of l satisfies ok, and returns
+// it. It wakes on every send, so it neither polls nor misses a value that
+// stays.
+func WaitValue[T any](t testing.TB, l messages.Latest[T], what string, ok func(T) bool) T {
+	t.Helper()
+	deadline := time.NewTimer(Timeout)
+	defer deadline.Stop()
+	for {
+		v, set, changed := l.Watch()
+		if set && ok(v) {
+			return v
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			if !set {
+				t.Fatalf("timed out after %v waiting for %s; nothing was sent", Timeout, what)
+			}
+			t.Fatalf("timed out after %v waiting for %s; latest %+v", Timeout, what, v)
+		}
+	}
+}
