@@ -19,6 +19,7 @@ import (
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/services/xdsproxy"
 )
 
 // Config is the agent, as cmd parsed and validated it: one plain config
@@ -34,6 +35,9 @@ type Config struct {
 	Envoy *envoy.Config
 	// Capture verifies (sidecar) or owns (VM) the iptables capture.
 	Capture *capture.ServiceConfig
+	// XDS is the XDS proxy between Envoy (or proxyless gRPC) and the
+	// control plane; it also brings NDS to the DNS proxy.
+	XDS *xdsproxy.Config
 	// DNS is the DNS proxy; NameTableFile, if set, feeds it from a file
 	// (tests, standalone mode) instead of NDS.
 	DNS           *dnsproxy.Config
@@ -73,6 +77,9 @@ func (c Config) Validate() error {
 	}
 	if c.DNS != nil {
 		check(dnsproxy.Name, c.DNS.Validate())
+	}
+	if c.XDS != nil {
+		check(xdsproxy.Name, c.XDS.Validate())
 	}
 	check("restart policy", c.DefaultPolicy.Validate())
 	check("envoy restart policy", c.EnvoyPolicy.Validate())
@@ -126,7 +133,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	}
 	if cfg.SDS != nil {
 		rt := runtime(sds.Name)
-		svc, err := sds.New(*cfg.SDS, ch.Certs, rt)
+		svc, err := sds.New(*cfg.SDS, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, rt)
 		check("sds", err)
 		identity = append(identity, required(svc, rt))
 	}
@@ -136,6 +143,16 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 
 	debug := map[string]http.Handler{}
 	var xds []Node
+	if cfg.XDS != nil {
+		rt := runtime(xdsproxy.Name)
+		svc, err := xdsproxy.New(*cfg.XDS,
+			xdsproxy.Inputs{Certs: ch.Certs, Workload: ch.Workload},
+			xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors}, rt)
+		check("xds proxy", err)
+		if err == nil {
+			xds = append(xds, required(svc, rt))
+		}
+	}
 	if cfg.NameTableFile != "" {
 		rt := runtime(dnsproxy.TableFileName)
 		xds = append(xds, required(dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, rt), rt))
@@ -163,14 +180,20 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	}
 
 	if cfg.Status != nil {
+		// The upstream's state is shown only when there is an XDS proxy.
+		var xdsState messages.Latest[messages.XDSState]
+		if cfg.XDS != nil {
+			xdsState = ch.XDS
+		}
 		sc := *cfg.Status
 		sc.Required = append(sc.Required, requiredNames...)
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
 		rt := runtime(status.Name)
 		st, err := status.New(sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree},
-			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos},
+			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState},
+			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
+				WorkloadHealth: ch.Workload},
 			rt)
 		check("status server", err)
 		if err == nil {

@@ -18,7 +18,6 @@ package main
 // service's Config.
 
 import (
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -30,7 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/services/status"
 	"github.com/meshagent/meshagent/tree"
 )
 
@@ -122,15 +120,27 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 
 	dns := dnsConfig(r, f, pod, c.proxyType)
 	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
+	sdsSocket := rooted(c.root, workloadIdentityDir+"/"+workloadSocketFile)
+	if sdsCfg != nil {
+		sdsSocket = sdsCfg.EnvoySocketPath()
+	}
+	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, sdsSocket: sdsSocket})
+	envoyUID := -1
+	if envoyCfg != nil && envoyCfg.RunAs != nil {
+		envoyUID = int(envoyCfg.RunAs.UID)
+	}
 	c.tree = tree.Config{
-		Status:        statusConfig(pc, f, in.gatherer),
-		Certs:         certsCfg,
-		SDS:           sdsCfg,
-		Envoy:         envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON, pod: pod, proxy: pc, dns: dns, euid: in.host.euid}),
-		Capture:       captureConfig(r, f, in.host, in.log),
+		Certs:   certsCfg,
+		SDS:     sdsCfg,
+		Envoy:   envoyCfg,
+		Capture: captureConfig(r, f, in.host, in.log),
+		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg,
+			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID}),
 		DNS:           dns.proxy,
 		NameTableFile: f.nameTable,
 	}
+	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
 	treePolicies(&c.tree, f, pc)
 	p.add(c.tree.Validate())
 	if err := p.err(); err != nil {
@@ -201,20 +211,6 @@ func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
 		}
 	}
 	return ips
-}
-
-// statusConfig is the status server on ProxyConfig.statusPort (all
-// interfaces, as Istio's); nil when the port is 0.
-func statusConfig(pc *meshconfig.ProxyConfig, f *proxyFlags, gatherer prometheus.Gatherer) *status.Config {
-	if pc.StatusPort == 0 {
-		return nil
-	}
-	return &status.Config{
-		Addr:      fmt.Sprintf(":%d", pc.StatusPort),
-		Chaos:     f.chaos,
-		Profiling: f.profiling,
-		Gatherer:  gatherer,
-	}
 }
 
 // treePolicies sets the restart policies and stop timeouts: the drain

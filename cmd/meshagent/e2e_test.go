@@ -27,6 +27,9 @@ const e2eVersion = "1.99.0-e2e"
 var agentBinary, envoyBinary, devcertsBinary string
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(xdsHelperEnv); addr != "" {
+		os.Exit(runXDSHelper(addr))
+	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it
 		// needs no binaries built.
@@ -117,15 +120,21 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
-	ports := freePorts(t, 4)
+	ports := freePorts(t, 5)
 	port, adminPort, statusPort, promPort := ports[0], ports[1], ports[2], ports[3]
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
+	var discovery string
 	if netns != "" {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, agentBinary, "proxy", "--root", root}, args...)...)
+		discovery = fmt.Sprintf("127.0.0.1:%d", ports[4])
+		startControlPlaneIn(t, netns, discovery)
+	} else {
+		discovery = startControlPlane(t).Addr()
 	}
 	cmd.Env = append(os.Environ(), append([]string{
-		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q}`,
-			port, adminPort, envoyBinary, drain),
+		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q,`+
+			`"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE"}`,
+			port, adminPort, envoyBinary, drain, discovery),
 		fmt.Sprintf("ENVOY_STATUS_PORT=%d", statusPort),
 		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", promPort),
 		"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",

@@ -58,6 +58,7 @@ var (
 		"Envoy.Env":           true,
 		"Envoy.Bootstrap.Env": true,
 		"Certs.CAHeaders":     true,
+		"XDS.Headers":         true,
 	}
 	shownElsewhere = map[string]string{
 		"Envoy.Bootstrap.Proxy": "(proxyConfig)",
@@ -65,7 +66,7 @@ var (
 	// secretName matches a field that holds a secret itself rather than a
 	// path to one (TokenFile and KeyFile are paths; a Token or PrivateKey
 	// field would not be).
-	secretName = regexp.MustCompile(`(?i)(token|secret|password|privatekey|credential)s?$`)
+	secretName = regexp.MustCompile(`(?i)(token|secret|password|privatekey|credential|httpheader)s?$`)
 )
 
 var durationType = reflect.TypeOf(time.Duration(0))

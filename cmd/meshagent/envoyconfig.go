@@ -2,7 +2,6 @@ package main
 
 import (
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/sds"
 )
 
 // envoyInputs are what the envoy service's config is built from besides
@@ -24,12 +24,17 @@ type envoyInputs struct {
 	proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
 	euid      int
+	// sdsSocket is the socket Envoy's sds-grpc cluster connects to (ours,
+	// or an external SDS server's: WORKLOAD_IDENTITY_SOCKET_FILE).
+	sdsSocket string
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
 // line, its process and its drain, from the ProxyConfig, the pod and Istio's
-// variables. Nil with DISABLE_ENVOY (proxyless gRPC).
-func envoyConfig(r envReader, in envoyInputs) *envoy.Config {
+// variables. The config is nil with DISABLE_ENVOY (proxyless gRPC); the
+// bootstrap config is always returned: the XDS proxy and the gRPC bootstrap
+// announce the same node.
+func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
 	pc := in.proxy
 	b := &envoy.BootstrapConfig{
 		ProxyType:       in.proxyType,
@@ -45,7 +50,7 @@ func envoyConfig(r envReader, in envoyInputs) *envoy.Config {
 		AnnotationsFile: rooted(in.root, podAnnotationsFile),
 		ConfigPath:      rooted(in.root, pc.ConfigPath),
 		XDSSocket:       rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)),
-		SDSSocket:       rooted(in.root, workloadIdentityDir+"/"+workloadSocketFile),
+		SDSSocket:       in.sdsSocket,
 		AdminPort:       int(pc.ProxyAdminPort),
 		StatusPort:      int(pc.StatusPort),
 		TemplateFile:    in.flags.templateFile,
@@ -64,7 +69,7 @@ func envoyConfig(r envReader, in envoyInputs) *envoy.Config {
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
-		CredentialSocketExists: liveSocket(rooted(in.root, credentialSocket)),
+		CredentialSocketExists: sds.SocketLive(rooted(in.root, credentialSocket)),
 	}
 	if in.flags.serviceCluster != nil {
 		b.ServiceCluster = *in.flags.serviceCluster
@@ -93,7 +98,7 @@ func envoyConfig(r envReader, in envoyInputs) *envoy.Config {
 		minimumDrain = *d
 	}
 	if envVar(r, "DISABLE_ENVOY", false, parseBool) {
-		return nil
+		return nil, b
 	}
 
 	adminHost := "127.0.0.1"
@@ -119,7 +124,7 @@ func envoyConfig(r envReader, in envoyInputs) *envoy.Config {
 	if in.euid == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53") {
 		cfg.RunAs = &envoy.Credential{UID: proxyUID, GID: proxyUID}
 	}
-	return cfg
+	return cfg, b
 }
 
 // drainQuery is Istio's drain_listeners query for the proxy type: only a
@@ -130,19 +135,4 @@ func drainQuery(proxyType string) string {
 		return sidecarDrainQuery
 	}
 	return gatewayDrainQuery
-}
-
-// liveSocket says whether path is a unix socket something listens on
-// (Istio sets the credential metadata only for a live credential-uds socket).
-func liveSocket(path string) bool {
-	st, err := os.Stat(path)
-	if err != nil || st.Mode()&os.ModeSocket == 0 {
-		return false
-	}
-	conn, err := net.DialTimeout("unix", path, time.Second)
-	if err != nil {
-		return false
-	}
-	conn.Close()
-	return true
 }

@@ -66,7 +66,21 @@ func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyC
 	if cc.Source == certs.SourceCA && provider == "none" {
 		return nil, nil
 	}
+
 	sc := sds.NewConfig(rooted(root, workloadIdentityDir+"/"+workloadSocketFile))
+	// A file name in the SDS socket's directory; a path is refused by
+	// Validate, naming the variable, as Istio refuses it.
+	sc.WorkloadIdentitySocketFile = envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, parseString)
+	sc.FilesSocketPath = rooted(root, credentialFilesSocket)
+	sc.FileDebounce = cc.FileDebounce
+	if envVar(r, "PILOT_ENABLE_CA_CRL", true, parseBool) {
+		sc.CRLFile = rooted(root, caCRLFile)
+	}
+	if cc.Source == certs.SourceCA && sds.SocketLive(sc.EnvoySocketPath()) {
+		// An external SDS server (SPIRE's agent) serves the workload
+		// identity: as Istio, no CA client; our SDS serves files only.
+		return nil, &sc
+	}
 	return &cc, &sc
 }
 

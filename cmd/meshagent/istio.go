@@ -27,22 +27,24 @@ const (
 
 // Paths, relative to --root ("/" in production), in Istio's spelling.
 const (
-	configPathDir       = "./etc/istio/proxy"                     // ProxyConfig.configPath: bootstrap, XDS socket
-	xdsSocketName       = "XDS"                                   // <configPath>/XDS: the xDS unix socket
-	grpcBootstrapFile   = "./etc/istio/proxy/grpc-bootstrap.json" // GRPC_XDS_BOOTSTRAP
-	meshConfigFile      = "./etc/istio/config/mesh"               // --meshConfig
-	podLabelsFile       = "./etc/istio/pod/labels"                // Downward API
-	podAnnotationsFile  = "./etc/istio/pod/annotations"
-	workloadIdentityDir = "./var/run/secrets/workload-spiffe-uds" // SDS socket directory
-	workloadSocketFile  = "socket"                                // WORKLOAD_IDENTITY_SOCKET_FILE
-	credentialSocket    = "./var/run/secrets/credential-uds/socket"
-	etcCertsDir         = "./etc/certs"                                   // file-mounted certificates, OUTPUT_CERTS on VMs
-	workloadCredsDir    = "./var/run/secrets/workload-spiffe-credentials" // file-mounted certificates (SPIFFE layout)
-	caRootCertFile      = "./var/run/secrets/istio/root-cert.pem"         // the control plane CA's root (configmap istio-ca-root-cert)
-	caCRLFile           = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
-	tokenFile           = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
-	envoyBinaryPath     = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
-	resolvConfFile      = "/etc/resolv.conf"                              // --resolv-conf: not under --root
+	configPathDir         = "./etc/istio/proxy"                     // ProxyConfig.configPath: bootstrap, XDS socket
+	xdsSocketName         = "XDS"                                   // <configPath>/XDS: the xDS unix socket
+	grpcBootstrapFile     = "./etc/istio/proxy/grpc-bootstrap.json" // GRPC_XDS_BOOTSTRAP
+	meshConfigFile        = "./etc/istio/config/mesh"               // --meshConfig
+	podLabelsFile         = "./etc/istio/pod/labels"                // Downward API
+	podAnnotationsFile    = "./etc/istio/pod/annotations"
+	workloadIdentityDir   = "./var/run/secrets/workload-spiffe-uds"         // SDS socket directory
+	workloadSocketFile    = "socket"                                        // WORKLOAD_IDENTITY_SOCKET_FILE
+	credentialSocket      = "./var/run/secrets/credential-uds/socket"       // an external credential SDS server
+	credentialFilesSocket = "./var/run/secrets/credential-uds/files-socket" // ours, files only, beside an external SDS server
+	xdsCacheFile          = "xds-cache.pb"                                  // <configPath>/xds-cache.pb: the last-known-good xDS configuration
+	etcCertsDir           = "./etc/certs"                                   // file-mounted certificates, OUTPUT_CERTS on VMs
+	workloadCredsDir      = "./var/run/secrets/workload-spiffe-credentials" // file-mounted certificates (SPIFFE layout)
+	caRootCertFile        = "./var/run/secrets/istio/root-cert.pem"         // the control plane CA's root (configmap istio-ca-root-cert)
+	caCRLFile             = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
+	tokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
+	envoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
+	resolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
 )
 
 // Drain and stop durations: Istio's, then meshagent's own.

@@ -165,6 +165,17 @@ func ReadDownwardAPI(path string) (map[string]string, error) {
 	return m, nil
 }
 
+// Node is the node Envoy announces to the control plane (id, cluster,
+// locality, metadata), as the bootstrap carries it: what the XDS proxy and
+// proxyless gRPC clients announce too.
+func (c BootstrapConfig) Node() (*corev3.Node, error) {
+	n, err := buildNode(c)
+	if err != nil {
+		return nil, err
+	}
+	return &corev3.Node{Id: n.id, Cluster: n.cluster, Locality: n.locality, Metadata: n.metadata}, nil
+}
+
 // nodeInfo is what the bootstrap needs to know about the pod, derived once from BootstrapConfig.
 type nodeInfo struct {
 	id          string

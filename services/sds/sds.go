@@ -47,15 +47,8 @@ type Service struct {
 	streamIDs atomic.Int64 // stream numbers for logs and nonces; never reset
 }
 
-// New returns the SDS server serving what certs holds, without extra trust
-// anchors. It is NewWithInputs(cfg, Inputs{Certs: certs}, rt), kept until
-// the tree passes Inputs.
-func New(cfg Config, certs messages.Latest[messages.CertBundle], rt messages.Runtime) (*Service, error) {
-	return NewWithInputs(cfg, Inputs{Certs: certs}, rt)
-}
-
-// NewWithInputs returns the SDS server reading in.
-func NewWithInputs(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
+// New returns the SDS server reading in.
+func New(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
 	if in.Certs == nil {
 		return nil, errors.New("sds: Inputs.Certs is required")
 	}

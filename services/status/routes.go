@@ -17,7 +17,10 @@ import (
 func (s *Service) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.handleReady)
-	mux.HandleFunc("GET /debug/tree", s.handleTree)
+	// The tree names every service, its last error and the control
+	// plane's address: loopback only, as pprof and /debug/ndsz (issue 12;
+	// kubectl port-forward arrives on loopback).
+	mux.HandleFunc("GET /debug/tree", loopbackOnly(s.handleTree))
 	metrics := s.metrics.ServeHTTP
 	if s.cfg.Metrics.LocalhostOnly {
 		metrics = loopbackOnly(metrics)
@@ -60,10 +63,12 @@ func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleTree prints the supervision tree: each node's state, restarts,
-// panics and last error; JSON with ?format=json.
+// panics and last error, then the XDS proxy's upstream; JSON with
+// ?format=json.
 func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 	t, _ := s.in.Tree.Get()
 	v := s.view.Load()
+	xds := s.xdsReport()
 	if r.URL.Query().Get("format") == "json" {
 		for i := range t.Services {
 			t.Services[i].StateName = displayState(t.Services[i], v)
@@ -75,11 +80,13 @@ func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 			Ready    bool                   `json:"ready"`
 			Reason   string                 `json:"reason,omitempty"`
 			Services []messages.ServiceInfo `json:"services"`
-		}{v.ready, v.reason, t.Services})
+			XDS      *xdsJSON               `json:"xds,omitempty"`
+		}{v.ready, v.reason, t.Services, xds.json()})
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	writeTree(w, t, v)
+	writeXDS(w, xds)
 }
 
 func writeTree(w io.Writer, t messages.TreeState, v *view) {
@@ -180,7 +187,8 @@ func postOnly(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // loopbackOnly refuses callers that are not on this host: these endpoints
-// stop, drain or break the agent.
+// stop, drain or break the agent, or show its insides. Only the connection's
+// own address counts: X-Forwarded-For and the like are the caller's word.
 func loopbackOnly(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		host, _, err := net.SplitHostPort(r.RemoteAddr)

@@ -64,6 +64,9 @@ type Inputs struct {
 	Health messages.Source[messages.Health]
 	Envoy  messages.Latest[messages.EnvoyState]
 	Tree   messages.Latest[messages.TreeState]
+	// XDS is the XDS proxy's upstream, shown in /debug/tree (xdsview.go);
+	// nil when the agent has no XDS proxy.
+	XDS messages.Latest[messages.XDSState]
 }
 
 // Outputs are what the status server sends.
@@ -98,6 +101,18 @@ type Service struct {
 	metrics  *mergedMetrics
 	clock    messages.Clock
 	workload workloadVerdict // touched only by runWorkloadProbe
+
+	// startedAt is when the agent started, as near as the status server
+	// knows: its construction, while the tree is built, after the
+	// configuration is parsed (milliseconds after the process started).
+	startedAt time.Time
+	// startup is Istio's startup_duration_seconds; it has no sample until
+	// the agent is first ready, so that "not ready yet" never reads as 0s.
+	startup *prometheus.GaugeVec
+	// startupRecorded: the first readiness was recorded. Like healths it
+	// survives restarts of this service, and is touched only by the state
+	// loop.
+	startupRecorded bool
 }
 
 // view is an immutable snapshot for the HTTP handlers.
@@ -114,7 +129,12 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	s.prober = newProber(cfg.Probes, rt.Log)
 	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log)
 	s.clock = rt.Clock
-	if err := rt.Register(s.metrics.collectors()...); err != nil {
+	s.startedAt = rt.Clock.Now()
+	s.startup = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "startup_duration_seconds",
+		Help: "The time from the process starting to being marked ready.",
+	}, nil)
+	if err := rt.Register(append(s.metrics.collectors(), s.startup)...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -196,10 +216,25 @@ func (s *Service) update() {
 	for k, v := range s.healths {
 		snapshot[k] = v
 	}
+	if ready && !s.startupRecorded {
+		s.recordStartup() // before the handlers can answer 200
+	}
 	prev := s.view.Swap(&view{ready: ready, reason: reason, healths: snapshot})
 	if prev.ready != ready || prev.reason != reason {
 		s.out.Readiness.Send(messages.Readiness{Ready: ready, Reason: reason})
 	}
+}
+
+// recordStartup sets startup_duration_seconds once, when /healthz/ready
+// first answers 200. Istio records it when a readiness probe first finds
+// Envoy ready (ready/probe.go), so its value depends on kubelet's probe
+// period; this one is the moment the verdict changed. Later returns to
+// ready (after an Envoy restart) are not a start-up and leave it alone.
+func (s *Service) recordStartup() {
+	s.startupRecorded = true
+	took := s.clock.Now().Sub(s.startedAt)
+	s.startup.WithLabelValues().Set(took.Seconds())
+	s.log.Info("agent ready", "startup_duration", took.Round(time.Millisecond))
 }
 
 // readiness is the verdict of /healthz/ready: every reason it is not ready.

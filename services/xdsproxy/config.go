@@ -26,22 +26,9 @@ import (
 // Name is the service's name in logs, metrics, health and /debug/tree.
 const Name = "xds"
 
-// Istio's defaults (pilot-agent), and ours where Istio has none.
+// Istio's defaults (pilot-agent), and ours where Istio has none. Istio's
+// paths and addresses are not defaults here: cmd gives them from its table.
 const (
-	// DefaultDiscoveryAddress is ProxyConfig.discoveryAddress's default.
-	DefaultDiscoveryAddress = "istiod.istio-system.svc:15012"
-	// DefaultSocketPath is Istio's XDS socket, <ConfigPath>/XDS, relative
-	// to the root.
-	DefaultSocketPath = "etc/istio/proxy/XDS"
-	// DefaultTokenFile is the JWT sent as a bearer token to the control
-	// plane, relative to the root.
-	DefaultTokenFile = "var/run/secrets/tokens/istio-token"
-	// DefaultCARootFile is the control plane's CA root (the istio-ca-root-cert
-	// config map, mounted), relative to the root.
-	DefaultCARootFile = "var/run/secrets/istio/root-cert.pem"
-	// DefaultGRPCBootstrapPath is GRPC_XDS_BOOTSTRAP's default, relative to
-	// the root.
-	DefaultGRPCBootstrapPath = "etc/istio/proxy/grpc-bootstrap.json"
 	// DefaultKeepaliveInterval and DefaultKeepaliveTimeout are
 	// GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT's defaults.
 	DefaultKeepaliveInterval = 30 * time.Second
@@ -123,7 +110,7 @@ type Config struct {
 	KeepaliveTimeout  time.Duration
 
 	// DiscoveryAddress is the control plane, host:port
-	// (ProxyConfig.discoveryAddress, default istiod.istio-system.svc:15012).
+	// (ProxyConfig.discoveryAddress).
 	DiscoveryAddress string
 	// Plaintext: no TLS to the control plane
 	// (ProxyConfig.controlPlaneAuthPolicy: NONE).
@@ -196,17 +183,16 @@ type Config struct {
 	StopTimeout time.Duration
 }
 
-// DefaultConfig is Istio's defaults with every path under root.
-func DefaultConfig(root string) Config {
+// NewConfig is the config of a proxy serving Envoy on socketPath with the
+// service's own defaults: the socket's owner left alone, TLS with roots from
+// a file (RootCAFile is the caller's to set), the last-known-good cache on.
+func NewConfig(socketPath string) Config {
 	return Config{
-		SocketPath:       filepath.Join(root, DefaultSocketPath),
-		SocketUID:        -1,
-		SocketGID:        -1,
-		DiscoveryAddress: DefaultDiscoveryAddress,
-		Roots:            RootsFile,
-		RootCAFile:       filepath.Join(root, DefaultCARootFile),
-		TokenFile:        filepath.Join(root, DefaultTokenFile),
-		OfflineCache:     true,
+		SocketPath:   socketPath,
+		SocketUID:    -1,
+		SocketGID:    -1,
+		Roots:        RootsFile,
+		OfflineCache: true,
 	}
 }
 
@@ -229,9 +215,6 @@ func (c Config) withDefaults() Config {
 	def(&c.StopTimeout, DefaultStopTimeout)
 	if c.CacheMaxBytes == 0 {
 		c.CacheMaxBytes = DefaultCacheMaxBytes
-	}
-	if c.DiscoveryAddress == "" {
-		c.DiscoveryAddress = DefaultDiscoveryAddress
 	}
 	return c
 }

@@ -84,7 +84,7 @@ func TestProxylessGRPCThroughProxy(t *testing.T) {
 	certDir := filepath.Join(root, "etc/certs")
 	meta, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "default", "INSTANCE_IPS": "127.0.0.1"})
 	cfg.GRPCBootstrap = GRPCBootstrap{
-		Path:     filepath.Join(root, DefaultGRPCBootstrapPath),
+		Path:     filepath.Join(root, "etc/istio/proxy/grpc-bootstrap.json"),
 		Node:     &corev3.Node{Id: "sidecar~127.0.0.1~grpc-app.default~default.svc.cluster.local", Metadata: meta},
 		CertFile: filepath.Join(certDir, "cert-chain.pem"), KeyFile: filepath.Join(certDir, "key.pem"),
 		CAFile: filepath.Join(certDir, "root-cert.pem"),

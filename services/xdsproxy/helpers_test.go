@@ -286,7 +286,9 @@ func removeAll(dir string) { _ = os.RemoveAll(dir) }
 // testConfig is a plaintext proxy for the control plane at addr, with
 // its socket and cache under root.
 func testConfig(root, addr string) Config {
-	cfg := DefaultConfig(root)
+	cfg := NewConfig(filepath.Join(root, "etc/istio/proxy/XDS"))
+	cfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
+	cfg.RootCAFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	cfg.DiscoveryAddress = addr
 	cfg.Plaintext = true
 	cfg.NodeID = testNode

@@ -121,7 +121,7 @@ func (a *agent) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sds.NewWithInputs(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
+	s, err := sds.New(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
 	}

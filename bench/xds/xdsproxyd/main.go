@@ -27,7 +27,7 @@ import (
 )
 
 func main() {
-	cfg := xdsproxy.DefaultConfig("/")
+	cfg := xdsproxy.NewConfig("")
 	flag.StringVar(&cfg.SocketPath, "socket", "", "the XDS socket to listen on (absolute)")
 	flag.StringVar(&cfg.DiscoveryAddress, "upstream", "", "the control plane, host:port (plaintext)")
 	flag.StringVar(&cfg.NodeID, "node", "", "the node id whose configuration is cached")

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+// The agent's upstream in these tests is a real control plane
+// (go-control-plane, testdata/testkit/xdsserver) on loopback, plaintext:
+// the agent's XDS proxy forwards the stand-in Envoy's ADS stream to it, and
+// Envoy turns ready only once its clusters and listeners have arrived, as a
+// real Envoy does.
+
+// xdsHelperEnv makes the test binary a control plane listening on the
+// variable's address until it is signalled: the agent in a network
+// namespace reaches its control plane on that namespace's loopback.
+const xdsHelperEnv = "MESHAGENT_XDS_HELPER"
+
+// meshSnapshot is a small mesh as istiod would send it: two services
+// (EDS clusters with their endpoints) and an inbound listener with its
+// route.
+func meshSnapshot(version string) (clusters, listeners, routes, endpoints []types.Resource) {
+	for i, host := range []string{"reviews.e2e.svc.cluster.local", "ratings.e2e.svc.cluster.local"} {
+		name := fmt.Sprintf("outbound|9080||%s", host)
+		clusters = append(clusters, xdsserver.Cluster(name))
+		endpoints = append(endpoints, xdsserver.Endpoints(name, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 19080+i))))
+	}
+	listeners = []types.Resource{xdsserver.Listener("virtualInbound", "inbound|"+version, false, 15006)}
+	routes = []types.Resource{xdsserver.Route("inbound|"+version, "outbound|9080||reviews.e2e.svc.cluster.local", "*")}
+	return clusters, listeners, routes, endpoints
+}
+
+// startControlPlane serves meshSnapshot("v1") on a free loopback port
+// until the test ends.
+func startControlPlane(t *testing.T) *xdsserver.Server {
+	t.Helper()
+	cp, err := serveMesh("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	return cp
+}
+
+func serveMesh(addr string) (*xdsserver.Server, error) {
+	cp, err := xdsserver.Start(xdsserver.Options{Addr: addr})
+	if err != nil {
+		return nil, err
+	}
+	c, l, r, e := meshSnapshot("v1")
+	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
+		cp.Close()
+		return nil, err
+	}
+	return cp, nil
+}
+
+// startControlPlaneIn runs a control plane on addr inside the network
+// namespace ns (the test binary in helper mode).
+func startControlPlaneIn(t *testing.T, ns, addr string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, self)
+	cmd.Env = append(os.Environ(), xdsHelperEnv+"="+addr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+}
+
+// runXDSHelper is the test binary as a control plane (xdsHelperEnv).
+func runXDSHelper(addr string) int {
+	cp, err := serveMesh(addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "control plane helper:", err)
+		return 1
+	}
+	defer cp.Close()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+	return 0
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/services/certs"
+	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/xdsproxy"
+)
+
+// xdsInputs are what the XDS proxy's config is built from besides the
+// environment.
+type xdsInputs struct {
+	root  string
+	proxy *meshconfig.ProxyConfig
+	// bootstrap is Envoy's bootstrap config: the proxy caches what that
+	// node acknowledged, and the gRPC bootstrap announces the same node.
+	bootstrap *envoy.BootstrapConfig
+	// certs is the certificate source (nil: none): file-mounted
+	// certificates give the control plane's roots and a client certificate.
+	certs *certs.Config
+	// nds: the DNS proxy is on and fed by the control plane (not by
+	// --name-table, which wins when given).
+	nds bool
+	// envoyUID is Envoy's uid when it differs from the agent's (-1: same):
+	// the socket is then chowned to it.
+	envoyUID int
+}
+
+// xdsConfig is the XDS proxy's config from Istio's ProxyConfig and
+// variables (pkg/istio-agent/xds_proxy.go, agent.go): the socket Envoy's
+// bootstrap names, the upstream with Istio's choice of roots, the agent's
+// own types, and ours: the last-known-good cache.
+func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
+	pc := in.proxy
+	c := xdsproxy.NewConfig(rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)))
+	if in.envoyUID >= 0 {
+		c.SocketUID, c.SocketGID = in.envoyUID, in.envoyUID
+	}
+	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, parseDuration)
+	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, parseDuration)
+
+	c.DiscoveryAddress = pc.DiscoveryAddress
+	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
+	c.Roots, c.RootCAFile = xdsRoots(r, in)
+	c.ServerName = envVar(r, "ISTIOD_SAN", "", parseString)
+	provCert := envVar(r, "PROV_CERT", "", parseString)
+	c.ClientCertificate = provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
+	c.TokenFile = rooted(in.root, tokenFile)
+	c.ClusterID = envVar(r, "ISTIO_META_CLUSTER_ID", "", parseString)
+	c.Headers = r.env.prefixed("XDS_HEADER_")
+
+	c.NDS = in.nds
+	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, parseBool)
+	c.HealthUpdates = pc.GetReadinessProbe() != nil
+
+	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, parseBool)
+	b := in.bootstrap
+	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
+	if c.OfflineCache {
+		c.CacheFile = rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
+	}
+
+	c.GRPCBootstrap.Path = rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, parseString))
+	node, err := b.Node()
+	if err != nil {
+		r.problems.addf("the node proxyless gRPC clients announce: %v", err)
+	}
+	c.GRPCBootstrap.Node = node
+	if out := envVar(r, "OUTPUT_CERTS", "", parseString); out != "" {
+		// The certificate provider gRPC's xDS client reads: the files the
+		// agent writes (Istio points it at OUTPUT_CERTS too).
+		dir := rooted(in.root, out)
+		c.GRPCBootstrap.CertFile = filepath.Join(dir, certs.CertChainFileName)
+		c.GRPCBootstrap.KeyFile = filepath.Join(dir, certs.KeyFileName)
+		c.GRPCBootstrap.CAFile = filepath.Join(dir, certs.RootCertFileName)
+	}
+	return &c
+}
+
+// xdsRoots is where the roots verifying the control plane come from, in
+// Istio's order (FindRootCAForXDS): XDS_ROOT_CA (SYSTEM: the OS's), a
+// mounted ./etc/certs/root-cert.pem, PROV_CERT's root, the file-mounted
+// certificates' roots, else the CA root Kubernetes mounts.
+func xdsRoots(r envReader, in xdsInputs) (xdsproxy.RootSource, string) {
+	switch v := envVar(r, "XDS_ROOT_CA", "", parseString); v {
+	case "SYSTEM":
+		return xdsproxy.RootsSystem, ""
+	case "":
+	default:
+		return xdsproxy.RootsFile, rooted(in.root, v)
+	}
+	if etcRoot := rooted(in.root, filepath.Join(etcCertsDir, certs.RootCertFileName)); fileExists(etcRoot) {
+		return xdsproxy.RootsFile, etcRoot
+	}
+	if prov := envVar(r, "PROV_CERT", "", parseString); prov != "" {
+		return xdsproxy.RootsFile, rooted(in.root, filepath.Join(prov, certs.RootCertFileName))
+	}
+	if in.certs != nil && in.certs.Source == certs.SourceFiles {
+		return xdsproxy.RootsCertBundle, ""
+	}
+	return xdsproxy.RootsFile, rooted(in.root, caRootCertFile)
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

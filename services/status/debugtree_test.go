@@ -1,0 +1,154 @@
+package status
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// treeRequest sends GET path to the server's routes from remote.
+func treeRequest(s *Service, path, remote string, header http.Header) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.RemoteAddr = remote
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	rec := httptest.NewRecorder()
+	s.routes().ServeHTTP(rec, req)
+	return rec
+}
+
+// /debug/tree names every service, its last error and the control plane:
+// loopback callers only, as pprof and /debug/ndsz. A header naming
+// loopback is the caller's word, not its address.
+func TestDebugTreeIsLoopbackOnly(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "dns", Path: "xds/dns", StateName: "ready"}}})
+	spoofed := http.Header{"X-Forwarded-For": {"127.0.0.1"}, "X-Real-Ip": {"127.0.0.1"}, "Forwarded": {"for=127.0.0.1"}}
+	for _, c := range []struct {
+		remote string
+		header http.Header
+		want   int
+	}{
+		{"192.0.2.10:40000", nil, http.StatusForbidden},
+		{"192.0.2.10:40000", spoofed, http.StatusForbidden},
+		{"[2001:db8::1]:40000", nil, http.StatusForbidden},
+		{"127.0.0.1:40000", nil, http.StatusOK},
+		{"[::1]:40000", nil, http.StatusOK},
+	} {
+		for _, path := range []string{"/debug/tree", "/debug/tree?format=json"} {
+			rec := treeRequest(f.svc, path, c.remote, c.header)
+			if rec.Code != c.want {
+				t.Errorf("GET %s from %s (headers %v) = %d, want %d", path, c.remote, c.header, rec.Code, c.want)
+			}
+			if got := strings.Contains(rec.Body.String(), "dns"); got != (c.want == http.StatusOK) {
+				t.Errorf("GET %s from %s: the tree shown: %v\n%s", path, c.remote, got, rec.Body.String())
+			}
+		}
+	}
+}
+
+// treeJSON is /debug/tree?format=json as a client reads it.
+type treeJSON struct {
+	Services []messages.ServiceInfo `json:"services"`
+	XDS      *struct {
+		Reported  bool              `json:"reported"`
+		Upstream  string            `json:"upstream"`
+		Address   string            `json:"address"`
+		Since     time.Time         `json:"since"`
+		LastError string            `json:"last_error"`
+		LastACK   map[string]string `json:"last_ack"`
+	} `json:"xds"`
+}
+
+func getTree(t *testing.T, s *Service) (text string, js treeJSON) {
+	t.Helper()
+	text = treeRequest(s, "/debug/tree", "127.0.0.1:1", nil).Body.String()
+	body := treeRequest(s, "/debug/tree?format=json", "127.0.0.1:1", nil).Body.String()
+	if err := json.Unmarshal([]byte(body), &js); err != nil {
+		t.Fatalf("/debug/tree?format=json is not JSON: %v\n%s", err, body)
+	}
+	return text, js
+}
+
+// Without an XDS proxy the tree says nothing of one.
+func TestDebugTreeWithoutXDSProxy(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	text, js := getTree(t, f.svc)
+	if strings.Contains(text, "xds upstream") || js.XDS != nil {
+		t.Fatalf("no XDS input, yet the tree shows one:\n%s\n%+v", text, js.XDS)
+	}
+}
+
+// The XDS proxy's upstream is shown under the tree and in the JSON: where
+// Envoy's configuration comes from, since when, why not from the control
+// plane, and what Envoy last accepted.
+func TestDebugTreeShowsXDSUpstream(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	xds := messages.NewCell[messages.XDSState]()
+	f.svc.in.XDS = xds
+
+	text, js := getTree(t, f.svc)
+	if !strings.Contains(text, "xds upstream: no report yet") || js.XDS == nil || js.XDS.Reported {
+		t.Fatalf("before any report:\n%s\n%+v", text, js.XDS)
+	}
+
+	since := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	acks := map[string]string{
+		"type.googleapis.com/envoy.config.listener.v3.Listener": "v3",
+		"type.googleapis.com/envoy.config.cluster.v3.Cluster":   "v3",
+	}
+	xds.Send(messages.XDSState{Upstream: messages.XDSConnected, Address: "127.0.0.1:15010", Since: since,
+		LastError: "Unavailable: an old failure", LastACK: acks})
+	text, js = getTree(t, f.svc)
+	want := "xds upstream: connected to 127.0.0.1:15010 since 2026-03-04T05:06:07Z; last ACK: cds v3, lds v3\n"
+	if !strings.HasSuffix(text, want) {
+		t.Errorf("connected: the tree does not end with\n%s\ngot:\n%s", want, text)
+	}
+	if x := js.XDS; x == nil || !x.Reported || x.Upstream != "connected" || x.Address != "127.0.0.1:15010" ||
+		!x.Since.Equal(since) || x.LastACK["type.googleapis.com/envoy.config.cluster.v3.Cluster"] != "v3" {
+		t.Errorf("connected: xds = %+v", js.XDS)
+	}
+
+	xds.Send(messages.XDSState{Upstream: messages.XDSServingCache, Address: "127.0.0.1:15010", Since: since,
+		LastError: "Unavailable: connection refused", LastACK: acks})
+	text, js = getTree(t, f.svc)
+	want = "xds upstream: serving cached configuration, control plane 127.0.0.1:15010 unreachable since " +
+		"2026-03-04T05:06:07Z (last error: Unavailable: connection refused); last ACK: cds v3, lds v3\n"
+	if !strings.HasSuffix(text, want) {
+		t.Errorf("serving the cache: the tree does not end with\n%s\ngot:\n%s", want, text)
+	}
+	if x := js.XDS; x == nil || x.Upstream != "serving cached configuration" || x.LastError != "Unavailable: connection refused" {
+		t.Errorf("serving the cache: xds = %+v", js.XDS)
+	}
+
+	xds.Send(messages.XDSState{Upstream: messages.XDSDown, Address: "istiod:15012", Since: since, LastError: "Unauthenticated: bad token"})
+	text, _ = getTree(t, f.svc)
+	want = "xds upstream: down, control plane istiod:15012 unreachable since 2026-03-04T05:06:07Z, " +
+		"no cached configuration to serve (last error: Unauthenticated: bad token)\n"
+	if !strings.HasSuffix(text, want) {
+		t.Errorf("down: the tree does not end with\n%s\ngot:\n%s", want, text)
+	}
+}
+
+func TestShortTypeNames(t *testing.T) {
+	for typeURL, want := range map[string]string{
+		"type.googleapis.com/envoy.config.cluster.v3.Cluster":                  "cds",
+		"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment":   "eds",
+		"type.googleapis.com/envoy.config.route.v3.RouteConfiguration":         "rds",
+		"type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret": "sds",
+		"type.googleapis.com/istio.networking.nds.v1.NameTable":                "nds",
+		"type.googleapis.com/istio.workload.Address":                           "Address",
+	} {
+		if got := shortTypeName(typeURL); got != want {
+			t.Errorf("shortTypeName(%s) = %q, want %q", typeURL, got, want)
+		}
+	}
+}

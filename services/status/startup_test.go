@@ -1,0 +1,82 @@
+package status
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// setClock is a clock whose time the test sets; After is the real one's
+// (nothing in these tests waits on it).
+type setClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *setClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *setClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+func (c *setClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// startup_duration_seconds is Istio's: served as
+// istio_agent_startup_duration_seconds, absent until the agent is first
+// ready, then the time from the status server's construction (the agent's
+// start) to that moment, and never recorded again.
+func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	clock := &setClock{now: start}
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()}) // the channels
+	reg := prometheus.NewRegistry()
+	svc, err := New(Config{Required: []string{"sds"}, Gatherer: reg}, f.svc.in, f.svc.out,
+		messages.NewRuntime(Name, f.health, clock, reg, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc = svc
+	base := f.serve(t)
+	startup := func() (float64, bool) {
+		_, body := scrape(t, base+"/stats/prometheus", nil)
+		fams := parseText(t, body)
+		if _, ok := fams["istio_agent_startup_duration_seconds"]; !ok {
+			return 0, false
+		}
+		return sampleValue(t, fams, "istio_agent_startup_duration_seconds"), true
+	}
+	ready := func(want int) {
+		t.Helper()
+		waitFor(t, func() bool { c, _ := get(t, base+"/healthz/ready"); return c == want })
+	}
+
+	clock.set(start.Add(2500 * time.Millisecond))
+	ready(503)
+	if v, ok := startup(); ok {
+		t.Fatalf("not ready yet, but startup_duration_seconds = %v", v)
+	}
+	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})
+	ready(200) // the metric is set before /healthz/ready can answer 200
+	if v, ok := startup(); !ok || v != 2.5 {
+		t.Fatalf("at the first readiness: startup_duration_seconds = %v (present %v), want 2.5", v, ok)
+	}
+
+	clock.set(start.Add(time.Minute))
+	f.health.Send(messages.Health{Service: "sds", State: messages.Failed, Reason: "socket gone"})
+	ready(503)
+	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})
+	ready(200)
+	if v, _ := startup(); v != 2.5 {
+		t.Fatalf("ready again after a failure: startup_duration_seconds = %v, want the first 2.5", v)
+	}
+}
