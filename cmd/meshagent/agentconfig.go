@@ -194,25 +194,33 @@ func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 		}
 	}
 	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.problems)
-	if len(pod.nodeIPs) == 0 {
-		pod.nodeIPs = []string{"127.0.0.1"} // Istio: no address at all ⇒ loopback
-	}
 	return pod
 }
 
-// appendHostIPs adds the host's private addresses not already in ips.
+// appendHostIPs adds the host's addresses not already in ips, as Istio's
+// agent lists them (GetPrivateIPs, despite its name: every address but
+// loopback, link-local and unspecified ones); with none, 127.0.0.1 and ::1.
 func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
-	if host.interfaceAddrs == nil {
-		return ips
+	var found []string
+	if host.interfaceAddrs != nil {
+		addrs, err := host.interfaceAddrs()
+		if err != nil {
+			p.addf("listing the host's addresses: %v", err)
+			return ips
+		}
+		for _, a := range addrs {
+			ip := a.Addr().Unmap()
+			if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+				continue
+			}
+			found = append(found, ip.String())
+		}
 	}
-	addrs, err := host.interfaceAddrs()
-	if err != nil {
-		p.addf("listing the host's addresses: %v", err)
-		return ips
+	if len(found) == 0 {
+		found = []string{"127.0.0.1", "::1"}
 	}
-	for _, a := range addrs {
-		s := a.Addr().String()
-		if a.Addr().IsPrivate() && !slices.Contains(ips, s) {
+	for _, s := range found {
+		if !slices.Contains(ips, s) {
 			ips = append(ips, s)
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -36,6 +37,7 @@ type envoyInputs struct {
 // announce the same node.
 func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
 	pc := in.proxy
+	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, parseBool)
 	b := &envoy.BootstrapConfig{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
@@ -53,7 +55,6 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		SDSSocket:       in.sdsSocket,
 		AdminPort:       int(pc.ProxyAdminPort),
 		StatusPort:      int(pc.StatusPort),
-		TemplateFile:    in.flags.templateFile,
 		OutlierLogPath:  in.flags.outlierLogPath,
 		LogAsJSON:       in.logAsJSON,
 
@@ -70,12 +71,26 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
 		CredentialSocketExists: sds.SocketLive(rooted(in.root, credentialSocket)),
+		// Istio's agent copies DNS_PROXY_ADDR into the node metadata as set,
+		// whether or not its DNS proxy runs.
+		DNSProxyAddr:               envVar(r, "DNS_PROXY_ADDR", "", parseString),
+		SkipDeprecatedLogs:         skipDeprecatedLogs,
+		WorkloadIdentitySocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, parseString),
+		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, parsePortOrOff),
+		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, parsePortOrOff),
+		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, parseBool),
+		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", parseString),
+		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, parseBool),
+		Platform:                   platform(r),
 	}
 	if in.flags.serviceCluster != nil {
 		b.ServiceCluster = *in.flags.serviceCluster
 	}
-	if in.dns.enabled() {
-		b.DNSProxyAddr = in.dns.addr
+	// As Istio's agent: --templateFile becomes ProxyConfig's template path
+	// (and so shows in the PROXY_CONFIG metadata), unless a custom config
+	// file replaces the bootstrap altogether.
+	if in.flags.templateFile != "" && pc.CustomConfigFile == "" {
+		pc.ProxyBootstrapTemplatePath = in.flags.templateFile
 	}
 	args := envoy.ArgsConfig{
 		DrainDuration:      pc.GetDrainDuration().AsDuration(),
@@ -85,7 +100,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		ComponentLogLevel:  in.flags.proxyComponentLogLevel,
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
 		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
-		SkipDeprecatedLogs: envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, parseBool),
+		SkipDeprecatedLogs: skipDeprecatedLogs,
 		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, parseBool),
 	}
 	if d := pc.GetFileFlushInterval(); d != nil {
@@ -135,4 +150,39 @@ func drainQuery(proxyType string) string {
 		return sidecarDrainQuery
 	}
 	return gatewayDrainQuery
+}
+
+// parsePortOrOff is a port, or 0 for none.
+func parsePortOrOff(s string) (int, error) {
+	if s == "0" {
+		return 0, nil
+	}
+	return parsePort(s)
+}
+
+// platform is the cloud platform's metadata as Istio's agent finds it
+// without asking a metadata server (pkg/bootstrap/platform): on GCP
+// (CLOUD_PLATFORM=gcp, or unset with GCP_METADATA), GCP_METADATA
+// (PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_LOCATION), GCP_QUOTA_PROJECT
+// and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
+// Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
+func platform(r envReader) envoy.Platform {
+	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", parseString))
+	gcpMeta := envVar(r, "GCP_METADATA", "", parseString)
+	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
+		return envoy.Platform{}
+	}
+	md := map[string]string{}
+	if parts := strings.Split(gcpMeta, "|"); len(parts) == 4 {
+		md["gcp_project"], md["gcp_project_number"], md["gcp_gke_cluster_name"], md["gcp_location"] = parts[0], parts[1], parts[2], parts[3]
+		md["gcp_gke_cluster_url"] = fmt.Sprintf("https://container.googleapis.com/v1/projects/%s/locations/%s/clusters/%s", parts[0], parts[3], parts[2])
+	}
+	if q := envVar(r, "GCP_QUOTA_PROJECT", "", parseString); q != "" {
+		md["gcp_quota_project"] = q
+	}
+	zone := envVar(r, "GCP_ZONE", "", parseString)
+	if zone != "" {
+		md["gcp_zone"] = zone
+	}
+	return envoy.Platform{Metadata: md, Zone: zone}
 }

@@ -128,7 +128,7 @@ func overlayProxyConfig(pc *meshconfig.ProxyConfig, overlay []byte, source strin
 	if err := json.Unmarshal(baseJSON, &base); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
-	merged, err := json.Marshal(mergeJSON(base, top))
+	merged, err := json.Marshal(mergeJSON(base, top, pc.ProtoReflect().Descriptor()))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
@@ -183,12 +183,36 @@ func isWellKnown(md protoreflect.MessageDescriptor) bool {
 }
 
 // mergeJSON lays over onto base: objects merge recursively, everything else
-// (scalars, lists, null) replaces.
-func mergeJSON(base, over map[string]any) map[string]any {
+// (scalars, lists, null) replaces. A field of a oneof replaces the field of
+// the same oneof that base had (tracingServiceName over serviceCluster,
+// tracing.datadog over tracing.zipkin), as it does in Istio's proto merge.
+func mergeJSON(base, over map[string]any, md protoreflect.MessageDescriptor) map[string]any {
+	fields := md.Fields()
 	for k, v := range over {
-		if vm, ok := v.(map[string]any); ok {
+		fd := fields.ByJSONName(k)
+		if fd == nil {
+			base[k] = v
+			continue
+		}
+		if oneof := fd.ContainingOneof(); oneof != nil && !oneof.IsSynthetic() {
+			for i := range oneof.Fields().Len() {
+				if other := oneof.Fields().Get(i); other != fd {
+					delete(base, other.JSONName())
+				}
+			}
+		}
+		if vm, ok := v.(map[string]any); ok && fd.Kind() == protoreflect.MessageKind && !fd.IsMap() && !isWellKnown(fd.Message()) {
 			if bm, ok := base[k].(map[string]any); ok {
-				base[k] = mergeJSON(bm, vm)
+				base[k] = mergeJSON(bm, vm, fd.Message())
+				continue
+			}
+		}
+		if vm, ok := v.(map[string]any); ok && fd.IsMap() {
+			// proxyMetadata, runtimeValues: key by key.
+			if bm, ok := base[k].(map[string]any); ok {
+				for mk, mv := range vm {
+					bm[mk] = mv
+				}
 				continue
 			}
 		}

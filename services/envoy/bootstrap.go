@@ -53,11 +53,26 @@ type BootstrapConfig struct {
 	LogAsJSON                   bool     // --log_as_json: JSON application_log_config
 	MetricsLocalhostOnly        bool     // METRICS_LOCALHOST_ACCESS_ONLY: 15090 on localhost
 	ExitOnZeroActiveConnections bool     // EXIT_ON_ZERO_ACTIVE_CONNECTIONS: keeps downstream_cx_active stats
-	DNSProxyAddr                string   // DNS_PROXY_ADDR metadata ("" ⇒ omitted)
+	DNSProxyAddr                string   // DNS_PROXY_ADDR as set (Istio's agent copies it into the metadata, DNS proxy on or not; "" ⇒ omitted)
 	PilotSAN                    []string // PILOT_SAN; nil ⇒ discovery host when controlPlaneAuthPolicy is MUTUAL_TLS
 	OutlierLogPath              string   // OUTLIER_LOG_PATH metadata and cluster_manager outlier log
 	STSPort                     int      // --stsPort (STS_PORT metadata when > 0)
 	CredentialSocketExists      bool     // ./var/run/secrets/credential-uds/socket is a live socket ⇒ credential: "true"
+	SkipDeprecatedLogs          bool     // ENVOY_SKIP_DEPRECATED_LOGS (default true): ENVOY_SKIP_DEPRECATED_LOGS metadata
+	WorkloadIdentitySocketFile  string   // WORKLOAD_IDENTITY_SOCKET_FILE (default "socket"): metadata, template parameter
+	SecureMetricsPort           int      // ENVOY_SECURE_METRICS_PORT: an mTLS listener for Envoy's stats (0: none)
+	SecureMergedMetricsPort     int      // ENVOY_SECURE_MERGED_METRICS_PORT: an mTLS listener for the merged metrics (0: none)
+	CompliancePolicy            string   // COMPLIANCE_POLICY: fips-140-2 limits Envoy's gRPC clients to TLS 1.2
+	// KeepPathFragment is HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED=false: Istio then sets the
+	// runtime flag http_strip_fragment_from_path_unsafe_if_disabled to "false".
+	KeepPathFragment bool
+	Platform         Platform // the cloud platform's metadata (CLOUD_PLATFORM): PLATFORM_METADATA, locality
+	// FilesSDSSocket is the agent's file-only SDS socket when an external SDS server holds the
+	// workload identity (WORKLOAD_IDENTITY_SOCKET_FILE): cluster sds-files-grpc; "" for none.
+	FilesSDSSocket string
+	// StatusPortProxyProtocol is ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: the :15021 listener also
+	// accepts requests behind a PROXY protocol header.
+	StatusPortProxyProtocol bool
 	// MetadataDiscovery is PEER_METADATA_DISCOVERY: nil when the variable is not set, and then
 	// ISTIO_META_ENABLE_HBONE decides, as in Istio. It is the node's METADATA_DISCOVERY metadata and,
 	// over delta xDS, adds the metadata_discovery extension (waypoints always have it).
@@ -151,12 +166,13 @@ func (c BootstrapConfig) customConfigFile() string {
 }
 
 // metadataDiscovery is the METADATA_DISCOVERY metadata: PEER_METADATA_DISCOVERY when set, else
-// whether ISTIO_META_ENABLE_HBONE is "true" (Istio's GetNodeMetaData).
-func (c BootstrapConfig) metadataDiscovery(raw map[string]any) bool {
+// whether ISTIO_META_ENABLE_HBONE is true (Istio's GetNodeMetaData); meta has been through Istio's
+// typed pass, which writes a true value "true".
+func (c BootstrapConfig) metadataDiscovery(meta map[string]any) bool {
 	if c.MetadataDiscovery != nil {
 		return *c.MetadataDiscovery
 	}
-	return raw["ENABLE_HBONE"] == "true"
+	return meta["ENABLE_HBONE"] == "true"
 }
 
 // metadataDiscoveryExtension says whether the bootstrap has Istio's metadata_discovery extension:
@@ -192,8 +208,13 @@ func (c BootstrapConfig) pilotSAN() []string {
 		return nil
 	}
 	host, _, _ := strings.Cut(c.Proxy.GetDiscoveryAddress(), ":")
-	if host == "" {
+	switch host {
+	case "":
 		return nil
+	case "localhost":
+		// Istio's GetPilotSan: a control plane reached on localhost (debugging) still presents
+		// istiod's certificate.
+		host = "istiod.istio-system.svc"
 	}
 	return []string{host}
 }
@@ -224,6 +245,9 @@ func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
 		return out, nil
 	}
 
+	if err := writeLightstepToken(c); err != nil {
+		return Bootstrap{}, err
+	}
 	var (
 		data []byte
 		name = outputJSON

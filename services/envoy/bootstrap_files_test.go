@@ -132,8 +132,14 @@ func TestBadInputsNameTheFile(t *testing.T) {
 			c.Proxy.RuntimeValues = map[string]string{"overload.global_downstream_max_connections": "lots"}
 		}, []string{"runtimeValues", "lots"}},
 		{"bad ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", func(c *BootstrapConfig) {
-			c.Env = append(c.Env, "ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS=-3")
+			c.Proxy.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "-3"}
 		}, []string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", "-3"}},
+		{"typed metadata that does not decode", func(c *BootstrapConfig) {
+			c.Env = append(c.Env, "ISTIO_META_ENVOY_STATUS_PORT=abc")
+		}, []string{"ENVOY_STATUS_PORT", "abc"}},
+		{"typed boolean metadata that does not decode", func(c *BootstrapConfig) {
+			c.Env = append(c.Env, "ISTIO_META_DNS_CAPTURE=sometimes")
+		}, []string{"DNS_CAPTURE", "sometimes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)

@@ -18,8 +18,8 @@ const (
 	annoInclusionSuffixes = "sidecar.istio.io/statsInclusionSuffixes"
 	annoInclusionRegexps  = "sidecar.istio.io/statsInclusionRegexps"
 	annoHistogramBuckets  = "sidecar.istio.io/statsHistogramBuckets"
-	annoStatsCompression  = "sidecar.istio.io/statsCompression"
 	annoStatsFlush        = "sidecar.istio.io/statsFlushInterval"
+	annoStatsEviction     = "sidecar.istio.io/statsEvictionInterval"
 )
 
 // Stats Istio always keeps: the readiness check and drain logic read them.
@@ -32,15 +32,19 @@ var (
 // statsTag is one of Istio's tag extraction rules (name, regex).
 type statsTag struct{ name, regex string }
 
-// istioStatsTagsHead and istioStatsTagsTail surround the extra stat tags, in Istio's order.
+// istioStatsTagsHead and istioStatsTagsTail surround the extra stat tags, in Istio's order. The
+// cluster and HTTP connection manager names end with ';' (Istio names its clusters and stat
+// prefixes so, since 1.24, so that a name may hold dots), and Envoy's watchdog stats carry the
+// thread's name.
 var (
 	istioStatsTagsHead = []statsTag{
-		{"cluster_name", `^cluster\.((.+?(\..+?\.svc\.cluster\.local)?)\.)`},
+		{"cluster_name", `^cluster(\.(.+);)`},
+		{"http_conn_manager_prefix", `^http\.(((?:[_.[:digit:]\w]*|[_\[\]aAbBcCdDeEfF[:digit:]\w\:]*));\.)`},
+		{"thread_name", `^server(\.(.+))\.watchdog`},
 		{"tcp_prefix", `^tcp\.((.*?)\.)\w+?$`},
 		{"response_code", `_rq(_(\d{3}))$`},
 		{"response_code_class", `_rq(_(\dxx))$`},
 		{"http_conn_manager_listener_prefix", `^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
-		{"http_conn_manager_prefix", `^http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
 		{"listener_address", `^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`},
 		{"mongo_prefix", `^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$`},
 	}
@@ -61,7 +65,9 @@ type statsOptions struct {
 	prefixes, suffixes, regexp []string
 	buckets                    []*metricsv3.HistogramBucketSettings
 	compression                bool
-	flushInterval              time.Duration
+	// flushInterval and evictionInterval are set only by their annotations (Envoy's default
+	// flush is 5s); 0: not set.
+	flushInterval, evictionInterval time.Duration
 }
 
 func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
@@ -95,22 +101,28 @@ func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
 	}
 	m := pc.GetProxyStatsMatcher()
 	o := statsOptions{
-		prefixes:      parse(annoInclusionPrefixes, m.GetInclusionPrefixes(), requiredInclusionPrefixes),
-		suffixes:      parse(annoInclusionSuffixes, m.GetInclusionSuffixes(), suffixes),
-		regexp:        parse(annoInclusionRegexps, m.GetInclusionRegexps(), requiredInclusionRegexps),
-		compression:   pc.GetStatsCompression() == nil || pc.GetStatsCompression().GetValue(),
-		flushInterval: 5 * time.Second,
+		prefixes:    parse(annoInclusionPrefixes, m.GetInclusionPrefixes(), requiredInclusionPrefixes),
+		suffixes:    parse(annoInclusionSuffixes, m.GetInclusionSuffixes(), suffixes),
+		regexp:      parse(annoInclusionRegexps, m.GetInclusionRegexps(), requiredInclusionRegexps),
+		compression: pc.GetStatsCompression() == nil || pc.GetStatsCompression().GetValue(),
 	}
 	for _, t := range append(slices.Clone(pc.GetExtraStatTags()), strings.Split(anno[annoExtraStatTags], ",")...) {
 		if t != "" && !slices.Contains(o.extraTags, t) {
 			o.extraTags = append(o.extraTags, t)
 		}
 	}
-	if v, ok := anno[annoStatsCompression]; ok {
-		o.compression = v != "false"
+	// Istio checks the eviction interval against the flush interval, 5s unless annotated, and
+	// drops one that is not a multiple of it.
+	flush := 5 * time.Second
+	if v, ok := anno[annoStatsFlush]; ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			flush, o.flushInterval = d, d
+		}
 	}
-	if d, err := time.ParseDuration(anno[annoStatsFlush]); err == nil && d > 0 {
-		o.flushInterval = d
+	if v, ok := anno[annoStatsEviction]; ok {
+		if d, err := time.ParseDuration(v); err == nil && flush != 0 && d%flush == 0 {
+			o.evictionInterval = d.Truncate(time.Second) // whole seconds, as Istio writes it
+		}
 	}
 	// Histogram buckets: a JSON object prefix → bounds; ignored if it does not parse (as in Istio).
 	var js map[string][]float64
@@ -168,7 +180,23 @@ func statsConfig(o statsOptions, metadataDiscovery bool) *metricsv3.StatsConfig 
 	}
 }
 
-func statsFlush(o statsOptions) *durationpb.Duration { return durationpb.New(o.flushInterval) }
+// statsFlush is stats_flush_interval, nil unless annotated. Istio's template writes Go's form of
+// the duration, which Envoy cannot read unless it is in whole seconds ("1m" becomes "1m0s"); this
+// writes any duration as Envoy reads it.
+func statsFlush(o statsOptions) *durationpb.Duration {
+	if o.flushInterval <= 0 {
+		return nil
+	}
+	return durationpb.New(o.flushInterval)
+}
+
+// statsEviction is stats_eviction_interval, nil unless annotated (and a multiple of the flush interval).
+func statsEviction(o statsOptions) *durationpb.Duration {
+	if o.evictionInterval <= 0 {
+		return nil
+	}
+	return durationpb.New(o.evictionInterval)
+}
 
 func prefixMatcher(p string) *matcherv3.StringMatcher {
 	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: p}}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -25,8 +26,10 @@ const (
 	// podTemplateHashLabel is added by the Deployment controller to every pod; Istio drops it from LABELS
 	// so that a rollout does not look like a different workload.
 	podTemplateHashLabel = "pod-template-hash"
-	// localityLabel carries region.zone.subzone (Istio's istio-locality label).
-	localityLabel = "istio-locality"
+	// localityLabel carries region.zone.subzone (Istio's istio-locality label);
+	// topologyLocalityLabel, when present, wins over it.
+	localityLabel         = "istio-locality"
+	topologyLocalityLabel = "topology.istio.io/locality"
 )
 
 // NodeID builds Envoy's node id the way Istio's agent does:
@@ -77,14 +80,18 @@ func AllIPv6(ips []string) bool {
 
 // ServiceCluster is node.cluster, by Istio's rules: an explicit service cluster other than "istio-proxy"
 // wins; tracingServiceName modes pick the app label or the canonical service name; otherwise
-// <app label>.<ns>, then <workload>.<ns>, then istio-proxy.<ns>, then istio-proxy.
+// <app label>.<ns> (app, app.kubernetes.io/name or service.istio.io/canonical-name), then
+// <workload>.<ns>, then istio-proxy.<ns>, then istio-proxy.
 func ServiceCluster(explicit string, pc *meshv1alpha1.ProxyConfig, labels map[string]string, workload, namespace string) string {
 	orDefault := func(name string) string {
 		if name != "" && name != "istio-proxy" {
 			return name
 		}
-		if app, ok := labels["app"]; ok {
-			return app + "." + namespace
+		// Istio's labels.GetApp order: app first, for clusters named before the others existed.
+		for _, k := range []string{"app", "app.kubernetes.io/name", "service.istio.io/canonical-name"} {
+			if app, ok := labels[k]; ok {
+				return app + "." + namespace
+			}
 		}
 		if workload != "" {
 			return workload + "." + namespace
@@ -182,122 +189,117 @@ type nodeInfo struct {
 	cluster     string
 	locality    *corev3.Locality
 	metadata    *structpb.Struct
-	raw         map[string]any // the ISTIO_META_* / ISTIO_METAJSON_* values, for options read from metadata
+	raw         map[string]any // the ISTIO_META_* / ISTIO_METAJSON_* values after Istio's typed pass, for options read from metadata
 	labels      map[string]string
 	annotations map[string]string
 }
 
 // buildNode derives the node (id, cluster, locality, metadata) the way Istio's GetNodeMetaData and
-// ConvertNodeToXDSNode do: raw ISTIO_META_* / ISTIO_METAJSON_* values first, then the agent's typed
-// keys on top.
+// ConvertNodeToXDSNode do: the raw ISTIO_META_* / ISTIO_METAJSON_* values, through Istio's typed
+// pass (bootstrap_metadata.go), then the agent's own keys on top.
 func buildNode(c BootstrapConfig) (nodeInfo, error) {
-	raw := map[string]any{}
-	for k, v := range c.Proxy.GetProxyMetadata() {
-		if key, ok := strings.CutPrefix(k, metaPrefix); ok {
-			raw[key] = v
-		}
+	raw, staticLabels := c.rawMetadata()
+	meta := make(map[string]any, len(raw)+16)
+	for k, v := range raw {
+		meta[k] = v
 	}
-	var staticLabels map[string]string
-	for _, e := range c.Env {
-		name, val, ok := strings.Cut(e, "=")
-		if !ok {
-			continue
-		}
-		if key, ok := strings.CutPrefix(name, metaPrefix); ok {
-			raw[key] = val
-		}
+	if err := normalizeTypedMetadata(meta); err != nil {
+		return nodeInfo{}, err
 	}
-	for _, e := range c.Env {
-		name, val, ok := strings.Cut(e, "=")
-		if !ok || !strings.HasPrefix(name, metaJSONPrefix) {
-			continue
-		}
-		// Istio merges the object's keys into the metadata and ignores a value that is not JSON.
-		_ = json.Unmarshal([]byte(val), &raw)
-		if name == metaJSONPrefix+"LABELS" {
-			var m map[string]string
-			if json.Unmarshal([]byte(val), &m) == nil && len(m) > 0 {
-				staticLabels = m
-			}
-		}
-	}
+	typed := maps.Clone(meta)
 
+	// LABELS: ISTIO_METAJSON_LABELS (also STATIC_LABELS), then, when the Downward API file exists,
+	// a fresh map of those and the file's labels minus pod-template-hash.
+	labels := stringMap(meta["LABELS"])
+	static := stringMap(meta["STATIC_LABELS"])
+	if staticLabels != nil {
+		labels, static = staticLabels, staticLabels
+	}
 	fileLabels, err := ReadDownwardAPI(c.LabelsFile)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("labels file: %w", err)
 	}
-	labels := map[string]string{}
-	for k, v := range staticLabels {
-		labels[k] = v
-	}
-	for k, v := range fileLabels {
-		if k != podTemplateHashLabel {
+	if fileLabels != nil {
+		labels = map[string]string{}
+		for k, v := range static {
 			labels[k] = v
 		}
+		for k, v := range fileLabels {
+			if k != podTemplateHashLabel {
+				labels[k] = v
+			}
+		}
 	}
-	annotations, err := ReadDownwardAPI(c.AnnotationsFile)
+	annotations := stringMap(meta["ANNOTATIONS"])
+	fileAnnotations, err := ReadDownwardAPI(c.AnnotationsFile)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("annotations file: %w", err)
 	}
+	if fileAnnotations != nil {
+		if annotations == nil {
+			annotations = map[string]string{}
+		}
+		for k, v := range fileAnnotations {
+			annotations[k] = v
+		}
+	}
 
-	// istio-locality is region.zone.subzone; Istio rewrites it with '/' in LABELS.
-	var locality *corev3.Locality
-	if l := strings.ReplaceAll(labels[localityLabel], ".", "/"); l != "" {
-		labels[localityLabel] = l
-		parts := strings.SplitN(l, "/", 3)
-		locality = &corev3.Locality{Region: parts[0]}
+	// Locality: topology.istio.io/locality, else istio-locality (region.zone.subzone, written back
+	// with '/' under istio-locality), else the platform's.
+	locality := &corev3.Locality{}
+	loc, ok := labels[topologyLocalityLabel]
+	if !ok {
+		loc = labels[localityLabel]
+	}
+	if loc != "" {
+		if !strings.Contains(loc, "/") {
+			loc = strings.ReplaceAll(loc, ".", "/")
+		}
+		labels[localityLabel] = loc
+		parts := strings.Split(loc, "/")
+		locality.Region = parts[0]
 		if len(parts) > 1 {
 			locality.Zone = parts[1]
 		}
 		if len(parts) > 2 {
 			locality.SubZone = parts[2]
 		}
-	} else {
-		locality = &corev3.Locality{}
+	} else if c.Platform.Zone != "" {
+		locality = c.Platform.locality()
 	}
 
-	typed := map[string]any{}
-	for k, v := range raw {
-		typed[k] = v
-	}
-	setIf := func(key, val string) {
-		if val != "" {
-			typed[key] = val
+	// The agent's own keys: written when not empty, else the raw value stays.
+	set := func(key string, val any, write bool) {
+		if write {
+			meta[key] = val
 		}
 	}
-	if _, ok := raw["ISTIO_VERSION"]; !ok {
-		setIf("ISTIO_VERSION", c.IstioVersion)
+	if v, _ := meta["ISTIO_VERSION"].(string); v == "" {
+		set("ISTIO_VERSION", c.IstioVersion, c.IstioVersion != "")
 	}
-	setIf("NAME", c.PodName)
-	setIf("NAMESPACE", c.PodNamespace)
-	setIf("SERVICE_ACCOUNT", c.ServiceAccount)
-	if ips := dedupe(c.InstanceIPs); len(ips) > 0 {
-		typed["INSTANCE_IPS"] = strings.Join(ips, ",")
-	}
-	if len(labels) > 0 || staticLabels != nil || fileLabels != nil {
-		typed["LABELS"] = stringMapToAny(labels)
-	}
-	if annotations != nil {
-		typed["ANNOTATIONS"] = stringMapToAny(annotations)
-	}
-	if san := c.pilotSAN(); len(san) > 0 {
-		typed["PILOT_SAN"] = stringsToAny(san)
-	}
-	setIf("OUTLIER_LOG_PATH", c.OutlierLogPath)
-	setIf("DNS_PROXY_ADDR", c.DNSProxyAddr)
-	typed["ENVOY_STATUS_PORT"] = c.EnvoyStatusPort
-	typed["ENVOY_PROMETHEUS_PORT"] = c.EnvoyPrometheusPort
-	if c.ExitOnZeroActiveConnections {
-		typed["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = "true"
-	}
-	typed["METADATA_DISCOVERY"] = strconv.FormatBool(c.metadataDiscovery(raw))
-	if c.STSPort > 0 {
-		typed["STS_PORT"] = strconv.Itoa(c.STSPort)
-	}
-	if c.CredentialSocketExists {
-		typed["credential"] = "true"
-	}
-	md, err := structpb.NewStruct(typed)
+	set("NAME", c.PodName, c.PodName != "")
+	set("NAMESPACE", c.PodNamespace, c.PodNamespace != "")
+	set("SERVICE_ACCOUNT", c.ServiceAccount, c.ServiceAccount != "")
+	ips := dedupe(c.InstanceIPs)
+	set("INSTANCE_IPS", strings.Join(ips, ","), len(ips) > 0)
+	set("LABELS", stringMapToAny(labels), len(labels) > 0)
+	set("STATIC_LABELS", stringMapToAny(static), len(static) > 0)
+	set("ANNOTATIONS", stringMapToAny(annotations), len(annotations) > 0)
+	set("PLATFORM_METADATA", stringMapToAny(c.Platform.Metadata), len(c.Platform.Metadata) > 0)
+	san := c.pilotSAN()
+	set("PILOT_SAN", stringsToAny(san), len(san) > 0)
+	set("OUTLIER_LOG_PATH", c.OutlierLogPath, c.OutlierLogPath != "")
+	set("STS_PORT", strconv.Itoa(c.STSPort), c.STSPort > 0)
+	set("ENVOY_STATUS_PORT", c.EnvoyStatusPort, c.EnvoyStatusPort != 0)
+	set("ENVOY_PROMETHEUS_PORT", c.EnvoyPrometheusPort, c.EnvoyPrometheusPort != 0)
+	set("ENVOY_SECURE_METRICS_PORT", c.SecureMetricsPort, c.SecureMetricsPort != 0)
+	set("ENVOY_SECURE_MERGED_METRICS_PORT", c.SecureMergedMetricsPort, c.SecureMergedMetricsPort != 0)
+	set("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true", c.ExitOnZeroActiveConnections)
+	set("METADATA_DISCOVERY", strconv.FormatBool(c.metadataDiscovery(meta)), true)
+	set("ENVOY_SKIP_DEPRECATED_LOGS", "true", c.SkipDeprecatedLogs)
+	set("WORKLOAD_IDENTITY_SOCKET_FILE", c.WorkloadIdentitySocketFile, c.WorkloadIdentitySocketFile != "")
+	set("credential", "true", c.CredentialSocketExists)
+	md, err := structpb.NewStruct(meta)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("node metadata: %w", err)
 	}
@@ -314,16 +316,72 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 		md.Fields["PROXY_CONFIG"] = structpb.NewStructValue(pcv)
 	}
 
-	workload, _ := raw["WORKLOAD_NAME"].(string)
+	workload, _ := meta["WORKLOAD_NAME"].(string)
 	return nodeInfo{
 		id:          NodeID(c.ProxyType, c.InstanceIPs, c.PodName, c.PodNamespace, c.Domain),
 		cluster:     ServiceCluster(c.ServiceCluster, c.Proxy, labels, workload, c.PodNamespace),
 		locality:    locality,
 		metadata:    md,
-		raw:         raw,
+		raw:         typed,
 		labels:      labels,
 		annotations: annotations,
 	}, nil
+}
+
+// rawMetadata is the metadata before Istio's typed pass: ProxyConfig.proxyMetadata's ISTIO_META_*
+// entries, the environment's ISTIO_META_* (over them), each ISTIO_METAJSON_* object merged in, and
+// DNS_PROXY_ADDR. It also returns ISTIO_METAJSON_LABELS as labels, nil when absent or empty.
+func (c BootstrapConfig) rawMetadata() (map[string]any, map[string]string) {
+	raw := map[string]any{}
+	for k, v := range c.Proxy.GetProxyMetadata() {
+		if key, ok := strings.CutPrefix(k, metaPrefix); ok {
+			raw[key] = v
+		}
+	}
+	for _, e := range c.Env {
+		name, val, ok := strings.Cut(e, "=")
+		if !ok {
+			continue
+		}
+		if key, ok := strings.CutPrefix(name, metaPrefix); ok {
+			raw[key] = val
+		}
+	}
+	var staticLabels map[string]string
+	for _, e := range c.Env {
+		name, val, ok := strings.Cut(e, "=")
+		if !ok || !strings.HasPrefix(name, metaJSONPrefix) {
+			continue
+		}
+		// Istio merges the object's keys into the metadata and ignores a value that is not JSON.
+		_ = json.Unmarshal([]byte(val), &raw)
+		if name == metaJSONPrefix+"LABELS" {
+			var m map[string]string
+			if json.Unmarshal([]byte(val), &m) == nil && len(m) > 0 {
+				staticLabels = m
+			}
+		}
+	}
+	// Not ISTIO_META_*, but Istio's agent copies it from its environment all the same.
+	if c.DNSProxyAddr != "" {
+		raw["DNS_PROXY_ADDR"] = c.DNSProxyAddr
+	}
+	return raw, staticLabels
+}
+
+// stringMap is a metadata object of strings as a map (nil values dropped); nil if v is not one.
+func stringMap(v any) map[string]string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, x := range m {
+		if s, ok := x.(string); ok {
+			out[k] = s
+		}
+	}
+	return out
 }
 
 func dedupe(values []string) []string {

@@ -16,7 +16,8 @@
 // Environment knobs (see knobs.go): FAKE_ENVOY_CRASH_AFTER,
 // FAKE_ENVOY_EXIT_CODE, FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER,
 // FAKE_ENVOY_IGNORE_SIGTERM, FAKE_ENVOY_ACTIVE_CONNECTIONS,
-// FAKE_ENVOY_DRAIN_SECONDS, FAKE_ENVOY_REJECT.
+// FAKE_ENVOY_DRAIN_SECONDS, FAKE_ENVOY_REJECT; and FAKE_ENVOY_RECORD,
+// FAKE_ENVOY_RECORD_EXIT (record.go).
 package main
 
 import (
@@ -27,6 +28,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -100,6 +102,20 @@ func main() {
 }
 
 func run(args []string) int {
+	if dir, exit, err := recordKnob(); err != nil {
+		log.Printf("error: %v", err)
+		return 1
+	} else if dir != "" {
+		// Before the command line is parsed: a line Envoy would refuse is
+		// recorded too.
+		if err := record(dir, args, configPathArg(args)); err != nil {
+			log.Printf("error: %v", err)
+			return 1
+		}
+		if exit >= 0 {
+			return exit
+		}
+	}
 	opts, err := parseFlags(args, os.Stderr)
 	if err != nil {
 		log.Printf("error: %v", err)
@@ -152,4 +168,19 @@ func run(args []string) int {
 			return code
 		}
 	}
+}
+
+// configPathArg is the value of -c / --config-path in args, "" if none.
+func configPathArg(args []string) string {
+	for i, a := range args {
+		for _, name := range []string{"-c", "--c", "-config-path", "--config-path"} {
+			if a == name && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
 }
