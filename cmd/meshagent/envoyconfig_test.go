@@ -115,7 +115,7 @@ func TestEnvoyConfigFromEnvironment(t *testing.T) {
 		t.Fatalf("bootstrap at %s, want %s", b.Path, want)
 	}
 	for _, want := range []string{"sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", `"port_value": 25000`,
-		filepath.Join(root, "etc/istio/proxy/XDS"), filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), "localhost:15053"} {
+		filepath.Join(root, "etc/istio/proxy/XDS"), filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), `"DNS_CAPTURE": "true"`} {
 		if !strings.Contains(data, want) {
 			t.Errorf("bootstrap lacks %q", want)
 		}
