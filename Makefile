@@ -10,7 +10,7 @@ TESTDATA  := ./testdata/standalone ./testdata/testkit/...
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
-.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss golden chaos clean
+.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos clean
 
 all: build
 
@@ -57,7 +57,7 @@ lint:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # Every benchmark, each printed beside its baseline from the same run.
-bench: bench-tree bench-capture bench-envoy bench-identity bench-dns bench-rss
+bench: bench-tree bench-capture bench-envoy bench-identity bench-dns bench-rss bench-xds bench-status
 
 bench-tree:
 	$(GO) test -run '^$$' -bench . -benchtime 20000x ./messages
@@ -86,6 +86,39 @@ bench-dns:
 # measured the same way in the same run (root: dnsmasq on a loopback :53).
 bench-rss:
 	bash bench/agent/rss.sh
+
+# Envoy ⇄ agent ⇄ control plane: a CDS push and a small update through the
+# proxy beside a direct connection, then the same load through Istio's
+# pilot-agent in the same script (bench/xds/RESULTS.md).
+bench-xds:
+	$(GO) test -run '^$$' -bench . -benchtime 15x ./services/xdsproxy
+	ROUNDS=$${ROUNDS:-31} bash bench/xds/run.sh
+
+# A merged /stats/prometheus scrape (5000 Envoy + 1000 application series)
+# beside Istio's own merge code run on the same bodies.
+bench-status:
+	$(GO) test -run '^$$' -bench Scrape -benchmem ./services/status
+
+# Istio's own pilot-agent, the oracle of the conformance suite and the
+# baseline of the benchmarks: built once into a cache, never into the repo.
+PEERS        ?= $(CURDIR)/../shared/peers
+ISTIO_AGENT  ?= $(HOME)/.cache/meshagent-peers/pilot-agent
+peer-istio-agent:
+	@test -x $(ISTIO_AGENT) || bash $(PEERS)/istio-agent/build.sh $(ISTIO_AGENT)
+
+# The differential suite: every case run by Istio's agent and by ours with a
+# stand-in Envoy that records what it was given, compared field by field;
+# `make test` replays the checked-in goldens without Istio.
+conformance: peer-istio-agent
+	@mkdir -p .tmp
+	@MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=1 $(GO) test -count=1 -run 'Conformance' -v ./cmd/meshagent >.tmp/conformance.log 2>&1; \
+	  rc=$$?; grep -E '^(conformance:|--- FAIL|FAIL|ok)' .tmp/conformance.log; [ $$rc -eq 0 ] || { echo "details: .tmp/conformance.log"; exit $$rc; }
+	@MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) $(GO) test -count=1 -run 'Differential' -v ./services/status >.tmp/differential.log 2>&1; \
+	  rc=$$?; grep -E '^(--- |FAIL|ok)' .tmp/differential.log; [ $$rc -eq 0 ] || { echo "details: .tmp/differential.log"; exit $$rc; }
+
+# Rewrites cmd/meshagent/testdata/conformance from Istio's agent.
+conformance-update: peer-istio-agent
+	MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=update $(GO) test -count=1 -run 'Conformance' ./cmd/meshagent
 
 golden:
 	$(GO) test ./services/envoy -run Golden -update
