@@ -126,11 +126,15 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	dns := dnsConfig(r, f, pod, c.proxyType)
 	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
 	sdsSocket := rooted(c.root, workloadIdentityDir+"/"+workloadSocketFile)
+	filesSDSSocket := ""
 	if sdsCfg != nil {
 		sdsSocket = sdsCfg.EnvoySocketPath()
+		if certsCfg == nil { // an external SDS server serves the identity: ours, files only
+			filesSDSSocket = sdsCfg.FilesSocketPath
+		}
 	}
 	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, sdsSocket: sdsSocket})
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket})
 	envoyUID := -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID = int(envoyCfg.RunAs.UID)

@@ -28,6 +28,10 @@ type envoyInputs struct {
 	// sdsSocket is the socket Envoy's sds-grpc cluster connects to (ours,
 	// or an external SDS server's: WORKLOAD_IDENTITY_SOCKET_FILE).
 	sdsSocket string
+	// filesSDSSocket is the agent's file-secrets socket when an external
+	// SDS server holds the workload identity ("" otherwise): the
+	// sds-files-grpc cluster and the file-credential metadata, as Istio.
+	filesSDSSocket string
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
@@ -53,6 +57,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		ConfigPath:      rooted(in.root, pc.ConfigPath),
 		XDSSocket:       rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)),
 		SDSSocket:       in.sdsSocket,
+		FilesSDSSocket:  in.filesSDSSocket,
 		AdminPort:       int(pc.ProxyAdminPort),
 		StatusPort:      int(pc.StatusPort),
 		OutlierLogPath:  in.flags.outlierLogPath,

@@ -299,6 +299,7 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 	set("ENVOY_SKIP_DEPRECATED_LOGS", "true", c.SkipDeprecatedLogs)
 	set("WORKLOAD_IDENTITY_SOCKET_FILE", c.WorkloadIdentitySocketFile, c.WorkloadIdentitySocketFile != "")
 	set("credential", "true", c.CredentialSocketExists)
+	set("file-credential", "true", c.FilesSDSSocket != "")
 	md, err := structpb.NewStruct(meta)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("node metadata: %w", err)

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+)
+
+// TestExternalSDSServerGetsFilesCluster: with a live SDS server (SPIRE's
+// agent) on the workload socket, the agent runs no CA client, serves file
+// secrets on its own socket, and Envoy's bootstrap names that socket in an
+// sds-files-grpc cluster with file-credential metadata, as Istio's does.
+func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
+	root := testRoot(t)
+	env := map[string]string{"POD_NAME": "app-0", "POD_NAMESPACE": "ns", "INSTANCE_IP": "10.1.2.3"}
+
+	cfg, err := parseForTest(t, env, "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, data, _ := writeEnvoyBootstrap(t, cfg)
+	if strings.Contains(data, "sds-files-grpc") || strings.Contains(data, "file-credential") {
+		t.Fatal("no external SDS server, yet the bootstrap has the files-only SDS cluster")
+	}
+
+	sock := filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+
+	cfg, err = parseForTest(t, env, "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.tree.Certs != nil {
+		t.Error("a CA client is configured although an external SDS server serves the identity")
+	}
+	_, data, _ = writeEnvoyBootstrap(t, cfg)
+	files := filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
+	for _, want := range []string{`"sds-files-grpc"`, files, `"file-credential": "true"`} {
+		if !strings.Contains(data, want) {
+			t.Errorf("bootstrap with an external SDS server lacks %q", want)
+		}
+	}
+}
