@@ -153,6 +153,10 @@ func (s *Service) Serve(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
+	// The first verdict is reached before the first request is answered,
+	// so that a probe never sees a bare "starting" from a server that
+	// already knows why it is not ready.
+	s.catchUp()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	s.log.Info("status server listening", "addr", ln.Addr().String())
@@ -176,9 +180,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	return loopErr
 }
 
-// stateLoop owns the health map: it folds Health events, Envoy's state and
-// the tree into a readiness verdict, until ctx is done or serving fails.
-func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
+// catchUp folds what happened before this run into the health map and
+// reaches the first verdict.
+func (s *Service) catchUp() {
 	// Reports queued while this service was down (its own failure among
 	// them) come first: they are older than this run.
 	for _, h := range s.in.Health.Take() {
@@ -191,6 +195,11 @@ func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
 		s.healths[h.Service] = h
 	}
 	s.update()
+}
+
+// stateLoop owns the health map (after catchUp, in the same goroutine): it folds Health events, Envoy's state and
+// the tree into a readiness verdict, until ctx is done or serving fails.
+func (s *Service) stateLoop(ctx context.Context, served <-chan error) error {
 	for {
 		_, _, envoyChanged := s.in.Envoy.Watch()
 		select {

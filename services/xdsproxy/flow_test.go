@@ -176,7 +176,17 @@ func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 	cfg.StallTimeout = time.Minute
 	p := startProxy(t, cfg, proxyOpts{clock: clock})
 	c := p.client(t, false)
-	if err := c.WaitFor(waitCtx(t), hasVersion(resource.ListenerType, "v1", 2)); err != nil {
+	if err := c.WaitFor(waitCtx(t), func(s xdsserver.State) bool {
+		return hasVersion(resource.ClusterType, "v1", 2)(s) && hasVersion(resource.ListenerType, "v1", 2)(s)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Quiet means nothing in flight either: the answers are in and Envoy's
+	// ACKs have reached the control plane (else the manual clock, racing
+	// ahead, would find a request legitimately waiting).
+	if err := cp.WaitFor(waitCtx(t), func(s xdsserver.Stats) bool {
+		return s.ACKs[resource.ClusterType] > 0 && s.ACKs[resource.ListenerType] > 0
+	}); err != nil {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
