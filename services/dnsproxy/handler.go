@@ -187,11 +187,14 @@ func shuffle(rrs []dns.RR) {
 }
 
 // localReply turns req into the authoritative reply to itself, in place,
-// without allocating: the request is ours and not used after.
+// without allocating: the request is ours and not used after. RA stays
+// clear, as in Istio's replies (dns.Msg.SetReply, which never sets it):
+// the differential against Istio's agent on a real istiod found the
+// difference.
 func localReply(req *dns.Msg, opt *dns.OPT) *dns.Msg {
 	req.Response = true
 	req.Authoritative = true
-	req.RecursionAvailable = true
+	req.RecursionAvailable = false
 	req.Truncated = false
 	req.AuthenticatedData = false
 	req.Zero = false
@@ -211,9 +214,10 @@ func localReply(req *dns.Msg, opt *dns.OPT) *dns.Msg {
 	return req
 }
 
+// errorReply is Istio's error reply (SetRcode, RA clear). A forwarded
+// answer keeps upstream's flags as they were.
 func errorReply(req *dns.Msg, rcode int) *dns.Msg {
 	resp := new(dns.Msg)
 	resp.SetRcode(req, rcode)
-	resp.RecursionAvailable = true
 	return resp
 }

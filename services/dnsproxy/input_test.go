@@ -314,3 +314,44 @@ func TestLocalhostDualStack(t *testing.T) {
 		}
 	}
 }
+
+// Replies the proxy makes itself — local answers, NODATA, and the errors
+// (SERVFAIL when upstream is down, NOTIMP) — leave RA (recursion
+// available) clear, as Istio's do (dns.Msg.SetReply/SetRcode); a query's
+// RD is echoed. The differential against Istio's agent on a real istiod found
+// that ours set RA.
+func TestOwnRepliesLeaveRecursionAvailableClear(t *testing.T) {
+	nt := testTable("v1")
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1"), ForwardTimeout: time.Second}, &nt)
+	ask := func(name string, qtype uint16, opcode int, network string) *dns.Msg {
+		t.Helper()
+		m := new(dns.Msg).SetQuestion(name, qtype)
+		m.Opcode = opcode
+		c := &dns.Client{Net: network, Timeout: 5 * time.Second}
+		r, _, err := c.Exchange(m, p.addr)
+		if err != nil {
+			t.Fatalf("%s %s over %s: %v", name, dns.TypeToString[qtype], network, err)
+		}
+		return r
+	}
+	for _, network := range []string{"udp", "tcp"} {
+		for _, c := range []struct {
+			what   string
+			name   string
+			qtype  uint16
+			opcode int
+			rcode  int
+		}{
+			{"local answer", "reviews.", dns.TypeA, dns.OpcodeQuery, dns.RcodeSuccess},
+			{"NODATA", "v6only.default.svc.cluster.local.", dns.TypeA, dns.OpcodeQuery, dns.RcodeSuccess},
+			{"upstream down", "x.upstream.test.", dns.TypeA, dns.OpcodeQuery, dns.RcodeServerFailure},
+			{"other opcode", "reviews.", dns.TypeA, dns.OpcodeStatus, dns.RcodeNotImplemented},
+		} {
+			r := ask(c.name, c.qtype, c.opcode, network)
+			if r.Rcode != c.rcode || r.RecursionAvailable || (c.opcode == dns.OpcodeQuery && !r.RecursionDesired) {
+				t.Errorf("%s over %s: rcode %s ra=%v rd=%v, want %s with RA clear and a query's RD echoed", c.what, network,
+					dns.RcodeToString[r.Rcode], r.RecursionAvailable, r.RecursionDesired, dns.RcodeToString[c.rcode])
+			}
+		}
+	}
+}
