@@ -24,6 +24,7 @@ func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyC
 		}
 	}
 	cc.CAAddr = envVar(r, "CA_ADDR", pc.DiscoveryAddress, parseString)
+	cc.CAServerName = envVar(r, "ISTIOD_SAN", "", parseString)
 	if _, port, err := net.SplitHostPort(cc.CAAddr); err == nil && port == "15010" {
 		cc.CAPlaintext = true // Istio: the CA's plaintext port
 	}

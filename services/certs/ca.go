@@ -213,13 +213,13 @@ func (s *Service) dialCA() (*grpc.ClientConn, error) {
 		if !pool.AppendCertsFromPEM(pemBytes) {
 			return nil, fmt.Errorf("CA root certificate %s: %w", s.cfg.CARootFile, ErrNoCertificate)
 		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: hostOf(s.cfg.CAAddr)})
+		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: s.cfg.caServerName()})
 	default:
 		pool, err := x509.SystemCertPool()
 		if err != nil {
 			return nil, fmt.Errorf("system root certificates: %w", err)
 		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: hostOf(s.cfg.CAAddr)})
+		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: s.cfg.caServerName()})
 	}
 	conn, err := grpc.NewClient(s.cfg.CAAddr,
 		grpc.WithTransportCredentials(creds),
@@ -297,6 +297,22 @@ func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[st
 }
 
 func (t tokenCredentials) RequireTransportSecurity() bool { return t.secure }
+
+// caServerName is the name the CA's certificate must carry: Istio's CA
+// client takes ISTIOD_SAN when set, else the host of CA_ADDR, and
+// "localhost" (a port-forward) as istiod.istio-system.svc
+// (pkg/istio-agent grpc TLS options). An istiod reached by IP has no IP
+// SAN: ISTIOD_SAN is how a pod names it.
+func (c Config) caServerName() string {
+	if c.CAServerName != "" {
+		return c.CAServerName
+	}
+	host := hostOf(c.CAAddr)
+	if strings.Contains(host, "localhost") {
+		return "istiod.istio-system.svc"
+	}
+	return host
+}
 
 func hostOf(addr string) string {
 	if i := strings.LastIndex(addr, ":"); i >= 0 {
