@@ -24,7 +24,11 @@ func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyC
 		}
 	}
 	cc.CAAddr = envVar(r, "CA_ADDR", pc.DiscoveryAddress, parseString)
-	cc.CAServerName = envVar(r, "ISTIOD_SAN", "", parseString)
+	if _, set := r.env.get("CA_ADDR"); !set {
+		// Istio names the CA with ISTIOD_SAN only when the CA is the
+		// discovery address (pilot-agent options/security.go).
+		cc.CAServerName = envVar(r, "ISTIOD_SAN", "", parseString)
+	}
 	if _, port, err := net.SplitHostPort(cc.CAAddr); err == nil && port == "15010" {
 		cc.CAPlaintext = true // Istio: the CA's plaintext port
 	}

@@ -54,3 +54,25 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 		}
 	}
 }
+
+// ISTIOD_SAN names the CA too when the CA is the discovery address (no
+// CA_ADDR), as in Istio's agent; an explicit CA_ADDR is checked by its
+// own host.
+func TestIstiodSANNamesTheCAAtTheDiscoveryAddress(t *testing.T) {
+	env := map[string]string{"POD_NAME": "app-0", "POD_NAMESPACE": "ns", "INSTANCE_IP": "10.1.2.3",
+		"PROXY_CONFIG": `{"discoveryAddress":"10.0.0.9:15012"}`, "ISTIOD_SAN": "istiod.istio-system.svc"}
+	cfg, err := parseForTest(t, env, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.tree.Certs.CAServerName; got != "istiod.istio-system.svc" {
+		t.Errorf("CA at the discovery address: server name %q, want ISTIOD_SAN's", got)
+	}
+	env["CA_ADDR"] = "10.0.0.9:15012"
+	if cfg, err = parseForTest(t, env, "--root", testRoot(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.tree.Certs.CAServerName; got != "" {
+		t.Errorf("explicit CA_ADDR: server name %q, want none (its host)", got)
+	}
+}

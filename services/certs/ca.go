@@ -298,11 +298,11 @@ func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[st
 
 func (t tokenCredentials) RequireTransportSecurity() bool { return t.secure }
 
-// caServerName is the name the CA's certificate must carry: Istio's CA
-// client takes ISTIOD_SAN when set, else the host of CA_ADDR, and
-// "localhost" (a port-forward) as istiod.istio-system.svc
-// (pkg/istio-agent grpc TLS options). An istiod reached by IP has no IP
-// SAN: ISTIOD_SAN is how a pod names it.
+// caServerName is the name the CA's certificate must carry, as Istio's CA
+// client checks it (pilot/pkg/grpc/tls.go): CAServerName (ISTIOD_SAN, for
+// a CA at the discovery address) when set, else the host of CA_ADDR, and
+// "localhost" (a port-forward) as istiod.istio-system.svc. An istiod
+// reached by IP has no IP SAN: ISTIOD_SAN is how a pod names it.
 func (c Config) caServerName() string {
 	if c.CAServerName != "" {
 		return c.CAServerName

@@ -464,11 +464,12 @@ func TestConfigValidateRoots(t *testing.T) {
 	}
 }
 
-// The name checked in the CA's certificate is Istio's: ISTIOD_SAN when
-// set (an istiod reached by IP has no IP SAN), else CA_ADDR's host, and
-// localhost stands for istiod.istio-system.svc. The end-to-end test on
-// Istio's istiod (CA_ADDR=127.0.0.1:15012) found that ISTIOD_SAN was
-// ignored here.
+// The name checked in the CA's certificate is Istio's: CAServerName
+// (ISTIOD_SAN for a CA at the discovery address: an istiod reached by IP
+// has no IP SAN), else CA_ADDR's host, and localhost stands for
+// istiod.istio-system.svc. The end-to-end test on Istio's istiod
+// (discoveryAddress 127.0.0.1:15012) found that ISTIOD_SAN was ignored
+// here.
 func TestCAServerName(t *testing.T) {
 	for _, c := range []struct{ addr, san, want string }{
 		{"istiod.istio-system.svc:15012", "", "istiod.istio-system.svc"},

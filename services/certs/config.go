@@ -114,9 +114,9 @@ type Config struct {
 	// CAAddr: host:port of IstioCertificateService (CA_ADDR; default the
 	// discovery address istiod.istio-system.svc:15012).
 	CAAddr string
-	// CAServerName: the name checked in the CA's certificate (ISTIOD_SAN,
-	// as Istio's CA client takes it); empty: the host of CAAddr, localhost
-	// meaning istiod.istio-system.svc.
+	// CAServerName: the name checked in the CA's certificate (ISTIOD_SAN
+	// when CA_ADDR is unset, as Istio's agent takes it); empty: the host of
+	// CAAddr, localhost meaning istiod.istio-system.svc.
 	CAServerName string
 	// CARootFile: PEM roots that verify the CA's TLS certificate (CA_ROOT_CA,
 	// default <root>/var/run/secrets/istio/root-cert.pem). Empty with
