@@ -26,6 +26,10 @@ const e2eVersion = "1.99.0-e2e"
 // (the stand-in, or MESHAGENT_TEST_ENVOY), and the dev certificate writer.
 var agentBinary, envoyBinary, devcertsBinary string
 
+// e2eBinDirEnv names the directory of those binaries to a re-run of the
+// test binary, which then builds nothing.
+const e2eBinDirEnv = "MESHAGENT_E2E_BINDIR"
+
 func TestMain(m *testing.M) {
 	if addr := os.Getenv(xdsHelperEnv); addr != "" {
 		os.Exit(runXDSHelper(addr))
@@ -33,6 +37,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it
 		// needs no binaries built.
+		os.Exit(m.Run())
+	}
+	if dir := os.Getenv(e2eBinDirEnv); dir != "" {
+		// The test binary re-run inside a namespace by a test of the
+		// parent run (e2e_istiod_test.go): the parent's binaries serve.
+		agentBinary, envoyBinary, devcertsBinary = filepath.Join(dir, "meshagent"), filepath.Join(dir, "fakeenvoy"), filepath.Join(dir, "devcerts")
 		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "meshagent-e2e")
