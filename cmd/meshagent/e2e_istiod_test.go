@@ -199,7 +199,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 			_ = cmd.Process.Kill()
 			<-p.exited
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("MESHAGENT_ISTIOD_LOGS") != "" {
 			t.Logf("%s log (tail):\n%s", a.name, shortLines(tail(log.String(), 80), 400))
 		}
 		// Both agents use the same fixed ports: the next one waits for them.
@@ -209,7 +209,14 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	r.ready = time.Since(start)
 	envoy := standIn{admin: "http://127.0.0.1:15000"}
 
-	// Identity: istiod's CA signed the workload certificate Envoy holds.
+	t.Logf("%s started %s, ready %s", a.name, start.Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
+
+	// Identity: istiod's CA signed the workload certificate Envoy holds
+	// (Istio's readiness does not wait for it: Envoy's SDS may be later).
+	testkit.WaitFor(t, "the workload certificate in Envoy", func() bool {
+		_, ok := envoy.dump(t).Received[typeURLSecret]["default"]
+		return ok
+	})
 	d := envoy.dump(t)
 	r.san = checkWorkloadCert(t, d, peer.rootCert())
 	if want := "spiffe://cluster.local/ns/ns/sa/default"; r.san != want {
