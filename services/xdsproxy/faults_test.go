@@ -318,3 +318,32 @@ func TestStalledControlPlaneServesCache(t *testing.T) {
 		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
 	}
 }
+
+// While the cache is served the control plane is probed at the base pace
+// for the first seconds of an outage (a restarting istiod is back within
+// them), then with a doubling delay up to the maximum.
+func TestProbePace(t *testing.T) {
+	cfg := Config{ReconnectBackoff: 500 * time.Millisecond, ReconnectBackoffMax: 30 * time.Second}
+	delay, elapsed := cfg.ReconnectBackoff, time.Duration(0)
+	var delays []time.Duration
+	for elapsed < 2*time.Minute {
+		elapsed += delay
+		delays = append(delays, delay)
+		delay = cfg.nextProbeDelay(delay, elapsed)
+	}
+	for i, d := range delays {
+		at := time.Duration(0)
+		for _, p := range delays[:i] {
+			at += p
+		}
+		switch {
+		case at < steadyProbing && d != cfg.ReconnectBackoff:
+			t.Fatalf("probe %d, %v into the outage, waited %v: want the base %v (delays %v)", i, at, d, cfg.ReconnectBackoff, delays)
+		case d > cfg.ReconnectBackoffMax:
+			t.Fatalf("probe %d waited %v, more than the maximum (delays %v)", i, d, delays)
+		}
+	}
+	if got := delays[len(delays)-1]; got != cfg.ReconnectBackoffMax {
+		t.Fatalf("after two minutes the delay is %v, want the maximum %v (delays %v)", got, cfg.ReconnectBackoffMax, delays)
+	}
+}
