@@ -128,3 +128,18 @@ chaos:
 
 clean:
 	rm -rf $(BIN) .tmp
+
+# meshagent against Istio's own istiod (../shared/peers/istiod, built once
+# into the cache, never into the repo), beside Istio's pilot-agent on the
+# same istiod: the whole chain, a ServiceEntry change, an istiod restart,
+# the differential and the figures. Root (a network namespace of its own).
+# `make test` runs it only when both are already built.
+ISTIOD_PEER ?= $(HOME)/.cache/meshagent-peers/istiod
+.PHONY: e2e-istiod
+e2e-istiod: peer-istio-agent
+	@test -x $(ISTIOD_PEER)/istiod-local || sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)
+	@mkdir -p .tmp
+	@MESHAGENT_ISTIOD_DIR=$(ISTIOD_PEER) MESHAGENT_ISTIOD_RUN=$(PEERS)/istiod/run MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) \
+	  $(GO) test -count=1 -run '^TestIstiodEndToEnd$$' -v ./cmd/meshagent >.tmp/e2e-istiod.log 2>&1; \
+	  rc=$$?; grep -E 'figure |differential:|no differential|--- (FAIL|SKIP)|^(FAIL|ok)' .tmp/e2e-istiod.log | sed 's/^.*e2e_istiod_test.go:[0-9]*: //'; \
+	  [ $$rc -eq 0 ] || { echo "details: .tmp/e2e-istiod.log"; exit $$rc; }
