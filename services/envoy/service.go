@@ -24,8 +24,13 @@ const (
 	// gets SIGKILL. Istio kills at once after the drain (Process.Kill); we
 	// let Envoy flush its logs and close its sockets first.
 	DefaultKillGrace = 5 * time.Second
-	// DefaultReadyPollInterval is how often admin /ready is polled.
-	DefaultReadyPollInterval = 100 * time.Millisecond
+	// DefaultReadyPollInterval is how often Envoy's readiness is polled
+	// while it starts (the poll stops once Envoy is ready). Istio's agent
+	// asks Envoy on every probe instead; at 100 ms ours reported ready up
+	// to 100 ms after Envoy was (the end-to-end test on Istio's istiod).
+	// A local admin request every 20 ms for the second or two of a start
+	// costs nothing.
+	DefaultReadyPollInterval = 20 * time.Millisecond
 	// activeConnectionsPollInterval is Istio's activeConnectionCheckDelay.
 	activeConnectionsPollInterval = time.Second
 )
