@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(xdsHelperEnv); addr != "" {
 		os.Exit(runXDSHelper(addr))
 	}
+	if spec := os.Getenv(caHelperEnv); spec != "" {
+		os.Exit(runCAHelper(spec))
+	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it
 		// needs no binaries built.

@@ -257,7 +257,12 @@ func prepareProxyDirs(cfg *agentConfig, u proxyUser) error {
 		dirs = append(dirs, filepath.Dir(cfg.tree.SDS.SocketPath))
 	}
 	for _, d := range dirs {
-		if err := os.MkdirAll(d, 0o750); err != nil {
+		// Parents as any system directory (/var/run/secrets may not exist
+		// yet); the directory itself for the proxy's group only.
+		if err := os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
+			return fmt.Errorf("vm: %w", err)
+		}
+		if err := os.Mkdir(d, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("vm: %w", err)
 		}
 		if err := os.Chown(d, 0, u.GID); err != nil {
