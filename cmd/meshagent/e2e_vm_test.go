@@ -269,4 +269,21 @@ CA_ADDR='127.0.0.1:15012'
 	if after := netnsRun(t, ns, "iptables-save"); strings.Contains(after, "ISTIO") {
 		t.Fatalf("rules left after stop:\n%s", after)
 	}
+
+	// An agent that was SIGKILLed leaves its rules: the unit's ExecStopPost
+	// (`vm clean`) removes them, unless ISTIO_CUSTOM_IP_TABLES=true says
+	// they are not ours.
+	netnsRun(t, ns, agentBinary, "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-b", "*")
+	writeRootFile(t, root, sidecarEnvFile, "ISTIO_CUSTOM_IP_TABLES='true'\n")
+	netnsRun(t, ns, agentBinary, "vm", "clean", "--root", root)
+	if after := netnsRun(t, ns, "iptables-save"); !strings.Contains(after, "ISTIO_OUTPUT") {
+		t.Fatalf("vm clean removed rules despite ISTIO_CUSTOM_IP_TABLES=true:\n%s", after)
+	}
+	if err := os.Remove(rooted(root, sidecarEnvFile)); err != nil {
+		t.Fatal(err)
+	}
+	netnsRun(t, ns, agentBinary, "vm", "clean", "--root", root)
+	if after := netnsRun(t, ns, "iptables-save"); strings.Contains(after, "ISTIO") {
+		t.Fatalf("rules left after vm clean:\n%s", after)
+	}
 }
