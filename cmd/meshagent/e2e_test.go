@@ -144,6 +144,15 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 	}, env...)...)
 	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1),
 		root: root, adminPort: adminPort, envoyStatusPort: statusPort, promPort: promPort}
+	p.start(t)
+	return p
+}
+
+// start starts p.cmd, its stderr kept in p.stderr, killed at the end of
+// the test (its log printed if the test failed).
+func (p *agentProcess) start(t *testing.T) {
+	t.Helper()
+	cmd := p.cmd
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -156,7 +165,6 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 			t.Logf("agent log:\n%s", p.stderr.String())
 		}
 	})
-	return p
 }
 
 func (p *agentProcess) get(path string) (int, string) {

@@ -197,18 +197,7 @@ CA_ADDR='127.0.0.1:15012'
 	cmd := exec.Command("ip", "netns", "exec", ns, agentBinary, "vm", "--root", root, "--capture-check-interval", "100ms")
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(root, "notify.sock"), "WATCHDOG_USEC=200000")
 	p := &agentProcess{cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan error, 1), root: root}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("agent log:\n%s", p.stderr.String())
-		}
-	})
+	p.start(t)
 
 	awaitNotify(t, notify, "READY=1", p)
 	awaitNotify(t, notify, "WATCHDOG=1", p)

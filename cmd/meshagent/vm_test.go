@@ -96,54 +96,46 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, want := range map[string]string{
+	wantEnv(t, env, map[string]string{
 		"POD_NAME":      "from-file",
 		"POD_NAMESPACE": "vm-ns",
 		"CA_ADDR":       "istiod.example:15012",
 		"PROV_CERT":     "/etc/certs",
 		"OUTPUT_CERTS":  "/out",
 		"PROXY_CONFIG":  "serviceCluster: vm-app\ncontrolPlaneAuthPolicy: NONE\ndiscoveryAddress: istiod.example:15012\n",
-	} {
-		if got, _ := env.get(k); got != want {
-			t.Errorf("%s = %q, want %q", k, got, want)
-		}
-	}
+	})
 
 	writeRootFile(t, root, clusterEnvFile, "ISTIO_SYSTEM_NAMESPACE='mesh'\n")
 	env, err = vmEnvironment(root, &vmFlags{clusterEnv: clusterEnvFile, sidecarEnv: "./none"}, host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, want := range map[string]string{
+	wantEnv(t, env, map[string]string{
 		"POD_NAME":      "from-env",
 		"POD_NAMESPACE": "default",
 		"CA_ADDR":       "istiod.mesh.svc:15012",
 		"PROXY_CONFIG":  "serviceCluster: rawvm\ncontrolPlaneAuthPolicy: MUTUAL_TLS\n",
-	} {
-		if got, _ := env.get(k); got != want {
-			t.Errorf("defaults: %s = %q, want %q", k, got, want)
-		}
-	}
+	})
 	host.env = mapEnvironment(nil)
 	if env, err = vmEnvironment(root, &vmFlags{clusterEnv: clusterEnvFile, sidecarEnv: "./none"}, host); err != nil {
 		t.Fatal(err)
 	}
-	if must(env.get("POD_NAME")) != "vm1" {
-		t.Errorf("POD_NAME = %q, want the short hostname vm1", must(env.get("POD_NAME")))
+	wantEnv(t, env, map[string]string{"POD_NAME": "vm1"}) // hostname -s
+}
+
+func wantEnv(t *testing.T, env environment, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		if got, _ := env.get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
 	}
 }
 
-func must(v string, _ bool) string { return v }
-
+// writeRootFile writes a file at an Istio path under root.
 func writeRootFile(t *testing.T, root, rel, text string) {
 	t.Helper()
-	p := rooted(root, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, rooted(root, rel), text)
 }
 
 // A bad cluster.env line stops the agent before anything starts: exit 2,
