@@ -140,11 +140,40 @@ func procIDs(t *testing.T, pid int) (uids, gids string) {
 	return uids, gids
 }
 
+// peerNetns makes a second network namespace joined to ns by a veth pair
+// (created inside ns, never in the host's namespace): ns gets agentIP,
+// the peer peerIP, both /24. Traffic from ns to the peer leaves through
+// a real interface, where the capture rules apply.
+func peerNetns(t *testing.T, ns, agentIP, peerIP string) string {
+	t.Helper()
+	peer := ns + "-peer"
+	if out, err := exec.Command("ip", "netns", "add", peer).CombinedOutput(); err != nil {
+		t.Skipf("cannot create a second network namespace: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", peer).Run() })
+	for _, args := range [][]string{
+		{"ip", "-n", ns, "link", "add", "vm0", "type", "veth", "peer", "name", "vm1", "netns", peer},
+		{"ip", "-n", ns, "addr", "add", agentIP + "/24", "dev", "vm0"},
+		{"ip", "-n", ns, "link", "set", "vm0", "up"},
+		{"ip", "-n", peer, "addr", "add", peerIP + "/24", "dev", "vm1"},
+		{"ip", "-n", peer, "link", "set", "vm1", "up"},
+		{"ip", "-n", peer, "link", "set", "lo", "up"},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	return peer
+}
+
 // Istio's VM onboarding under systemd: the bundle's files where Istio puts
 // them (under --root), the real binary as the unit starts it, a notify
 // socket standing in for systemd. The agent applies the capture as root,
 // gets its certificate from the CA over TLS verified with the VM's root
-// cert, runs Envoy as 1337:1337, says READY=1 then WATCHDOG=1, puts the
+// cert, runs Envoy as 1337:1337, reaches its control plane through the
+// capture rules (ISTIO_SERVICE_CIDR='*': only the agent's proxy group
+// keeps that connection from being redirected to Envoy, as running as
+// istio-proxy does for Istio's agent), says READY=1 then WATCHDOG=1, puts the
 // rules back when someone flushes the nat table, and on SIGTERM says
 // STOPPING=1, exits 0 and leaves no rule behind.
 func TestVMOnboardingUnderSystemd(t *testing.T) {
@@ -183,14 +212,17 @@ ISTIO_SERVICE='vm-app.vm-ns'
 ISTIO_SERVICE_CIDR='*'
 SERVICE_ACCOUNT='vm-sa'
 TRUST_DOMAIN='cluster.local'
-PILOT_ADDRESS='127.0.0.1:15010'
+PILOT_ADDRESS='10.99.0.2:15010'
 ISTIO_CP_AUTH='NONE'
 CA_ADDR='127.0.0.1:15012'
 `)
 	writeRootFile(t, root, meshConfigFile, fmt.Sprintf("defaultConfig:\n  binaryPath: %s\n  terminationDrainDuration: 1s\n", envoyCopy))
 	writeRootFile(t, root, vmCertsDir+"/root-cert.pem", string(caRoot.CertPEM))
 	writeRootFile(t, root, tokenFile, "vm-token")
-	startControlPlaneIn(t, ns, "127.0.0.1:15010")
+	// The control plane is across a veth: the agent's connection to it
+	// leaves through the capture rules. (The CA serves on loopback only,
+	// which the rules never capture.)
+	startControlPlaneIn(t, peerNetns(t, ns, "10.99.0.1", "10.99.0.2"), "10.99.0.2:15010")
 	startCAIn(t, ns, "127.0.0.1:15012", caRoot)
 
 	notify := notifyListener(t, filepath.Join(root, "notify.sock"))
