@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/services/envoy"
 )
 
 // A cluster.env as istioctl writes it, with what people add by hand.
@@ -177,5 +180,43 @@ func TestVMUnitVerifies(t *testing.T) {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("unit lacks %q", want)
 		}
+	}
+}
+
+// Envoy's user is the one the capture rules exempt: the uid of
+// $ENVOY_USER when it exists, else 1337; with TPROXY Envoy stays root, as
+// Istio's script runs it. Envoy's sockets (XDS and SDS) are chowned to it.
+func TestVMProxyUserIsTheOneTheRulesExempt(t *testing.T) {
+	host := testHost(t, nil)
+	u, err := vmProxyUser(host)
+	if err != nil || u.UID != 1337 || u.GID != 1337 || u.envoy == nil || *u.envoy != (envoy.Credential{UID: 1337, GID: 1337}) {
+		t.Fatalf("no istio-proxy user: %+v, %v; want 1337:1337", u, err)
+	}
+	host.lookupUID = func(name string) (string, error) {
+		if name == "istio-proxy" {
+			return "998", nil
+		}
+		return "", errors.New("no such user")
+	}
+	if u, err = vmProxyUser(host); err != nil || u.UID != 998 || u.GID != 998 {
+		t.Fatalf("istio-proxy is uid 998: %+v, %v", u, err)
+	}
+	host.env = mapEnvironment(map[string]string{"ISTIO_INBOUND_INTERCEPTION_MODE": "TPROXY"})
+	if u, err = vmProxyUser(host); err != nil || u.envoy != nil || u.envoyUID() != 0 {
+		t.Fatalf("TPROXY: %+v, %v; want Envoy as root", u, err)
+	}
+
+	u, _ = vmProxyUser(testHost(t, nil))
+	cfg, err := parseWith(t, testHost(t, nil), func(in *agentInputs) { in.envoyRunAs, in.noCapture = u.envoy, true }, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.tree.Envoy.RunAs == nil || cfg.tree.XDS.SocketUID != 1337 || cfg.tree.XDS.SocketGID != 1337 ||
+		cfg.tree.SDS.SocketUID != 1337 || cfg.tree.SDS.SocketGID != 1337 {
+		t.Fatalf("Envoy as %+v; XDS socket %d:%d, SDS socket %d:%d; want all 1337", cfg.tree.Envoy.RunAs,
+			cfg.tree.XDS.SocketUID, cfg.tree.XDS.SocketGID, cfg.tree.SDS.SocketUID, cfg.tree.SDS.SocketGID)
+	}
+	if cfg.tree.Capture != nil {
+		t.Fatal("ISTIO_CUSTOM_IP_TABLES=true (noCapture) still has a capture service")
 	}
 }
