@@ -96,6 +96,9 @@ rules' --gid-owner exception.
 			return &exitError{code: 2, err: err}
 		}
 		if len(args) == 1 {
+			if err := s.problems.err(); err != nil {
+				return &exitError{code: 2, err: err}
+			}
 			return vmClean(customIPTables, host, cmd, log)
 		}
 		if host.euid != 0 {
