@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/tree"
 )
 
@@ -49,6 +50,12 @@ type agentInputs struct {
 	// a ProxyConfig layer under the user's and the embedded peers. Nil for
 	// `proxy`.
 	standalone *standaloneLayer
+	// envoyRunAs, when not nil, is the uid/gid Envoy runs as (`meshagent
+	// vm`); the agent's sockets are then chowned to it.
+	envoyRunAs *envoy.Credential
+	// noCapture leaves iptables alone: no capture service
+	// (ISTIO_CUSTOM_IP_TABLES=true on a VM).
+	noCapture bool
 }
 
 // agentConfig is the agent as built: the tree's config, and what the start
@@ -134,10 +141,13 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		}
 	}
 	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket})
-	envoyUID := -1
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket})
+	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
-		envoyUID = int(envoyCfg.RunAs.UID)
+		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
+		if sdsCfg != nil { // Envoy must reach the SDS socket as well as the XDS one
+			sdsCfg.SocketUID, sdsCfg.SocketGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
+		}
 	}
 	c.tree = tree.Config{
 		Certs:   certsCfg,
@@ -145,9 +155,12 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.host, in.log),
 		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg,
-			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID}),
+			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS:           dns.proxy,
 		NameTableFile: f.nameTable,
+	}
+	if in.noCapture {
+		c.tree.Capture = nil
 	}
 	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
 	c.tree.ControlPlane, c.tree.CA = in.standalone.peers(c.root, certsCfg)

@@ -26,7 +26,7 @@ func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger
 		r.problems.addf("capture settings: %w", err)
 		return nil
 	}
-	sc := &capture.ServiceConfig{Mode: capture.Sidecar, Capture: cfg}
+	sc := &capture.ServiceConfig{Mode: capture.Sidecar, Capture: cfg, CheckInterval: f.captureInterval}
 	if f.capture {
 		sc.Mode = capture.VM
 	}

@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(xdsHelperEnv); addr != "" {
 		os.Exit(runXDSHelper(addr))
 	}
+	if spec := os.Getenv(caHelperEnv); spec != "" {
+		os.Exit(runCAHelper(spec))
+	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it
 		// needs no binaries built.
@@ -151,6 +154,15 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 	}, env...)...)
 	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1),
 		root: root, adminPort: adminPort, envoyStatusPort: statusPort, promPort: promPort}
+	p.start(t)
+	return p
+}
+
+// start starts p.cmd, its stderr kept in p.stderr, killed at the end of
+// the test (its log printed if the test failed).
+func (p *agentProcess) start(t *testing.T) {
+	t.Helper()
+	cmd := p.cmd
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -163,7 +175,6 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 			t.Logf("agent log:\n%s", p.stderr.String())
 		}
 	})
-	return p
 }
 
 func (p *agentProcess) get(path string) (int, string) {

@@ -25,6 +25,9 @@ type envoyInputs struct {
 	proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
 	euid      int
+	// runAs, when not nil, is the uid/gid Envoy runs as whatever else
+	// (`meshagent vm`: Istio's istio-proxy user).
+	runAs *envoy.Credential
 	// sdsSocket is the socket Envoy's sds-grpc cluster connects to (ours,
 	// or an external SDS server's: WORKLOAD_IDENTITY_SOCKET_FILE).
 	sdsSocket string
@@ -141,7 +144,10 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	}
 	// Istio runs Envoy as 1337 only when the agent is root and the DNS
 	// proxy takes port 53 (otherwise the container already runs as 1337).
-	if in.euid == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53") {
+	switch {
+	case in.runAs != nil:
+		cfg.RunAs = in.runAs
+	case in.euid == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53"):
 		cfg.RunAs = &envoy.Credential{UID: proxyUID, GID: proxyUID}
 	}
 	return cfg, b

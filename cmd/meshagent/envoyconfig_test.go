@@ -55,6 +55,13 @@ func parseForTest(t *testing.T, env map[string]string, args ...string) (*agentCo
 
 func parseOnHost(t *testing.T, host hostInputs, args ...string) (*agentConfig, error) {
 	t.Helper()
+	return parseWith(t, host, nil, args...)
+}
+
+// parseWith is parseOnHost with what a command other than proxy adds to
+// the inputs (adjust: nil for none).
+func parseWith(t *testing.T, host hostInputs, adjust func(*agentInputs), args ...string) (*agentConfig, error) {
+	t.Helper()
 	logs, f := &logOptions{}, &proxyFlags{}
 	cmd := &cobra.Command{Use: "proxy"}
 	addLogFlags(cmd.Flags(), logs)
@@ -64,8 +71,12 @@ func parseOnHost(t *testing.T, host hostInputs, args ...string) (*agentConfig, e
 		return nil, err
 	}
 	_ = s.resolve(host.env)
-	return buildAgentConfig(agentInputs{flags: f, args: cmd.Flags().Args(), logs: *logs, host: host,
-		gatherer: prometheus.NewRegistry(), problems: s.problems, log: quietLog()})
+	in := agentInputs{flags: f, args: cmd.Flags().Args(), logs: *logs, host: host,
+		gatherer: prometheus.NewRegistry(), problems: s.problems, log: quietLog()}
+	if adjust != nil {
+		adjust(&in)
+	}
+	return buildAgentConfig(in)
 }
 
 // writeEnvoyBootstrap writes the bootstrap the envoy service would write

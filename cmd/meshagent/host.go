@@ -22,6 +22,9 @@ type hostInputs struct {
 	// lookupUID resolves a user name ($ENVOY_USER, istio-iptables' default
 	// --proxy-uid).
 	lookupUID func(name string) (string, error)
+	// hostname is the host's name (a VM's POD_NAME by default, as
+	// istio-start.sh's `hostname -s`).
+	hostname func() (string, error)
 	// resolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
 	resolvConf string
@@ -34,6 +37,7 @@ func realHost() hostInputs {
 		euid:           os.Geteuid(),
 		interfaceAddrs: interfaceAddrs,
 		resolvConf:     resolvConfFile,
+		hostname:       os.Hostname,
 		lookupUID: func(name string) (string, error) {
 			u, err := user.Lookup(name)
 			if err != nil {

@@ -33,8 +33,13 @@ func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyC
 		cc.CAPlaintext = true // Istio: the CA's plaintext port
 	}
 	cc.CARootFile = rooted(root, caRootCertFile)
+	// Istio's FindRootCAForCA: custom, then PROV_CERT's root (a VM's
+	// /etc/certs/root-cert.pem, from its onboarding bundle), then the
+	// Kubernetes configmap's; CA_ROOT_CA wins over them all.
 	if provider == "custom" {
 		cc.CARootFile = rooted(root, etcCertsDir+"/"+certs.RootCertFileName)
+	} else if prov := envVar(r, "PROV_CERT", "", parseString); prov != "" {
+		cc.CARootFile = rooted(root, prov+"/"+certs.RootCertFileName)
 	}
 	switch caRoot := envVar(r, "CA_ROOT_CA", "", parseString); caRoot {
 	case "":

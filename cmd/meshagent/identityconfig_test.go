@@ -76,3 +76,26 @@ func TestIstiodSANNamesTheCAAtTheDiscoveryAddress(t *testing.T) {
 		t.Errorf("explicit CA_ADDR: server name %q, want none (its host)", got)
 	}
 }
+
+// The CA's TLS is verified with the root Istio's FindRootCAForCA picks:
+// CA_ROOT_CA, else PROV_CERT's root-cert.pem (a VM's /etc/certs), else
+// the Kubernetes configmap's.
+func TestCARootIsIstios(t *testing.T) {
+	root := testRoot(t)
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{nil, "var/run/secrets/istio/root-cert.pem"},
+		{map[string]string{"PROV_CERT": "/etc/certs"}, "etc/certs/root-cert.pem"},
+		{map[string]string{"PROV_CERT": "/etc/certs", "CA_ROOT_CA": "/ca/root.pem"}, "ca/root.pem"},
+	} {
+		cfg, err := parseForTest(t, c.env, "--root", root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(root, c.want); cfg.tree.Certs.CARootFile != want {
+			t.Errorf("%v: CA root %s, want %s", c.env, cfg.tree.Certs.CARootFile, want)
+		}
+	}
+}

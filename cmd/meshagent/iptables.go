@@ -114,33 +114,40 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 			return usageError("clean-iptables: %v", err)
 		}
 		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
-		var known []capture.RuleSet
-		for _, mode := range []string{"REDIRECT", "TPROXY"} {
-			c := cfg
-			c.InboundInterceptionMode, c.EnableIPv6 = mode, true
-			known = append(known, capture.Build(c))
-		}
-		if cfg.DryRun {
-			fmt.Fprintln(cmd.OutOrStdout(), "# dry run: would remove every ISTIO_* chain, the rules jumping to them, and these rules where present:")
-			for _, rs := range known {
-				for _, r := range append(rs.V4, rs.V6...) {
-					if r.Chain == "PREROUTING" || r.Chain == "OUTPUT" {
-						fmt.Fprintf(cmd.OutOrStdout(), "-t %s %s\n", r.Table, r.Spec())
-					}
-				}
-			}
-			return nil
-		}
-		applier, err := capture.NewApplier(cfg.ForceIptablesBinary, false, log)
-		if err != nil {
-			return fmt.Errorf("clean-iptables: %w", err)
-		}
-		if err := applier.CleanState(known...); err != nil {
+		if err := cleanIptables(cfg, cmd.OutOrStdout(), log); err != nil {
 			return fmt.Errorf("clean-iptables: %w", err)
 		}
 		return nil
 	}
 	return cmd
+}
+
+// cleanIptables removes every ISTIO_* chain and jump, and the rules of
+// ours cfg (in either interception mode) puts in built-in chains; with
+// DryRun it prints what it would remove.
+func cleanIptables(cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
+	var known []capture.RuleSet
+	for _, mode := range []string{"REDIRECT", "TPROXY"} {
+		c := cfg
+		c.InboundInterceptionMode, c.EnableIPv6 = mode, true
+		known = append(known, capture.Build(c))
+	}
+	if cfg.DryRun {
+		fmt.Fprintln(stdout, "# dry run: would remove every ISTIO_* chain, the rules jumping to them, and these rules where present:")
+		for _, rs := range known {
+			for _, r := range append(rs.V4, rs.V6...) {
+				if r.Chain == "PREROUTING" || r.Chain == "OUTPUT" {
+					fmt.Fprintf(stdout, "-t %s %s\n", r.Table, r.Spec())
+				}
+			}
+		}
+		return nil
+	}
+	applier, err := capture.NewApplier(cfg.ForceIptablesBinary, false, log)
+	if err != nil {
+		return err
+	}
+	return applier.CleanState(known...)
 }
 
 // fillHostInputs reads the host's addresses (IPv6 or not) and DNS servers

@@ -43,6 +43,9 @@ const (
 	caRootCertFile        = "./var/run/secrets/istio/root-cert.pem"         // the control plane CA's root (configmap istio-ca-root-cert)
 	caCRLFile             = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
 	tokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
+	clusterEnvFile        = "./var/lib/istio/envoy/cluster.env"             // a VM's settings (istioctl x workload entry configure)
+	sidecarEnvFile        = "./var/lib/istio/envoy/sidecar.env"             // a VM's optional local settings
+	vmCertsDir            = "/etc/certs"                                    // a VM's PROV_CERT and OUTPUT_CERTS (istio-start.sh), under --root
 	envoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
 	resolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
 )

@@ -94,6 +94,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 	root.AddCommand(
 		newProxyCommand(cli, logs),
 		newStandaloneCommand(cli, logs),
+		newVMCommand(cli, logs),
 		newWaitCommand(),
 		newRequestCommand(),
 		newVersionCommand(),

@@ -35,6 +35,7 @@ type proxyFlags struct {
 	root               string
 	chaos              bool
 	capture            bool
+	captureInterval    time.Duration
 	nameTable          string
 	resolvConf         string
 	envoyRestarts      int
@@ -63,6 +64,8 @@ func bindProxyFlags(s *settings, f *proxyFlags) {
 	str(&f.resolvConf, "resolv-conf", resolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
 	flagVar(s, &f.capture, false, parseBool, flagSpec{name: "capture", env: []string{"MESHAGENT_CAPTURE"},
 		usage: "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop; without it the agent only verifies rules an init container applied"})
+	flagVar(s, &f.captureInterval, 30*time.Second, parseDuration, flagSpec{name: "capture-check-interval", env: []string{"MESHAGENT_CAPTURE_CHECK_INTERVAL"},
+		usage: "VM mode: how often the capture rules are checked and re-applied if someone flushed or changed them"})
 	flagVar(s, &f.chaos, false, parseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
 	flagVar(s, &f.envoyRestarts, 5, parseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
 	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, parseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})

@@ -176,18 +176,7 @@ func startStandalone(t *testing.T, mesh, upstream string, args ...string) *stand
 	p := &standaloneProcess{dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), agentProcess: &agentProcess{
 		cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", status), stderr: &lockedBuffer{}, exited: make(chan error, 1),
 		root: root, adminPort: admin, envoyStatusPort: envoyStatus, promPort: prom}}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("agent log:\n%s", p.stderr.String())
-		}
-	})
+	p.start(t)
 	return p
 }
 

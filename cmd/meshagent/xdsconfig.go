@@ -25,9 +25,9 @@ type xdsInputs struct {
 	// nds: the DNS proxy is on and fed by the control plane (not by
 	// --name-table, which wins when given).
 	nds bool
-	// envoyUID is Envoy's uid when it differs from the agent's (-1: same):
-	// the socket is then chowned to it.
-	envoyUID int
+	// envoyUID, envoyGID are Envoy's uid and gid when they differ from
+	// the agent's (-1: same): the socket is then chowned to them.
+	envoyUID, envoyGID int
 }
 
 // xdsConfig is the XDS proxy's config from Istio's ProxyConfig and
@@ -38,7 +38,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	pc := in.proxy
 	c := xdsproxy.NewConfig(rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)))
 	if in.envoyUID >= 0 {
-		c.SocketUID, c.SocketGID = in.envoyUID, in.envoyUID
+		c.SocketUID, c.SocketGID = in.envoyUID, in.envoyGID
 	}
 	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, parseDuration)
 	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, parseDuration)
