@@ -59,7 +59,7 @@ func istiodPeerPaths(t *testing.T) (bin, run string) {
 		}
 		bin = filepath.Join(cache, "meshagent-peers", "istiod")
 	}
-	for _, name := range []string{"istiod-local", "xdsprobe", "jwtlocal"} {
+	for _, name := range []string{"istiod-local", "jwtlocal"} {
 		if fi, err := os.Stat(filepath.Join(bin, name)); err != nil || fi.Mode()&0o111 == 0 {
 			t.Skipf("the istiod peer is not built (%s missing; `make e2e-istiod` builds it, or set MESHAGENT_ISTIOD_DIR)", filepath.Join(bin, name))
 		}

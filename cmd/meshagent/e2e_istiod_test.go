@@ -213,7 +213,6 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	r.ready = time.Since(start)
 	envoy := standIn{admin: "http://127.0.0.1:15000"}
 
-
 	// Identity: istiod's CA signed the workload certificate Envoy holds
 	// (Istio's readiness does not wait for it: Envoy's SDS may be later).
 	testkit.WaitFor(t, "the workload certificate in Envoy", func() bool {
