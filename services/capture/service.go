@@ -94,8 +94,19 @@ func (s *Service) Serve(ctx context.Context) error {
 	return s.own(ctx, a, rs)
 }
 
+// checkOnce gives the sidecar's verdict in two steps. The chains and their
+// rule counts come from one iptables-save per family; the exact rules need
+// one `iptables -C` each (about 20 execs, 300 ms in a pod, measured against
+// istiod: the last condition readiness waited for). The check is
+// informational in a sidecar (the init container owns the rules), so it
+// must not delay start-up: the verdict on the chains is reported first and
+// the rules then refine it.
 func (s *Service) checkOnce(a *Applier, rs RuleSet) {
-	missing, err := a.Missing(rs)
+	missing, err := a.MissingChains(rs)
+	if err == nil && len(missing) == 0 {
+		s.report(messages.Ready, "")
+		missing, err = a.MissingRules(rs)
+	}
 	switch {
 	case err != nil:
 		s.notVerified(err)
@@ -164,6 +175,16 @@ func summarize(missing []string) string {
 // Missing lists, readably, what of rs is absent: chains missing or with a
 // different rule count, rules not found (iptables -C). Empty means in place.
 func (a *Applier) Missing(rs RuleSet) ([]string, error) {
+	missing, err := a.MissingChains(rs)
+	if err != nil || len(missing) > 0 {
+		return missing, err
+	}
+	return a.MissingRules(rs)
+}
+
+// MissingChains lists our chains that are absent or hold a different number
+// of rules than rs: one iptables-save per family.
+func (a *Applier) MissingChains(rs RuleSet) ([]string, error) {
 	var missing []string
 	for _, fr := range a.families(rs) {
 		out, err := a.run(fr.f.save, "", nil)
@@ -187,6 +208,15 @@ func (a *Applier) Missing(rs RuleSet) ([]string, error) {
 				}
 			}
 		}
+	}
+	return missing, nil
+}
+
+// MissingRules lists the rules of rs that `iptables -C` does not find: one
+// exec per rule, exact where the save output's normal form is not ours.
+func (a *Applier) MissingRules(rs RuleSet) ([]string, error) {
+	var missing []string
+	for _, fr := range a.families(rs) {
 		for _, r := range fr.rules {
 			a.execs.Add(1)
 			ok, err := fr.f.ipt.Exists(r.Table, r.Chain, r.Params...)

@@ -74,6 +74,14 @@ func TestKernelServiceSidecar(t *testing.T) {
 	if h, _ := health.Get(); h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_INBOUND") {
 		t.Errorf("with a rule deleted: %+v; want Degraded naming ISTIO_INBOUND", h)
 	}
+	// Every chain with its rule count, but one rule changed: only the exact
+	// check (iptables -C), which runs after the first verdict, can see it.
+	sh(t, "iptables", "-t", "nat", "-A", ChainInbound, "-p", "tcp", "-j", ChainInRedirect)
+	sh(t, "iptables", "-t", "nat", "-R", ChainInbound, "1", "-p", "tcp", "--dport", "1", "-j", "RETURN")
+	svc.Serve(context.Background())
+	if h, _ := health.Get(); h.State != messages.Degraded || !strings.Contains(h.Reason, "rule -t nat -A "+ChainInbound) {
+		t.Errorf("with a rule changed: %+v; want Degraded naming the rule", h)
+	}
 }
 
 // TestKernelServiceVM: applies at start, re-applies after a flush on the
