@@ -199,6 +199,10 @@ type Shutdown struct {
 // restart it. From status (/debug/chaos/kill, when chaos is enabled) to tree.
 type Chaos struct {
 	Service string
+	// For holds the service down that long after the kill (0: restart it
+	// as any failure): a chaos suite stops the control plane "for a
+	// while" this way, without the kills counting toward its give-up limit.
+	For time.Duration
 }
 
 // ServiceInfo is one node of the supervision tree as /debug/tree shows it.

@@ -283,7 +283,7 @@ loop:
 			break loop
 		case <-a.ch.Chaos.Ready():
 			for _, c := range a.ch.Chaos.Take() {
-				a.chaos(c.Service)
+				a.chaos(c)
 			}
 		case giveUp = <-a.giveUps:
 			graceful, reason = false, giveUp.Error()
@@ -345,13 +345,13 @@ func (a *Agent) drainEnvoy(reason string, watchdog <-chan time.Time) {
 	}
 }
 
-func (a *Agent) chaos(service string) {
-	r, ok := a.runners[service]
+func (a *Agent) chaos(c messages.Chaos) {
+	r, ok := a.runners[c.Service]
 	if !ok {
-		a.log.Warn("chaos: no such service", "service", service)
+		a.log.Warn("chaos: no such service", "service", c.Service)
 		return
 	}
-	r.kill()
+	r.kill(c.For)
 }
 
 func (a *Agent) agentHealth(state messages.HealthState, reason string) {

@@ -53,6 +53,9 @@ type runner struct {
 	mu        sync.Mutex
 	inServe   chan struct{}
 	cancelRun context.CancelCauseFunc
+	// holdUntil keeps the service down after a chaos kill with a hold
+	// (/debug/chaos/kill?for=): the next run waits at least until then.
+	holdUntil time.Time
 
 	// touched only by Serve
 	rng         *rand.Rand
@@ -87,11 +90,13 @@ func (r *runner) Serve(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	// The run can be killed from the moment the tree shows it starting:
+	// status accepts a chaos kill for a starting service.
+	runCtx, cancel := context.WithCancelCause(ctx)
+	r.setRun(cancel)
 	r.reg.update(r.path, func(n *messages.ServiceInfo) {
 		n.State, n.Reason, n.NextDelay = messages.Starting, "", 0
 	})
-	runCtx, cancel := context.WithCancelCause(ctx)
-	r.setRun(cancel)
 	started := r.clock.Now()
 	err, panicked := r.serveRecovering(runCtx)
 	r.setRun(nil)
@@ -215,9 +220,14 @@ func (r *runner) failed(err error, started time.Time, panicked bool) error {
 	}
 
 	r.nextDelay = r.policy.delay(r.consecutive, r.rng)
-	r.metrics.restarts.WithLabelValues(r.name).Inc()
+	reason := "restarting"
+	if held := r.takeHold(now); held > r.nextDelay {
+		r.nextDelay, reason = held, "held down by chaos request"
+	}
+	// The tree's state first, then the counter: whoever sees the restart
+	// counted (a chaos suite polling the metric) finds the tree updated.
 	r.reg.update(r.path, func(n *messages.ServiceInfo) {
-		n.State, n.Reason, n.LastError = messages.Failed, "restarting", err.Error()
+		n.State, n.Reason, n.LastError = messages.Failed, reason, err.Error()
 		n.Restarts++
 		n.Failures = r.consecutive
 		n.NextDelay = r.nextDelay
@@ -225,6 +235,7 @@ func (r *runner) failed(err error, started time.Time, panicked bool) error {
 			n.Panics++
 		}
 	})
+	r.metrics.restarts.WithLabelValues(r.name).Inc()
 	r.sendHealth(messages.Failed, err.Error())
 	r.log.Warn("service failed; restarting", "attempt", r.consecutive, "next_delay", r.nextDelay, "error", err)
 	return err
@@ -252,18 +263,31 @@ func (r *runner) setRun(cancel context.CancelCauseFunc) {
 }
 
 // kill makes the service's current run fail with ErrChaosKill
-// (/debug/chaos/kill). A kill while the service is not running (in backoff)
-// applies to no run and is ignored.
-func (r *runner) kill() {
+// (/debug/chaos/kill); with hold > 0 the next run waits at least that long,
+// so a chaos suite can take a peer down "for a while". A kill while the
+// service is not running (in backoff) applies to no run and is ignored.
+func (r *runner) kill(hold time.Duration) {
 	r.mu.Lock()
 	cancel := r.cancelRun
+	if cancel != nil && hold > 0 {
+		r.holdUntil = r.clock.Now().Add(hold)
+	}
 	r.mu.Unlock()
 	if cancel == nil {
 		r.log.Warn("chaos: kill arrived while the service was not running; ignored")
 		return
 	}
-	r.log.Warn("chaos: killing service")
+	r.log.Warn("chaos: killing service", "hold", hold)
 	cancel(ErrChaosKill)
+}
+
+// takeHold returns how much of a chaos hold is left at now, and clears it.
+func (r *runner) takeHold(now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	left := r.holdUntil.Sub(now)
+	r.holdUntil = time.Time{}
+	return max(left, 0)
 }
 
 func (r *runner) sendHealth(state messages.HealthState, reason string) {

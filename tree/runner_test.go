@@ -137,3 +137,58 @@ func TestRunnerServeIsExclusive(t *testing.T) {
 	cancelThird()
 	<-third
 }
+
+// blockingService runs until cancelled, counting its runs.
+type blockingService struct {
+	runs    atomic.Int32
+	started chan int32
+}
+
+func (s *blockingService) String() string { return "controlplane" }
+func (s *blockingService) Serve(ctx context.Context) error {
+	s.started <- s.runs.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A chaos kill with a hold (/debug/chaos/kill?for=) keeps the service down
+// that long: its next run waits for the hold, not the short first-restart
+// delay, and the tree says why.
+func TestChaosKillHoldsTheServiceDown(t *testing.T) {
+	clock := &skewClock{}
+	svc := &blockingService{started: make(chan int32, 4)}
+	ch := NewChannels(nil)
+	a, err := New(ch, []Node{{Service: svc}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitRun := func(want int32) {
+		t.Helper()
+		select {
+		case got := <-svc.started:
+			if got != want {
+				t.Fatalf("run %d started, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d never started", want)
+		}
+	}
+	waitRun(1)
+	const hold = 7 * time.Second
+	ch.Chaos.Send(messages.Chaos{Service: "controlplane", For: hold})
+	waitRun(2)
+	waits := clock.Waits()
+	if len(waits) != 1 || waits[0] < hold-time.Second || waits[0] > hold {
+		t.Fatalf("waits before the restart %v, want one of about %s (the hold)", waits, hold)
+	}
+	state, _ := ch.Tree.Get()
+	for _, s := range state.Services {
+		if s.Name == "controlplane" && (s.Restarts != 1 || s.LastError == "") {
+			t.Errorf("controlplane in the tree: %+v, want 1 restart with the kill as last error", s)
+		}
+	}
+}

@@ -154,10 +154,24 @@ func (s *Service) handleDrain(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "OK")
 }
 
+// MaxChaosHold bounds /debug/chaos/kill's for=: a chaos suite holds a
+// service down "for a while", and a typo (for=10h) must not leave an agent
+// down for good.
+const MaxChaosHold = time.Minute
+
 // handleChaosKill makes the named service fail so that its supervisor must
-// restart it.
+// restart it; with for=DUR it stays failed until DUR has passed.
 func (s *Service) handleChaosKill(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("service")
+	var hold time.Duration
+	if v := r.URL.Query().Get("for"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > MaxChaosHold {
+			http.Error(w, fmt.Sprintf("bad for=%q: want a duration above 0 and at most %s", v, MaxChaosHold), http.StatusBadRequest)
+			return
+		}
+		hold = d
+	}
 	t, _ := s.in.Tree.Get()
 	for _, n := range t.Services {
 		if n.Name != name {
@@ -167,8 +181,12 @@ func (s *Service) handleChaosKill(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, fmt.Sprintf("%s is not running (%s); nothing to kill", name, n.StateName), http.StatusConflict)
 			return
 		}
-		s.log.Warn("chaos kill requested", "target", name)
-		s.out.Chaos.Send(messages.Chaos{Service: name})
+		s.log.Warn("chaos kill requested", "target", name, "for", hold)
+		s.out.Chaos.Send(messages.Chaos{Service: name, For: hold})
+		if hold > 0 {
+			fmt.Fprintf(w, "killing %s; held down for %s\n", name, hold)
+			return
+		}
 		fmt.Fprintf(w, "killing %s\n", name)
 		return
 	}

@@ -276,3 +276,29 @@ func TestChaosKillNeedsARunningService(t *testing.T) {
 		t.Fatalf("chaos commands sent: %v, want only sds", got)
 	}
 }
+
+// for=DUR holds the killed service down; a bad or unbounded duration is
+// refused naming the value, and nothing is killed.
+func TestChaosKillForADuration(t *testing.T) {
+	f := newFixture(Config{Chaos: true, Gatherer: prometheus.NewRegistry()})
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "controlplane", State: messages.Ready, StateName: "ready"}}})
+	h := f.svc.routes()
+	for query, want := range map[string]int{
+		"for=5x": http.StatusBadRequest, "for=-1s": http.StatusBadRequest, "for=0s": http.StatusBadRequest,
+		"for=2m": http.StatusBadRequest, "for=1500ms": http.StatusOK,
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/debug/chaos/kill?service=controlplane&"+query, nil)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("kill ?%s = %d %q, want %d", query, rec.Code, rec.Body.String(), want)
+		}
+		if value := strings.TrimPrefix(query, "for="); want == http.StatusBadRequest && !strings.Contains(rec.Body.String(), value) {
+			t.Errorf("kill ?%s: %q does not name the value", query, rec.Body.String())
+		}
+	}
+	if got := f.chaos.Take(); len(got) != 1 || got[0] != (messages.Chaos{Service: "controlplane", For: 1500 * time.Millisecond}) {
+		t.Fatalf("chaos commands sent: %v, want one for controlplane held 1.5s", got)
+	}
+}
