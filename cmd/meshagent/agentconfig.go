@@ -146,7 +146,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
 		if sdsCfg != nil { // Envoy must reach the SDS socket as well as the XDS one
-			sdsCfg.SocketUID, sdsCfg.SocketGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
+			sdsCfg.SocketOwner.UID, sdsCfg.SocketOwner.GID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
 		}
 	}
 	c.tree = tree.Config{

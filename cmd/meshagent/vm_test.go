@@ -211,10 +211,10 @@ func TestVMProxyUserIsTheOneTheRulesExempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.tree.Envoy.RunAs == nil || cfg.tree.XDS.SocketUID != 1337 || cfg.tree.XDS.SocketGID != 1337 ||
-		cfg.tree.SDS.SocketUID != 1337 || cfg.tree.SDS.SocketGID != 1337 {
+	if cfg.tree.Envoy.RunAs == nil || cfg.tree.XDS.SocketOwner.UID != 1337 || cfg.tree.XDS.SocketOwner.GID != 1337 ||
+		cfg.tree.SDS.SocketOwner.UID != 1337 || cfg.tree.SDS.SocketOwner.GID != 1337 {
 		t.Fatalf("Envoy as %+v; XDS socket %d:%d, SDS socket %d:%d; want all 1337", cfg.tree.Envoy.RunAs,
-			cfg.tree.XDS.SocketUID, cfg.tree.XDS.SocketGID, cfg.tree.SDS.SocketUID, cfg.tree.SDS.SocketGID)
+			cfg.tree.XDS.SocketOwner.UID, cfg.tree.XDS.SocketOwner.GID, cfg.tree.SDS.SocketOwner.UID, cfg.tree.SDS.SocketOwner.GID)
 	}
 	if cfg.tree.Capture != nil {
 		t.Fatal("ISTIO_CUSTOM_IP_TABLES=true (noCapture) still has a capture service")

@@ -38,7 +38,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	pc := in.proxy
 	c := xdsproxy.NewConfig(rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)))
 	if in.envoyUID >= 0 {
-		c.SocketUID, c.SocketGID = in.envoyUID, in.envoyGID
+		c.SocketOwner.UID, c.SocketOwner.GID = in.envoyUID, in.envoyGID
 	}
 	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, parseDuration)
 	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, parseDuration)

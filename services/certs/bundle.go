@@ -3,9 +3,7 @@ package certs
 import (
 	"bytes"
 	"crypto"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -58,7 +56,7 @@ func buildBundle(chainPEM, keyPEM, rootsPEM []byte, src bundleSources, now time.
 		KeyPEM:       keyPEM,
 		RootsPEM:     rootsPEM,
 		Expiry:       leaf.NotAfter,
-		Version:      contentVersion(chainPEM, keyPEM, rootsPEM),
+		Version:      messages.ContentVersion(chainPEM, keyPEM, rootsPEM),
 	}, nil
 }
 
@@ -66,18 +64,8 @@ func buildBundle(chainPEM, keyPEM, rootsPEM []byte, src bundleSources, now time.
 // version of its own.
 func withRoots(b messages.CertBundle, rootsPEM []byte) messages.CertBundle {
 	b.RootsPEM = rootsPEM
-	b.Version = contentVersion(b.CertChainPEM, b.KeyPEM, rootsPEM)
+	b.Version = messages.ContentVersion(b.CertChainPEM, b.KeyPEM, rootsPEM)
 	return b
-}
-
-// contentVersion is a hash of the content: equal content, equal version.
-func contentVersion(parts ...[]byte) string {
-	h := sha256.New()
-	for _, p := range parts {
-		fmt.Fprintf(h, "%d:", len(p))
-		h.Write(p)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // parseCerts returns every CERTIFICATE block of pemBytes, in order.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // The service's own defaults. Istio's paths (the sockets, the CRL file) come
@@ -50,12 +52,8 @@ type Config struct {
 	// (<root>/var/run/secrets/credential-uds/files-socket). Empty: not
 	// served at all then.
 	FilesSocketPath string
-	// SocketUID, SocketGID: when >= 0, the sockets are chowned to them (the
-	// proxy's UID/GID, 1337, when the agent runs as root and Envoy does
-	// not). The sockets are never world-accessible: 0600, or 0660 when a
-	// GID is given.
-	SocketUID int
-	SocketGID int
+	// SocketOwner: who the socket is chowned to (default uds.Unowned).
+	SocketOwner uds.Owner
 	// FileDebounce (FILE_DEBOUNCE_DURATION, default 100ms): quiet time after
 	// the last change of a watched file before file secrets and the CRL
 	// are read again.
@@ -79,8 +77,7 @@ type Config struct {
 func NewConfig(socketPath string) Config {
 	return Config{
 		SocketPath:      socketPath,
-		SocketUID:       -1,
-		SocketGID:       -1,
+		SocketOwner:     uds.Unowned,
 		FileDebounce:    DefaultFileDebounce,
 		SystemRootFiles: SystemRootFiles(),
 		StopTimeout:     DefaultStopTimeout,

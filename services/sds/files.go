@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/meshagent/meshagent/messages"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -70,7 +71,7 @@ func readFileSecret(r resource, systemRoots []string) (secret *anypb.Any, versio
 				r.name, r.certPath, r.keyPath, err)
 		}
 		secret, err = tlsCertificateSecret(r.name, chain, key)
-		return secret, contentVersion(chain, key), err
+		return secret, messages.ContentVersion(chain, key), err
 	case kindFileRoots:
 		return readRootsSecret(r.name, r.rootPath)
 	case kindSystemRoots:
@@ -93,7 +94,7 @@ func readRootsSecret(name, path string) (*anypb.Any, string, error) {
 		return nil, "", status.Errorf(codes.FailedPrecondition, "secret %q: no usable CA certificate in %s: %v", name, path, errors.Join(errs...))
 	}
 	secret, err := validationSecret(name, roots, nil)
-	return secret, contentVersion(roots), err
+	return secret, messages.ContentVersion(roots), err
 }
 
 func readFile(name, path string) ([]byte, error) {

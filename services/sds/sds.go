@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -94,7 +95,7 @@ func (s *Service) Serve(ctx context.Context) error {
 		}
 	}
 	path := lis.Addr().String()
-	defer removeSocket(path)
+	defer uds.Remove(path)
 
 	h := &handler{svc: s, store: st, stop: make(chan struct{})}
 	srv := grpc.NewServer(grpc.MaxConcurrentStreams(100000))

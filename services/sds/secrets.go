@@ -1,14 +1,13 @@
 package sds
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/meshagent/meshagent/messages"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -83,16 +82,6 @@ func marshalSecret(s *tlsv3.Secret) (*anypb.Any, error) {
 	return a, nil
 }
 
-// contentVersion is a hash of the content: equal content, equal version.
-func contentVersion(parts ...[]byte) string {
-	h := sha256.New()
-	for _, p := range parts {
-		fmt.Fprintf(h, "%d:", len(p))
-		h.Write(p)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
-
 // responseVersion is a SotW response's version_info: the version of its one
 // resource, or a hash of every name and version it carries.
 func responseVersion(names []string, states map[string]secretState) string {
@@ -104,5 +93,5 @@ func responseVersion(names []string, states map[string]secretState) string {
 	for _, n := range sorted {
 		fmt.Fprintf(&b, "%s=%s;", n, states[n].version)
 	}
-	return contentVersion([]byte(b.String()))
+	return messages.ContentVersion([]byte(b.String()))
 }

@@ -6,19 +6,20 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // Errors Serve fails with when it cannot have its socket.
 var (
 	// ErrSocketInUse: another server answers on the socket this server
 	// must listen on (the files-only socket: another agent?).
-	ErrSocketInUse = errors.New("a live server is already listening on the SDS socket")
+	ErrSocketInUse = uds.ErrInUse
 	// ErrNoWorkloadSocket: WORKLOAD_IDENTITY_SOCKET_FILE names another
 	// socket than this server's and nothing answers there, so Envoy would
 	// have no SDS server at all (Istio fails the same way).
@@ -77,7 +78,7 @@ func SocketLive(path string) bool {
 //   - otherwise it listens on SocketPath.
 func (s *Service) openSocket() (lis net.Listener, external string, err error) {
 	envoyPath := s.cfg.EnvoySocketPath()
-	live, err := s.liveOrRemoved(envoyPath)
+	live, err := s.socket(envoyPath).LiveOrRemoved()
 	if err != nil {
 		return nil, "", err
 	}
@@ -88,77 +89,18 @@ func (s *Service) openSocket() (lis net.Listener, external string, err error) {
 			return nil, external, nil
 		}
 		s.log.Info("external SDS server in use; serving file secrets only", "socket", envoyPath, "files_socket", s.cfg.FilesSocketPath)
-		lis, err := s.listen(s.cfg.FilesSocketPath)
+		lis, err := s.socket(s.cfg.FilesSocketPath).Listen()
 		return lis, external, err
 	}
 	if envoyPath != s.cfg.SocketPath {
 		return nil, "", fmt.Errorf("WORKLOAD_IDENTITY_SOCKET_FILE=%q: %s: %w", s.cfg.WorkloadIdentitySocketFile, envoyPath, ErrNoWorkloadSocket)
 	}
-	lis, err = s.listen(s.cfg.SocketPath)
+	lis, err = s.socket(s.cfg.SocketPath).Listen()
 	return lis, "", err
 }
 
-// liveOrRemoved reports whether a server answers on path; a socket nobody
-// answers on is removed (Istio's checkSocket), anything else there that is
-// not a socket is an error.
-func (s *Service) liveOrRemoved(path string) (bool, error) {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("SDS socket %s: %w", path, err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return false, fmt.Errorf("SDS socket path %s exists and is not a socket (%s)", path, fi.Mode())
-	}
-	if SocketLive(path) {
-		return true, nil
-	}
-	s.log.Info("removing stale SDS socket", "socket", path)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("remove stale SDS socket %s: %w", path, err)
-	}
-	return false, nil
+// socket is one of this server's sockets, or the one Envoy is told to use:
+// live when a gRPC server answers there.
+func (s *Service) socket(path string) uds.Socket {
+	return uds.Socket{Path: path, Name: "SDS", Owner: s.cfg.SocketOwner, Live: SocketLive, Log: s.log}
 }
-
-// listen prepares the directory, clears a stale socket, refuses to take over
-// a live one, and listens with owner-only permissions.
-func (s *Service) listen(path string) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("create SDS socket directory %s: %w", dir, err)
-	}
-	live, err := s.liveOrRemoved(path)
-	if err != nil {
-		return nil, err
-	}
-	if live {
-		return nil, fmt.Errorf("%s: %w", path, ErrSocketInUse)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen on SDS socket %s: %w", path, err)
-	}
-	// The directory is 0750, so nobody else can reach the socket in the
-	// moment before the chmod.
-	mode := os.FileMode(0o600)
-	if s.cfg.SocketGID >= 0 {
-		mode = 0o660
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("chmod SDS socket %s: %w", path, err)
-	}
-	if s.cfg.SocketUID >= 0 || s.cfg.SocketGID >= 0 {
-		if err := os.Chown(path, s.cfg.SocketUID, s.cfg.SocketGID); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("chown SDS socket %s to %d:%d: %w", path, s.cfg.SocketUID, s.cfg.SocketGID, err)
-		}
-	}
-	return lis, nil
-}
-
-// removeSocket is best effort: the listener usually unlinks the socket
-// itself, and a leftover one is removed as stale on the next start.
-func removeSocket(path string) { _ = os.Remove(path) }

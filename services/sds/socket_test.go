@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // The socket is owner-only in a 0750 directory, and no TCP listener exists.
@@ -262,7 +263,7 @@ func TestSocketChownedToProxy(t *testing.T) {
 	root, _ := os.MkdirTemp("", "sds")
 	defer os.RemoveAll(root)
 	cfg := testConfig(root)
-	cfg.SocketUID, cfg.SocketGID = 1337, 1337
+	cfg.SocketOwner = uds.Owner{UID: 1337, GID: 1337}
 	health := messages.NewCell[messages.Health]()
 	svc := newService(t, cfg, messages.NewCell[messages.CertBundle](), health, nil)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -299,7 +299,7 @@ func (st *store) computeIdentity() {
 	// Each secret's version is its own content's: a bundle whose roots
 	// changed (a root file in Istio's mixed mode, a CA root rotation) does
 	// not push "default" again, nor a renewal "ROOTCA".
-	version := "cert-" + contentVersion(st.bundle.CertChainPEM, st.bundle.KeyPEM)
+	version := "cert-" + messages.ContentVersion(st.bundle.CertChainPEM, st.bundle.KeyPEM)
 	if cur := st.secrets[WorkloadKeyCertResourceName]; cur.version != version {
 		st.secrets[WorkloadKeyCertResourceName] = st.build(WorkloadKeyCertResourceName, version, func() (secretState, error) {
 			a, err := tlsCertificateSecret(WorkloadKeyCertResourceName, st.bundle.CertChainPEM, st.bundle.KeyPEM)
@@ -319,7 +319,7 @@ func (st *store) rootsState() secretState {
 		return secretState{secret: prev.secret, version: prev.version, err: st.crl.err}
 	}
 	roots := mergeRoots(st.bundle.RootsPEM, st.extra)
-	version := "roots-" + contentVersion(roots, st.crl.pem)
+	version := "roots-" + messages.ContentVersion(roots, st.crl.pem)
 	if prev.version == version && prev.secret != nil {
 		return secretState{secret: prev.secret, version: version, err: st.crl.err}
 	}

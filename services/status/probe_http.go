@@ -104,14 +104,7 @@ func (p *prober) http(ctx context.Context, probe httpProbe) probeResult {
 // headers, the Host kubelet sent (with the application's port if kubelet
 // named the status port), to the probe's port and path on the probe host.
 func (s *Service) appHTTPRequest(r *http.Request, get *HTTPGetAction) httpProbe {
-	scheme := "http"
-	if get.Scheme == "HTTPS" {
-		scheme = "https"
-	}
-	path := get.Path
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
+	scheme, path := get.urlScheme(), get.urlPath()
 	port := strconv.Itoa(int(get.Port))
 	host := r.Host
 	if h, p, err := net.SplitHostPort(r.Host); err == nil && p == s.statusPort() {

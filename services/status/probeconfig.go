@@ -75,6 +75,22 @@ type HTTPGetAction struct {
 	HTTPHeaders []HTTPHeader `json:"httpHeaders,omitempty"`
 }
 
+// urlScheme is the scheme the probe is sent with: kubelet's "HTTPS", else http.
+func (g *HTTPGetAction) urlScheme() string {
+	if g.Scheme == "HTTPS" {
+		return "https"
+	}
+	return "http"
+}
+
+// urlPath is the probe's path, rooted as kubelet roots it.
+func (g *HTTPGetAction) urlPath() string {
+	if !strings.HasPrefix(g.Path, "/") {
+		return "/" + g.Path
+	}
+	return g.Path
+}
+
 // HTTPHeader is one header of an httpGet probe.
 type HTTPHeader struct {
 	Name  string `json:"name"`

@@ -221,14 +221,7 @@ func workloadHTTPRequest(get *HTTPGetAction, defaultHost string) httpProbe {
 	if get.Host != "" {
 		host = get.Host
 	}
-	scheme := "http"
-	if get.Scheme == "HTTPS" {
-		scheme = "https"
-	}
-	path := get.Path
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
+	scheme, path := get.urlScheme(), get.urlPath()
 	header := http.Header{}
 	for _, h := range get.HTTPHeaders {
 		header.Add(h.Name, h.Value)

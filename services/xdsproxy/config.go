@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // Name is the service's name in logs, metrics, health and /debug/tree.
@@ -98,11 +100,8 @@ type Config struct {
 	// SocketPath is the unix socket Envoy connects to:
 	// <root>/etc/istio/proxy/XDS (Istio: <ConfigPath>/XDS).
 	SocketPath string
-	// SocketUID, SocketGID: when >= 0, the socket is chowned to them (the
-	// proxy's 1337 when the agent runs as root and Envoy does not). The
-	// socket is 0600, or 0660 when a GID is given; never world-accessible.
-	SocketUID int
-	SocketGID int
+	// SocketOwner: who the socket is chowned to (default uds.Unowned).
+	SocketOwner uds.Owner
 	// KeepaliveInterval, KeepaliveTimeout: HTTP/2 keepalive on both sides
 	// (GRPC_KEEPALIVE_INTERVAL, default 30s; GRPC_KEEPALIVE_TIMEOUT,
 	// default 10s).
@@ -189,8 +188,7 @@ type Config struct {
 func NewConfig(socketPath string) Config {
 	return Config{
 		SocketPath:   socketPath,
-		SocketUID:    -1,
-		SocketGID:    -1,
+		SocketOwner:  uds.Unowned,
 		Roots:        RootsFile,
 		OfflineCache: true,
 	}

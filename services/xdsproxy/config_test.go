@@ -13,6 +13,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // Validate rejects each bad value, naming the field (and Istio's setting).
@@ -128,8 +129,7 @@ func TestSocket(t *testing.T) {
 	}
 
 	// With a group: 0660 and chowned (as root; otherwise only our own gid).
-	cfg.SocketGID = os.Getgid()
-	cfg.SocketUID = os.Getuid()
+	cfg.SocketOwner = uds.Owner{UID: os.Getuid(), GID: os.Getgid()}
 	p = startProxy(t, cfg, proxyOpts{})
 	fi, err = os.Stat(cfg.SocketPath)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
 // Inputs are what the proxy reads.
@@ -133,7 +134,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer removeSocket(s.cfg.SocketPath)
+	defer uds.Remove(s.cfg.SocketPath)
 
 	s.mu.Lock()
 	s.stopping = false
