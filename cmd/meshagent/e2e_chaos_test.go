@@ -1,10 +1,12 @@
 package main
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,7 +38,10 @@ func TestAgentChaos(t *testing.T) {
 		"--restart-max-delay", "500ms")
 	p.waitStatus(t, "/healthz/ready", 200)
 
-	targets := []string{"certs", "sds", "dns", "nametable", "envoy", "status", "identity", "xds", "envoy-process"}
+	certs := watchSDSCertificates(t, filepath.Join(p.root, "var/run/secrets/workload-spiffe-uds/socket"))
+	latest := nextCertificate(t, certs, "certificate")
+
+	targets := []string{"certs", "sds", "dns", "nametable", "envoy", "status", "identity", "xds", "envoy-process", "cert-files"}
 	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
 	killed := map[string]int{}
 	deadline := time.Now().Add(8 * time.Minute)
@@ -44,6 +49,10 @@ func TestAgentChaos(t *testing.T) {
 		waitHealed(t, p)
 		victim := targets[rng.IntN(len(targets))]
 		killed[victim]++
+		if victim == "cert-files" {
+			latest = replaceCertFiles(t, p, certs, latest)
+			continue
+		}
 		service := victim
 		if victim == "envoy-process" {
 			service = "envoy"
@@ -130,4 +139,47 @@ func allUp(services []messages.ServiceInfo) bool {
 		}
 	}
 	return len(services) > 0
+}
+
+// replaceCertFiles replaces the file-mounted certificates with a corrupt
+// set, then with a good new one: the corrupt set is never served (the agent
+// keeps the last good certificate and stays ready), and the new one reaches
+// the SDS client. It returns the certificate the client holds.
+func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certificate, latest *x509.Certificate) *x509.Certificate {
+	t.Helper()
+	dir := filepath.Join(p.root, "etc/certs")
+	for _, f := range []string{"cert-chain.pem", "key.pem"} {
+		writeFile(t, filepath.Join(dir, f), "-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+	}
+	// Past the file debounce (100 ms): nothing new is pushed, and the agent
+	// stays ready on the last good certificate.
+	select {
+	case c := <-certs:
+		t.Fatalf("a certificate (serial %x) was pushed after the files were corrupted", c.SerialNumber)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if code, body := p.get("/healthz/ready"); code != 200 {
+		t.Fatalf("with corrupt certificate files: ready = %d %s, want 200 on the last good certificate", code, body)
+	}
+	fresh := t.TempDir()
+	if out, err := exec.Command(devcertsBinary, "-out", fresh, "-namespace", "e2e").CombinedOutput(); err != nil {
+		t.Fatalf("devcerts: %v\n%s", err, out)
+	}
+	for _, f := range []string{"root-cert.pem", "key.pem", "cert-chain.pem"} {
+		b, err := os.ReadFile(filepath.Join(fresh, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(dir, f), string(b))
+	}
+	want := readCertificate(t, filepath.Join(dir, "cert-chain.pem"))
+	for {
+		got := nextCertificate(t, certs, "the good certificate after the corrupt set")
+		if got.SerialNumber.Cmp(want.SerialNumber) == 0 {
+			return got
+		}
+		if got.SerialNumber.Cmp(latest.SerialNumber) != 0 {
+			t.Fatalf("SDS pushed serial %x, neither the last good (%x) nor the new one (%x)", got.SerialNumber, latest.SerialNumber, want.SerialNumber)
+		}
+	}
 }

@@ -265,7 +265,8 @@ func httpGet(url string) (int, string) {
 }
 
 // watchSDSCertificates asks the agent's SDS server for "default" as Envoy
-// does, and sends the leaf of every new certificate it pushes.
+// does, and sends the leaf of every new certificate it pushes. Like Envoy,
+// it reconnects when the stream ends (the SDS server restarted).
 func watchSDSCertificates(t *testing.T, socket string) <-chan *x509.Certificate {
 	t.Helper()
 	waitUntil(t, "the SDS socket", func() bool { _, err := os.Stat(socket); return err == nil })
@@ -274,49 +275,62 @@ func watchSDSCertificates(t *testing.T, socket string) <-chan *x509.Certificate 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := sdsv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
-	if err != nil {
-		cancel()
-		conn.Close()
-		t.Fatal(err)
-	}
 	out := make(chan *x509.Certificate, 16)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		req := &discoveryv3.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{"default"}}
-		for stream.Send(req) == nil {
-			resp, err := stream.Recv()
-			if err != nil {
-				return
+		var last []byte // the leaf last sent, not sent again after a reconnect
+		for ctx.Err() == nil {
+			last = streamSDSCertificates(ctx, conn, out, last)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
 			}
-			for _, r := range resp.GetResources() {
-				secret := &tlsv3.Secret{}
-				if r.UnmarshalTo(secret) != nil || secret.GetName() != "default" {
-					continue
-				}
-				block, _ := pem.Decode(secret.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
-				if block == nil {
-					continue
-				}
-				leaf, err := x509.ParseCertificate(block.Bytes)
-				if err != nil {
-					continue
-				}
-				select {
-				case out <- leaf:
-				case <-ctx.Done():
-					return
-				}
-			}
-			// ACK, as Envoy does, and wait for the next push.
-			req = &discoveryv3.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{"default"},
-				VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
 		}
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait(); conn.Close() })
 	return out
+}
+
+// streamSDSCertificates is one SDS stream of watchSDSCertificates, until it
+// ends; it returns the leaf it last sent.
+func streamSDSCertificates(ctx context.Context, conn *grpc.ClientConn, out chan<- *x509.Certificate, last []byte) []byte {
+	stream, err := sdsv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+	if err != nil {
+		return last
+	}
+	req := &discoveryv3.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{"default"}}
+	for stream.Send(req) == nil {
+		resp, err := stream.Recv()
+		if err != nil {
+			return last
+		}
+		for _, r := range resp.GetResources() {
+			secret := &tlsv3.Secret{}
+			if r.UnmarshalTo(secret) != nil || secret.GetName() != "default" {
+				continue
+			}
+			block, _ := pem.Decode(secret.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+			if block == nil || bytes.Equal(block.Bytes, last) {
+				continue
+			}
+			leaf, err := x509.ParseCertificate(block.Bytes)
+			if err != nil {
+				continue
+			}
+			select {
+			case out <- leaf:
+				last = block.Bytes
+			case <-ctx.Done():
+				return last
+			}
+		}
+		// ACK, as Envoy does, and wait for the next push.
+		req = &discoveryv3.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{"default"},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+	}
+	return last
 }
 
 // nextCertificate is the next certificate pushed over SDS.
