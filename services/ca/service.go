@@ -27,6 +27,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/grpcstop"
 )
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -120,16 +121,7 @@ func (s *Service) Serve(ctx context.Context) error {
 
 // gracefulStop lets calls in flight finish, up to StopTimeout.
 func (s *Service) gracefulStop(srv *grpc.Server) {
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	t := time.NewTimer(s.cfg.StopTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		srv.Stop()
-		<-done
-	}
+	grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout))
 }
 
 // handler answers IstioCertificateService with the root loaded by Serve.

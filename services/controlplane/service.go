@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/grpcstop"
 )
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -176,16 +177,8 @@ func (s *Service) Serve(ctx context.Context) error {
 
 // gracefulStop lets responses in flight finish, up to StopTimeout.
 func (s *Service) gracefulStop(srv *grpc.Server) {
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	t := time.NewTimer(s.cfg.StopTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		s.log.Warn("xDS streams did not end in time; closing them", "timeout", s.cfg.StopTimeout)
-		srv.Stop()
-		<-done
+	if grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout)) {
+		s.log.Warn("xDS streams did not end in time; closed them", "timeout", s.cfg.StopTimeout)
 	}
 }
 

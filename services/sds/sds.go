@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
@@ -138,16 +139,9 @@ type handler struct {
 
 func (h *handler) shutdown(srv *grpc.Server, bound time.Duration) {
 	h.stopOnce.Do(func() { close(h.stop) })
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
 	t := time.NewTimer(bound)
 	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		srv.Stop()
-		<-done
-	}
+	grpcstop.Within(srv, t.C)
 	h.readers.Wait()
 }
 

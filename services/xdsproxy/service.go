@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
@@ -185,14 +186,7 @@ func (s *Service) shutdown(srv *grpc.Server) {
 	if cur != nil {
 		cur.end(errShuttingDown)
 	}
-	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-s.rt.Clock.After(s.cfg.StopTimeout):
-		srv.Stop()
-		<-stopped
-	}
+	grpcstop.Within(srv, s.rt.Clock.After(s.cfg.StopTimeout))
 	s.wg.Wait()
 }
 
