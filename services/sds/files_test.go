@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // rename writes data to path through a temporary file and a rename, as
@@ -34,9 +35,9 @@ func rename(t *testing.T, path string, data []byte) {
 // as asked, with the certificates that parse; pushed again when it changes.
 func TestFileRootSystemServesOSTrustStore(t *testing.T) {
 	s := startServer(t)
-	a, b, c := newTestPKI(t, "os root a"), newTestPKI(t, "os root b"), newTestPKI(t, "os root c")
+	a, b, c := pki.NewRoot(t, "os root a"), pki.NewRoot(t, "os root b"), pki.NewRoot(t, "os root c")
 	junk := []byte("-----BEGIN CERTIFICATE-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END CERTIFICATE-----\n")
-	store := s.write(t, s.cfg.SystemRootFiles[1], append(append(append([]byte{}, a.rootPEM...), junk...), b.rootPEM...))
+	store := s.write(t, s.cfg.SystemRootFiles[1], append(append(append([]byte{}, a.CertPEM...), junk...), b.CertPEM...))
 
 	cl := s.open(t, FileRootSystemResourceName)
 	r := cl.recv(t)
@@ -44,14 +45,14 @@ func TestFileRootSystemServesOSTrustStore(t *testing.T) {
 	if sec == nil || sec.GetValidationContext() == nil || len(r.Resources) != 1 {
 		t.Fatalf("want one validation context named %q; got %v", FileRootSystemResourceName, r)
 	}
-	if got := trustedCA(sec); got != string(a.rootPEM)+string(b.rootPEM) {
+	if got := trustedCA(sec); got != string(a.CertPEM)+string(b.CertPEM) {
 		t.Fatalf("trusted_ca is not the store's two good certificates:\n%s", got)
 	}
 	cl.ack(t, r, FileRootSystemResourceName)
 
-	rename(t, store, append(append([]byte{}, a.rootPEM...), c.rootPEM...))
+	rename(t, store, append(append([]byte{}, a.CertPEM...), c.CertPEM...))
 	r = cl.recvUntil(t, "the new trust store", []string{FileRootSystemResourceName}, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[FileRootSystemResourceName]) == string(a.rootPEM)+string(c.rootPEM)
+		return trustedCA(decode(t, r)[FileRootSystemResourceName]) == string(a.CertPEM)+string(c.CertPEM)
 	})
 	s.waitHealth(t, messages.Ready, "")
 }
@@ -73,10 +74,10 @@ func TestFileRootSystemMissingThenAppears(t *testing.T) {
 	}
 	s.waitHealth(t, messages.Degraded, "no OS trust store")
 
-	root := newTestPKI(t, "os root")
-	s.write(t, s.cfg.SystemRootFiles[1], root.rootPEM)
+	root := pki.NewRoot(t, "os root")
+	s.write(t, s.cfg.SystemRootFiles[1], root.CertPEM)
 	cl.recvUntil(t, "the trust store once it exists", names, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[FileRootSystemResourceName]) == string(root.rootPEM) && len(r.ResourceErrors) == 0
+		return trustedCA(decode(t, r)[FileRootSystemResourceName]) == string(root.CertPEM) && len(r.ResourceErrors) == 0
 	})
 	s.waitHealth(t, messages.Ready, "")
 }
@@ -88,11 +89,11 @@ func TestFileRootSystemMissingThenAppears(t *testing.T) {
 func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 	s := startServer(t)
 	s.certs.Send(bundle(1))
-	ca1, ca2 := newTestPKI(t, "dr ca 1"), newTestPKI(t, "dr ca 2")
-	chain1, key1 := ca1.leaf(t)
+	ca1, ca2 := pki.NewRoot(t, "dr ca 1"), pki.NewRoot(t, "dr ca 2")
+	chain1, key1 := ca1.Leaf(t, pki.Leaf{})
 	certFile := s.write(t, "etc/dr/cert-chain.pem", chain1)
 	keyFile := s.write(t, "etc/dr/key.pem", key1)
-	caFile := s.write(t, "etc/dr/ca.pem", ca1.rootPEM)
+	caFile := s.write(t, "etc/dr/ca.pem", ca1.CertPEM)
 	fileCert := FileCertPrefix + certFile + ResourceSeparator + keyFile
 	fileRoot := FileRootPrefix + caFile
 	names := []string{WorkloadKeyCertResourceName, RootCertResourceName, fileCert, fileRoot}
@@ -101,11 +102,11 @@ func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 	got, errs := c.collect(t, "four secrets", names, func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool { return len(s) == 4 })
 	if chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" || trustedCA(got[RootCertResourceName]) != "roots-1" ||
 		chainOf(got[fileCert]) != string(chain1) || string(got[fileCert].GetTlsCertificate().GetPrivateKey().GetInlineBytes()) != string(key1) ||
-		trustedCA(got[fileRoot]) != string(ca1.rootPEM) || len(errs) != 0 {
+		trustedCA(got[fileRoot]) != string(ca1.CertPEM) || len(errs) != 0 {
 		t.Fatalf("first secrets: %d secrets, errors %v", len(got), errs)
 	}
 
-	chain2, key2 := ca1.leaf(t)
+	chain2, key2 := ca1.Leaf(t, pki.Leaf{})
 	rename(t, keyFile, key2)
 	rename(t, certFile, chain2)
 	c.recvUntil(t, "the rotated file-cert", names, func(r *discoveryv3.DiscoveryResponse) bool {
@@ -113,11 +114,11 @@ func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 		return chainOf(s) == string(chain2) && string(s.GetTlsCertificate().GetPrivateKey().GetInlineBytes()) == string(key2)
 	})
 
-	if err := os.WriteFile(caFile, ca2.rootPEM, 0o600); err != nil {
+	if err := os.WriteFile(caFile, ca2.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.recvUntil(t, "the rewritten file-root", names, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[fileRoot]) == string(ca2.rootPEM)
+		return trustedCA(decode(t, r)[fileRoot]) == string(ca2.CertPEM)
 	})
 	s.logs.WaitLine(t, "read secret from file", "name="+fileRoot)
 }
@@ -129,9 +130,9 @@ func TestFileSecretsServedAndPushedOnChange(t *testing.T) {
 func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 	s := startServer(t)
 	s.certs.Send(bundle(1))
-	ca := newTestPKI(t, "dr ca")
-	chain, _ := ca.leaf(t)
-	_, otherKey := ca.leaf(t)
+	ca := pki.NewRoot(t, "dr ca")
+	chain, _ := ca.Leaf(t, pki.Leaf{})
+	_, otherKey := ca.Leaf(t, pki.Leaf{})
 	certFile := s.write(t, "etc/dr/cert-chain.pem", chain)
 	keyFile := s.write(t, "etc/dr/key.pem", otherKey)
 	garbage := s.write(t, "etc/dr/garbage.pem", []byte("not a certificate"))
@@ -165,9 +166,9 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 		t.Errorf("health reason %q does not name every bad file", h.Reason)
 	}
 
-	s.write(t, missing, ca.rootPEM)
+	s.write(t, missing, ca.CertPEM)
 	c.recvUntil(t, "the file that appeared", names, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[names[1]]) == string(ca.rootPEM) && resourceErrors(r)[names[1]] == nil
+		return trustedCA(decode(t, r)[names[1]]) == string(ca.CertPEM) && resourceErrors(r)[names[1]] == nil
 	})
 	s.certs.Send(bundle(2))
 	c.recvUntil(t, "the next workload certificate", names, func(r *discoveryv3.DiscoveryResponse) bool {
@@ -180,24 +181,24 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 // good again.
 func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 	s := startServer(t)
-	ca := newTestPKI(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.rootPEM)
+	ca := pki.NewRoot(t, "dr ca")
+	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
 	name := FileRootPrefix + caFile
 	c := s.open(t, name)
 	c.ack(t, c.recv(t), name)
 
 	rename(t, caFile, []byte("garbage"))
 	r := c.recvUntil(t, "the error", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool { return len(r.ResourceErrors) == 1 })
-	if trustedCA(decode(t, r)[name]) != string(ca.rootPEM) {
+	if trustedCA(decode(t, r)[name]) != string(ca.CertPEM) {
 		t.Fatal("the last good secret is not kept beside the error")
 	}
 	s.waitHealth(t, messages.Degraded, caFile)
 	fetched, err := s.client(t).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{ResourceNames: []string{name}})
-	if err != nil || trustedCA(decode(t, fetched)[name]) != string(ca.rootPEM) {
+	if err != nil || trustedCA(decode(t, fetched)[name]) != string(ca.CertPEM) {
 		t.Fatalf("fetch while bad: %v %v", fetched, err)
 	}
 
-	rename(t, caFile, ca.rootPEM)
+	rename(t, caFile, ca.CertPEM)
 	c.recvUntil(t, "the error cleared", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool { return len(r.ResourceErrors) == 0 })
 	s.waitHealth(t, messages.Ready, "")
 }
@@ -207,18 +208,18 @@ func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 // Two streams share one file secret.
 func TestFileSecretsHeldPerStream(t *testing.T) {
 	s := startServer(t)
-	ca := newTestPKI(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.rootPEM)
+	ca := pki.NewRoot(t, "dr ca")
+	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
 	name := FileRootPrefix + caFile
 	first, second := s.open(t, name), s.open(t, name)
 	first.ack(t, first.recv(t), name)
 	second.ack(t, second.recv(t), name)
 
 	first.cancel()
-	ca2 := newTestPKI(t, "dr ca 2")
-	rename(t, caFile, ca2.rootPEM)
+	ca2 := pki.NewRoot(t, "dr ca 2")
+	rename(t, caFile, ca2.CertPEM)
 	second.recvUntil(t, "the change, with one stream left", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[name]) == string(ca2.rootPEM)
+		return trustedCA(decode(t, r)[name]) == string(ca2.CertPEM)
 	})
 
 	rename(t, caFile, []byte("garbage"))
@@ -230,12 +231,12 @@ func TestFileSecretsHeldPerStream(t *testing.T) {
 // FetchSecrets and DeltaSecrets serve file secrets too.
 func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 	s := startServer(t)
-	ca := newTestPKI(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.rootPEM)
+	ca := pki.NewRoot(t, "dr ca")
+	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
 	name := FileRootPrefix + caFile
 
 	r, err := s.client(t).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{ResourceNames: []string{name}})
-	if err != nil || trustedCA(decode(t, r)[name]) != string(ca.rootPEM) {
+	if err != nil || trustedCA(decode(t, r)[name]) != string(ca.CertPEM) {
 		t.Fatalf("fetch: %v %v", r, err)
 	}
 	_, err = s.client(t).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{ResourceNames: []string{FileRootPrefix + caFile + ".missing"}})
@@ -256,8 +257,8 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 		t.Fatalf("delta: %v %v", d, err)
 	}
 	stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResponseNonce: d.Nonce})
-	ca2 := newTestPKI(t, "dr ca 2")
-	rename(t, caFile, ca2.rootPEM)
+	ca2 := pki.NewRoot(t, "dr ca 2")
+	rename(t, caFile, ca2.CertPEM)
 	d, err = stream.Recv()
 	if err != nil || len(d.Resources) != 1 || len(d.ResourceErrors) != 0 {
 		t.Fatalf("delta push: %v %v", d, err)
@@ -282,23 +283,23 @@ func TestFileSecretFollowsDataSymlinkSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ca1, ca2 := newTestPKI(t, "one"), newTestPKI(t, "two")
-	gen("..1", ca1.rootPEM)
+	ca1, ca2 := pki.NewRoot(t, "one"), pki.NewRoot(t, "two")
+	gen("..1", ca1.CertPEM)
 	os.Symlink("..data/ca.pem", filepath.Join(dir, "ca.pem"))
 	name := FileRootPrefix + filepath.Join(dir, "ca.pem")
 	c := s.open(t, name)
-	if got := trustedCA(decode(t, c.recv(t))[name]); got != string(ca1.rootPEM) {
+	if got := trustedCA(decode(t, c.recv(t))[name]); got != string(ca1.CertPEM) {
 		t.Fatal("first secret is not the mounted file")
 	}
-	gen("..2", ca2.rootPEM)
+	gen("..2", ca2.CertPEM)
 	c.recvUntil(t, "the swapped file", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[name]) == string(ca2.rootPEM)
+		return trustedCA(decode(t, r)[name]) == string(ca2.CertPEM)
 	})
 	os.RemoveAll(filepath.Join(dir, "..1"))
-	ca3 := newTestPKI(t, "three")
-	gen("..3", ca3.rootPEM)
+	ca3 := pki.NewRoot(t, "three")
+	gen("..3", ca3.CertPEM)
 	c.recvUntil(t, "the second swap", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
-		return trustedCA(decode(t, r)[name]) == string(ca3.rootPEM)
+		return trustedCA(decode(t, r)[name]) == string(ca3.CertPEM)
 	})
 }
 

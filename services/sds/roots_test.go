@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func crlOf(r *discoveryv3.DiscoveryResponse, t *testing.T) string {
@@ -33,8 +34,8 @@ func TestCRLInROOTCAAndPushedOnChange(t *testing.T) {
 	}
 	c.ack(t, r, names...)
 
-	ca := newTestPKI(t, "plugged-in ca")
-	crl1, crl2 := ca.crl(t, 1, 1001), ca.crl(t, 2, 1001, 1002)
+	ca := pki.NewRoot(t, "plugged-in ca")
+	crl1, crl2 := ca.CRL(t, 1, 1001), ca.CRL(t, 2, 1001, 1002)
 	s.write(t, s.cfg.CRLFile, crl1)
 	r = c.recvUntil(t, "the CRL", names, func(r *discoveryv3.DiscoveryResponse) bool { return crlOf(r, t) == string(crl1) })
 	if trustedCA(decode(t, r)[RootCertResourceName]) != "roots-1" {
@@ -54,7 +55,7 @@ func TestCRLDirectoryAppearsLate(t *testing.T) {
 	names := []string{RootCertResourceName}
 	c := s.open(t, names...)
 	c.ack(t, c.recv(t), names...)
-	crl := newTestPKI(t, "ca").crl(t, 1, 7)
+	crl := pki.NewRoot(t, "ca").CRL(t, 1, 7)
 	s.write(t, s.cfg.CRLFile, crl)
 	c.recvUntil(t, "the CRL", names, func(r *discoveryv3.DiscoveryResponse) bool { return crlOf(r, t) == string(crl) })
 }
@@ -64,8 +65,8 @@ func TestCRLDirectoryAppearsLate(t *testing.T) {
 // without the CA's CRL would trust what the CA revoked.
 func TestBadCRLKeepsLastGoodAndFailsClosed(t *testing.T) {
 	s := newServer(t)
-	ca := newTestPKI(t, "ca")
-	good := ca.crl(t, 1, 5)
+	ca := pki.NewRoot(t, "ca")
+	good := ca.CRL(t, 1, 5)
 	s.write(t, s.cfg.CRLFile, []byte("-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"))
 	s.certs.Send(bundle(1))
 	names := []string{RootCertResourceName, WorkloadKeyCertResourceName}
@@ -97,7 +98,7 @@ func TestBadCRLKeepsLastGoodAndFailsClosed(t *testing.T) {
 // PILOT_ENABLE_CA_CRL=false: no CRL file, whatever is on disk.
 func TestCRLDisabled(t *testing.T) {
 	s := newServer(t, func(c *Config) { c.CRLFile = "" })
-	s.write(t, filepath.Join(s.root, testCRLPath), newTestPKI(t, "ca").crl(t, 1, 5))
+	s.write(t, filepath.Join(s.root, testCRLPath), pki.NewRoot(t, "ca").CRL(t, 1, 5))
 	s.start(t)
 	s.certs.Send(bundle(1))
 	if got := crlOf(s.open(t, RootCertResourceName).recv(t), t); got != "" {
@@ -111,42 +112,42 @@ func TestCRLDisabled(t *testing.T) {
 // identical set is not.
 func TestTrustAnchorsMergedIntoROOTCA(t *testing.T) {
 	s := startServer(t)
-	mesh, extra1, extra2 := newTestPKI(t, "mesh"), newTestPKI(t, "extra 1"), newTestPKI(t, "extra 2")
+	mesh, extra1, extra2 := pki.NewRoot(t, "mesh"), pki.NewRoot(t, "extra 1"), pki.NewRoot(t, "extra 2")
 	b := bundle(1)
-	b.RootsPEM = mesh.rootPEM
+	b.RootsPEM = mesh.CertPEM
 	names := []string{RootCertResourceName}
 	c := s.open(t, names...)
 
 	// Anchors before the first bundle: ROOTCA still waits for the bundle.
-	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra1.rootPEM}, Version: "a1"})
+	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra1.CertPEM}, Version: "a1"})
 	c.expectNothing(t, 100*time.Millisecond)
 	s.certs.Send(b)
 	r := c.recv(t)
-	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != string(mesh.rootPEM)+string(extra1.rootPEM) {
+	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != string(mesh.CertPEM)+string(extra1.CertPEM) {
 		t.Fatalf("ROOTCA is not mesh + extra:\n%s", got)
 	}
 	c.ack(t, r, names...)
 
 	// The mesh root again (re-wrapped: other line breaks), extra 1 twice,
 	// extra 2, and one that does not parse.
-	block, _ := pem.Decode(mesh.rootPEM)
+	block, _ := pem.Decode(mesh.CertPEM)
 	rewrapped := []byte("-----BEGIN CERTIFICATE-----\n" + strings.Join(chunks(pemBody(block.Bytes), 76), "\n") + "\n-----END CERTIFICATE-----\n")
 	bad := []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
-	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{rewrapped, extra1.rootPEM, append(append([]byte{}, extra1.rootPEM...), extra2.rootPEM...), bad}, Version: "a2"})
+	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{rewrapped, extra1.CertPEM, append(append([]byte{}, extra1.CertPEM...), extra2.CertPEM...), bad}, Version: "a2"})
 	r = c.recv(t)
-	want := string(mesh.rootPEM) + string(extra1.rootPEM) + string(extra2.rootPEM)
+	want := string(mesh.CertPEM) + string(extra1.CertPEM) + string(extra2.CertPEM)
 	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != want {
 		t.Fatalf("ROOTCA not deduplicated:\n%s\nwant\n%s", got, want)
 	}
 	s.logs.WaitLine(t, "ignoring an extra trust anchor", "trust anchor #4")
 	c.ack(t, r, names...)
 
-	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra1.rootPEM, extra2.rootPEM}, Version: "a3"})
+	s.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra1.CertPEM, extra2.CertPEM}, Version: "a3"})
 	c.expectNothing(t, 200*time.Millisecond) // same certificates: nothing new for Envoy
 
 	s.anchors.Send(messages.TrustAnchors{Version: "a4"})
 	r = c.recv(t)
-	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != string(mesh.rootPEM) {
+	if got := trustedCA(decode(t, r)[RootCertResourceName]); got != string(mesh.CertPEM) {
 		t.Fatalf("anchors removed, ROOTCA still\n%s", got)
 	}
 }

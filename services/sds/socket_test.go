@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // The socket is owner-only in a 0750 directory, and no TCP listener exists.
@@ -145,7 +146,7 @@ func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
 				}
 			}
 			s.certs.Send(bundle(1))
-			rootsFile := s.write(t, "etc/dr/ca.pem", newTestPKI(t, "dr").rootPEM)
+			rootsFile := s.write(t, "etc/dr/ca.pem", pki.NewRoot(t, "dr").CertPEM)
 			names := []string{FileRootPrefix + rootsFile, WorkloadKeyCertResourceName, RootCertResourceName}
 			c := openStream(t, clientAt(t, s.cfg.FilesSocketPath), names...)
 			got, errs := c.collect(t, "the file secret and two errors", names, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
