@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/messages/nds"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -26,8 +27,8 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 			if err := cp.SetNameTable(table("10.0.0.1")); err != nil {
 				t.Fatal(err)
 			}
-			ca := newTestCA(t, "extra-anchor")
-			if err := cp.SetProxyConfig(&meshconfig.ProxyConfig{CaCertificatesPem: []string{string(ca.certPEM)}}); err != nil {
+			ca := pki.NewRoot(t, "extra-anchor")
+			if err := cp.SetProxyConfig(&meshconfig.ProxyConfig{CaCertificatesPem: []string{string(ca.CertPEM)}}); err != nil {
 				t.Fatal(err)
 			}
 			cfg := testConfig(tempRoot(t), cp.Addr())
@@ -45,7 +46,7 @@ func TestNameTableAndProxyConfig(t *testing.T) {
 			}
 			p.names.WaitFor(t, "the first table", func(v []messages.NameTable) bool { return len(v) == 1 })
 			anchors := p.anchors.WaitFor(t, "the trust anchors", func(v []messages.TrustAnchors) bool { return len(v) == 1 })
-			if len(anchors[0].PEM) != 1 || string(anchors[0].PEM[0]) != string(ca.certPEM) {
+			if len(anchors[0].PEM) != 1 || string(anchors[0].PEM[0]) != string(ca.CertPEM) {
 				t.Errorf("trust anchors = %q, want the ProxyConfig's certificate", anchors[0].PEM)
 			}
 

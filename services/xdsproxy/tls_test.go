@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -47,11 +48,11 @@ func writeFile(t *testing.T, path string, b []byte) {
 // istiod.istio-system.svc), the bearer token read from its file, and the
 // ClusterID and XDS_HEADER_* metadata on the stream.
 func TestTLSTokenAndMetadata(t *testing.T) {
-	ca := newTestCA(t, "istio-ca")
-	cp := controlPlane(t, xdsserver.Options{TLS: ca.serverTLS(t, nil), Token: "good-token"})
+	ca := pki.NewRoot(t, "istio-ca")
+	cp := controlPlane(t, xdsserver.Options{TLS: ca.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1"), Token: "good-token"})
 	snapshot(t, cp, "v1", 2)
 	_, port, _ := net.SplitHostPort(cp.Addr())
-	cfg := tlsProxyConfig(t, "localhost:"+port, ca.certPEM, "good-token")
+	cfg := tlsProxyConfig(t, "localhost:"+port, ca.CertPEM, "good-token")
 	cfg.ClusterID = "Kubernetes"
 	cfg.Headers = map[string]string{"X-Mesh-Test": "yes"}
 	p := startProxy(t, cfg, proxyOpts{})
@@ -71,9 +72,9 @@ func TestTLSTokenAndMetadata(t *testing.T) {
 // certificate each say so in XDSState and Health, naming what to check;
 // readiness is not lost (Degraded serves).
 func TestUpstreamErrorsAreExplained(t *testing.T) {
-	ca := newTestCA(t, "istio-ca")
-	other := newTestCA(t, "someone-else")
-	cp := controlPlane(t, xdsserver.Options{TLS: ca.serverTLS(t, nil), Token: "good-token"})
+	ca := pki.NewRoot(t, "istio-ca")
+	other := pki.NewRoot(t, "someone-else")
+	cp := controlPlane(t, xdsserver.Options{TLS: ca.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1"), Token: "good-token"})
 	snapshot(t, cp, "v1", 1)
 	cases := []struct {
 		name  string
@@ -81,9 +82,9 @@ func TestUpstreamErrorsAreExplained(t *testing.T) {
 		token string
 		want  []string
 	}{
-		{"wrong token", ca.certPEM, "stolen-token", []string{"rejected the agent's credentials", "token from", "istio-token", "Unauthenticated"}},
-		{"no token", ca.certPEM, "", []string{"rejected the agent's credentials", "Unauthenticated"}},
-		{"untrusted root", other.certPEM, "good-token", []string{"TLS handshake with the control plane failed", "root-cert.pem", "istiod.istio-system.svc", "x509"}},
+		{"wrong token", ca.CertPEM, "stolen-token", []string{"rejected the agent's credentials", "token from", "istio-token", "Unauthenticated"}},
+		{"no token", ca.CertPEM, "", []string{"rejected the agent's credentials", "Unauthenticated"}},
+		{"untrusted root", other.CertPEM, "good-token", []string{"TLS handshake with the control plane failed", "root-cert.pem", "istiod.istio-system.svc", "x509"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -122,8 +123,8 @@ func TestUpstreamErrorsAreExplained(t *testing.T) {
 // expired one is not sent, and the stream works on the token alone, as
 // with Istio.
 func TestClientCertificateFromBundle(t *testing.T) {
-	ca := newTestCA(t, "istio-ca")
-	serverTLS := ca.serverTLS(t, nil)
+	ca := pki.NewRoot(t, "istio-ca")
+	serverTLS := ca.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1")
 	serverTLS.ClientAuth = tls.RequestClientCert
 	var presented atomic.Int64 // certificates in the last handshake
 	serverTLS.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
@@ -141,9 +142,9 @@ func TestClientCertificateFromBundle(t *testing.T) {
 			if expired {
 				notAfter = time.Now().Add(-time.Minute)
 			}
-			chain, key := ca.issue(t, nil, nil, "spiffe://cluster.local/ns/default/sa/default", notAfter)
+			chain, key := ca.Leaf(t, pki.Leaf{SPIFFE: pki.WorkloadID, NotAfter: notAfter})
 			certs := messages.NewCell[messages.CertBundle]()
-			certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.certPEM, Expiry: notAfter, Version: name})
+			certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.CertPEM, Expiry: notAfter, Version: name})
 			cfg := testConfig(tempRoot(t), cp.Addr())
 			cfg.Plaintext, cfg.OfflineCache = false, false
 			cfg.Roots, cfg.ClientCertificate, cfg.ServerName = RootsCertBundle, true, "istiod.istio-system.svc"
