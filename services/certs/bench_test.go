@@ -19,7 +19,7 @@ func BenchmarkCSRRoundTrip(b *testing.B) {
 	root := b.TempDir()
 	cfg := testConfig(root)
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
-	writeFile(b, cfg.CARootFile, ca.pki.rootPEM)
+	writeFile(b, cfg.CARootFile, ca.pki.CertPEM)
 	writeFile(b, cfg.TokenFile, []byte(testToken))
 	s := newService(b, cfg, &testkit.Recorder[messages.CertBundle]{}, &testkit.HealthRecorder{}, nil, nil, nil)
 	conn, err := s.dialCA()

@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 const testToken = "test-jwt-token"
@@ -34,7 +35,7 @@ const testToken = "test-jwt-token"
 // root made in the test. It checks the bearer token.
 type testCA struct {
 	pb.UnimplementedIstioCertificateServiceServer
-	pki      *testPKI
+	pki      *pki.CA
 	lifetime time.Duration
 	addr     string
 	tlsCfg   *tls.Config
@@ -52,13 +53,13 @@ type testCA struct {
 
 func newTestCA(t testing.TB, lifetime time.Duration) *testCA {
 	t.Helper()
-	pki := newTestPKI(t)
-	chain, key := pki.leafFor(t, []net.IP{net.IPv4(127, 0, 0, 1)})
+	root := pki.NewRoot(t, "meshagent test root")
+	chain, key := root.Leaf(t, pki.Leaf{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	cert, err := tls.X509KeyPair(chain, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca := &testCA{pki: pki, lifetime: lifetime, tlsCfg: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	ca := &testCA{pki: root, lifetime: lifetime, tlsCfg: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -131,14 +132,14 @@ func (ca *testCA) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	ca.ttls = append(ca.ttls, req.ValidityDuration)
 	short := ca.shortChain
 	ca.mu.Unlock()
-	leaf := ca.pki.issue(testingShim{}, csr.PublicKey, ca.lifetime, csr.URIs, nil)
+	leaf := ca.pki.Sign(testingShim{}, csr.PublicKey, pki.Leaf{SPIFFE: spiffeOf(csr), Lifetime: ca.lifetime})
 	if short {
 		return &pb.IstioCertificateResponse{CertChain: []string{string(leaf)}}, nil
 	}
-	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.pki.rootPEM)}}, nil
+	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.pki.CertPEM)}}, nil
 }
 
-// testingShim lets the server goroutine use issue (which only fails on a
+// testingShim lets the server goroutine use Sign (which only fails on a
 // broken test PKI).
 type testingShim struct{ testing.TB }
 
@@ -167,7 +168,7 @@ func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	c.cfg.Namespace, c.cfg.ServiceAccount = "shop", "cart"
 	c.cfg.RetryInitial = 50 * time.Millisecond
 	c.cfg.RetryMax = 400 * time.Millisecond
-	writeFile(t, c.cfg.CARootFile, ca.pki.rootPEM)
+	writeFile(t, c.cfg.CARootFile, ca.pki.CertPEM)
 	writeFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
 	return c
 }
@@ -193,7 +194,7 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 	c.start(t)
 	b := c.out.WaitLast(t, "certificate from CA", func(b messages.CertBundle) bool { return b.Version != "" })
 	c.health.WaitState(t, messages.Ready, "")
-	if string(b.RootsPEM) != string(c.ca.pki.rootPEM) {
+	if string(b.RootsPEM) != string(c.ca.pki.CertPEM) {
 		t.Error("roots are not the last element of the CA's chain")
 	}
 	certs, err := parseCerts(b.CertChainPEM)
@@ -483,4 +484,15 @@ func TestCAServerName(t *testing.T) {
 			t.Errorf("CA_ADDR=%s ISTIOD_SAN=%q: server name %q, want %q", c.addr, c.san, got, c.want)
 		}
 	}
+}
+
+// testWorkloadID is the identity of the file-mounted test certificates.
+const testWorkloadID = "spiffe://cluster.local/ns/default/sa/test"
+
+// spiffeOf is the CSR's SPIFFE ID, "" if it has none.
+func spiffeOf(csr *x509.CertificateRequest) string {
+	if len(csr.URIs) == 0 {
+		return ""
+	}
+	return csr.URIs[0].String()
 }

@@ -11,11 +11,12 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // fileSetup is a root with file-mounted certs in etc/certs.
 type fileSetup struct {
-	pki    *testPKI
+	pki    *pki.CA
 	dir    string
 	cfg    Config
 	out    *testkit.Recorder[messages.CertBundle]
@@ -27,7 +28,7 @@ type fileSetup struct {
 
 func newFileSetup(t *testing.T) *fileSetup {
 	root := t.TempDir()
-	f := &fileSetup{pki: newTestPKI(t), dir: filepath.Join(root, testEtcCertsDir), out: &testkit.Recorder[messages.CertBundle]{},
+	f := &fileSetup{pki: pki.NewRoot(t, "meshagent test root"), dir: filepath.Join(root, testEtcCertsDir), out: &testkit.Recorder[messages.CertBundle]{},
 		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -39,7 +40,7 @@ func newFileSetup(t *testing.T) *fileSetup {
 
 func (f *fileSetup) writeAll(t *testing.T, chain, key []byte) {
 	t.Helper()
-	mustWrite(t, filepath.Join(f.dir, RootCertFileName), f.pki.rootPEM)
+	mustWrite(t, filepath.Join(f.dir, RootCertFileName), f.pki.CertPEM)
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), key)
 	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain)
 }
@@ -57,16 +58,16 @@ func (f *fileSetup) start(t *testing.T) *testkit.Serving {
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.leaf(t, time.Hour)
+	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain1, key1)
 	f.start(t)
 	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
-	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) || string(b1.RootsPEM) != string(f.pki.rootPEM) {
+	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) || string(b1.RootsPEM) != string(f.pki.CertPEM) {
 		t.Fatal("published bundle does not hold the files' content")
 	}
 	f.health.WaitState(t, messages.Ready, "")
 
-	chain2, key2 := f.pki.leaf(t, time.Hour)
+	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	// Plain in-place writes, key first: in between, the pair may not
 	// match; the debounce and the final check must end on the new pair.
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), key2)
@@ -80,12 +81,12 @@ func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
 
 func TestFilesRotationByRename(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.leaf(t, time.Hour)
+	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain1, key1)
 	f.start(t)
 	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 
-	chain2, key2 := f.pki.leaf(t, time.Hour)
+	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	for name, data := range map[string][]byte{KeyFileName: key2, CertChainFileName: chain2} {
 		tmp := filepath.Join(f.dir, "."+name+".swp")
 		mustWrite(t, tmp, data)
@@ -107,7 +108,7 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 		}
 		mustWrite(t, filepath.Join(d, CertChainFileName), chain)
 		mustWrite(t, filepath.Join(d, KeyFileName), key)
-		mustWrite(t, filepath.Join(d, RootCertFileName), f.pki.rootPEM)
+		mustWrite(t, filepath.Join(d, RootCertFileName), f.pki.CertPEM)
 		tmpLink := filepath.Join(f.dir, "..data_tmp")
 		if err := os.Symlink(gen, tmpLink); err != nil {
 			t.Fatal(err)
@@ -116,7 +117,7 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	chain1, key1 := f.pki.leaf(t, time.Hour)
+	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	writeGeneration("..2026_01_01_00_00_00.1", chain1, key1)
 	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
 		if err := os.Symlink(filepath.Join("..data", n), filepath.Join(f.dir, n)); err != nil {
@@ -126,14 +127,14 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 	f.start(t)
 	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
 
-	chain2, key2 := f.pki.leaf(t, time.Hour)
+	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	writeGeneration("..2026_01_01_00_00_00.2", chain2, key2)
 	f.out.WaitLast(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 }
 
 func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.leaf(t, time.Hour)
+	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain1, key1)
 	f.start(t)
 	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
@@ -149,7 +150,7 @@ func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	// A well-formed key that does not belong to the (restored) leaf.
 	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain1)
 	f.health.WaitState(t, messages.Ready, "")
-	_, otherKey := f.pki.leaf(t, time.Hour)
+	_, otherKey := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	mustWrite(t, filepath.Join(f.dir, KeyFileName), otherKey)
 	h = f.health.WaitState(t, messages.Degraded, "does not match the leaf certificate")
 	if !strings.Contains(h.Reason, filepath.Join(f.dir, KeyFileName)) {
@@ -172,7 +173,7 @@ func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 
 func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.leaf(t, time.Hour)
+	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain1, key1)
 	f.start(t)
 	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
@@ -194,7 +195,7 @@ func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 
 func TestFilesExpiredLeafRejected(t *testing.T) {
 	f := newFileSetup(t)
-	chain, key := f.pki.leaf(t, time.Hour)
+	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain, key)
 	f.clock = fixedClock{time.Now().Add(2 * time.Hour)}
 	f.start(t)
@@ -208,7 +209,7 @@ func TestFilesMissingAtStartThenAppear(t *testing.T) {
 	f := newFileSetup(t)
 	f.start(t)
 	f.health.WaitState(t, messages.Starting, CertChainFileName)
-	chain, key := f.pki.leaf(t, time.Hour)
+	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain, key)
 	f.out.WaitLast(t, "bundle once files appear", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
 	f.health.WaitState(t, messages.Ready, "")
@@ -223,7 +224,7 @@ func TestFilesDirectoryAppearsLate(t *testing.T) {
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	chain, key := f.pki.leaf(t, time.Hour)
+	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain, key)
 	f.out.WaitLast(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
 }

@@ -9,13 +9,14 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestFileMetrics(t *testing.T) {
 	f := newFileSetup(t)
 	reg := prometheus.NewRegistry()
 	f.reg = reg
-	chain, key := f.pki.leaf(t, time.Hour)
+	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	f.writeAll(t, chain, key)
 	f.start(t)
 	f.out.WaitLast(t, "bundle", func(b messages.CertBundle) bool { return b.Version != "" })

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // Istio's mixed mode, first half: <root>/etc/certs/root-cert.pem is mounted
@@ -14,9 +15,9 @@ import (
 // from the file, followed as file-mounted certificates are.
 func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	mounted := newTestPKI(t)
+	mounted := pki.NewRoot(t, "meshagent test root")
 	rootFile := filepath.Join(c.root, testEtcCertsDir, RootCertFileName)
-	writeFile(t, rootFile, mounted.rootPEM)
+	writeFile(t, rootFile, mounted.CertPEM)
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	if c.cfg.Source != SourceCA || c.cfg.Roots != RootsFromFile {
 		t.Fatalf("chose %v / %v; want the CA's certificate with the file's roots", c.cfg.Source, c.cfg.Roots)
@@ -29,15 +30,15 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	if err != nil || chain[0].URIs[0].String() != c.cfg.SpiffeID() {
 		t.Fatalf("certificate is not the CA's: %v", err)
 	}
-	if string(b1.RootsPEM) != string(mounted.rootPEM) {
+	if string(b1.RootsPEM) != string(mounted.CertPEM) {
 		t.Fatal("roots are not the mounted root-cert.pem")
 	}
 	c.health.WaitState(t, messages.Ready, "")
 
 	// A new mounted root: the same certificate, the new roots, no CA call.
-	next := newTestPKI(t)
-	writeFile(t, rootFile, append(append([]byte{}, mounted.rootPEM...), next.rootPEM...))
-	b2 := c.out.WaitLast(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.rootPEM) })
+	next := pki.NewRoot(t, "meshagent test root")
+	writeFile(t, rootFile, append(append([]byte{}, mounted.CertPEM...), next.CertPEM...))
+	b2 := c.out.WaitLast(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.CertPEM) })
 	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
 		t.Fatal("a roots change must keep the certificate and change the version")
 	}
@@ -58,9 +59,9 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 // roots from the CA (Istio asks the CA for a certificate to learn them).
 func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	files := newTestPKI(t)
+	files := pki.NewRoot(t, "meshagent test root")
 	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain1, key1 := files.leaf(t, time.Hour)
+	chain1, key1 := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	writeFile(t, filepath.Join(dir, CertChainFileName), chain1)
 	writeFile(t, filepath.Join(dir, KeyFileName), key1)
 	c.cfg = chooseSource(c.cfg, c.root, false)
@@ -78,17 +79,17 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) {
 		t.Fatal("certificate is not the mounted one")
 	}
-	if string(b1.RootsPEM) != string(c.ca.pki.rootPEM) {
+	if string(b1.RootsPEM) != string(c.ca.pki.CertPEM) {
 		t.Fatal("roots are not the CA's")
 	}
 	c.health.WaitState(t, messages.Ready, "")
 
 	// The mounted certificate rotates: the CA's roots stay, no CA call.
-	chain2, key2 := files.leaf(t, time.Hour)
+	chain2, key2 := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	os.WriteFile(filepath.Join(dir, KeyFileName), key2, 0o600)
 	os.WriteFile(filepath.Join(dir, CertChainFileName), chain2, 0o600)
 	b2 := c.out.WaitLast(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
-	if string(b2.RootsPEM) != string(c.ca.pki.rootPEM) {
+	if string(b2.RootsPEM) != string(c.ca.pki.CertPEM) {
 		t.Fatal("roots lost on rotation")
 	}
 	if n := c.ca.callCount(); n != 1 {
@@ -100,9 +101,9 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 // certificate the CA answered with, so that a new mesh root gets through.
 func TestMixedRootsFromCARefreshed(t *testing.T) {
 	c := newCASetup(t, 3*time.Second)
-	files := newTestPKI(t)
+	files := pki.NewRoot(t, "meshagent test root")
 	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain, key := files.leaf(t, time.Hour)
+	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
 	writeFile(t, filepath.Join(dir, CertChainFileName), chain)
 	writeFile(t, filepath.Join(dir, KeyFileName), key)
 	c.cfg = chooseSource(c.cfg, c.root, false)
