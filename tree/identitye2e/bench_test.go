@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // BenchmarkFileChangeToSDS: from the start of a certificate file rotation
@@ -18,13 +19,13 @@ import (
 // arriving at the SDS client. Reports p50/p99 in ms and p99 over the
 // debounce floor. Run with -benchtime=100x.
 func BenchmarkFileChangeToSDS(b *testing.B) {
-	a, pki, dir := fileAgent(b)
+	a, issuer, dir := fileAgent(b)
 	pairs := make([][2][]byte, 2)
 	for i := range pairs {
-		pairs[i][0], pairs[i][1] = pki.leaf(b)
+		pairs[i][0], pairs[i][1] = issuer.Leaf(b, pki.Leaf{SPIFFE: e2eWorkloadID})
 		a.keys = append(a.keys, pairs[i][1])
 	}
-	writeSet(b, a, dir, pki, pairs[0][0], pairs[0][1])
+	writeSet(b, a, dir, issuer, pairs[0][0], pairs[0][1])
 	a.start(b)
 	e := a.connect(b, sds.WorkloadKeyCertResourceName)
 	e.next(b)

@@ -21,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -244,13 +245,13 @@ func trustedCA(s *tlsv3.Secret) string {
 }
 
 // fileAgent is an agent on file-mounted certs in <root>/etc/certs.
-func fileAgent(t testing.TB) (*agent, *testPKI, string) {
+func fileAgent(t testing.TB) (*agent, *pki.CA, string) {
 	a := newAgent(t)
-	pki := newTestPKI(t)
+	issuer := pki.NewRoot(t, "e2e root")
 	dir := filepath.Join(a.root, etcCertsDir)
 	os.MkdirAll(dir, 0o755)
 	a.certCfg = a.chooseSource(true)
-	return a, pki, dir
+	return a, issuer, dir
 }
 
 func write(t testing.TB, path string, data []byte) {
@@ -260,9 +261,9 @@ func write(t testing.TB, path string, data []byte) {
 	}
 }
 
-func writeSet(t testing.TB, a *agent, dir string, pki *testPKI, chain, key []byte) {
+func writeSet(t testing.TB, a *agent, dir string, issuer *pki.CA, chain, key []byte) {
 	a.keys = append(a.keys, key)
-	write(t, filepath.Join(dir, certs.RootCertFileName), pki.rootPEM)
+	write(t, filepath.Join(dir, certs.RootCertFileName), issuer.CertPEM)
 	write(t, filepath.Join(dir, certs.KeyFileName), key)
 	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
 }
@@ -284,16 +285,16 @@ func TestFileRotationPushedToEnvoy(t *testing.T) {
 	}
 	for name, rotate := range rotations {
 		t.Run(name, func(t *testing.T) {
-			a, pki, dir := fileAgent(t)
-			chain1, key1 := pki.leaf(t)
-			writeSet(t, a, dir, pki, chain1, key1)
+			a, issuer, dir := fileAgent(t)
+			chain1, key1 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
+			writeSet(t, a, dir, issuer, chain1, key1)
 			a.start(t)
 			e := a.connect(t, sds.WorkloadKeyCertResourceName)
 			s1, v1 := e.next(t)
 			if chainOf(s1) != string(chain1) {
 				t.Fatal("first secret is not the mounted certificate")
 			}
-			chain2, key2 := pki.leaf(t)
+			chain2, key2 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 			a.keys = append(a.keys, key2)
 			rotate(t, dir, chain2, key2)
 			s2, v2 := e.next(t)
@@ -305,20 +306,20 @@ func TestFileRotationPushedToEnvoy(t *testing.T) {
 }
 
 func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
-	a, pki, dir := fileAgent(t)
+	a, issuer, dir := fileAgent(t)
 	gen := func(name string, chain, key []byte) {
 		d := filepath.Join(dir, name)
 		os.Mkdir(d, 0o755)
 		a.keys = append(a.keys, key)
 		write(t, filepath.Join(d, certs.CertChainFileName), chain)
 		write(t, filepath.Join(d, certs.KeyFileName), key)
-		write(t, filepath.Join(d, certs.RootCertFileName), pki.rootPEM)
+		write(t, filepath.Join(d, certs.RootCertFileName), issuer.CertPEM)
 		os.Symlink(name, filepath.Join(dir, "..data_tmp"))
 		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	chain1, key1 := pki.leaf(t)
+	chain1, key1 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	gen("..1", chain1, key1)
 	for _, n := range []string{certs.CertChainFileName, certs.KeyFileName, certs.RootCertFileName} {
 		os.Symlink(filepath.Join("..data", n), filepath.Join(dir, n))
@@ -328,7 +329,7 @@ func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
 	if s, _ := e.next(t); chainOf(s) != string(chain1) {
 		t.Fatal("first secret is not the mounted certificate")
 	}
-	chain2, key2 := pki.leaf(t)
+	chain2, key2 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	gen("..2", chain2, key2)
 	if s, _ := e.next(t); chainOf(s) != string(chain2) {
 		t.Fatal("..data swap not pushed")
@@ -339,9 +340,9 @@ func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
 // (nothing is pushed) and certs reports why. An identical rewrite pushes
 // nothing either.
 func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
-	a, pki, dir := fileAgent(t)
-	chain1, key1 := pki.leaf(t)
-	writeSet(t, a, dir, pki, chain1, key1)
+	a, issuer, dir := fileAgent(t)
+	chain1, key1 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
+	writeSet(t, a, dir, issuer, chain1, key1)
 	a.start(t)
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)
 	e.next(t)
@@ -353,13 +354,13 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 
 	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
 	a.health.WaitService(t, "certs", messages.Ready, "")
-	_, otherKey := pki.leaf(t)
+	_, otherKey := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, otherKey)
 	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
 	a.health.WaitService(t, "certs", messages.Degraded, "does not match the leaf certificate")
 	e.expectNothing(t, quiet)
 
-	writeSet(t, a, dir, pki, chain1, key1) // back to the served content
+	writeSet(t, a, dir, issuer, chain1, key1) // back to the served content
 	a.health.WaitService(t, "certs", messages.Ready, "")
 	e.expectNothing(t, quiet)
 }
@@ -373,7 +374,7 @@ func TestCARenewalPushedOnSameStream(t *testing.T) {
 	a.certCfg.KeyAlgorithm = certs.ECDSA
 	a.certCfg.RetryInitial, a.certCfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
 	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.pki.rootPEM)
+	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
 	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // caAgent is an agent whose CA client can reach ca.
@@ -23,7 +24,7 @@ func caAgent(t *testing.T, ca *testCA) *agent {
 	a.certCfg.KeyAlgorithm = certs.ECDSA
 	a.certCfg.FileDebounce = 20 * time.Millisecond
 	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.pki.rootPEM)
+	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
 	write(t, a.certCfg.TokenFile, []byte(testToken))
 	return a
@@ -48,10 +49,10 @@ func spiffeIDOf(t *testing.T, s *tlsv3.Secret) string {
 func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
 	ca := startTestCA(t, time.Hour)
 	a := caAgent(t, ca)
-	mounted := newTestPKI(t)
+	mounted := pki.NewRoot(t, "e2e root")
 	rootFile := filepath.Join(a.root, etcCertsDir, certs.RootCertFileName)
 	os.MkdirAll(filepath.Dir(rootFile), 0o755)
-	write(t, rootFile, mounted.rootPEM)
+	write(t, rootFile, mounted.CertPEM)
 	a.certCfg = a.chooseSource(false)
 	a.start(t)
 
@@ -61,15 +62,15 @@ func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
 	if id := spiffeIDOf(t, got[sds.WorkloadKeyCertResourceName]); id != a.certCfg.SpiffeID() {
 		t.Fatalf("default is not the CA's certificate for %s: %s", a.certCfg.SpiffeID(), id)
 	}
-	if trustedCA(got[sds.RootCertResourceName]) != string(mounted.rootPEM) {
+	if trustedCA(got[sds.RootCertResourceName]) != string(mounted.CertPEM) {
 		t.Fatal("ROOTCA is not the mounted root-cert.pem")
 	}
 
-	next := newTestPKI(t)
-	renameInto(t, rootFile, next.rootPEM)
+	next := pki.NewRoot(t, "e2e root")
+	renameInto(t, rootFile, next.CertPEM)
 	before := chainOf(got[sds.WorkloadKeyCertResourceName])
 	e.until(t, "the new mounted root", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
-		return trustedCA(s[sds.RootCertResourceName]) == string(next.rootPEM)
+		return trustedCA(s[sds.RootCertResourceName]) == string(next.CertPEM)
 	})
 	if slices.Contains(e.lastSent, sds.WorkloadKeyCertResourceName) || chainOf(e.have[sds.WorkloadKeyCertResourceName]) != before {
 		t.Fatal("the workload certificate was pushed with the root file")
@@ -83,10 +84,10 @@ func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
 func TestMixedModeCertificateFromFilesRootsFromCA(t *testing.T) {
 	ca := startTestCA(t, time.Hour)
 	a := caAgent(t, ca)
-	files := newTestPKI(t)
+	files := pki.NewRoot(t, "e2e root")
 	dir := filepath.Join(a.root, etcCertsDir)
 	os.MkdirAll(dir, 0o755)
-	chain, key := files.leaf(t)
+	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, key)
 	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
 	write(t, filepath.Join(dir, certs.KeyFileName), key)
@@ -98,7 +99,7 @@ func TestMixedModeCertificateFromFilesRootsFromCA(t *testing.T) {
 	if chainOf(got[sds.WorkloadKeyCertResourceName]) != string(chain) {
 		t.Fatal("default is not the mounted certificate")
 	}
-	if trustedCA(got[sds.RootCertResourceName]) != string(ca.pki.rootPEM) {
+	if trustedCA(got[sds.RootCertResourceName]) != string(ca.issuer.CertPEM) {
 		t.Fatal("ROOTCA is not the CA's root")
 	}
 }

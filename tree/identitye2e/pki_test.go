@@ -2,17 +2,11 @@ package identitye2e
 
 import (
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"math/big"
+	"fmt"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
@@ -22,86 +16,27 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
-// testPKI is a root CA made in the test with crypto/x509.
-type testPKI struct {
-	root    *x509.Certificate
-	rootKey crypto.Signer
-	rootPEM []byte
-}
-
-func newTestPKI(t testing.TB) *testPKI {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{"e2e root"}},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, _ := x509.ParseCertificate(der)
-	return &testPKI{root: root, rootKey: key, rootPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (p *testPKI) issue(pub crypto.PublicKey, lifetime time.Duration, uris []*url.URL, ips []net.IP) ([]byte, error) {
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, NotBefore: now, NotAfter: now.Add(lifetime), URIs: uris, IPAddresses: ips,
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.root, pub, p.rootKey)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
-}
-
-// leaf returns a certificate chain and its PKCS#8 key, both PEM.
-func (p *testPKI) leaf(t testing.TB, ips ...net.IP) (chainPEM, keyPEM []byte) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.MarshalPKCS8PrivateKey(key)
-	id, _ := url.Parse("spiffe://cluster.local/ns/default/sa/e2e")
-	chain, err := p.issue(key.Public(), time.Hour, []*url.URL{id}, ips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return chain, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
-}
-
-// crl is a PEM CRL from the root, revoking one made-up serial.
-func (p *testPKI) crl(t testing.TB) []byte {
-	t.Helper()
-	der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{
-		Number: big.NewInt(1), ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour),
-		RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(4242), RevocationTime: time.Now().Add(-time.Minute)}},
-	}, p.root, p.rootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
-}
+// e2eWorkloadID is the identity of the file-mounted test certificates.
+const e2eWorkloadID = "spiffe://cluster.local/ns/default/sa/e2e"
 
 const testToken = "e2e-token"
 
 // testCA implements IstioCertificateService over TLS on loopback.
 type testCA struct {
 	pb.UnimplementedIstioCertificateServiceServer
-	pki      *testPKI
+	issuer   *pki.CA
 	lifetime time.Duration
 	addr     string
 }
 
 func startTestCA(t testing.TB, lifetime time.Duration) *testCA {
 	t.Helper()
-	ca := &testCA{pki: newTestPKI(t), lifetime: lifetime}
-	chain, key := ca.pki.leaf(t, net.IPv4(127, 0, 0, 1))
+	ca := &testCA{issuer: pki.NewRoot(t, "e2e root"), lifetime: lifetime}
+	chain, key := ca.issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	cert, err := tls.X509KeyPair(chain, key)
 	if err != nil {
 		t.Fatal(err)
@@ -131,9 +66,16 @@ func (ca *testCA) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	leaf, err := ca.pki.issue(csr.PublicKey, ca.lifetime, csr.URIs, nil)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+	if len(csr.URIs) != 1 {
+		return nil, status.Error(codes.InvalidArgument, "CSR without one SPIFFE ID")
 	}
-	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.pki.rootPEM)}}, nil
+	leaf := ca.issuer.Sign(panicOnFatal{}, csr.PublicKey, pki.Leaf{SPIFFE: csr.URIs[0].String(), Lifetime: ca.lifetime})
+	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.issuer.CertPEM)}}, nil
 }
+
+// panicOnFatal lets the server goroutine use the test kit's Sign, which
+// fails only on a broken test PKI.
+type panicOnFatal struct{}
+
+func (panicOnFatal) Helper()           {}
+func (panicOnFatal) Fatal(args ...any) { panic(fmt.Sprint(args...)) }

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func renameInto(t testing.TB, path string, data []byte) {
@@ -35,22 +36,22 @@ func renameInto(t testing.TB, path string, data []byte) {
 // rotated, the CA's CRL appearing, extra trust anchors from the control
 // plane, the workload certificate rotated, the OS trust store updated.
 func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
-	a, pki, dir := fileAgent(t)
+	a, issuer, dir := fileAgent(t)
 	a.certCfg.FileDebounce = 20 * time.Millisecond
 	a.sdsCfg.FileDebounce = 20 * time.Millisecond
-	chain1, key1 := pki.leaf(t)
-	writeSet(t, a, dir, pki, chain1, key1)
+	chain1, key1 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
+	writeSet(t, a, dir, issuer, chain1, key1)
 	osStore := a.sdsCfg.SystemRootFiles[0]
-	osRoot, drCA, extra := newTestPKI(t), newTestPKI(t), newTestPKI(t)
+	osRoot, drCA, extra := pki.NewRoot(t, "e2e root"), pki.NewRoot(t, "e2e root"), pki.NewRoot(t, "e2e root")
 	os.MkdirAll(filepath.Dir(osStore), 0o755)
-	write(t, osStore, osRoot.rootPEM)
+	write(t, osStore, osRoot.CertPEM)
 	drDir := filepath.Join(a.root, "etc/dr")
 	os.MkdirAll(drDir, 0o755)
-	drChain, drKey := drCA.leaf(t)
+	drChain, drKey := drCA.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, drKey)
 	write(t, filepath.Join(drDir, "cert.pem"), drChain)
 	write(t, filepath.Join(drDir, "key.pem"), drKey)
-	write(t, filepath.Join(drDir, "ca.pem"), drCA.rootPEM)
+	write(t, filepath.Join(drDir, "ca.pem"), drCA.CertPEM)
 	fileCert := sds.FileCertPrefix + filepath.Join(drDir, "cert.pem") + sds.ResourceSeparator + filepath.Join(drDir, "key.pem")
 	fileRoot := sds.FileRootPrefix + filepath.Join(drDir, "ca.pem")
 	os.MkdirAll(filepath.Dir(a.sdsCfg.CRLFile), 0o755)
@@ -58,13 +59,13 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 
 	e := a.connect(t, sds.WorkloadKeyCertResourceName, sds.RootCertResourceName, sds.FileRootSystemResourceName, fileCert, fileRoot)
 	got := e.until(t, "all five secrets", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool { return len(s) == 5 })
-	if chainOf(got[sds.WorkloadKeyCertResourceName]) != string(chain1) || trustedCA(got[sds.RootCertResourceName]) != string(pki.rootPEM) ||
-		trustedCA(got[sds.FileRootSystemResourceName]) != string(osRoot.rootPEM) || chainOf(got[fileCert]) != string(drChain) ||
-		trustedCA(got[fileRoot]) != string(drCA.rootPEM) {
+	if chainOf(got[sds.WorkloadKeyCertResourceName]) != string(chain1) || trustedCA(got[sds.RootCertResourceName]) != string(issuer.CertPEM) ||
+		trustedCA(got[sds.FileRootSystemResourceName]) != string(osRoot.CertPEM) || chainOf(got[fileCert]) != string(drChain) ||
+		trustedCA(got[fileRoot]) != string(drCA.CertPEM) {
 		t.Fatal("first secrets are not the files' content")
 	}
 
-	drChain2, drKey2 := drCA.leaf(t)
+	drChain2, drKey2 := drCA.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, drKey2)
 	renameInto(t, filepath.Join(drDir, "key.pem"), drKey2)
 	renameInto(t, filepath.Join(drDir, "cert.pem"), drChain2)
@@ -72,18 +73,18 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 		return s[fileCert] != nil && chainOf(s[fileCert]) == string(drChain2)
 	})
 
-	crl := pki.crl(t)
+	crl := issuer.CRL(t, 1, 4242)
 	write(t, a.sdsCfg.CRLFile, crl)
 	e.until(t, "ROOTCA with the CRL", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
 		return string(s[sds.RootCertResourceName].GetValidationContext().GetCrl().GetInlineBytes()) == string(crl)
 	})
 
-	a.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra.rootPEM, pki.rootPEM}, Version: "1"})
+	a.anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra.CertPEM, issuer.CertPEM}, Version: "1"})
 	e.until(t, "ROOTCA with the extra anchor", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
-		return trustedCA(s[sds.RootCertResourceName]) == string(pki.rootPEM)+string(extra.rootPEM)
+		return trustedCA(s[sds.RootCertResourceName]) == string(issuer.CertPEM)+string(extra.CertPEM)
 	})
 
-	chain2, key2 := pki.leaf(t)
+	chain2, key2 := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, key2)
 	renameInto(t, filepath.Join(dir, certs.KeyFileName), key2)
 	renameInto(t, filepath.Join(dir, certs.CertChainFileName), chain2)
@@ -91,10 +92,10 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 		return chainOf(s[sds.WorkloadKeyCertResourceName]) == string(chain2)
 	})
 
-	osRoot2 := newTestPKI(t)
-	renameInto(t, osStore, append(append([]byte{}, osRoot.rootPEM...), osRoot2.rootPEM...))
+	osRoot2 := pki.NewRoot(t, "e2e root")
+	renameInto(t, osStore, append(append([]byte{}, osRoot.CertPEM...), osRoot2.CertPEM...))
 	e.until(t, "the updated OS trust store", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
-		return trustedCA(s[sds.FileRootSystemResourceName]) == string(osRoot.rootPEM)+string(osRoot2.rootPEM)
+		return trustedCA(s[sds.FileRootSystemResourceName]) == string(osRoot.CertPEM)+string(osRoot2.CertPEM)
 	})
 	a.health.WaitService(t, "sds", messages.Ready, "")
 }
@@ -104,10 +105,10 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 // identity on the same stream is served, and the file is served once it
 // appears.
 func TestMissingDestinationRuleFileIsAnErrorForThatSecretOnly(t *testing.T) {
-	a, pki, dir := fileAgent(t)
+	a, issuer, dir := fileAgent(t)
 	a.sdsCfg.FileDebounce = 20 * time.Millisecond
-	chain, key := pki.leaf(t)
-	writeSet(t, a, dir, pki, chain, key)
+	chain, key := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
+	writeSet(t, a, dir, issuer, chain, key)
 	a.start(t)
 	missing := filepath.Join(a.root, "etc/dr/ca.pem")
 	os.MkdirAll(filepath.Dir(missing), 0o755)
@@ -120,9 +121,9 @@ func TestMissingDestinationRuleFileIsAnErrorForThatSecretOnly(t *testing.T) {
 	})
 	a.health.WaitService(t, "sds", messages.Degraded, missing)
 
-	write(t, missing, pki.rootPEM)
+	write(t, missing, issuer.CertPEM)
 	e.until(t, "the file once it exists", func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
-		return trustedCA(s[fileRoot]) == string(pki.rootPEM) && len(errs) == 0
+		return trustedCA(s[fileRoot]) == string(issuer.CertPEM) && len(errs) == 0
 	})
 	a.health.WaitService(t, "sds", messages.Ready, "")
 }
@@ -132,9 +133,9 @@ func TestMissingDestinationRuleFileIsAnErrorForThatSecretOnly(t *testing.T) {
 // it alone, says so in its health, and serves DestinationRule files on
 // credential-uds/files-socket.
 func TestExternalSDSServerInUse(t *testing.T) {
-	a, pki, dir := fileAgent(t)
-	chain, key := pki.leaf(t)
-	writeSet(t, a, dir, pki, chain, key)
+	a, issuer, dir := fileAgent(t)
+	chain, key := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
+	writeSet(t, a, dir, issuer, chain, key)
 	a.sdsCfg.WorkloadIdentitySocketFile = "spire-agent.sock"
 	spire := a.sdsCfg.EnvoySocketPath()
 	os.MkdirAll(filepath.Dir(spire), 0o750)
@@ -154,11 +155,11 @@ func TestExternalSDSServerInUse(t *testing.T) {
 	}
 	caFile := filepath.Join(a.root, "etc/dr/ca.pem")
 	os.MkdirAll(filepath.Dir(caFile), 0o755)
-	write(t, caFile, pki.rootPEM)
+	write(t, caFile, issuer.CertPEM)
 	e := a.connectAt(t, a.sdsCfg.FilesSocketPath, sds.FileRootPrefix+caFile, sds.WorkloadKeyCertResourceName)
 	e.until(t, "the file secret, and the identity refused", func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
 		st := errs[sds.WorkloadKeyCertResourceName]
-		return trustedCA(s[sds.FileRootPrefix+caFile]) == string(pki.rootPEM) && st != nil && strings.Contains(st.Message(), spire)
+		return trustedCA(s[sds.FileRootPrefix+caFile]) == string(issuer.CertPEM) && st != nil && strings.Contains(st.Message(), spire)
 	})
 	a.keys = append(a.keys, key)
 }
