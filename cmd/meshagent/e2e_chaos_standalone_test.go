@@ -76,13 +76,13 @@ func TestStandaloneChaos(t *testing.T) {
 	deadline := time.Now().Add(25 * time.Minute)
 	for round := 1; round <= rounds && time.Now().Before(deadline); round++ {
 		f := faults[rng.IntN(len(faults))]
-		c.round, c.rng = round, rng
+		c.round, c.rng, c.victim = round, rng, ""
 		c.counts[f.name]++
 		f.inject()
 		start := time.Now()
 		c.check(fmt.Sprintf("round %d (%s)", round, f.name))
 		if took := time.Since(start); took > c.worst {
-			c.worst, c.worstFault = took, f.name
+			c.worst, c.worstFault = took, strings.TrimSpace(f.name+" "+c.victim)
 		}
 		c.rounds++
 	}
@@ -134,6 +134,7 @@ type chaosRun struct {
 	meshGen, namesGen int
 
 	round      int
+	victim     string // the service a kill round failed
 	rng        *rand.Rand
 	rounds     int
 	counts     map[string]int
@@ -192,6 +193,7 @@ func (c *chaosRun) killService() {
 	sort.Strings(running)
 	running = slices.Compact(running)
 	victim := running[c.rng.IntN(len(running))]
+	c.victim = victim
 	if victim == "envoy" {
 		c.envoyBudget()
 	}
