@@ -219,10 +219,7 @@ func TestProfilingAndChaosAreOptIn(t *testing.T) {
 	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
 	h := f.svc.routes()
 	for _, path := range []string{"/debug/pprof/", "/debug/chaos/kill?service=x"} {
-		req := httptest.NewRequest(http.MethodPost, path, nil)
-		req.RemoteAddr = "127.0.0.1:1"
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
+		rec := postFromLoopback(h, path)
 		if rec.Code != http.StatusNotFound {
 			t.Errorf("%s without opting in = %d, want 404", path, rec.Code)
 		}
@@ -264,10 +261,7 @@ func TestChaosKillNeedsARunningService(t *testing.T) {
 	}})
 	h := f.svc.routes()
 	for name, want := range map[string]int{"dns": http.StatusConflict, "sds": http.StatusOK, "nope": http.StatusNotFound} {
-		req := httptest.NewRequest(http.MethodPost, "/debug/chaos/kill?service="+name, nil)
-		req.RemoteAddr = "127.0.0.1:1"
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
+		rec := postFromLoopback(h, "/debug/chaos/kill?service="+name)
 		if rec.Code != want {
 			t.Errorf("kill %s = %d %q, want %d", name, rec.Code, rec.Body.String(), want)
 		}
@@ -287,10 +281,7 @@ func TestChaosKillForADuration(t *testing.T) {
 		"for=5x": http.StatusBadRequest, "for=-1s": http.StatusBadRequest, "for=0s": http.StatusBadRequest,
 		"for=2m": http.StatusBadRequest, "for=1500ms": http.StatusOK,
 	} {
-		req := httptest.NewRequest(http.MethodPost, "/debug/chaos/kill?service=controlplane&"+query, nil)
-		req.RemoteAddr = "127.0.0.1:1"
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
+		rec := postFromLoopback(h, "/debug/chaos/kill?service=controlplane&"+query)
 		if rec.Code != want {
 			t.Errorf("kill ?%s = %d %q, want %d", query, rec.Code, rec.Body.String(), want)
 		}
@@ -301,4 +292,13 @@ func TestChaosKillForADuration(t *testing.T) {
 	if got := f.chaos.Take(); len(got) != 1 || got[0] != (messages.Chaos{Service: "controlplane", For: 1500 * time.Millisecond}) {
 		t.Fatalf("chaos commands sent: %v, want one for controlplane held 1.5s", got)
 	}
+}
+
+// postFromLoopback is POST path to h from a loopback caller.
+func postFromLoopback(h http.Handler, path string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, path, nil)
+	req.RemoteAddr = "127.0.0.1:1"
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
 }
