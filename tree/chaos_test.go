@@ -1,11 +1,19 @@
 package tree
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // TestChaosSoak kills random services (leaves and whole subtrees) over and
@@ -57,4 +65,56 @@ func TestChaosSoak(t *testing.T) {
 		}
 	}
 	t.Logf("chaos: %d rounds, kills per service: %v", rounds, killed)
+}
+
+// killOnStarting is the tree's /debug/tree channel with a chaos request
+// arriving the moment the tree first shows the service starting: status
+// accepts a kill then, so the run must end.
+type killOnStarting struct {
+	runner *runner
+	armed  atomic.Bool
+}
+
+func (k *killOnStarting) Send(s messages.TreeState) {
+	for _, n := range s.Services {
+		if n.State == messages.Starting && k.armed.CompareAndSwap(true, false) {
+			k.runner.kill(0)
+		}
+	}
+}
+
+// A kill that status accepted because the tree showed the service
+// starting lands on that run: the runner knows how to end the run before
+// it tells the tree it is starting (it used to be the other way round, and
+// such a kill was dropped).
+func TestChaosKillWhileStartingLands(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry(), func() uint64 { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := &killOnStarting{}
+	clock := messages.SystemClock{}
+	env := &runtimeEnv{clock: clock, registry: newRegistry(hook, clock), metrics: m, log: testkit.TestLogger(t),
+		giveUp: func(*GiveUpError) {}}
+	ch := NewChannels(nil)
+	svc := &readyService{name: "dns", health: ch.Health}
+	r := newRunner("dns", "dns", svc, *fastPolicy(), messages.NewReporter("dns", ch.Health, clock), env)
+	hook.runner = r
+	env.registry.add("dns", "dns", "service")
+	hook.armed.Store(true)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrChaosKill) {
+			t.Fatalf("Serve = %v, want the chaos kill", err)
+		}
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("the kill accepted while the service was starting was lost: the run never ended")
+	}
 }
