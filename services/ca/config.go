@@ -2,12 +2,11 @@ package ca
 
 import (
 	"fmt"
-	"net"
-	"net/netip"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
 // Defaults. The port is istiod's CA port (15012) moved out of 15000-15090,
@@ -76,7 +75,7 @@ var trustDomainSyntax = regexp.MustCompile(`^[a-z0-9._-]+$`)
 
 // Validate names the field and value that are wrong.
 func (c Config) Validate() error {
-	if err := checkLoopback(c.Listen); err != nil {
+	if err := loopback.Check(c.Listen); err != nil {
 		return fmt.Errorf("ca config: Listen: %w", err)
 	}
 	if c.RootDir == "" {
@@ -95,26 +94,6 @@ func (c Config) Validate() error {
 	}
 	if c.StopTimeout < 0 {
 		return fmt.Errorf("ca config: StopTimeout %v must not be negative", c.StopTimeout)
-	}
-	return nil
-}
-
-// checkLoopback accepts host:port where host is a loopback IP or
-// "localhost" and port is a number (0 picks a free port).
-func checkLoopback(hostPort string) error {
-	host, port, err := net.SplitHostPort(hostPort)
-	if err != nil {
-		return fmt.Errorf("%q: %v", hostPort, err)
-	}
-	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("%q: port %q is not a number 0-65535", hostPort, port)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil || !ip.IsLoopback() {
-		return fmt.Errorf("%q: must be a loopback address (127.0.0.1, [::1] or localhost)", hostPort)
 	}
 	return nil
 }
