@@ -38,25 +38,10 @@ HOSTS=${HOSTS:-1000}
 PILOT_AGENT=${PILOT_AGENT:-$HOME/.cache/meshagent-peers/pilot-agent}
 cd "$(dirname "$0")/../.."
 
-for bin in dnsperf dnsmasq dig curl go unshare python3; do
-	if ! command -v "$bin" >/dev/null; then
-		echo "bench-rss: $bin not found (apt-get install -y dnsperf dnsmasq dnsutils curl util-linux): skipped"
-		exit 0
-	fi
-done
-if [ "$(id -u)" != 0 ]; then
-	echo "bench-rss: needs root (dnsmasq on port 53 of a loopback address, unshare -m): skipped"
-	exit 0
-fi
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
+. bench/lib.sh
+require bench-rss "apt-get install -y dnsperf dnsmasq dnsutils curl util-linux" dnsperf dnsmasq dig curl go unshare python3
+require_root bench-rss "dnsmasq on port 53 of a loopback address, unshare -m"
+start_work
 
 mkdir "$work/bin"
 CGO_ENABLED=0 go build -o "$work/bin/meshagent" ./cmd/meshagent

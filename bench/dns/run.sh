@@ -20,25 +20,10 @@ RATE=${RATE:-10000}
 HOSTS=${HOSTS:-1000}
 cd "$(dirname "$0")/../.."
 
-for bin in dnsperf dnsmasq go; do
-	if ! command -v "$bin" >/dev/null; then
-		echo "bench-dns: $bin not found (apt-get install -y dnsperf dnsmasq): skipped"
-		exit 0
-	fi
-done
-if [ "$(id -u)" != 0 ]; then
-	echo "bench-dns: needs root (dnsmasq on port 53 of a loopback address): skipped"
-	exit 0
-fi
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
+. bench/lib.sh
+require bench-dns "apt-get install -y dnsperf dnsmasq" dnsperf dnsmasq go
+require_root bench-dns "dnsmasq on port 53 of a loopback address"
+start_work
 
 go build -o "$work/dnsproxyd" ./bench/dns/dnsproxyd
 
