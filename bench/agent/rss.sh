@@ -46,6 +46,13 @@ start_work
 mkdir "$work/bin"
 CGO_ENABLED=0 go build -o "$work/bin/meshagent" ./cmd/meshagent
 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
+go build -o "$work/bin/controlplane" ./bench/agent/controlplane
+# The control plane both agents' Envoys get their configuration from
+# (plaintext ADS): with it both turn ready, as in a pod.
+"$work/bin/controlplane" -namespace ns0 >"$work/controlplane.addr" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$work/controlplane.addr" ] && break; sleep 0.05; done
+xds=$(cat "$work/controlplane.addr")
 go run ./testdata/devcerts -out "$work/certs" >/dev/null
 
 # The mesh names, for the agent's name table and the upstream's hosts file.
@@ -70,7 +77,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 kib() { awk -v k="$1" '/^(VmRSS|RssAnon|RssFile):/ {v[$1] = $2} END {print v[k ":"]}' "/proc/$2/status"; }
 mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 
-# wait_ready PORT PID: until GET /healthz/ready on PORT answers 200.
+# wait_ready PORT PID: until GET /healthz/ready on PORT answers 200 (both
+# agents' Envoys have their configuration from the control plane).
 wait_ready() {
 	for _ in $(seq 300); do
 		if curl -sf "http://127.0.0.1:$1/healthz/ready" >/dev/null; then return 0; fi
@@ -102,7 +110,7 @@ meshagent() {
 	cp -r "$work/certs" "$dir/root/etc/certs"
 	local status admin dns
 	status=$(free_port) admin=$(free_port) dns=$(free_port)
-	env PROXY_CONFIG="{\"statusPort\":$status,\"proxyAdminPort\":$admin,\"binaryPath\":\"$work/bin/fakeenvoy\"}" \
+	env PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status,\"proxyAdminPort\":$admin,\"binaryPath\":\"$work/bin/fakeenvoy\"}" \
 		ENVOY_STATUS_PORT="$(free_port)" ENVOY_PROMETHEUS_PORT="$(free_port)" DNS_PROXY_ADDR="127.0.0.1:$dns" \
 		POD_NAME=bench-0 POD_NAMESPACE=ns0 INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
 		"$bin" proxy --root "$dir/root" --name-table "$work/table/table.json" --resolv-conf "$work/resolv.conf" \
@@ -140,21 +148,16 @@ pilot_agent() {
 		return 1
 	fi
 	cp "$tmpl" "$dir/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
-	local status admin xds
-	status=$(free_port) admin=$(free_port) xds=$(free_port)
+	local status admin
+	status=$(free_port) admin=$(free_port)
 	(cd "$dir" && exec unshare -m sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$work/resolv.conf" \
 		env FILE_MOUNTED_CERTS=true CLOUD_PLATFORM=none POD_NAME=bench-0 POD_NAMESPACE=ns0 INSTANCE_IP=127.0.0.1 \
 		SERVICE_ACCOUNT=default ENVOY_STATUS_PORT="$(free_port)" ENVOY_PROMETHEUS_PORT="$(free_port)" \
-		PROXY_CONFIG="{\"discoveryAddress\":\"127.0.0.1:$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status,\"proxyAdminPort\":$admin,\"binaryPath\":\"$work/bin/fakeenvoy\"}" \
+		PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status,\"proxyAdminPort\":$admin,\"binaryPath\":\"$work/bin/fakeenvoy\"}" \
 		"$PILOT_AGENT" proxy sidecar) >"$dir/agent.log" 2>&1 &
 	local pid=$!
 	pids+=("$pid")
-	# Its readiness waits for Envoy's xDS config, which needs a control
-	# plane: wait for the status server instead.
-	for _ in $(seq 300); do
-		curl -s -o /dev/null "http://127.0.0.1:$status/healthz/ready" && break
-		sleep 0.1
-	done
+	wait_ready "$status" "$pid" || { tail -20 "$dir/agent.log" >&2; return 1; }
 	idle pilot-agent "$status" "$pid"
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true

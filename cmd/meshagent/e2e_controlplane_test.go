@@ -2,14 +2,11 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"syscall"
 	"testing"
-
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -25,21 +22,7 @@ import (
 // namespace reaches its control plane on that namespace's loopback.
 const xdsHelperEnv = "MESHAGENT_XDS_HELPER"
 
-// meshSnapshot is a small mesh as istiod would send it: two services
-// (EDS clusters with their endpoints) and an inbound listener with its
-// route.
-func meshSnapshot(version string) (clusters, listeners, routes, endpoints []types.Resource) {
-	for i, host := range []string{"reviews.e2e.svc.cluster.local", "ratings.e2e.svc.cluster.local"} {
-		name := fmt.Sprintf("outbound|9080||%s", host)
-		clusters = append(clusters, xdsserver.Cluster(name))
-		endpoints = append(endpoints, xdsserver.Endpoints(name, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 19080+i))))
-	}
-	listeners = []types.Resource{xdsserver.Listener("virtualInbound", "inbound|"+version, false, 15006)}
-	routes = []types.Resource{xdsserver.Route("inbound|"+version, "outbound|9080||reviews.e2e.svc.cluster.local", "*")}
-	return clusters, listeners, routes, endpoints
-}
-
-// startControlPlane serves meshSnapshot("v1") on a free loopback port
+// startControlPlane serves xdsserver.SmallMesh("v1", "e2e") on a free loopback port
 // until the test ends.
 func startControlPlane(t *testing.T) *xdsserver.Server {
 	t.Helper()
@@ -56,7 +39,7 @@ func serveMesh(addr string) (*xdsserver.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, l, r, e := meshSnapshot("v1")
+	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
 	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
 		cp.Close()
 		return nil, err

@@ -175,3 +175,17 @@ func NameTable(hosts map[string]string) *nds.NameTable {
 	}
 	return t
 }
+
+// SmallMesh is a small mesh as istiod would send it: two services of
+// namespace ns (EDS clusters with their endpoints on loopback) and an
+// inbound listener with its route, all named after version.
+func SmallMesh(version, ns string) (clusters, listeners, routes, endpoints []types.Resource) {
+	for i, svc := range []string{"reviews", "ratings"} {
+		name := fmt.Sprintf("outbound|9080||%s.%s.svc.cluster.local", svc, ns)
+		clusters = append(clusters, Cluster(name))
+		endpoints = append(endpoints, Endpoints(name, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 19080+i))))
+	}
+	listeners = []types.Resource{Listener("virtualInbound", "inbound|"+version, false, 15006)}
+	routes = []types.Resource{Route("inbound|"+version, fmt.Sprintf("outbound|9080||reviews.%s.svc.cluster.local", ns), "*")}
+	return clusters, listeners, routes, endpoints
+}
