@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -122,7 +123,15 @@ func (s *Service) Serve(ctx context.Context) error {
 	serveCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
 	xdsServer := xds.NewServer(serveCtx, mux, s.callbacks())
-	opts := []grpc.ServerOption{grpc.MaxConcurrentStreams(100000), grpc.StreamInterceptor(s.checkToken)}
+	opts := []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(100000),
+		grpc.StreamInterceptor(s.checkToken),
+		// istiod accepts keepalive pings every Time/2 (15 s with Istio's
+		// 30 s default, pilot/pkg/grpc); grpc-go's default of 5 minutes
+		// answers the agents' 30 s pings with GOAWAY "too_many_pings"
+		// after three, resetting every stream after about 2 minutes.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second}),
+	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
