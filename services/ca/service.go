@@ -47,7 +47,7 @@ type Service struct {
 // New returns the CA. Nothing is read or generated until Serve.
 func New(cfg Config, rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
-	if err := rt.Register(s.m.issued, s.m.rejected); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -181,15 +181,17 @@ func grpcError(err error) (codes.Code, string) {
 type metrics struct {
 	issued   prometheus.Counter
 	rejected *prometheus.CounterVec
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() metrics {
-	return metrics{
-		issued: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ca_certificates_issued_total", Help: "Workload certificates signed.",
-		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ca_requests_rejected_total", Help: "Certificate requests refused, by reason (unauthenticated, bad_csr, identity, internal).",
-		}, []string{"reason"}),
+	var mm messages.Metrics
+	m := metrics{
+		issued: mm.Counter("ca_certificates_issued_total", "Workload certificates signed."),
+		rejected: mm.CounterVec("ca_requests_rejected_total",
+			"Certificate requests refused, by reason (unauthenticated, bad_csr, identity, internal).", "reason"),
 	}
+	m.all = mm.Collectors()
+	return m
 }

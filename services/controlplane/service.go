@@ -56,7 +56,7 @@ type Service struct {
 // New returns the control plane. Nothing is read or opened until Serve.
 func New(cfg Config, rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
-	if err := rt.Register(s.m.reloads, s.m.nacks, s.m.streams, s.m.version); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -281,21 +281,18 @@ type metrics struct {
 	nacks   *prometheus.CounterVec
 	streams prometheus.Gauge
 	version prometheus.Gauge
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() metrics {
-	return metrics{
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "controlplane_mesh_loads_total", Help: "Mesh file loads, by result (applied, unchanged, rejected).",
-		}, []string{"result"}),
-		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "controlplane_xds_nacks_total", Help: "Responses rejected by xDS clients, by type URL.",
-		}, []string{"type_url"}),
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "controlplane_xds_streams", Help: "Open xDS streams (SotW and delta).",
-		}),
-		version: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "controlplane_snapshot_generation", Help: "Generation of the snapshot served (0: none yet).",
-		}),
+	var mm messages.Metrics
+	m := metrics{
+		reloads: mm.CounterVec("controlplane_mesh_loads_total", "Mesh file loads, by result (applied, unchanged, rejected).", "result"),
+		nacks:   mm.CounterVec("controlplane_xds_nacks_total", "Responses rejected by xDS clients, by type URL.", "type_url"),
+		streams: mm.Gauge("controlplane_xds_streams", "Open xDS streams (SotW and delta)."),
+		version: mm.Gauge("controlplane_snapshot_generation", "Generation of the snapshot served (0: none yet)."),
 	}
+	m.all = mm.Collectors()
+	return m
 }

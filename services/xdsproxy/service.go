@@ -112,7 +112,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
 	s.lkg = newLKG(cfg.CacheMaxBytes, rt.Log)
 	s.status = newUpstreamStatus(s)
-	if err := rt.Register(s.m.collectors()...); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -27,7 +27,7 @@ func TestServerPublishesItsAddressWhileServing(t *testing.T) {
 		t.Fatalf("dial the address published: %v", err)
 	}
 	conn.Close()
-	if s.Stop(time.After(5*time.Second)) {
+	if s.Stop(time.After(5 * time.Second)) {
 		t.Error("an idle server's stop was forced")
 	}
 	if s.Addr() != "" || s.Err() != nil {
