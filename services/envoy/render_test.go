@@ -4,89 +4,13 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
-
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
-// The test binary is its own renderer child, as the agent's binary is
-// (TestMain hands RenderCommand to RenderMain).
-func testRenderer() string { return os.Args[0] }
-
-// TestRenderInChildWritesWhatTheAgentWould: every way of producing a
-// bootstrap gives, from a child, the file and the command line parts the
-// agent itself produces, ProxyConfig included (it crosses as proto JSON).
-func TestRenderInChildWritesWhatTheAgentWould(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		edit func(*BootstrapConfig)
-	}{
-		{"built-in", func(*BootstrapConfig) {}},
-		{"built-in, ProxyConfig with tracing and a drain", func(c *BootstrapConfig) {
-			c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{
-				Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin.istio-system:9411"}}}
-			c.Proxy.TerminationDrainDuration = durationpb.New(7e9)
-			c.MetadataDiscovery = new(bool)
-		}},
-		{"template", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "minimal.json.tmpl") }},
-		{"YAML template", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "minimal.yaml.tmpl") }},
-		{"override", func(c *BootstrapConfig) {
-			c.OverrideFile, c.HostIP = filepath.Join(testdata, "override.yaml"), "10.128.0.5"
-		}},
-		{"custom config file", func(c *BootstrapConfig) { c.Proxy.CustomConfigFile = filepath.Join(testdata, "custom.json") }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testConfig(t)
-			c.Proxy = proto.Clone(c.Proxy).(*meshv1alpha1.ProxyConfig)
-			tc.edit(&c)
-			want, err := WriteBootstrap(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantData := readIfRendered(t, want)
-			if !want.Custom {
-				os.Remove(want.Path)
-			}
-			got, err := renderInChild(testRenderer(), c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != want {
-				t.Fatalf("child rendered %+v, the agent %+v", got, want)
-			}
-			if gotData := readIfRendered(t, got); !bytes.Equal(gotData, wantData) {
-				t.Fatalf("the child's %s differs from the agent's:\n%s\nwant:\n%s", got.Path, gotData, wantData)
-			}
-		})
-	}
-}
-
-// TestRenderInChildErrorsNameTheInput: a bad input fails the child's render
-// with the message the agent itself would give, and a renderer that cannot
-// run is named.
-func TestRenderInChildErrorsNameTheInput(t *testing.T) {
-	c := testConfig(t)
-	c.TemplateFile = filepath.Join(testdata, "nope.json")
-	_, want := WriteBootstrap(c)
-	_, err := renderInChild(testRenderer(), c)
-	if err == nil || want == nil || err.Error() != want.Error() {
-		t.Fatalf("child's error %v, the agent's %v", err, want)
-	}
-
-	_, err = renderInChild("/bin/false", testConfig(t))
-	if err == nil || !strings.Contains(err.Error(), "/bin/false") || !strings.Contains(err.Error(), RenderCommand) {
-		t.Fatalf("a renderer that fails: %v, want an error naming it", err)
-	}
-}
-
 // TestLaterStartsWriteTheFirstRender: the first start renders; a later one
-// writes the same bytes again, even with the file gone and an input
-// changed since (Istio renders once per agent start too), and asks no
-// child (the renderer is broken by then).
+// writes the same bytes again, even with the file gone and the inputs
+// changed since (Istio renders once per agent start too), and renders
+// nothing (the template it would now read does not exist).
 func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 	c := testConfig(t)
 	labels := filepath.Join(t.TempDir(), "labels")
@@ -94,7 +18,7 @@ func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.LabelsFile = labels
-	cfg := Config{Bootstrap: &c, RenderExe: testRenderer()}
+	cfg := Config{Bootstrap: &c}
 	first, err := cfg.render(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -108,25 +32,44 @@ func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 	if err := os.Remove(first.boot.Path); err != nil {
 		t.Fatal(err)
 	}
-	cfg.RenderExe = "/bin/false"
+	c.TemplateFile = filepath.Join(t.TempDir(), "gone.json")
 	again, err := cfg.render(first)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := readIfRendered(t, again.boot); !bytes.Equal(got, first.data) {
+	got, err := os.ReadFile(again.boot.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, first.data) {
 		t.Fatalf("a later start wrote\n%s\nwant the first render\n%s", got, first.data)
 	}
 }
 
-// readIfRendered is the bootstrap file's content; nil for a custom file.
-func readIfRendered(t *testing.T, b Bootstrap) []byte {
-	t.Helper()
-	if b.Custom {
-		return nil
+// TestCustomConfigFileIsNeverWritten: a custom config file is Envoy's as
+// is, on every start.
+func TestCustomConfigFileIsNeverWritten(t *testing.T) {
+	c := testConfig(t)
+	custom := filepath.Join(t.TempDir(), "custom.json")
+	if err := os.WriteFile(custom, []byte(`{"admin": {}}`), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	data, err := os.ReadFile(b.Path)
+	c.Proxy.CustomConfigFile = custom
+	cfg := Config{Bootstrap: &c}
+	first, err := cfg.render(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return data
+	if !first.boot.Custom || first.boot.Path != custom || first.data != nil {
+		t.Fatalf("custom config file rendered as %+v", first)
+	}
+	if err := os.WriteFile(custom, []byte(`{"admin": {"address": {}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg.render(first); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(custom); string(got) != `{"admin": {"address": {}}}` {
+		t.Fatalf("a later start rewrote the custom config file: %s", got)
+	}
 }

@@ -63,20 +63,15 @@ type Credential struct {
 type Config struct {
 	// BinaryPath is Envoy's executable (ProxyConfig.binaryPath).
 	BinaryPath string
-	// Bootstrap and Args are Envoy's bootstrap and command line, written
-	// and built before every start (WriteBootstrap, CommandLine).
+	// Bootstrap and Args are Envoy's bootstrap and command line: the
+	// bootstrap is rendered for the first start (WriteBootstrap) and
+	// written again from the same bytes before a restart (render.go).
 	Bootstrap *BootstrapConfig
 	Args      ArgsConfig
 	// Prepare, when set, replaces Bootstrap and Args: it writes a bootstrap
 	// and returns Envoy's arguments (everything after the binary). Tests
 	// use it to run Envoy on a hand-made bootstrap.
 	Prepare func() ([]string, error)
-	// RenderExe, when set, is the agent's own executable: the bootstrap is
-	// rendered by it in a child process (RenderCommand), keeping the
-	// protobuf runtime's per-type state out of the agent (render.go).
-	// Empty: rendered in this process. Either way it is rendered for the
-	// first start only and written again from the same bytes after.
-	RenderExe string
 	// AdminAddr is host:port of Envoy's admin API (ProxyConfig.proxyAdminPort).
 	AdminAddr string
 	// DrainQuery is the query of POST /drain_listeners: Istio's
