@@ -54,7 +54,7 @@ func TestChaosSoak(t *testing.T) {
 			t.Fatalf("round %d: kill %s = %d %s", round, victim, code, body)
 		}
 		killed[victim]++
-		eventually(t, fmt.Sprintf("round %d: %s restarted (%d kills)", round, victim, killed[victim]), func() bool {
+		testkit.WaitFor(t, fmt.Sprintf("round %d: %s restarted (%d kills)", round, victim, killed[victim]), func() bool {
 			return h.counter("meshagent_service_restarts_total", victim) == float64(killed[victim])
 		})
 		h.waitStatus("/healthz/ready", 200)

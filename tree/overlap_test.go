@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // stubbornService ignores cancellation on its first run until released (a
@@ -96,7 +97,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	trigger <- struct{}{}
 	// Either the second Serve overlapped the first (the bug), or the
 	// runner refused it and said so.
-	eventually(t, "the rebuilt subtree asks for stuck again", func() bool {
+	testkit.WaitFor(t, "the rebuilt subtree asks for stuck again", func() bool {
 		if stuck.maxActive.Load() > 1 {
 			return true
 		}
@@ -109,7 +110,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	if got := stuck.runs.Load(); got != 1 {
 		t.Fatalf("stuck entered Serve %d times while its first run was still inside", got)
 	}
-	eventually(t, "the sibling is rebuilt without waiting for stuck", func() bool { return sibling.runs.Load() == 2 })
+	testkit.WaitFor(t, "the sibling is rebuilt without waiting for stuck", func() bool { return sibling.runs.Load() == 2 })
 	if got := h.counter("meshagent_service_stop_timeouts_total", "stuck"); got != 1 {
 		t.Fatalf("stop timeouts of stuck = %v, want 1", got)
 	}
@@ -121,7 +122,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	}
 
 	stuck.unstick()
-	eventually(t, "stuck runs again once its old Serve returned", func() bool { return stuck.runs.Load() == 2 })
+	testkit.WaitFor(t, "stuck runs again once its old Serve returned", func() bool { return stuck.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
 	if got := stuck.maxActive.Load(); got != 1 {
 		t.Fatalf("%d Serves of stuck ran at once, want 1", got)
@@ -162,5 +163,5 @@ func TestShutdownIsBoundedWhenAServiceIgnoresCancellation(t *testing.T) {
 		t.Fatalf("the group was reported too (%v): the report must name the service that hung", got)
 	}
 	stuck.unstick()
-	eventually(t, "the stuck service returns once released", func() bool { return stuck.active.Load() == 0 })
+	testkit.WaitFor(t, "the stuck service returns once released", func() bool { return stuck.active.Load() == 0 })
 }

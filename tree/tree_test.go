@@ -27,14 +27,14 @@ func TestPanicIsRestartedAndVisible(t *testing.T) {
 	svc := &readyService{name: "ticker", health: ch.Health, panicAfter: 50 * time.Millisecond}
 	h := newHarnessWith(t, ch, []Node{{Name: "ticker", Service: svc}}, Options{}, []string{"ticker"})
 
-	eventually(t, "second run of the panicking service", func() bool { return svc.runs.Load() >= 2 })
+	testkit.WaitFor(t, "second run of the panicking service", func() bool { return svc.runs.Load() >= 2 })
 	h.waitStatus("/healthz/ready", 200)
 
 	var tree struct {
 		Ready    bool                   `json:"ready"`
 		Services []messages.ServiceInfo `json:"services"`
 	}
-	eventually(t, "panic recorded in /debug/tree", func() bool {
+	testkit.WaitFor(t, "panic recorded in /debug/tree", func() bool {
 		_, body := h.get("/debug/tree?format=json")
 		if err := json.Unmarshal([]byte(body), &tree); err != nil {
 			t.Fatalf("bad /debug/tree JSON: %v\n%s", err, body)
@@ -290,7 +290,7 @@ func TestSubtreeRebuild(t *testing.T) {
 		Children: []Node{{Name: "xdsproxy", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "xdsproxy"})
 	h.waitStatus("/healthz/ready", 200)
 	trigger <- struct{}{}
-	eventually(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
+	testkit.WaitFor(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
 	if got := h.counter("meshagent_service_restarts_total", "xds"); got != 1 {
 		t.Fatalf("xds restarts = %v, want 1", got)

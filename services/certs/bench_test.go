@@ -19,8 +19,8 @@ func BenchmarkCSRRoundTrip(b *testing.B) {
 	root := b.TempDir()
 	cfg := testConfig(root)
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
-	writeFile(b, cfg.CARootFile, ca.pki.CertPEM)
-	writeFile(b, cfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(b, cfg.CARootFile, ca.pki.CertPEM)
+	testkit.WriteFile(b, cfg.TokenFile, []byte(testToken))
 	s := newService(b, cfg, &testkit.Recorder[messages.CertBundle]{}, &testkit.HealthRecorder{}, nil, nil, nil)
 	conn, err := s.dialCA()
 	if err != nil {

@@ -168,19 +168,9 @@ func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	c.cfg.Namespace, c.cfg.ServiceAccount = "shop", "cart"
 	c.cfg.RetryInitial = 50 * time.Millisecond
 	c.cfg.RetryMax = 400 * time.Millisecond
-	writeFile(t, c.cfg.CARootFile, ca.pki.CertPEM)
-	writeFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
+	testkit.WriteFile(t, c.cfg.CARootFile, ca.pki.CertPEM)
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
 	return c
-}
-
-func writeFile(t testing.TB, path string, data []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func (c *caSetup) start(t *testing.T) *testkit.Serving {
@@ -276,7 +266,7 @@ func TestCARenewalFailureKeepsOldCert(t *testing.T) {
 
 func TestCAWrongTokenReason(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte("wrong"))
 	c.ca.start(t)
 	c.start(t)
 	h := c.health.WaitState(t, messages.Starting, "token rejected by test CA")
@@ -287,7 +277,7 @@ func TestCAWrongTokenReason(t *testing.T) {
 		t.Error("the CA's error is not in the log")
 	}
 	// The token is read on every call: fixing the file is enough.
-	writeFile(t, c.cfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken))
 	c.out.WaitLast(t, "certificate after the token is fixed", func(b messages.CertBundle) bool { return b.Version != "" })
 }
 
@@ -423,7 +413,7 @@ func TestChooseSource(t *testing.T) {
 					if slices.Contains(tc.empty, filepath.Base(f)) {
 						data = nil
 					}
-					writeFile(t, f, data)
+					testkit.WriteFile(t, f, data)
 				}
 			}
 			got := chooseSource(cfg, root, tc.fileMounted)

@@ -37,11 +37,11 @@ func TestCAMetrics(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	reg := prometheus.NewRegistry()
 	c.reg = reg
-	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte("wrong"))
 	c.ca.start(t)
 	c.start(t)
 	c.health.WaitState(t, messages.Starting, "token rejected")
-	writeFile(t, c.cfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken))
 	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	sent, failed := testkit.MetricValue(t, reg, "num_outgoing_requests"), testkit.MetricValue(t, reg, "num_failed_outgoing_requests")
 	if sent < 2 || failed < 1 || failed >= sent {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -17,7 +18,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	mounted := pki.NewRoot(t, "meshagent test root")
 	rootFile := filepath.Join(c.root, testEtcCertsDir, RootCertFileName)
-	writeFile(t, rootFile, mounted.CertPEM)
+	testkit.WriteFile(t, rootFile, mounted.CertPEM)
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	if c.cfg.Source != SourceCA || c.cfg.Roots != RootsFromFile {
 		t.Fatalf("chose %v / %v; want the CA's certificate with the file's roots", c.cfg.Source, c.cfg.Roots)
@@ -37,7 +38,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 
 	// A new mounted root: the same certificate, the new roots, no CA call.
 	next := pki.NewRoot(t, "meshagent test root")
-	writeFile(t, rootFile, append(append([]byte{}, mounted.CertPEM...), next.CertPEM...))
+	testkit.WriteFile(t, rootFile, append(append([]byte{}, mounted.CertPEM...), next.CertPEM...))
 	b2 := c.out.WaitLast(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.CertPEM) })
 	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
 		t.Fatal("a roots change must keep the certificate and change the version")
@@ -47,7 +48,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	}
 
 	// A bad root file keeps the last good roots and says why.
-	writeFile(t, rootFile, []byte("garbage"))
+	testkit.WriteFile(t, rootFile, []byte("garbage"))
 	c.health.WaitState(t, messages.Degraded, rootFile)
 	if got, _ := c.out.Get(); got.Version != b2.Version {
 		t.Fatal("a bad root file replaced the bundle")
@@ -62,8 +63,8 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	files := pki.NewRoot(t, "meshagent test root")
 	dir := filepath.Join(c.root, testEtcCertsDir)
 	chain1, key1 := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	writeFile(t, filepath.Join(dir, CertChainFileName), chain1)
-	writeFile(t, filepath.Join(dir, KeyFileName), key1)
+	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain1)
+	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key1)
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	if c.cfg.Source != SourceFiles || c.cfg.Roots != RootsFromCA {
 		t.Fatalf("chose %v / %v; want the files' certificate with the CA's roots", c.cfg.Source, c.cfg.Roots)
@@ -104,8 +105,8 @@ func TestMixedRootsFromCARefreshed(t *testing.T) {
 	files := pki.NewRoot(t, "meshagent test root")
 	dir := filepath.Join(c.root, testEtcCertsDir)
 	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	writeFile(t, filepath.Join(dir, CertChainFileName), chain)
-	writeFile(t, filepath.Join(dir, KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key)
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	c.ca.start(t)
 	c.start(t)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,17 +72,6 @@ func TestMain(m *testing.M) {
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // testNodeID is the node of writeBootstrap's bootstrap.
@@ -160,7 +148,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	h := &harness{
 		t:      t,
 		state:  messages.NewCell[messages.EnvoyState](),

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // pidGone reports whether no process has this pid (it was reaped).
@@ -205,7 +206,7 @@ func TestDrainThenExitLater(t *testing.T) {
 	h.drain.Send(messages.Drain{Reason: "POST /drain"})
 	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
-		waitFor(t, "fakeenvoy to record the drain", func() bool {
+		testkit.WaitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}
@@ -340,7 +341,7 @@ func TestParentDeathKillsEnvoy(t *testing.T) {
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), parentEnv+"="+envoyBinary,
-		"MESHAGENT_ENVOY_TEST_DIR="+t.TempDir(), "MESHAGENT_ENVOY_TEST_PORT="+strconv.Itoa(freePort(t)))
+		"MESHAGENT_ENVOY_TEST_DIR="+t.TempDir(), "MESHAGENT_ENVOY_TEST_PORT="+strconv.Itoa(testkit.FreePort(t)))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -456,7 +457,7 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 	errc := h.serve(ctx)
 	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
-		waitFor(t, "fakeenvoy to record the drain", func() bool {
+		testkit.WaitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Istio's own agent, run beside ours on the same inputs (make conformance).
@@ -45,17 +47,6 @@ type istioAgent struct {
 	log       *logBuffer
 }
 
-// freePort is a loopback TCP port free at the time of the call.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startIstioAgent runs `pilot-agent proxy sidecar` in a temp dir with
 // file-mounted dev certificates (it exits at start without a root
 // certificate), no cloud metadata lookups and no control plane, and waits
@@ -68,7 +59,7 @@ func startIstioAgent(t testing.TB, binary, proxyConfig string, env ...string) *i
 	if out, err := gen.CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
-	statusPort, adminPort := freePort(t), freePort(t)
+	statusPort, adminPort := testkit.FreePort(t), testkit.FreePort(t)
 	a := &istioAgent{statusURL: "http://127.0.0.1:" + strconv.Itoa(statusPort), log: &logBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cmd = exec.CommandContext(ctx, binary, "proxy", "sidecar")
@@ -134,7 +125,7 @@ func runIstioAgentToExit(t *testing.T, binary string, env ...string) (exited boo
 		"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "FILE_MOUNTED_CERTS=true", "CLOUD_PLATFORM=none",
 		"DISABLE_ENVOY=true", "INSTANCE_IP=127.0.0.1", "POD_NAME=differential", "POD_NAMESPACE=default",
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:1","controlPlaneAuthPolicy":"NONE"}`,
-			freePort(t), freePort(t)),
+			testkit.FreePort(t), testkit.FreePort(t)),
 	}, env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -148,7 +139,7 @@ func runIstioAgentToExit(t *testing.T, binary string, env ...string) (exited boo
 // differentialApps are the applications both agents probe.
 func differentialApps(t *testing.T) (httpPort, tcpPort, grpcPort, closed int) {
 	t.Helper()
-	other := freePort(t) // a redirect target on another host name
+	other := testkit.FreePort(t) // a redirect target on another host name
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "fine") })
 	mux.HandleFunc("/fail", func(w http.ResponseWriter, _ *http.Request) {

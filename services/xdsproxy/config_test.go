@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Validate rejects each bad value, naming the field (and Istio's setting).
@@ -144,7 +145,7 @@ func TestSocket(t *testing.T) {
 // A path that is not a socket is not removed.
 func TestSocketPathNotASocket(t *testing.T) {
 	cfg := testConfig(tempRoot(t), "127.0.0.1:1")
-	writeFile(t, cfg.SocketPath, []byte("precious"))
+	testkit.WriteFile(t, cfg.SocketPath, []byte("precious"))
 	s, err := New(cfg, Inputs{}, Outputs{}, messages.Runtime{})
 	if err != nil {
 		t.Fatal(err)

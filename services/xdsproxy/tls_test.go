@@ -4,8 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -27,21 +26,11 @@ func tlsProxyConfig(t *testing.T, addr string, rootPEM []byte, token string) Con
 	cfg := testConfig(root, addr)
 	cfg.Plaintext = false
 	cfg.OfflineCache = false
-	writeFile(t, cfg.RootCAFile, rootPEM)
+	testkit.WriteFile(t, cfg.RootCAFile, rootPEM)
 	if token != "" {
-		writeFile(t, cfg.TokenFile, []byte(token+"\n"))
+		testkit.WriteFile(t, cfg.TokenFile, []byte(token+"\n"))
 	}
 	return cfg
-}
-
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TLS to the control plane with Istio's server name rule ("localhost" is

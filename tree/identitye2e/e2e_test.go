@@ -254,29 +254,22 @@ func fileAgent(t testing.TB) (*agent, *pki.CA, string) {
 	return a, issuer, dir
 }
 
-func write(t testing.TB, path string, data []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func writeSet(t testing.TB, a *agent, dir string, issuer *pki.CA, chain, key []byte) {
 	a.keys = append(a.keys, key)
-	write(t, filepath.Join(dir, certs.RootCertFileName), issuer.CertPEM)
-	write(t, filepath.Join(dir, certs.KeyFileName), key)
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, certs.RootCertFileName), issuer.CertPEM)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
 }
 
 func TestFileRotationPushedToEnvoy(t *testing.T) {
 	rotations := map[string]func(t *testing.T, dir string, chain, key []byte){
 		"plain write": func(t *testing.T, dir string, chain, key []byte) {
-			write(t, filepath.Join(dir, certs.KeyFileName), key)
-			write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+			testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
+			testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
 		},
 		"write tmp then rename": func(t *testing.T, dir string, chain, key []byte) {
 			for n, d := range map[string][]byte{certs.KeyFileName: key, certs.CertChainFileName: chain} {
-				write(t, filepath.Join(dir, n+".tmp"), d)
+				testkit.WriteFile(t, filepath.Join(dir, n+".tmp"), d)
 				if err := os.Rename(filepath.Join(dir, n+".tmp"), filepath.Join(dir, n)); err != nil {
 					t.Fatal(err)
 				}
@@ -311,9 +304,9 @@ func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
 		d := filepath.Join(dir, name)
 		os.Mkdir(d, 0o755)
 		a.keys = append(a.keys, key)
-		write(t, filepath.Join(d, certs.CertChainFileName), chain)
-		write(t, filepath.Join(d, certs.KeyFileName), key)
-		write(t, filepath.Join(d, certs.RootCertFileName), issuer.CertPEM)
+		testkit.WriteFile(t, filepath.Join(d, certs.CertChainFileName), chain)
+		testkit.WriteFile(t, filepath.Join(d, certs.KeyFileName), key)
+		testkit.WriteFile(t, filepath.Join(d, certs.RootCertFileName), issuer.CertPEM)
 		os.Symlink(name, filepath.Join(dir, "..data_tmp"))
 		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 			t.Fatal(err)
@@ -348,15 +341,15 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 	e.next(t)
 	quiet := 3 * a.certCfg.FileDebounce
 
-	write(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
 	a.health.WaitService(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
 	e.expectNothing(t, quiet)
 
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain1)
 	a.health.WaitService(t, "certs", messages.Ready, "")
 	_, otherKey := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, otherKey)
-	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), otherKey)
 	a.health.WaitService(t, "certs", messages.Degraded, "does not match the leaf certificate")
 	e.expectNothing(t, quiet)
 
@@ -374,13 +367,13 @@ func TestCARenewalPushedOnSameStream(t *testing.T) {
 	a.certCfg.KeyAlgorithm = certs.ECDSA
 	a.certCfg.RetryInitial, a.certCfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
 	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
+	testkit.WriteFile(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
-	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)
 	a.health.WaitService(t, "certs", messages.Starting, "e2e CA: bad token")
 
-	write(t, a.certCfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte(testToken))
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)
 	s1, v1 := e.next(t)
 	b1, _ := a.bundles.Get()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -24,9 +25,9 @@ func caAgent(t *testing.T, ca *testCA) *agent {
 	a.certCfg.KeyAlgorithm = certs.ECDSA
 	a.certCfg.FileDebounce = 20 * time.Millisecond
 	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
+	testkit.WriteFile(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
-	write(t, a.certCfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte(testToken))
 	return a
 }
 
@@ -52,7 +53,7 @@ func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
 	mounted := pki.NewRoot(t, "e2e root")
 	rootFile := filepath.Join(a.root, etcCertsDir, certs.RootCertFileName)
 	os.MkdirAll(filepath.Dir(rootFile), 0o755)
-	write(t, rootFile, mounted.CertPEM)
+	testkit.WriteFile(t, rootFile, mounted.CertPEM)
 	a.certCfg = a.chooseSource(false)
 	a.start(t)
 
@@ -89,8 +90,8 @@ func TestMixedModeCertificateFromFilesRootsFromCA(t *testing.T) {
 	os.MkdirAll(dir, 0o755)
 	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, key)
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
-	write(t, filepath.Join(dir, certs.KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
 	a.certCfg = a.chooseSource(false)
 	a.start(t)
 
