@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -124,8 +123,7 @@ func clientAt(t *testing.T, path string) sdsv3.SecretDiscoveryServiceClient {
 type sotw struct {
 	stream grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
 	cancel context.CancelFunc
-	resps  chan *discoveryv3.DiscoveryResponse
-	errc   chan error
+	resps  *testkit.Receiver[*discoveryv3.DiscoveryResponse]
 }
 
 func (s *server) open(t *testing.T, names ...string) *sotw {
@@ -141,21 +139,7 @@ func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names .
 		cancel()
 		t.Fatal(err)
 	}
-	c := &sotw{stream: stream, cancel: cancel, resps: make(chan *discoveryv3.DiscoveryResponse, 100), errc: make(chan error, 1)}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				c.errc <- err
-				return
-			}
-			c.resps <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	c := &sotw{stream: stream, cancel: cancel, resps: testkit.NewReceiver(t, cancel, stream.Recv)}
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: names})
 	return c
 }
@@ -169,33 +153,18 @@ func (c *sotw) send(t *testing.T, r *discoveryv3.DiscoveryRequest) {
 
 func (c *sotw) recv(t *testing.T) *discoveryv3.DiscoveryResponse {
 	t.Helper()
-	select {
-	case r := <-c.resps:
-		return r
-	case err := <-c.errc:
-		t.Fatalf("stream ended: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no SDS response")
-	}
-	return nil
+	return c.resps.Next(t, "an SDS response")
 }
 
 // recvUntil receives (and ACKs, as Envoy does) until a response satisfies
 // ok, and returns it.
 func (c *sotw) recvUntil(t *testing.T, what string, names []string, ok func(*discoveryv3.DiscoveryResponse) bool) *discoveryv3.DiscoveryResponse {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
 	for {
-		select {
-		case r := <-c.resps:
-			c.ack(t, r, names...)
-			if ok(r) {
-				return r
-			}
-		case err := <-c.errc:
-			t.Fatalf("stream ended waiting for %s: %v", what, err)
-		case <-deadline:
-			t.Fatalf("no SDS response with %s", what)
+		r := c.resps.Next(t, "an SDS response with "+what)
+		c.ack(t, r, names...)
+		if ok(r) {
+			return r
 		}
 	}
 }
@@ -229,9 +198,9 @@ func (c *sotw) ack(t *testing.T, r *discoveryv3.DiscoveryResponse, names ...stri
 func (c *sotw) expectNothing(t *testing.T, d time.Duration) {
 	t.Helper()
 	select {
-	case r := <-c.resps:
+	case r := <-c.resps.C():
 		t.Fatalf("unexpected push: version %s", r.VersionInfo)
-	case err := <-c.errc:
+	case err := <-c.resps.Err():
 		t.Fatalf("stream ended: %v", err)
 	case <-time.After(d):
 	}

@@ -210,7 +210,7 @@ func TestShutdownEndsStreamsAndRestarts(t *testing.T) {
 	c.recv(t)
 	s.stop(t)
 	select {
-	case err := <-c.errc:
+	case err := <-c.resps.Err():
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("stream ended with %v, want Unavailable", err)
 		}

@@ -105,8 +105,7 @@ func (a *agent) assertNoKeysLogged(t testing.TB) {
 // envoy is an SDS client stream as Envoy opens it.
 type envoy struct {
 	stream grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
-	resps  chan *discoveryv3.DiscoveryResponse
-	errc   chan error
+	resps  *testkit.Receiver[*discoveryv3.DiscoveryResponse]
 	a      *agent
 	names  []string
 	// What nextAll has received, merged as Envoy merges SDS responses, and
@@ -132,21 +131,9 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names,
+	t.Cleanup(func() { conn.Close() }) // after the receiver's cleanup: cleanups run last first
+	e := &envoy{stream: stream, resps: testkit.NewReceiver(t, cancel, stream.Recv), a: a, names: names,
 		have: map[string]*tlsv3.Secret{}, errs: map[string]*status.Status{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				e.errc <- err
-				return
-			}
-			e.resps <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,33 +144,26 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 // error received so far on the stream, merged as Envoy merges them.
 func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*status.Status) {
 	t.Helper()
-	select {
-	case r := <-e.resps:
-		e.lastSent = nil
-		for _, a := range r.Resources {
-			s := &tlsv3.Secret{}
-			if err := a.UnmarshalTo(s); err != nil {
-				t.Fatal(err)
-			}
-			if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
-				e.a.keys = append(e.a.keys, k)
-			}
-			e.have[s.Name] = s
-			delete(e.errs, s.Name)
-			e.lastSent = append(e.lastSent, s.Name)
+	r := e.resps.Next(t, "a secret pushed")
+	e.lastSent = nil
+	for _, a := range r.Resources {
+		s := &tlsv3.Secret{}
+		if err := a.UnmarshalTo(s); err != nil {
+			t.Fatal(err)
 		}
-		for _, re := range r.ResourceErrors {
-			e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+			e.a.keys = append(e.a.keys, k)
 		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
-			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
-		return e.have, e.errs
-	case err := <-e.errc:
-		t.Fatalf("SDS stream ended: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no secret pushed")
+		e.have[s.Name] = s
+		delete(e.errs, s.Name)
+		e.lastSent = append(e.lastSent, s.Name)
 	}
-	return nil, nil
+	for _, re := range r.ResourceErrors {
+		e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+	}
+	e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+		VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+	return e.have, e.errs
 }
 
 // until receives responses until ok holds for one, and returns its secrets.
@@ -202,35 +182,28 @@ func (e *envoy) until(t testing.TB, what string, ok func(map[string]*tlsv3.Secre
 // next receives the next secret, ACKs it, and returns it with its version.
 func (e *envoy) next(t testing.TB) (*tlsv3.Secret, string) {
 	t.Helper()
-	select {
-	case r := <-e.resps:
-		s := &tlsv3.Secret{}
-		if len(r.Resources) != 1 {
-			t.Fatalf("%d resources, want 1", len(r.Resources))
-		}
-		if err := r.Resources[0].UnmarshalTo(s); err != nil {
-			t.Fatal(err)
-		}
-		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
-			e.a.keys = append(e.a.keys, k)
-		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
-			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
-		return s, r.VersionInfo
-	case err := <-e.errc:
-		t.Fatalf("SDS stream ended: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no secret pushed")
+	r := e.resps.Next(t, "a secret pushed")
+	s := &tlsv3.Secret{}
+	if len(r.Resources) != 1 {
+		t.Fatalf("%d resources, want 1", len(r.Resources))
 	}
-	return nil, ""
+	if err := r.Resources[0].UnmarshalTo(s); err != nil {
+		t.Fatal(err)
+	}
+	if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+		e.a.keys = append(e.a.keys, k)
+	}
+	e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+		VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+	return s, r.VersionInfo
 }
 
 func (e *envoy) expectNothing(t testing.TB, d time.Duration) {
 	t.Helper()
 	select {
-	case r := <-e.resps:
+	case r := <-e.resps.C():
 		t.Fatalf("unexpected push of version %s", r.VersionInfo)
-	case err := <-e.errc:
+	case err := <-e.resps.Err():
 		t.Fatalf("SDS stream ended: %v", err)
 	case <-time.After(d):
 	}
