@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	meshca "github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
@@ -38,9 +39,9 @@ func TestCAMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c.reg = reg
 	testkit.WriteFile(t, c.cfg.TokenFile, []byte("wrong"))
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
-	c.health.WaitState(t, messages.Starting, "token rejected")
+	c.health.WaitState(t, messages.Starting, meshca.ErrUnauthenticated.Error())
 	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken))
 	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	sent, failed := testkit.MetricValue(t, reg, "num_outgoing_requests"), testkit.MetricValue(t, reg, "num_failed_outgoing_requests")

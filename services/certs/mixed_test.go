@@ -24,7 +24,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 		t.Fatalf("chose %v / %v; want the CA's certificate with the file's roots", c.cfg.Source, c.cfg.Roots)
 	}
 	c.cfg.FileDebounce = 20 * time.Millisecond
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	chain, err := parseCerts(b1.CertChainPEM)
@@ -43,7 +43,7 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
 		t.Fatal("a roots change must keep the certificate and change the version")
 	}
-	if n := c.ca.callCount(); n != 1 {
+	if n := c.ca.Requests(t); n != 1 {
 		t.Fatalf("%d CA calls; a root file change must not ask the CA", n)
 	}
 
@@ -75,12 +75,12 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	if _, ok := c.out.Get(); ok {
 		t.Fatal("published without roots")
 	}
-	c.ca.start(t)
+	c.ca.Start(t)
 	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) {
 		t.Fatal("certificate is not the mounted one")
 	}
-	if string(b1.RootsPEM) != string(c.ca.pki.CertPEM) {
+	if string(b1.RootsPEM) != string(c.ca.Root.CertPEM) {
 		t.Fatal("roots are not the CA's")
 	}
 	c.health.WaitState(t, messages.Ready, "")
@@ -90,10 +90,10 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, KeyFileName), key2, 0o600)
 	os.WriteFile(filepath.Join(dir, CertChainFileName), chain2, 0o600)
 	b2 := c.out.WaitLast(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
-	if string(b2.RootsPEM) != string(c.ca.pki.CertPEM) {
+	if string(b2.RootsPEM) != string(c.ca.Root.CertPEM) {
 		t.Fatal("roots lost on rotation")
 	}
-	if n := c.ca.callCount(); n != 1 {
+	if n := c.ca.Requests(t); n != 1 {
 		t.Fatalf("%d CA calls; want 1 (for the roots)", n)
 	}
 }
@@ -108,16 +108,10 @@ func TestMixedRootsFromCARefreshed(t *testing.T) {
 	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain)
 	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key)
 	c.cfg = chooseSource(c.cfg, c.root, false)
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
-	deadline := time.Now().Add(20 * time.Second)
-	for c.ca.callCount() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the CA's roots were never asked for again")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the CA's roots asked for again", func() bool { return c.ca.Requests(t) >= 2 })
 	if c.out.Len() != 1 {
 		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.Len())
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -334,17 +335,11 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 // A short-lived CA certificate is renewed before expiry and pushed on the
 // same open stream; a wrong token shows the CA's error in health.
 func TestCARenewalPushedOnSameStream(t *testing.T) {
-	ca := startTestCA(t, 4*time.Second)
-	a := newAgent(t)
-	a.certCfg.CAAddr = ca.addr
-	a.certCfg.KeyAlgorithm = certs.ECDSA
+	a := caAgent(t, startCA(t, 4*time.Second))
 	a.certCfg.RetryInitial, a.certCfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
-	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	testkit.WriteFile(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
-	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
 	testkit.WriteFile(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)
-	a.health.WaitService(t, "certs", messages.Starting, "e2e CA: bad token")
+	a.health.WaitService(t, "certs", messages.Starting, ca.ErrUnauthenticated.Error())
 
 	testkit.WriteFile(t, a.certCfg.TokenFile, []byte(testToken))
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)
