@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 var envoyStarted = regexp.MustCompile(`msg="envoy started" service=envoy pid=(\d+) epoch=(\d+)`)
@@ -149,12 +151,12 @@ func TestAgentSIGKILLLeavesNoEnvoy(t *testing.T) {
 	for alive(envoyPID) && time.Now().Before(deadline) {
 		// A killed child stays a zombie until its new parent reaps it;
 		// /proc says whether it still runs.
-		if isZombie(envoyPID) {
+		if testkit.IsZombie(envoyPID) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if alive(envoyPID) && !isZombie(envoyPID) {
+	if alive(envoyPID) && !testkit.IsZombie(envoyPID) {
 		t.Fatalf("Envoy %d outlived the agent", envoyPID)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // testHost is a host filled by hand: the given environment, a non-root
@@ -38,11 +39,7 @@ func testHost(t *testing.T, env map[string]string) hostInputs {
 // (107 bytes at most).
 func testRoot(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testkit.ShortTempDir(t, "ma")
 	return root
 }
 

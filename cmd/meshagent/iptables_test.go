@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // runIptables runs "meshagent <args>" with injected env and host inputs and
@@ -239,16 +241,10 @@ func TestIstioIptablesHelperProcess(t *testing.T) {
 
 func runChild(t *testing.T, asNobody bool, env []string, args ...string) (int, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (runs the CLI in a new network namespace)")
-	}
+	testkit.RequireRoot(t, "runs the CLI in a new network namespace")
 	bin := os.Args[0]
 	if asNobody { // test binaries sit in 0700 dirs: copy for other users
-		dir, err := os.MkdirTemp("", "meshagent-bin-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
+		dir := testkit.ShortTempDir(t, "meshagent-bin-")
 		os.Chmod(dir, 0o755)
 		data, _ := os.ReadFile(os.Args[0])
 		bin = filepath.Join(dir, "meshagent.test")
@@ -288,12 +284,7 @@ func TestIstioIptablesMissingBinary(t *testing.T) {
 }
 
 func TestIstioIptablesNotRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a child as another user")
-	}
-	if _, err := exec.LookPath("iptables"); err != nil {
-		t.Skip("needs iptables")
-	}
+	testkit.RequireRoot(t, "to start a child as another user", "iptables")
 	code, out := runChild(t, true, nil, "istio-iptables", "-i", "*", "-b", "*")
 	t.Logf("as uid 65534: exit %d: %s", code, out)
 	if code != 1 || !strings.Contains(out, "permission denied") || strings.Contains(out, "goroutine ") {

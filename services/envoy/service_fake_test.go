@@ -285,11 +285,7 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 	skipIfReal(t)
 	for _, apiType := range []corev3.ApiConfigSource_ApiType{corev3.ApiConfigSource_DELTA_GRPC, corev3.ApiConfigSource_GRPC} {
 		t.Run(apiType.String(), func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "fe") // short: unix socket paths are limited
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
+			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				fmt.Fprintf(w, "agent saw %s", r.URL.Path)
 			}))
@@ -297,13 +293,7 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			admin, metrics, health := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 			path := fullBootstrap(t, dir, admin, metrics, health, agent.Listener.Addr().String(), apiType)
 
-			cmd := exec.Command(envoyBinary, "-c", path, "--disable-hot-restart")
-			var out testkit.LogBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			cmd, out := startFake(t, "-c", path, "--disable-hot-restart")
 			adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
 			// Like Envoy with ADS, the fake is not live without its clusters
 			// and listeners.
@@ -394,11 +384,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 	skipIfReal(t)
 	for _, delta := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delta=%v", delta), func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "fe")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
+			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 			port := testkit.FreePort(t)
 			args, err := writeBootstrap(dir, port)
 			if err != nil {
@@ -423,13 +409,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 			route := &routev3.RouteConfiguration{Name: "80"}
 
 			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
-			cmd := exec.Command(envoyBinary, args...)
-			var out testkit.LogBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			startFake(t, args...)
 			readyURL := fmt.Sprintf("http://127.0.0.1:%d/ready", port)
 			testkit.WaitFor(t, "an EDS request", func() bool { return x.wasRequested(resource.EndpointType) })
 			if code, body := httpGet(t, readyURL); code != http.StatusServiceUnavailable || !strings.Contains(body, "PRE_INITIALIZING") {
@@ -462,11 +442,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 // stand-in not live.
 func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	skipIfReal(t)
-	dir, err := os.MkdirTemp("", "fe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 	port := testkit.FreePort(t)
 	args, err := writeBootstrap(dir, port)
 	if err != nil {
@@ -475,13 +451,7 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
 	// A cluster without a name fails Envoy's validation.
 	x.set(t, "bad", map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
-	cmd := exec.Command(envoyBinary, args...)
-	var out testkit.LogBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	startFake(t, args...)
 	testkit.WaitFor(t, "a CDS NACK", func() bool { return x.nacked(resource.ClusterType) > 0 })
 	_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
 	if !strings.Contains(stats, "cluster_manager.cds.update_rejected: 1") || strings.Contains(stats, "cluster_manager.cds.update_success") {
@@ -490,4 +460,18 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ready", port)); code != http.StatusServiceUnavailable {
 		t.Fatalf("/ready after a rejected CDS = %d", code)
 	}
+}
+
+// startFake runs envoyBinary (the stand-in, or a real Envoy) with args
+// until the end of the test, and returns it with its output.
+func startFake(t *testing.T, args ...string) (*exec.Cmd, *testkit.LogBuffer) {
+	t.Helper()
+	cmd := exec.Command(envoyBinary, args...)
+	out := testkit.NewLogBuffer(t)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, out
 }

@@ -142,12 +142,7 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 // system's).
 func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock messages.Clock) *harness {
 	t.Helper()
-	// A short directory: unix socket paths are limited to 107 bytes.
-	dir, err := os.MkdirTemp("", "envoy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testkit.ShortTempDir(t, "envoy") // unix socket paths are limited
 	port := testkit.FreePort(t)
 	h := &harness{
 		t:      t,

@@ -369,24 +369,13 @@ func TestParentDeathKillsEnvoy(t *testing.T) {
 	// Envoy, orphaned, is killed by the kernel and reaped by init (or the
 	// nearest subreaper); wait for its pid to disappear (or turn zombie).
 	deadline := time.Now().Add(30 * time.Second)
-	for !pidGone(pid) && !isZombie(pid) {
+	for !pidGone(pid) && !testkit.IsZombie(pid) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("envoy %d outlived its parent", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-func isZombie(pid int) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) STATE ...
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
 }
 
 // runAsParent is the test binary acting as an agent for
@@ -469,15 +458,9 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 
 // RunAs: Envoy runs as uid/gid 1337 (Istio's proxy user) when asked.
 func TestRunAs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start Envoy as uid 1337")
-	}
+	testkit.RequireRoot(t, "to start Envoy as uid 1337")
 	// Everything Envoy reads must be readable by uid 1337.
-	dir, err := os.MkdirTemp("", "envoy-runas")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testkit.ShortTempDir(t, "envoy-runas")
 	bin := filepath.Join(dir, "envoy")
 	raw, err := os.ReadFile(envoyBinary)
 	if err != nil {

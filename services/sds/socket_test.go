@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -223,8 +224,7 @@ func TestLiveFilesSocketRefused(t *testing.T) {
 // SocketLive is true only for a gRPC server that answers, and never removes
 // anything.
 func TestSocketLive(t *testing.T) {
-	dir, _ := os.MkdirTemp("", "live")
-	defer os.RemoveAll(dir)
+	dir := testkit.ShortTempDir(t, "live")
 	live := filepath.Join(dir, "live")
 	startExternalSDS(t, live)
 	dead := filepath.Join(dir, "dead")
@@ -258,11 +258,8 @@ func TestSocketLive(t *testing.T) {
 
 // With a proxy UID/GID configured, the socket belongs to it and is 0660.
 func TestSocketChownedToProxy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
-	root, _ := os.MkdirTemp("", "sds")
-	defer os.RemoveAll(root)
+	testkit.RequireRoot(t, "chown")
+	root := testkit.ShortTempDir(t, "sds")
 	cfg := testConfig(root)
 	cfg.SocketOwner = uds.Owner{UID: 1337, GID: 1337}
 	health := messages.NewCell[messages.Health]()
