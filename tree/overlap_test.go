@@ -79,15 +79,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	ch := NewChannels(nil)
 	stuck := newStubborn("stuck", ch.Health)
 	sibling := &readyService{name: "dns", health: ch.Health}
-	trigger := make(chan struct{}, 1)
-	restartWhen := func(ctx context.Context) bool {
-		select {
-		case <-trigger:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	trigger, restartWhen := manualRestart()
 	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
 		Children: []Node{{Name: "stuck", Service: stuck}, {Name: "dns", Service: sibling}}}},
 		Options{StopTimeout: 20 * time.Millisecond}, []string{"stuck", "dns"})

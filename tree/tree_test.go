@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -63,49 +64,37 @@ func TestPanicIsRestartedAndVisible(t *testing.T) {
 }
 
 // A service that fails past its give-up limit ends the agent with an error
-// that names it.
+// that names it. Restarts 0 is Istio's behaviour: the first failure ends
+// the agent.
 func TestGiveUpEndsTheAgent(t *testing.T) {
-	ch := NewChannels(nil)
-	bad := &failingService{name: "crasher"}
-	limit := fastPolicy()
-	limit.GiveUp = &GiveUp{Restarts: 3, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- a.Run(context.Background()) }()
-	var runErr error
-	select {
-	case runErr = <-errc:
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not give up")
-	}
-	var gu *GiveUpError
-	if !errors.As(runErr, &gu) {
-		t.Fatalf("Run = %v, want a *GiveUpError", runErr)
-	}
-	if gu.Service != "crasher" || gu.Failures != 4 || !errors.Is(runErr, errFake) {
-		t.Fatalf("give-up = %+v", gu)
-	}
-	if got := bad.runs.Load(); got != 4 {
-		t.Fatalf("service ran %d times, want 4 (3 restarts)", got)
-	}
-}
-
-// Restarts 0 is Istio's behaviour: the first failure ends the agent.
-func TestGiveUpWithZeroRestarts(t *testing.T) {
-	ch := NewChannels(nil)
-	bad := &failingService{name: "envoy"}
-	p := fastPolicy()
-	p.GiveUp = &GiveUp{Restarts: 0, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "envoy", Service: bad, Policy: p}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gu *GiveUpError
-	if err := a.Run(context.Background()); !errors.As(err, &gu) || bad.runs.Load() != 1 {
-		t.Fatalf("Run = %v after %d runs; want a give-up after 1", err, bad.runs.Load())
+	for _, restarts := range []int{3, 0} {
+		t.Run(fmt.Sprintf("restarts=%d", restarts), func(t *testing.T) {
+			bad := &failingService{name: "crasher"}
+			limit := fastPolicy()
+			limit.GiveUp = &GiveUp{Restarts: restarts, Window: time.Minute}
+			a, err := New(NewChannels(nil), []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- a.Run(context.Background()) }()
+			var runErr error
+			select {
+			case runErr = <-errc:
+			case <-time.After(testkit.Timeout):
+				t.Fatal("agent did not give up")
+			}
+			var gu *GiveUpError
+			if !errors.As(runErr, &gu) {
+				t.Fatalf("Run = %v, want a *GiveUpError", runErr)
+			}
+			if gu.Service != "crasher" || gu.Failures != restarts+1 || !errors.Is(runErr, errFake) {
+				t.Fatalf("give-up = %+v", gu)
+			}
+			if got := bad.runs.Load(); got != int32(restarts+1) {
+				t.Fatalf("service ran %d times, want %d (%d restarts)", got, restarts+1, restarts)
+			}
+		})
 	}
 }
 
@@ -277,15 +266,7 @@ func TestSubtreeRebuild(t *testing.T) {
 	ch := NewChannels(nil)
 	a1 := &readyService{name: "xdsproxy", health: ch.Health}
 	a2 := &readyService{name: "dns", health: ch.Health}
-	trigger := make(chan struct{}, 1)
-	restartWhen := func(ctx context.Context) bool {
-		select {
-		case <-trigger:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	trigger, restartWhen := manualRestart()
 	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
 		Children: []Node{{Name: "xdsproxy", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "xdsproxy"})
 	h.waitStatus("/healthz/ready", 200)
