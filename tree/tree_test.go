@@ -132,13 +132,7 @@ func TestChaosKillThenReadyAgain(t *testing.T) {
 
 // The tree speaks sd_notify: READY=1 once ready, STOPPING=1 on shutdown.
 func TestSystemdNotify(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
+	conn := notifySocket(t)
 
 	ch := NewChannels(nil)
 	svc := &readyService{name: "svc", health: ch.Health}
@@ -150,6 +144,20 @@ func TestSystemdNotify(t *testing.T) {
 	if got := readNotify(t, conn); got != "STOPPING=1" {
 		t.Fatalf("second notification %q, want STOPPING=1", got)
 	}
+}
+
+// notifySocket is systemd's end of sd_notify, named by NOTIFY_SOCKET for
+// the rest of the test.
+func notifySocket(t *testing.T) *net.UnixConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", sock)
+	return conn
 }
 
 func readNotify(t *testing.T, conn *net.UnixConn) string {
@@ -329,13 +337,7 @@ func TestRootsChangedTrigger(t *testing.T) {
 // With WATCHDOG_USEC set, the tree pings systemd's watchdog at half the
 // interval while its loop runs.
 func TestSystemdWatchdog(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
+	conn := notifySocket(t)
 	t.Setenv("WATCHDOG_USEC", "100000")
 
 	ch := NewChannels(nil)
@@ -360,17 +362,7 @@ func TestDroppedHealthEventsAreCounted(t *testing.T) {
 	for i := 0; i < messages.DefaultStreamBound+6; i++ {
 		ch.Health.Send(messages.Health{Service: "x"})
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if got := testkit.MetricValue(t, reg, "meshagent_health_events_dropped_total"); got != 6 {
+		t.Fatalf("meshagent_health_events_dropped_total = %v, want 6", got)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == "meshagent_health_events_dropped_total" {
-			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 6 {
-				t.Fatalf("dropped counter = %v, want 6", got)
-			}
-			return
-		}
-	}
-	t.Fatal("meshagent_health_events_dropped_total not exported")
 }

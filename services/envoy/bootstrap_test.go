@@ -2,11 +2,11 @@ package envoy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,6 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // updateGolden rewrites testdata/bootstrap/*.golden.json: go test ./services/envoy -run Golden -update
@@ -127,7 +129,7 @@ func TestBootstrapGolden(t *testing.T) {
 		t.Fatalf("%v (run with -update to create it)", err)
 	}
 	if !bytes.Equal(data, want) {
-		t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, firstDiff(string(want), string(data)))
+		t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, testkit.LineDiff(string(want), string(data)))
 	}
 	// The directory is private to the agent.
 	st, err := os.Stat(c.ConfigPath)
@@ -135,25 +137,6 @@ func TestBootstrapGolden(t *testing.T) {
 		t.Errorf("config dir mode = %v, %v; want 0700", st.Mode().Perm(), err)
 	}
 }
-
-func firstDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			return "line " + itoa(i+1) + ":\n  want: " + wl + "\n  got:  " + gl
-		}
-	}
-	return ""
-}
-
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
 func TestBootstrapIsDeterministic(t *testing.T) {
 	c := testConfig(t)
@@ -252,7 +235,7 @@ func TestBootstrapContents(t *testing.T) {
 		if p := ep.GetPipe(); p != nil {
 			clusters[cl.GetName()] = "pipe:" + p.GetPath()
 		} else {
-			clusters[cl.GetName()] = ep.GetSocketAddress().GetAddress() + ":" + itoa(int(ep.GetSocketAddress().GetPortValue()))
+			clusters[cl.GetName()] = ep.GetSocketAddress().GetAddress() + ":" + strconv.Itoa(int(ep.GetSocketAddress().GetPortValue()))
 		}
 	}
 	for name, want := range map[string]string{
