@@ -134,11 +134,7 @@ func startSilent(t *testing.T) (*silentControlPlane, string) {
 // with Unavailable and Envoy reconnects; it is counted and reported.
 func TestStalledControlPlaneEndsStream(t *testing.T) {
 	silent, addr := startSilent(t)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), addr)
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	p, clock := stallProxy(t, addr)
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	select {
 	case <-silent.got:
@@ -150,7 +146,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 		defer close(ended)
 		_ = c.WaitFor(waitCtx(t), func(s xdsserver.State) bool { return len(s.Ends) > 0 })
 	}()
-	if !clock.AdvanceUntil(t, cfg.StallTimeout/4, 20, ended) {
+	if !clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 20, ended) {
 		t.Fatal("the stream did not end")
 	}
 	end := c.State().Ends[0]
@@ -170,11 +166,7 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 	cp := controlPlane(t, xdsserver.Options{})
 	snapshot(t, cp, "v1", 2)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	p, clock := stallProxy(t, cp.Addr())
 	c := p.client(t, false)
 	if err := c.WaitFor(waitCtx(t), func(s xdsserver.State) bool {
 		return hasVersion(resource.ClusterType, "v1", 2)(s) && hasVersion(resource.ListenerType, "v1", 2)(s)
@@ -190,7 +182,7 @@ func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never) // ten stall timeouts
+	clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 40, never) // ten stall timeouts
 	if st := c.State(); len(st.Ends) != 0 || st.Streams != 1 {
 		t.Errorf("a quiet control plane was cut: %d streams, ends %v", st.Streams, st.Ends)
 	}
@@ -229,11 +221,7 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 func TestSlowEnvoyIsNotAStall(t *testing.T) {
 	cp := controlPlane(t, xdsserver.Options{})
 	snapshot(t, cp, "p0", 100)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	p, clock := stallProxy(t, cp.Addr())
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	ctx := waitCtx(t)
 	if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {
@@ -252,7 +240,7 @@ func TestSlowEnvoyIsNotAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never)
+	clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 40, never)
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 0 {
 		t.Errorf("a slow Envoy was taken for a stalled control plane (%v)", got)
 	}

@@ -98,6 +98,19 @@ type proxyOpts struct {
 	clock messages.Clock
 }
 
+// stallProxy is a proxy to the control plane at addr that gives a
+// stream up after a minute without an answer, a minute of clock: a manual
+// clock the test advances. It has no offline cache, so that a stall shows
+// as the end of Envoy's stream.
+func stallProxy(t *testing.T, addr string) (*proxy, *testkit.ManualClock) {
+	t.Helper()
+	clock := testkit.NewManualClock()
+	cfg := testConfig(tempRoot(t), addr)
+	cfg.OfflineCache = false
+	cfg.StallTimeout = time.Minute
+	return startProxy(t, cfg, proxyOpts{clock: clock}), clock
+}
+
 func startProxy(t *testing.T, cfg Config, o proxyOpts) *proxy {
 	t.Helper()
 	p := &proxy{
