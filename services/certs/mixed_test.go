@@ -60,12 +60,8 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 // roots from the CA (Istio asks the CA for a certificate to learn them).
 func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	files := pki.NewRoot(t, "meshagent test root")
-	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain1, key1 := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain1)
-	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key1)
-	c.cfg = chooseSource(c.cfg, c.root, false)
+	files, dir := pki.NewRoot(t, "meshagent test root"), filepath.Join(c.root, testEtcCertsDir)
+	chain1, key1 := c.mountCertificate(t, files)
 	if c.cfg.Source != SourceFiles || c.cfg.Roots != RootsFromCA {
 		t.Fatalf("chose %v / %v; want the files' certificate with the CA's roots", c.cfg.Source, c.cfg.Roots)
 	}
@@ -102,12 +98,7 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 // certificate the CA answered with, so that a new mesh root gets through.
 func TestMixedRootsFromCARefreshed(t *testing.T) {
 	c := newCASetup(t, 3*time.Second)
-	files := pki.NewRoot(t, "meshagent test root")
-	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain)
-	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key)
-	c.cfg = chooseSource(c.cfg, c.root, false)
+	c.mountCertificate(t, pki.NewRoot(t, "meshagent test root"))
 	c.ca.Start(t)
 	c.start(t)
 	c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
@@ -115,4 +106,17 @@ func TestMixedRootsFromCARefreshed(t *testing.T) {
 	if c.out.Len() != 1 {
 		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.Len())
 	}
+}
+
+// mountCertificate is Istio's mixed mode with the certificate mounted: a
+// fresh one from files in etc/certs, with no root-cert.pem, and the
+// source chosen for it.
+func (c *caSetup) mountCertificate(t *testing.T, files *pki.CA) (chain, key []byte) {
+	t.Helper()
+	dir := filepath.Join(c.root, testEtcCertsDir)
+	chain, key = files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key)
+	c.cfg = chooseSource(c.cfg, c.root, false)
+	return chain, key
 }
