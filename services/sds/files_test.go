@@ -181,9 +181,7 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 // good again.
 func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	ca, caFile, name := s.fileRoot(t)
 	c := s.open(t, name)
 	c.ack(t, c.recv(t), name)
 
@@ -208,9 +206,7 @@ func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 // Two streams share one file secret.
 func TestFileSecretsHeldPerStream(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	_, caFile, name := s.fileRoot(t)
 	first, second := s.open(t, name), s.open(t, name)
 	first.ack(t, first.recv(t), name)
 	second.ack(t, second.recv(t), name)
@@ -231,9 +227,7 @@ func TestFileSecretsHeldPerStream(t *testing.T) {
 // FetchSecrets and DeltaSecrets serve file secrets too.
 func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	ca, caFile, name := s.fileRoot(t)
 
 	r, err := s.client(t).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{ResourceNames: []string{name}})
 	if err != nil || trustedCA(decode(t, r)[name]) != string(ca.CertPEM) {

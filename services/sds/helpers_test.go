@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -92,6 +93,15 @@ func (s *server) stop(t *testing.T) {
 	s.serving.Stop(t)
 	// What the tree's runner does when a service has stopped.
 	s.svc.health.Report(messages.Stopped, "stopped")
+}
+
+// fileRoot is a DestinationRule's CA file: a fresh root written to
+// etc/dr/ca.pem, and the name Envoy asks for it by.
+func (s *server) fileRoot(t *testing.T) (ca *pki.CA, file, name string) {
+	t.Helper()
+	ca = pki.NewRoot(t, "dr ca")
+	file = s.write(t, "etc/dr/ca.pem", ca.CertPEM)
+	return ca, file, FileRootPrefix + file
 }
 
 // write writes a file under the server's root (rel) or at an absolute path.
