@@ -1,7 +1,6 @@
 package identitye2e
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,8 +8,6 @@ import (
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 func renameInto(t testing.TB, path string, data []byte) {
@@ -139,15 +137,7 @@ func TestExternalSDSServerInUse(t *testing.T) {
 	writeSet(t, a, dir, issuer, chain, key)
 	a.sdsCfg.WorkloadIdentitySocketFile = "spire-agent.sock"
 	spire := a.sdsCfg.EnvoySocketPath()
-	os.MkdirAll(filepath.Dir(spire), 0o750)
-	lis, err := net.Listen("unix", spire)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	sdsv3.RegisterSecretDiscoveryServiceServer(srv, sdsv3.UnimplementedSecretDiscoveryServiceServer{})
-	go srv.Serve(lis)
-	defer srv.Stop()
+	xdsserver.ExternalSDS(t, spire)
 
 	a.start(t)
 	a.health.WaitService(t, "sds", messages.Ready, "external SDS server on "+spire)
