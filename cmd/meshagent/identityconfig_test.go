@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // TestExternalSDSServerGetsFilesCluster: with a live SDS server (SPIRE's
@@ -48,11 +50,7 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 	}
 	_, data, _ = writeEnvoyBootstrap(t, cfg)
 	files := filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
-	for _, want := range []string{`"sds-files-grpc"`, files, `"file-credential": "true"`} {
-		if !strings.Contains(data, want) {
-			t.Errorf("bootstrap with an external SDS server lacks %q", want)
-		}
-	}
+	testkit.Contains(t, "bootstrap with an external SDS server", data, `"sds-files-grpc"`, files, `"file-credential": "true"`)
 }
 
 // ISTIOD_SAN names the CA too when the CA is the discovery address (no

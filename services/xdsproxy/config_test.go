@@ -60,7 +60,7 @@ func TestValidateNamesTheField(t *testing.T) {
 			if !errors.Is(err, ErrBadConfig) {
 				t.Errorf("%v is not ErrBadConfig", err)
 			}
-			mustContain(t, "error", err.Error(), tc.want)
+			testkit.Contains(t, "error", err.Error(), tc.want)
 			if _, err := New(c, Inputs{}, Outputs{}, messages.Runtime{}); err == nil {
 				t.Error("New accepted it")
 			}
@@ -113,7 +113,7 @@ func TestSocket(t *testing.T) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v, want a 0600 socket", fi.Mode())
 	}
-	mustContain(t, "logs", p.logs.String(), "removing stale XDS socket")
+	testkit.Contains(t, "logs", p.logs.String(), "removing stale XDS socket")
 
 	// A second proxy on the same path is refused.
 	second, err := New(cfg, Inputs{}, Outputs{}, messages.Runtime{})

@@ -121,14 +121,14 @@ func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 				t.Errorf("XDSState %+v: want since and the last error", st)
 			}
 			h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
-			mustContain(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
+			testkit.Contains(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
 			if got := p.metric(t, "xds_proxy_serving_cache"); got != 1 {
 				t.Errorf("xds_proxy_serving_cache = %v, want 1", got)
 			}
 			if got := p.metric(t, "xds_proxy_messages_total", "type_url", resource.ClusterType, "direction", "cache"); got < 1 {
 				t.Errorf("no CDS response counted as served from the cache")
 			}
-			mustContain(t, "logs", p.logs.String(), "serving cached configuration to Envoy")
+			testkit.Contains(t, "logs", p.logs.String(), "serving cached configuration to Envoy")
 
 			snapshot(t, cp, "v2", 5)
 			if err := cp.Restart(); err != nil {
@@ -138,7 +138,7 @@ func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 			if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
 				t.Fatal(err)
 			}
-			mustContain(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
+			testkit.Contains(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
 			if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func TestCacheFileSurvivesRestart(t *testing.T) {
 			cp.Stop()
 			p2 := startProxy(t, cfg, proxyOpts{})
 			servedFromCache(t, p2, delta)
-			mustContain(t, "logs", p2.logs.String(), "loaded the cached xDS configuration")
+			testkit.Contains(t, "logs", p2.logs.String(), "loaded the cached xDS configuration")
 		})
 	}
 }
@@ -213,7 +213,7 @@ func TestBadCacheFileIgnored(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := startProxy(t, cfg, proxyOpts{})
-			mustContain(t, "logs", p.logs.String(), "ignoring the xDS cache file", tc.want)
+			testkit.Contains(t, "logs", p.logs.String(), "ignoring the xDS cache file", tc.want)
 			if _, err := os.Stat(cfg.CacheFile); !os.IsNotExist(err) {
 				t.Errorf("the unusable cache file is still there (%v)", err)
 			}
@@ -313,7 +313,7 @@ func TestStalledControlPlaneServesCache(t *testing.T) {
 	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
 		t.Fatal(err)
 	}
-	mustContain(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
+	testkit.Contains(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 1 {
 		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -185,13 +184,4 @@ func (p *proxy) waitHealth(t *testing.T, what string, cond func(messages.Health)
 // hasVersion is a client condition: typ is held at version v with n resources.
 func hasVersion(typ, v string, n int) func(xdsserver.State) bool {
 	return func(s xdsserver.State) bool { return s.Versions[typ] == v && s.Counts[typ] == n }
-}
-
-func mustContain(t *testing.T, what, got string, wants ...string) {
-	t.Helper()
-	for _, w := range wants {
-		if !strings.Contains(got, w) {
-			t.Errorf("%s: %q does not contain %q", what, got, w)
-		}
-	}
 }
