@@ -44,7 +44,7 @@ func istioAgentBinary() (string, string) {
 type istioAgent struct {
 	statusURL string
 	cmd       *exec.Cmd
-	log       *logBuffer
+	log       *testkit.LogBuffer
 }
 
 // startIstioAgent runs `pilot-agent proxy sidecar` in a temp dir with
@@ -60,7 +60,7 @@ func startIstioAgent(t testing.TB, binary, proxyConfig string, env ...string) *i
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	statusPort, adminPort := testkit.FreePort(t), testkit.FreePort(t)
-	a := &istioAgent{statusURL: "http://127.0.0.1:" + strconv.Itoa(statusPort), log: &logBuffer{}}
+	a := &istioAgent{statusURL: "http://127.0.0.1:" + strconv.Itoa(statusPort), log: &testkit.LogBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cmd = exec.CommandContext(ctx, binary, "proxy", "sidecar")
 	a.cmd.Dir = dir
