@@ -48,6 +48,23 @@ func controlPlane(t *testing.T, opts xdsserver.Options) *xdsserver.Server {
 	return srv
 }
 
+// servingControlPlane is a control plane serving snapshot v with n
+// clusters, as most tests begin.
+func servingControlPlane(t *testing.T, v string, n int) *xdsserver.Server {
+	t.Helper()
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, v, n)
+	return cp
+}
+
+// bothProtocols runs test once for each xDS protocol Envoy may speak:
+// State of the World and Delta.
+func bothProtocols(t *testing.T, test func(t *testing.T, delta bool)) {
+	for _, delta := range []bool{false, true} {
+		t.Run(protocolName(delta), func(t *testing.T) { test(t, delta) })
+	}
+}
+
 // snapshot sets version v with n clusters and two listeners.
 func snapshot(t *testing.T, srv *xdsserver.Server, v string, n int) {
 	t.Helper()
