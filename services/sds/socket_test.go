@@ -219,16 +219,7 @@ func TestSocketLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, l)
 	for path, want := range map[string]bool{live: true, dead: false, regular: false, notGRPC: false, filepath.Join(dir, "missing"): false} {
 		if got := SocketLive(path); got != want {
 			t.Errorf("SocketLive(%s) = %v, want %v", filepath.Base(path), got, want)

@@ -173,16 +173,7 @@ func differentialApps(t *testing.T) (httpPort, tcpPort, grpcPort, closed int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { tcp.Close() })
+	testkit.AcceptAndClose(t, tcp)
 	grpcPort = startHealthServer(t)
 	return ln.Addr().(*net.TCPAddr).Port, tcp.Addr().(*net.TCPAddr).Port, grpcPort, closedPort(t)
 }

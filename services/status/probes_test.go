@@ -232,16 +232,7 @@ func TestAppProbeTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, ln)
 	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/up/livez": {"tcpSocket": {"port": %d}},
 		"/app-health/down/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, ln.Addr().String()), closedPort(t)))}})
@@ -422,15 +413,7 @@ func TestAppProbeFallsBackWhenSourceCannotBeBound(t *testing.T) {
 		ln.Close()
 		t.Skip("::6 can be bound here: no fallback to see")
 	}
-	go func() {
-		for {
-			c, err := app.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, app)
 	var logs testkit.LogBuffer
 	f := newLoggedFixture(Config{Probes: ProbeConfig{Host: "::1", App: probers(t, fmt.Sprintf(
 		`{"/app-health/web/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, app.Addr().String())))}}, infoLogger(&logs))
