@@ -26,13 +26,7 @@ func (p *agentProcess) envoyPIDs() map[int]int {
 
 func (p *agentProcess) waitLog(t *testing.T, what string, cond func(log string) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond(p.stderr.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, what, func() bool { return cond(p.stderr.String()) })
 }
 
 func alive(pid int) bool {
