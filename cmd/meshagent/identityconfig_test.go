@@ -1,15 +1,12 @@
 package main
 
 import (
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
-
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // TestExternalSDSServerGetsFilesCluster: with a live SDS server (SPIRE's
@@ -29,17 +26,7 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 		t.Fatal("no external SDS server, yet the bootstrap has the files-only SDS cluster")
 	}
 
-	sock := filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket")
-	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
+	xdsserver.ExternalSDS(t, filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
 
 	cfg, err = parseForTest(t, env, "--root", root)
 	if err != nil {
