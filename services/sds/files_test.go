@@ -238,12 +238,7 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 		t.Fatalf("fetch of a missing file: %v", err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stream, err := s.client(t).DeltaSecrets(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := s.openDelta(t)
 	stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNamesSubscribe: []string{name, FileRootPrefix + "/nope.pem"}})
 	d, err := stream.Recv()
 	if err != nil || len(d.Resources) != 1 || d.Resources[0].Name != name || len(d.ResourceErrors) != 1 ||
@@ -256,12 +251,6 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 	d, err = stream.Recv()
 	if err != nil || len(d.Resources) != 1 || len(d.ResourceErrors) != 0 {
 		t.Fatalf("delta push: %v %v", d, err)
-	}
-	cancel()
-	for {
-		if _, err := stream.Recv(); err != nil {
-			break
-		}
 	}
 }
 

@@ -154,6 +154,27 @@ func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names .
 	return c
 }
 
+// openDelta opens a DeltaSecrets stream, ended at the end of the test,
+// which then reads it to its end so that the server's side is gone too.
+func (s *server) openDelta(t *testing.T) grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := s.client(t).DeltaSecrets(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	})
+	return stream
+}
+
 func (c *sotw) send(t *testing.T, r *discoveryv3.DiscoveryRequest) {
 	t.Helper()
 	if err := c.stream.Send(r); err != nil {
