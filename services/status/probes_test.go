@@ -75,13 +75,16 @@ func closedPort(t *testing.T) int {
 	return port
 }
 
+// getWithHeader is a GET with header (nil for none): its status and body.
 func getWithHeader(t *testing.T, url string, header http.Header) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header = header
+	if header != nil {
+		req.Header = header
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)

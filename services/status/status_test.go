@@ -2,7 +2,6 @@ package status
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -100,13 +99,7 @@ var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return getWithHeader(t, url, nil)
 }
 
 // Readiness needs every required service and Envoy; the 503 body says why.
