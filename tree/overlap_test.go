@@ -136,14 +136,8 @@ func TestShutdownIsBoundedWhenAServiceIgnoresCancellation(t *testing.T) {
 	h.waitStatus("/healthz/ready", 200)
 
 	h.stop()
-	select {
-	case err := <-h.done:
-		h.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("Run = %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("shutdown hung on a service that ignores cancellation")
+	if err := h.waitRun("shutdown despite a service that ignores cancellation"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 	if stuck.active.Load() != 1 {
 		t.Fatal("the stuck service returned; the test proves nothing")

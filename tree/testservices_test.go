@@ -143,6 +143,20 @@ func (h *harness) post(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// waitRun waits for the agent's Run to return (what names the reason it
+// should) and returns its error, leaving it for the harness's cleanup.
+func (h *harness) waitRun(what string) error {
+	h.t.Helper()
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		return err
+	case <-time.After(testkit.Timeout):
+		h.t.Fatalf("timed out waiting for %s", what)
+		return nil
+	}
+}
+
 func (h *harness) waitStatus(path string, code int) string {
 	h.t.Helper()
 	var body string

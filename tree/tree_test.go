@@ -212,14 +212,8 @@ func TestShutdownDrainsEnvoyFirst(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Envoy was never asked to drain")
 	}
-	select {
-	case err := <-h.done:
-		h.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("graceful Run = %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not stop after the drain")
+	if err := h.waitRun("the agent to stop after the drain"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }
 
@@ -257,14 +251,8 @@ func TestQuitQuitQuit(t *testing.T) {
 	if code, body := h.post("/quitquitquit"); code != 200 || !strings.Contains(body, "OK") {
 		t.Fatalf("POST /quitquitquit = %d %q", code, body)
 	}
-	select {
-	case err := <-h.done:
-		h.done <- err
-		if err != nil {
-			t.Fatalf("Run after quit = %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not stop on /quitquitquit")
+	if err := h.waitRun("the agent to stop on /quitquitquit"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }
 
