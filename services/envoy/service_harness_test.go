@@ -183,6 +183,14 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 }
 
 // serve runs Serve in a goroutine; the returned channel gets its error.
+// start runs Serve until cancel, or the end of the test, and returns
+// Serve's result on errc.
+func (h *harness) start() (cancel context.CancelFunc, errc <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(cancel)
+	return cancel, h.serve(ctx)
+}
+
 func (h *harness) serve(ctx context.Context) <-chan error {
 	errc := make(chan error, 1)
 	go func() { errc <- h.svc.Serve(ctx) }()

@@ -42,8 +42,7 @@ func skipIfReal(t *testing.T) {
 // stops Envoy and leaves no child behind.
 func TestStartReadyAndStop(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 
 	st := h.waitState("running", running)
 	if st.PID <= 0 || st.Epoch != 0 || st.Started.IsZero() {
@@ -77,9 +76,7 @@ func TestStartReadyAndStop(t *testing.T) {
 // carrying "signal: killed"; the next Serve starts a new process, epoch+1.
 func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	first := h.waitState("ready", ready)
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -98,7 +95,7 @@ func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 		t.Fatalf("Serve error %#v; want *ExitError for pid %d", err, first.PID)
 	}
 
-	errc = h.serve(ctx)
+	cancel, errc = h.start()
 	second := h.waitState("second envoy running", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != first.PID })
 	if second.Epoch != first.Epoch+1 {
 		t.Fatalf("second epoch = %d; want %d", second.Epoch, first.Epoch+1)
@@ -257,8 +254,7 @@ func TestDrainImmediate(t *testing.T) {
 func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_IGNORE_SIGTERM=1"}, func(c *Config) { c.KillGrace = 300 * time.Millisecond })
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("ready", ready)
 	cancel()
 	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
@@ -280,8 +276,7 @@ func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
 func TestNeverReady(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_NEVER_READY=1"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	h.waitState("running", running)
 	// Let the poller see PRE_INITIALIZING answers a few times.
 	time.Sleep(200 * time.Millisecond)
@@ -418,9 +413,7 @@ func runAsParent() int {
 // honoured by the next Serve without starting Envoy.
 func TestStopRequestedBeforeStart(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	_, errc := h.start()
 	first := h.waitState("running", running)
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -429,7 +422,8 @@ func TestStopRequestedBeforeStart(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(h.serve(ctx)); !errors.Is(err, ErrDrained) {
+	_, again := h.start()
+	if err := h.waitServe(again); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve with a pending stop = %v; want ErrDrained", err)
 	}
 	st, _ := h.state.Get()
@@ -490,8 +484,7 @@ func TestRunAs(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, "XDS"), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("ready", ready) // it read its bootstrap as 1337 and spoke xDS
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
 	if err != nil {
@@ -521,9 +514,7 @@ func TestDrainCutShort(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			errc := h.serve(ctx)
+			cancel, errc := h.start()
 			st := h.waitState("ready", ready)
 			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
 			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
@@ -630,9 +621,7 @@ func (c *recordingClock) waits() []time.Duration {
 func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	h.xds.cache.ClearSnapshot(testNodeID) // the control plane has nothing yet
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("not ready, config not received", func(s messages.EnvoyState) bool {
 		return strings.Contains(s.NotReady, "config not received from XDS server")
 	})
@@ -655,9 +644,7 @@ func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 func TestNotReadyWhenConfigRejected(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_REJECT=lds"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("rejected", func(s messages.EnvoyState) bool {
 		return strings.Contains(s.NotReady, "config received from XDS server, but was rejected")
 	})
