@@ -10,7 +10,7 @@ TESTDATA  := ./testdata/standalone ./testdata/testkit/...
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
-.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos clean
+.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos soak clean
 
 all: build
 
@@ -48,6 +48,11 @@ run: build fakeenvoy
 # namespaces run when they can and skip with a reason otherwise.
 test: lint
 	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
+
+# Tests that wait minutes (MESHAGENT_SOAK=1): a control-plane stream kept
+# across the agents' keepalive pings.
+soak:
+	MESHAGENT_SOAK=1 $(GO) test -count=1 -run 'Soak' -v ./... $(TESTDATA) 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)'
 
 test-short:
 	$(GO) test -short -count=1 ./... $(TESTDATA)

@@ -1,6 +1,10 @@
 package tree
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
+)
 
 // metrics are the tree's Prometheus counters.
 type metrics struct {
@@ -15,29 +19,21 @@ type metrics struct {
 // newMetrics registers the tree's counters. healthDropped reports how many
 // Health events the stream has dropped so far (it counts them itself).
 func newMetrics(reg prometheus.Registerer, healthDropped func() uint64) (*metrics, error) {
+	var mm messages.Metrics
 	m := &metrics{
-		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_service_restarts_total",
-			Help: "Restarts of a service by its supervisor after it failed, panicked or asked to be restarted.",
-		}, []string{"service"}),
-		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_service_panics_total",
-			Help: "Panics recovered from a service.",
-		}, []string{"service"}),
-		giveUps: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_service_give_ups_total",
-			Help: "Services that failed more often than their restart limit allows.",
-		}, []string{"service"}),
-		stopTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_service_stop_timeouts_total",
-			Help: "Times a service did not return within its stop timeout once cancelled (it ignores cancellation).",
-		}, []string{"service"}),
-		dropped: prometheus.NewCounterFunc(prometheus.CounterOpts{
+		restarts: mm.CounterVec("meshagent_service_restarts_total",
+			"Restarts of a service by its supervisor after it failed, panicked or asked to be restarted.", "service"),
+		panics: mm.CounterVec("meshagent_service_panics_total", "Panics recovered from a service.", "service"),
+		giveUps: mm.CounterVec("meshagent_service_give_ups_total",
+			"Services that failed more often than their restart limit allows.", "service"),
+		stopTimeouts: mm.CounterVec("meshagent_service_stop_timeouts_total",
+			"Times a service did not return within its stop timeout once cancelled (it ignores cancellation).", "service"),
+		dropped: messages.Add(&mm, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "meshagent_health_events_dropped_total",
 			Help: "Health events dropped because the status server fell behind.",
-		}, func() float64 { return float64(healthDropped()) }),
+		}, func() float64 { return float64(healthDropped()) })),
 	}
-	for _, c := range []prometheus.Collector{m.restarts, m.panics, m.giveUps, m.stopTimeouts, m.dropped} {
+	for _, c := range mm.Collectors() {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -57,17 +57,10 @@ go run ./testdata/devcerts -out "$work/certs" >/dev/null
 
 # The mesh names, for the agent's name table and the upstream's hosts file.
 mkdir "$work/table"
-up="127.77.$((RANDOM % 200 + 1)).53"
-{
-	echo '{"table": {'
-	for ((i = 0; i < HOSTS; i++)); do
-		sep=","; [ $i -eq $((HOSTS - 1)) ] && sep=""
-		echo "\"svc$i.ns$((i % 10)).svc.cluster.local\": {\"ips\": [\"10.1.$((i / 250)).$((i % 250 + 1))\"], \"registry\": \"Kubernetes\", \"shortname\": \"svc$i\", \"namespace\": \"ns$((i % 10))\"}$sep"
-	done
-	echo '}}'
-} >"$work/table/table.json"
-for ((i = 0; i < HOSTS; i++)); do echo "svc$i.ns$((i % 10)).svc.cluster.local A"; echo "name$i.upstream.test A"; done >"$work/queries.txt"
-printf 'nameserver %s\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n' "$up" >"$work/resolv.conf"
+up=$(bench_upstream)
+mesh_table "$HOSTS" >"$work/table/table.json"
+for ((i = 0; i < HOSTS; i++)); do echo "$(mesh_name "$i") A"; echo "name$i.upstream.test A"; done >"$work/queries.txt"
+pod_resolv_conf "$up" >"$work/resolv.conf"
 
 dnsmasq -k --conf-file=/dev/null --no-resolv --no-hosts --port=53 --listen-address="$up" --bind-interfaces \
 	--pid-file= --user=root --address=/upstream.test/192.0.2.77 --log-facility="$work/dnsmasq.log" &

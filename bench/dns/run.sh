@@ -33,21 +33,12 @@ mkdir "$work/table"
 
 # The mesh: HOSTS Kubernetes services over 10 namespaces; the same names in
 # a hosts file for the upstream and CoreDNS, so that each can answer them.
-up="127.77.$((RANDOM % 200 + 1)).53"
-{
-	echo '{"table": {'
-	for ((i = 0; i < HOSTS; i++)); do
-		sep=","; [ $i -eq $((HOSTS - 1)) ] && sep=""
-		echo "\"svc$i.ns$((i % 10)).svc.cluster.local\": {\"ips\": [\"10.1.$((i / 250)).$((i % 250 + 1))\"], \"registry\": \"Kubernetes\", \"shortname\": \"svc$i\", \"namespace\": \"ns$((i % 10))\"}$sep"
-	done
-	echo '}}'
-} >"$work/table/table.json"
-for ((i = 0; i < HOSTS; i++)); do
-	echo "10.1.$((i / 250)).$((i % 250 + 1)) svc$i.ns$((i % 10)).svc.cluster.local"
-done >"$work/hosts"
-for ((i = 0; i < HOSTS; i++)); do echo "svc$i.ns$((i % 10)).svc.cluster.local A"; done >"$work/local.txt"
+up=$(bench_upstream)
+mesh_table "$HOSTS" >"$work/table/table.json"
+for ((i = 0; i < HOSTS; i++)); do echo "$(mesh_ip "$i") $(mesh_name "$i")"; done >"$work/hosts"
+for ((i = 0; i < HOSTS; i++)); do echo "$(mesh_name "$i") A"; done >"$work/local.txt"
 for ((i = 0; i < HOSTS; i++)); do echo "name$i.upstream.test A"; done >"$work/forwarded.txt"
-printf 'nameserver %s\nsearch ns0.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n' "$up" >"$work/resolv.conf"
+pod_resolv_conf "$up" >"$work/resolv.conf"
 
 # Upstream: dnsmasq, answering *.upstream.test itself and forwarding nothing.
 dnsmasq -k --conf-file=/dev/null --no-resolv --no-hosts --addn-hosts="$work/hosts" --port=53 \
@@ -213,17 +204,14 @@ echo "  proxy-local QPS / upstream-local QPS         = $(ratio "${QPS[proxy-loca
 echo "  proxy-forwarded QPS / upstream-forwarded QPS = $(ratio "${QPS[proxy-forwarded]}" "${QPS[upstream-forwarded]}")"
 echo "  proxy-local p99 / upstream-local p99         = $(ratio "${P99[proxy-local]}" "${P99[upstream-local]}")"
 echo "  proxy-forwarded p99 / upstream-forwarded p99 = $(ratio "${P99[proxy-forwarded]}" "${P99[upstream-forwarded]}")"
-if [ -n "$coredns_pid" ]; then
-	echo "  proxy-local QPS / coredns-local QPS          = $(ratio "${QPS[proxy-local]}" "${QPS[coredns-local]}")"
-	echo "  proxy-forwarded QPS / coredns-forwarded QPS  = $(ratio "${QPS[proxy-forwarded]}" "${QPS[coredns-forwarded]}")"
-	echo "  proxy-local p99 / coredns-local p99          = $(ratio "${P99[proxy-local]}" "${P99[coredns-local]}")"
-	echo "  proxy-forwarded p99 / coredns-forwarded p99  = $(ratio "${P99[proxy-forwarded]}" "${P99[coredns-forwarded]}")"
-	echo "  proxy peak RSS / coredns peak RSS            = $(ratio "${RSS[proxy]}" "${RSS[coredns]}")"
-fi
-if [ -n "$baseline_pid" ]; then
-	echo "  proxy-local QPS / baseline-local QPS         = $(ratio "${QPS[proxy-local]}" "${QPS[baseline-local]}")"
-	echo "  proxy-forwarded QPS / baseline-forwarded QPS = $(ratio "${QPS[proxy-forwarded]}" "${QPS[baseline-forwarded]}")"
-	echo "  proxy-local p99 / baseline-local p99         = $(ratio "${P99[proxy-local]}" "${P99[baseline-local]}")"
-	echo "  proxy-forwarded p99 / baseline-forwarded p99 = $(ratio "${P99[proxy-forwarded]}" "${P99[baseline-forwarded]}")"
-	echo "  proxy peak RSS / baseline peak RSS           = $(ratio "${RSS[proxy]}" "${RSS[baseline]}")"
-fi
+# The proxy against each other server measured (its RSS too).
+for other in coredns baseline; do
+	[ -n "${SERVER[$other]:-}" ] || continue
+	for kind in local forwarded; do
+		printf '  %-44s = %s\n' "proxy-$kind QPS / $other-$kind QPS" "$(ratio "${QPS[proxy-$kind]}" "${QPS[$other-$kind]}")"
+	done
+	for kind in local forwarded; do
+		printf '  %-44s = %s\n' "proxy-$kind p99 / $other-$kind p99" "$(ratio "${P99[proxy-$kind]}" "${P99[$other-$kind]}")"
+	done
+	printf '  %-44s = %s\n' "proxy peak RSS / $other peak RSS" "$(ratio "${RSS[proxy]}" "${RSS[$other]}")"
+done

@@ -141,7 +141,8 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		}
 	}
 	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket})
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		executable: in.host.executable})
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)

@@ -35,6 +35,8 @@ type envoyInputs struct {
 	// SDS server holds the workload identity ("" otherwise): the
 	// sds-files-grpc cluster and the file-credential metadata, as Istio.
 	filesSDSSocket string
+	// executable renders the bootstrap in a child (hostInputs.executable).
+	executable string
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
@@ -141,6 +143,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		KillGrace:                   envoy.DefaultKillGrace,
 		ReadyPollInterval:           envoy.DefaultReadyPollInterval,
 		Env:                         r.env.all(),
+		RenderExe:                   in.executable,
 	}
 	// Istio runs Envoy as 1337 only when the agent is root and the DNS
 	// proxy takes port 53 (otherwise the container already runs as 1337).

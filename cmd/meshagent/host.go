@@ -28,6 +28,10 @@ type hostInputs struct {
 	// resolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
 	resolvConf string
+	// executable is the agent's own binary, which renders Envoy's
+	// bootstrap in a child process (envoy.Config.RenderExe); "" renders it
+	// in the agent (tests that run the command line in process).
+	executable string
 }
 
 // realHost reads the host the agent runs on.
@@ -37,7 +41,9 @@ func realHost() hostInputs {
 		euid:           os.Geteuid(),
 		interfaceAddrs: interfaceAddrs,
 		resolvConf:     resolvConfFile,
-		hostname:       os.Hostname,
+		// The running binary even if the file has since been replaced.
+		executable: "/proc/self/exe",
+		hostname:   os.Hostname,
 		lookupUID: func(name string) (string, error) {
 			u, err := user.Lookup(name)
 			if err != nil {

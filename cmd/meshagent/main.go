@@ -11,9 +11,19 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/services/envoy"
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == envoy.RenderCommand {
+		// The agent renders Envoy's bootstrap in a child of itself.
+		if err := envoy.RenderMain(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if code, handled := runAsInit(); handled {
 		os.Exit(code)
 	}

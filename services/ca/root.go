@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
 // rootLifetime is the generated root's lifetime: long, since nothing
@@ -92,35 +94,17 @@ func parseRoot(certPEM, keyPEM []byte, now time.Time) (*authority, error) {
 }
 
 // parseKey reads PKCS#8, EC and PKCS#1 RSA keys: a root made elsewhere
-// (Istio's tooling writes PKCS#1 RSA) can be dropped in.
+// (Istio's tooling writes PKCS#1 RSA) can be dropped in. It must be ECDSA
+// or RSA, what x509 signs certificates with.
 func parseKey(keyPEM []byte) (crypto.Signer, error) {
-	block, _ := pem.Decode(keyPEM)
-	if block == nil {
-		return nil, errors.New("no PEM block in the key file")
-	}
-	var key any
-	var err error
-	switch block.Type {
-	case "PRIVATE KEY":
-		key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(block.Bytes)
-	case "RSA PRIVATE KEY":
-		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-	default:
-		return nil, fmt.Errorf("key: PEM block %q is not a private key", block.Type)
-	}
+	signer, err := pemblock.ParseKey(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("key: %T cannot sign", key)
 	}
 	switch signer.(type) {
 	case *ecdsa.PrivateKey, *rsa.PrivateKey:
 	default:
-		return nil, fmt.Errorf("key: %T is not an ECDSA or RSA key", key)
+		return nil, fmt.Errorf("key: %T is not an ECDSA or RSA key", signer)
 	}
 	return signer, nil
 }

@@ -13,9 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +25,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
-	"github.com/meshagent/meshagent/services/internal/grpcstop"
+	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -43,19 +41,13 @@ type Service struct {
 	clock  messages.Clock
 	log    *slog.Logger
 	m      metrics
-
-	// addr is the address Serve listens on (with the port chosen when
-	// Listen asks for port 0); empty when not listening.
-	addr atomic.Pointer[string]
+	server loopback.Server
 }
 
 // New returns the CA. Nothing is read or generated until Serve.
 func New(cfg Config, rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
-	if s.clock == nil {
-		s.clock = messages.SystemClock{}
-	}
-	if err := rt.Register(s.m.issued, s.m.rejected); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -66,12 +58,7 @@ func (s *Service) String() string { return Name }
 
 // Addr is the address the CA listens on, "" when it is not listening: for
 // a caller that asked for port 0.
-func (s *Service) Addr() string {
-	if a := s.addr.Load(); a != nil {
-		return *a
-	}
-	return ""
-}
+func (s *Service) Addr() string { return s.server.Addr() }
 
 // Serve loads (or first generates) the root, issues the CA's serving
 // certificate, and answers CreateCertificate until ctx is done.
@@ -90,38 +77,28 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("ca: listen on %s: %w", s.cfg.Listen, err)
-	}
-	addr := lis.Addr().String()
-	s.addr.Store(&addr)
-	defer s.addr.Store(nil)
-
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
 		Certificates: []tls.Certificate{serving},
 		MinVersion:   tls.VersionTLS12,
 	})))
 	pb.RegisterIstioCertificateServiceServer(srv, &handler{svc: s, root: root})
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	s.log.Info("CA listening", "address", addr, "root", s.cfg.RootCertPath(), "trust_domain", s.cfg.TrustDomain,
+	if err := s.server.Start(srv, s.cfg.Listen); err != nil {
+		return fmt.Errorf("ca: %w", err)
+	}
+	s.log.Info("CA listening", "address", s.server.Addr(), "root", s.cfg.RootCertPath(), "trust_domain", s.cfg.TrustDomain,
 		"cert_lifetime", s.cfg.CertLifetime, "token_checked", s.cfg.Token != "")
 	s.health.Report(messages.Ready, "")
 
 	select {
-	case err := <-served:
-		return fmt.Errorf("ca: serve on %s: %w", addr, err)
+	case <-s.server.Failed():
 	case <-ctx.Done():
 	}
-	s.gracefulStop(srv)
-	<-served
+	// Calls in flight finish, up to StopTimeout.
+	s.server.Stop(s.clock.After(s.cfg.StopTimeout))
+	if err := s.server.Err(); err != nil {
+		return fmt.Errorf("ca: %w", err)
+	}
 	return ctx.Err()
-}
-
-// gracefulStop lets calls in flight finish, up to StopTimeout.
-func (s *Service) gracefulStop(srv *grpc.Server) {
-	grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout))
 }
 
 // handler answers IstioCertificateService with the root loaded by Serve.
@@ -204,15 +181,17 @@ func grpcError(err error) (codes.Code, string) {
 type metrics struct {
 	issued   prometheus.Counter
 	rejected *prometheus.CounterVec
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() metrics {
-	return metrics{
-		issued: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ca_certificates_issued_total", Help: "Workload certificates signed.",
-		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ca_requests_rejected_total", Help: "Certificate requests refused, by reason (unauthenticated, bad_csr, identity, internal).",
-		}, []string{"reason"}),
+	var mm messages.Metrics
+	m := metrics{
+		issued: mm.Counter("ca_certificates_issued_total", "Workload certificates signed."),
+		rejected: mm.CounterVec("ca_requests_rejected_total",
+			"Certificate requests refused, by reason (unauthenticated, bad_csr, identity, internal).", "reason"),
 	}
+	m.all = mm.Collectors()
+	return m
 }

@@ -4,18 +4,18 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
 // Errors a bundle is rejected with; wrapped with the file (or CA) and detail.
 var (
 	ErrNoCertificate = errors.New("no PEM certificate found")
-	ErrBadKey        = errors.New("not a usable PEM private key")
+	ErrBadKey        = pemblock.ErrBadKey
 	ErrKeyMismatch   = errors.New("private key does not match the leaf certificate")
 	ErrExpired       = errors.New("leaf certificate has expired")
 	ErrNotYetValid   = errors.New("leaf certificate is not yet valid")
@@ -71,17 +71,8 @@ func withRoots(b messages.CertBundle, rootsPEM []byte) messages.CertBundle {
 // parseCerts returns every CERTIFICATE block of pemBytes, in order.
 func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
 	var certs []*x509.Certificate
-	rest := pemBytes
-	for i := 0; ; i++ {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
+	for der := range pemblock.Certificates(pemBytes) {
+		c, err := x509.ParseCertificate(der)
 		if err != nil {
 			return nil, fmt.Errorf("certificate #%d does not parse: %w", len(certs)+1, err)
 		}
@@ -97,35 +88,5 @@ func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
 }
 
 // parseKey accepts PKCS#8, PKCS#1 (RSA) and SEC 1 (EC) keys. Its errors
-// never include key material.
-func parseKey(pemBytes []byte) (crypto.Signer, error) {
-	rest := pemBytes
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			return nil, fmt.Errorf("%w: no PRIVATE KEY block", ErrBadKey)
-		}
-		var key any
-		var err error
-		switch block.Type {
-		case "PRIVATE KEY":
-			key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-		case "RSA PRIVATE KEY":
-			key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-		case "EC PRIVATE KEY":
-			key, err = x509.ParseECPrivateKey(block.Bytes)
-		default:
-			continue
-		}
-		if err != nil {
-			// x509's parse errors describe the structure, not the bytes.
-			return nil, fmt.Errorf("%w: %s block does not parse: %v", ErrBadKey, block.Type, err)
-		}
-		signer, ok := key.(crypto.Signer)
-		if !ok {
-			return nil, fmt.Errorf("%w: unsupported key type %T", ErrBadKey, key)
-		}
-		return signer, nil
-	}
-}
+// (ErrBadKey) never include key material.
+func parseKey(pemBytes []byte) (crypto.Signer, error) { return pemblock.ParseKey(pemBytes) }

@@ -43,7 +43,7 @@ type Service struct {
 func New(cfg Config, out messages.Sink[messages.CertBundle], rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, out: out, health: rt.Health, log: rt.Log, clock: rt.Clock}
 	s.m = newMetrics(s.expirySeconds)
-	if err := rt.Register(s.m.collectors()...); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -112,34 +112,25 @@ type metrics struct {
 	outgoingFailed  *prometheus.CounterVec
 	watcherFailures prometheus.Counter
 	fileFailures    prometheus.Counter
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics(expiry func() float64) metrics {
-	return metrics{
-		expiry: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	var mm messages.Metrics
+	m := metrics{
+		expiry: messages.Add(&mm, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "cert_expiry_seconds",
 			Help:        "The time remaining, in seconds, before the certificate chain will expire. A negative value indicates the cert is expired.",
 			ConstLabels: prometheus.Labels{"resource_name": "default"},
-		}, expiry),
-		outgoing: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "num_outgoing_requests",
-			Help: "Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)",
-		}, []string{"request_type"}),
-		outgoingFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "num_failed_outgoing_requests",
-			Help: "Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)",
-		}, []string{"request_type"}),
-		watcherFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "num_file_watcher_failures_total",
-			Help: "Number of times file watcher failed to add watchers",
-		}),
-		fileFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "num_file_secret_failures_total",
-			Help: "Number of times secret generation failed for files",
-		}),
+		}, expiry)),
+		outgoing: mm.CounterVec("num_outgoing_requests",
+			"Number of total outgoing requests (e.g. to a token exchange server, CA, etc.)", "request_type"),
+		outgoingFailed: mm.CounterVec("num_failed_outgoing_requests",
+			"Number of failed outgoing requests (e.g. to a token exchange server, CA, etc.)", "request_type"),
+		watcherFailures: mm.Counter("num_file_watcher_failures_total", "Number of times file watcher failed to add watchers"),
+		fileFailures:    mm.Counter("num_file_secret_failures_total", "Number of times secret generation failed for files"),
 	}
-}
-
-func (m metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.expiry, m.outgoing, m.outgoingFailed, m.watcherFailures, m.fileFailures}
+	m.all = mm.Collectors()
+	return m
 }

@@ -12,9 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -30,11 +28,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
-	"github.com/meshagent/meshagent/services/internal/grpcstop"
+	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -52,18 +51,13 @@ type Service struct {
 	// version is never reused while the process lives. Only Serve touches
 	// it, and Serve never overlaps itself.
 	generation uint64
-	// addr is the address Serve listens on (with the port chosen when
-	// Listen asks for port 0); empty when not listening.
-	addr atomic.Pointer[string]
+	server     loopback.Server
 }
 
 // New returns the control plane. Nothing is read or opened until Serve.
 func New(cfg Config, rt messages.Runtime) (*Service, error) {
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
-	if s.clock == nil {
-		s.clock = messages.SystemClock{}
-	}
-	if err := rt.Register(s.m.reloads, s.m.nacks, s.m.streams, s.m.version); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -74,12 +68,7 @@ func (s *Service) String() string { return Name }
 
 // Addr is the address the server listens on, "" when it is not listening:
 // for a caller that asked for port 0.
-func (s *Service) Addr() string {
-	if a := s.addr.Load(); a != nil {
-		return *a
-	}
-	return ""
-}
+func (s *Service) Addr() string { return s.server.Addr() }
 
 // Serve loads the mesh file, serves xDS until ctx is done, and reloads the
 // file whenever it changes. A file that does not load keeps the last good
@@ -109,20 +98,20 @@ func (s *Service) Serve(ctx context.Context) error {
 	st := &state{svc: s, snapshots: snapshots, names: names}
 	st.reload(ctx)
 
-	lis, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("controlplane: listen on %s: %w", s.cfg.Listen, err)
-	}
-	addr := lis.Addr().String()
-	s.addr.Store(&addr)
-	defer s.addr.Store(nil)
-
 	// The xDS server's streams end when serveCtx does: that is what lets
 	// GracefulStop finish without waiting for clients to hang up.
 	serveCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
 	xdsServer := xds.NewServer(serveCtx, mux, s.callbacks())
-	opts := []grpc.ServerOption{grpc.MaxConcurrentStreams(100000), grpc.StreamInterceptor(s.checkToken)}
+	opts := []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(100000),
+		grpc.StreamInterceptor(s.checkToken),
+		// istiod accepts keepalive pings every Time/2 (15 s with Istio's
+		// 30 s default, pilot/pkg/grpc); grpc-go's default of 5 minutes
+		// answers the agents' 30 s pings with GOAWAY "too_many_pings"
+		// after three, resetting every stream after about 2 minutes.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second}),
+	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
@@ -132,14 +121,18 @@ func (s *Service) Serve(ctx context.Context) error {
 	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xdsServer)
 	listenerservice.RegisterListenerDiscoveryServiceServer(srv, xdsServer)
 	routeservice.RegisterRouteDiscoveryServiceServer(srv, xdsServer)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	s.log.Info("control plane listening", "address", addr, "mesh_file", s.cfg.MeshFile, "tls", creds != nil)
+	if err := s.server.Start(srv, s.cfg.Listen); err != nil {
+		return fmt.Errorf("controlplane: %w", err)
+	}
+	s.log.Info("control plane listening", "address", s.server.Addr(), "mesh_file", s.cfg.MeshFile, "tls", creds != nil)
 	st.report()
 
+	// Responses in flight finish, up to StopTimeout.
 	stop := func() {
 		stopStreams()
-		s.gracefulStop(srv)
+		if s.server.Stop(s.clock.After(s.cfg.StopTimeout)) {
+			s.log.Warn("xDS streams did not end in time; closed them", "timeout", s.cfg.StopTimeout)
+		}
 	}
 	var debounce <-chan time.Time
 	for {
@@ -164,21 +157,13 @@ func (s *Service) Serve(ctx context.Context) error {
 			debounce = nil
 			st.reload(ctx)
 			st.report()
-		case err := <-served:
-			stopStreams()
-			return fmt.Errorf("controlplane: serve xDS on %s: %w", addr, err)
+		case <-s.server.Failed():
+			stop()
+			return fmt.Errorf("controlplane: xDS: %w", s.server.Err())
 		case <-ctx.Done():
 			stop()
-			<-served
 			return ctx.Err()
 		}
-	}
-}
-
-// gracefulStop lets responses in flight finish, up to StopTimeout.
-func (s *Service) gracefulStop(srv *grpc.Server) {
-	if grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout)) {
-		s.log.Warn("xDS streams did not end in time; closed them", "timeout", s.cfg.StopTimeout)
 	}
 }
 
@@ -305,21 +290,18 @@ type metrics struct {
 	nacks   *prometheus.CounterVec
 	streams prometheus.Gauge
 	version prometheus.Gauge
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() metrics {
-	return metrics{
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "controlplane_mesh_loads_total", Help: "Mesh file loads, by result (applied, unchanged, rejected).",
-		}, []string{"result"}),
-		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "controlplane_xds_nacks_total", Help: "Responses rejected by xDS clients, by type URL.",
-		}, []string{"type_url"}),
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "controlplane_xds_streams", Help: "Open xDS streams (SotW and delta).",
-		}),
-		version: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "controlplane_snapshot_generation", Help: "Generation of the snapshot served (0: none yet).",
-		}),
+	var mm messages.Metrics
+	m := metrics{
+		reloads: mm.CounterVec("controlplane_mesh_loads_total", "Mesh file loads, by result (applied, unchanged, rejected).", "result"),
+		nacks:   mm.CounterVec("controlplane_xds_nacks_total", "Responses rejected by xDS clients, by type URL.", "type_url"),
+		streams: mm.Gauge("controlplane_xds_streams", "Open xDS streams (SotW and delta)."),
+		version: mm.Gauge("controlplane_snapshot_generation", "Generation of the snapshot served (0: none yet)."),
 	}
+	m.all = mm.Collectors()
+	return m
 }

@@ -2,6 +2,8 @@ package dnsproxy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // metrics are Istio's DNS proxy metrics (pkg/dns/client/monitoring.go), by
@@ -12,30 +14,21 @@ type metrics struct {
 	upstreamRequests prometheus.Counter
 	upstreamFailures prometheus.Counter
 	upstreamDuration prometheus.Histogram
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() *metrics {
-	return &metrics{
-		requests: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dns_requests_total", Help: "Total number of DNS requests.",
-		}),
-		localAnswers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dns_local_answers_total", Help: "DNS requests answered from the mesh's name table.",
-		}),
-		upstreamRequests: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dns_upstream_requests_total", Help: "Total number of DNS requests forwarded to upstream.",
-		}),
-		upstreamFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dns_upstream_failures_total", Help: "Total number of DNS requests that no upstream answered.",
-		}),
-		upstreamDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dns_upstream_request_duration_seconds",
-			Help:    "Total time in seconds it takes to get DNS response from upstream.",
-			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2, 5},
-		}),
+	var mm messages.Metrics
+	m := &metrics{
+		requests:         mm.Counter("dns_requests_total", "Total number of DNS requests."),
+		localAnswers:     mm.Counter("dns_local_answers_total", "DNS requests answered from the mesh's name table."),
+		upstreamRequests: mm.Counter("dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream."),
+		upstreamFailures: mm.Counter("dns_upstream_failures_total", "Total number of DNS requests that no upstream answered."),
+		upstreamDuration: mm.Histogram("dns_upstream_request_duration_seconds",
+			"Total time in seconds it takes to get DNS response from upstream.",
+			[]float64{.001, .005, .01, .05, .1, .5, 1, 2, 5}),
 	}
-}
-
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.localAnswers, m.upstreamRequests, m.upstreamFailures, m.upstreamDuration}
+	m.all = mm.Collectors()
+	return m
 }

@@ -44,7 +44,7 @@ func New(cfg Config, table messages.Latest[messages.NameTable], rt messages.Runt
 		return nil, err
 	}
 	m := newMetrics()
-	if err := rt.Register(m.collectors()...); err != nil {
+	if err := rt.Register(m.all...); err != nil {
 		return nil, err
 	}
 	return &Service{cfg: cfg.withDefaults(), table: table, health: rt.Health, metrics: m, log: rt.Log}, nil

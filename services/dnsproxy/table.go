@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 
@@ -204,28 +205,39 @@ func newRecordSlab(ips []netip.Addr, names int, rrtype uint16) recordSlab {
 	if len(ips) == 0 {
 		return recordSlab{}
 	}
+	if rrtype == dns.TypeA {
+		return fillSlab(ips, names, rrtype, func(r *dns.A, h dns.RR_Header, ip net.IP) { r.Hdr, r.A = h, ip })
+	}
+	return fillSlab(ips, names, rrtype, func(r *dns.AAAA, h dns.RR_Header, ip net.IP) { r.Hdr, r.AAAA = h, ip })
+}
+
+// fillSlab makes the records of R (A or AAAA) for names names, each with
+// every address of ips: one allocation for the records and one for the
+// addresses' bytes, which every name's records share. set fills a record
+// with its header and address.
+func fillSlab[R any, P interface {
+	*R
+	dns.RR
+}](ips []netip.Addr, names int, rrtype uint16, set func(P, dns.RR_Header, net.IP)) recordSlab {
+	size := net.IPv4len
+	if rrtype == dns.TypeAAAA {
+		size = net.IPv6len
+	}
+	raw := make([]byte, 0, size*len(ips))
+	for _, ip := range ips {
+		// An IPv4 address is the last four bytes of its 16-byte form.
+		b := ip.As16()
+		raw = append(raw, b[net.IPv6len-size:]...)
+	}
 	n := len(ips) * names
 	s := recordSlab{rrs: make([]dns.RR, n), per: len(ips)}
-	if rrtype == dns.TypeA {
-		raw := make([]byte, 4*len(ips))
-		recs := make([]dns.A, n)
-		for i := range recs {
-			k := i % len(ips)
-			b := ips[k].As4()
-			copy(raw[4*k:], b[:])
-			recs[i] = dns.A{Hdr: dns.RR_Header{Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: ttl}, A: raw[4*k : 4*k+4 : 4*k+4]}
-			s.rrs[i] = &recs[i]
-		}
-		return s
-	}
-	raw := make([]byte, 16*len(ips))
-	recs := make([]dns.AAAA, n)
+	recs := make([]R, n)
+	hdr := dns.RR_Header{Rrtype: rrtype, Class: dns.ClassINET, Ttl: ttl}
 	for i := range recs {
 		k := i % len(ips)
-		b := ips[k].As16()
-		copy(raw[16*k:], b[:])
-		recs[i] = dns.AAAA{Hdr: dns.RR_Header{Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: ttl}, AAAA: raw[16*k : 16*k+16 : 16*k+16]}
-		s.rrs[i] = &recs[i]
+		r := P(&recs[i])
+		set(r, hdr, raw[size*k:size*(k+1):size*(k+1)])
+		s.rrs[i] = r
 	}
 	return s
 }

@@ -47,6 +47,26 @@ type batchConn interface {
 	WriteBatch(ms []ipv4.Message, flags int) (int, error)
 }
 
+// newBatchConn is c read and written in batches, as IPv6 or IPv4 by its
+// local address.
+func newBatchConn(c *net.UDPConn) batchConn {
+	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
+		return ipv6.NewPacketConn(c)
+	}
+	return ipv4.NewPacketConn(c)
+}
+
+// readSlots is n messages for ReadBatch, each with a buffer of size bytes
+// cut from one allocation (capped, so that no read runs into the next).
+func readSlots(n, size int) []ipv4.Message {
+	ms := make([]ipv4.Message, n)
+	buf := make([]byte, n*size)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{buf[i*size : (i+1)*size : (i+1)*size]}
+	}
+	return ms
+}
+
 // listenUDP binds n UDP sockets to addr (n > 1: with SO_REUSEPORT; port 0:
 // all on the port the first got).
 func listenUDP(addr string, n int) ([]*net.UDPConn, error) {
@@ -108,17 +128,8 @@ func (s *udpServer) shutdown() {
 // read serves one socket until it is closed: read a batch of queries,
 // answer what can be answered at once, write those answers in one batch.
 func (s *udpServer) read(c *net.UDPConn) error {
-	var bc batchConn
-	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
-		bc = ipv6.NewPacketConn(c)
-	} else {
-		bc = ipv4.NewPacketConn(c)
-	}
-	in := make([]ipv4.Message, udpBatch)
-	inBuf := make([]byte, udpBatch*udpReadSize)
-	for i := range in {
-		in[i].Buffers = [][]byte{inBuf[i*udpReadSize : (i+1)*udpReadSize : (i+1)*udpReadSize]}
-	}
+	bc := newBatchConn(c)
+	in := readSlots(udpBatch, udpReadSize)
 	out := make([]ipv4.Message, udpBatch)
 	outBuf := make([][]byte, udpBatch) // per slot, reused: grown by PackBuffer when needed
 	for i := range outBuf {

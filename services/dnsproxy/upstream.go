@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -404,17 +402,8 @@ func (c *udpConn) unregister(id uint16, w *waiter) bool {
 // fails or is closed, reading them in batches (recvmmsg).
 func (c *udpConn) read(conn *net.UDPConn) {
 	defer c.u.f.wg.Done()
-	var bc batchConn
-	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil {
-		bc = ipv6.NewPacketConn(conn)
-	} else {
-		bc = ipv4.NewPacketConn(conn)
-	}
-	msgs := make([]ipv4.Message, upstreamBatch)
-	buf := make([]byte, upstreamBatch*upstreamReadSize)
-	for i := range msgs {
-		msgs[i].Buffers = [][]byte{buf[i*upstreamReadSize : (i+1)*upstreamReadSize : (i+1)*upstreamReadSize]}
-	}
+	bc := newBatchConn(conn)
+	msgs := readSlots(upstreamBatch, upstreamReadSize)
 	for {
 		n, err := bc.ReadBatch(msgs, 0)
 		if err != nil {

@@ -20,18 +20,18 @@ import (
 // BootstrapConfig is everything the Envoy bootstrap needs, as plain values that cmd fills from flags,
 // environment and the ProxyConfig. Paths are used as given (cmd has already applied --root).
 type BootstrapConfig struct {
-	ProxyType       string   // "sidecar", "router" or "waypoint" (pilot-agent proxy <type>)
-	PodName         string   // POD_NAME
-	PodNamespace    string   // POD_NAMESPACE
-	ServiceAccount  string   // SERVICE_ACCOUNT
-	InstanceIPs     []string // INSTANCE_IP first, then host IPs; the first is in the node id
-	Domain          string   // --domain; "" ⇒ <PodNamespace>.svc.cluster.local
-	ServiceCluster  string   // --serviceCluster; "" ⇒ ProxyConfig.clusterName rules
-	IstioVersion    string   // ISTIO_VERSION metadata unless ISTIO_META_ISTIO_VERSION is set
-	Proxy           *meshv1alpha1.ProxyConfig
-	Env             []string // os.Environ() form; ISTIO_META_* and ISTIO_METAJSON_* become node metadata
-	LabelsFile      string   // Downward API labels, ./etc/istio/pod/labels (missing file is fine)
-	AnnotationsFile string   // Downward API annotations, ./etc/istio/pod/annotations
+	ProxyType       string                    // "sidecar", "router" or "waypoint" (pilot-agent proxy <type>)
+	PodName         string                    // POD_NAME
+	PodNamespace    string                    // POD_NAMESPACE
+	ServiceAccount  string                    // SERVICE_ACCOUNT
+	InstanceIPs     []string                  // INSTANCE_IP first, then host IPs; the first is in the node id
+	Domain          string                    // --domain; "" ⇒ <PodNamespace>.svc.cluster.local
+	ServiceCluster  string                    // --serviceCluster; "" ⇒ ProxyConfig.clusterName rules
+	IstioVersion    string                    // ISTIO_VERSION metadata unless ISTIO_META_ISTIO_VERSION is set
+	Proxy           *meshv1alpha1.ProxyConfig `json:"-"` // a renderer child gets it as proto JSON (render.go)
+	Env             []string                  // os.Environ() form; ISTIO_META_* and ISTIO_METAJSON_* become node metadata
+	LabelsFile      string                    // Downward API labels, ./etc/istio/pod/labels (missing file is fine)
+	AnnotationsFile string                    // Downward API annotations, ./etc/istio/pod/annotations
 
 	ConfigPath string // directory for envoy-rev.json (ProxyConfig.configPath, ./etc/istio/proxy)
 	XDSSocket  string // pipe of cluster xds-grpc, <ConfigPath>/XDS

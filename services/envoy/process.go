@@ -32,7 +32,7 @@ func (s *Service) start() (*child, error) {
 	if err := checkBinary(s.cfg.BinaryPath); err != nil {
 		return nil, err
 	}
-	args, err := s.cfg.prepare()
+	args, err := s.prepare()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
 	}

@@ -71,6 +71,12 @@ type Config struct {
 	// and returns Envoy's arguments (everything after the binary). Tests
 	// use it to run Envoy on a hand-made bootstrap.
 	Prepare func() ([]string, error)
+	// RenderExe, when set, is the agent's own executable: the bootstrap is
+	// rendered by it in a child process (RenderCommand), keeping the
+	// protobuf runtime's per-type state out of the agent (render.go).
+	// Empty: rendered in this process. Either way it is rendered for the
+	// first start only and written again from the same bytes after.
+	RenderExe string
 	// AdminAddr is host:port of Envoy's admin API (ProxyConfig.proxyAdminPort).
 	AdminAddr string
 	// DrainQuery is the query of POST /drain_listeners: Istio's
@@ -160,15 +166,16 @@ func (cfg Config) Validate() error {
 }
 
 // prepare writes the bootstrap and returns Envoy's arguments.
-func (cfg Config) prepare() ([]string, error) {
-	if cfg.Prepare != nil {
-		return cfg.Prepare()
+func (s *Service) prepare() ([]string, error) {
+	if s.cfg.Prepare != nil {
+		return s.cfg.Prepare()
 	}
-	b, err := WriteBootstrap(*cfg.Bootstrap)
+	r, err := s.cfg.render(s.bootstrap)
 	if err != nil {
 		return nil, err
 	}
-	return CommandLine(cfg.Args, b), nil
+	s.bootstrap = r
+	return CommandLine(s.cfg.Args, r.boot), nil
 }
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -189,6 +196,9 @@ type Service struct {
 	// by Serve's goroutine.
 	epoch int
 	last  messages.EnvoyState
+	// bootstrap is the bootstrap as first rendered (nil before the first
+	// start); touched only by Serve's goroutine.
+	bootstrap *renderedBootstrap
 }
 
 // New returns the service. drain may be nil (no drain commands).

@@ -44,6 +44,13 @@ var (
 const parentEnv = "MESHAGENT_ENVOY_TEST_PARENT"
 
 func TestMain(m *testing.M) {
+	if len(os.Args) == 2 && os.Args[1] == RenderCommand {
+		if err := RenderMain(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(parentEnv) != "" {
 		os.Exit(runAsParent())
 	}

@@ -2,7 +2,6 @@ package sds
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -18,61 +17,38 @@ import (
 // response's resource_errors. (Istio answers Unimplemented; gRPC clients and
 // Envoys configured for delta SDS use it.)
 func (h *handler) DeltaSecrets(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
-	ctx := stream.Context()
-	id := h.svc.streamIDs.Add(1)
-	log := h.svc.log.With("stream", id, "delta", true)
-	h.svc.m.streams.Inc()
-	defer h.svc.m.streams.Dec()
-
-	reqs, recvErr := receive(h, ctx, stream.Recv)
-	sub := &subscriber{store: h.store}
-	defer sub.close()
+	ss := h.newSession(stream.Context(), "delta", true)
 	var (
 		subscribed  = map[string]bool{}
 		bad         map[string]error
 		sentVersion = map[string]string{} // name → version of the secret sent
 		sentErr     = map[string]string{} // name → error last told
-		lastNonce   string
-		nonces      int
 	)
-	secrets, _, changed := h.store.views.Watch()
-	for {
-		select {
-		case <-h.stop:
-			return errShuttingDown
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return endOfStream(err)
-		case <-changed:
-			secrets, _, changed = h.store.views.Watch()
-		case req := <-reqs:
-			if err := checkTypeURL(req.GetTypeUrl()); err != nil {
-				return err
-			}
-			if n := req.GetResponseNonce(); n != "" && n == lastNonce && req.GetErrorDetail() != nil {
-				h.svc.m.nacks.Inc()
-				log.Warn("Envoy rejected secrets (NACK)", "nonce", n, "error", req.GetErrorDetail().GetMessage())
-			}
-			for n, v := range req.GetInitialResourceVersions() {
-				subscribed[n] = true
-				sentVersion[n] = v
-			}
-			for _, n := range req.GetResourceNamesSubscribe() {
-				subscribed[n] = true
-			}
-			for _, n := range req.GetResourceNamesUnsubscribe() {
-				delete(subscribed, n)
-				delete(sentVersion, n)
-				delete(sentErr, n)
-			}
-			var rs []resource
-			rs, bad = parseNames(slices.Sorted(maps.Keys(subscribed)))
-			if err := sub.want(ctx, rs); err != nil {
-				return err
-			}
-			secrets, _, changed = h.store.views.Watch() // holds what want acquired
+	handle := func(req *discoveryv3.DeltaDiscoveryRequest) ([]resource, bool, error) {
+		if err := checkTypeURL(req.GetTypeUrl()); err != nil {
+			return nil, false, err
 		}
+		if n := req.GetResponseNonce(); n != "" && n == ss.lastNonce && req.GetErrorDetail() != nil {
+			h.svc.m.nacks.Inc()
+			ss.log.Warn("Envoy rejected secrets (NACK)", "nonce", n, "error", req.GetErrorDetail().GetMessage())
+		}
+		for n, v := range req.GetInitialResourceVersions() {
+			subscribed[n] = true
+			sentVersion[n] = v
+		}
+		for _, n := range req.GetResourceNamesSubscribe() {
+			subscribed[n] = true
+		}
+		for _, n := range req.GetResourceNamesUnsubscribe() {
+			delete(subscribed, n)
+			delete(sentVersion, n)
+			delete(sentErr, n)
+		}
+		var rs []resource
+		rs, bad = parseNames(slices.Sorted(maps.Keys(subscribed)))
+		return rs, true, nil
+	}
+	push := func(secrets view) error {
 		names := slices.Sorted(maps.Keys(subscribed))
 		states := statesFor(names, bad, secrets)
 		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: SecretTypeURL}
@@ -93,26 +69,26 @@ func (h *handler) DeltaSecrets(stream grpc.BidiStreamingServer[discoveryv3.Delta
 			if msg != "" && msg != sentErr[n] {
 				resp.ResourceErrors = append(resp.ResourceErrors, resourceError(n, s.err))
 				failed = append(failed, n)
-				log.Warn("cannot serve secret", "name", n, "code", status.Code(s.err), "error", status.Convert(s.err).Message())
+				ss.log.Warn("cannot serve secret", "name", n, "code", status.Code(s.err), "error", status.Convert(s.err).Message())
 			}
 			sentErr[n] = msg
 		}
 		if len(served)+len(failed) == 0 {
-			continue
+			return nil
 		}
-		nonces++
-		resp.Nonce = fmt.Sprintf("%d-%d", id, nonces)
+		resp.Nonce = ss.nextNonce()
 		resp.SystemVersionInfo = responseVersion(slices.Collect(maps.Keys(states)), states)
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
-		lastNonce = resp.Nonce
 		for _, r := range resp.Resources {
 			sentVersion[r.Name] = r.Version
 			h.svc.m.pushes.WithLabelValues(r.Name).Inc()
 		}
-		log.Info("sent secrets", "names", served, "errors", failed, "nonce", resp.Nonce)
+		ss.log.Info("sent secrets", "names", served, "errors", failed, "nonce", resp.Nonce)
+		return nil
 	}
+	return serveSession(ss, stream.Recv, handle, push)
 }
 
 // FetchSecrets answers once, waiting until every named secret exists (the

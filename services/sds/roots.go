@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+
+	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
 // checkAnchors returns the certificates of the extra trust anchors that
@@ -15,22 +17,14 @@ func checkAnchors(anchors [][]byte) ([][]byte, []error) {
 	var out [][]byte
 	var errs []error
 	for i, a := range anchors {
-		rest, found := a, 0
-		for {
-			var block *pem.Block
-			block, rest = pem.Decode(rest)
-			if block == nil {
-				break
-			}
-			if block.Type != "CERTIFICATE" {
-				continue
-			}
+		found := 0
+		for der := range pemblock.Certificates(a) {
 			found++
-			if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			if _, err := x509.ParseCertificate(der); err != nil {
 				errs = append(errs, fmt.Errorf("trust anchor #%d, certificate #%d does not parse: %w", i+1, found, err))
 				continue
 			}
-			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: block.Bytes}))
+			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 		}
 		if found == 0 {
 			errs = append(errs, fmt.Errorf("trust anchor #%d holds no PEM certificate", i+1))
@@ -50,16 +44,8 @@ func mergeRoots(mesh []byte, anchors [][]byte) []byte {
 		return mesh
 	}
 	seen := map[string]bool{}
-	rest := mesh
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type == "CERTIFICATE" {
-			seen[string(block.Bytes)] = true
-		}
+	for der := range pemblock.Certificates(mesh) {
+		seen[string(der)] = true
 	}
 	out := bytes.Clone(mesh)
 	if len(out) > 0 && out[len(out)-1] != '\n' {

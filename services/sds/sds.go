@@ -55,7 +55,7 @@ func New(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
 		return nil, errors.New("sds: Inputs.Certs is required")
 	}
 	s := &Service{cfg: cfg, in: in, health: rt.Health, log: rt.Log, m: newMetrics()}
-	if err := rt.Register(s.m.streams, s.m.pushes, s.m.nacks); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -149,18 +149,17 @@ type metrics struct {
 	streams prometheus.Gauge
 	pushes  *prometheus.CounterVec
 	nacks   prometheus.Counter
+
+	all []prometheus.Collector // every one above, to register
 }
 
 func newMetrics() metrics {
-	return metrics{
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sds_streams", Help: "Open SDS streams from Envoy.",
-		}),
-		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sds_pushes_total", Help: "Secrets sent to Envoy, by resource name.",
-		}, []string{"resource_name"}),
-		nacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sds_nacks_total", Help: "SDS responses rejected by Envoy.",
-		}),
+	var mm messages.Metrics
+	m := metrics{
+		streams: mm.Gauge("sds_streams", "Open SDS streams from Envoy."),
+		pushes:  mm.CounterVec("sds_pushes_total", "Secrets sent to Envoy, by resource name.", "resource_name"),
+		nacks:   mm.Counter("sds_nacks_total", "SDS responses rejected by Envoy."),
 	}
+	m.all = mm.Collectors()
+	return m
 }

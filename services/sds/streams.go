@@ -1,12 +1,7 @@
 package sds
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"maps"
 	"slices"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -31,55 +26,30 @@ var errShuttingDown = status.Error(codes.Unavailable, "SDS server shutting down"
 // secret on it until Envoy reconnects; Envoy does not read resource_errors,
 // but its log names a secret it did not get, and ours does too.
 func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
-	ctx := stream.Context()
-	id := h.svc.streamIDs.Add(1)
-	log := h.svc.log.With("stream", id)
-	h.svc.m.streams.Inc()
-	defer h.svc.m.streams.Dec()
-	log.Debug("SDS stream opened")
-	defer log.Debug("SDS stream closed")
-
-	reqs, recvErr := receive(h, ctx, stream.Recv)
-	sub := &subscriber{store: h.store}
-	defer sub.close()
+	ss := h.newSession(stream.Context())
 	var (
-		names     []string              // subscribed
-		bad       map[string]error      // subscribed names this server cannot serve
-		sent      = map[string]string{} // name → secretState.key() sent
-		lastNonce string
-		nonces    int
+		names []string              // subscribed
+		bad   map[string]error      // subscribed names this server cannot serve
+		sent  = map[string]string{} // name → secretState.key() sent
 	)
-	secrets, _, changed := h.store.views.Watch()
-	for {
-		select {
-		case <-h.stop:
-			return errShuttingDown
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return endOfStream(err)
-		case <-changed:
-			secrets, _, changed = h.store.views.Watch()
-		case req := <-reqs:
-			if err := checkTypeURL(req.GetTypeUrl()); err != nil {
-				return err
-			}
-			if !h.current(log, req.GetResponseNonce(), lastNonce, req.GetErrorDetail(), req.GetResourceNames(), req.GetVersionInfo()) {
-				continue
-			}
-			names = dedupe(req.GetResourceNames())
-			var rs []resource
-			rs, bad = parseNames(names)
-			if err := sub.want(ctx, rs); err != nil {
-				return err
-			}
-			secrets, _, changed = h.store.views.Watch() // holds what want acquired
-			for n := range sent {
-				if !slices.Contains(names, n) {
-					delete(sent, n)
-				}
+	handle := func(req *discoveryv3.DiscoveryRequest) ([]resource, bool, error) {
+		if err := checkTypeURL(req.GetTypeUrl()); err != nil {
+			return nil, false, err
+		}
+		if !h.current(ss.log, req.GetResponseNonce(), ss.lastNonce, req.GetErrorDetail(), req.GetResourceNames(), req.GetVersionInfo()) {
+			return nil, false, nil
+		}
+		names = dedupe(req.GetResourceNames())
+		for n := range sent {
+			if !slices.Contains(names, n) {
+				delete(sent, n)
 			}
 		}
+		var rs []resource
+		rs, bad = parseNames(names)
+		return rs, true, nil
+	}
+	push := func(secrets view) error {
 		states := statesFor(names, bad, secrets)
 		var changedNames []string
 		for _, n := range names {
@@ -88,7 +58,7 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 			}
 		}
 		if len(changedNames) == 0 {
-			continue
+			return nil
 		}
 		resp := &discoveryv3.DiscoveryResponse{TypeUrl: SecretTypeURL}
 		var served, failed []string
@@ -104,12 +74,10 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 			}
 		}
 		resp.VersionInfo = responseVersion(changedNames, states)
-		nonces++
-		resp.Nonce = fmt.Sprintf("%d-%d", id, nonces)
+		resp.Nonce = ss.nextNonce()
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
-		lastNonce = resp.Nonce
 		for _, n := range changedNames {
 			sent[n] = states[n].key()
 		}
@@ -118,11 +86,13 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 		}
 		for _, n := range changedNames {
 			if err := states[n].err; err != nil {
-				log.Warn("cannot serve secret", "name", n, "code", status.Code(err), "error", status.Convert(err).Message())
+				ss.log.Warn("cannot serve secret", "name", n, "code", status.Code(err), "error", status.Convert(err).Message())
 			}
 		}
-		log.Info("sent secrets", "names", served, "errors", failed, "version", resp.VersionInfo, "nonce", resp.Nonce)
+		ss.log.Info("sent secrets", "names", served, "errors", failed, "version", resp.VersionInfo, "nonce", resp.Nonce)
+		return nil
 	}
+	return serveSession(ss, stream.Recv, handle, push)
 }
 
 // current handles a request's response nonce: it logs an ACK or a NACK of
@@ -190,86 +160,6 @@ func dedupe(names []string) []string {
 		}
 	}
 	return out
-}
-
-// subscriber is one stream's hold on the store's file secrets: the store
-// reads and watches a file secret while some stream holds it.
-type subscriber struct {
-	store *store
-	held  map[string]bool
-}
-
-// want makes the stream hold exactly the file secrets among rs.
-func (s *subscriber) want(ctx context.Context, rs []resource) error {
-	var sub subscription
-	next := map[string]bool{}
-	for _, r := range rs {
-		if !r.fromFiles() || next[r.name] {
-			continue
-		}
-		next[r.name] = true
-		if !s.held[r.name] {
-			sub.acquire = append(sub.acquire, r)
-		}
-	}
-	for n := range s.held {
-		if !next[n] {
-			sub.release = append(sub.release, n)
-		}
-	}
-	if len(sub.acquire)+len(sub.release) == 0 {
-		return nil
-	}
-	if err := s.store.update(ctx, sub); err != nil {
-		return err
-	}
-	s.held = next
-	return nil
-}
-
-// close lets go of everything the stream held; the store may be gone
-// already (shutdown).
-func (s *subscriber) close() {
-	if len(s.held) == 0 {
-		return
-	}
-	sub := subscription{release: slices.Collect(maps.Keys(s.held))}
-	select {
-	case s.store.updates <- sub:
-	case <-s.store.done:
-	}
-	s.held = nil
-}
-
-// receive runs stream.Recv in its own goroutine so that the stream loop can
-// also wait for new secrets. The goroutine ends when the stream does.
-func receive[T any](h *handler, ctx context.Context, recv func() (T, error)) (<-chan T, <-chan error) {
-	reqs := make(chan T)
-	errc := make(chan error, 1)
-	h.readers.Add(1)
-	go func() {
-		defer h.readers.Done()
-		for {
-			r, err := recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case reqs <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return reqs, errc
-}
-
-func endOfStream(err error) error {
-	if errors.Is(err, io.EOF) {
-		return nil
-	}
-	return err
 }
 
 // secretsOf returns the secrets of states in names' order; with a name that

@@ -15,6 +15,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // agentMetricsPrefix is put before every family of the agent's registry,
@@ -56,7 +58,9 @@ type mergedMetrics struct {
 	conflicts sync.Map
 }
 
-func newMergedMetrics(cfg MetricsConfig, agent prometheus.Gatherer, log *slog.Logger) *mergedMetrics {
+// newMergedMetrics makes the endpoint's own metrics with mm, for the agent
+// registry.
+func newMergedMetrics(cfg MetricsConfig, agent prometheus.Gatherer, log *slog.Logger, mm *messages.Metrics) *mergedMetrics {
 	if cfg.BodyLimit <= 0 {
 		cfg.BodyLimit = defaultMetricsBodyLimit
 	}
@@ -65,24 +69,15 @@ func newMergedMetrics(cfg MetricsConfig, agent prometheus.Gatherer, log *slog.Lo
 		agent: agent,
 		// Sources are on localhost: no proxy from the environment, and
 		// connections kept between scrapes (Serve closes them).
-		client: &http.Client{Transport: &http.Transport{Proxy: nil, IdleConnTimeout: time.Minute}},
-		log:    log,
-		scrapes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "scrapes_total", Help: "The total number of scrapes.",
-		}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "scrape_failures_total", Help: "The total number of failed scrapes.",
-		}, []string{"type"}),
+		client:   &http.Client{Transport: &http.Transport{Proxy: nil, IdleConnTimeout: time.Minute}},
+		log:      log,
+		scrapes:  mm.Counter("scrapes_total", "The total number of scrapes."),
+		failures: mm.CounterVec("scrape_failures_total", "The total number of failed scrapes.", "type"),
 	}
 	for _, kind := range []string{failureEnvoy, failureApp, failureAgent} {
 		m.failures.WithLabelValues(kind)
 	}
 	return m
-}
-
-// collectors are the endpoint's own metrics, for the agent registry.
-func (m *mergedMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.scrapes, m.failures}
 }
 
 // source is one endpoint a scrape merges.

@@ -127,14 +127,12 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
 	s.prober = newProber(cfg.Probes, rt.Log)
-	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log)
+	var mm messages.Metrics
+	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log, &mm)
 	s.clock = rt.Clock
 	s.startedAt = rt.Clock.Now()
-	s.startup = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "startup_duration_seconds",
-		Help: "The time from the process starting to being marked ready.",
-	}, nil)
-	if err := rt.Register(append(s.metrics.collectors(), s.startup)...); err != nil {
+	s.startup = mm.GaugeVec("startup_duration_seconds", "The time from the process starting to being marked ready.")
+	if err := rt.Register(mm.Collectors()...); err != nil {
 		return nil, err
 	}
 	return s, nil

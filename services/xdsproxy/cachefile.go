@@ -167,21 +167,19 @@ func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
 	}
 	p := body[len(cacheMagic):]
 	seenHeader := false
-	for len(p) > 0 {
-		num, v, n := consumeBytesField(p)
-		if n < 0 {
+	for fd, err := range fields(p, protowire.BytesType) {
+		if err != nil {
 			return h, s, fmt.Errorf("%w: malformed payload", errCacheFile)
 		}
-		p = p[n:]
-		switch num {
+		switch fd.num {
 		case 1:
 			seenHeader = true
-			h.nodeID = firstString(v, 1)
-			h.address = firstString(v, 2)
-			h.mode = cacheMode(firstVarint(v, 3))
-			h.written = time.Unix(0, int64(firstVarint(v, 4)))
+			h.nodeID = firstString(fd.v, 1)
+			h.address = firstString(fd.v, 2)
+			h.mode = cacheMode(firstVarint(fd.v, 3))
+			h.written = time.Unix(0, int64(firstVarint(fd.v, 4)))
 		case 2:
-			if err := decodeEntry(v, h.mode, &s); err != nil {
+			if err := decodeEntry(fd.v, h.mode, &s); err != nil {
 				return h, s, err
 			}
 		}
@@ -197,25 +195,23 @@ func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
 	var typeURL, version string
 	var sotwBody []byte
 	res := map[string]deltaRes{}
-	for len(e) > 0 {
-		num, v, n := consumeBytesField(e)
-		if n < 0 {
+	for fd, err := range fields(e, protowire.BytesType) {
+		if err != nil {
 			return fmt.Errorf("%w: malformed entry", errCacheFile)
 		}
-		e = e[n:]
-		switch num {
+		switch fd.num {
 		case 1:
-			typeURL = string(v)
+			typeURL = string(fd.v)
 		case 2:
-			version = string(v)
+			version = string(fd.v)
 		case 3:
-			sotwBody = bytes.Clone(v)
+			sotwBody = bytes.Clone(fd.v)
 		case 4:
-			info, err := scanResource(v)
+			info, err := scanResource(fd.v)
 			if err != nil {
 				return fmt.Errorf("%w: %s: %v", errCacheFile, typeURL, err)
 			}
-			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(v)}
+			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(fd.v)}
 		}
 	}
 	if typeURL == "" {
@@ -232,27 +228,6 @@ func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
 		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
 	}
 	return nil
-}
-
-// consumeBytesField reads one length-delimited field (others are skipped
-// and returned with num 0).
-func consumeBytesField(b []byte) (protowire.Number, []byte, int) {
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 {
-		return 0, nil, n
-	}
-	if typ != protowire.BytesType {
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return 0, nil, m
-		}
-		return 0, nil, n + m
-	}
-	v, m := protowire.ConsumeBytes(b[n:])
-	if m < 0 {
-		return 0, nil, m
-	}
-	return num, v, n + m
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -3,6 +3,7 @@ package xdsproxy
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 
 	"google.golang.org/grpc/encoding"
@@ -51,40 +52,65 @@ const (
 
 var errMalformed = errors.New("malformed xDS response")
 
+// field is one field of a protobuf message: for a length-delimited field
+// v is its content, for any other its encoded value. v is a sub-slice of
+// the message, never a copy.
+type field struct {
+	num protowire.Number
+	v   []byte
+}
+
+// fields yields the fields of wire type typ of message b, in order, and
+// skips the others: every message the proxy reads is read by one scan of
+// the fields it knows. A malformed field ends it with an error (and a zero
+// field) saying which.
+func fields(b []byte, typ protowire.Type) iter.Seq2[field, error] {
+	return func(yield func(field, error) bool) {
+		for len(b) > 0 {
+			num, t, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				yield(field{}, protowire.ParseError(n))
+				return
+			}
+			b = b[n:]
+			m := protowire.ConsumeFieldValue(num, t, b)
+			if m < 0 {
+				yield(field{}, fmt.Errorf("field %d: %v", num, protowire.ParseError(m)))
+				return
+			}
+			v := b[:m]
+			b = b[m:]
+			if t != typ {
+				continue
+			}
+			if t == protowire.BytesType {
+				v, _ = protowire.ConsumeBytes(v)
+			}
+			if !yield(field{num: num, v: v}, nil) {
+				return
+			}
+		}
+	}
+}
+
 // scan reads the fields the proxy needs. A field repeated later wins, as in
 // protobuf: that is how withNonce replaces the nonce without re-encoding.
 func (f *frame) scan() error {
-	b := f.b
 	f.resources = 0
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("%w: %v", errMalformed, protowire.ParseError(n))
+	for fd, err := range fields(f.b, protowire.BytesType) {
+		if err != nil {
+			return fmt.Errorf("%w: %v", errMalformed, err)
 		}
-		b = b[n:]
-		if typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return fmt.Errorf("%w: field %d: %v", errMalformed, num, protowire.ParseError(m))
-			}
-			switch num {
-			case fieldVersion:
-				f.version = string(v)
-			case fieldResources:
-				f.resources++
-			case fieldTypeURL:
-				f.typeURL = string(v)
-			case fieldNonce:
-				f.nonce = string(v)
-			}
-			b = b[m:]
-			continue
+		switch fd.num {
+		case fieldVersion:
+			f.version = string(fd.v)
+		case fieldResources:
+			f.resources++
+		case fieldTypeURL:
+			f.typeURL = string(fd.v)
+		case fieldNonce:
+			f.nonce = string(fd.v)
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return fmt.Errorf("%w: field %d: %v", errMalformed, num, protowire.ParseError(m))
-		}
-		b = b[m:]
 	}
 	return nil
 }
@@ -143,41 +169,26 @@ type resourceInfo struct {
 // scanResource reads a discovery.v3.Resource's name, version and flags.
 func scanResource(b []byte) (resourceInfo, error) {
 	var r resourceInfo
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return r, fmt.Errorf("%w: resource: %v", errMalformed, protowire.ParseError(n))
+	for fd, err := range fields(b, protowire.BytesType) {
+		if err != nil {
+			return r, fmt.Errorf("%w: resource: %v", errMalformed, err)
 		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return r, fmt.Errorf("%w: resource field %d: %v", errMalformed, num, protowire.ParseError(m))
-			}
-			b = b[m:]
-			continue
-		}
-		v, m := protowire.ConsumeBytes(b)
-		if m < 0 {
-			return r, fmt.Errorf("%w: resource field %d: %v", errMalformed, num, protowire.ParseError(m))
-		}
-		b = b[m:]
-		switch num {
+		switch fd.num {
 		case fieldResName:
-			r.name = string(v)
+			r.name = string(fd.v)
 		case fieldResResourceName:
 			if r.name == "" {
-				r.name = firstString(v, 1)
+				r.name = firstString(fd.v, 1)
 			}
 		case fieldResVersion:
-			r.version = string(v)
+			r.version = string(fd.v)
 		case fieldResResource:
 			r.hasBody = true
 		case fieldResTTL:
 			r.noCache = true
 		case fieldResCacheControl:
 			// Resource.CacheControl.do_not_cache = 1 (bool).
-			if firstVarint(v, 1) != 0 {
+			if firstVarint(fd.v, 1) != 0 {
 				r.noCache = true
 			}
 		}
@@ -198,55 +209,33 @@ type deltaParts struct {
 
 func splitDelta(b []byte) (deltaParts, error) {
 	var d deltaParts
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return d, fmt.Errorf("%w: %v", errMalformed, protowire.ParseError(n))
+	for fd, err := range fields(b, protowire.BytesType) {
+		if err != nil {
+			return d, fmt.Errorf("%w: %v", errMalformed, err)
 		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return d, fmt.Errorf("%w: field %d: %v", errMalformed, num, protowire.ParseError(m))
-			}
-			b = b[m:]
-			continue
-		}
-		v, m := protowire.ConsumeBytes(b)
-		if m < 0 {
-			return d, fmt.Errorf("%w: field %d: %v", errMalformed, num, protowire.ParseError(m))
-		}
-		b = b[m:]
-		switch num {
+		switch fd.num {
 		case fieldResources:
-			d.resources = append(d.resources, v)
+			d.resources = append(d.resources, fd.v)
 		case fieldRemoved:
-			d.removed = append(d.removed, string(v))
+			d.removed = append(d.removed, string(fd.v))
 		case fieldRemovedNames:
-			d.removed = append(d.removed, firstString(v, 1))
+			d.removed = append(d.removed, firstString(fd.v, 1))
 		}
 	}
 	return d, nil
 }
 
-// firstString is the string field num of message b ("" if absent or bad).
+// firstString is the string field num of message b ("" if absent or bad;
+// the last one if repeated, as protobuf reads it).
 func firstString(b []byte, num protowire.Number) string {
 	var out string
-	for len(b) > 0 {
-		n, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return out
+	for fd, err := range fields(b, protowire.BytesType) {
+		if err != nil {
+			break
 		}
-		b = b[l:]
-		m := protowire.ConsumeFieldValue(n, typ, b)
-		if m < 0 {
-			return out
+		if fd.num == num {
+			out = string(fd.v)
 		}
-		if n == num && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b)
-			out = string(v)
-		}
-		b = b[m:]
 	}
 	return out
 }
@@ -254,20 +243,13 @@ func firstString(b []byte, num protowire.Number) string {
 // firstVarint is the varint field num of message b (0 if absent or bad).
 func firstVarint(b []byte, num protowire.Number) uint64 {
 	var out uint64
-	for len(b) > 0 {
-		n, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return out
+	for fd, err := range fields(b, protowire.VarintType) {
+		if err != nil {
+			break
 		}
-		b = b[l:]
-		m := protowire.ConsumeFieldValue(n, typ, b)
-		if m < 0 {
-			return out
+		if fd.num == num {
+			out, _ = protowire.ConsumeVarint(fd.v)
 		}
-		if n == num && typ == protowire.VarintType {
-			out, _ = protowire.ConsumeVarint(b)
-		}
-		b = b[m:]
 	}
 	return out
 }

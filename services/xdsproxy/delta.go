@@ -8,20 +8,9 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-
-	"github.com/meshagent/meshagent/messages"
 )
-
-// handleDelta is DeltaAggregatedResources, what Istio configures Envoy to
-// use.
-func (s *Service) handleDelta(ss grpc.ServerStream) error {
-	id := s.streamIDs.Add(1)
-	return serveStream[*discoveryv3.DeltaDiscoveryRequest](s, newDelta(s, id), id, ss)
-}
 
 // maxPendingDelta bounds the Delta responses awaiting Envoy's ACK per
 // type. Envoy ACKs each in turn; past this, the type's cached set cannot
@@ -67,24 +56,9 @@ func (*delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return new(discoveryv3.DeltaDiscoveryRequest)
 }
 
-func (*delta) agentRequest(typeURL string) *discoveryv3.DeltaDiscoveryRequest {
-	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL}
-}
-
-func (*delta) agentReply(f *frame, _ string, nack error) *discoveryv3.DeltaDiscoveryRequest {
-	r := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: f.typeURL, ResponseNonce: f.nonce}
-	if nack != nil {
-		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: nack.Error()}
-	}
-	return r
-}
-
-func (*delta) healthRequest(h messages.WorkloadHealth) *discoveryv3.DeltaDiscoveryRequest {
-	r := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: healthInfoType}
-	if !h.Healthy {
-		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: h.Reason}
-	}
-	return r
+// agentRequest has no version: a Delta request carries none.
+func (*delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *discoveryv3.DeltaDiscoveryRequest {
+	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
 func (*delta) agentResource(f *frame) (*anypb.Any, string, error) {
@@ -111,13 +85,7 @@ func (x *delta) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool) req
 		x.record = record
 	}
 	t := req.GetTypeUrl()
-	info := reqInfo{typeURL: t}
-	if d := req.GetErrorDetail(); d != nil {
-		info.nack = d.GetMessage()
-		if info.nack == "" {
-			info.nack = "rejected without a message"
-		}
-	}
+	info := reqInfo{typeURL: t, nack: nackOf(req)}
 	sub := x.subs[t]
 	if sub == nil {
 		sub = &deltaSub{names: map[string]bool{}, initial: maps.Clone(req.GetInitialResourceVersions())}

@@ -132,18 +132,11 @@ func (c *lkg) startDelta(typeURL string, initial map[string]string) {
 	if c.disabled != "" {
 		return
 	}
-	c.setMode(modeDelta)
-	e := c.delta[typeURL]
-	if e == nil {
-		e = &deltaEntry{res: map[string]deltaRes{}}
-		c.delta[typeURL] = e
-	}
+	e := c.deltaSet(typeURL)
 	e.incomplete = false
-	for name, r := range e.res {
+	for name := range e.res {
 		if _, ok := initial[name]; !ok {
-			e.size -= int64(len(r.b))
-			c.size -= int64(len(r.b))
-			delete(e.res, name)
+			c.removeRes(e, name)
 		}
 	}
 	for name, v := range initial {
@@ -163,12 +156,7 @@ func (c *lkg) applyDelta(typeURL string, f *frame) {
 	if c.disabled != "" {
 		return
 	}
-	c.setMode(modeDelta)
-	e := c.delta[typeURL]
-	if e == nil {
-		e = &deltaEntry{res: map[string]deltaRes{}}
-		c.delta[typeURL] = e
-	}
+	e := c.deltaSet(typeURL)
 	defer c.changed()
 	if err != nil {
 		c.markIncomplete(typeURL, e, err.Error())
@@ -183,13 +171,10 @@ func (c *lkg) applyDelta(typeURL string, f *frame) {
 		if !info.hasBody {
 			continue // a TTL heartbeat: nothing changes
 		}
-		old := e.res[info.name]
-		e.size -= int64(len(old.b))
-		c.size -= int64(len(old.b))
+		c.removeRes(e, info.name)
 		if info.noCache {
 			// do_not_cache: "xDS proxies may not cache this resource";
 			// a TTL'd resource would be served past its life.
-			delete(e.res, info.name)
 			continue
 		}
 		e.res[info.name] = deltaRes{version: info.version, b: raw}
@@ -197,14 +182,32 @@ func (c *lkg) applyDelta(typeURL string, f *frame) {
 		c.size += int64(len(raw))
 	}
 	for _, name := range parts.removed {
-		if old, ok := e.res[name]; ok {
-			e.size -= int64(len(old.b))
-			c.size -= int64(len(old.b))
-			delete(e.res, name)
-		}
+		c.removeRes(e, name)
 	}
 	e.version = f.version
 	c.checkSize()
+}
+
+// deltaSet returns typeURL's Delta set, created empty if there is none,
+// with the cache switched to Delta. Called under c.mu.
+func (c *lkg) deltaSet(typeURL string) *deltaEntry {
+	c.setMode(modeDelta)
+	e := c.delta[typeURL]
+	if e == nil {
+		e = &deltaEntry{res: map[string]deltaRes{}}
+		c.delta[typeURL] = e
+	}
+	return e
+}
+
+// removeRes drops resource name from e, if there, and its bytes from both
+// sizes. Called under c.mu.
+func (c *lkg) removeRes(e *deltaEntry, name string) {
+	if old, ok := e.res[name]; ok {
+		e.size -= int64(len(old.b))
+		c.size -= int64(len(old.b))
+		delete(e.res, name)
+	}
 }
 
 // dropDelta marks a type's Delta set incomplete (a response Envoy ACKed

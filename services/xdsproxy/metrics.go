@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // metrics are Istio's XDS proxy metrics (pkg/istio-agent/metrics), by the
@@ -23,6 +25,8 @@ type metrics struct {
 	servingCache prometheus.Gauge
 	stalls       prometheus.Counter
 	cacheWrites  *prometheus.CounterVec // result: ok | error | too_large
+
+	all []prometheus.Collector // every one above, to register
 }
 
 // Istio's termination labels.
@@ -39,50 +43,28 @@ const (
 )
 
 func newMetrics() *metrics {
-	return &metrics{
-		istiodFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "istiod_connection_failures", Help: "The total number of connection failures to Istiod",
-		}),
-		istiodTerminations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istiod_connection_terminations", Help: "The total number of connection errors to Istiod",
-		}, []string{"type"}),
-		envoyTerminations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "envoy_connection_terminations", Help: "The total number of connection errors from envoy",
-		}, []string{"type"}),
-		requests: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "xds_proxy_requests", Help: "The total number of Xds Proxy Requests",
-		}),
-		responses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "xds_proxy_responses", Help: "The total number of Xds Proxy Responses",
-		}),
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "xds_proxy_messages_total",
-			Help: "xDS messages through the proxy, by type URL and direction (request: to the control plane; response: from it; cache: served from the last-known-good configuration).",
-		}, []string{"type_url", "direction"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "xds_proxy_bytes_total",
-			Help: "Bytes of xDS responses through the proxy, by type URL and direction.",
-		}, []string{"type_url", "direction"}),
-		servingCache: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "xds_proxy_serving_cache",
-			Help: "1 while the proxy serves Envoy its cached configuration because the control plane cannot be reached.",
-		}),
-		stalls: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "xds_proxy_stalled_streams_total",
-			Help: "Streams ended because the control plane answered nothing while requests waited.",
-		}),
-		cacheWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "xds_proxy_cache_writes_total",
-			Help: "Writes of the last-known-good configuration file, by result.",
-		}, []string{"result"}),
+	var mm messages.Metrics
+	m := &metrics{
+		istiodFailures:     mm.Counter("istiod_connection_failures", "The total number of connection failures to Istiod"),
+		istiodTerminations: mm.CounterVec("istiod_connection_terminations", "The total number of connection errors to Istiod", "type"),
+		envoyTerminations:  mm.CounterVec("envoy_connection_terminations", "The total number of connection errors from envoy", "type"),
+		requests:           mm.Counter("xds_proxy_requests", "The total number of Xds Proxy Requests"),
+		responses:          mm.Counter("xds_proxy_responses", "The total number of Xds Proxy Responses"),
+		messages: mm.CounterVec("xds_proxy_messages_total",
+			"xDS messages through the proxy, by type URL and direction (request: to the control plane; response: from it; cache: served from the last-known-good configuration).",
+			"type_url", "direction"),
+		bytes: mm.CounterVec("xds_proxy_bytes_total",
+			"Bytes of xDS responses through the proxy, by type URL and direction.",
+			"type_url", "direction"),
+		servingCache: mm.Gauge("xds_proxy_serving_cache",
+			"1 while the proxy serves Envoy its cached configuration because the control plane cannot be reached."),
+		stalls: mm.Counter("xds_proxy_stalled_streams_total",
+			"Streams ended because the control plane answered nothing while requests waited."),
+		cacheWrites: mm.CounterVec("xds_proxy_cache_writes_total",
+			"Writes of the last-known-good configuration file, by result.", "result"),
 	}
-}
-
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		m.istiodFailures, m.istiodTerminations, m.envoyTerminations, m.requests, m.responses,
-		m.messages, m.bytes, m.servingCache, m.stalls, m.cacheWrites,
-	}
+	m.all = mm.Collectors()
+	return m
 }
 
 // typeLabel keeps the type_url label's values bounded: a control plane

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -111,7 +112,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
 	s.lkg = newLKG(cfg.CacheMaxBytes, rt.Log)
 	s.status = newUpstreamStatus(s)
-	if err := rt.Register(s.m.collectors()...); err != nil {
+	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -294,14 +295,20 @@ var adsServiceDesc = grpc.ServiceDesc{
 	ServiceName: adsService,
 	HandlerType: (*any)(nil),
 	Streams: []grpc.StreamDesc{
+		// State of the World.
 		{
-			StreamName:    "StreamAggregatedResources",
-			Handler:       func(srv any, ss grpc.ServerStream) error { return srv.(*Service).handleSotW(ss) },
+			StreamName: "StreamAggregatedResources",
+			Handler: func(srv any, ss grpc.ServerStream) error {
+				return serveStream[*discoveryv3.DiscoveryRequest](srv.(*Service), newSotW, ss)
+			},
 			ServerStreams: true, ClientStreams: true,
 		},
+		// Delta: what Istio configures Envoy to use.
 		{
-			StreamName:    "DeltaAggregatedResources",
-			Handler:       func(srv any, ss grpc.ServerStream) error { return srv.(*Service).handleDelta(ss) },
+			StreamName: "DeltaAggregatedResources",
+			Handler: func(srv any, ss grpc.ServerStream) error {
+				return serveStream[*discoveryv3.DeltaDiscoveryRequest](srv.(*Service), newDelta, ss)
+			},
 			ServerStreams: true, ClientStreams: true,
 		},
 	},

@@ -6,19 +6,9 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-
-	"github.com/meshagent/meshagent/messages"
 )
-
-// handleSotW is StreamAggregatedResources, State of the World.
-func (s *Service) handleSotW(ss grpc.ServerStream) error {
-	id := s.streamIDs.Add(1)
-	return serveStream[*discoveryv3.DiscoveryRequest](s, newSotW(s, id), id, ss)
-}
 
 // sotw tracks a State of the World stream: per type, the names Envoy asked
 // for and the response it has not acknowledged yet. An ACK makes that
@@ -45,26 +35,8 @@ func (*sotw) method() string  { return methodSotW }
 
 func (*sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
 
-func (*sotw) agentRequest(typeURL string) *discoveryv3.DiscoveryRequest {
-	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL}
-}
-
-func (*sotw) agentReply(f *frame, lastGood string, nack error) *discoveryv3.DiscoveryRequest {
-	r := &discoveryv3.DiscoveryRequest{TypeUrl: f.typeURL, VersionInfo: lastGood, ResponseNonce: f.nonce}
-	if nack != nil {
-		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: nack.Error()}
-	}
-	return r
-}
-
-// healthRequest is Istio's health report: a HealthInformation request,
-// with an Internal error detail and the probe's message when unhealthy.
-func (*sotw) healthRequest(h messages.WorkloadHealth) *discoveryv3.DiscoveryRequest {
-	r := &discoveryv3.DiscoveryRequest{TypeUrl: healthInfoType}
-	if !h.Healthy {
-		r.ErrorDetail = &rpcstatus.Status{Code: int32(codes.Internal), Message: h.Reason}
-	}
-	return r
+func (*sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
+	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: version, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
 func (*sotw) agentResource(f *frame) (*anypb.Any, string, error) {
@@ -86,13 +58,7 @@ func (x *sotw) observe(req *discoveryv3.DiscoveryRequest, record bool) reqInfo {
 		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	}
 	t := req.GetTypeUrl()
-	info := reqInfo{typeURL: t}
-	if d := req.GetErrorDetail(); d != nil {
-		info.nack = d.GetMessage()
-		if info.nack == "" {
-			info.nack = "rejected without a message"
-		}
-	}
+	info := reqInfo{typeURL: t, nack: nackOf(req)}
 	if _, ok := x.names[t]; !ok {
 		x.order = append(x.order, t)
 	}

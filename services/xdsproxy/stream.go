@@ -47,6 +47,26 @@ type request interface {
 	GetNode() *corev3.Node
 }
 
+// nackOf is the message of a request's error_detail, which makes it a
+// NACK: never empty then, so that "" means no NACK.
+func nackOf[R request](req R) string {
+	d := req.GetErrorDetail()
+	if d == nil {
+		return ""
+	}
+	if d.GetMessage() == "" {
+		return "rejected without a message"
+	}
+	return d.GetMessage()
+}
+
+// internalError is the error_detail of the agent's own requests (a NACK
+// of an agent type, Istio's report of an unhealthy workload): code
+// Internal, as Istio's agent sends.
+func internalError(msg string) *rpcstatus.Status {
+	return &rpcstatus.Status{Code: int32(codes.Internal), Message: msg}
+}
+
 // reqInfo is what the proxy learns from one of Envoy's requests.
 type reqInfo struct {
 	typeURL string
@@ -65,12 +85,11 @@ type flavor[R request] interface {
 	mode() cacheMode
 	method() string
 	newRequest() R
-	// agentRequest is the agent's own subscription to typeURL.
-	agentRequest(typeURL string) R
-	// agentReply ACKs (nack nil) or NACKs a response of an agent type;
-	// lastGood is the version the agent last accepted.
-	agentReply(f *frame, lastGood string, nack error) R
-	healthRequest(h messages.WorkloadHealth) R
+	// agentRequest is a request of the agent's own: a subscription, an
+	// ACK or NACK of an agent type (consumeAgent), a health report
+	// (healthRequest). version is the one the agent last accepted, sent
+	// where the protocol has one.
+	agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) R
 	// agentResource decodes a response of an agent type: its first
 	// resource and version (errEmptyResource when it has none).
 	agentResource(f *frame) (*anypb.Any, string, error)
@@ -126,8 +145,11 @@ type stream[R request] struct {
 
 var errShuttingDown = status.Error(codes.Unavailable, "the agent's XDS proxy is shutting down")
 
-// serveStream is the body of both ADS handlers.
-func serveStream[R request](s *Service, fl flavor[R], id uint64, down grpc.ServerStream) error {
+// serveStream is the body of both ADS handlers (adsServiceDesc): a new
+// stream, numbered, with the protocol newFlavor makes.
+func serveStream[R request, F flavor[R]](s *Service, newFlavor func(*Service, uint64) F, down grpc.ServerStream) error {
+	id := s.streamIDs.Add(1)
+	fl := newFlavor(s, id)
 	st := &stream[R]{
 		svc: s, fl: fl, id: id, down: down,
 		log:           s.log.With("stream", id, "protocol", fl.mode().String()),
@@ -166,8 +188,18 @@ func (st *stream[R]) end(err error) {
 // the first LDS request). Called under svc.mu.
 func (st *stream[R]) health(h messages.WorkloadHealth) {
 	if st.initialSent {
-		st.queue.put(outgoing[R]{req: st.fl.healthRequest(h), agent: true})
+		st.queue.put(outgoing[R]{req: st.healthRequest(h), agent: true})
 	}
+}
+
+// healthRequest is Istio's health report: a HealthInformation request,
+// with an Internal error detail and the probe's message when unhealthy.
+func (st *stream[R]) healthRequest(h messages.WorkloadHealth) R {
+	var detail *rpcstatus.Status
+	if !h.Healthy {
+		detail = internalError(h.Reason)
+	}
+	return st.fl.agentRequest(healthInfoType, "", "", detail)
 }
 
 // read forwards Envoy's requests to the queue, never blocking on the
@@ -215,13 +247,13 @@ func (st *stream[R]) sendInitial() {
 	}
 	st.initialSent = true
 	if s.cfg.NDS {
-		st.queue.put(outgoing[R]{req: st.fl.agentRequest(nameTableType), agent: true})
+		st.queue.put(outgoing[R]{req: st.fl.agentRequest(nameTableType, "", "", nil), agent: true})
 	}
 	if s.cfg.ProxyConfigXDS {
-		st.queue.put(outgoing[R]{req: st.fl.agentRequest(proxyConfigType), agent: true})
+		st.queue.put(outgoing[R]{req: st.fl.agentRequest(proxyConfigType, "", "", nil), agent: true})
 	}
 	if s.cfg.HealthUpdates && s.lastHealth != nil {
-		st.queue.put(outgoing[R]{req: st.fl.healthRequest(*s.lastHealth), agent: true})
+		st.queue.put(outgoing[R]{req: st.healthRequest(*s.lastHealth), agent: true})
 	}
 }
 
@@ -440,14 +472,16 @@ func (st *stream[R]) consumeAgent(f *frame) {
 	case err == nil:
 		err = st.svc.consume(f.typeURL, res, version)
 	}
+	// The reply ACKs (no error detail) or NACKs the response, with the
+	// version the agent last accepted.
 	var reply R
 	if err != nil {
 		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.typeURL, "version", version, "nonce", f.nonce, "error", err)
-		reply = st.fl.agentReply(f, st.agentVersions[f.typeURL], err)
+		reply = st.fl.agentRequest(f.typeURL, st.agentVersions[f.typeURL], f.nonce, internalError(err.Error()))
 	} else {
 		st.agentVersions[f.typeURL] = f.version
 		st.svc.status.ack(f.typeURL, f.version)
-		reply = st.fl.agentReply(f, f.version, nil)
+		reply = st.fl.agentRequest(f.typeURL, f.version, f.nonce, nil)
 	}
 	st.queue.put(outgoing[R]{req: reply, agent: true})
 }

@@ -107,29 +107,8 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 		subscribed[typeURL] = names
 		return stream.Send(req)
 	}
-	// follow sends the requests the current config calls for that were not
-	// sent yet: EDS/RDS names that changed, LDS once clusters are ready.
 	follow := func() error {
-		for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
-			e.mu.Lock()
-			wanted := t != typeListener || e.ldsWantedLocked()
-			names := e.subscriptionLocked(t)
-			e.mu.Unlock()
-			prev, asked := subscribed[t]
-			switch {
-			case !wanted, t != typeListener && len(names) == 0 && !asked:
-				continue
-			case asked && slices.Equal(prev, names):
-				continue
-			}
-			if t == typeListener && !asked {
-				e.armListenerTimeout()
-			}
-			if err := request(t, names, nil); err != nil {
-				return err
-			}
-		}
-		return nil
+		return e.follow(subscribed, func(t string, names []string) error { return request(t, names, nil) })
 	}
 	if err := request(typeCluster, nil, nil); err != nil {
 		return err
@@ -152,12 +131,7 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 			}
 			continue
 		}
-		applyErr := e.apply(update{typeURL: t, version: resp.GetVersionInfo(), sotw: true, added: resp.GetResources()})
-		var detail *statuspb.Status
-		if applyErr != nil {
-			log.Printf("rejecting %s version %s: %v", shortType[t], resp.GetVersionInfo(), applyErr)
-			detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: applyErr.Error()}
-		}
+		detail := e.applyOrNACK(update{typeURL: t, version: resp.GetVersionInfo(), sotw: true, added: resp.GetResources()})
 		if err := request(t, subscribed[t], detail); err != nil {
 			return err
 		}
@@ -206,28 +180,7 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 		subscribed[typeURL] = names
 		return send(req)
 	}
-	follow := func() error {
-		for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
-			e.mu.Lock()
-			wanted := t != typeListener || e.ldsWantedLocked()
-			names := e.subscriptionLocked(t)
-			e.mu.Unlock()
-			prev, asked := subscribed[t]
-			switch {
-			case !wanted, t != typeListener && len(names) == 0 && !asked:
-				continue
-			case asked && slices.Equal(prev, names):
-				continue
-			}
-			if t == typeListener && !asked {
-				e.armListenerTimeout()
-			}
-			if err := subscribe(t, names); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	follow := func() error { return e.follow(subscribed, subscribe) }
 	if err := subscribe(typeCluster, nil); err != nil {
 		return err
 	}
@@ -253,9 +206,8 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 			for _, name := range resp.GetRemovedResources() {
 				e.record(t, name, nil)
 			}
-		} else if applyErr := e.apply(u); applyErr != nil {
-			log.Printf("rejecting %s: %v", shortType[t], applyErr)
-			req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: applyErr.Error()}
+		} else {
+			req.ErrorDetail = e.applyOrNACK(u)
 		}
 		if err := send(req); err != nil {
 			return err
@@ -264,6 +216,44 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 			return err
 		}
 	}
+}
+
+// follow sends, through ask, the subscriptions the current config calls
+// for that were not sent yet: EDS/RDS names that changed, LDS once
+// clusters are ready. subscribed is what the stream asked for so far.
+func (e *envoy) follow(subscribed map[string][]string, ask func(typeURL string, names []string) error) error {
+	for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
+		e.mu.Lock()
+		wanted := t != typeListener || e.ldsWantedLocked()
+		names := e.subscriptionLocked(t)
+		e.mu.Unlock()
+		prev, asked := subscribed[t]
+		switch {
+		case !wanted, t != typeListener && len(names) == 0 && !asked:
+			continue
+		case asked && slices.Equal(prev, names):
+			continue
+		}
+		if t == typeListener && !asked {
+			e.armListenerTimeout()
+		}
+		if err := ask(t, names); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyOrNACK applies a response of one of Envoy's init types; when Envoy
+// would reject it, it logs why and returns the error detail of the NACK
+// (nil: an ACK).
+func (e *envoy) applyOrNACK(u update) *statuspb.Status {
+	err := e.apply(u)
+	if err == nil {
+		return nil
+	}
+	log.Printf("rejecting %s version %s: %v", shortType[u.typeURL], u.version, err)
+	return &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 }
 
 // sds asks for Istio's two secrets, "default" and "ROOTCA", and ACKs every

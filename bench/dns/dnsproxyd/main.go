@@ -17,15 +17,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"runtime"
-	"runtime/pprof"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/bench/internal/benchmain"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/dnsproxy"
 )
@@ -39,53 +36,14 @@ func main() {
 	flag.StringVar(&cfg.Domain, "domain", "", "the proxy's domain (default <namespace>.svc.cluster.local)")
 	flag.DurationVar(&cfg.ForwardTimeout, "forward-timeout", 5*time.Second, "upstream timeout")
 	flag.BoolVar(&cfg.ForwardParallel, "forward-parallel", false, "query all upstreams at once")
-	verbose := flag.Bool("v", false, "debug logs")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (pprof)")
-	memProfile := flag.String("memprofile", "", "write an allocation profile to this file at exit (pprof)")
+	bench := benchmain.Define("dnsproxyd", slog.LevelInfo)
 	flag.Parse()
 	if *table == "" {
 		fmt.Fprintln(os.Stderr, "dnsproxyd: -table is required")
 		os.Exit(2)
 	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "dnsproxyd: -cpuprofile: %v\n", err)
-			os.Exit(2)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(os.Stderr, "dnsproxyd: -cpuprofile: %v\n", err)
-			os.Exit(2)
-		}
-	}
-	err := run(cfg, *table, log)
-	if *cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
-	if *memProfile != "" {
-		if perr := writeHeapProfile(*memProfile); perr != nil {
-			log.Error("memprofile", "error", perr)
-		}
-	}
-	if err != nil && !errors.Is(err, context.Canceled) {
-		log.Error("dnsproxyd failed", "error", err)
-		os.Exit(1)
-	}
-}
-
-func writeHeapProfile(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	runtime.GC()
-	return pprof.Lookup("allocs").WriteTo(f, 0)
+	log := bench.Logger()
+	bench.Run(log, func(ctx context.Context) error { return run(ctx, cfg, *table, log) })
 }
 
 // healthLog logs every health change.
@@ -95,9 +53,7 @@ func (h healthLog) Send(v messages.Health) {
 	h.log.Info("health", "service", v.Service, "state", v.State.String(), "reason", v.Reason)
 }
 
-func run(cfg dnsproxy.Config, tablePath string, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+func run(ctx context.Context, cfg dnsproxy.Config, tablePath string, log *slog.Logger) error {
 	cell := messages.NewCell[messages.NameTable]()
 	health := healthLog{log}
 	svc, err := dnsproxy.New(cfg, cell, messages.NewRuntime(dnsproxy.Name, health, nil, prometheus.NewRegistry(), log))

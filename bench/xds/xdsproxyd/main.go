@@ -11,17 +11,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"runtime/pprof"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/bench/internal/benchmain"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy"
 )
@@ -33,9 +30,7 @@ func main() {
 	flag.StringVar(&cfg.NodeID, "node", "", "the node id whose configuration is cached")
 	flag.StringVar(&cfg.CacheFile, "cache-file", "", "the cache file (empty: in memory only)")
 	flag.BoolVar(&cfg.OfflineCache, "offline-cache", true, "keep and serve the last-known-good configuration")
-	verbose := flag.Bool("v", false, "debug logs")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	memProfile := flag.String("memprofile", "", "write an allocation profile (pprof allocs) to this file at exit")
+	bench := benchmain.Define("xdsproxyd", slog.LevelWarn)
 	flag.Parse()
 	if cfg.SocketPath == "" || cfg.DiscoveryAddress == "" {
 		fmt.Fprintln(os.Stderr, "xdsproxyd: -socket and -upstream are required")
@@ -45,33 +40,8 @@ func main() {
 		cfg.OfflineCache = false
 	}
 	cfg.Plaintext = true
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "xdsproxyd: -cpuprofile: %v\n", err)
-			os.Exit(2)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	err := run(cfg, log)
-	if *memProfile != "" {
-		if f, perr := os.Create(*memProfile); perr == nil {
-			_ = pprof.Lookup("allocs").WriteTo(f, 0)
-			f.Close()
-		}
-	}
-	if err != nil && !errors.Is(err, context.Canceled) {
-		log.Error("xdsproxyd failed", "error", err)
-		os.Exit(1)
-	}
+	log := bench.Logger()
+	bench.Run(log, func(ctx context.Context) error { return run(ctx, cfg, log) })
 }
 
 // announce prints "listening" at the first state the proxy publishes,
@@ -92,9 +62,7 @@ type discard[T any] struct{}
 
 func (discard[T]) Send(T) {}
 
-func run(cfg xdsproxy.Config, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+func run(ctx context.Context, cfg xdsproxy.Config, log *slog.Logger) error {
 	rt := messages.NewRuntime(xdsproxy.Name, discard[messages.Health]{}, nil, prometheus.NewRegistry(), log)
 	svc, err := xdsproxy.New(cfg, xdsproxy.Inputs{}, xdsproxy.Outputs{State: &announce{socket: cfg.SocketPath}}, rt)
 	if err != nil {

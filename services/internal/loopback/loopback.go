@@ -1,6 +1,7 @@
-// Package loopback checks the listen addresses of the standalone peers
-// (the embedded CA and control plane): they serve one machine's agent and
-// must never be reachable from the network.
+// Package loopback is what the standalone peers (the embedded CA and
+// control plane) share: they serve one machine's agent and must never be
+// reachable from the network, so Check holds their listen addresses to
+// loopback, and Server runs their gRPC server there.
 package loopback
 
 import (

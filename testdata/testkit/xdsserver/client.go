@@ -318,24 +318,11 @@ func (c *Client) applySotW(r *discoveryv3.DiscoveryResponse) proto.Message {
 		}
 		held[name] = r.GetVersionInfo()
 	}
-	ack := &discoveryv3.DiscoveryRequest{TypeUrl: t, ResponseNonce: r.GetNonce()}
-	c.mu.Lock()
-	c.lastNonce[t] = r.GetNonce()
-	c.mu.Unlock()
-	c.notify(func(s *State) {
-		s.Responses[t]++
-		s.Nonces[t] = r.GetNonce()
-		if bad != nil {
-			s.DecodeErrors++
-			ack.VersionInfo = s.Versions[t]
-			ack.ErrorDetail = statusOf(bad)
-			return
-		}
+	detail, version := c.record(t, r.GetNonce(), bad, func(s *State) {
 		c.resources[t] = held
 		s.Versions[t], s.Counts[t] = r.GetVersionInfo(), len(held)
-		ack.VersionInfo = r.GetVersionInfo()
 	})
-	return ack
+	return &discoveryv3.DiscoveryRequest{TypeUrl: t, ResponseNonce: r.GetNonce(), VersionInfo: version, ErrorDetail: detail}
 }
 
 func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message {
@@ -353,18 +340,7 @@ func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message
 		}
 		ups = append(ups, upd{res.GetName(), res.GetVersion()})
 	}
-	ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: r.GetNonce()}
-	c.mu.Lock()
-	c.lastNonce[t] = r.GetNonce()
-	c.mu.Unlock()
-	c.notify(func(s *State) {
-		s.Responses[t]++
-		s.Nonces[t] = r.GetNonce()
-		if bad != nil {
-			s.DecodeErrors++
-			ack.ErrorDetail = statusOf(bad)
-			return
-		}
+	detail, _ := c.record(t, r.GetNonce(), bad, func(s *State) {
 		held := c.resources[t]
 		if held == nil {
 			held = map[string]string{}
@@ -378,7 +354,27 @@ func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message
 		}
 		s.Versions[t], s.Counts[t] = r.GetSystemVersionInfo(), len(held)
 	})
-	return ack
+	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: r.GetNonce(), ErrorDetail: detail}
+}
+
+// record counts a response of type t and keeps its nonce for the next
+// request. Unless bad (a resource did not decode: the response is NACKed,
+// and detail says why), apply changes the state by it. version is the
+// type's version after: the new one, or the one still held after a NACK.
+func (c *Client) record(t, nonce string, bad error, apply func(*State)) (detail *rpcstatus.Status, version string) {
+	c.notify(func(s *State) {
+		c.lastNonce[t] = nonce
+		s.Responses[t]++
+		s.Nonces[t] = nonce
+		if bad != nil {
+			s.DecodeErrors++
+			detail = statusOf(bad)
+		} else {
+			apply(s)
+		}
+		version = s.Versions[t]
+	})
+	return detail, version
 }
 
 func statusOf(err error) *rpcstatus.Status {

@@ -14,6 +14,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -178,7 +180,12 @@ func (s *Server) start(addr string) error {
 			return nil
 		},
 	})
-	opts := []grpc.ServerOption{grpc.ChainStreamInterceptor(s.checkToken, s.hangs)}
+	opts := []grpc.ServerOption{
+		grpc.ChainStreamInterceptor(s.checkToken, s.hangs),
+		// As istiod: keepalive pings every 15 s are welcome (grpc-go's
+		// default of 5 minutes resets an agent's stream after ~2 minutes).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second}),
+	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
 	}
