@@ -63,6 +63,18 @@ func TestControlPlaneOutageEndsStream(t *testing.T) {
 	})
 }
 
+// cachedV1 is a control plane serving v1, and the configuration of a
+// proxy that has written v1 to its cache file and stopped.
+func cachedV1(t *testing.T, delta bool) (*xdsserver.Server, Config) {
+	t.Helper()
+	cp := servingControlPlane(t, "v1", 3)
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	p := startProxy(t, cfg, proxyOpts{})
+	recordV1(t, p, cp, delta)
+	p.stop(t)
+	return cp, cfg
+}
+
 // recordV1 runs a client through the proxy until the control plane has
 // its ACKs of v1 (3 clusters, 2 listeners), so that the proxy cached them.
 func recordV1(t *testing.T, p *proxy, cp *xdsserver.Server, delta bool) {
@@ -149,11 +161,7 @@ func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 // Envoy during an outage.
 func TestCacheFileSurvivesRestart(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 3)
-		cfg := testConfig(tempRoot(t), cp.Addr())
-		p1 := startProxy(t, cfg, proxyOpts{})
-		recordV1(t, p1, cp, delta)
-		p1.stop(t)
+		cp, cfg := cachedV1(t, delta)
 		fi, err := os.Stat(cfg.CacheFile)
 		if err != nil {
 			t.Fatal(err)
@@ -172,11 +180,7 @@ func TestCacheFileSurvivesRestart(t *testing.T) {
 // A cache file that is corrupt, truncated, or written for another node or
 // control plane is ignored with a warning and removed, never served.
 func TestBadCacheFileIgnored(t *testing.T) {
-	cp := servingControlPlane(t, "v1", 3)
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	p := startProxy(t, cfg, proxyOpts{})
-	recordV1(t, p, cp, false)
-	p.stop(t)
+	cp, cfg := cachedV1(t, false)
 	good, err := os.ReadFile(cfg.CacheFile)
 	if err != nil {
 		t.Fatal(err)
