@@ -87,6 +87,16 @@ func testConfig(t testing.TB) BootstrapConfig {
 	}
 }
 
+// writeStrict is WriteBootstrap of c, loaded by loadStrict.
+func writeStrict(t *testing.T, c BootstrapConfig) *bootstrapv3.Bootstrap {
+	t.Helper()
+	out, err := WriteBootstrap(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loadStrict(t, out.Path)
+}
+
 // loadStrict parses a written bootstrap with no unknown fields allowed and validates it.
 func loadStrict(t *testing.T, path string) *bootstrapv3.Bootstrap {
 	t.Helper()
@@ -162,11 +172,7 @@ func TestBootstrapIsDeterministic(t *testing.T) {
 
 func TestBootstrapContents(t *testing.T) {
 	c := testConfig(t)
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	n := b.GetNode()
 	if n.GetId() != "sidecar~10.44.0.12~reviews-v2-5d4b9c8f7-x2x4z.bookinfo~bookinfo.svc.cluster.local" {
 		t.Errorf("node id = %s", n.GetId())
@@ -300,11 +306,7 @@ func TestBootstrapIPFamilies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			c.InstanceIPs, c.DualStack = tc.ips, tc.dualStack
-			out, err := WriteBootstrap(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := loadStrict(t, out.Path)
+			b := writeStrict(t, c)
 			if got := b.GetAdmin().GetAddress().GetSocketAddress().GetAddress(); got != tc.admin {
 				t.Errorf("admin = %s, want %s", got, tc.admin)
 			}
@@ -337,11 +339,7 @@ func TestBootstrapOptions(t *testing.T) {
 	c.Proxy.StatsCompression = wrapperspb.Bool(false)
 	c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin.istio-system:9411"}}}
 	c.Proxy.RuntimeValues = map[string]string{"overload.global_downstream_max_connections": "5000"}
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	if b.GetDynamicResources().GetAdsConfig().GetApiType().String() != "GRPC" {
 		t.Error("ISTIO_DELTA_XDS=false did not select GRPC")
 	}
@@ -412,11 +410,7 @@ func TestPeerMetadataDiscovery(t *testing.T) {
 			if tc.hbone {
 				c.Env = append(c.Env, "ISTIO_META_ENABLE_HBONE=true")
 			}
-			out, err := WriteBootstrap(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := loadStrict(t, out.Path)
+			b := writeStrict(t, c)
 			if got := b.GetNode().GetMetadata().GetFields()["METADATA_DISCOVERY"].GetStringValue(); got != tc.wantMeta {
 				t.Errorf("METADATA_DISCOVERY = %q, want %q", got, tc.wantMeta)
 			}
@@ -431,11 +425,7 @@ func TestPeerMetadataDiscovery(t *testing.T) {
 func TestWaypointUsesDeltaAndMetadataDiscovery(t *testing.T) {
 	c := testConfig(t)
 	c.ProxyType, c.DeltaXDS = "waypoint", false
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	if b.GetDynamicResources().GetAdsConfig().GetApiType().String() != "DELTA_GRPC" {
 		t.Error("waypoint is not always delta")
 	}

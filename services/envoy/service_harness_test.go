@@ -210,6 +210,16 @@ func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) mess
 	return testkit.WaitValue(h.t, h.state, "EnvoyState "+what, ok)
 }
 
+// drainToExit serves until Envoy is ready, drains it as SIGTERM does, and
+// returns Serve's result.
+func (h *harness) drainToExit() error {
+	h.t.Helper()
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	return h.waitServe(errc)
+}
+
 // waitServe waits for Serve's error (hang guard only, not a timing check).
 func (h *harness) waitServe(errc <-chan error) error {
 	h.t.Helper()

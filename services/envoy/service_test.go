@@ -137,10 +137,7 @@ func TestCrashExitStatus(t *testing.T) {
 // SIGTERM exit, Stopped, and no restart.
 func TestDrainExit(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	err := h.waitServe(errc)
+	err := h.drainToExit()
 	if !errors.Is(err, suture.ErrDoNotRestart) || !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve after drain = %v; want ErrDrained and suture.ErrDoNotRestart", err)
 	}
@@ -170,10 +167,7 @@ func TestDrainExitOnZeroActiveConnections(t *testing.T) {
 		c.ExitOnZeroActiveConnections = true
 		c.TerminationDrainDuration = time.Hour
 	})
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	err := h.waitServe(errc)
+	err := h.drainToExit()
 	if !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
@@ -560,10 +554,7 @@ func fakeDrains(t *testing.T, admin string) []string {
 func TestGatewayDrainQuery(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, nil, func(c *Config) { c.DrainQuery = "graceful"; c.TerminationDrainDuration = 0 })
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+	if err := h.drainToExit(); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
 	if !strings.Contains(h.stderr.String(), "drain_listeners?graceful\n") {
@@ -582,10 +573,7 @@ func TestMinimumDrainDurationZero(t *testing.T) {
 		c.MinimumDrainDuration = 0
 		c.TerminationDrainDuration = time.Hour
 	}, clock)
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+	if err := h.drainToExit(); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
 	if !strings.Contains(h.logs.String(), "no more active connections") {
