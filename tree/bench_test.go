@@ -19,6 +19,25 @@ func (s *signallingService) Serve(context.Context) error {
 	return errFake
 }
 
+// measure times b.N restarts after the first run, then stops the
+// supervisor (cancel) and waits for it (done), draining the runs that
+// start meanwhile.
+func (s *signallingService) measure(b *testing.B, cancel context.CancelFunc, done <-chan error) {
+	<-s.started
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		<-s.started
+	}
+	b.StopTimer()
+	cancel()
+	go func() {
+		for range s.started {
+		}
+	}()
+	<-done
+	close(s.started)
+}
+
 // BenchmarkRestartThroughRunner measures failure → next run through our
 // backoff runner (delay 0, so only the machinery is measured);
 // BenchmarkRestartBareSuture is the baseline: suture restarting the same
@@ -34,19 +53,7 @@ func BenchmarkRestartThroughRunner(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- a.Run(ctx) }()
-	<-svc.started
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		<-svc.started
-	}
-	b.StopTimer()
-	cancel()
-	go func() {
-		for range svc.started {
-		}
-	}()
-	<-done
-	close(svc.started)
+	svc.measure(b, cancel, done)
 }
 
 func BenchmarkRestartBareSuture(b *testing.B) {
@@ -55,17 +62,5 @@ func BenchmarkRestartBareSuture(b *testing.B) {
 	sup.Add(svc)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := sup.ServeBackground(ctx)
-	<-svc.started
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		<-svc.started
-	}
-	b.StopTimer()
-	cancel()
-	go func() {
-		for range svc.started {
-		}
-	}()
-	<-done
-	close(svc.started)
+	svc.measure(b, cancel, done)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,13 +20,7 @@ import (
 // readiness returns to 200 after every round and every kill is counted.
 // `make chaos` runs the long form (MESHAGENT_CHAOS_LONG=1).
 func TestChaosSoak(t *testing.T) {
-	rounds := 20
-	if os.Getenv("MESHAGENT_CHAOS_LONG") != "" {
-		rounds = 500
-	}
-	if testing.Short() {
-		rounds = 5
-	}
+	rounds := testkit.ChaosRounds(20, 500, 5)
 	ch := NewChannels(nil)
 	leaves := map[string]*readyService{}
 	for _, name := range []string{"certs", "sds", "dns", "envoyish", "capture"} {
@@ -54,7 +47,7 @@ func TestChaosSoak(t *testing.T) {
 			t.Fatalf("round %d: kill %s = %d %s", round, victim, code, body)
 		}
 		killed[victim]++
-		eventually(t, fmt.Sprintf("round %d: %s restarted (%d kills)", round, victim, killed[victim]), func() bool {
+		testkit.WaitFor(t, fmt.Sprintf("round %d: %s restarted (%d kills)", round, victim, killed[victim]), func() bool {
 			return h.counter("meshagent_service_restarts_total", victim) == float64(killed[victim])
 		})
 		h.waitStatus("/healthz/ready", 200)

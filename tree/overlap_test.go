@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // stubbornService ignores cancellation on its first run until released (a
@@ -78,15 +79,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	ch := NewChannels(nil)
 	stuck := newStubborn("stuck", ch.Health)
 	sibling := &readyService{name: "dns", health: ch.Health}
-	trigger := make(chan struct{}, 1)
-	restartWhen := func(ctx context.Context) bool {
-		select {
-		case <-trigger:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	trigger, restartWhen := manualRestart()
 	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
 		Children: []Node{{Name: "stuck", Service: stuck}, {Name: "dns", Service: sibling}}}},
 		Options{StopTimeout: 20 * time.Millisecond}, []string{"stuck", "dns"})
@@ -96,7 +89,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	trigger <- struct{}{}
 	// Either the second Serve overlapped the first (the bug), or the
 	// runner refused it and said so.
-	eventually(t, "the rebuilt subtree asks for stuck again", func() bool {
+	testkit.WaitFor(t, "the rebuilt subtree asks for stuck again", func() bool {
 		if stuck.maxActive.Load() > 1 {
 			return true
 		}
@@ -109,7 +102,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	if got := stuck.runs.Load(); got != 1 {
 		t.Fatalf("stuck entered Serve %d times while its first run was still inside", got)
 	}
-	eventually(t, "the sibling is rebuilt without waiting for stuck", func() bool { return sibling.runs.Load() == 2 })
+	testkit.WaitFor(t, "the sibling is rebuilt without waiting for stuck", func() bool { return sibling.runs.Load() == 2 })
 	if got := h.counter("meshagent_service_stop_timeouts_total", "stuck"); got != 1 {
 		t.Fatalf("stop timeouts of stuck = %v, want 1", got)
 	}
@@ -121,7 +114,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	}
 
 	stuck.unstick()
-	eventually(t, "stuck runs again once its old Serve returned", func() bool { return stuck.runs.Load() == 2 })
+	testkit.WaitFor(t, "stuck runs again once its old Serve returned", func() bool { return stuck.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
 	if got := stuck.maxActive.Load(); got != 1 {
 		t.Fatalf("%d Serves of stuck ran at once, want 1", got)
@@ -143,14 +136,8 @@ func TestShutdownIsBoundedWhenAServiceIgnoresCancellation(t *testing.T) {
 	h.waitStatus("/healthz/ready", 200)
 
 	h.stop()
-	select {
-	case err := <-h.done:
-		h.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("Run = %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("shutdown hung on a service that ignores cancellation")
+	if err := h.waitRun("shutdown despite a service that ignores cancellation"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 	if stuck.active.Load() != 1 {
 		t.Fatal("the stuck service returned; the test proves nothing")
@@ -162,5 +149,5 @@ func TestShutdownIsBoundedWhenAServiceIgnoresCancellation(t *testing.T) {
 		t.Fatalf("the group was reported too (%v): the report must name the service that hung", got)
 	}
 	stuck.unstick()
-	eventually(t, "the stuck service returns once released", func() bool { return stuck.active.Load() == 0 })
+	testkit.WaitFor(t, "the stuck service returns once released", func() bool { return stuck.active.Load() == 0 })
 }

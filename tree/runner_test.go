@@ -104,13 +104,13 @@ func TestRunnerServeIsExclusive(t *testing.T) {
 	first := make(chan error, 1)
 	firstCtx, cancelFirst := context.WithCancel(context.Background())
 	go func() { first <- r.Serve(firstCtx) }()
-	eventually(t, "the first run is inside Serve", func() bool { return stuck.active.Load() == 1 })
+	testkit.WaitFor(t, "the first run is inside Serve", func() bool { return stuck.active.Load() == 1 })
 	cancelFirst() // ignored by the service
 
 	secondCtx, cancelSecond := context.WithCancel(context.Background())
 	second := make(chan error, 1)
 	go func() { second <- r.Serve(secondCtx) }()
-	eventually(t, "the second entry is refused and reported", func() bool {
+	testkit.WaitFor(t, "the second entry is refused and reported", func() bool {
 		h, ok := r.health.Last()
 		return ok && h.State == messages.Failed
 	})
@@ -130,7 +130,7 @@ func TestRunnerServeIsExclusive(t *testing.T) {
 	if err := <-first; !errors.Is(err, context.Canceled) {
 		t.Fatalf("first Serve = %v", err)
 	}
-	eventually(t, "the third Serve runs the service once the first returned", func() bool { return stuck.runs.Load() == 2 })
+	testkit.WaitFor(t, "the third Serve runs the service once the first returned", func() bool { return stuck.runs.Load() == 2 })
 	if got := stuck.maxActive.Load(); got != 1 {
 		t.Fatalf("%d runs at once", got)
 	}

@@ -143,23 +143,24 @@ func (h *harness) post(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// eventually polls cond until it holds, failing after a generous bound
-// (a liveness bound, not a performance assertion).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+// waitRun waits for the agent's Run to return (what names the reason it
+// should) and returns its error, leaving it for the harness's cleanup.
+func (h *harness) waitRun(what string) error {
+	h.t.Helper()
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		return err
+	case <-time.After(testkit.Timeout):
+		h.t.Fatalf("timed out waiting for %s", what)
+		return nil
 	}
 }
 
 func (h *harness) waitStatus(path string, code int) string {
 	h.t.Helper()
 	var body string
-	eventually(h.t, fmt.Sprintf("GET %s = %d", path, code), func() bool {
+	testkit.WaitFor(h.t, fmt.Sprintf("GET %s = %d", path, code), func() bool {
 		var got int
 		got, body = h.get(path)
 		return got == code
@@ -171,7 +172,7 @@ func (h *harness) waitStatus(path string, code int) string {
 // every supervisor running: a kill then finds its target up.
 func (h *harness) waitAllRunning() {
 	h.t.Helper()
-	eventually(h.t, "every service ready", func() bool {
+	testkit.WaitFor(h.t, "every service ready", func() bool {
 		_, body := h.get("/debug/tree?format=json")
 		var tree struct {
 			Services []messages.ServiceInfo `json:"services"`
@@ -201,4 +202,18 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// manualRestart is a RestartWhen (and the channel that fires it): the
+// group is rebuilt once per send on trigger.
+func manualRestart() (trigger chan<- struct{}, restartWhen func(context.Context) bool) {
+	ch := make(chan struct{}, 1)
+	return ch, func(ctx context.Context) bool {
+		select {
+		case <-ch:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -27,14 +28,14 @@ func TestPanicIsRestartedAndVisible(t *testing.T) {
 	svc := &readyService{name: "ticker", health: ch.Health, panicAfter: 50 * time.Millisecond}
 	h := newHarnessWith(t, ch, []Node{{Name: "ticker", Service: svc}}, Options{}, []string{"ticker"})
 
-	eventually(t, "second run of the panicking service", func() bool { return svc.runs.Load() >= 2 })
+	testkit.WaitFor(t, "second run of the panicking service", func() bool { return svc.runs.Load() >= 2 })
 	h.waitStatus("/healthz/ready", 200)
 
 	var tree struct {
 		Ready    bool                   `json:"ready"`
 		Services []messages.ServiceInfo `json:"services"`
 	}
-	eventually(t, "panic recorded in /debug/tree", func() bool {
+	testkit.WaitFor(t, "panic recorded in /debug/tree", func() bool {
 		_, body := h.get("/debug/tree?format=json")
 		if err := json.Unmarshal([]byte(body), &tree); err != nil {
 			t.Fatalf("bad /debug/tree JSON: %v\n%s", err, body)
@@ -63,49 +64,37 @@ func TestPanicIsRestartedAndVisible(t *testing.T) {
 }
 
 // A service that fails past its give-up limit ends the agent with an error
-// that names it.
+// that names it. Restarts 0 is Istio's behaviour: the first failure ends
+// the agent.
 func TestGiveUpEndsTheAgent(t *testing.T) {
-	ch := NewChannels(nil)
-	bad := &failingService{name: "crasher"}
-	limit := fastPolicy()
-	limit.GiveUp = &GiveUp{Restarts: 3, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- a.Run(context.Background()) }()
-	var runErr error
-	select {
-	case runErr = <-errc:
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not give up")
-	}
-	var gu *GiveUpError
-	if !errors.As(runErr, &gu) {
-		t.Fatalf("Run = %v, want a *GiveUpError", runErr)
-	}
-	if gu.Service != "crasher" || gu.Failures != 4 || !errors.Is(runErr, errFake) {
-		t.Fatalf("give-up = %+v", gu)
-	}
-	if got := bad.runs.Load(); got != 4 {
-		t.Fatalf("service ran %d times, want 4 (3 restarts)", got)
-	}
-}
-
-// Restarts 0 is Istio's behaviour: the first failure ends the agent.
-func TestGiveUpWithZeroRestarts(t *testing.T) {
-	ch := NewChannels(nil)
-	bad := &failingService{name: "envoy"}
-	p := fastPolicy()
-	p.GiveUp = &GiveUp{Restarts: 0, Window: time.Minute}
-	a, err := New(ch, []Node{{Name: "envoy", Service: bad, Policy: p}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gu *GiveUpError
-	if err := a.Run(context.Background()); !errors.As(err, &gu) || bad.runs.Load() != 1 {
-		t.Fatalf("Run = %v after %d runs; want a give-up after 1", err, bad.runs.Load())
+	for _, restarts := range []int{3, 0} {
+		t.Run(fmt.Sprintf("restarts=%d", restarts), func(t *testing.T) {
+			bad := &failingService{name: "crasher"}
+			limit := fastPolicy()
+			limit.GiveUp = &GiveUp{Restarts: restarts, Window: time.Minute}
+			a, err := New(NewChannels(nil), []Node{{Name: "crasher", Service: bad, Policy: limit}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- a.Run(context.Background()) }()
+			var runErr error
+			select {
+			case runErr = <-errc:
+			case <-time.After(testkit.Timeout):
+				t.Fatal("agent did not give up")
+			}
+			var gu *GiveUpError
+			if !errors.As(runErr, &gu) {
+				t.Fatalf("Run = %v, want a *GiveUpError", runErr)
+			}
+			if gu.Service != "crasher" || gu.Failures != restarts+1 || !errors.Is(runErr, errFake) {
+				t.Fatalf("give-up = %+v", gu)
+			}
+			if got := bad.runs.Load(); got != int32(restarts+1) {
+				t.Fatalf("service ran %d times, want %d (%d restarts)", got, restarts+1, restarts)
+			}
+		})
 	}
 }
 
@@ -143,13 +132,7 @@ func TestChaosKillThenReadyAgain(t *testing.T) {
 
 // The tree speaks sd_notify: READY=1 once ready, STOPPING=1 on shutdown.
 func TestSystemdNotify(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
+	conn := notifySocket(t)
 
 	ch := NewChannels(nil)
 	svc := &readyService{name: "svc", health: ch.Health}
@@ -161,6 +144,20 @@ func TestSystemdNotify(t *testing.T) {
 	if got := readNotify(t, conn); got != "STOPPING=1" {
 		t.Fatalf("second notification %q, want STOPPING=1", got)
 	}
+}
+
+// notifySocket is systemd's end of sd_notify, named by NOTIFY_SOCKET for
+// the rest of the test.
+func notifySocket(t *testing.T) *net.UnixConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", sock)
+	return conn
 }
 
 func readNotify(t *testing.T, conn *net.UnixConn) string {
@@ -215,14 +212,8 @@ func TestShutdownDrainsEnvoyFirst(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Envoy was never asked to drain")
 	}
-	select {
-	case err := <-h.done:
-		h.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("graceful Run = %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not stop after the drain")
+	if err := h.waitRun("the agent to stop after the drain"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }
 
@@ -260,14 +251,8 @@ func TestQuitQuitQuit(t *testing.T) {
 	if code, body := h.post("/quitquitquit"); code != 200 || !strings.Contains(body, "OK") {
 		t.Fatalf("POST /quitquitquit = %d %q", code, body)
 	}
-	select {
-	case err := <-h.done:
-		h.done <- err
-		if err != nil {
-			t.Fatalf("Run after quit = %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not stop on /quitquitquit")
+	if err := h.waitRun("the agent to stop on /quitquitquit"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }
 
@@ -277,20 +262,12 @@ func TestSubtreeRebuild(t *testing.T) {
 	ch := NewChannels(nil)
 	a1 := &readyService{name: "xdsproxy", health: ch.Health}
 	a2 := &readyService{name: "dns", health: ch.Health}
-	trigger := make(chan struct{}, 1)
-	restartWhen := func(ctx context.Context) bool {
-		select {
-		case <-trigger:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	trigger, restartWhen := manualRestart()
 	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
 		Children: []Node{{Name: "xdsproxy", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "xdsproxy"})
 	h.waitStatus("/healthz/ready", 200)
 	trigger <- struct{}{}
-	eventually(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
+	testkit.WaitFor(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
 	if got := h.counter("meshagent_service_restarts_total", "xds"); got != 1 {
 		t.Fatalf("xds restarts = %v, want 1", got)
@@ -348,13 +325,7 @@ func TestRootsChangedTrigger(t *testing.T) {
 // With WATCHDOG_USEC set, the tree pings systemd's watchdog at half the
 // interval while its loop runs.
 func TestSystemdWatchdog(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
+	conn := notifySocket(t)
 	t.Setenv("WATCHDOG_USEC", "100000")
 
 	ch := NewChannels(nil)
@@ -379,17 +350,7 @@ func TestDroppedHealthEventsAreCounted(t *testing.T) {
 	for i := 0; i < messages.DefaultStreamBound+6; i++ {
 		ch.Health.Send(messages.Health{Service: "x"})
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if got := testkit.MetricValue(t, reg, "meshagent_health_events_dropped_total"); got != 6 {
+		t.Fatalf("meshagent_health_events_dropped_total = %v, want 6", got)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == "meshagent_health_events_dropped_total" {
-			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 6 {
-				t.Fatalf("dropped counter = %v, want 6", got)
-			}
-			return
-		}
-	}
-	t.Fatal("meshagent_health_events_dropped_total not exported")
 }

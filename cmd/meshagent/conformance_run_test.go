@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // confOutput is what one agent did with a case.
@@ -78,18 +79,6 @@ type liveEnv struct {
 	istioSrc   string // Istio's source (its template, its golden inputs)
 }
 
-// caseRoot is a fresh directory for one agent's run, short enough for the
-// unix sockets under it.
-func caseRoot(t *testing.T, prefix string) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	return root
-}
-
 // prepareRoot writes what an agent reads from its directory: file-mounted
 // dev certificates, the case's inputs, and a world-writable record
 // directory for the stand-in Envoy (Envoy may run as 1337).
@@ -136,15 +125,7 @@ exec "$@"`
 
 // canUseNetns says whether runs can have their own namespaces (root, unshare, ip).
 func canUseNetns() (bool, string) {
-	if os.Geteuid() != 0 {
-		return false, "needs root for network namespaces"
-	}
-	for _, tool := range []string{"unshare", "ip", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return false, "needs " + tool
-		}
-	}
-	return true, ""
+	return testkit.CanRoot("network namespaces", "unshare", "ip", "mount")
 }
 
 // runAgentCase runs one agent binary on a bootstrap or exit case and
@@ -152,7 +133,7 @@ func canUseNetns() (bool, string) {
 // then killed) or it exited. ours adds --root to `proxy`.
 func runAgentCase(t *testing.T, c confCase, binary string, ours, netns bool, istioSrc string) confOutput {
 	t.Helper()
-	root := caseRoot(t, "cf")
+	root := testkit.ShortTempDir(t, "cf")
 	record := prepareRoot(t, c, root, istioSrc)
 	env := c.environment(root, envoyBinary)
 	env["FAKE_ENVOY_RECORD"] = record
@@ -174,16 +155,7 @@ func runAgentCase(t *testing.T, c confCase, binary string, ours, netns bool, ist
 		argv = append([]string{"--net", "--mount", "--", "sh", "-c", netnsScript, "sh", filepath.Join(root, "resolv.conf")}, c.addrs()...)
 		argv = append(append(argv, "--", binary), args...)
 	}
-	cmd := exec.Command(name, argv...)
-	cmd.Dir = root
-	cmd.Env = envList(env)
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, log, exited := startCase(t, root, env, name, argv...)
 
 	out := confOutput{norm: normalizer{root: root, envoy: envoyBinary}}
 	argsFile := filepath.Join(record, "args.json")
@@ -248,7 +220,7 @@ func readRecord(t *testing.T, record string, out *confOutput) {
 // start. `make conformance` checks that this gives what the binary gives.
 func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 	t.Helper()
-	root := caseRoot(t, "cf")
+	root := testkit.ShortTempDir(t, "cf")
 	prepareRoot(t, c, root, istioSrc)
 	env := c.environment(root, "<envoy>")
 	addrs := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("::1/128")}
@@ -307,7 +279,7 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 // its own, and makes the case's requests in order.
 func runStatusCase(t *testing.T, c confCase, binary string, ours bool, istioSrc string) confOutput {
 	t.Helper()
-	root := caseRoot(t, "cs")
+	root := testkit.ShortTempDir(t, "cs")
 	record := prepareRoot(t, c, root, istioSrc)
 	ports := freePorts(t, 5)
 	status, admin, envoyStatus, envoyProm, xds := ports[0], ports[1], ports[2], ports[3], ports[4]
@@ -323,16 +295,7 @@ func runStatusCase(t *testing.T, c confCase, binary string, ours bool, istioSrc 
 	if ours {
 		args = append(args, "--root", root)
 	}
-	cmd := exec.Command(binary, args...)
-	cmd.Dir = root
-	cmd.Env = envList(env)
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, log, exited := startCase(t, root, env, binary, args...)
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		select {
@@ -388,6 +351,23 @@ func runStatusCase(t *testing.T, c confCase, binary string, ours bool, istioSrc 
 	}
 	out.log = log.String()
 	return out
+}
+
+// startCase starts name with argv in root with exactly env, its output
+// in log; exited receives the result of its Wait.
+func startCase(t *testing.T, root string, env map[string]string, name string, argv ...string) (cmd *exec.Cmd, log *testkit.LogBuffer, exited chan error) {
+	t.Helper()
+	cmd = exec.Command(name, argv...)
+	cmd.Dir = root
+	cmd.Env = envList(env)
+	log = &testkit.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited = make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return cmd, log, exited
 }
 
 func envList(env map[string]string) []string {

@@ -8,19 +8,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // needNetns makes a named network namespace with loopback up, or skips.
 func needNetns(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	for _, bin := range []string{"ip", "iptables-save"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s", bin)
-		}
-	}
+	testkit.RequireRoot(t, "to create a network namespace", "ip", "iptables-save")
 	name := fmt.Sprintf("meshagent-e2e-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Skipf("cannot create a network namespace: %v %s", err, out)

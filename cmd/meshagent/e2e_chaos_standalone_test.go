@@ -20,6 +20,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // TestStandaloneChaos is the chaos suite of issue 10 on the real
@@ -386,7 +387,7 @@ func (c *chaosRun) envoyPIDs() []int {
 	var out []int
 	for _, pid := range childPIDs(c.t, c.p.cmd.Process.Pid) {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if strings.TrimSpace(string(comm)) == filepath.Base(envoyBinary) && !isZombie(pid) {
+		if strings.TrimSpace(string(comm)) == filepath.Base(envoyBinary) && !testkit.IsZombie(pid) {
 			out = append(out, pid)
 		}
 	}

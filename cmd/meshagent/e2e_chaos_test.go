@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // TestAgentChaos is an operator's chaos test on the real binary: over and
@@ -23,10 +24,7 @@ import (
 // agent heals every time: all services back, readiness 200. `make chaos`
 // runs the long form (MESHAGENT_CHAOS_LONG=1).
 func TestAgentChaos(t *testing.T) {
-	rounds := 8
-	if os.Getenv("MESHAGENT_CHAOS_LONG") != "" {
-		rounds = 200
-	}
+	rounds := testkit.ChaosRounds(8, 200, 8)
 	dir := t.TempDir()
 	table := filepath.Join(dir, "names.json")
 	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)

@@ -9,7 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // The configuration as a user sees it: flags, variables and the version,
@@ -73,14 +74,7 @@ func TestPostDrainAddsSkipExit(t *testing.T) {
 	}
 	resp.Body.Close()
 	var drains []string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		p.adminJSON(t, "/fake/drains", &drains)
-		if len(drains) > 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "Envoy to see a drain", func() bool { p.adminJSON(t, "/fake/drains", &drains); return len(drains) > 0 })
 	if !slices.Equal(drains, []string{"inboundonly&graceful&skip_exit"}) {
 		t.Fatalf("Envoy saw drains %q, want [inboundonly&graceful&skip_exit]", drains)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // The DNS proxy in the whole agent: fed by --name-table, readiness waits
@@ -52,32 +54,17 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 
 	// A new table file is picked up without a restart.
 	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.8"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if ips, _ := ask("reviews"); len(ips) == 1 && ips[0] == "10.0.0.8" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("table reload not seen")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the table reloaded", func() bool { ips, _ := ask("reviews"); return len(ips) == 1 && ips[0] == "10.0.0.8" })
 
 	// Kill the DNS proxy: the tree restarts it and it answers again.
 	if code, _ := postTo(p.base + "/debug/chaos/kill?service=dns"); code != 200 {
 		t.Fatalf("chaos kill = %d", code)
 	}
 	p.waitLog(t, "dns restart", func(log string) bool { return strings.Contains(log, `msg="service failed; restarting" service=dns`) })
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		if ips, _ := ask("reviews.e2e.svc.cluster.local"); len(ips) == 1 && ips[0] == "10.0.0.8" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("DNS proxy did not come back after the kill")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the DNS proxy back after the kill", func() bool {
+		ips, _ := ask("reviews.e2e.svc.cluster.local")
+		return len(ips) == 1 && ips[0] == "10.0.0.8"
+	})
 	p.waitStatus(t, "/healthz/ready", 200)
 }
 

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 var envoyStarted = regexp.MustCompile(`msg="envoy started" service=envoy pid=(\d+) epoch=(\d+)`)
@@ -24,13 +26,7 @@ func (p *agentProcess) envoyPIDs() map[int]int {
 
 func (p *agentProcess) waitLog(t *testing.T, what string, cond func(log string) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond(p.stderr.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, what, func() bool { return cond(p.stderr.String()) })
 }
 
 func alive(pid int) bool {
@@ -149,12 +145,12 @@ func TestAgentSIGKILLLeavesNoEnvoy(t *testing.T) {
 	for alive(envoyPID) && time.Now().Before(deadline) {
 		// A killed child stays a zombie until its new parent reaps it;
 		// /proc says whether it still runs.
-		if isZombie(envoyPID) {
+		if testkit.IsZombie(envoyPID) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if alive(envoyPID) && !isZombie(envoyPID) {
+	if alive(envoyPID) && !testkit.IsZombie(envoyPID) {
 		t.Fatalf("Envoy %d outlived the agent", envoyPID)
 	}
 }

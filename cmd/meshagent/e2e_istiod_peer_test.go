@@ -126,7 +126,7 @@ func startIstiodPeer(t *testing.T, bin, run string) *istiodPeer {
 	p.token = filepath.Join(p.dir, "istio-token")
 	jwt := exec.Command(filepath.Join(bin, "jwtlocal"), "-token", p.token, "-for", "30m")
 	jwt.Dir = p.dir
-	jwtLog := &lockedBuffer{}
+	jwtLog := &testkit.LogBuffer{}
 	jwt.Stdout, jwt.Stderr = jwtLog, jwtLog
 	if err := jwt.Start(); err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func (p *istiodPeer) stop(t *testing.T) {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	testkit.WaitFor(t, "istiod to exit", func() bool { return !alive(pid) || isZombie(pid) })
+	testkit.WaitFor(t, "istiod to exit", func() bool { return !alive(pid) || testkit.IsZombie(pid) })
 	testkit.WaitFor(t, "istiod's port 15012 to close", func() bool { return !dialable("127.0.0.1:15012") })
 }
 

@@ -187,7 +187,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 		"POD_NAME=pod-0", "POD_NAMESPACE=ns", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
 		"ISTIO_META_DNS_CAPTURE=true", "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_META_NAMESPACE=ns",
 	}
-	log := &lockedBuffer{}
+	log := &testkit.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	start := time.Now()
 	if err := cmd.Start(); err != nil {

@@ -10,10 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // These tests run the real binary, as a user or kubelet would.
@@ -99,7 +100,7 @@ func freePorts(t *testing.T, n int) []int {
 type agentProcess struct {
 	cmd    *exec.Cmd
 	base   string
-	stderr *lockedBuffer
+	stderr *testkit.LogBuffer
 	exited chan error
 	// root is its --root; adminPort, envoyStatusPort and
 	// envoyPrometheusPort are the ports its Envoy was given.
@@ -152,7 +153,7 @@ func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...str
 		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", promPort),
 		"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
 	}, env...)...)
-	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &lockedBuffer{}, exited: make(chan error, 1),
+	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &testkit.LogBuffer{}, exited: make(chan error, 1),
 		root: root, adminPort: adminPort, envoyStatusPort: statusPort, promPort: promPort}
 	p.start(t)
 	return p
@@ -287,12 +288,7 @@ func TestChaosIsOptIn(t *testing.T) {
 // As PID 1 (a container without an init) the agent runs under its own
 // minimal init that forwards signals and passes the exit status through.
 func TestAgentAsPID1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a PID namespace (unshare --pid)")
-	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare (util-linux)")
-	}
+	testkit.RequireRoot(t, "to create a PID namespace", "unshare")
 	out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "version", "-s").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) == "" {
 		t.Fatalf("version as PID 1: %v %q", err, out)
@@ -307,19 +303,12 @@ func TestAgentAsPID1(t *testing.T) {
 // As PID 1 the agent reaps the orphans of its PID namespace, and SIGTERM
 // to PID 1 reaches the agent, which drains and exits 0.
 func TestAgentAsPID1ReapsOrphans(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a PID namespace (unshare --pid)")
-	}
-	for _, bin := range []string{"unshare", "nsenter"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s (util-linux)", bin)
-		}
-	}
+	testkit.RequireRoot(t, "to create a PID namespace", "unshare", "nsenter")
 	port := freePort(t)
 	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", agentBinary, "proxy", "--root", t.TempDir())
 	cmd.Env = append(os.Environ(), fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d}`, port),
 		"DISABLE_ENVOY=true", "PILOT_CERT_PROVIDER=none")
-	var stderr lockedBuffer
+	var stderr testkit.LogBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -350,7 +339,7 @@ func TestAgentAsPID1ReapsOrphans(t *testing.T) {
 			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c))
 			if strings.TrimSpace(string(comm)) == "sleep" {
 				orphans++
-				if isZombie(c) {
+				if testkit.IsZombie(c) {
 					zombies++
 				}
 			}
@@ -394,34 +383,6 @@ func childPIDs(t *testing.T, pid int) []int {
 		}
 	}
 	return out
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// isZombie reports a process that has exited but not been reaped.
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
 
 func httpClient() *http.Client { return &http.Client{Timeout: 10 * time.Second} }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // testHost is a host filled by hand: the given environment, a non-root
@@ -38,11 +39,7 @@ func testHost(t *testing.T, env map[string]string) hostInputs {
 // (107 bytes at most).
 func testRoot(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testkit.ShortTempDir(t, "ma")
 	return root
 }
 
@@ -125,12 +122,8 @@ func TestEnvoyConfigFromEnvironment(t *testing.T) {
 	if want := filepath.Join(root, "etc/istio/proxy/envoy-rev.json"); b.Path != want {
 		t.Fatalf("bootstrap at %s, want %s", b.Path, want)
 	}
-	for _, want := range []string{"sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", `"port_value": 25000`,
-		filepath.Join(root, "etc/istio/proxy/XDS"), filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), `"DNS_CAPTURE": "true"`} {
-		if !strings.Contains(data, want) {
-			t.Errorf("bootstrap lacks %q", want)
-		}
-	}
+	testkit.Contains(t, "bootstrap", data, "sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", `"port_value": 25000`,
+		filepath.Join(root, "etc/istio/proxy/XDS"), filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), `"DNS_CAPTURE": "true"`)
 	for _, want := range [][]string{{"-l", "info"}, {"--component-log-level", "misc:error"}, {"--concurrency", "3"}, {"--drain-time-s", "45"}} {
 		if got := argValue(args, want[0]); got != want[1] {
 			t.Errorf("args %v: %s %q, want %q", args, want[0], got, want[1])

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 type testSettings struct {
@@ -73,11 +75,7 @@ func TestBadSettingsAreReportedTogether(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{`--port "0"`, `--optional "-3"`, `WAIT="soon"`, `ON="perhaps"`} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error does not name %s: %v", want, err)
-		}
-	}
+	testkit.Contains(t, "the error", err.Error(), `--port "0"`, `--optional "-3"`, `WAIT="soon"`, `ON="perhaps"`)
 	if strings.Contains(err.Error(), `PORT="x"`) {
 		t.Errorf("PORT was read although --port was given: %v", err)
 	}
@@ -93,11 +91,7 @@ func TestHelpNamesTheVariables(t *testing.T) {
 	var out bytes.Buffer
 	fs.SetOutput(&out)
 	fs.PrintDefaults()
-	for _, want := range []string{"(env PORT)", "(env WAIT, OLD_WAIT)", "-o, --on", "(default 15000)"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("--help lacks %q:\n%s", want, out.String())
-		}
-	}
+	testkit.Contains(t, "--help", out.String(), "(env PORT)", "(env WAIT, OLD_WAIT)", "-o, --on", "(default 15000)")
 }
 
 func TestEnvVar(t *testing.T) {

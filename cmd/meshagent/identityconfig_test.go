@@ -1,13 +1,12 @@
 package main
 
 import (
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
+	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // TestExternalSDSServerGetsFilesCluster: with a live SDS server (SPIRE's
@@ -27,17 +26,7 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 		t.Fatal("no external SDS server, yet the bootstrap has the files-only SDS cluster")
 	}
 
-	sock := filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket")
-	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
+	xdsserver.ExternalSDS(t, filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
 
 	cfg, err = parseForTest(t, env, "--root", root)
 	if err != nil {
@@ -48,11 +37,7 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 	}
 	_, data, _ = writeEnvoyBootstrap(t, cfg)
 	files := filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
-	for _, want := range []string{`"sds-files-grpc"`, files, `"file-credential": "true"`} {
-		if !strings.Contains(data, want) {
-			t.Errorf("bootstrap with an external SDS server lacks %q", want)
-		}
-	}
+	testkit.Contains(t, "bootstrap with an external SDS server", data, `"sds-files-grpc"`, files, `"file-credential": "true"`)
 }
 
 // ISTIOD_SAN names the CA too when the CA is the discovery address (no

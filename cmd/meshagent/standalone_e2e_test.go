@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +23,8 @@ import (
 	"github.com/miekg/dns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // `meshagent standalone` as a new user runs it: the real binary with the
@@ -174,7 +175,7 @@ func startStandalone(t *testing.T, mesh, upstream string, args ...string) *stand
 		"ECC_SIGNATURE_ALGORITHM=ECDSA", // RSA works too, but keys are slow under -race
 	)
 	p := &standaloneProcess{dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), agentProcess: &agentProcess{
-		cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", status), stderr: &lockedBuffer{}, exited: make(chan error, 1),
+		cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", status), stderr: &testkit.LogBuffer{}, exited: make(chan error, 1),
 		root: root, adminPort: admin, envoyStatusPort: envoyStatus, promPort: prom}}
 	p.start(t)
 	return p
@@ -363,48 +364,14 @@ func readCertificate(t *testing.T, path string) *x509.Certificate {
 	return c
 }
 
-// startUpstreamResolver runs dnsmasq on port 53 of a random loopback
-// address (resolv.conf cannot name a port), answering *.upstream.test with
-// 192.0.2.77 and forwarding nothing. It returns the address, or "" when it
-// cannot (no dnsmasq, or not root: port 53).
+// startUpstreamResolver is the test kit's dnsmasq, answering
+// *.upstream.test with 192.0.2.77. It returns its address, or "" when it
+// cannot run here (no dnsmasq, or not root: port 53).
 func startUpstreamResolver(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("dnsmasq")
-	if err != nil || os.Geteuid() != 0 {
-		t.Log("no dnsmasq on port 53 (needs dnsmasq and root)")
-		return ""
+	ip, why := testkit.Dnsmasq(t)
+	if ip == "" {
+		t.Log(why)
 	}
-	for range 5 {
-		ip := fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), 1+rand.IntN(250), 1+rand.IntN(250))
-		cmd := exec.Command(bin, "--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-			"--port=53", "--listen-address="+ip, "--bind-interfaces", "--pid-file=", "--user=root", "--address=/upstream.test/192.0.2.77")
-		var stderr lockedBuffer
-		cmd.Stderr = &stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its TCP children die with it
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start dnsmasq: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		stop := func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-exited }
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			select {
-			case <-exited:
-				deadline = time.Now()
-				continue
-			default:
-			}
-			c := &dns.Client{Timeout: 200 * time.Millisecond}
-			if r, _, err := c.Exchange(new(dns.Msg).SetQuestion("probe.upstream.test.", dns.TypeA), ip+":53"); err == nil && len(r.Answer) == 1 {
-				t.Cleanup(stop)
-				return ip
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		stop()
-		t.Logf("dnsmasq on %s did not come up: %s", ip, stderr.String())
-	}
-	t.Fatal("dnsmasq did not start")
-	return ""
+	return ip
 }

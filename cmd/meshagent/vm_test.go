@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // A cluster.env as istioctl writes it, with what people add by hand.
@@ -176,11 +177,7 @@ func TestVMUnitVerifies(t *testing.T) {
 	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
-	for _, want := range []string{"Type=notify", "WatchdogSec=30s", "Restart=on-failure", "ExecStart=/usr/local/bin/meshagent vm", "ExecStopPost=-/usr/local/bin/meshagent vm clean"} {
-		if !strings.Contains(string(unit), want) {
-			t.Errorf("unit lacks %q", want)
-		}
-	}
+	testkit.Contains(t, "unit", string(unit), "Type=notify", "WatchdogSec=30s", "Restart=on-failure", "ExecStart=/usr/local/bin/meshagent vm", "ExecStopPost=-/usr/local/bin/meshagent vm clean")
 }
 
 // Envoy's user is the one the capture rules exempt: the uid of

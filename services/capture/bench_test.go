@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -18,12 +17,7 @@ import (
 // so the runtime discards it (and the namespace) when the benchmark returns.
 func enterNetnsB(b *testing.B) {
 	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("needs root (network namespace, iptables)")
-	}
-	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		b.Skip("needs iptables")
-	}
+	testkit.RequireRoot(b, "network namespace, iptables", "iptables-restore")
 	runtime.LockOSThread()
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 		b.Fatalf("unshare: %v", err)

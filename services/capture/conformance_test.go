@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // conformanceCase is one entry of testdata/conformance/cases.json (Istio's
@@ -78,28 +80,10 @@ func TestConformance(t *testing.T) {
 			}
 			got := strings.TrimSpace(Build(configFromCase(t, c)).DryRunText())
 			if want := strings.TrimSpace(string(golden)); got != want {
-				t.Errorf("rules differ from %s\n%s", c.GoldenFile, lineDiff(want, got))
+				t.Errorf("rules differ from %s\n%s", c.GoldenFile, testkit.LineDiff(want, got))
 			}
 		})
 	}
-}
-
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var sb strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var a, b string
-		if i < len(w) {
-			a = w[i]
-		}
-		if i < len(g) {
-			b = g[i]
-		}
-		if a != b {
-			sb.WriteString("line " + itoaTest(i+1) + ":\n  want: " + a + "\n  got:  " + b + "\n")
-		}
-	}
-	return sb.String()
 }
 
 // splitGolden returns a golden's IPv4 and IPv6 restore inputs: the blocks

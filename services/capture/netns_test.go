@@ -193,14 +193,7 @@ func inNetns(t *testing.T, unshareFlags ...string) bool {
 
 func requireKernel(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, iptables)")
-	}
-	for _, bin := range []string{"unshare", "ip", "iptables", "iptables-save", "iptables-restore", "ip6tables"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s in PATH", bin)
-		}
-	}
+	testkit.RequireRoot(t, "network namespaces, iptables", "unshare", "ip", "iptables", "iptables-save", "iptables-restore", "ip6tables")
 }
 
 func sh(t *testing.T, args ...string) string {
@@ -239,11 +232,7 @@ func setupTopology(t *testing.T) *topology {
 	in("ip", "-6", "addr", "add", "2001:db8:1::7/128", "dev", "lo")
 
 	// Test binaries live in 0700 build dirs: copy for other UIDs.
-	dir, err := os.MkdirTemp("", "capture-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testkit.ShortTempDir(t, "capture-bin-")
 	os.Chmod(dir, 0o755)
 	tp.bin = filepath.Join(dir, "capture.test")
 	data, err := os.ReadFile(os.Args[0])

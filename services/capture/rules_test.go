@@ -6,8 +6,6 @@ import (
 	"testing"
 )
 
-func itoaTest(n int) string { return strconv.Itoa(n) }
-
 // TestMultiportChunking: 1 port is "--dport", more are multiport matches of
 // at most 15 ports each, in order.
 func TestMultiportChunking(t *testing.T) {

@@ -9,18 +9,18 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/istioca"
 )
 
 // BenchmarkCSRRoundTrip: key generation (ECDSA P-256), CSR, CreateCertificate
 // over TLS to the test CA, and the check of the answer.
 func BenchmarkCSRRoundTrip(b *testing.B) {
-	ca := newTestCA(b, time.Hour)
-	ca.start(b)
+	ca := istioca.Start(b, istioca.Options{Lifetime: time.Hour, Token: testToken})
 	root := b.TempDir()
 	cfg := testConfig(root)
-	cfg.CAAddr, cfg.KeyAlgorithm = ca.addr, ECDSA
-	writeFile(b, cfg.CARootFile, ca.pki.CertPEM)
-	writeFile(b, cfg.TokenFile, []byte(testToken))
+	cfg.CAAddr, cfg.KeyAlgorithm = ca.Addr, ECDSA
+	testkit.WriteFile(b, cfg.CARootFile, ca.Root.CertPEM)
+	testkit.WriteFile(b, cfg.TokenFile, []byte(testToken))
 	s := newService(b, cfg, &testkit.Recorder[messages.CertBundle]{}, &testkit.HealthRecorder{}, nil, nil, nil)
 	conn, err := s.dialCA()
 	if err != nil {

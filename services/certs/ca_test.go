@@ -2,153 +2,58 @@ package certs
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	meshca "github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/istioca"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 const testToken = "test-jwt-token"
 
-// testCA implements IstioCertificateService over TLS, signing CSRs with a
-// root made in the test. It checks the bearer token.
-type testCA struct {
-	pb.UnimplementedIstioCertificateServiceServer
-	pki      *pki.CA
-	lifetime time.Duration
-	addr     string
-	tlsCfg   *tls.Config
-
-	mu         sync.Mutex
-	calls      int
-	clusterIDs []string
-	uris       []string
-	ttls       []int64
-	shortChain bool
-
-	srv *grpc.Server
-	lis net.Listener
-}
-
-func newTestCA(t testing.TB, lifetime time.Duration) *testCA {
+// shortChainCA answers every request with one certificate and no root,
+// as a CA that leaves its root out of cert_chain would (the real CA of
+// the test kit never does). It serves TLS for 127.0.0.1 with a
+// certificate from root, and returns its address.
+func shortChainCA(t *testing.T, root *pki.CA) string {
 	t.Helper()
-	root := pki.NewRoot(t, "meshagent test root")
-	chain, key := root.Leaf(t, pki.Leaf{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
-	cert, err := tls.X509KeyPair(chain, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &testCA{pki: root, lifetime: lifetime, tlsCfg: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca.addr = lis.Addr().String()
-	lis.Close() // started by start(), so that tests can have the CA down first
-	return ca
-}
-
-// start serves on ca.addr (the same port each time).
-func (ca *testCA) start(t testing.TB) {
-	t.Helper()
-	var lis net.Listener
-	var err error
-	for i := 0; i < 50; i++ {
-		if lis, err = net.Listen("tcp", ca.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(ca.tlsCfg)))
-	pb.RegisterIstioCertificateServiceServer(srv, ca)
-	ca.mu.Lock()
-	ca.srv, ca.lis = srv, lis
-	ca.mu.Unlock()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(root.ServerTLS(t, "127.0.0.1"))))
+	pb.RegisterIstioCertificateServiceServer(srv, shortChain{chain: string(root.CertPEM)})
 	go srv.Serve(lis)
-	t.Cleanup(ca.stop)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
 }
 
-func (ca *testCA) stop() {
-	ca.mu.Lock()
-	srv := ca.srv
-	ca.srv = nil
-	ca.mu.Unlock()
-	if srv != nil {
-		srv.Stop()
-	}
+type shortChain struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	chain string
 }
 
-func (ca *testCA) callCount() int {
-	ca.mu.Lock()
-	defer ca.mu.Unlock()
-	return ca.calls
+func (s shortChain) CreateCertificate(context.Context, *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	return &pb.IstioCertificateResponse{CertChain: []string{s.chain}}, nil
 }
-
-func (ca *testCA) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
-	ca.mu.Lock()
-	ca.calls++
-	ca.mu.Unlock()
-	md, _ := metadata.FromIncomingContext(ctx)
-	if auth := md.Get("authorization"); len(auth) != 1 || auth[0] != "Bearer "+testToken {
-		return nil, status.Error(codes.Unauthenticated, "authenticate caller: token rejected by test CA")
-	}
-	block, _ := pem.Decode([]byte(req.Csr))
-	if block == nil {
-		return nil, status.Error(codes.InvalidArgument, "CSR is not PEM")
-	}
-	csr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil || csr.CheckSignature() != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
-	}
-	ca.mu.Lock()
-	ca.clusterIDs = append(ca.clusterIDs, strings.Join(md.Get("clusterid"), ","))
-	for _, u := range csr.URIs {
-		ca.uris = append(ca.uris, u.String())
-	}
-	ca.ttls = append(ca.ttls, req.ValidityDuration)
-	short := ca.shortChain
-	ca.mu.Unlock()
-	leaf := ca.pki.Sign(testingShim{}, csr.PublicKey, pki.Leaf{SPIFFE: spiffeOf(csr), Lifetime: ca.lifetime})
-	if short {
-		return &pb.IstioCertificateResponse{CertChain: []string{string(leaf)}}, nil
-	}
-	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf), string(ca.pki.CertPEM)}}, nil
-}
-
-// testingShim lets the server goroutine use Sign (which only fails on a
-// broken test PKI).
-type testingShim struct{ testing.TB }
-
-func (testingShim) Helper()           {}
-func (testingShim) Fatal(args ...any) { panic(fmt.Sprint(args...)) }
 
 // caSetup is a root dir with the CA root and token files.
 type caSetup struct {
-	ca     *testCA
+	ca     *istioca.CA // the agent's own CA, not yet started
 	root   string
 	cfg    Config
 	out    *testkit.Recorder[messages.CertBundle]
@@ -158,29 +63,19 @@ type caSetup struct {
 }
 
 func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
-	ca := newTestCA(t, lifetime)
+	ca := istioca.New(t, istioca.Options{Lifetime: lifetime, Token: testToken})
 	root := t.TempDir()
 	c := &caSetup{ca: ca, root: root, out: &testkit.Recorder[messages.CertBundle]{}, health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	c.cfg = chooseSource(testConfig(root), root, false)
-	c.cfg.CAAddr = ca.addr
+	c.cfg.CAAddr = ca.Addr
 	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
 	c.cfg.ClusterID = "Kubernetes"
 	c.cfg.Namespace, c.cfg.ServiceAccount = "shop", "cart"
 	c.cfg.RetryInitial = 50 * time.Millisecond
 	c.cfg.RetryMax = 400 * time.Millisecond
-	writeFile(t, c.cfg.CARootFile, ca.pki.CertPEM)
-	writeFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
+	testkit.WriteFile(t, c.cfg.CARootFile, ca.Root.CertPEM)
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken+"\n"))
 	return c
-}
-
-func writeFile(t testing.TB, path string, data []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func (c *caSetup) start(t *testing.T) *testkit.Serving {
@@ -189,12 +84,12 @@ func (c *caSetup) start(t *testing.T) *testkit.Serving {
 
 func TestCAIssuesSpiffeCertificate(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.cfg.OutputCertsDir = filepath.Join(c.root, "out")
 	c.start(t)
 	b := c.out.WaitLast(t, "certificate from CA", func(b messages.CertBundle) bool { return b.Version != "" })
 	c.health.WaitState(t, messages.Ready, "")
-	if string(b.RootsPEM) != string(c.ca.pki.CertPEM) {
+	if string(b.RootsPEM) != string(c.ca.Root.CertPEM) {
 		t.Error("roots are not the last element of the CA's chain")
 	}
 	certs, err := parseCerts(b.CertChainPEM)
@@ -204,11 +99,8 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 	if got := certs[0].URIs[0].String(); got != "spiffe://cluster.local/ns/shop/sa/cart" {
 		t.Errorf("SAN %s", got)
 	}
-	c.ca.mu.Lock()
-	if c.ca.clusterIDs[0] != "Kubernetes" || c.ca.ttls[0] != int64((24*time.Hour)/time.Second) {
-		t.Errorf("request: ClusterID %q ttl %d", c.ca.clusterIDs[0], c.ca.ttls[0])
-	}
-	c.ca.mu.Unlock()
+	// The request: Istio's ClusterID metadata and SECRET_TTL.
+	c.ca.Logs.WaitLine(t, "certificate issued", "cluster_id=Kubernetes", "requested=24h0m0s")
 	if _, err := parseKey(b.KeyPEM); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +123,7 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 // A short-lived certificate is renewed before it expires.
 func TestCARenewsBeforeExpiry(t *testing.T) {
 	c := newCASetup(t, 4*time.Second)
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	b1 := c.out.WaitLast(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	b2 := c.out.WaitLast(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
@@ -247,13 +139,13 @@ func TestCARenewsBeforeExpiry(t *testing.T) {
 func TestCADownThenUp(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.start(t)
-	c.health.WaitState(t, messages.Starting, "CreateCertificate at "+c.ca.addr)
+	c.health.WaitState(t, messages.Starting, "CreateCertificate at "+c.ca.Addr)
 	time.Sleep(600 * time.Millisecond) // several retries
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.out.WaitLast(t, "certificate once the CA is up", func(b messages.CertBundle) bool { return b.Version != "" })
 	c.health.WaitState(t, messages.Ready, "")
-	if n := c.ca.callCount(); n != 1 {
-		t.Errorf("CA saw %d calls; want 1 (failures were connection errors)", n)
+	if n := c.ca.Requests(t); n != 1 {
+		t.Errorf("CA saw %d requests; want 1 (failures were connection errors)", n)
 	}
 }
 
@@ -261,40 +153,39 @@ func TestCADownThenUp(t *testing.T) {
 // publishes a new one.
 func TestCARenewalFailureKeepsOldCert(t *testing.T) {
 	c := newCASetup(t, 3*time.Second)
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	b1 := c.out.WaitLast(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
-	c.ca.stop()
+	c.ca.Stop(t)
 	c.health.WaitState(t, messages.Degraded, "serving the previous certificate")
 	if got, _ := c.out.Get(); got.Version != b1.Version {
 		t.Fatal("bundle changed while the CA was down")
 	}
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.out.WaitLast(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
 	c.health.WaitState(t, messages.Ready, "")
 }
 
 func TestCAWrongTokenReason(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	writeFile(t, c.cfg.TokenFile, []byte("wrong"))
-	c.ca.start(t)
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte("wrong"))
+	c.ca.Start(t)
 	c.start(t)
-	h := c.health.WaitState(t, messages.Starting, "token rejected by test CA")
+	h := c.health.WaitState(t, messages.Starting, meshca.ErrUnauthenticated.Error())
 	if !strings.Contains(h.Reason, "Unauthenticated") {
 		t.Errorf("reason %q lacks the gRPC code", h.Reason)
 	}
-	if !strings.Contains(c.logs.String(), "token rejected by test CA") {
+	if !strings.Contains(c.logs.String(), meshca.ErrUnauthenticated.Error()) {
 		t.Error("the CA's error is not in the log")
 	}
 	// The token is read on every call: fixing the file is enough.
-	writeFile(t, c.cfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, c.cfg.TokenFile, []byte(testToken))
 	c.out.WaitLast(t, "certificate after the token is fixed", func(b messages.CertBundle) bool { return b.Version != "" })
 }
 
 func TestCAShortChainRejected(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	c.ca.shortChain = true
-	c.ca.start(t)
+	c.cfg.CAAddr = shortChainCA(t, c.ca.Root)
 	c.start(t)
 	c.health.WaitState(t, messages.Starting, ErrShortChain.Error())
 	if _, ok := c.out.Get(); ok {
@@ -312,7 +203,7 @@ func TestCAMissingRootFile(t *testing.T) {
 func TestCARSAKey(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	c.cfg.KeyAlgorithm, c.cfg.PKCS8Key = RSA, false
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	b := c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
 	if !strings.HasPrefix(string(b.KeyPEM), "-----BEGIN RSA PRIVATE KEY-----") {
@@ -323,7 +214,7 @@ func TestCARSAKey(t *testing.T) {
 // After a restart of Serve a still-valid certificate is kept, not replaced.
 func TestCARestartKeepsValidCert(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	c.ca.start(t)
+	c.ca.Start(t)
 	s := newService(t, c.cfg, c.out, c.health, c.logs.Logger(), nil, nil)
 	first := testkit.Serve(t, s)
 	c.out.WaitLast(t, "certificate", func(b messages.CertBundle) bool { return b.Version != "" })
@@ -331,7 +222,7 @@ func TestCARestartKeepsValidCert(t *testing.T) {
 	second := testkit.Serve(t, s)
 	c.health.WaitState(t, messages.Ready, "")
 	second.Stop(t)
-	if n := c.ca.callCount(); n != 1 || c.out.Len() != 1 {
+	if n := c.ca.Requests(t); n != 1 || c.out.Len() != 1 {
 		t.Fatalf("after restart: %d CA calls, %d publishes; want 1 and 1", n, c.out.Len())
 	}
 }
@@ -423,7 +314,7 @@ func TestChooseSource(t *testing.T) {
 					if slices.Contains(tc.empty, filepath.Base(f)) {
 						data = nil
 					}
-					writeFile(t, f, data)
+					testkit.WriteFile(t, f, data)
 				}
 			}
 			got := chooseSource(cfg, root, tc.fileMounted)
@@ -488,11 +379,3 @@ func TestCAServerName(t *testing.T) {
 
 // testWorkloadID is the identity of the file-mounted test certificates.
 const testWorkloadID = "spiffe://cluster.local/ns/default/sa/test"
-
-// spiffeOf is the CSR's SPIFFE ID, "" if it has none.
-func spiffeOf(csr *x509.CertificateRequest) string {
-	if len(csr.URIs) == 0 {
-		return ""
-	}
-	return csr.URIs[0].String()
-}

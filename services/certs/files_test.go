@@ -40,16 +40,26 @@ func newFileSetup(t *testing.T) *fileSetup {
 
 func (f *fileSetup) writeAll(t *testing.T, chain, key []byte) {
 	t.Helper()
-	mustWrite(t, filepath.Join(f.dir, RootCertFileName), f.pki.CertPEM)
-	mustWrite(t, filepath.Join(f.dir, KeyFileName), key)
-	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(f.dir, RootCertFileName), f.pki.CertPEM)
+	testkit.WriteFile(t, filepath.Join(f.dir, KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(f.dir, CertChainFileName), chain)
 }
 
-func mustWrite(t *testing.T, path string, data []byte) {
+// leaf is a fresh workload certificate from the setup's root.
+func (f *fileSetup) leaf(t *testing.T) (chain, key []byte) {
 	t.Helper()
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+}
+
+// startLoaded mounts a fresh certificate, starts the service and waits
+// for the bundle it publishes first.
+func (f *fileSetup) startLoaded(t *testing.T) (chain, key []byte, first messages.CertBundle) {
+	t.Helper()
+	chain, key = f.leaf(t)
+	f.writeAll(t, chain, key)
+	f.start(t)
+	first = f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	return chain, key, first
 }
 
 func (f *fileSetup) start(t *testing.T) *testkit.Serving {
@@ -58,20 +68,17 @@ func (f *fileSetup) start(t *testing.T) *testkit.Serving {
 
 func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	f.writeAll(t, chain1, key1)
-	f.start(t)
-	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	chain1, key1, b1 := f.startLoaded(t)
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) || string(b1.RootsPEM) != string(f.pki.CertPEM) {
 		t.Fatal("published bundle does not hold the files' content")
 	}
 	f.health.WaitState(t, messages.Ready, "")
 
-	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain2, key2 := f.leaf(t)
 	// Plain in-place writes, key first: in between, the pair may not
 	// match; the debounce and the final check must end on the new pair.
-	mustWrite(t, filepath.Join(f.dir, KeyFileName), key2)
-	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain2)
+	testkit.WriteFile(t, filepath.Join(f.dir, KeyFileName), key2)
+	testkit.WriteFile(t, filepath.Join(f.dir, CertChainFileName), chain2)
 	b2 := f.out.WaitLast(t, "rotated bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 	if b2.Version == b1.Version {
 		t.Fatal("version unchanged after rotation")
@@ -81,15 +88,12 @@ func TestFilesInitialLoadAndPlainWriteRotation(t *testing.T) {
 
 func TestFilesRotationByRename(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	f.writeAll(t, chain1, key1)
-	f.start(t)
-	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	f.startLoaded(t)
 
-	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain2, key2 := f.leaf(t)
 	for name, data := range map[string][]byte{KeyFileName: key2, CertChainFileName: chain2} {
 		tmp := filepath.Join(f.dir, "."+name+".swp")
-		mustWrite(t, tmp, data)
+		testkit.WriteFile(t, tmp, data)
 		if err := os.Rename(tmp, filepath.Join(f.dir, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -106,9 +110,9 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		mustWrite(t, filepath.Join(d, CertChainFileName), chain)
-		mustWrite(t, filepath.Join(d, KeyFileName), key)
-		mustWrite(t, filepath.Join(d, RootCertFileName), f.pki.CertPEM)
+		testkit.WriteFile(t, filepath.Join(d, CertChainFileName), chain)
+		testkit.WriteFile(t, filepath.Join(d, KeyFileName), key)
+		testkit.WriteFile(t, filepath.Join(d, RootCertFileName), f.pki.CertPEM)
 		tmpLink := filepath.Join(f.dir, "..data_tmp")
 		if err := os.Symlink(gen, tmpLink); err != nil {
 			t.Fatal(err)
@@ -117,7 +121,7 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain1, key1 := f.leaf(t)
 	writeGeneration("..2026_01_01_00_00_00.1", chain1, key1)
 	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
 		if err := os.Symlink(filepath.Join("..data", n), filepath.Join(f.dir, n)); err != nil {
@@ -127,31 +131,28 @@ func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 	f.start(t)
 	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
 
-	chain2, key2 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain2, key2 := f.leaf(t)
 	writeGeneration("..2026_01_01_00_00_00.2", chain2, key2)
 	f.out.WaitLast(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 }
 
 func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	f.writeAll(t, chain1, key1)
-	f.start(t)
-	b1 := f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	chain1, key1, b1 := f.startLoaded(t)
 	f.health.WaitState(t, messages.Ready, "")
 
 	// A corrupt chain.
-	mustWrite(t, filepath.Join(f.dir, CertChainFileName), []byte("-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"))
+	testkit.WriteFile(t, filepath.Join(f.dir, CertChainFileName), []byte("-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"))
 	h := f.health.WaitState(t, messages.Degraded, filepath.Join(f.dir, CertChainFileName))
 	if !strings.Contains(h.Reason, "no PEM certificate") {
 		t.Errorf("reason %q does not say what is wrong", h.Reason)
 	}
 
 	// A well-formed key that does not belong to the (restored) leaf.
-	mustWrite(t, filepath.Join(f.dir, CertChainFileName), chain1)
+	testkit.WriteFile(t, filepath.Join(f.dir, CertChainFileName), chain1)
 	f.health.WaitState(t, messages.Ready, "")
-	_, otherKey := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	mustWrite(t, filepath.Join(f.dir, KeyFileName), otherKey)
+	_, otherKey := f.leaf(t)
+	testkit.WriteFile(t, filepath.Join(f.dir, KeyFileName), otherKey)
 	h = f.health.WaitState(t, messages.Degraded, "does not match the leaf certificate")
 	if !strings.Contains(h.Reason, filepath.Join(f.dir, KeyFileName)) {
 		t.Errorf("reason %q does not name the key file", h.Reason)
@@ -167,26 +168,16 @@ func TestFilesBadUpdateKeepsLastGood(t *testing.T) {
 	}
 
 	// Recovery on the next change.
-	mustWrite(t, filepath.Join(f.dir, KeyFileName), key1)
+	testkit.WriteFile(t, filepath.Join(f.dir, KeyFileName), key1)
 	f.health.WaitState(t, messages.Ready, "")
 }
 
 func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 	f := newFileSetup(t)
-	chain1, key1 := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	f.writeAll(t, chain1, key1)
-	f.start(t)
-	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return b.Version != "" })
+	chain1, key1, _ := f.startLoaded(t)
 	f.writeAll(t, chain1, key1)
 	// The rewrite is seen and re-read ...
-	deadline := time.After(10 * time.Second)
-	for !strings.Contains(f.logs.String(), "certificate files unchanged") {
-		select {
-		case <-deadline:
-			t.Fatal("rewrite never reloaded; log:\n" + f.logs.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	f.logs.WaitLine(t, "certificate files unchanged")
 	// ... and publishes nothing.
 	if c := f.out.Len(); c != 1 {
 		t.Fatalf("identical rewrite published: %d bundles", c)
@@ -195,9 +186,9 @@ func TestFilesIdenticalRewriteIsNoNewVersion(t *testing.T) {
 
 func TestFilesExpiredLeafRejected(t *testing.T) {
 	f := newFileSetup(t)
-	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain, key := f.leaf(t)
 	f.writeAll(t, chain, key)
-	f.clock = fixedClock{time.Now().Add(2 * time.Hour)}
+	f.clock = testkit.FrozenClock{At: time.Now().Add(2 * time.Hour)}
 	f.start(t)
 	f.health.WaitState(t, messages.Starting, "leaf certificate has expired")
 	if _, ok := f.out.Get(); ok {
@@ -209,7 +200,7 @@ func TestFilesMissingAtStartThenAppear(t *testing.T) {
 	f := newFileSetup(t)
 	f.start(t)
 	f.health.WaitState(t, messages.Starting, CertChainFileName)
-	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain, key := f.leaf(t)
 	f.writeAll(t, chain, key)
 	f.out.WaitLast(t, "bundle once files appear", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
 	f.health.WaitState(t, messages.Ready, "")
@@ -224,12 +215,7 @@ func TestFilesDirectoryAppearsLate(t *testing.T) {
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	chain, key := f.pki.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	chain, key := f.leaf(t)
 	f.writeAll(t, chain, key)
 	f.out.WaitLast(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
 }
-
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time                         { return c.t }
-func (c fixedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -17,13 +18,13 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 	c := newCASetup(t, time.Hour)
 	mounted := pki.NewRoot(t, "meshagent test root")
 	rootFile := filepath.Join(c.root, testEtcCertsDir, RootCertFileName)
-	writeFile(t, rootFile, mounted.CertPEM)
+	testkit.WriteFile(t, rootFile, mounted.CertPEM)
 	c.cfg = chooseSource(c.cfg, c.root, false)
 	if c.cfg.Source != SourceCA || c.cfg.Roots != RootsFromFile {
 		t.Fatalf("chose %v / %v; want the CA's certificate with the file's roots", c.cfg.Source, c.cfg.Roots)
 	}
 	c.cfg.FileDebounce = 20 * time.Millisecond
-	c.ca.start(t)
+	c.ca.Start(t)
 	c.start(t)
 	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	chain, err := parseCerts(b1.CertChainPEM)
@@ -37,17 +38,17 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 
 	// A new mounted root: the same certificate, the new roots, no CA call.
 	next := pki.NewRoot(t, "meshagent test root")
-	writeFile(t, rootFile, append(append([]byte{}, mounted.CertPEM...), next.CertPEM...))
+	testkit.WriteFile(t, rootFile, append(append([]byte{}, mounted.CertPEM...), next.CertPEM...))
 	b2 := c.out.WaitLast(t, "the new roots", func(b messages.CertBundle) bool { return len(b.RootsPEM) > len(mounted.CertPEM) })
 	if string(b2.CertChainPEM) != string(b1.CertChainPEM) || b2.Version == b1.Version {
 		t.Fatal("a roots change must keep the certificate and change the version")
 	}
-	if n := c.ca.callCount(); n != 1 {
+	if n := c.ca.Requests(t); n != 1 {
 		t.Fatalf("%d CA calls; a root file change must not ask the CA", n)
 	}
 
 	// A bad root file keeps the last good roots and says why.
-	writeFile(t, rootFile, []byte("garbage"))
+	testkit.WriteFile(t, rootFile, []byte("garbage"))
 	c.health.WaitState(t, messages.Degraded, rootFile)
 	if got, _ := c.out.Get(); got.Version != b2.Version {
 		t.Fatal("a bad root file replaced the bundle")
@@ -59,12 +60,8 @@ func TestMixedCertificateFromCARootsFromFile(t *testing.T) {
 // roots from the CA (Istio asks the CA for a certificate to learn them).
 func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	c := newCASetup(t, time.Hour)
-	files := pki.NewRoot(t, "meshagent test root")
-	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain1, key1 := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	writeFile(t, filepath.Join(dir, CertChainFileName), chain1)
-	writeFile(t, filepath.Join(dir, KeyFileName), key1)
-	c.cfg = chooseSource(c.cfg, c.root, false)
+	files, dir := pki.NewRoot(t, "meshagent test root"), filepath.Join(c.root, testEtcCertsDir)
+	chain1, key1 := c.mountCertificate(t, files)
 	if c.cfg.Source != SourceFiles || c.cfg.Roots != RootsFromCA {
 		t.Fatalf("chose %v / %v; want the files' certificate with the CA's roots", c.cfg.Source, c.cfg.Roots)
 	}
@@ -74,12 +71,12 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	if _, ok := c.out.Get(); ok {
 		t.Fatal("published without roots")
 	}
-	c.ca.start(t)
+	c.ca.Start(t)
 	b1 := c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
 	if string(b1.CertChainPEM) != string(chain1) || string(b1.KeyPEM) != string(key1) {
 		t.Fatal("certificate is not the mounted one")
 	}
-	if string(b1.RootsPEM) != string(c.ca.pki.CertPEM) {
+	if string(b1.RootsPEM) != string(c.ca.Root.CertPEM) {
 		t.Fatal("roots are not the CA's")
 	}
 	c.health.WaitState(t, messages.Ready, "")
@@ -89,10 +86,10 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, KeyFileName), key2, 0o600)
 	os.WriteFile(filepath.Join(dir, CertChainFileName), chain2, 0o600)
 	b2 := c.out.WaitLast(t, "the rotated certificate", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
-	if string(b2.RootsPEM) != string(c.ca.pki.CertPEM) {
+	if string(b2.RootsPEM) != string(c.ca.Root.CertPEM) {
 		t.Fatal("roots lost on rotation")
 	}
-	if n := c.ca.callCount(); n != 1 {
+	if n := c.ca.Requests(t); n != 1 {
 		t.Fatalf("%d CA calls; want 1 (for the roots)", n)
 	}
 }
@@ -101,23 +98,25 @@ func TestMixedCertificateFromFilesRootsFromCA(t *testing.T) {
 // certificate the CA answered with, so that a new mesh root gets through.
 func TestMixedRootsFromCARefreshed(t *testing.T) {
 	c := newCASetup(t, 3*time.Second)
-	files := pki.NewRoot(t, "meshagent test root")
-	dir := filepath.Join(c.root, testEtcCertsDir)
-	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
-	writeFile(t, filepath.Join(dir, CertChainFileName), chain)
-	writeFile(t, filepath.Join(dir, KeyFileName), key)
-	c.cfg = chooseSource(c.cfg, c.root, false)
-	c.ca.start(t)
+	c.mountCertificate(t, pki.NewRoot(t, "meshagent test root"))
+	c.ca.Start(t)
 	c.start(t)
 	c.out.WaitLast(t, "a bundle", func(b messages.CertBundle) bool { return b.Version != "" })
-	deadline := time.Now().Add(20 * time.Second)
-	for c.ca.callCount() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the CA's roots were never asked for again")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the CA's roots asked for again", func() bool { return c.ca.Requests(t) >= 2 })
 	if c.out.Len() != 1 {
 		t.Fatalf("%d bundles; the same roots again must publish nothing", c.out.Len())
 	}
+}
+
+// mountCertificate is Istio's mixed mode with the certificate mounted: a
+// fresh one from files in etc/certs, with no root-cert.pem, and the
+// source chosen for it.
+func (c *caSetup) mountCertificate(t *testing.T, files *pki.CA) (chain, key []byte) {
+	t.Helper()
+	dir := filepath.Join(c.root, testEtcCertsDir)
+	chain, key = files.Leaf(t, pki.Leaf{SPIFFE: testWorkloadID, Lifetime: time.Hour})
+	testkit.WriteFile(t, filepath.Join(dir, CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, KeyFileName), key)
+	c.cfg = chooseSource(c.cfg, c.root, false)
+	return chain, key
 }

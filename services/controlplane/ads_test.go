@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -188,19 +187,7 @@ func TestDeltaStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resps := make(chan *discovery.DeltaDiscoveryResponse, 16)
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			resps <- r
-		}
-	}()
-	defer func() { cancel(); <-errc }()
+	resps := testkit.NewReceiver(t, cancel, stream.Recv)
 	pending := map[string][]*discovery.DeltaDiscoveryResponse{}
 	next := func(typeURL string) *discovery.DeltaDiscoveryResponse {
 		t.Helper()
@@ -208,23 +195,16 @@ func TestDeltaStream(t *testing.T) {
 			pending[typeURL] = q[1:]
 			return q[0]
 		}
-		deadline := time.After(testkit.Timeout)
 		for {
-			select {
-			case r := <-resps:
-				if r.GetTypeUrl() == typeURL {
-					// ACK, as Envoy does.
-					if err := stream.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}); err != nil {
-						t.Fatal(err)
-					}
-					return r
+			r := resps.Next(t, "a delta "+typeURL+" response")
+			if r.GetTypeUrl() == typeURL {
+				// ACK, as Envoy does.
+				if err := stream.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}); err != nil {
+					t.Fatal(err)
 				}
-				pending[r.GetTypeUrl()] = append(pending[r.GetTypeUrl()], r)
-			case err := <-errc:
-				t.Fatalf("delta stream ended: %v", err)
-			case <-deadline:
-				t.Fatalf("no delta %s response", typeURL)
+				return r
 			}
+			pending[r.GetTypeUrl()] = append(pending[r.GetTypeUrl()], r)
 		}
 	}
 	subscribe := func(typeURL string, names ...string) {

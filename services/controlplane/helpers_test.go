@@ -3,9 +3,7 @@ package controlplane
 import (
 	"context"
 	"path/filepath"
-	"sync"
 	"testing"
-	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -86,8 +84,7 @@ var sidecarNode = &core.Node{Id: "sidecar~127.0.0.1~demo-0.default~default.svc.c
 // state-of-the-world stream: one request per type, ACK of each response.
 type sotwClient struct {
 	stream   grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
-	resps    chan *discovery.DiscoveryResponse
-	errc     chan error
+	resps    *testkit.Receiver[*discovery.DiscoveryResponse]
 	pending  map[string][]*discovery.DiscoveryResponse // received, not yet asked for
 	sentNode bool
 }
@@ -100,23 +97,8 @@ func openSotW(t *testing.T, conn *grpc.ClientConn) *sotwClient {
 		cancel()
 		t.Fatal(err)
 	}
-	c := &sotwClient{stream: stream, resps: make(chan *discovery.DiscoveryResponse, 100), errc: make(chan error, 1),
+	return &sotwClient{stream: stream, resps: testkit.NewReceiver(t, cancel, stream.Recv),
 		pending: map[string][]*discovery.DiscoveryResponse{}}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				c.errc <- err
-				return
-			}
-			c.resps <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return c
 }
 
 // request sends a request for typeURL; version and nonce are empty for the
@@ -139,19 +121,12 @@ func (c *sotwClient) next(t *testing.T, typeURL string) *discovery.DiscoveryResp
 		c.pending[typeURL] = q[1:]
 		return q[0]
 	}
-	deadline := time.After(testkit.Timeout)
 	for {
-		select {
-		case r := <-c.resps:
-			if r.GetTypeUrl() == typeURL {
-				return r
-			}
-			c.pending[r.GetTypeUrl()] = append(c.pending[r.GetTypeUrl()], r)
-		case err := <-c.errc:
-			t.Fatalf("stream ended waiting for %s: %v", typeURL, err)
-		case <-deadline:
-			t.Fatalf("no %s response", typeURL)
+		r := c.resps.Next(t, "a "+typeURL+" response")
+		if r.GetTypeUrl() == typeURL {
+			return r
 		}
+		c.pending[r.GetTypeUrl()] = append(c.pending[r.GetTypeUrl()], r)
 	}
 }
 

@@ -27,9 +27,9 @@ func TestSoakStreamOutlivesKeepalivePings(t *testing.T) {
 	c := openSotW(t, conn)
 	c.fetch(t, resource.ClusterType, nil)
 	select {
-	case err := <-c.errc:
+	case err := <-c.resps.Err():
 		t.Fatalf("the stream ended while idle with keepalive pings every 30 s: %v", err)
-	case r := <-c.resps:
+	case r := <-c.resps.C():
 		t.Fatalf("unexpected push on an idle mesh: %s", r.GetTypeUrl())
 	case <-time.After(150 * time.Second):
 	}

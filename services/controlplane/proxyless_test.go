@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,13 +15,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and its balancers
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // The environment of the child process that plays the proxyless client.
@@ -42,7 +41,7 @@ const (
 // so the client runs in a child process (this test binary, running
 // TestProxylessChild) started with the variable set.
 func TestProxylessGRPCClientResolvesThroughTheControlPlane(t *testing.T) {
-	first, second := startHealthServer(t), startHealthServer(t)
+	first, second := xdsserver.HealthBackend(t), xdsserver.HealthBackend(t)
 	meshFor := func(endpoint string) []byte {
 		return []byte(fmt.Sprintf(`
 services:
@@ -134,20 +133,4 @@ func TestProxylessChild(t *testing.T) {
 			}
 		}
 	}
-}
-
-// startHealthServer is a gRPC endpoint: the standard health service on a
-// free loopback port.
-func startHealthServer(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(lis) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
-	return lis.Addr().String()
 }

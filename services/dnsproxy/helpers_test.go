@@ -1,16 +1,12 @@
 package dnsproxy
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,61 +20,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// startDnsmasq runs a real dnsmasq on port 53 of a random loopback address
-// (resolv.conf cannot name a port) that answers *.upstream.test with
-// 192.0.2.77 and forwards nothing anywhere. It returns the address.
+// startDnsmasq is the test kit's dnsmasq, an upstream resolver answering
+// *.upstream.test; the test is skipped where it cannot run.
 func startDnsmasq(t testing.TB, extra ...string) string {
 	t.Helper()
-	bin, err := exec.LookPath("dnsmasq")
-	if err != nil {
-		t.Skip("dnsmasq not installed (apt-get install -y dnsmasq): no real upstream resolver")
+	ip, why := testkit.Dnsmasq(t, extra...)
+	if ip == "" {
+		t.Skip(why)
 	}
-	if os.Getuid() != 0 {
-		t.Skip("not root: dnsmasq must bind port 53 of a loopback address")
-	}
-	for attempt := 0; attempt < 5; attempt++ {
-		ip := fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), 1+rand.IntN(250), 1+rand.IntN(250))
-		args := append([]string{
-			// -k, not --no-daemon: in debug mode dnsmasq answers TCP
-			// inline and stops answering UDP while a TCP connection is
-			// open; the proxy keeps idle TCP connections.
-			"--keep-in-foreground", "--log-facility=-", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--port=53",
-			"--listen-address=" + ip, "--bind-interfaces", "--pid-file=", "--user=root",
-			"--address=/upstream.test/192.0.2.77",
-		}, extra...)
-		cmd := exec.Command(bin, args...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its TCP children die with it
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start dnsmasq: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		stop := func() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		c := &dns.Client{Timeout: 200 * time.Millisecond}
-		for i := 0; i < 50; i++ {
-			select {
-			case <-exited:
-				i = 50
-				continue
-			default:
-			}
-			m := new(dns.Msg).SetQuestion("probe.upstream.test.", dns.TypeA)
-			if r, _, err := c.Exchange(m, ip+":53"); err == nil && len(r.Answer) == 1 {
-				t.Cleanup(stop)
-				return ip
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		stop()
-		t.Logf("dnsmasq on %s did not come up: %s", ip, stderr.String())
-	}
-	t.Fatal("dnsmasq did not start")
-	return ""
+	return ip
 }
 
 func writeResolvConf(t testing.TB, servers ...string) string {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestCommandLine(t *testing.T) {
@@ -87,7 +89,7 @@ func TestCommandLineGolden(t *testing.T) {
 		t.Fatalf("%v (run with -update to create it)", err)
 	}
 	if got != string(want) {
-		t.Errorf("command line differs from %s:\n%s", golden, firstDiff(string(want), got))
+		t.Errorf("command line differs from %s:\n%s", golden, testkit.LineDiff(string(want), got))
 	}
 }
 

@@ -2,11 +2,11 @@ package envoy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,6 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // updateGolden rewrites testdata/bootstrap/*.golden.json: go test ./services/envoy -run Golden -update
@@ -85,6 +87,16 @@ func testConfig(t testing.TB) BootstrapConfig {
 	}
 }
 
+// writeStrict is WriteBootstrap of c, loaded by loadStrict.
+func writeStrict(t *testing.T, c BootstrapConfig) *bootstrapv3.Bootstrap {
+	t.Helper()
+	out, err := WriteBootstrap(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loadStrict(t, out.Path)
+}
+
 // loadStrict parses a written bootstrap with no unknown fields allowed and validates it.
 func loadStrict(t *testing.T, path string) *bootstrapv3.Bootstrap {
 	t.Helper()
@@ -127,7 +139,7 @@ func TestBootstrapGolden(t *testing.T) {
 		t.Fatalf("%v (run with -update to create it)", err)
 	}
 	if !bytes.Equal(data, want) {
-		t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, firstDiff(string(want), string(data)))
+		t.Errorf("bootstrap differs from %s (run with -update after checking the change):\n%s", golden, testkit.LineDiff(string(want), string(data)))
 	}
 	// The directory is private to the agent.
 	st, err := os.Stat(c.ConfigPath)
@@ -135,25 +147,6 @@ func TestBootstrapGolden(t *testing.T) {
 		t.Errorf("config dir mode = %v, %v; want 0700", st.Mode().Perm(), err)
 	}
 }
-
-func firstDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	for i := 0; i < len(w) || i < len(g); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			return "line " + itoa(i+1) + ":\n  want: " + wl + "\n  got:  " + gl
-		}
-	}
-	return ""
-}
-
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
 func TestBootstrapIsDeterministic(t *testing.T) {
 	c := testConfig(t)
@@ -179,11 +172,7 @@ func TestBootstrapIsDeterministic(t *testing.T) {
 
 func TestBootstrapContents(t *testing.T) {
 	c := testConfig(t)
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	n := b.GetNode()
 	if n.GetId() != "sidecar~10.44.0.12~reviews-v2-5d4b9c8f7-x2x4z.bookinfo~bookinfo.svc.cluster.local" {
 		t.Errorf("node id = %s", n.GetId())
@@ -252,7 +241,7 @@ func TestBootstrapContents(t *testing.T) {
 		if p := ep.GetPipe(); p != nil {
 			clusters[cl.GetName()] = "pipe:" + p.GetPath()
 		} else {
-			clusters[cl.GetName()] = ep.GetSocketAddress().GetAddress() + ":" + itoa(int(ep.GetSocketAddress().GetPortValue()))
+			clusters[cl.GetName()] = ep.GetSocketAddress().GetAddress() + ":" + strconv.Itoa(int(ep.GetSocketAddress().GetPortValue()))
 		}
 	}
 	for name, want := range map[string]string{
@@ -317,11 +306,7 @@ func TestBootstrapIPFamilies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			c.InstanceIPs, c.DualStack = tc.ips, tc.dualStack
-			out, err := WriteBootstrap(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := loadStrict(t, out.Path)
+			b := writeStrict(t, c)
 			if got := b.GetAdmin().GetAddress().GetSocketAddress().GetAddress(); got != tc.admin {
 				t.Errorf("admin = %s, want %s", got, tc.admin)
 			}
@@ -354,11 +339,7 @@ func TestBootstrapOptions(t *testing.T) {
 	c.Proxy.StatsCompression = wrapperspb.Bool(false)
 	c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin.istio-system:9411"}}}
 	c.Proxy.RuntimeValues = map[string]string{"overload.global_downstream_max_connections": "5000"}
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	if b.GetDynamicResources().GetAdsConfig().GetApiType().String() != "GRPC" {
 		t.Error("ISTIO_DELTA_XDS=false did not select GRPC")
 	}
@@ -429,11 +410,7 @@ func TestPeerMetadataDiscovery(t *testing.T) {
 			if tc.hbone {
 				c.Env = append(c.Env, "ISTIO_META_ENABLE_HBONE=true")
 			}
-			out, err := WriteBootstrap(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := loadStrict(t, out.Path)
+			b := writeStrict(t, c)
 			if got := b.GetNode().GetMetadata().GetFields()["METADATA_DISCOVERY"].GetStringValue(); got != tc.wantMeta {
 				t.Errorf("METADATA_DISCOVERY = %q, want %q", got, tc.wantMeta)
 			}
@@ -448,11 +425,7 @@ func TestPeerMetadataDiscovery(t *testing.T) {
 func TestWaypointUsesDeltaAndMetadataDiscovery(t *testing.T) {
 	c := testConfig(t)
 	c.ProxyType, c.DeltaXDS = "waypoint", false
-	out, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := loadStrict(t, out.Path)
+	b := writeStrict(t, c)
 	if b.GetDynamicResources().GetAdsConfig().GetApiType().String() != "DELTA_GRPC" {
 		t.Error("waypoint is not always delta")
 	}

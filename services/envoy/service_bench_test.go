@@ -9,12 +9,13 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Baseline: what starting and reaping the same binary costs with plain
 // os/exec, without the service. Compare the benchmarks below against it.
 func BenchmarkBaselineExecStart(b *testing.B) {
-	args, err := writeBootstrap(b.TempDir(), freePort(b))
+	args, err := writeBootstrap(b.TempDir(), testkit.FreePort(b))
 	if err != nil {
 		b.Fatal(err)
 	}

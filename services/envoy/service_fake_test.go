@@ -61,7 +61,7 @@ func runFake(t *testing.T, args ...string) (int, string) {
 func TestFakeEnvoyRejectsBadInput(t *testing.T) {
 	skipIfReal(t)
 	dir := t.TempDir()
-	good, err := writeBootstrap(dir, freePort(t))
+	good, err := writeBootstrap(dir, testkit.FreePort(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,29 +285,19 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 	skipIfReal(t)
 	for _, apiType := range []corev3.ApiConfigSource_ApiType{corev3.ApiConfigSource_DELTA_GRPC, corev3.ApiConfigSource_GRPC} {
 		t.Run(apiType.String(), func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "fe") // short: unix socket paths are limited
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
+			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				fmt.Fprintf(w, "agent saw %s", r.URL.Path)
 			}))
 			defer agent.Close()
-			admin, metrics, health := freePort(t), freePort(t), freePort(t)
+			admin, metrics, health := testkit.FreePort(t), testkit.FreePort(t), testkit.FreePort(t)
 			path := fullBootstrap(t, dir, admin, metrics, health, agent.Listener.Addr().String(), apiType)
 
-			cmd := exec.Command(envoyBinary, "-c", path, "--disable-hot-restart")
-			var out testkit.LogBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			cmd, out := startFake(t, "-c", path, "--disable-hot-restart")
 			adminURL := fmt.Sprintf("http://127.0.0.1:%d", admin)
 			// Like Envoy with ADS, the fake is not live without its clusters
 			// and listeners.
-			waitFor(t, "fake admin /ready answering", func() bool {
+			testkit.WaitFor(t, "fake admin /ready answering", func() bool {
 				resp, err := http.Get(adminURL + "/ready")
 				if err == nil {
 					resp.Body.Close()
@@ -321,10 +311,10 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			// The sockets did not exist when the fake started; now they do.
 			x := startXDSServer(t, "sidecar~127.0.0.1~fake.default~default.svc.cluster.local",
 				filepath.Join(dir, "XDS"), filepath.Join(dir, "SDS"))
-			waitFor(t, "CDS, LDS and SDS ACKs", func() bool {
+			testkit.WaitFor(t, "CDS, LDS and SDS ACKs", func() bool {
 				return x.acked(resource.ClusterType) && x.acked(resource.ListenerType) && x.acked(resource.SecretType)
 			})
-			waitFor(t, "fake admin /ready 200", func() bool { code, _ := httpGet(t, adminURL+"/ready"); return code == http.StatusOK })
+			testkit.WaitFor(t, "fake admin /ready 200", func() bool { code, _ := httpGet(t, adminURL+"/ready"); return code == http.StatusOK })
 
 			_, dump := httpGet(t, adminURL+"/config_dump")
 			var cd struct {
@@ -357,17 +347,6 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 				t.Fatalf("fake after SIGTERM: %v\n%s", err, out.String())
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -405,12 +384,8 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 	skipIfReal(t)
 	for _, delta := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delta=%v", delta), func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "fe")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
-			port := freePort(t)
+			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
+			port := testkit.FreePort(t)
 			args, err := writeBootstrap(dir, port)
 			if err != nil {
 				t.Fatal(err)
@@ -434,15 +409,9 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 			route := &routev3.RouteConfiguration{Name: "80"}
 
 			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
-			cmd := exec.Command(envoyBinary, args...)
-			var out testkit.LogBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			startFake(t, args...)
 			readyURL := fmt.Sprintf("http://127.0.0.1:%d/ready", port)
-			waitFor(t, "an EDS request", func() bool { return x.wasRequested(resource.EndpointType) })
+			testkit.WaitFor(t, "an EDS request", func() bool { return x.wasRequested(resource.EndpointType) })
 			if code, body := httpGet(t, readyURL); code != http.StatusServiceUnavailable || !strings.Contains(body, "PRE_INITIALIZING") {
 				t.Fatalf("/ready with an unwarmed EDS cluster = %d %q", code, body)
 			}
@@ -451,20 +420,16 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 			}
 
 			x.set(t, "2", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla}, resource.ListenerType: {rdsListener}})
-			waitFor(t, "an RDS request", func() bool { return x.wasRequested(resource.RouteType) })
+			testkit.WaitFor(t, "an RDS request", func() bool { return x.wasRequested(resource.RouteType) })
 			if code, _ := httpGet(t, readyURL); code != http.StatusServiceUnavailable {
 				t.Fatalf("/ready with a listener waiting for its routes = %d", code)
 			}
 
 			x.set(t, "3", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla},
 				resource.ListenerType: {rdsListener}, resource.RouteType: {route}})
-			waitFor(t, "/ready 200 once warm", func() bool { code, _ := httpGet(t, readyURL); return code == http.StatusOK })
+			testkit.WaitFor(t, "/ready 200 once warm", func() bool { code, _ := httpGet(t, readyURL); return code == http.StatusOK })
 			_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
-			for _, want := range []string{"cluster_manager.cds.update_success: ", "listener_manager.lds.update_success: ", "listener_manager.workers_started: 1", "server.state: 0"} {
-				if !strings.Contains(stats, want) {
-					t.Errorf("stats lack %q:\n%s", want, stats)
-				}
-			}
+			testkit.Contains(t, "stats", stats, "cluster_manager.cds.update_success: ", "listener_manager.lds.update_success: ", "listener_manager.workers_started: 1", "server.state: 0")
 		})
 	}
 }
@@ -473,12 +438,8 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 // stand-in not live.
 func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	skipIfReal(t)
-	dir, err := os.MkdirTemp("", "fe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	port := freePort(t)
+	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
+	port := testkit.FreePort(t)
 	args, err := writeBootstrap(dir, port)
 	if err != nil {
 		t.Fatal(err)
@@ -486,14 +447,8 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
 	// A cluster without a name fails Envoy's validation.
 	x.set(t, "bad", map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
-	cmd := exec.Command(envoyBinary, args...)
-	var out testkit.LogBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	waitFor(t, "a CDS NACK", func() bool { return x.nacked(resource.ClusterType) > 0 })
+	startFake(t, args...)
+	testkit.WaitFor(t, "a CDS NACK", func() bool { return x.nacked(resource.ClusterType) > 0 })
 	_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
 	if !strings.Contains(stats, "cluster_manager.cds.update_rejected: 1") || strings.Contains(stats, "cluster_manager.cds.update_success") {
 		t.Fatalf("stats after a rejected CDS:\n%s", stats)
@@ -501,4 +456,18 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ready", port)); code != http.StatusServiceUnavailable {
 		t.Fatalf("/ready after a rejected CDS = %d", code)
 	}
+}
+
+// startFake runs envoyBinary (the stand-in, or a real Envoy) with args
+// until the end of the test, and returns it with its output.
+func startFake(t *testing.T, args ...string) (*exec.Cmd, *testkit.LogBuffer) {
+	t.Helper()
+	cmd := exec.Command(envoyBinary, args...)
+	out := testkit.NewLogBuffer(t)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,17 +74,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // testNodeID is the node of writeBootstrap's bootstrap.
 const testNodeID = "sidecar~127.0.0.1~test.default~default.svc.cluster.local"
 
@@ -154,13 +142,8 @@ func newHarness(t testing.TB, env []string, mod func(*Config)) *harness {
 // system's).
 func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock messages.Clock) *harness {
 	t.Helper()
-	// A short directory: unix socket paths are limited to 107 bytes.
-	dir, err := os.MkdirTemp("", "envoy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	port := freePort(t)
+	dir := testkit.ShortTempDir(t, "envoy") // unix socket paths are limited
+	port := testkit.FreePort(t)
 	h := &harness{
 		t:      t,
 		state:  messages.NewCell[messages.EnvoyState](),
@@ -200,6 +183,14 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 }
 
 // serve runs Serve in a goroutine; the returned channel gets its error.
+// start runs Serve until cancel, or the end of the test, and returns
+// Serve's result on errc.
+func (h *harness) start() (cancel context.CancelFunc, errc <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(cancel)
+	return cancel, h.serve(ctx)
+}
+
 func (h *harness) serve(ctx context.Context) <-chan error {
 	errc := make(chan error, 1)
 	go func() { errc <- h.svc.Serve(ctx) }()
@@ -210,6 +201,16 @@ func (h *harness) serve(ctx context.Context) <-chan error {
 func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
 	h.t.Helper()
 	return testkit.WaitValue(h.t, h.state, "EnvoyState "+what, ok)
+}
+
+// drainToExit serves until Envoy is ready, drains it as SIGTERM does, and
+// returns Serve's result.
+func (h *harness) drainToExit() error {
+	h.t.Helper()
+	errc := h.serve(context.Background())
+	h.waitState("ready", ready)
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	return h.waitServe(errc)
 }
 
 // waitServe waits for Serve's error (hang guard only, not a timing check).

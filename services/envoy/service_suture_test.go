@@ -10,6 +10,7 @@ import (
 	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Under a real suture supervisor: a dead Envoy is restarted (next epoch),
@@ -38,7 +39,7 @@ func TestUnderSupervisor(t *testing.T) {
 
 	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
 	h.waitState("stopped", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyStopped })
-	waitFor(t, "the supervisor to drop the drained service", func() bool { return len(sup.Services()) == 0 })
+	testkit.WaitFor(t, "the supervisor to drop the drained service", func() bool { return len(sup.Services()) == 0 })
 	if st, _ := h.state.Get(); st.Phase != messages.EnvoyStopped || st.PID != second.PID || !pidGone(second.PID) {
 		t.Fatalf("after the drain: %+v; want the second Envoy gone and no third", st)
 	}

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // pidGone reports whether no process has this pid (it was reaped).
@@ -41,8 +42,7 @@ func skipIfReal(t *testing.T) {
 // stops Envoy and leaves no child behind.
 func TestStartReadyAndStop(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 
 	st := h.waitState("running", running)
 	if st.PID <= 0 || st.Epoch != 0 || st.Started.IsZero() {
@@ -76,9 +76,7 @@ func TestStartReadyAndStop(t *testing.T) {
 // carrying "signal: killed"; the next Serve starts a new process, epoch+1.
 func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	first := h.waitState("ready", ready)
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -97,7 +95,7 @@ func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 		t.Fatalf("Serve error %#v; want *ExitError for pid %d", err, first.PID)
 	}
 
-	errc = h.serve(ctx)
+	cancel, errc = h.start()
 	second := h.waitState("second envoy running", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != first.PID })
 	if second.Epoch != first.Epoch+1 {
 		t.Fatalf("second epoch = %d; want %d", second.Epoch, first.Epoch+1)
@@ -139,10 +137,7 @@ func TestCrashExitStatus(t *testing.T) {
 // SIGTERM exit, Stopped, and no restart.
 func TestDrainExit(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	err := h.waitServe(errc)
+	err := h.drainToExit()
 	if !errors.Is(err, suture.ErrDoNotRestart) || !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve after drain = %v; want ErrDrained and suture.ErrDoNotRestart", err)
 	}
@@ -172,10 +167,7 @@ func TestDrainExitOnZeroActiveConnections(t *testing.T) {
 		c.ExitOnZeroActiveConnections = true
 		c.TerminationDrainDuration = time.Hour
 	})
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	err := h.waitServe(errc)
+	err := h.drainToExit()
 	if !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
@@ -205,7 +197,7 @@ func TestDrainThenExitLater(t *testing.T) {
 	h.drain.Send(messages.Drain{Reason: "POST /drain"})
 	h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
-		waitFor(t, "fakeenvoy to record the drain", func() bool {
+		testkit.WaitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}
@@ -256,8 +248,7 @@ func TestDrainImmediate(t *testing.T) {
 func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_IGNORE_SIGTERM=1"}, func(c *Config) { c.KillGrace = 300 * time.Millisecond })
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("ready", ready)
 	cancel()
 	if err := h.waitServe(errc); !errors.Is(err, context.Canceled) {
@@ -279,8 +270,7 @@ func TestIgnoredSIGTERMGetsSIGKILL(t *testing.T) {
 func TestNeverReady(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_NEVER_READY=1"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	h.waitState("running", running)
 	// Let the poller see PRE_INITIALIZING answers a few times.
 	time.Sleep(200 * time.Millisecond)
@@ -340,7 +330,7 @@ func TestParentDeathKillsEnvoy(t *testing.T) {
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), parentEnv+"="+envoyBinary,
-		"MESHAGENT_ENVOY_TEST_DIR="+t.TempDir(), "MESHAGENT_ENVOY_TEST_PORT="+strconv.Itoa(freePort(t)))
+		"MESHAGENT_ENVOY_TEST_DIR="+t.TempDir(), "MESHAGENT_ENVOY_TEST_PORT="+strconv.Itoa(testkit.FreePort(t)))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -368,24 +358,13 @@ func TestParentDeathKillsEnvoy(t *testing.T) {
 	// Envoy, orphaned, is killed by the kernel and reaped by init (or the
 	// nearest subreaper); wait for its pid to disappear (or turn zombie).
 	deadline := time.Now().Add(30 * time.Second)
-	for !pidGone(pid) && !isZombie(pid) {
+	for !pidGone(pid) && !testkit.IsZombie(pid) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("envoy %d outlived its parent", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-func isZombie(pid int) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) STATE ...
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
 }
 
 // runAsParent is the test binary acting as an agent for
@@ -428,9 +407,7 @@ func runAsParent() int {
 // honoured by the next Serve without starting Envoy.
 func TestStopRequestedBeforeStart(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	_, errc := h.start()
 	first := h.waitState("running", running)
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -439,7 +416,8 @@ func TestStopRequestedBeforeStart(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(h.serve(ctx)); !errors.Is(err, ErrDrained) {
+	_, again := h.start()
+	if err := h.waitServe(again); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve with a pending stop = %v; want ErrDrained", err)
 	}
 	st, _ := h.state.Get()
@@ -456,7 +434,7 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 	errc := h.serve(ctx)
 	h.waitState("running and draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
 	if !realEnvoy {
-		waitFor(t, "fakeenvoy to record the drain", func() bool {
+		testkit.WaitFor(t, "fakeenvoy to record the drain", func() bool {
 			return strings.Contains(h.stderr.String(), "drain_listeners?inboundonly&graceful")
 		})
 	}
@@ -468,15 +446,9 @@ func TestDrainRequestedBeforeStart(t *testing.T) {
 
 // RunAs: Envoy runs as uid/gid 1337 (Istio's proxy user) when asked.
 func TestRunAs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start Envoy as uid 1337")
-	}
+	testkit.RequireRoot(t, "to start Envoy as uid 1337")
 	// Everything Envoy reads must be readable by uid 1337.
-	dir, err := os.MkdirTemp("", "envoy-runas")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testkit.ShortTempDir(t, "envoy-runas")
 	bin := filepath.Join(dir, "envoy")
 	raw, err := os.ReadFile(envoyBinary)
 	if err != nil {
@@ -506,8 +478,7 @@ func TestRunAs(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, "XDS"), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("ready", ready) // it read its bootstrap as 1337 and spoke xDS
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
 	if err != nil {
@@ -537,9 +508,7 @@ func TestDrainCutShort(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil, func(c *Config) { c.TerminationDrainDuration = time.Hour })
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			errc := h.serve(ctx)
+			cancel, errc := h.start()
 			st := h.waitState("ready", ready)
 			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
 			h.waitState("draining", func(s messages.EnvoyState) bool { return s.Phase == messages.EnvoyDraining })
@@ -585,10 +554,7 @@ func fakeDrains(t *testing.T, admin string) []string {
 func TestGatewayDrainQuery(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, nil, func(c *Config) { c.DrainQuery = "graceful"; c.TerminationDrainDuration = 0 })
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+	if err := h.drainToExit(); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
 	if !strings.Contains(h.stderr.String(), "drain_listeners?graceful\n") {
@@ -607,10 +573,7 @@ func TestMinimumDrainDurationZero(t *testing.T) {
 		c.MinimumDrainDuration = 0
 		c.TerminationDrainDuration = time.Hour
 	}, clock)
-	errc := h.serve(context.Background())
-	h.waitState("ready", ready)
-	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
-	if err := h.waitServe(errc); !errors.Is(err, ErrDrained) {
+	if err := h.drainToExit(); !errors.Is(err, ErrDrained) {
 		t.Fatalf("Serve = %v; want ErrDrained", err)
 	}
 	if !strings.Contains(h.logs.String(), "no more active connections") {
@@ -646,9 +609,7 @@ func (c *recordingClock) waits() []time.Duration {
 func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	h.xds.cache.ClearSnapshot(testNodeID) // the control plane has nothing yet
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("not ready, config not received", func(s messages.EnvoyState) bool {
 		return strings.Contains(s.NotReady, "config not received from XDS server")
 	})
@@ -671,9 +632,7 @@ func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 func TestNotReadyWhenConfigRejected(t *testing.T) {
 	skipIfReal(t)
 	h := newHarness(t, []string{"FAKE_ENVOY_REJECT=lds"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := h.serve(ctx)
+	cancel, errc := h.start()
 	st := h.waitState("rejected", func(s messages.EnvoyState) bool {
 		return strings.Contains(s.NotReady, "config received from XDS server, but was rejected")
 	})

@@ -181,9 +181,7 @@ func TestMissingOrBadFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
 // good again.
 func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	ca, caFile, name := s.fileRoot(t)
 	c := s.open(t, name)
 	c.ack(t, c.recv(t), name)
 
@@ -208,9 +206,7 @@ func TestBadFileUpdateKeepsLastGoodSecret(t *testing.T) {
 // Two streams share one file secret.
 func TestFileSecretsHeldPerStream(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	_, caFile, name := s.fileRoot(t)
 	first, second := s.open(t, name), s.open(t, name)
 	first.ack(t, first.recv(t), name)
 	second.ack(t, second.recv(t), name)
@@ -231,9 +227,7 @@ func TestFileSecretsHeldPerStream(t *testing.T) {
 // FetchSecrets and DeltaSecrets serve file secrets too.
 func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 	s := startServer(t)
-	ca := pki.NewRoot(t, "dr ca")
-	caFile := s.write(t, "etc/dr/ca.pem", ca.CertPEM)
-	name := FileRootPrefix + caFile
+	ca, caFile, name := s.fileRoot(t)
 
 	r, err := s.client(t).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{ResourceNames: []string{name}})
 	if err != nil || trustedCA(decode(t, r)[name]) != string(ca.CertPEM) {
@@ -244,12 +238,7 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 		t.Fatalf("fetch of a missing file: %v", err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stream, err := s.client(t).DeltaSecrets(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := s.openDelta(t)
 	stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNamesSubscribe: []string{name, FileRootPrefix + "/nope.pem"}})
 	d, err := stream.Recv()
 	if err != nil || len(d.Resources) != 1 || d.Resources[0].Name != name || len(d.ResourceErrors) != 1 ||
@@ -262,12 +251,6 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 	d, err = stream.Recv()
 	if err != nil || len(d.Resources) != 1 || len(d.ResourceErrors) != 0 {
 		t.Fatalf("delta push: %v %v", d, err)
-	}
-	cancel()
-	for {
-		if _, err := stream.Recv(); err != nil {
-			break
-		}
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -95,6 +95,15 @@ func (s *server) stop(t *testing.T) {
 	s.svc.health.Report(messages.Stopped, "stopped")
 }
 
+// fileRoot is a DestinationRule's CA file: a fresh root written to
+// etc/dr/ca.pem, and the name Envoy asks for it by.
+func (s *server) fileRoot(t *testing.T) (ca *pki.CA, file, name string) {
+	t.Helper()
+	ca = pki.NewRoot(t, "dr ca")
+	file = s.write(t, "etc/dr/ca.pem", ca.CertPEM)
+	return ca, file, FileRootPrefix + file
+}
+
 // write writes a file under the server's root (rel) or at an absolute path.
 func (s *server) write(t *testing.T, path string, data []byte) string {
 	t.Helper()
@@ -124,8 +133,7 @@ func clientAt(t *testing.T, path string) sdsv3.SecretDiscoveryServiceClient {
 type sotw struct {
 	stream grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
 	cancel context.CancelFunc
-	resps  chan *discoveryv3.DiscoveryResponse
-	errc   chan error
+	resps  *testkit.Receiver[*discoveryv3.DiscoveryResponse]
 }
 
 func (s *server) open(t *testing.T, names ...string) *sotw {
@@ -141,23 +149,30 @@ func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names .
 		cancel()
 		t.Fatal(err)
 	}
-	c := &sotw{stream: stream, cancel: cancel, resps: make(chan *discoveryv3.DiscoveryResponse, 100), errc: make(chan error, 1)}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				c.errc <- err
-				return
-			}
-			c.resps <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	c := &sotw{stream: stream, cancel: cancel, resps: testkit.NewReceiver(t, cancel, stream.Recv)}
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: names})
 	return c
+}
+
+// openDelta opens a DeltaSecrets stream, ended at the end of the test,
+// which then reads it to its end so that the server's side is gone too.
+func (s *server) openDelta(t *testing.T) grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := s.client(t).DeltaSecrets(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	})
+	return stream
 }
 
 func (c *sotw) send(t *testing.T, r *discoveryv3.DiscoveryRequest) {
@@ -169,33 +184,18 @@ func (c *sotw) send(t *testing.T, r *discoveryv3.DiscoveryRequest) {
 
 func (c *sotw) recv(t *testing.T) *discoveryv3.DiscoveryResponse {
 	t.Helper()
-	select {
-	case r := <-c.resps:
-		return r
-	case err := <-c.errc:
-		t.Fatalf("stream ended: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no SDS response")
-	}
-	return nil
+	return c.resps.Next(t, "an SDS response")
 }
 
 // recvUntil receives (and ACKs, as Envoy does) until a response satisfies
 // ok, and returns it.
 func (c *sotw) recvUntil(t *testing.T, what string, names []string, ok func(*discoveryv3.DiscoveryResponse) bool) *discoveryv3.DiscoveryResponse {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
 	for {
-		select {
-		case r := <-c.resps:
-			c.ack(t, r, names...)
-			if ok(r) {
-				return r
-			}
-		case err := <-c.errc:
-			t.Fatalf("stream ended waiting for %s: %v", what, err)
-		case <-deadline:
-			t.Fatalf("no SDS response with %s", what)
+		r := c.resps.Next(t, "an SDS response with "+what)
+		c.ack(t, r, names...)
+		if ok(r) {
+			return r
 		}
 	}
 }
@@ -229,9 +229,9 @@ func (c *sotw) ack(t *testing.T, r *discoveryv3.DiscoveryResponse, names ...stri
 func (c *sotw) expectNothing(t *testing.T, d time.Duration) {
 	t.Helper()
 	select {
-	case r := <-c.resps:
+	case r := <-c.resps.C():
 		t.Fatalf("unexpected push: version %s", r.VersionInfo)
-	case err := <-c.errc:
+	case err := <-c.resps.Err():
 		t.Fatalf("stream ended: %v", err)
 	case <-time.After(d):
 	}

@@ -94,13 +94,7 @@ func TestNackIsLogged(t *testing.T) {
 	r := c.recv(t)
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: []string{WorkloadKeyCertResourceName},
 		ResponseNonce: r.Nonce, ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "bad cert from test"}})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(s.logs.String(), "bad cert from test") {
-		if time.Now().After(deadline) {
-			t.Fatalf("NACK not logged; log:\n%s", s.logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	s.logs.WaitLine(t, "bad cert from test")
 	c.expectNothing(t, 100*time.Millisecond) // no resend of what was rejected
 }
 
@@ -174,12 +168,7 @@ func TestFetchWaitsForFirstBundle(t *testing.T) {
 func TestDeltaSendsOnlyChanges(t *testing.T) {
 	s := startServer(t)
 	s.certs.Send(bundle(1))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stream, err := s.client(t).DeltaSecrets(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := s.openDelta(t)
 	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL,
 		ResourceNamesSubscribe: []string{WorkloadKeyCertResourceName, RootCertResourceName}}); err != nil {
 		t.Fatal(err)
@@ -194,12 +183,6 @@ func TestDeltaSendsOnlyChanges(t *testing.T) {
 	if err != nil || len(r.Resources) != 1 || r.Resources[0].Name != WorkloadKeyCertResourceName || chainOf(decodeAny(t, r.Resources[0].Resource)) != "chain-2" {
 		t.Fatalf("delta push: %v %v", r, err)
 	}
-	cancel()
-	for {
-		if _, err := stream.Recv(); err != nil {
-			break
-		}
-	}
 }
 
 // At shutdown open streams end, and Serve can run again on the same object.
@@ -210,7 +193,7 @@ func TestShutdownEndsStreamsAndRestarts(t *testing.T) {
 	c.recv(t)
 	s.stop(t)
 	select {
-	case err := <-c.errc:
+	case err := <-c.resps.Err():
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("stream ended with %v, want Unavailable", err)
 		}

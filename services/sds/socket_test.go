@@ -13,14 +13,14 @@ import (
 	"testing"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // The socket is owner-only in a 0750 directory, and no TCP listener exists.
@@ -105,22 +105,6 @@ func staleSocket(t *testing.T, path string) {
 	l.Close()
 }
 
-// startExternalSDS is another SDS server (SPIRE's agent, say) on path.
-func startExternalSDS(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	sdsv3.RegisterSecretDiscoveryServiceServer(srv, sdsv3.UnimplementedSecretDiscoveryServiceServer{})
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-}
-
 // When a live SDS server answers on the socket Envoy uses (Istio's own name
 // or WORKLOAD_IDENTITY_SOCKET_FILE's), this server leaves it alone: it is
 // Ready, saying that the external server is in use, and serves file secrets
@@ -133,7 +117,7 @@ func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
 			if s.cfg.EnvoySocketPath() != external {
 				t.Fatalf("EnvoySocketPath %s, want %s", s.cfg.EnvoySocketPath(), external)
 			}
-			startExternalSDS(t, external)
+			xdsserver.ExternalSDS(t, external)
 			s.start(t)
 			h := s.waitHealth(t, messages.Ready, "external SDS server on "+external)
 			t.Logf("health: %v %q", h.State, h.Reason)
@@ -169,7 +153,7 @@ func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
 // serve: Ready, saying why, and no socket.
 func TestExternalSDSWithoutFilesSocket(t *testing.T) {
 	s := newServer(t, func(c *Config) { c.FilesSocketPath = "" })
-	startExternalSDS(t, s.cfg.SocketPath)
+	xdsserver.ExternalSDS(t, s.cfg.SocketPath)
 	s.start(t)
 	s.waitHealth(t, messages.Ready, "external SDS server on "+s.cfg.SocketPath)
 	if _, err := os.Stat(filepath.Join(s.root, testFilesSocketPath)); !os.IsNotExist(err) {
@@ -212,8 +196,8 @@ func TestWorkloadIdentitySocketFileMustBeAName(t *testing.T) {
 // The files socket is refused when another server answers on it.
 func TestLiveFilesSocketRefused(t *testing.T) {
 	s := newServer(t)
-	startExternalSDS(t, s.cfg.SocketPath)
-	startExternalSDS(t, s.cfg.FilesSocketPath)
+	xdsserver.ExternalSDS(t, s.cfg.SocketPath)
+	xdsserver.ExternalSDS(t, s.cfg.FilesSocketPath)
 	err := s.svc.Serve(context.Background())
 	if !errors.Is(err, ErrSocketInUse) || !strings.Contains(err.Error(), s.cfg.FilesSocketPath) {
 		t.Fatalf("Serve: %v; want ErrSocketInUse naming the files socket", err)
@@ -223,10 +207,9 @@ func TestLiveFilesSocketRefused(t *testing.T) {
 // SocketLive is true only for a gRPC server that answers, and never removes
 // anything.
 func TestSocketLive(t *testing.T) {
-	dir, _ := os.MkdirTemp("", "live")
-	defer os.RemoveAll(dir)
+	dir := testkit.ShortTempDir(t, "live")
 	live := filepath.Join(dir, "live")
-	startExternalSDS(t, live)
+	xdsserver.ExternalSDS(t, live)
 	dead := filepath.Join(dir, "dead")
 	staleSocket(t, dead)
 	regular := filepath.Join(dir, "regular")
@@ -236,16 +219,7 @@ func TestSocketLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, l)
 	for path, want := range map[string]bool{live: true, dead: false, regular: false, notGRPC: false, filepath.Join(dir, "missing"): false} {
 		if got := SocketLive(path); got != want {
 			t.Errorf("SocketLive(%s) = %v, want %v", filepath.Base(path), got, want)
@@ -258,11 +232,8 @@ func TestSocketLive(t *testing.T) {
 
 // With a proxy UID/GID configured, the socket belongs to it and is 0660.
 func TestSocketChownedToProxy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
-	root, _ := os.MkdirTemp("", "sds")
-	defer os.RemoveAll(root)
+	testkit.RequireRoot(t, "chown")
+	root := testkit.ShortTempDir(t, "sds")
 	cfg := testConfig(root)
 	cfg.SocketOwner = uds.Owner{UID: 1337, GID: 1337}
 	health := messages.NewCell[messages.Health]()

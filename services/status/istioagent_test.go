@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Istio's own agent, run beside ours on the same inputs (make conformance).
@@ -42,18 +44,7 @@ func istioAgentBinary() (string, string) {
 type istioAgent struct {
 	statusURL string
 	cmd       *exec.Cmd
-	log       *logBuffer
-}
-
-// freePort is a loopback TCP port free at the time of the call.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	log       *testkit.LogBuffer
 }
 
 // startIstioAgent runs `pilot-agent proxy sidecar` in a temp dir with
@@ -68,8 +59,8 @@ func startIstioAgent(t testing.TB, binary, proxyConfig string, env ...string) *i
 	if out, err := gen.CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
-	statusPort, adminPort := freePort(t), freePort(t)
-	a := &istioAgent{statusURL: "http://127.0.0.1:" + strconv.Itoa(statusPort), log: &logBuffer{}}
+	statusPort, adminPort := testkit.FreePort(t), testkit.FreePort(t)
+	a := &istioAgent{statusURL: "http://127.0.0.1:" + strconv.Itoa(statusPort), log: &testkit.LogBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cmd = exec.CommandContext(ctx, binary, "proxy", "sidecar")
 	a.cmd.Dir = dir
@@ -134,7 +125,7 @@ func runIstioAgentToExit(t *testing.T, binary string, env ...string) (exited boo
 		"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "FILE_MOUNTED_CERTS=true", "CLOUD_PLATFORM=none",
 		"DISABLE_ENVOY=true", "INSTANCE_IP=127.0.0.1", "POD_NAME=differential", "POD_NAMESPACE=default",
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:1","controlPlaneAuthPolicy":"NONE"}`,
-			freePort(t), freePort(t)),
+			testkit.FreePort(t), testkit.FreePort(t)),
 	}, env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -148,7 +139,7 @@ func runIstioAgentToExit(t *testing.T, binary string, env ...string) (exited boo
 // differentialApps are the applications both agents probe.
 func differentialApps(t *testing.T) (httpPort, tcpPort, grpcPort, closed int) {
 	t.Helper()
-	other := freePort(t) // a redirect target on another host name
+	other := testkit.FreePort(t) // a redirect target on another host name
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "fine") })
 	mux.HandleFunc("/fail", func(w http.ResponseWriter, _ *http.Request) {
@@ -182,16 +173,7 @@ func differentialApps(t *testing.T) (httpPort, tcpPort, grpcPort, closed int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { tcp.Close() })
+	testkit.AcceptAndClose(t, tcp)
 	grpcPort = startHealthServer(t)
 	return ln.Addr().(*net.TCPAddr).Port, tcp.Addr().(*net.TCPAddr).Port, grpcPort, closedPort(t)
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // envoyExposition is the stand-in Envoy's /stats/prometheus.
@@ -294,11 +296,11 @@ late_gauge{x="1"} 1
 # TYPE late_gauge gauge
 late_gauge{x="2"} 2
 `)}
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	f := newLoggedFixture(Config{Gatherer: prometheus.NewRegistry(), Metrics: MetricsConfig{
 		EnvoyPort: serveExposition(t, envoy),
 		App:       []ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, logs.logger())
+	}}, infoLogger(&logs))
 	base := f.serve(t)
 	for range 2 {
 		_, body := scrape(t, base+"/stats/prometheus", nil)

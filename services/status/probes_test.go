@@ -1,7 +1,6 @@
 package status
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // newLoggedFixture is newFixture with a log the test can read.
@@ -32,25 +33,9 @@ func newLoggedFixture(cfg Config, log *slog.Logger) *fixture {
 	return f
 }
 
-// logBuffer is a log sink safe for the server's goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+// infoLogger logs at Info into w: the tests count lines that a Debug
+// line could repeat.
+func infoLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 // probers builds ISTIO_KUBE_APP_PROBERS the way the injector would.
 func probers(t *testing.T, json string) AppProbers {
@@ -90,13 +75,16 @@ func closedPort(t *testing.T) int {
 	return port
 }
 
+// getWithHeader is a GET with header (nil for none): its status and body.
 func getWithHeader(t *testing.T, url string, header http.Header) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header = header
+	if header != nil {
+		req.Header = header
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -247,16 +235,7 @@ func TestAppProbeTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, ln)
 	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/up/livez": {"tcpSocket": {"port": %d}},
 		"/app-health/down/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, ln.Addr().String()), closedPort(t)))}})
@@ -437,18 +416,10 @@ func TestAppProbeFallsBackWhenSourceCannotBeBound(t *testing.T) {
 		ln.Close()
 		t.Skip("::6 can be bound here: no fallback to see")
 	}
-	go func() {
-		for {
-			c, err := app.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	var logs logBuffer
+	testkit.AcceptAndClose(t, app)
+	var logs testkit.LogBuffer
 	f := newLoggedFixture(Config{Probes: ProbeConfig{Host: "::1", App: probers(t, fmt.Sprintf(
-		`{"/app-health/web/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, app.Addr().String())))}}, logs.logger())
+		`{"/app-health/web/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, app.Addr().String())))}}, infoLogger(&logs))
 	base := f.serve(t)
 	for range 3 {
 		if code, _ := get(t, base+"/app-health/web/livez"); code != 200 {

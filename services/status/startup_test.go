@@ -1,6 +1,7 @@
 package status
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // setClock is a clock whose time the test sets; After is the real one's
@@ -57,7 +59,7 @@ func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
 	}
 	ready := func(want int) {
 		t.Helper()
-		waitFor(t, func() bool { c, _ := get(t, base+"/healthz/ready"); return c == want })
+		testkit.WaitFor(t, fmt.Sprintf("readiness %d", want), func() bool { c, _ := get(t, base+"/healthz/ready"); return c == want })
 	}
 
 	clock.set(start.Add(2500 * time.Millisecond))

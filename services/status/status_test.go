@@ -2,7 +2,6 @@ package status
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -84,7 +84,7 @@ func (f *fixture) serve(t *testing.T) string {
 		}
 	})
 	base := "http://" + addr
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "the status server to answer on "+addr, func() bool {
 		resp, err := client.Get(base + "/healthz/ready")
 		if err == nil {
 			resp.Body.Close()
@@ -94,29 +94,12 @@ func (f *fixture) serve(t *testing.T) string {
 	return base
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // client keeps no idle connections, so goleak sees none after a test.
 var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return getWithHeader(t, url, nil)
 }
 
 // Readiness needs every required service and Envoy; the 503 body says why.
@@ -131,30 +114,30 @@ func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
 	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})
 	f.health.Send(messages.Health{Service: "dns", State: messages.Starting, Reason: "DNS lookup table is not ready yet"})
 	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "readiness to name only the DNS table", func() bool {
 		_, body := get(t, base+"/healthz/ready")
 		return strings.Contains(body, "DNS lookup table is not ready yet") && !strings.Contains(body, "envoy")
 	})
 	f.health.Send(messages.Health{Service: "dns", State: messages.Degraded, Reason: "stale table"})
-	waitFor(t, func() bool { c, _ := get(t, base+"/healthz/ready"); return c == 200 })
+	testkit.WaitFor(t, "readiness 200 with dns degraded", func() bool { c, _ := get(t, base+"/healthz/ready"); return c == 200 })
 	if r, _ := f.ready.Get(); !r.Ready {
 		t.Fatalf("Readiness value = %+v, want ready", r)
 	}
 
 	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyExited, ExitReason: "signal: killed"})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "readiness 503 naming Envoy's last exit", func() bool {
 		c, body := get(t, base+"/healthz/ready")
 		return c == 503 && strings.Contains(body, "last exit: signal: killed")
 	})
 	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyDraining})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "readiness to say Envoy drains", func() bool {
 		_, body := get(t, base+"/healthz/ready")
 		return strings.Contains(body, "envoy: draining")
 	})
 
 	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady})
 	f.health.Send(messages.Health{Service: messages.AgentService, State: messages.Stopped, Reason: "shutting down"})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "readiness to say the agent stops", func() bool {
 		_, body := get(t, base+"/healthz/ready")
 		return strings.Contains(body, "agent: stopped (shutting down)")
 	})

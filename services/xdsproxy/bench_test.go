@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/meshagent/meshagent/messages"
@@ -29,6 +30,25 @@ type benchPair struct {
 	cp          *xdsserver.Server
 	direct, via *xdsserver.Client
 	stop        func()
+}
+
+// pushBoth pushes clusters as version v to both clients and returns how
+// long each took to hold them. Which goes first alternates with round, so
+// that neither always runs right after the other's garbage.
+func (p *benchPair) pushBoth(ctx context.Context, b *testing.B, round int, v string, clusters []types.Resource) (direct, via time.Duration) {
+	b.Helper()
+	for _, viaFirst := range []bool{round%2 == 0, round%2 != 0} {
+		c, node, out := p.direct, "direct", &direct
+		if viaFirst {
+			c, node, out = p.via, "via", &via
+		}
+		d, err := xdsserver.Push(ctx, p.cp, c, node, v, clusters)
+		if err != nil {
+			b.Fatal(err)
+		}
+		*out = d
+	}
+	return direct, via
 }
 
 func newBenchPair(b *testing.B, delta bool) *benchPair {
@@ -108,20 +128,8 @@ func BenchmarkCDSPush(b *testing.B) {
 					clusters := xdsserver.RoundClusters(n, i)
 					b.StartTimer()
 					v := fmt.Sprintf("r%d", i)
-					// Alternate which goes first, so that neither always
-					// runs right after the other's garbage.
-					order := []bool{i%2 == 0, i%2 != 0}
-					for _, viaFirst := range order {
-						c, node, out := p.direct, "direct", &direct
-						if viaFirst {
-							c, node, out = p.via, "via", &via
-						}
-						d, err := xdsserver.Push(ctx, p.cp, c, node, v, clusters)
-						if err != nil {
-							b.Fatal(err)
-						}
-						*out = append(*out, d)
-					}
+					d, vd := p.pushBoth(ctx, b, i, v, clusters)
+					direct, via = append(direct, d), append(via, vd)
 				}
 				b.StopTimer()
 				md, mv := xdsserver.Quantile(direct, 0.5), xdsserver.Quantile(via, 0.5)
@@ -147,17 +155,8 @@ func BenchmarkSmallUpdate(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				clusters := xdsserver.RoundClusters(1, i)
 				v := fmt.Sprintf("s%d", i)
-				for _, viaFirst := range []bool{i%2 == 0, i%2 != 0} {
-					c, node, out := p.direct, "direct", &direct
-					if viaFirst {
-						c, node, out = p.via, "via", &via
-					}
-					d, err := xdsserver.Push(ctx, p.cp, c, node, v, clusters)
-					if err != nil {
-						b.Fatal(err)
-					}
-					*out = append(*out, d)
-				}
+				d, vd := p.pushBoth(ctx, b, i, v, clusters)
+				direct, via = append(direct, d), append(via, vd)
 			}
 			us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
 			b.ReportMetric(us(xdsserver.Quantile(direct, 0.5)), "direct-p50-µs")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Validate rejects each bad value, naming the field (and Istio's setting).
@@ -59,7 +60,7 @@ func TestValidateNamesTheField(t *testing.T) {
 			if !errors.Is(err, ErrBadConfig) {
 				t.Errorf("%v is not ErrBadConfig", err)
 			}
-			mustContain(t, "error", err.Error(), tc.want)
+			testkit.Contains(t, "error", err.Error(), tc.want)
 			if _, err := New(c, Inputs{}, Outputs{}, messages.Runtime{}); err == nil {
 				t.Error("New accepted it")
 			}
@@ -112,7 +113,7 @@ func TestSocket(t *testing.T) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v, want a 0600 socket", fi.Mode())
 	}
-	mustContain(t, "logs", p.logs.String(), "removing stale XDS socket")
+	testkit.Contains(t, "logs", p.logs.String(), "removing stale XDS socket")
 
 	// A second proxy on the same path is refused.
 	second, err := New(cfg, Inputs{}, Outputs{}, messages.Runtime{})
@@ -144,7 +145,7 @@ func TestSocket(t *testing.T) {
 // A path that is not a socket is not removed.
 func TestSocketPathNotASocket(t *testing.T) {
 	cfg := testConfig(tempRoot(t), "127.0.0.1:1")
-	writeFile(t, cfg.SocketPath, []byte("precious"))
+	testkit.WriteFile(t, cfg.SocketPath, []byte("precious"))
 	s, err := New(cfg, Inputs{}, Outputs{}, messages.Runtime{})
 	if err != nil {
 		t.Fatal(err)

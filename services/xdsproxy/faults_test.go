@@ -35,35 +35,44 @@ func endsWith(n int, code codes.Code) func(xdsserver.State) bool {
 // Envoy's stream; Envoy reconnects when it is back and gets what changed
 // meanwhile.
 func TestControlPlaneOutageEndsStream(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		t.Run(protocolName(delta), func(t *testing.T) {
-			cp := controlPlane(t, xdsserver.Options{})
-			snapshot(t, cp, "v1", 3)
-			cfg := testConfig(tempRoot(t), cp.Addr())
-			cfg.OfflineCache = false
-			p := startProxy(t, cfg, proxyOpts{})
-			c := p.client(t, delta)
-			ctx := waitCtx(t)
-			if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
-				t.Fatal(err)
-			}
+	bothProtocols(t, func(t *testing.T, delta bool) {
+		cp := servingControlPlane(t, "v1", 3)
+		cfg := testConfig(tempRoot(t), cp.Addr())
+		cfg.OfflineCache = false
+		p := startProxy(t, cfg, proxyOpts{})
+		c := p.client(t, delta)
+		ctx := waitCtx(t)
+		if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
+			t.Fatal(err)
+		}
 
-			cp.Stop()
-			if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
-				t.Fatal(err)
-			}
-			p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown && s.LastError != "" })
-			snapshot(t, cp, "v2", 4)
-			if err := cp.Restart(); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.WaitFor(ctx, bothTypes("v2", 4)); err != nil {
-				t.Fatal(err)
-			}
-			p.waitState(t, "connected again", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
-			p.waitHealth(t, "Ready again", func(h messages.Health) bool { return h.State == messages.Ready })
-		})
-	}
+		cp.Stop()
+		if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
+			t.Fatal(err)
+		}
+		p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown && s.LastError != "" })
+		snapshot(t, cp, "v2", 4)
+		if err := cp.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WaitFor(ctx, bothTypes("v2", 4)); err != nil {
+			t.Fatal(err)
+		}
+		p.waitState(t, "connected again", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+		p.waitHealth(t, "Ready again", func(h messages.Health) bool { return h.State == messages.Ready })
+	})
+}
+
+// cachedV1 is a control plane serving v1, and the configuration of a
+// proxy that has written v1 to its cache file and stopped.
+func cachedV1(t *testing.T, delta bool) (*xdsserver.Server, Config) {
+	t.Helper()
+	cp := servingControlPlane(t, "v1", 3)
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	p := startProxy(t, cfg, proxyOpts{})
+	recordV1(t, p, cp, delta)
+	p.stop(t)
+	return cp, cfg
 }
 
 // recordV1 runs a client through the proxy until the control plane has
@@ -107,86 +116,71 @@ func servedFromCache(t *testing.T, p *proxy, delta bool) *xdsserver.Client {
 // says it serves the cache; when the control plane is back the stream is
 // ended and Envoy converges on the new configuration.
 func TestOfflineCacheServesAndResynchronises(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		t.Run(protocolName(delta), func(t *testing.T) {
-			cp := controlPlane(t, xdsserver.Options{})
-			snapshot(t, cp, "v1", 3)
-			p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
-			recordV1(t, p, cp, delta)
+	bothProtocols(t, func(t *testing.T, delta bool) {
+		cp := servingControlPlane(t, "v1", 3)
+		p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
+		recordV1(t, p, cp, delta)
 
-			cp.Stop()
-			c := servedFromCache(t, p, delta)
-			st := p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
-			if st.Since.IsZero() || st.LastError == "" {
-				t.Errorf("XDSState %+v: want since and the last error", st)
-			}
-			h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
-			mustContain(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
-			if got := p.metric(t, "xds_proxy_serving_cache"); got != 1 {
-				t.Errorf("xds_proxy_serving_cache = %v, want 1", got)
-			}
-			if got := p.metric(t, "xds_proxy_messages_total", "type_url", resource.ClusterType, "direction", "cache"); got < 1 {
-				t.Errorf("no CDS response counted as served from the cache")
-			}
-			mustContain(t, "logs", p.logs.String(), "serving cached configuration to Envoy")
+		cp.Stop()
+		c := servedFromCache(t, p, delta)
+		st := p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
+		if st.Since.IsZero() || st.LastError == "" {
+			t.Errorf("XDSState %+v: want since and the last error", st)
+		}
+		h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
+		testkit.Contains(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
+		if got := p.metric(t, "xds_proxy_serving_cache"); got != 1 {
+			t.Errorf("xds_proxy_serving_cache = %v, want 1", got)
+		}
+		if got := p.metric(t, "xds_proxy_messages_total", "type_url", resource.ClusterType, "direction", "cache"); got < 1 {
+			t.Errorf("no CDS response counted as served from the cache")
+		}
+		testkit.Contains(t, "logs", p.logs.String(), "serving cached configuration to Envoy")
 
-			snapshot(t, cp, "v2", 5)
-			if err := cp.Restart(); err != nil {
-				t.Fatal(err)
-			}
-			ctx := waitCtx(t)
-			if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
-				t.Fatal(err)
-			}
-			mustContain(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
-			if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
-				t.Fatal(err)
-			}
-			p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
-			p.waitHealth(t, "Ready", func(h messages.Health) bool { return h.State == messages.Ready })
-			if got := p.metric(t, "xds_proxy_serving_cache"); got != 0 {
-				t.Errorf("xds_proxy_serving_cache = %v after the control plane came back", got)
-			}
-		})
-	}
+		snapshot(t, cp, "v2", 5)
+		if err := cp.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := waitCtx(t)
+		if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Contains(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
+		if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
+			t.Fatal(err)
+		}
+		p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+		p.waitHealth(t, "Ready", func(h messages.Health) bool { return h.State == messages.Ready })
+		if got := p.metric(t, "xds_proxy_serving_cache"); got != 0 {
+			t.Errorf("xds_proxy_serving_cache = %v after the control plane came back", got)
+		}
+	})
 }
 
 // The cache file lets a restarted agent (a new Service, same file) serve
 // Envoy during an outage.
 func TestCacheFileSurvivesRestart(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		t.Run(protocolName(delta), func(t *testing.T) {
-			cp := controlPlane(t, xdsserver.Options{})
-			snapshot(t, cp, "v1", 3)
-			cfg := testConfig(tempRoot(t), cp.Addr())
-			p1 := startProxy(t, cfg, proxyOpts{})
-			recordV1(t, p1, cp, delta)
-			p1.stop(t)
-			fi, err := os.Stat(cfg.CacheFile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fi.Mode().Perm() != 0o600 {
-				t.Errorf("cache file mode %v, want 0600", fi.Mode().Perm())
-			}
+	bothProtocols(t, func(t *testing.T, delta bool) {
+		cp, cfg := cachedV1(t, delta)
+		fi, err := os.Stat(cfg.CacheFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("cache file mode %v, want 0600", fi.Mode().Perm())
+		}
 
-			cp.Stop()
-			p2 := startProxy(t, cfg, proxyOpts{})
-			servedFromCache(t, p2, delta)
-			mustContain(t, "logs", p2.logs.String(), "loaded the cached xDS configuration")
-		})
-	}
+		cp.Stop()
+		p2 := startProxy(t, cfg, proxyOpts{})
+		servedFromCache(t, p2, delta)
+		testkit.Contains(t, "logs", p2.logs.String(), "loaded the cached xDS configuration")
+	})
 }
 
 // A cache file that is corrupt, truncated, or written for another node or
 // control plane is ignored with a warning and removed, never served.
 func TestBadCacheFileIgnored(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "v1", 3)
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	p := startProxy(t, cfg, proxyOpts{})
-	recordV1(t, p, cp, false)
-	p.stop(t)
+	cp, cfg := cachedV1(t, false)
 	good, err := os.ReadFile(cfg.CacheFile)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +207,7 @@ func TestBadCacheFileIgnored(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := startProxy(t, cfg, proxyOpts{})
-			mustContain(t, "logs", p.logs.String(), "ignoring the xDS cache file", tc.want)
+			testkit.Contains(t, "logs", p.logs.String(), "ignoring the xDS cache file", tc.want)
 			if _, err := os.Stat(cfg.CacheFile); !os.IsNotExist(err) {
 				t.Errorf("the unusable cache file is still there (%v)", err)
 			}
@@ -238,8 +232,7 @@ func flipByte(b []byte, i int) []byte {
 // Delta: the cached set follows what Envoy acknowledged, removals
 // included, across streams.
 func TestDeltaCacheAppliesRemovals(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "v1", 3)
+	cp := servingControlPlane(t, "v1", 3)
 	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
 	ctx := waitCtx(t)
 	c := p.client(t, true)
@@ -280,8 +273,7 @@ func TestDeltaCacheAppliesRemovals(t *testing.T) {
 // fresh Envoy, as good as unreachable: after StallTimeout the cache
 // serves it.
 func TestStalledControlPlaneServesCache(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "v1", 3)
+	cp := servingControlPlane(t, "v1", 3)
 	clock := testkit.NewManualClock()
 	cfg := testConfig(tempRoot(t), cp.Addr())
 	cfg.StallTimeout = time.Minute
@@ -313,7 +305,7 @@ func TestStalledControlPlaneServesCache(t *testing.T) {
 	if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
 		t.Fatal(err)
 	}
-	mustContain(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
+	testkit.Contains(t, "logs", p.logs.String(), "ending a stalled stream", "serving cached configuration to Envoy")
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 1 {
 		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
 	}

@@ -25,73 +25,70 @@ import (
 // (the rest waits in gRPC flow control, that is, in the control plane),
 // and once Envoy reads again it converges on the last push.
 func TestSlowEnvoyNoDeadlockBoundedMemory(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		t.Run(protocolName(delta), func(t *testing.T) {
-			cp := controlPlane(t, xdsserver.Options{})
-			snapshot(t, cp, "p0", 100)
-			cfg := testConfig(tempRoot(t), cp.Addr())
-			cfg.OfflineCache = false
-			p := startProxy(t, cfg, proxyOpts{})
-			c := p.clientWith(t, xdsserver.ClientOptions{Delta: delta})
-			ctx := waitCtx(t)
-			if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {
-				t.Fatal(err)
-			}
+	bothProtocols(t, func(t *testing.T, delta bool) {
+		cp := servingControlPlane(t, "p0", 100)
+		cfg := testConfig(tempRoot(t), cp.Addr())
+		cfg.OfflineCache = false
+		p := startProxy(t, cfg, proxyOpts{})
+		c := p.clientWith(t, xdsserver.ClientOptions{Delta: delta})
+		ctx := waitCtx(t)
+		if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {
+			t.Fatal(err)
+		}
 
-			c.Pause()
-			const pushes = 300
-			pushed := make(chan error, 1)
-			go func() {
-				for i := 1; i <= pushes; i++ {
-					v := fmt.Sprintf("p%d", i)
-					if err := cp.SetSnapshot(v, xdsserver.Clusters(100, "svc-"+v+"-"), nil, nil, nil, nil); err != nil {
-						pushed <- err
-						return
-					}
+		c.Pause()
+		const pushes = 300
+		pushed := make(chan error, 1)
+		go func() {
+			for i := 1; i <= pushes; i++ {
+				v := fmt.Sprintf("p%d", i)
+				if err := cp.SetSnapshot(v, xdsserver.Clusters(100, "svc-"+v+"-"), nil, nil, nil, nil); err != nil {
+					pushed <- err
+					return
 				}
-				pushed <- nil
-			}()
-			// Far more request bytes than any flow-control window: if the
-			// proxy stopped reading Envoy, these sends would block.
-			names := make([]string, 100)
-			for i := range names {
-				names[i] = fmt.Sprintf("outbound|80||endpoint-%d.ns.svc.cluster.local", i)
 			}
-			sent := make(chan error, 1)
-			go func() {
-				for i := 0; i < 1000; i++ {
-					if err := c.Subscribe(resource.EndpointType, names); err != nil {
-						sent <- err
-						return
-					}
+			pushed <- nil
+		}()
+		// Far more request bytes than any flow-control window: if the
+		// proxy stopped reading Envoy, these sends would block.
+		names := make([]string, 100)
+		for i := range names {
+			names[i] = fmt.Sprintf("outbound|80||endpoint-%d.ns.svc.cluster.local", i)
+		}
+		sent := make(chan error, 1)
+		go func() {
+			for i := 0; i < 1000; i++ {
+				if err := c.Subscribe(resource.EndpointType, names); err != nil {
+					sent <- err
+					return
 				}
-				sent <- nil
-			}()
-			select {
-			case err := <-sent:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-ctx.Done():
-				t.Fatal("Envoy's requests are blocked while it does not read: deadlock")
 			}
+			sent <- nil
+		}()
+		select {
+		case err := <-sent:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("Envoy's requests are blocked while it does not read: deadlock")
+		}
 
-			c.Resume()
-			if err := <-pushed; err != nil {
-				t.Fatal(err)
-			}
-			if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, fmt.Sprintf("p%d", pushes), 100)); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("the proxy held up to %d responses at once", p.svc.maxInflight.Load())
-			if got, bound := p.svc.maxInflight.Load(), int64(responseQueue+2); got > bound || got < 1 {
-				t.Errorf("the proxy held up to %d responses at once, want 1..%d", got, bound)
-			}
-			if got := c.State().Streams; got != 1 {
-				t.Errorf("the client needed %d streams, want 1", got)
-			}
-		})
-	}
+		c.Resume()
+		if err := <-pushed; err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, fmt.Sprintf("p%d", pushes), 100)); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the proxy held up to %d responses at once", p.svc.maxInflight.Load())
+		if got, bound := p.svc.maxInflight.Load(), int64(responseQueue+2); got > bound || got < 1 {
+			t.Errorf("the proxy held up to %d responses at once, want 1..%d", got, bound)
+		}
+		if got := c.State().Streams; got != 1 {
+			t.Errorf("the client needed %d streams, want 1", got)
+		}
+	})
 }
 
 // silentControlPlane accepts ADS streams, reads them, and never answers.
@@ -134,11 +131,7 @@ func startSilent(t *testing.T) (*silentControlPlane, string) {
 // with Unavailable and Envoy reconnects; it is counted and reported.
 func TestStalledControlPlaneEndsStream(t *testing.T) {
 	silent, addr := startSilent(t)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), addr)
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	p, clock := stallProxy(t, addr)
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	select {
 	case <-silent.got:
@@ -150,31 +143,26 @@ func TestStalledControlPlaneEndsStream(t *testing.T) {
 		defer close(ended)
 		_ = c.WaitFor(waitCtx(t), func(s xdsserver.State) bool { return len(s.Ends) > 0 })
 	}()
-	if !clock.AdvanceUntil(t, cfg.StallTimeout/4, 20, ended) {
+	if !clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 20, ended) {
 		t.Fatal("the stream did not end")
 	}
 	end := c.State().Ends[0]
 	if status.Code(end) != codes.Unavailable {
 		t.Errorf("stream ended with %v, want Unavailable", end)
 	}
-	mustContain(t, "end status", status.Convert(end).Message(), "control plane stalled", "57064")
+	testkit.Contains(t, "end status", status.Convert(end).Message(), "control plane stalled", "57064")
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 1 {
 		t.Errorf("xds_proxy_stalled_streams_total = %v, want 1", got)
 	}
 	st := p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
-	mustContain(t, "LastError", st.LastError, "stalled")
+	testkit.Contains(t, "LastError", st.LastError, "stalled")
 }
 
 // A control plane that answered is never cut, however long it is quiet:
 // ACKs expect no answer.
 func TestQuietControlPlaneIsNotStalled(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "v1", 2)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	cp := servingControlPlane(t, "v1", 2)
+	p, clock := stallProxy(t, cp.Addr())
 	c := p.client(t, false)
 	if err := c.WaitFor(waitCtx(t), func(s xdsserver.State) bool {
 		return hasVersion(resource.ClusterType, "v1", 2)(s) && hasVersion(resource.ListenerType, "v1", 2)(s)
@@ -190,7 +178,7 @@ func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never) // ten stall timeouts
+	clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 40, never) // ten stall timeouts
 	if st := c.State(); len(st.Ends) != 0 || st.Streams != 1 {
 		t.Errorf("a quiet control plane was cut: %d streams, ends %v", st.Streams, st.Ends)
 	}
@@ -199,8 +187,7 @@ func TestQuietControlPlaneIsNotStalled(t *testing.T) {
 // A newer stream replaces the older, which ends with an OK status (as in
 // Istio: one Envoy stream at a time).
 func TestNewerStreamReplacesOlder(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "v1", 2)
+	cp := servingControlPlane(t, "v1", 2)
 	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
 	ctx := waitCtx(t)
 	old := p.clientWith(t, xdsserver.ClientOptions{})
@@ -221,19 +208,14 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 	if err := newer.WaitFor(ctx, hasVersion(resource.ClusterType, "v2", 3)); err != nil {
 		t.Fatal(err)
 	}
-	mustContain(t, "logs", p.logs.String(), "a newer Envoy stream replaces the open one")
+	testkit.Contains(t, "logs", p.logs.String(), "a newer Envoy stream replaces the open one")
 }
 
 // An Envoy that does not read is not a stalled control plane: the control
 // plane answered, its answers wait for Envoy, and the stream is kept.
 func TestSlowEnvoyIsNotAStall(t *testing.T) {
-	cp := controlPlane(t, xdsserver.Options{})
-	snapshot(t, cp, "p0", 100)
-	clock := testkit.NewManualClock()
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	p := startProxy(t, cfg, proxyOpts{clock: clock})
+	cp := servingControlPlane(t, "p0", 100)
+	p, clock := stallProxy(t, cp.Addr())
 	c := p.clientWith(t, xdsserver.ClientOptions{})
 	ctx := waitCtx(t)
 	if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {
@@ -252,7 +234,7 @@ func TestSlowEnvoyIsNotAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan struct{})
-	clock.AdvanceUntil(t, cfg.StallTimeout/4, 40, never)
+	clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 40, never)
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 0 {
 		t.Errorf("a slow Envoy was taken for a stalled control plane (%v)", got)
 	}

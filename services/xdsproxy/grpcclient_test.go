@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,7 +17,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -62,19 +60,8 @@ func runGRPCClient() int {
 // resolves xds:///<service> through the proxy (LDS → RDS → CDS → EDS, as
 // grpc-go's xDS client asks) and reaches its backend.
 func TestProxylessGRPCThroughProxy(t *testing.T) {
-	// The backend: gRPC's health service on loopback.
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := grpc.NewServer()
-	healthpb.RegisterHealthServer(backend, health.NewServer())
-	served := make(chan struct{})
-	go func() { defer close(served); _ = backend.Serve(lis) }()
-	t.Cleanup(func() { backend.Stop(); <-served })
-
 	const target = "echo.default.svc.cluster.local"
-	svc := xdsserver.NewGRPCService(target, netip.MustParseAddrPort(lis.Addr().String()))
+	svc := xdsserver.NewGRPCService(target, netip.MustParseAddrPort(xdsserver.HealthBackend(t)))
 	cp := controlPlane(t, xdsserver.Options{})
 	if err := cp.SetSnapshot("v1", []types.Resource{svc.Cluster}, []types.Resource{svc.Listener},
 		[]types.Resource{svc.Route}, []types.Resource{svc.Endpoint}, nil); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +46,23 @@ func controlPlane(t *testing.T, opts xdsserver.Options) *xdsserver.Server {
 	}
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// servingControlPlane is a control plane serving snapshot v with n
+// clusters, as most tests begin.
+func servingControlPlane(t *testing.T, v string, n int) *xdsserver.Server {
+	t.Helper()
+	cp := controlPlane(t, xdsserver.Options{})
+	snapshot(t, cp, v, n)
+	return cp
+}
+
+// bothProtocols runs test once for each xDS protocol Envoy may speak:
+// State of the World and Delta.
+func bothProtocols(t *testing.T, test func(t *testing.T, delta bool)) {
+	for _, delta := range []bool{false, true} {
+		t.Run(protocolName(delta), func(t *testing.T) { test(t, delta) })
+	}
 }
 
 // snapshot sets version v with n clusters and two listeners.
@@ -96,6 +112,19 @@ func testConfig(root, addr string) Config {
 type proxyOpts struct {
 	in    Inputs
 	clock messages.Clock
+}
+
+// stallProxy is a proxy to the control plane at addr that gives a
+// stream up after a minute without an answer, a minute of clock: a manual
+// clock the test advances. It has no offline cache, so that a stall shows
+// as the end of Envoy's stream.
+func stallProxy(t *testing.T, addr string) (*proxy, *testkit.ManualClock) {
+	t.Helper()
+	clock := testkit.NewManualClock()
+	cfg := testConfig(tempRoot(t), addr)
+	cfg.OfflineCache = false
+	cfg.StallTimeout = time.Minute
+	return startProxy(t, cfg, proxyOpts{clock: clock}), clock
 }
 
 func startProxy(t *testing.T, cfg Config, o proxyOpts) *proxy {
@@ -172,13 +201,4 @@ func (p *proxy) waitHealth(t *testing.T, what string, cond func(messages.Health)
 // hasVersion is a client condition: typ is held at version v with n resources.
 func hasVersion(typ, v string, n int) func(xdsserver.State) bool {
 	return func(s xdsserver.State) bool { return s.Versions[typ] == v && s.Counts[typ] == n }
-}
-
-func mustContain(t *testing.T, what, got string, wants ...string) {
-	t.Helper()
-	for _, w := range wants {
-		if !strings.Contains(got, w) {
-			t.Errorf("%s: %q does not contain %q", what, got, w)
-		}
-	}
 }

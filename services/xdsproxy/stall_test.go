@@ -59,7 +59,7 @@ func TestStallRule(t *testing.T) {
 	if err := w.stalled(); !errors.As(err, &stall) || !stall.sending {
 		t.Fatalf("a Send blocked for the timeout: %v, want a stall", err)
 	}
-	mustContain(t, "stall message", stall.Error(), "cannot be sent", "57064")
+	testkit.Contains(t, "stall message", stall.Error(), "cannot be sent", "57064")
 }
 
 // Which requests a control plane must answer: wildcard subscriptions that

@@ -4,8 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -27,21 +26,11 @@ func tlsProxyConfig(t *testing.T, addr string, rootPEM []byte, token string) Con
 	cfg := testConfig(root, addr)
 	cfg.Plaintext = false
 	cfg.OfflineCache = false
-	writeFile(t, cfg.RootCAFile, rootPEM)
+	testkit.WriteFile(t, cfg.RootCAFile, rootPEM)
 	if token != "" {
-		writeFile(t, cfg.TokenFile, []byte(token+"\n"))
+		testkit.WriteFile(t, cfg.TokenFile, []byte(token+"\n"))
 	}
 	return cfg
-}
-
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TLS to the control plane with Istio's server name rule ("localhost" is
@@ -93,9 +82,9 @@ func TestUpstreamErrorsAreExplained(t *testing.T) {
 			p := startProxy(t, cfg, proxyOpts{})
 			c := p.client(t, false)
 			st := p.waitState(t, "the upstream down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
-			mustContain(t, "XDSState.LastError", st.LastError, tc.want...)
+			testkit.Contains(t, "XDSState.LastError", st.LastError, tc.want...)
 			h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
-			mustContain(t, "Health.Reason", h.Reason, append(tc.want, "unreachable since")...)
+			testkit.Contains(t, "Health.Reason", h.Reason, append(tc.want, "unreachable since")...)
 			if !h.State.Serving() {
 				t.Errorf("health %v does not serve: readiness would fail", h.State)
 			}
@@ -156,7 +145,7 @@ func TestClientCertificateFromBundle(t *testing.T) {
 			want := int64(1)
 			if expired {
 				want = 0
-				mustContain(t, "logs", p.logs.String(), "workload certificate expired")
+				testkit.Contains(t, "logs", p.logs.String(), "workload certificate expired")
 			}
 			if got := presented.Load(); got != want {
 				t.Errorf("the proxy presented %d certificates, want %d", got, want)

@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -31,7 +32,7 @@ func BenchmarkFileChangeToSDS(b *testing.B) {
 	e.next(b)
 	rename := func(name string, data []byte) {
 		tmp := filepath.Join(dir, "."+name+".tmp")
-		write(b, tmp, data)
+		testkit.WriteFile(b, tmp, data)
 		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 			b.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -105,8 +106,7 @@ func (a *agent) assertNoKeysLogged(t testing.TB) {
 // envoy is an SDS client stream as Envoy opens it.
 type envoy struct {
 	stream grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
-	resps  chan *discoveryv3.DiscoveryResponse
-	errc   chan error
+	resps  *testkit.Receiver[*discoveryv3.DiscoveryResponse]
 	a      *agent
 	names  []string
 	// What nextAll has received, merged as Envoy merges SDS responses, and
@@ -132,21 +132,9 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &envoy{stream: stream, resps: make(chan *discoveryv3.DiscoveryResponse, 16), errc: make(chan error, 1), a: a, names: names,
+	t.Cleanup(func() { conn.Close() }) // after the receiver's cleanup: cleanups run last first
+	e := &envoy{stream: stream, resps: testkit.NewReceiver(t, cancel, stream.Recv), a: a, names: names,
 		have: map[string]*tlsv3.Secret{}, errs: map[string]*status.Status{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				e.errc <- err
-				return
-			}
-			e.resps <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,33 +145,26 @@ func (a *agent) connectAt(t testing.TB, socket string, names ...string) *envoy {
 // error received so far on the stream, merged as Envoy merges them.
 func (e *envoy) nextAll(t testing.TB) (map[string]*tlsv3.Secret, map[string]*status.Status) {
 	t.Helper()
-	select {
-	case r := <-e.resps:
-		e.lastSent = nil
-		for _, a := range r.Resources {
-			s := &tlsv3.Secret{}
-			if err := a.UnmarshalTo(s); err != nil {
-				t.Fatal(err)
-			}
-			if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
-				e.a.keys = append(e.a.keys, k)
-			}
-			e.have[s.Name] = s
-			delete(e.errs, s.Name)
-			e.lastSent = append(e.lastSent, s.Name)
+	r := e.resps.Next(t, "a secret pushed")
+	e.lastSent = nil
+	for _, a := range r.Resources {
+		s := &tlsv3.Secret{}
+		if err := a.UnmarshalTo(s); err != nil {
+			t.Fatal(err)
 		}
-		for _, re := range r.ResourceErrors {
-			e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+			e.a.keys = append(e.a.keys, k)
 		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
-			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
-		return e.have, e.errs
-	case err := <-e.errc:
-		t.Fatalf("SDS stream ended: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no secret pushed")
+		e.have[s.Name] = s
+		delete(e.errs, s.Name)
+		e.lastSent = append(e.lastSent, s.Name)
 	}
-	return nil, nil
+	for _, re := range r.ResourceErrors {
+		e.errs[re.GetResourceName().GetName()] = status.FromProto(re.GetErrorDetail())
+	}
+	e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+		VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+	return e.have, e.errs
 }
 
 // until receives responses until ok holds for one, and returns its secrets.
@@ -202,35 +183,28 @@ func (e *envoy) until(t testing.TB, what string, ok func(map[string]*tlsv3.Secre
 // next receives the next secret, ACKs it, and returns it with its version.
 func (e *envoy) next(t testing.TB) (*tlsv3.Secret, string) {
 	t.Helper()
-	select {
-	case r := <-e.resps:
-		s := &tlsv3.Secret{}
-		if len(r.Resources) != 1 {
-			t.Fatalf("%d resources, want 1", len(r.Resources))
-		}
-		if err := r.Resources[0].UnmarshalTo(s); err != nil {
-			t.Fatal(err)
-		}
-		if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
-			e.a.keys = append(e.a.keys, k)
-		}
-		e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
-			VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
-		return s, r.VersionInfo
-	case err := <-e.errc:
-		t.Fatalf("SDS stream ended: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no secret pushed")
+	r := e.resps.Next(t, "a secret pushed")
+	s := &tlsv3.Secret{}
+	if len(r.Resources) != 1 {
+		t.Fatalf("%d resources, want 1", len(r.Resources))
 	}
-	return nil, ""
+	if err := r.Resources[0].UnmarshalTo(s); err != nil {
+		t.Fatal(err)
+	}
+	if k := s.GetTlsCertificate().GetPrivateKey().GetInlineBytes(); k != nil {
+		e.a.keys = append(e.a.keys, k)
+	}
+	e.stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: sds.SecretTypeURL, ResourceNames: e.names,
+		VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+	return s, r.VersionInfo
 }
 
 func (e *envoy) expectNothing(t testing.TB, d time.Duration) {
 	t.Helper()
 	select {
-	case r := <-e.resps:
+	case r := <-e.resps.C():
 		t.Fatalf("unexpected push of version %s", r.VersionInfo)
-	case err := <-e.errc:
+	case err := <-e.resps.Err():
 		t.Fatalf("SDS stream ended: %v", err)
 	case <-time.After(d):
 	}
@@ -254,29 +228,22 @@ func fileAgent(t testing.TB) (*agent, *pki.CA, string) {
 	return a, issuer, dir
 }
 
-func write(t testing.TB, path string, data []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func writeSet(t testing.TB, a *agent, dir string, issuer *pki.CA, chain, key []byte) {
 	a.keys = append(a.keys, key)
-	write(t, filepath.Join(dir, certs.RootCertFileName), issuer.CertPEM)
-	write(t, filepath.Join(dir, certs.KeyFileName), key)
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, certs.RootCertFileName), issuer.CertPEM)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
 }
 
 func TestFileRotationPushedToEnvoy(t *testing.T) {
 	rotations := map[string]func(t *testing.T, dir string, chain, key []byte){
 		"plain write": func(t *testing.T, dir string, chain, key []byte) {
-			write(t, filepath.Join(dir, certs.KeyFileName), key)
-			write(t, filepath.Join(dir, certs.CertChainFileName), chain)
+			testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
+			testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
 		},
 		"write tmp then rename": func(t *testing.T, dir string, chain, key []byte) {
 			for n, d := range map[string][]byte{certs.KeyFileName: key, certs.CertChainFileName: chain} {
-				write(t, filepath.Join(dir, n+".tmp"), d)
+				testkit.WriteFile(t, filepath.Join(dir, n+".tmp"), d)
 				if err := os.Rename(filepath.Join(dir, n+".tmp"), filepath.Join(dir, n)); err != nil {
 					t.Fatal(err)
 				}
@@ -311,9 +278,9 @@ func TestFileDataSymlinkSwapPushedToEnvoy(t *testing.T) {
 		d := filepath.Join(dir, name)
 		os.Mkdir(d, 0o755)
 		a.keys = append(a.keys, key)
-		write(t, filepath.Join(d, certs.CertChainFileName), chain)
-		write(t, filepath.Join(d, certs.KeyFileName), key)
-		write(t, filepath.Join(d, certs.RootCertFileName), issuer.CertPEM)
+		testkit.WriteFile(t, filepath.Join(d, certs.CertChainFileName), chain)
+		testkit.WriteFile(t, filepath.Join(d, certs.KeyFileName), key)
+		testkit.WriteFile(t, filepath.Join(d, certs.RootCertFileName), issuer.CertPEM)
 		os.Symlink(name, filepath.Join(dir, "..data_tmp"))
 		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 			t.Fatal(err)
@@ -348,15 +315,15 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 	e.next(t)
 	quiet := 3 * a.certCfg.FileDebounce
 
-	write(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), []byte("garbage"))
 	a.health.WaitService(t, "certs", messages.Degraded, filepath.Join(dir, certs.CertChainFileName))
 	e.expectNothing(t, quiet)
 
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain1)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain1)
 	a.health.WaitService(t, "certs", messages.Ready, "")
 	_, otherKey := issuer.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, otherKey)
-	write(t, filepath.Join(dir, certs.KeyFileName), otherKey)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), otherKey)
 	a.health.WaitService(t, "certs", messages.Degraded, "does not match the leaf certificate")
 	e.expectNothing(t, quiet)
 
@@ -368,19 +335,13 @@ func TestBadOrIdenticalFileUpdateNotPushed(t *testing.T) {
 // A short-lived CA certificate is renewed before expiry and pushed on the
 // same open stream; a wrong token shows the CA's error in health.
 func TestCARenewalPushedOnSameStream(t *testing.T) {
-	ca := startTestCA(t, 4*time.Second)
-	a := newAgent(t)
-	a.certCfg.CAAddr = ca.addr
-	a.certCfg.KeyAlgorithm = certs.ECDSA
+	a := caAgent(t, startCA(t, 4*time.Second))
 	a.certCfg.RetryInitial, a.certCfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
-	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
-	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
-	write(t, a.certCfg.TokenFile, []byte("wrong-token"))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte("wrong-token"))
 	a.start(t)
-	a.health.WaitService(t, "certs", messages.Starting, "e2e CA: bad token")
+	a.health.WaitService(t, "certs", messages.Starting, ca.ErrUnauthenticated.Error())
 
-	write(t, a.certCfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte(testToken))
 	e := a.connect(t, sds.WorkloadKeyCertResourceName)
 	s1, v1 := e.next(t)
 	b1, _ := a.bundles.Get()

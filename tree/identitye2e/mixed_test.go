@@ -14,19 +14,21 @@ import (
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/istioca"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // caAgent is an agent whose CA client can reach ca.
-func caAgent(t *testing.T, ca *testCA) *agent {
+func caAgent(t *testing.T, ca *istioca.CA) *agent {
 	a := newAgent(t)
-	a.certCfg.CAAddr = ca.addr
+	a.certCfg.CAAddr = ca.Addr
 	a.certCfg.KeyAlgorithm = certs.ECDSA
 	a.certCfg.FileDebounce = 20 * time.Millisecond
 	os.MkdirAll(filepath.Dir(a.certCfg.CARootFile), 0o755)
-	write(t, a.certCfg.CARootFile, ca.issuer.CertPEM)
+	testkit.WriteFile(t, a.certCfg.CARootFile, ca.Root.CertPEM)
 	os.MkdirAll(filepath.Dir(a.certCfg.TokenFile), 0o755)
-	write(t, a.certCfg.TokenFile, []byte(testToken))
+	testkit.WriteFile(t, a.certCfg.TokenFile, []byte(testToken))
 	return a
 }
 
@@ -47,12 +49,12 @@ func spiffeIDOf(t *testing.T, s *tlsv3.Secret) string {
 // gets the CA's certificate as "default" and the mounted roots as "ROOTCA";
 // a new mounted root is pushed as ROOTCA alone.
 func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
-	ca := startTestCA(t, time.Hour)
+	ca := startCA(t, time.Hour)
 	a := caAgent(t, ca)
 	mounted := pki.NewRoot(t, "e2e root")
 	rootFile := filepath.Join(a.root, etcCertsDir, certs.RootCertFileName)
 	os.MkdirAll(filepath.Dir(rootFile), 0o755)
-	write(t, rootFile, mounted.CertPEM)
+	testkit.WriteFile(t, rootFile, mounted.CertPEM)
 	a.certCfg = a.chooseSource(false)
 	a.start(t)
 
@@ -82,15 +84,15 @@ func TestMixedModeCertificateFromCARootsFromFile(t *testing.T) {
 // root-cert.pem: "default" is the mounted certificate, "ROOTCA" the CA's
 // root.
 func TestMixedModeCertificateFromFilesRootsFromCA(t *testing.T) {
-	ca := startTestCA(t, time.Hour)
+	ca := startCA(t, time.Hour)
 	a := caAgent(t, ca)
 	files := pki.NewRoot(t, "e2e root")
 	dir := filepath.Join(a.root, etcCertsDir)
 	os.MkdirAll(dir, 0o755)
 	chain, key := files.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, key)
-	write(t, filepath.Join(dir, certs.CertChainFileName), chain)
-	write(t, filepath.Join(dir, certs.KeyFileName), key)
+	testkit.WriteFile(t, filepath.Join(dir, certs.CertChainFileName), chain)
+	testkit.WriteFile(t, filepath.Join(dir, certs.KeyFileName), key)
 	a.certCfg = a.chooseSource(false)
 	a.start(t)
 
@@ -99,7 +101,7 @@ func TestMixedModeCertificateFromFilesRootsFromCA(t *testing.T) {
 	if chainOf(got[sds.WorkloadKeyCertResourceName]) != string(chain) {
 		t.Fatal("default is not the mounted certificate")
 	}
-	if trustedCA(got[sds.RootCertResourceName]) != string(ca.issuer.CertPEM) {
+	if trustedCA(got[sds.RootCertResourceName]) != string(ca.Root.CertPEM) {
 		t.Fatal("ROOTCA is not the CA's root")
 	}
 }

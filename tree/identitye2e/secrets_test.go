@@ -1,7 +1,6 @@
 package identitye2e
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,21 +8,21 @@ import (
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/sds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 func renameInto(t testing.TB, path string, data []byte) {
 	t.Helper()
 	tmp := path + ".tmp"
-	write(t, tmp, data)
+	testkit.WriteFile(t, tmp, data)
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
@@ -44,14 +43,14 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 	osStore := a.sdsCfg.SystemRootFiles[0]
 	osRoot, drCA, extra := pki.NewRoot(t, "e2e root"), pki.NewRoot(t, "e2e root"), pki.NewRoot(t, "e2e root")
 	os.MkdirAll(filepath.Dir(osStore), 0o755)
-	write(t, osStore, osRoot.CertPEM)
+	testkit.WriteFile(t, osStore, osRoot.CertPEM)
 	drDir := filepath.Join(a.root, "etc/dr")
 	os.MkdirAll(drDir, 0o755)
 	drChain, drKey := drCA.Leaf(t, pki.Leaf{SPIFFE: e2eWorkloadID})
 	a.keys = append(a.keys, drKey)
-	write(t, filepath.Join(drDir, "cert.pem"), drChain)
-	write(t, filepath.Join(drDir, "key.pem"), drKey)
-	write(t, filepath.Join(drDir, "ca.pem"), drCA.CertPEM)
+	testkit.WriteFile(t, filepath.Join(drDir, "cert.pem"), drChain)
+	testkit.WriteFile(t, filepath.Join(drDir, "key.pem"), drKey)
+	testkit.WriteFile(t, filepath.Join(drDir, "ca.pem"), drCA.CertPEM)
 	fileCert := sds.FileCertPrefix + filepath.Join(drDir, "cert.pem") + sds.ResourceSeparator + filepath.Join(drDir, "key.pem")
 	fileRoot := sds.FileRootPrefix + filepath.Join(drDir, "ca.pem")
 	os.MkdirAll(filepath.Dir(a.sdsCfg.CRLFile), 0o755)
@@ -74,7 +73,7 @@ func TestEnvoyWithEverySecretKindGetsEveryChange(t *testing.T) {
 	})
 
 	crl := issuer.CRL(t, 1, 4242)
-	write(t, a.sdsCfg.CRLFile, crl)
+	testkit.WriteFile(t, a.sdsCfg.CRLFile, crl)
 	e.until(t, "ROOTCA with the CRL", func(s map[string]*tlsv3.Secret, _ map[string]*status.Status) bool {
 		return string(s[sds.RootCertResourceName].GetValidationContext().GetCrl().GetInlineBytes()) == string(crl)
 	})
@@ -121,7 +120,7 @@ func TestMissingDestinationRuleFileIsAnErrorForThatSecretOnly(t *testing.T) {
 	})
 	a.health.WaitService(t, "sds", messages.Degraded, missing)
 
-	write(t, missing, issuer.CertPEM)
+	testkit.WriteFile(t, missing, issuer.CertPEM)
 	e.until(t, "the file once it exists", func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
 		return trustedCA(s[fileRoot]) == string(issuer.CertPEM) && len(errs) == 0
 	})
@@ -138,15 +137,7 @@ func TestExternalSDSServerInUse(t *testing.T) {
 	writeSet(t, a, dir, issuer, chain, key)
 	a.sdsCfg.WorkloadIdentitySocketFile = "spire-agent.sock"
 	spire := a.sdsCfg.EnvoySocketPath()
-	os.MkdirAll(filepath.Dir(spire), 0o750)
-	lis, err := net.Listen("unix", spire)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	sdsv3.RegisterSecretDiscoveryServiceServer(srv, sdsv3.UnimplementedSecretDiscoveryServiceServer{})
-	go srv.Serve(lis)
-	defer srv.Stop()
+	xdsserver.ExternalSDS(t, spire)
 
 	a.start(t)
 	a.health.WaitService(t, "sds", messages.Ready, "external SDS server on "+spire)
@@ -155,7 +146,7 @@ func TestExternalSDSServerInUse(t *testing.T) {
 	}
 	caFile := filepath.Join(a.root, "etc/dr/ca.pem")
 	os.MkdirAll(filepath.Dir(caFile), 0o755)
-	write(t, caFile, issuer.CertPEM)
+	testkit.WriteFile(t, caFile, issuer.CertPEM)
 	e := a.connectAt(t, a.sdsCfg.FilesSocketPath, sds.FileRootPrefix+caFile, sds.WorkloadKeyCertResourceName)
 	e.until(t, "the file secret, and the identity refused", func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
 		st := errs[sds.WorkloadKeyCertResourceName]

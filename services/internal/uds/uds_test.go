@@ -15,9 +15,7 @@ import (
 // and so is its directory's group, so the proxy can reach it; a stale socket
 // is replaced, a live one is refused with ErrInUse.
 func TestListenForAProxyGroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown to another group)")
-	}
+	testkit.RequireRoot(t, "chown to another group")
 	path := filepath.Join(t.TempDir(), "run", "XDS")
 	s := Socket{Path: path, Name: "XDS", Owner: Owner{UID: -1, GID: 1337}, Live: Accepts, Log: testkit.TestLogger(t)}
 	lis, err := s.Listen()

@@ -1,0 +1,66 @@
+package testkit
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// Receiver reads the responses of a gRPC stream (or of anything with a
+// Recv) on a goroutine of its own, as Envoy's side of an xDS or SDS stream
+// does: the test then waits for the next response with a bound, and sees
+// the error that ended the stream instead of blocking in Recv.
+type Receiver[T any] struct {
+	msgs chan T
+	errc chan error
+}
+
+// NewReceiver calls recv on a goroutine until it fails. cancel must end
+// the stream (the cancel of the stream's context): the end of the test
+// calls it and waits for the goroutine, so that no test leaks one.
+func NewReceiver[T any](t testing.TB, cancel context.CancelFunc, recv func() (T, error)) *Receiver[T] {
+	r := &Receiver[T]{msgs: make(chan T, 100), errc: make(chan error, 1)}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := recv()
+			if err != nil {
+				r.errc <- err
+				return
+			}
+			// A test that stopped reading must not keep the goroutine
+			// blocked past its end.
+			select {
+			case r.msgs <- m:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); cancel(); <-done })
+	return r
+}
+
+// Next is the next response. It fails the test, naming what it waited
+// for, when the stream ends first or nothing comes within Timeout.
+func (r *Receiver[T]) Next(t testing.TB, what string) T {
+	t.Helper()
+	var zero T
+	select {
+	case m := <-r.msgs:
+		return m
+	case err := <-r.errc:
+		t.Fatalf("stream ended waiting for %s: %v", what, err)
+	case <-time.After(Timeout):
+		t.Fatalf("timed out after %v waiting for %s", Timeout, what)
+	}
+	return zero
+}
+
+// C is the responses not yet taken, for a test that checks that none
+// comes.
+func (r *Receiver[T]) C() <-chan T { return r.msgs }
+
+// Err is the error that ended the stream, once it has.
+func (r *Receiver[T]) Err() <-chan error { return r.errc }
