@@ -1,6 +1,7 @@
 package loopback
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
@@ -74,7 +75,9 @@ func (s *Server) Err() error {
 	default:
 		return nil
 	}
-	if s.err == nil {
+	// A Stop before the serving goroutine got to Serve makes Serve return
+	// ErrServerStopped: stopped by Stop, not a failure.
+	if s.err == nil || errors.Is(s.err, grpc.ErrServerStopped) {
 		return nil
 	}
 	return fmt.Errorf("serve on %s: %w", s.listen, s.err)
