@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // The Envoy restart benchmarks: SIGKILL → the next Envoy process running,
@@ -39,7 +40,7 @@ func BenchmarkEnvoyKillToNextRunning(b *testing.B) {
 	rt := messages.NewRuntime(envoy.Name, ch.Health, nil, nil, log)
 	svc := envoy.New(envoy.Config{
 		BinaryPath: bin, Prepare: func() ([]string, error) { return args, nil },
-		AdminAddr: admin, Stdout: io.Discard, Stderr: io.Discard,
+		AdminAddr: admin, DrainQuery: "inboundonly&graceful", Stdout: io.Discard, Stderr: io.Discard,
 	}, ch.Drain, ch.Envoy, rt)
 	p := DefaultPolicy()
 	p.HealthyAfter = restartBenchHealthy
@@ -129,7 +130,9 @@ func reportSpread(b *testing.B, took []time.Duration) {
 }
 
 // fakeEnvoyForBench builds the stand-in Envoy and writes a minimal
-// bootstrap with the admin API on a free loopback port.
+// bootstrap: the admin API on a free loopback port, and delta ADS over the
+// xds-grpc pipe to a control plane serving a small mesh, from which Envoy
+// (the stand-in, as Envoy) turns ready.
 func fakeEnvoyForBench(b *testing.B) (bin string, args []string, admin string) {
 	b.Helper()
 	dir := b.TempDir()
@@ -137,14 +140,23 @@ func fakeEnvoyForBench(b *testing.B) (bin string, args []string, admin string) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../testdata/fakeenvoy").CombinedOutput(); err != nil {
 		b.Fatalf("go build testdata/fakeenvoy: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	sock := filepath.Join(dir, "XDS")
+	cp, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + sock})
 	if err != nil {
 		b.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	boot := fmt.Sprintf(`{"node":{"id":"sidecar~127.0.0.1~bench.default~default.svc.cluster.local","cluster":"bench.default"},`+
-		`"admin":{"address":{"socketAddress":{"address":"127.0.0.1","portValue":%d}}}}`, port)
+	b.Cleanup(cp.Close)
+	c, l, r, e := xdsserver.SmallMesh("v1", "default")
+	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
+		b.Fatal(err)
+	}
+	port := testkit.FreePort(b)
+	boot := fmt.Sprintf(`{"node":{"id":"sidecar~127.0.0.1~bench.default~default.svc.cluster.local","cluster":"bench.default"},
+ "admin":{"address":{"socketAddress":{"address":"127.0.0.1","portValue":%d}}},
+ "dynamicResources":{"ldsConfig":{"ads":{},"resourceApiVersion":"V3"},"cdsConfig":{"ads":{},"resourceApiVersion":"V3"},
+  "adsConfig":{"apiType":"DELTA_GRPC","transportApiVersion":"V3","grpcServices":[{"envoyGrpc":{"clusterName":"xds-grpc"}}]}},
+ "staticResources":{"clusters":[{"name":"xds-grpc","type":"STATIC","connectTimeout":"1s","loadAssignment":{"clusterName":"xds-grpc",
+  "endpoints":[{"lbEndpoints":[{"endpoint":{"address":{"pipe":{"path":%q}}}}]}]}}]}}`, port, sock)
 	path := filepath.Join(dir, "envoy-rev.json")
 	if err := os.WriteFile(path, []byte(boot), 0o600); err != nil {
 		b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +45,8 @@ const (
 
 // Options configure a Server.
 type Options struct {
-	// Addr is host:port to listen on (default 127.0.0.1:0).
+	// Addr is host:port to listen on (default 127.0.0.1:0), or
+	// unix:PATH for a unix socket (Envoy's xds-grpc pipe).
 	Addr string
 	// TLS, when set, serves TLS with this configuration.
 	TLS *tls.Config
@@ -157,7 +159,11 @@ func Start(opts Options) (*Server, error) {
 }
 
 func (s *Server) start(addr string) error {
-	lis, err := net.Listen("tcp", addr)
+	network, where := "tcp", addr
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		network, where = "unix", path
+	}
+	lis, err := net.Listen(network, where)
 	if err != nil {
 		return fmt.Errorf("xdsserver: listen %s: %w", addr, err)
 	}
