@@ -9,12 +9,19 @@
 //   - ManualClock and FrozenClock: messages.Clock for tests that control time;
 //   - Serve: a service's Serve in the background, stopped and checked at the
 //     end of the test;
+//   - Receiver: one bounded receive loop for a test's gRPC stream;
+//   - CanRoot, RequireRoot, IsZombie, Dnsmasq: what tests that need root,
+//     namespaces, child processes or a real resolver check and start;
+//   - ChaosRounds: how many rounds a chaos test runs (short, or long);
 //   - WaitFor, FreePort, FreeAddr, ShortTempDir, WriteFile, ReplaceFile,
-//     MetricValue: the small helpers around them.
+//     MetricValue, Contains, LineDiff, AcceptAndClose: the small helpers
+//     around them.
 //
 // Sub-packages: pki (a test PKI: roots, intermediates, leaves with SPIFFE
 // IDs, CRLs), istioca (the real services/ca started for a test that needs an
-// Istio CA) and xdsserver (a real xDS control plane).
+// Istio CA) and xdsserver (a real xDS control plane, on TCP or a unix
+// socket, with a health-checked backend and an external SDS server for
+// proxyless and identity tests).
 //
 // Every wait is bounded by Timeout: a deadlock detector, never a
 // performance threshold. Like everything under testdata it is skipped by
