@@ -15,7 +15,8 @@ import (
 // was measured and not taken: it keeps the protobuf runtime's per-type
 // state (1.9 MB of live heap) out of the agent, 2.2 MiB less RSS idle and
 // 2.9 MiB under DNS load, but the child's own start-up (every package's
-// init) added 100-150 ms to start → ready on 2 busy cores (README, Memory).
+// init) added 65 ms to start → ready on a quiet machine and 100-150 ms on
+// 2 busy cores (README, Memory).
 
 // renderedBootstrap is a bootstrap as first written: later starts write the
 // same bytes again rather than render.
