@@ -38,7 +38,7 @@ func BenchmarkExecEnvoyDirect(b *testing.B) {
 	// One agent run writes the bootstrap the baseline reuses.
 	cmd := exec.Command(agentBinary, "proxy", "--root", root)
 	cmd.Env = append(os.Environ(), benchAgentEnv(b)...)
-	waitForLine(b, cmd, `fakeenvoy`)
+	waitForLine(b, cmd, `msg="envoy started"`)
 	bootstrap := filepath.Join(root, "etc/istio/proxy/envoy-rev.json")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -75,16 +75,18 @@ func waitForLine(b *testing.B, cmd *exec.Cmd, marker string) {
 	}
 	sc := bufio.NewScanner(stderr)
 	found := false
+	var seen []string
 	for sc.Scan() {
 		if strings.Contains(sc.Text(), marker) {
 			found = true
 			break
 		}
+		seen = append(seen, sc.Text())
 	}
 	_ = cmd.Process.Kill()
 	go io.Copy(io.Discard, stderr) //nolint:errcheck // drain until exit
 	_ = cmd.Wait()
 	if !found {
-		b.Fatalf("%s never printed %q", cmd.Path, marker)
+		b.Fatalf("%s never printed %q; it printed:\n%s", cmd.Path, marker, strings.Join(seen, "\n"))
 	}
 }
