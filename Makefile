@@ -50,7 +50,7 @@ test: lint
 	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
 	@# Every benchmark once, so that none rots unnoticed (two had: their
 	@# Envoy never turned ready once readiness followed Istio's).
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA) | grep -Ev '^(goos|goarch|pkg|cpu):'
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA)
 
 # Tests that wait minutes (MESHAGENT_SOAK=1): a control-plane stream kept
 # across the agents' keepalive pings.
