@@ -15,8 +15,9 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
+	resolv := writeResolvConf(t, "127.99.0.1") // a loopback nameserver: nothing here forwards
 	valid := func(listen string) Config {
-		return Config{Listen: listen, ResolvConf: "/etc/resolv.conf", ForwardTimeout: 5 * time.Second}
+		return Config{Listen: listen, ResolvConf: resolv, ForwardTimeout: 5 * time.Second}
 	}
 	good := []string{"localhost:15053", "127.0.0.1:15053", "127.0.0.53:53", "[::1]:15053", "127.0.0.1:0"}
 	for _, l := range good {
