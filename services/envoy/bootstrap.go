@@ -223,14 +223,21 @@ func (c BootstrapConfig) pilotSAN() []string {
 // built-in bootstrap, written atomically to <ConfigPath>/envoy-rev.json (directory created 0700).
 // The override file, if any, is read and converted to JSON for --config-yaml.
 func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
+	out, _, err := writeBootstrapBytes(c)
+	return out, err
+}
+
+// writeBootstrapBytes is WriteBootstrap, also returning what it wrote (nil for a
+// custom config file, which it does not write).
+func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
 	if err := c.Validate(); err != nil {
-		return Bootstrap{}, err
+		return Bootstrap{}, nil, err
 	}
 	var out Bootstrap
 	if c.OverrideFile != "" {
 		js, err := readOverride(c.OverrideFile, c.HostIP)
 		if err != nil {
-			return Bootstrap{}, err
+			return Bootstrap{}, nil, err
 		}
 		out.ConfigYAML = js
 	}
@@ -238,15 +245,15 @@ func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
 	if custom := c.customConfigFile(); custom != "" {
 		f, err := os.Open(custom)
 		if err != nil {
-			return Bootstrap{}, fmt.Errorf("custom config file (ProxyConfig.customConfigFile): %w", err)
+			return Bootstrap{}, nil, fmt.Errorf("custom config file (ProxyConfig.customConfigFile): %w", err)
 		}
 		f.Close()
 		out.Path, out.Custom = custom, true
-		return out, nil
+		return out, nil, nil
 	}
 
 	if err := writeLightstepToken(c); err != nil {
-		return Bootstrap{}, err
+		return Bootstrap{}, nil, err
 	}
 	var (
 		data []byte
@@ -262,13 +269,13 @@ func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
 		data, err = renderDefault(c)
 	}
 	if err != nil {
-		return Bootstrap{}, err
+		return Bootstrap{}, nil, err
 	}
 	out.Path = filepath.Join(c.ConfigPath, name)
 	if err := writeAtomic(out.Path, data); err != nil {
-		return Bootstrap{}, err
+		return Bootstrap{}, nil, err
 	}
-	return out, nil
+	return out, data, nil
 }
 
 // renderDefault builds the built-in bootstrap and marshals it to stable, indented JSON.

@@ -1,10 +1,5 @@
 package envoy
 
-import (
-	"fmt"
-	"os"
-)
-
 // The bootstrap is rendered for Envoy's first start only: a restarted Envoy
 // gets the same file written again from the kept bytes, with no proto work
 // (an Envoy crash is an outage for the pod; issue 11), and the same
@@ -36,15 +31,9 @@ func (cfg Config) render(kept *renderedBootstrap) (*renderedBootstrap, error) {
 		}
 		return kept, nil
 	}
-	b, err := WriteBootstrap(*cfg.Bootstrap)
+	b, data, err := writeBootstrapBytes(*cfg.Bootstrap)
 	if err != nil {
 		return nil, err
 	}
-	r := &renderedBootstrap{boot: b}
-	if !b.Custom {
-		if r.data, err = os.ReadFile(b.Path); err != nil {
-			return nil, fmt.Errorf("read the rendered bootstrap: %w", err)
-		}
-	}
-	return r, nil
+	return &renderedBootstrap{boot: b, data: data}, nil
 }
