@@ -32,7 +32,7 @@ func buildBundle(chainPEM, keyPEM, rootsPEM []byte, src bundleSources, now time.
 		return messages.CertBundle{}, fmt.Errorf("certificate chain %s: %w", src.chain, err)
 	}
 	leaf := chain[0]
-	key, err := parseKey(keyPEM)
+	key, err := pemblock.ParseKey(keyPEM)
 	if err != nil {
 		return messages.CertBundle{}, fmt.Errorf("private key %s: %w", src.key, err)
 	}
@@ -86,7 +86,3 @@ func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
 	}
 	return certs, nil
 }
-
-// parseKey accepts PKCS#8, PKCS#1 (RSA) and SEC 1 (EC) keys. Its errors
-// (ErrBadKey) never include key material.
-func parseKey(pemBytes []byte) (crypto.Signer, error) { return pemblock.ParseKey(pemBytes) }

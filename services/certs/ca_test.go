@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	meshca "github.com/meshagent/meshagent/services/ca"
+	"github.com/meshagent/meshagent/services/internal/pemblock"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/istioca"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
@@ -101,7 +102,7 @@ func TestCAIssuesSpiffeCertificate(t *testing.T) {
 	}
 	// The request: Istio's ClusterID metadata and SECRET_TTL.
 	c.ca.Logs.WaitLine(t, "certificate issued", "cluster_id=Kubernetes", "requested=24h0m0s")
-	if _, err := parseKey(b.KeyPEM); err != nil {
+	if _, err := pemblock.ParseKey(b.KeyPEM); err != nil {
 		t.Fatal(err)
 	}
 	// OUTPUT_CERTS: the three files, owner-only.
