@@ -26,6 +26,9 @@ import (
 	"testing"
 	"time"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -269,8 +272,20 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 	}
 	if strings.HasSuffix(b.Path, ".yaml") {
 		out.BootstrapYAML = string(data)
-	} else {
-		out.Bootstrap = data
+		return out
+	}
+	out.Bootstrap = data
+	if !needsIstioSource(c) {
+		// The comparison with Istio's output reads both leniently (Istio's template may name
+		// fields our Envoy types lack); ours must also load strictly, as a built-in bootstrap
+		// is built as plain JSON (services/envoy/bootstrap_json.go).
+		strict := &bootstrapv3.Bootstrap{}
+		if err := protojson.Unmarshal(data, strict); err != nil {
+			t.Fatalf("our bootstrap does not load strictly into Envoy's Bootstrap: %v", err)
+		}
+		if err := strict.ValidateAll(); err != nil {
+			t.Fatalf("our bootstrap fails Envoy's validation: %v", err)
+		}
 	}
 	return out
 }

@@ -2,7 +2,6 @@ package envoy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,7 +11,6 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
@@ -288,22 +286,7 @@ func renderDefault(c BootstrapConfig) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return marshalStable(b)
-}
-
-// marshalStable marshals a proto to JSON with proto field names, re-indented by encoding/json because
-// protojson deliberately varies its whitespace between builds.
-func marshalStable(m proto.Message) ([]byte, error) {
-	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
-	if err != nil {
-		return nil, fmt.Errorf("marshal bootstrap: %w", err)
-	}
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, js, "", "  "); err != nil {
-		return nil, fmt.Errorf("indent bootstrap: %w", err)
-	}
-	buf.WriteByte('\n')
-	return buf.Bytes(), nil
+	return marshalBootstrap(b)
 }
 
 // parseBootstrap checks that JSON or YAML text is a Bootstrap Envoy can load: known types, valid

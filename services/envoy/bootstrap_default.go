@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -8,25 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	udpatypev1 "github.com/cncf/xds/go/udpa/type/v1"
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	overloadv3 "github.com/envoyproxy/go-control-plane/envoy/config/overload/v3"
-	internallistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/bootstrap/internal_listener/v3"
-	commonlbv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/common/v3"
-	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
-	downstreamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // Istio's fixed values in the default bootstrap.
@@ -50,29 +34,29 @@ const (
 type ipFamily struct {
 	localhost, wildcard                     string
 	additionalLocalhost, additionalWildcard string
-	lookup                                  clusterv3.Cluster_DnsLookupFamily
+	lookup                                  string // Cluster.DnsLookupFamily
 }
 
 func ipFamilyFor(ips []string, dualStack bool) ipFamily {
-	v4 := ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", lookup: clusterv3.Cluster_V4_ONLY}
+	v4 := ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", lookup: "V4_ONLY"}
 	switch {
 	case AllIPv4(ips):
 		return v4
 	case AllIPv6(ips):
-		return ipFamily{localhost: "::1", wildcard: "::", lookup: clusterv3.Cluster_V6_ONLY}
+		return ipFamily{localhost: "::1", wildcard: "::", lookup: "V6_ONLY"}
 	case !dualStack:
 		return v4
 	case net.ParseIP(ips[0]).To4() == nil:
-		return ipFamily{localhost: "::1", wildcard: "::", additionalLocalhost: "127.0.0.1", additionalWildcard: "0.0.0.0", lookup: clusterv3.Cluster_ALL}
+		return ipFamily{localhost: "::1", wildcard: "::", additionalLocalhost: "127.0.0.1", additionalWildcard: "0.0.0.0", lookup: "ALL"}
 	default:
-		return ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", additionalLocalhost: "::1", additionalWildcard: "::", lookup: clusterv3.Cluster_ALL}
+		return ipFamily{localhost: "127.0.0.1", wildcard: "0.0.0.0", additionalLocalhost: "::1", additionalWildcard: "::", lookup: "ALL"}
 	}
 }
 
-// defaultBootstrap is the equivalent of Istio's envoy_bootstrap.json built from Envoy's own types:
-// field for field what Istio's agent writes from the same inputs (cmd/meshagent's conformance
-// suite compares them), but for the few differences its README lists.
-func defaultBootstrap(c BootstrapConfig, node nodeInfo) (*bootstrapv3.Bootstrap, error) {
+// defaultBootstrap is the equivalent of Istio's envoy_bootstrap.json: field for field what
+// Istio's agent writes from the same inputs (cmd/meshagent's conformance suite compares them), but
+// for the few differences its README lists.
+func defaultBootstrap(c BootstrapConfig, node nodeInfo) (object, error) {
 	fam := ipFamilyFor(c.InstanceIPs, c.DualStack)
 	stats := getStatsOptions(c, node)
 	metadataDiscovery := c.metadataDiscoveryExtension(node)
@@ -84,8 +68,12 @@ func defaultBootstrap(c BootstrapConfig, node nodeInfo) (*bootstrapv3.Bootstrap,
 	if err != nil {
 		return nil, err
 	}
+	nodeJSON, err := node.bootstrapJSON()
+	if err != nil {
+		return nil, err
+	}
 
-	clusters := []*clusterv3.Cluster{
+	clusters := []object{
 		staticCluster(statsCluster, 250*time.Millisecond, socketAddress(fam.localhost, c.AdminPort)),
 		staticCluster(agentCluster, 250*time.Millisecond, socketAddress(fam.localhost, c.StatusPort)),
 		sdsGRPCCluster(sdsCluster, c.SDSSocket),
@@ -100,7 +88,7 @@ func defaultBootstrap(c BootstrapConfig, node nodeInfo) (*bootstrapv3.Bootstrap,
 		clusters = append(clusters, localCluster())
 	}
 
-	listeners := []*listenerv3.Listener{metricsListener(c, fam, stats.compression)}
+	listeners := []object{metricsListener(c, fam, stats.compression)}
 	if c.SecureMetricsPort != 0 {
 		listeners = append(listeners, secureMetricsListener(fam, c.SecureMetricsPort, "secure_stats", statsCluster, "/stats/prometheus"))
 	}
@@ -109,49 +97,51 @@ func defaultBootstrap(c BootstrapConfig, node nodeInfo) (*bootstrapv3.Bootstrap,
 	}
 	listeners = append(listeners, healthListener(c, fam))
 
-	b := &bootstrapv3.Bootstrap{
-		Node:                 &corev3.Node{Id: node.id, Cluster: node.cluster, Locality: node.locality, Metadata: node.metadata},
-		ApplicationLogConfig: applicationLog(c.LogAsJSON),
-		LayeredRuntime: &bootstrapv3.LayeredRuntime{Layers: []*bootstrapv3.RuntimeLayer{
-			{Name: "global config", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: runtime}},
-			{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}},
+	connections := object{}
+	if maxConn != 0 {
+		connections["max_active_downstream_connections"] = int64JSON(maxConn)
+	}
+	b := object{
+		"node":                   nodeJSON,
+		"application_log_config": applicationLog(c.LogAsJSON),
+		"layered_runtime": object{"layers": []object{
+			{"name": "global config", "static_layer": runtime},
+			{"name": "admin", "admin_layer": object{}},
 		}},
-		BootstrapExtensions: bootstrapExtensions(metadataDiscovery),
-		StatsConfig:         statsConfig(stats, metadataDiscovery),
-		StatsFlushInterval:  statsFlush(stats),
-		StatsSinks:          telemetry.sinks,
-		OverloadManager: &overloadv3.OverloadManager{ResourceMonitors: []*overloadv3.ResourceMonitor{{
-			Name: "envoy.resource_monitors.global_downstream_max_connections",
-			ConfigType: &overloadv3.ResourceMonitor_TypedConfig{TypedConfig: mustAny(
-				&downstreamv3.DownstreamConnectionsConfig{MaxActiveDownstreamConnections: maxConn})},
+		"bootstrap_extensions": bootstrapExtensions(metadataDiscovery),
+		"stats_config":         statsConfig(stats, metadataDiscovery),
+		"overload_manager": object{"resource_monitors": []object{{
+			"name":         "envoy.resource_monitors.global_downstream_max_connections",
+			"typed_config": typed("envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig", connections),
 		}}},
-		Admin: &bootstrapv3.Admin{
-			AccessLog:   []*accesslogv3.AccessLog{devNullAccessLog()},
-			ProfilePath: adminProfilePath,
-			Address:     socketAddress(fam.localhost, c.AdminPort),
+		"admin": object{
+			"access_log":   []object{devNullAccessLog()},
+			"profile_path": adminProfilePath,
+			"address":      socketAddress(fam.localhost, c.AdminPort),
 		},
-		DynamicResources: dynamicResources(c.DeltaXDS || c.ProxyType == "waypoint"),
-		StaticResources:  &bootstrapv3.Bootstrap_StaticResources{Clusters: clusters, Listeners: listeners},
-		Tracing:          telemetry.tracing,
+		"dynamic_resources": dynamicResources(c.DeltaXDS || c.ProxyType == "waypoint"),
+		"static_resources":  object{"clusters": clusters, "listeners": listeners},
 		// Istio's: stats are created when first used, not for every cluster up front.
-		DeferredStatOptions: &bootstrapv3.Bootstrap_DeferredStatOptions{EnableDeferredCreationStats: true},
+		"deferred_stat_options": object{"enable_deferred_creation_stats": true},
 	}
-	if d := statsEviction(stats); d != nil {
-		b.StatsEviction = &bootstrapv3.Bootstrap_StatsEvictionInterval{StatsEvictionInterval: d}
-	}
+	b.set("stats_flush_interval", statsFlush(stats))
+	b.set("stats_sinks", telemetry.sinks)
+	b.set("tracing", telemetry.tracing)
+	b.set("stats_eviction_interval", statsEviction(stats))
 	lrs, err := loadStatsConfig(node)
 	if err != nil {
 		return nil, err
 	}
 	if c.OutlierLogPath != "" || lrs != nil || selfDiscovery {
-		cm := &bootstrapv3.ClusterManager{LoadStatsConfig: lrs, EnableDeferredClusterCreation: true}
+		cm := object{"enable_deferred_cluster_creation": true}
+		cm.set("load_stats_config", lrs)
 		if selfDiscovery {
-			cm.LocalClusterName = localClusterName
+			cm["local_cluster_name"] = localClusterName
 		}
 		if c.OutlierLogPath != "" {
-			cm.OutlierDetection = &bootstrapv3.ClusterManager_OutlierDetection{EventLogPath: c.OutlierLogPath}
+			cm["outlier_detection"] = object{"event_log_path": c.OutlierLogPath}
 		}
-		b.ClusterManager = cm
+		b["cluster_manager"] = cm
 	}
 	return b, nil
 }
@@ -172,7 +162,7 @@ var istioRuntimeFlags = map[string]any{
 // else the runtime value overload.global_downstream_max_connections, else MaxInt32. As in Istio, the
 // environment's ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS is node metadata only; unlike Istio, a
 // limit that is not a number is an error rather than ignored.
-func runtimeFlags(c BootstrapConfig) (*structpb.Struct, int64, error) {
+func runtimeFlags(c BootstrapConfig) (map[string]any, int64, error) {
 	flags := maps.Clone(istioRuntimeFlags)
 	if c.CompliancePolicy == "fips-140-2" {
 		// Envoy's google_grpc clients then stay at TLS 1.2, FIPS 140-2's maximum.
@@ -211,145 +201,124 @@ func runtimeFlags(c BootstrapConfig) (*structpb.Struct, int64, error) {
 			return nil, 0, err
 		}
 	}
-	s, err := structpb.NewStruct(flags)
-	if err != nil {
-		return nil, 0, fmt.Errorf("runtime flags: %w", err)
-	}
-	return s, maxConn, nil
+	return flags, maxConn, nil
 }
 
-func applicationLog(asJSON bool) *bootstrapv3.Bootstrap_ApplicationLogConfig {
-	f := &bootstrapv3.Bootstrap_ApplicationLogConfig_LogFormat{
-		LogFormat: &bootstrapv3.Bootstrap_ApplicationLogConfig_LogFormat_TextFormat{TextFormat: textLogFormat},
-	}
+func applicationLog(asJSON bool) object {
+	format := object{"text_format": textLogFormat}
 	if asJSON {
-		js, _ := structpb.NewStruct(map[string]any{
+		format = object{"json_format": object{
 			"level": "%l", "time": "%Y-%m-%dT%T.%fZ", "scope": "envoy %n", "msg": "%j", "caller": "%g:%#", "thread": "%t",
-		})
-		f.LogFormat = &bootstrapv3.Bootstrap_ApplicationLogConfig_LogFormat_JsonFormat{JsonFormat: js}
+		}}
 	}
-	return &bootstrapv3.Bootstrap_ApplicationLogConfig{LogFormat: f}
+	return object{"log_format": format}
 }
 
-func bootstrapExtensions(metadataDiscovery bool) []*corev3.TypedExtensionConfig {
-	var ext []*corev3.TypedExtensionConfig
+func bootstrapExtensions(metadataDiscovery bool) []object {
+	var ext []object
 	if metadataDiscovery {
 		// Istio's own extension (istio.workload.BootstrapExtension) has no public Go type: a TypedStruct.
-		v, _ := structpb.NewStruct(map[string]any{"config_source": map[string]any{"ads": map[string]any{}}})
-		ext = append(ext, &corev3.TypedExtensionConfig{
-			Name: "metadata_discovery",
-			TypedConfig: mustAny(&udpatypev1.TypedStruct{
-				TypeUrl: "type.googleapis.com/istio.workload.BootstrapExtension", Value: v,
+		ext = append(ext, object{
+			"name": "metadata_discovery",
+			"typed_config": typed("udpa.type.v1.TypedStruct", object{
+				"type_url": "type.googleapis.com/istio.workload.BootstrapExtension",
+				"value":    object{"config_source": object{"ads": object{}}},
 			}),
 		})
 	}
-	return append(ext, &corev3.TypedExtensionConfig{
-		Name:        "envoy.bootstrap.internal_listener",
-		TypedConfig: mustAny(&internallistenerv3.InternalListener{BufferSizeKb: wrapperspb.UInt32(64)}),
+	return append(ext, object{
+		"name":         "envoy.bootstrap.internal_listener",
+		"typed_config": typed("envoy.extensions.bootstrap.internal_listener.v3.InternalListener", object{"buffer_size_kb": 64}),
 	})
 }
 
-func dynamicResources(delta bool) *bootstrapv3.Bootstrap_DynamicResources {
-	ads := func() *corev3.ConfigSource {
-		return &corev3.ConfigSource{
-			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
-			InitialFetchTimeout:   durationpb.New(0),
-			ResourceApiVersion:    corev3.ApiVersion_V3,
-		}
+func dynamicResources(delta bool) object {
+	ads := func() object {
+		return object{"ads": object{}, "initial_fetch_timeout": duration(0), "resource_api_version": "V3"}
 	}
-	apiType := corev3.ApiConfigSource_GRPC
+	apiType := "GRPC"
 	if delta {
-		apiType = corev3.ApiConfigSource_DELTA_GRPC
+		apiType = "DELTA_GRPC"
 	}
-	return &bootstrapv3.Bootstrap_DynamicResources{
-		LdsConfig: ads(),
-		CdsConfig: ads(),
-		AdsConfig: &corev3.ApiConfigSource{
-			ApiType:                   apiType,
-			SetNodeOnFirstMessageOnly: true,
-			TransportApiVersion:       corev3.ApiVersion_V3,
-			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: xdsCluster},
-			}}},
+	return object{
+		"lds_config": ads(),
+		"cds_config": ads(),
+		"ads_config": object{
+			"api_type":                       apiType,
+			"set_node_on_first_message_only": true,
+			"transport_api_version":          "V3",
+			"grpc_services":                  []object{envoyGRPC(xdsCluster)},
 		},
 	}
 }
 
+// envoyGRPC is a GrpcService reaching a cluster of this bootstrap.
+func envoyGRPC(cluster string) object {
+	return object{"envoy_grpc": object{"cluster_name": cluster}}
+}
+
 // staticCluster is one of the bootstrap's own clusters; its stats are named <name>; (Istio's
 // alt_stat_name, matched by the cluster_name stats tag).
-func staticCluster(name string, connectTimeout time.Duration, addr *corev3.Address) *clusterv3.Cluster {
-	return &clusterv3.Cluster{
-		Name:                 name,
-		AltStatName:          name + ";",
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		ConnectTimeout:       durationpb.New(connectTimeout),
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		LoadAssignment:       loadAssignment(name, addr),
+func staticCluster(name string, connectTimeout time.Duration, addr object) object {
+	return object{
+		"name":            name,
+		"alt_stat_name":   name + ";",
+		"type":            "STATIC",
+		"connect_timeout": duration(connectTimeout),
+		"load_assignment": loadAssignment(name, addr),
 	}
 }
 
 // sdsGRPCCluster reaches an SDS server on a unix socket: the agent's (sds-grpc), or, when an
 // external SDS server holds the workload identity, the agent's file-only one (sds-files-grpc).
-func sdsGRPCCluster(name, socket string) *clusterv3.Cluster {
+func sdsGRPCCluster(name, socket string) object {
 	c := staticCluster(name, time.Second, pipeAddress(socket))
-	c.TypedExtensionProtocolOptions = http2Options(0)
+	c["typed_extension_protocol_options"] = http2Options(0)
 	return c
 }
 
 // xdsGRPCCluster reaches the agent's XDS proxy. Istio's template sets the deprecated cluster-level
 // max_requests_per_connection: 1; here it lives in HttpProtocolOptions, where Envoy now reads it
 // (a difference the README lists).
-func xdsGRPCCluster(socket string) *clusterv3.Cluster {
+func xdsGRPCCluster(socket string) object {
 	c := staticCluster(xdsCluster, time.Second, pipeAddress(socket))
-	threshold := func(p corev3.RoutingPriority) *clusterv3.CircuitBreakers_Thresholds {
-		return &clusterv3.CircuitBreakers_Thresholds{
-			Priority:           p,
-			MaxConnections:     wrapperspb.UInt32(100000),
-			MaxPendingRequests: wrapperspb.UInt32(100000),
-			MaxRequests:        wrapperspb.UInt32(100000),
-		}
+	threshold := func(priority string) object {
+		t := object{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}
+		t.set("priority", priority)
+		return t
 	}
-	c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{
-		threshold(corev3.RoutingPriority_DEFAULT), threshold(corev3.RoutingPriority_HIGH),
-	}}
-	c.UpstreamConnectionOptions = &clusterv3.UpstreamConnectionOptions{
-		TcpKeepalive: &corev3.TcpKeepalive{KeepaliveTime: wrapperspb.UInt32(300)},
-	}
-	c.TypedExtensionProtocolOptions = http2Options(1)
+	c["circuit_breakers"] = object{"thresholds": []object{threshold(""), threshold("HIGH")}}
+	c["upstream_connection_options"] = object{"tcp_keepalive": object{"keepalive_time": 300}}
+	c["typed_extension_protocol_options"] = http2Options(1)
 	return c
 }
 
 // localCluster is the pod's own service, from the control plane, for zone-aware load balancing
 // (ISTIO_META_ENABLE_SELF_DISCOVERY).
-func localCluster() *clusterv3.Cluster {
-	return &clusterv3.Cluster{
-		Name:                 localClusterName,
-		AltStatName:          localClusterName + ";",
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-		ConnectTimeout:       durationpb.New(time.Second),
-		LoadBalancingPolicy: &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{{
-			TypedExtensionConfig: &corev3.TypedExtensionConfig{
-				Name: "envoy.load_balancing_policies.least_request",
-				TypedConfig: mustAny(&leastrequestv3.LeastRequest{LocalityLbConfig: &commonlbv3.LocalityLbConfig{
-					LocalityConfigSpecifier: &commonlbv3.LocalityLbConfig_ZoneAwareLbConfig_{ZoneAwareLbConfig: &commonlbv3.LocalityLbConfig_ZoneAwareLbConfig{
-						MinClusterSize: wrapperspb.UInt64(1),
-					}},
-				}}),
+func localCluster() object {
+	return object{
+		"name":            localClusterName,
+		"alt_stat_name":   localClusterName + ";",
+		"type":            "EDS",
+		"connect_timeout": duration(time.Second),
+		"load_balancing_policy": object{"policies": []object{{
+			"typed_extension_config": object{
+				"name": "envoy.load_balancing_policies.least_request",
+				"typed_config": typed("envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest", object{
+					"locality_lb_config": object{"zone_aware_lb_config": object{"min_cluster_size": int64JSON(1)}},
+				}),
 			},
 		}}},
-		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{
-			EdsConfig: &corev3.ConfigSource{
-				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
-				ResourceApiVersion:    corev3.ApiVersion_V3,
-			},
-			ServiceName: localClusterName,
+		"eds_cluster_config": object{
+			"eds_config":   object{"ads": object{}, "resource_api_version": "V3"},
+			"service_name": localClusterName,
 		},
 	}
 }
 
 // loadStatsConfig is the cluster manager's load reporting service, from the metadata
-// LOAD_STATS_CONFIG_JSON (an ApiConfigSource in JSON); nil without it.
-func loadStatsConfig(node nodeInfo) (*corev3.ApiConfigSource, error) {
+// LOAD_STATS_CONFIG_JSON (an ApiConfigSource in JSON, checked against Envoy's type); nil without it.
+func loadStatsConfig(node nodeInfo) (json.RawMessage, error) {
 	js, ok := node.raw["LOAD_STATS_CONFIG_JSON"].(string)
 	if !ok {
 		return nil, nil
@@ -358,54 +327,34 @@ func loadStatsConfig(node nodeInfo) (*corev3.ApiConfigSource, error) {
 	if err := protojson.Unmarshal([]byte(js), src); err != nil {
 		return nil, fmt.Errorf("node metadata LOAD_STATS_CONFIG_JSON: not an ApiConfigSource: %w", err)
 	}
-	return src, nil
+	out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(src)
+	if err != nil {
+		return nil, fmt.Errorf("node metadata LOAD_STATS_CONFIG_JSON: %w", err)
+	}
+	return out, nil
 }
 
 // http2Options makes a cluster speak HTTP/2 (gRPC); maxRequests > 0 limits requests per connection.
-func http2Options(maxRequests uint32) map[string]*anypb.Any {
-	opts := &httpv3.HttpProtocolOptions{
-		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
-				},
-			},
-		},
-	}
+func http2Options(maxRequests uint32) object {
+	const name = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+	opts := object{"explicit_http_config": object{"http2_protocol_options": object{}}}
 	if maxRequests > 0 {
-		opts.CommonHttpProtocolOptions = &corev3.HttpProtocolOptions{MaxRequestsPerConnection: wrapperspb.UInt32(maxRequests)}
+		opts["common_http_protocol_options"] = object{"max_requests_per_connection": maxRequests}
 	}
-	return map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
+	return object{name: typed(name, opts)}
 }
 
-func loadAssignment(cluster string, addr *corev3.Address) *endpointv3.ClusterLoadAssignment {
-	return &endpointv3.ClusterLoadAssignment{
-		ClusterName: cluster,
-		Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}},
-		}}}},
+func loadAssignment(cluster string, addr object) object {
+	return object{
+		"cluster_name": cluster,
+		"endpoints":    []object{{"lb_endpoints": []object{{"endpoint": object{"address": addr}}}}},
 	}
 }
 
-func socketAddress(host string, port int) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Protocol:      corev3.SocketAddress_TCP,
-		Address:       host,
-		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
-	}}}
+func socketAddress(host string, port int) object {
+	return object{"socket_address": object{"address": host, "port_value": port}}
 }
 
-func pipeAddress(path string) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: path}}}
-}
-
-func boolValue(b bool) *wrapperspb.BoolValue { return wrapperspb.Bool(b) }
-
-// mustAny packs a message built in this package; it can only fail for a nil message (a bug here).
-func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
-		panic(fmt.Sprintf("envoy bootstrap: pack %T: %v", m, err))
-	}
-	return a
+func pipeAddress(path string) object {
+	return object{"pipe": object{"path": path}}
 }

@@ -1,25 +1,6 @@
 package envoy
 
-import (
-	"strconv"
-
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	filelogv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
-	brotliv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/brotli/compressor/v3"
-	gzipv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/gzip/compressor/v3"
-	zstdv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/compression/zstd/compressor/v3"
-	compressorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/compressor/v3"
-	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	proxyprotocolv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/proxy_protocol/v3"
-	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/wrapperspb"
-)
+import "strconv"
 
 // statsContentTypes are the responses the :15090 listener compresses (Prometheus' text and
 // protobuf formats, OpenMetrics').
@@ -28,27 +9,22 @@ var statsContentTypes = []string{"text/plain", "application/vnd.google.protobuf"
 // metricsListener serves Envoy's Prometheus stats on <wildcard>:15090 (localhost only with
 // METRICS_LOCALHOST_ACCESS_ONLY), compressed (brotli, zstd or gzip, as the client accepts) unless
 // statsCompression is off.
-func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) *listenerv3.Listener {
+func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) object {
 	host, extra := fam.wildcard, fam.additionalWildcard
 	if c.MetricsLocalhostOnly {
 		host, extra = fam.localhost, fam.additionalLocalhost
 	}
-	var filters []*hcmv3.HttpFilter
+	var filters []object
 	if compress {
-		for _, lib := range []struct {
-			name string
-			cfg  proto.Message
-		}{
-			{"brotli", &brotliv3.Brotli{}},
-			{"zstd", &zstdv3.Zstd{}},
-			{"gzip", &gzipv3.Gzip{}},
+		for _, lib := range []struct{ name, message string }{
+			{"brotli", "envoy.extensions.compression.brotli.compressor.v3.Brotli"},
+			{"zstd", "envoy.extensions.compression.zstd.compressor.v3.Zstd"},
+			{"gzip", "envoy.extensions.compression.gzip.compressor.v3.Gzip"},
 		} {
-			filters = append(filters, httpFilter("envoy.filters.http.compressor."+lib.name, &compressorv3.Compressor{
-				CompressorLibrary: &corev3.TypedExtensionConfig{Name: "stats_" + lib.name, TypedConfig: mustAny(lib.cfg)},
-				ResponseDirectionConfig: &compressorv3.Compressor_ResponseDirectionConfig{
-					CommonConfig: &compressorv3.Compressor_CommonDirectionConfig{ContentType: statsContentTypes},
-				},
-			}))
+			filters = append(filters, httpFilter("envoy.filters.http.compressor."+lib.name, typed("envoy.extensions.filters.http.compressor.v3.Compressor", object{
+				"compressor_library":        object{"name": "stats_" + lib.name, "typed_config": typed(lib.message, nil)},
+				"response_direction_config": object{"common_config": object{"content_type": statsContentTypes}},
+			})))
 		}
 	}
 	return httpListener(host, extra, c.EnvoyPrometheusPort, "stats", statsCluster, []string{"/stats/prometheus"}, filters)
@@ -57,14 +33,14 @@ func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) *listenerv3
 // healthListener forwards /healthz/ready on <wildcard>:15021 to the agent's status port, so that
 // readiness also proves Envoy is serving. With ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL it accepts
 // requests behind a PROXY protocol header too.
-func healthListener(c BootstrapConfig, fam ipFamily) *listenerv3.Listener {
+func healthListener(c BootstrapConfig, fam ipFamily) object {
 	l := httpListener(fam.wildcard, fam.additionalWildcard, c.EnvoyStatusPort, "agent", agentCluster, []string{"/healthz/ready"}, nil)
 	if c.StatusPortProxyProtocol {
-		l.ListenerFilters = []*listenerv3.ListenerFilter{{
-			Name: "envoy.listener.proxy_protocol",
-			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&proxyprotocolv3.ProxyProtocol{
-				AllowRequestsWithoutProxyProtocol: true,
-			})},
+		l["listener_filters"] = []object{{
+			"name": "envoy.listener.proxy_protocol",
+			"typed_config": typed("envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol", object{
+				"allow_requests_without_proxy_protocol": true,
+			}),
 		}}
 	}
 	return l
@@ -73,81 +49,73 @@ func healthListener(c BootstrapConfig, fam ipFamily) *listenerv3.Listener {
 // secureMetricsListener serves metrics over mTLS on <wildcard>:port with the workload certificate
 // (SDS default and ROOTCA), clients must present one (ENVOY_SECURE_METRICS_PORT: Envoy's stats;
 // ENVOY_SECURE_MERGED_METRICS_PORT: the agent's merged metrics).
-func secureMetricsListener(fam ipFamily, port int, statPrefix, cluster string, prefixes ...string) *listenerv3.Listener {
+func secureMetricsListener(fam ipFamily, port int, statPrefix, cluster string, prefixes ...string) object {
 	l := httpListener(fam.wildcard, "", port, statPrefix, cluster, prefixes, nil)
-	l.ListenerFilters = []*listenerv3.ListenerFilter{{
-		Name:       "envoy.filters.listener.tls_inspector",
-		ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})},
+	l["listener_filters"] = []object{{
+		"name":         "envoy.filters.listener.tls_inspector",
+		"typed_config": typed("envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector", nil),
 	}}
-	secret := func(name string) *tlsv3.SdsSecretConfig {
+	secret := func(name string) object {
 		s := sdsSecretConfig(name)
-		s.SdsConfig.InitialFetchTimeout = nil // Istio's template waits for these
+		delete(s["sds_config"].(object), "initial_fetch_timeout") // Istio's template waits for these
 		return s
 	}
-	fc := l.FilterChains[0]
-	fc.FilterChainMatch = &listenerv3.FilterChainMatch{TransportProtocol: "tls"}
-	fc.TransportSocket = &corev3.TransportSocket{
-		Name: "envoy.transport_sockets.tls",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.DownstreamTlsContext{
-			RequireClientCertificate: wrapperspb.Bool(true),
-			CommonTlsContext: &tlsv3.CommonTlsContext{
-				TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{secret(defaultSDSResource)},
-				ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
-					CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-						DefaultValidationContext:         &tlsv3.CertificateValidationContext{},
-						ValidationContextSdsSecretConfig: secret(rootSDSResource),
-					},
+	fc := l["filter_chains"].([]object)[0]
+	fc["filter_chain_match"] = object{"transport_protocol": "tls"}
+	fc["transport_socket"] = object{
+		"name": "envoy.transport_sockets.tls",
+		"typed_config": typed("envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext", object{
+			"require_client_certificate": true,
+			"common_tls_context": object{
+				"tls_certificate_sds_secret_configs": []object{secret(defaultSDSResource)},
+				"combined_validation_context": object{
+					"default_validation_context":           object{},
+					"validation_context_sds_secret_config": secret(rootSDSResource),
 				},
 			},
-		})},
+		}),
 	}
 	return l
 }
 
 // httpListener is a static listener routing path prefixes to one cluster. These listeners are the
 // agent's own: they ignore the global connection limit and the overload manager.
-func httpListener(host, additional string, port int, statPrefix, cluster string, prefixes []string, filters []*hcmv3.HttpFilter) *listenerv3.Listener {
-	var routes []*routev3.Route
+func httpListener(host, additional string, port int, statPrefix, cluster string, prefixes []string, filters []object) object {
+	var routes []object
 	for _, prefix := range prefixes {
-		routes = append(routes, &routev3.Route{
-			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-			}},
-		})
+		routes = append(routes, object{"match": object{"prefix": prefix}, "route": object{"cluster": cluster}})
 	}
-	hcm := &hcmv3.HttpConnectionManager{
-		CodecType:  hcmv3.HttpConnectionManager_AUTO,
-		StatPrefix: statPrefix,
-		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
-			VirtualHosts: []*routev3.VirtualHost{{Name: "backend", Domains: []string{"*"}, Routes: routes}},
-		}},
-		HttpFilters: append(filters, httpFilter("envoy.filters.http.router", &routerv3.Router{})),
-	}
-	l := &listenerv3.Listener{
-		Name:    host + "_" + strconv.Itoa(port), // Envoy's listener stat form: 0.0.0.0_15090
-		Address: socketAddress(host, port),
-		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-			Name:       "envoy.filters.network.http_connection_manager",
-			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
+	hcm := typed("envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager", object{
+		"stat_prefix": statPrefix,
+		"route_config": object{
+			"virtual_hosts": []object{{"name": "backend", "domains": []string{"*"}, "routes": routes}},
+		},
+		"http_filters": append(filters, httpFilter("envoy.filters.http.router", typed("envoy.extensions.filters.http.router.v3.Router", nil))),
+	})
+	l := object{
+		"name":    host + "_" + strconv.Itoa(port), // Envoy's listener stat form: 0.0.0.0_15090
+		"address": socketAddress(host, port),
+		"filter_chains": []object{{"filters": []object{{
+			"name":         "envoy.filters.network.http_connection_manager",
+			"typed_config": hcm,
 		}}}},
-		IgnoreGlobalConnLimit: true,
-		BypassOverloadManager: true,
+		"ignore_global_conn_limit": true,
+		"bypass_overload_manager":  true,
 	}
 	if additional != "" {
-		l.AdditionalAddresses = []*listenerv3.AdditionalAddress{{Address: socketAddress(additional, port)}}
+		l["additional_addresses"] = []object{{"address": socketAddress(additional, port)}}
 	}
 	return l
 }
 
-func httpFilter(name string, cfg proto.Message) *hcmv3.HttpFilter {
-	return &hcmv3.HttpFilter{Name: name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(cfg)}}
+func httpFilter(name string, config object) object {
+	return object{"name": name, "typed_config": config}
 }
 
 // devNullAccessLog discards the admin interface's access log, as Istio does.
-func devNullAccessLog() *accesslogv3.AccessLog {
-	return &accesslogv3.AccessLog{
-		Name:       "envoy.access_loggers.file",
-		ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: mustAny(&filelogv3.FileAccessLog{Path: "/dev/null"})},
+func devNullAccessLog() object {
+	return object{
+		"name":         "envoy.access_loggers.file",
+		"typed_config": typed("envoy.extensions.access_loggers.file.v3.FileAccessLog", object{"path": "/dev/null"}),
 	}
 }

@@ -5,10 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Pod annotations that tune the stats section (Istio's sidecar.istio.io/* names).
@@ -59,11 +55,22 @@ var (
 	}
 )
 
+// histogramBucket is one sidecar.istio.io/statsHistogramBuckets entry: Envoy's
+// HistogramBucketSettings in proto JSON, which is also how Istio's templates see it.
+type histogramBucket struct {
+	Match   histogramMatch `json:"match"`
+	Buckets []float64      `json:"buckets"`
+}
+
+type histogramMatch struct {
+	Prefix string `json:"prefix"`
+}
+
 // statsOptions are the stats choices derived from ProxyConfig, annotations and environment.
 type statsOptions struct {
 	extraTags                  []string
 	prefixes, suffixes, regexp []string
-	buckets                    []*metricsv3.HistogramBucketSettings
+	buckets                    []histogramBucket
 	compression                bool
 	// flushInterval and evictionInterval are set only by their annotations (Envoy's default
 	// flush is 5s); 0: not set.
@@ -133,17 +140,17 @@ func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
 		}
 		slices.Sort(prefixes)
 		for _, p := range prefixes {
-			o.buckets = append(o.buckets, &metricsv3.HistogramBucketSettings{Match: prefixMatcher(p), Buckets: js[p]})
+			o.buckets = append(o.buckets, histogramBucket{Match: histogramMatch{Prefix: p}, Buckets: js[p]})
 		}
 	}
 	return o
 }
 
 // statsConfig is Istio's stats_config: its tag extraction rules and an inclusion list.
-func statsConfig(o statsOptions, metadataDiscovery bool) *metricsv3.StatsConfig {
-	var tags []*metricsv3.TagSpecifier
+func statsConfig(o statsOptions, metadataDiscovery bool) object {
+	var tags []object
 	add := func(t statsTag) {
-		tags = append(tags, &metricsv3.TagSpecifier{TagName: t.name, TagValue: &metricsv3.TagSpecifier_Regex{Regex: t.regex}})
+		tags = append(tags, object{"tag_name": t.name, "regex": t.regex})
 	}
 	for _, t := range istioStatsTagsHead {
 		add(t)
@@ -155,7 +162,7 @@ func statsConfig(o statsOptions, metadataDiscovery bool) *metricsv3.StatsConfig 
 		add(t)
 	}
 
-	patterns := []*matcherv3.StringMatcher{prefixMatcher("reporter=")}
+	patterns := []object{prefixMatcher("reporter=")}
 	if metadataDiscovery {
 		patterns = append(patterns, prefixMatcher("workload_discovery"))
 	}
@@ -163,41 +170,42 @@ func statsConfig(o statsOptions, metadataDiscovery bool) *metricsv3.StatsConfig 
 		patterns = append(patterns, prefixMatcher(p))
 	}
 	for _, s := range o.suffixes {
-		patterns = append(patterns, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s}})
+		patterns = append(patterns, object{"suffix": s})
 	}
 	for _, r := range o.regexp {
-		patterns = append(patterns, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: r}}})
+		patterns = append(patterns, object{"safe_regex": object{"regex": r}})
 	}
 	patterns = append(patterns, prefixMatcher("component"), prefixMatcher("istio"))
 
-	return &metricsv3.StatsConfig{
-		StatsTags:               tags,
-		UseAllDefaultTags:       boolValue(false),
-		HistogramBucketSettings: o.buckets,
-		StatsMatcher: &metricsv3.StatsMatcher{StatsMatcher: &metricsv3.StatsMatcher_InclusionList{
-			InclusionList: &matcherv3.ListStringMatcher{Patterns: patterns},
-		}},
+	cfg := object{
+		"stats_tags":           tags,
+		"use_all_default_tags": false,
+		"stats_matcher":        object{"inclusion_list": object{"patterns": patterns}},
 	}
+	if len(o.buckets) > 0 {
+		cfg["histogram_bucket_settings"] = o.buckets
+	}
+	return cfg
 }
 
 // statsFlush is stats_flush_interval, nil unless annotated. Istio's template writes Go's form of
 // the duration, which Envoy cannot read unless it is in whole seconds ("1m" becomes "1m0s"); this
 // writes any duration as Envoy reads it.
-func statsFlush(o statsOptions) *durationpb.Duration {
+func statsFlush(o statsOptions) json.RawMessage {
 	if o.flushInterval <= 0 {
 		return nil
 	}
-	return durationpb.New(o.flushInterval)
+	return duration(o.flushInterval)
 }
 
 // statsEviction is stats_eviction_interval, nil unless annotated (and a multiple of the flush interval).
-func statsEviction(o statsOptions) *durationpb.Duration {
+func statsEviction(o statsOptions) json.RawMessage {
 	if o.evictionInterval <= 0 {
 		return nil
 	}
-	return durationpb.New(o.evictionInterval)
+	return duration(o.evictionInterval)
 }
 
-func prefixMatcher(p string) *matcherv3.StringMatcher {
-	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: p}}
+func prefixMatcher(p string) object {
+	return object{"prefix": p}
 }

@@ -7,14 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
-	tracev3 "github.com/envoyproxy/go-control-plane/envoy/config/trace/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 )
@@ -40,9 +32,9 @@ const (
 
 // telemetry is what the telemetry settings add to the bootstrap.
 type telemetry struct {
-	clusters []*clusterv3.Cluster
-	sinks    []*metricsv3.StatsSink
-	tracing  *tracev3.Tracing
+	clusters []object
+	sinks    []object
+	tracing  object
 }
 
 // telemetryFor builds the telemetry parts, in the order of Istio's template: the tracer's cluster,
@@ -52,46 +44,39 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 	pc := c.Proxy
 	if tr := pc.GetTracing(); tr != nil {
 		var (
-			cl  *clusterv3.Cluster
+			cl  object
 			err error
 			h2  bool
 		)
-		switch tracer := tr.GetTracer().(type) {
+		tracer := func(name, message string, config object) object {
+			return object{"http": object{"name": name, "typed_config": typed(message, config)}}
+		}
+		switch kind := tr.GetTracer().(type) {
 		case *meshv1alpha1.Tracing_Zipkin_:
-			if cl, err = c.dnsCluster(zipkinName, "ProxyConfig.tracing.zipkin.address", tracer.Zipkin.GetAddress(), fam); err == nil && cl != nil {
-				cl.DnsRefreshRate = durationpb.New(30 * time.Second)
-				t.tracing = &tracev3.Tracing{Http: &tracev3.Tracing_Http{
-					Name: "envoy.tracers.zipkin",
-					ConfigType: &tracev3.Tracing_Http_TypedConfig{TypedConfig: mustAny(&tracev3.ZipkinConfig{
-						CollectorCluster:         zipkinName,
-						CollectorEndpoint:        "/api/v2/spans",
-						CollectorEndpointVersion: tracev3.ZipkinConfig_HTTP_JSON,
-						TraceId_128Bit:           true,
-						SharedSpanContext:        wrapperspb.Bool(false),
-					})},
-				}}
+			if cl, err = c.dnsCluster(zipkinName, "ProxyConfig.tracing.zipkin.address", kind.Zipkin.GetAddress(), fam); err == nil && cl != nil {
+				cl["dns_refresh_rate"] = duration(30 * time.Second)
+				t.tracing = tracer("envoy.tracers.zipkin", "envoy.config.trace.v3.ZipkinConfig", object{
+					"collector_cluster":          zipkinName,
+					"collector_endpoint":         "/api/v2/spans",
+					"collector_endpoint_version": "HTTP_JSON",
+					"trace_id_128bit":            true,
+					"shared_span_context":        false,
+				})
 			}
 		case *meshv1alpha1.Tracing_Lightstep_:
 			h2 = true
-			if cl, err = c.dnsCluster(lightstepName, "ProxyConfig.tracing.lightstep.address", tracer.Lightstep.GetAddress(), fam); err == nil && cl != nil {
-				cl.TypedExtensionProtocolOptions = http2Options(0)
-				t.tracing = &tracev3.Tracing{Http: &tracev3.Tracing_Http{
-					Name: "envoy.tracers.lightstep",
-					ConfigType: &tracev3.Tracing_Http_TypedConfig{TypedConfig: mustAny(&tracev3.LightstepConfig{
-						CollectorCluster: lightstepName,
-						AccessTokenFile:  filepath.Join(c.ConfigPath, lightstepTokenFile),
-					})},
-				}}
+			if cl, err = c.dnsCluster(lightstepName, "ProxyConfig.tracing.lightstep.address", kind.Lightstep.GetAddress(), fam); err == nil && cl != nil {
+				cl["typed_extension_protocol_options"] = http2Options(0)
+				t.tracing = tracer("envoy.tracers.lightstep", "envoy.config.trace.v3.LightstepConfig", object{
+					"collector_cluster": lightstepName,
+					"access_token_file": filepath.Join(c.ConfigPath, lightstepTokenFile),
+				})
 			}
 		case *meshv1alpha1.Tracing_Datadog_:
-			if cl, err = c.dnsCluster(datadogName, "ProxyConfig.tracing.datadog.address", tracer.Datadog.GetAddress(), fam); err == nil && cl != nil {
-				t.tracing = &tracev3.Tracing{Http: &tracev3.Tracing_Http{
-					Name: "envoy.tracers.datadog",
-					ConfigType: &tracev3.Tracing_Http_TypedConfig{TypedConfig: mustAny(&tracev3.DatadogConfig{
-						CollectorCluster: datadogName,
-						ServiceName:      node.cluster,
-					})},
-				}}
+			if cl, err = c.dnsCluster(datadogName, "ProxyConfig.tracing.datadog.address", kind.Datadog.GetAddress(), fam); err == nil && cl != nil {
+				config := object{"collector_cluster": datadogName}
+				config.set("service_name", node.cluster)
+				t.tracing = tracer("envoy.tracers.datadog", "envoy.config.trace.v3.DatadogConfig", config)
 			}
 		case *meshv1alpha1.Tracing_Stackdriver_:
 			// Istio's template has no stackdriver tracer, but its agent refuses one without a project.
@@ -103,7 +88,7 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 			return t, err
 		}
 		if cl != nil {
-			cl.TransportSocket = upstreamTLS(tr.GetTlsSettings(), tracerSNI, node.raw, h2)
+			cl.set("transport_socket", upstreamTLS(tr.GetTlsSettings(), tracerSNI, node.raw, h2))
 			t.clusters = append(t.clusters, cl)
 		}
 	}
@@ -113,18 +98,16 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 		if err != nil {
 			return t, err
 		}
-		cl.TransportSocket = upstreamTLS(ms.GetTlsSettings(), metricsServiceName, node.raw, true)
-		cl.UpstreamConnectionOptions = keepalive(ms.GetTcpKeepalive())
-		cl.TypedExtensionProtocolOptions = http2Options(0)
+		cl.set("transport_socket", upstreamTLS(ms.GetTlsSettings(), metricsServiceName, node.raw, true))
+		cl.set("upstream_connection_options", keepalive(ms.GetTcpKeepalive()))
+		cl["typed_extension_protocol_options"] = http2Options(0)
 		t.clusters = append(t.clusters, cl)
-		t.sinks = append(t.sinks, &metricsv3.StatsSink{
-			Name: metricsServiceSink,
-			ConfigType: &metricsv3.StatsSink_TypedConfig{TypedConfig: mustAny(&metricsv3.MetricsServiceConfig{
-				TransportApiVersion: corev3.ApiVersion_V3,
-				GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-					EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: metricsServiceName},
-				}},
-			})},
+		t.sinks = append(t.sinks, object{
+			"name": metricsServiceSink,
+			"typed_config": typed("envoy.config.metrics.v3.MetricsServiceConfig", object{
+				"transport_api_version": "V3",
+				"grpc_service":          envoyGRPC(metricsServiceName),
+			}),
 		})
 	}
 	if als := pc.GetEnvoyAccessLogService(); als.GetAddress() != "" {
@@ -132,21 +115,19 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 		if err != nil {
 			return t, err
 		}
-		cl.TransportSocket = upstreamTLS(als.GetTlsSettings(), accessLogServiceName, node.raw, true)
-		cl.UpstreamConnectionOptions = keepalive(als.GetTcpKeepalive())
-		cl.TypedExtensionProtocolOptions = http2Options(0)
+		cl.set("transport_socket", upstreamTLS(als.GetTlsSettings(), accessLogServiceName, node.raw, true))
+		cl.set("upstream_connection_options", keepalive(als.GetTcpKeepalive()))
+		cl["typed_extension_protocol_options"] = http2Options(0)
 		t.clusters = append(t.clusters, cl)
 	}
 	if addr := pc.GetStatsdUdpAddress(); addr != "" {
-		sa, err := c.serviceAddress("ProxyConfig.statsdUdpAddress", addr)
+		host, port, err := c.serviceAddress("ProxyConfig.statsdUdpAddress", addr)
 		if err != nil {
 			return t, err
 		}
-		t.sinks = append(t.sinks, &metricsv3.StatsSink{
-			Name: statsdSinkName,
-			ConfigType: &metricsv3.StatsSink_TypedConfig{TypedConfig: mustAny(&metricsv3.StatsdSink{
-				StatsdSpecifier: &metricsv3.StatsdSink_Address{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: sa}}},
-			})},
+		t.sinks = append(t.sinks, object{
+			"name":         statsdSinkName,
+			"typed_config": typed("envoy.config.metrics.v3.StatsdSink", object{"address": socketAddress(host, port)}),
 		})
 	}
 	return t, nil
@@ -154,67 +135,66 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 
 // dnsCluster is a cluster reaching a telemetry service by DNS name at addr (host:port); nil for an
 // empty address, which Istio's template leaves out.
-func (c BootstrapConfig) dnsCluster(name, what, addr string, fam ipFamily) (*clusterv3.Cluster, error) {
+func (c BootstrapConfig) dnsCluster(name, what, addr string, fam ipFamily) (object, error) {
 	if addr == "" {
 		return nil, nil
 	}
-	sa, err := c.serviceAddress(what, addr)
+	host, port, err := c.serviceAddress(what, addr)
 	if err != nil {
 		return nil, err
 	}
-	return &clusterv3.Cluster{
-		Name:                 name,
-		AltStatName:          name + ";",
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS},
-		RespectDnsTtl:        true,
-		DnsLookupFamily:      fam.lookup,
-		ConnectTimeout:       durationpb.New(time.Second),
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
-		LoadAssignment:       loadAssignment(name, &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: sa}}),
+	return object{
+		"name":              name,
+		"alt_stat_name":     name + ";",
+		"type":              "STRICT_DNS",
+		"respect_dns_ttl":   true,
+		"dns_lookup_family": fam.lookup,
+		"connect_timeout":   duration(time.Second),
+		"load_assignment":   loadAssignment(name, socketAddress(host, port)),
 	}, nil
 }
 
 // serviceAddress is host:port as a socket address; a host of $(HOST_IP) is the node's HOST_IP
 // when set (Istio's addressConverter: tracer addresses in mesh config cannot use Kubernetes'
 // variable expansion).
-func (c BootstrapConfig) serviceAddress(what, addr string) (*corev3.SocketAddress, error) {
+func (c BootstrapConfig) serviceAddress(what, addr string) (host string, port int, err error) {
 	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("%s %q: want host:port: %w", what, addr, err)
+		return "", 0, fmt.Errorf("%s %q: want host:port: %w", what, addr, err)
 	}
-	port, err := strconv.ParseUint(portText, 10, 16)
+	p, err := strconv.ParseUint(portText, 10, 16)
 	if err != nil {
-		return nil, fmt.Errorf("%s %q: bad port %q", what, addr, portText)
+		return "", 0, fmt.Errorf("%s %q: bad port %q", what, addr, portText)
 	}
 	if host == "$(HOST_IP)" && c.HostIP != "" {
 		host = c.HostIP
 	}
-	return &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}, nil
+	return host, int(p), nil
 }
 
 // keepalive is a telemetry cluster's TCP keepalive (nil: none set).
-func keepalive(k *networkingv1alpha3.ConnectionPoolSettings_TCPSettings_TcpKeepalive) *clusterv3.UpstreamConnectionOptions {
+func keepalive(k *networkingv1alpha3.ConnectionPoolSettings_TCPSettings_TcpKeepalive) object {
 	if k == nil {
 		return nil
 	}
-	ka := &corev3.TcpKeepalive{}
+	ka := object{}
 	if k.GetProbes() > 0 {
-		ka.KeepaliveProbes = wrapperspb.UInt32(k.GetProbes())
+		ka["keepalive_probes"] = k.GetProbes()
 	}
 	if s := k.GetTime().GetSeconds(); s > 0 {
-		ka.KeepaliveTime = wrapperspb.UInt32(uint32(s))
+		ka["keepalive_time"] = uint32(s)
 	}
 	if s := k.GetInterval().GetSeconds(); s > 0 {
-		ka.KeepaliveInterval = wrapperspb.UInt32(uint32(s))
+		ka["keepalive_interval"] = uint32(s)
 	}
-	return &clusterv3.UpstreamConnectionOptions{TcpKeepalive: ka}
+	return object{"tcp_keepalive": ka}
 }
 
 // upstreamTLS is the TLS transport socket of a telemetry cluster, as Istio's tlsContextConvert
 // makes it: SIMPLE and MUTUAL read their files through SDS (file-root:, file-cert:), ISTIO_MUTUAL
 // uses the workload certificate; the node metadata's TLS_CLIENT_* paths win over the settings'.
 // nil without TLS. h2 keeps the ALPN (only lightstep and the gRPC services speak HTTP/2 here).
-func upstreamTLS(tls *networkingv1alpha3.ClientTLSSettings, sni string, meta map[string]any, h2 bool) *corev3.TransportSocket {
+func upstreamTLS(tls *networkingv1alpha3.ClientTLSSettings, sni string, meta map[string]any, h2 bool) object {
 	if tls == nil {
 		return nil
 	}
@@ -224,7 +204,8 @@ func upstreamTLS(tls *networkingv1alpha3.ClientTLSSettings, sni string, meta map
 		}
 		return def
 	}
-	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{}, Sni: tls.GetSni()}
+	common := object{}
+	sniName := tls.GetSni()
 	fileRoot := func(path string) string {
 		if path == "" {
 			return ""
@@ -232,70 +213,70 @@ func upstreamTLS(tls *networkingv1alpha3.ClientTLSSettings, sni string, meta map
 		return "file-root:" + path
 	}
 	validation := func(name string) {
-		ctx.CommonTlsContext.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{
-			CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-				DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchSubjectAltNames: exactMatchers(tls.GetSubjectAltNames())},
-				ValidationContextSdsSecretConfig: sdsSecretConfig(name),
-			},
-		}
+		def := object{}
+		def.set("match_subject_alt_names", exactMatchers(tls.GetSubjectAltNames()))
+		combined := object{"default_validation_context": def}
+		combined.set("validation_context_sds_secret_config", sdsSecretConfig(name))
+		common["combined_validation_context"] = combined
 	}
+	var alpn []string
 	switch tls.GetMode() {
 	case networkingv1alpha3.ClientTLSSettings_SIMPLE:
 		validation(fileRoot(orMeta("TLS_CLIENT_ROOT_CERT", tls.GetCaCertificates())))
-		ctx.CommonTlsContext.AlpnProtocols = []string{"h2"}
+		alpn = []string{"h2"}
 	case networkingv1alpha3.ClientTLSSettings_MUTUAL:
 		cert, key := orMeta("TLS_CLIENT_CERT_CHAIN", tls.GetClientCertificate()), orMeta("TLS_CLIENT_KEY", tls.GetPrivateKey())
 		if cert != "" && key != "" {
-			ctx.CommonTlsContext.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecretConfig("file-cert:" + cert + "~" + key)}
+			common["tls_certificate_sds_secret_configs"] = []object{sdsSecretConfig("file-cert:" + cert + "~" + key)}
 		}
 		validation(fileRoot(orMeta("TLS_CLIENT_ROOT_CERT", tls.GetCaCertificates())))
-		ctx.CommonTlsContext.AlpnProtocols = []string{"h2"}
+		alpn = []string{"h2"}
 	case networkingv1alpha3.ClientTLSSettings_ISTIO_MUTUAL:
-		ctx.CommonTlsContext.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsSecretConfig(defaultSDSResource)}
+		common["tls_certificate_sds_secret_configs"] = []object{sdsSecretConfig(defaultSDSResource)}
 		validation(rootSDSResource)
-		ctx.CommonTlsContext.AlpnProtocols = []string{"istio", "h2"}
-		if ctx.Sni == "" {
-			ctx.Sni = sni
+		alpn = []string{"istio", "h2"}
+		if sniName == "" {
+			sniName = sni
 		}
 	default:
 		return nil
 	}
-	if !h2 {
-		ctx.CommonTlsContext.AlpnProtocols = nil
+	if h2 {
+		common["alpn_protocols"] = alpn
 	}
-	return &corev3.TransportSocket{
-		Name:       "envoy.transport_sockets.tls",
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
+	ctx := object{"common_tls_context": common}
+	ctx.set("sni", sniName)
+	return object{
+		"name":         "envoy.transport_sockets.tls",
+		"typed_config": typed("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext", ctx),
 	}
 }
 
 // sdsSecretConfig asks the agent's SDS server (cluster sds-grpc) for a secret; the workload's own
 // ("default", "ROOTCA") without waiting for it at start. nil for no name.
-func sdsSecretConfig(name string) *tlsv3.SdsSecretConfig {
+func sdsSecretConfig(name string) object {
 	if name == "" {
 		return nil
 	}
-	src := &corev3.ConfigSource{
-		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
-			ApiType:                   corev3.ApiConfigSource_GRPC,
-			SetNodeOnFirstMessageOnly: true,
-			TransportApiVersion:       corev3.ApiVersion_V3,
-			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: sdsCluster},
-			}}},
-		}},
-		ResourceApiVersion: corev3.ApiVersion_V3,
+	src := object{
+		"api_config_source": object{
+			"api_type":                       "GRPC",
+			"set_node_on_first_message_only": true,
+			"transport_api_version":          "V3",
+			"grpc_services":                  []object{envoyGRPC(sdsCluster)},
+		},
+		"resource_api_version": "V3",
 	}
 	if name == defaultSDSResource || name == rootSDSResource {
-		src.InitialFetchTimeout = durationpb.New(0)
+		src["initial_fetch_timeout"] = duration(0)
 	}
-	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: src}
+	return object{"name": name, "sds_config": src}
 }
 
-func exactMatchers(names []string) []*matcherv3.StringMatcher {
-	var out []*matcherv3.StringMatcher
+func exactMatchers(names []string) []object {
+	var out []object
 	for _, n := range names {
-		out = append(out, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: n}})
+		out = append(out, object{"exact": n})
 	}
 	return out
 }

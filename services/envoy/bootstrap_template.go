@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/Masterminds/sprig/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
@@ -53,16 +51,6 @@ func renderTemplateFile(path string, c BootstrapConfig) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// histogramBucket is one sidecar.istio.io/statsHistogramBuckets entry as Istio's templates see it.
-type histogramBucket struct {
-	Match   histogramMatch `json:"match"`
-	Buckets []float64      `json:"buckets"`
-}
-
-type histogramMatch struct {
-	Prefix string `json:"prefix"`
-}
-
 // templateParams are the values Istio's agent passes to its bootstrap template, under Istio's
 // names and with the Go types its templates print (pkg/bootstrap/config.go toTemplateParams,
 // pkg/bootstrap/option): a parameter Istio skips when empty is left out here too, so that
@@ -86,7 +74,7 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 	if err := json.Unmarshal(meta, &metaMap); err != nil {
 		return nil, err
 	}
-	flags, err := protojson.Marshal(runtime)
+	flags, err := json.Marshal(runtime)
 	if err != nil {
 		return nil, err
 	}
@@ -100,10 +88,6 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 	pc.StatusPort = int32(c.StatusPort)
 	discovery := pc.GetDiscoveryAddress()
 	discHost, _, _ := strings.Cut(discovery, ":")
-	var buckets []histogramBucket
-	for _, b := range stats.buckets {
-		buckets = append(buckets, histogramBucket{Match: histogramMatch{Prefix: b.GetMatch().GetPrefix()}, Buckets: b.GetBuckets()})
-	}
 	var sans []string
 	for _, s := range c.pilotSAN() {
 		sans = append(sans, fmt.Sprintf(`{"exact":"%s"}`, s))
@@ -118,7 +102,7 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 		"xds_type":                          xdsType,
 		"localhost":                         fam.localhost,
 		"wildcard":                          fam.wildcard,
-		"dns_lookup_family":                 fam.lookup.String(),
+		"dns_lookup_family":                 fam.lookup,
 		"envoy_status_port":                 c.EnvoyStatusPort,
 		"envoy_prometheus_port":             c.EnvoyPrometheusPort,
 		"global_downstream_max_connections": int(maxConn),
@@ -128,7 +112,7 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 		"xds_root_cert":                     "",
 		"pilot_SAN":                         "[" + strings.Join(sans, ",") + "]",
 		"log_json":                          c.LogAsJSON,
-		"histogram_buckets":                 buckets,
+		"histogram_buckets":                 stats.buckets,
 		"envoy_metrics_stats_compression":   stats.compression,
 		"metadata_discovery":                c.metadataDiscoveryExtension(node),
 		"metrics_localhost_access_only":     c.MetricsLocalhostOnly,
@@ -173,11 +157,11 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 		if addr == "" {
 			return nil
 		}
-		sa, err := c.serviceAddress(what, addr)
+		host, port, err := c.serviceAddress(what, addr)
 		if err != nil {
 			return err
 		}
-		p[name] = fmt.Sprintf(`{"address": "%s", "port_value": %d}`, sa.GetAddress(), sa.GetPortValue())
+		p[name] = fmt.Sprintf(`{"address": "%s", "port_value": %d}`, host, port)
 		return nil
 	}
 	if err := address("pilot_grpc_address", "ProxyConfig.discoveryAddress", discovery); err != nil {
@@ -186,8 +170,8 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 	if err := address("statsd", "ProxyConfig.statsdUdpAddress", pc.GetStatsdUdpAddress()); err != nil {
 		return nil, err
 	}
-	socket := func(name string, v proto.Message) error {
-		js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(v)
+	socket := func(name string, v object) error {
+		js, err := json.Marshal(v)
 		if err != nil {
 			return err
 		}
@@ -217,8 +201,7 @@ func templateParams(c BootstrapConfig) (map[string]any, error) {
 	}
 	for _, svc := range []struct {
 		prefix, what, addr string
-		tls                *corev3.TransportSocket
-		keepalive          *clusterv3.UpstreamConnectionOptions
+		tls, keepalive     object
 	}{
 		{"envoy_metrics_service", "ProxyConfig.envoyMetricsService.address", pc.GetEnvoyMetricsService().GetAddress(),
 			upstreamTLS(pc.GetEnvoyMetricsService().GetTlsSettings(), metricsServiceName, node.raw, true), keepalive(pc.GetEnvoyMetricsService().GetTcpKeepalive())},

@@ -180,7 +180,7 @@ func (c BootstrapConfig) Node() (*corev3.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &corev3.Node{Id: n.id, Cluster: n.cluster, Locality: n.locality, Metadata: n.metadata}, nil
+	return n.proto(), nil
 }
 
 // nodeInfo is what the bootstrap needs to know about the pod, derived once from BootstrapConfig.
@@ -327,6 +327,21 @@ func buildNode(c BootstrapConfig) (nodeInfo, error) {
 		labels:      labels,
 		annotations: annotations,
 	}, nil
+}
+
+func (n nodeInfo) proto() *corev3.Node {
+	return &corev3.Node{Id: n.id, Cluster: n.cluster, Locality: n.locality, Metadata: n.metadata}
+}
+
+// bootstrapJSON is the node as the bootstrap's node field. Node is a small type, which the agent
+// marshals anyway for proxyless gRPC clients' bootstrap: this costs little of what marshalling the
+// whole Bootstrap would (bootstrap_json.go).
+func (n nodeInfo) bootstrapJSON() (json.RawMessage, error) {
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(n.proto())
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	return js, nil
 }
 
 // rawMetadata is the metadata before Istio's typed pass: ProxyConfig.proxyMetadata's ISTIO_META_*

@@ -405,7 +405,11 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 				t.Fatal(err)
 			}
 			hcm.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: "80", ConfigSource: ads}}
-			rdsListener.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}
+			hcmAny, err := anypb.New(hcm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rdsListener.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: hcmAny}
 			route := &routev3.RouteConfiguration{Name: "80"}
 
 			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
