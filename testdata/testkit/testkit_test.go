@@ -206,4 +206,22 @@ func TestMetricValue(t *testing.T) {
 	if v := MetricValue(t, reg, "missing"); v != 0 {
 		t.Errorf("missing = %v", v)
 	}
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "h_seconds", Help: "h"})
+	reg.MustRegister(h)
+	h.Observe(1)
+	h.Observe(2)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed := Families{}
+	for _, mf := range mfs {
+		parsed[mf.GetName()] = mf
+	}
+	if v := MetricSample(t, parsed, "h_seconds"); v != 2 {
+		t.Errorf("h_seconds = %v, want its sample count", v)
+	}
+	if v := MetricSample(t, parsed, "c_total", "k", "a"); v != 2 {
+		t.Errorf("parsed c_total{k=a} = %v", v)
+	}
 }
