@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Client behaves like Envoy on an ADS stream, in either protocol: it
@@ -133,19 +135,17 @@ func (c *Client) Resources(typeURL string) map[string]string {
 
 // WaitFor waits until cond holds, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(State) bool) error {
-	for {
-		c.mu.Lock()
-		st, changed := c.state.clone(), c.changed
-		c.mu.Unlock()
-		if cond(st) {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
-		}
+	if st, ok := testkit.Until(c.watch, cond, ctx.Done()); !ok {
+		return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
 	}
+	return nil
+}
+
+// watch is the state now and a channel closed at its next change.
+func (c *Client) watch() (State, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state.clone(), c.changed
 }
 
 // Pause stops reading responses (a slow Envoy); Resume reads again.
