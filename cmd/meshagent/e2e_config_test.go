@@ -68,11 +68,7 @@ func TestVersionComesFromTheBuild(t *testing.T) {
 func TestPostDrainAddsSkipExit(t *testing.T) {
 	p := startAgent(t, nil)
 	p.waitStatus(t, "/healthz/ready", 200)
-	resp, err := http.Post(p.base+"/drain", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	p.post(t, "/drain")
 	var drains []string
 	testkit.WaitFor(t, "Envoy to see a drain", func() bool { p.adminJSON(t, "/fake/drains", &drains); return len(drains) > 0 })
 	if !slices.Equal(drains, []string{"inboundonly&graceful&skip_exit"}) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -178,14 +177,16 @@ func (p *agentProcess) start(t *testing.T) {
 	})
 }
 
+// get is the status server's answer at path; status 0 when it did not
+// answer.
 func (p *agentProcess) get(path string) (int, string) {
-	resp, err := http.Get(p.base + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return testkit.Fetch(http.MethodGet, p.base+path)
+}
+
+// post is the status server's answer to a POST at path: it must answer.
+func (p *agentProcess) post(t *testing.T, path string) (int, string) {
+	t.Helper()
+	return testkit.MustFetch(t, http.MethodPost, p.base+path)
 }
 
 func (p *agentProcess) waitStatus(t *testing.T, path string, code int) string {
@@ -275,13 +276,8 @@ func TestAgentSdNotify(t *testing.T) {
 func TestChaosIsOptIn(t *testing.T) {
 	p := startAgent(t, nil)
 	p.waitStatus(t, "/healthz/ready", 200)
-	resp, err := http.Post(p.base+"/debug/chaos/kill?service=status", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("chaos kill without --chaos = %d, want 404", resp.StatusCode)
+	if code, _ := p.post(t, "/debug/chaos/kill?service=status"); code != http.StatusNotFound {
+		t.Fatalf("chaos kill without --chaos = %d, want 404", code)
 	}
 }
 
