@@ -9,26 +9,13 @@ import (
 	"time"
 )
 
-func parse(t *testing.T, chainPEM []byte) *x509.Certificate {
-	t.Helper()
-	block, _ := pem.Decode(chainPEM)
-	if block == nil {
-		t.Fatal("no PEM")
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
 	root := NewRoot(t, "test root")
 	chain, key := root.Workload(t, 2*time.Hour)
 	if _, err := tls.X509KeyPair(chain, key); err != nil {
 		t.Fatal(err)
 	}
-	leaf := parse(t, chain)
+	leaf := ParseLeaf(t, chain)
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: root.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +33,7 @@ func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
 func TestExpiredLeaf(t *testing.T) {
 	root := NewRoot(t, "test root")
 	chain, _ := root.Leaf(t, Leaf{SPIFFE: WorkloadID, NotAfter: time.Now().Add(-time.Minute)})
-	leaf := parse(t, chain)
+	leaf := ParseLeaf(t, chain)
 	if !leaf.NotAfter.Before(time.Now()) || !leaf.NotBefore.Before(leaf.NotAfter) {
 		t.Fatalf("valid %v to %v", leaf.NotBefore, leaf.NotAfter)
 	}
