@@ -81,13 +81,7 @@ func TestPostDrainAddsSkipExit(t *testing.T) {
 func TestGatewayDrainsEveryListener(t *testing.T) {
 	p := startAgent(t, nil, "router")
 	p.waitStatus(t, "/healthz/ready", 200)
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d after SIGTERM", code)
-	}
-	log := p.stderr.String()
+	log := p.stopWith(t, syscall.SIGTERM)
 	if !strings.Contains(log, "drain_listeners?graceful\n") || strings.Contains(log, "inboundonly") {
 		t.Fatalf("the gateway's Envoy did not see exactly drain_listeners?graceful:\n%s", log)
 	}

@@ -222,6 +222,19 @@ func (p *agentProcess) waitExit(t *testing.T) int {
 	return -1
 }
 
+// stopWith sends sig to the agent, which must then exit with status 0,
+// and returns the agent's log.
+func (p *agentProcess) stopWith(t *testing.T, sig syscall.Signal) string {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit code after %v = %d, want 0", sig, code)
+	}
+	return p.stderr.String()
+}
+
 func TestAgentServesTreeAndStopsOnSIGTERM(t *testing.T) {
 	p := startAgent(t, nil, "--chaos")
 	p.waitStatus(t, "/healthz/ready", 200)
@@ -232,14 +245,8 @@ func TestAgentServesTreeAndStopsOnSIGTERM(t *testing.T) {
 	if code, _ := p.get("/stats/prometheus"); code != 200 {
 		t.Fatalf("/stats/prometheus = %d", code)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
-	}
-	if !strings.Contains(p.stderr.String(), "shutting down") {
-		t.Fatalf("no shutdown log:\n%s", p.stderr.String())
+	if log := p.stopWith(t, syscall.SIGTERM); !strings.Contains(log, "shutting down") {
+		t.Fatalf("no shutdown log:\n%s", log)
 	}
 }
 

@@ -138,13 +138,7 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 	}
 
 	// Ctrl-C drains Envoy and stops everything, peers included.
-	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit code after Ctrl-C = %d, want 0", code)
-	}
-	if !strings.Contains(p.stderr.String(), "meshagent stopped") {
+	if log := p.stopWith(t, syscall.SIGINT); !strings.Contains(log, "meshagent stopped") {
 		t.Errorf("no clean stop in the log")
 	}
 }
