@@ -7,6 +7,8 @@ import (
 	"math/big"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
@@ -48,19 +50,7 @@ func TestServerTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).Handshake()
-			c.Close()
-		}
-	}()
-	defer func() { lis.Close(); <-served }()
+	testkit.AcceptAndClose(t, lis)
 	for _, name := range []string{"istiod.istio-system.svc", "127.0.0.1"} {
 		c, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: root.Pool(), ServerName: name})
 		if err != nil {
