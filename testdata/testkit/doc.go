@@ -16,8 +16,8 @@
 //     namespaces, child processes or a real resolver check and start;
 //   - ChaosRounds: how many rounds a chaos test runs (short, or long);
 //   - WaitFor, FreePort, FreeAddr, ShortTempDir, WriteFile, ReplaceFile,
-//     MetricValue and MetricSample, Fetch and MustFetch, Contains, LineDiff,
-//     AcceptAndClose: the small helpers around them.
+//     MetricValue and MetricSample, Fetch and MustFetch, EachEditRejected,
+//     Contains, LineDiff, AcceptAndClose: the small helpers around them.
 //
 // Sub-packages: pki (a test PKI: roots, intermediates, leaves with SPIFFE
 // IDs, CRLs), istioca (the real services/ca started for a test that needs an

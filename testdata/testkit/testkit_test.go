@@ -225,3 +225,26 @@ func TestMetricValue(t *testing.T) {
 		t.Errorf("parsed c_total{k=a} = %v", v)
 	}
 }
+
+type positive int
+
+func (p positive) Validate() error {
+	if p <= 0 {
+		return errors.New("not positive")
+	}
+	return nil
+}
+
+// EachEditRejected fails a test for a bad good value and for an edit that
+// is accepted.
+func TestEachEditRejected(t *testing.T) {
+	EachEditRejected(t, positive(1), map[string]func(*positive){
+		"zero":     func(p *positive) { *p = 0 },
+		"negative": func(p *positive) { *p = -1 },
+	})
+	r := &errorsTB{TB: t}
+	EachEditRejected(r, positive(1), map[string]func(*positive){"two": func(p *positive) { *p = 2 }})
+	if len(r.errs) != 1 || r.errs[0] != "two: accepted" {
+		t.Errorf("reported %q; want the accepted edit named", r.errs)
+	}
+}
