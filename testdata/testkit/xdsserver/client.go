@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"sync"
 	"time"
@@ -250,7 +251,7 @@ func (c *Client) stream(ctx context.Context) error {
 		}
 		c.mu.Unlock()
 		if err := c.sendLocked(req); err != nil {
-			return err
+			return c.endOf(cs, err)
 		}
 	}
 	for {
@@ -277,6 +278,24 @@ func (c *Client) stream(ctx context.Context) error {
 			ack = c.applySotW(&resp)
 		}
 		if err := c.sendLocked(ack); err != nil {
+			return c.endOf(cs, err)
+		}
+	}
+}
+
+// endOf is why the stream ended when a send on it failed with err: grpc's
+// SendMsg returns io.EOF once the server has ended the stream (a refused
+// token, say), and the stream's status then comes from RecvMsg.
+func (c *Client) endOf(cs grpc.ClientStream, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	for {
+		var m proto.Message = &discoveryv3.DiscoveryResponse{}
+		if c.opts.Delta {
+			m = &discoveryv3.DeltaDiscoveryResponse{}
+		}
+		if err := cs.RecvMsg(m); err != nil {
 			return err
 		}
 	}
