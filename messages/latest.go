@@ -8,6 +8,12 @@ type Sink[T any] interface {
 	Send(v T)
 }
 
+// Discard is the Sink of an output nobody reads: it drops every value.
+type Discard[T any] struct{}
+
+// Send drops v.
+func (Discard[T]) Send(T) {}
+
 // Latest is the read side of a latest-value channel.
 type Latest[T any] interface {
 	// Get returns the current value and whether one was ever sent.

@@ -67,33 +67,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
 	}
-	if c.Status != nil {
-		check(status.Name, c.Status.Validate())
-	}
-	if c.Certs != nil {
-		check(certs.Name, c.Certs.Validate())
-	}
-	if c.SDS != nil {
-		check(sds.Name, c.SDS.Validate())
-	}
-	if c.Envoy != nil {
-		check(envoy.Name, c.Envoy.Validate())
-	}
-	if c.Capture != nil {
-		check(capture.Name, c.Capture.Validate())
-	}
-	if c.DNS != nil {
-		check(dnsproxy.Name, c.DNS.Validate())
-	}
-	if c.XDS != nil {
-		check(xdsproxy.Name, c.XDS.Validate())
-	}
-	if c.ControlPlane != nil {
-		check(controlplane.Name, c.ControlPlane.Validate())
-	}
-	if c.CA != nil {
-		check(ca.Name, c.CA.Validate())
-	}
+	check(status.Name, validate(c.Status))
+	check(certs.Name, validate(c.Certs))
+	check(sds.Name, validate(c.SDS))
+	check(envoy.Name, validate(c.Envoy))
+	check(capture.Name, validate(c.Capture))
+	check(dnsproxy.Name, validate(c.DNS))
+	check(xdsproxy.Name, validate(c.XDS))
+	check(controlplane.Name, validate(c.ControlPlane))
+	check(ca.Name, validate(c.CA))
 	check("restart policy", c.DefaultPolicy.Validate())
 	check("envoy restart policy", c.EnvoyPolicy.Validate())
 	if c.StopTimeout <= 0 {
@@ -103,6 +85,18 @@ func (c Config) Validate() error {
 		check("tree", fmt.Errorf("DrainTimeout %v is negative", c.DrainTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// validate is a service's config check, nil for a service left out (its
+// config nil).
+func validate[C any, P interface {
+	*C
+	Validate() error
+}](c P) error {
+	if c == nil {
+		return nil
+	}
+	return c.Validate()
 }
 
 // Build makes the channels and the services from cfg and assembles the

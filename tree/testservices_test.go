@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -122,25 +121,12 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 }
 
 func (h *harness) get(path string) (int, string) {
-	h.t.Helper()
-	resp, err := http.Get(h.base + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return testkit.Fetch(http.MethodGet, h.base+path)
 }
 
 func (h *harness) post(path string) (int, string) {
 	h.t.Helper()
-	resp, err := http.Post(h.base+path, "text/plain", nil)
-	if err != nil {
-		h.t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return testkit.MustFetch(h.t, http.MethodPost, h.base+path)
 }
 
 // waitRun waits for the agent's Run to return (what names the reason it

@@ -63,10 +63,7 @@ func TestVMModeAppliesAndRemovesCapture(t *testing.T) {
 			t.Fatalf("capture rules lack %q:\n%s", want, rules)
 		}
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+	p.stopWith(t, syscall.SIGTERM)
 	after := netnsRun(t, ns, "iptables-save")
 	if strings.Contains(after, "ISTIO") {
 		t.Fatalf("rules left after stop:\n%s\n(before:\n%s)", after, before)

@@ -68,11 +68,7 @@ func TestVersionComesFromTheBuild(t *testing.T) {
 func TestPostDrainAddsSkipExit(t *testing.T) {
 	p := startAgent(t, nil)
 	p.waitStatus(t, "/healthz/ready", 200)
-	resp, err := http.Post(p.base+"/drain", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	p.post(t, "/drain")
 	var drains []string
 	testkit.WaitFor(t, "Envoy to see a drain", func() bool { p.adminJSON(t, "/fake/drains", &drains); return len(drains) > 0 })
 	if !slices.Equal(drains, []string{"inboundonly&graceful&skip_exit"}) {
@@ -85,13 +81,7 @@ func TestPostDrainAddsSkipExit(t *testing.T) {
 func TestGatewayDrainsEveryListener(t *testing.T) {
 	p := startAgent(t, nil, "router")
 	p.waitStatus(t, "/healthz/ready", 200)
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d after SIGTERM", code)
-	}
-	log := p.stderr.String()
+	log := p.stopWith(t, syscall.SIGTERM)
 	if !strings.Contains(log, "drain_listeners?graceful\n") || strings.Contains(log, "inboundonly") {
 		t.Fatalf("the gateway's Envoy did not see exactly drain_listeners?graceful:\n%s", log)
 	}

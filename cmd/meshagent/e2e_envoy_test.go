@@ -92,13 +92,7 @@ func TestSIGTERMDrainsEnvoy(t *testing.T) {
 	p := startAgent(t, nil)
 	p.waitStatus(t, "/healthz/ready", 200)
 	envoyPID := p.envoyPIDs()[0]
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d after SIGTERM", code)
-	}
-	log := p.stderr.String()
+	log := p.stopWith(t, syscall.SIGTERM)
 	drain := regexp.MustCompile(`drain_listeners\?(\S+)`).FindStringSubmatch(log)
 	if drain == nil || !strings.Contains(drain[1], "inboundonly") || !strings.Contains(drain[1], "graceful") {
 		t.Fatalf("Envoy did not see drain_listeners?inboundonly&graceful:\n%s", log)
@@ -118,11 +112,7 @@ func TestDrainEndsAtZeroActiveConnections(t *testing.T) {
 	p := startAgentDrain(t, "60s", []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=10ms",
 		"FAKE_ENVOY_ACTIVE_CONNECTIONS=3", "FAKE_ENVOY_DRAIN_SECONDS=2"})
 	p.waitStatus(t, "/healthz/ready", 200)
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	log := p.stderr.String()
+	log := p.stopWith(t, syscall.SIGTERM)
 	if !strings.Contains(log, "waiting for active connections to end") || !strings.Contains(log, "no more active connections") {
 		t.Fatalf("the drain did not follow active connections:\n%s", log)
 	}

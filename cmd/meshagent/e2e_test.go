@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -178,14 +177,16 @@ func (p *agentProcess) start(t *testing.T) {
 	})
 }
 
+// get is the status server's answer at path; status 0 when it did not
+// answer.
 func (p *agentProcess) get(path string) (int, string) {
-	resp, err := http.Get(p.base + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return testkit.Fetch(http.MethodGet, p.base+path)
+}
+
+// post is the status server's answer to a POST at path: it must answer.
+func (p *agentProcess) post(t *testing.T, path string) (int, string) {
+	t.Helper()
+	return testkit.MustFetch(t, http.MethodPost, p.base+path)
 }
 
 func (p *agentProcess) waitStatus(t *testing.T, path string, code int) string {
@@ -221,6 +222,19 @@ func (p *agentProcess) waitExit(t *testing.T) int {
 	return -1
 }
 
+// stopWith sends sig to the agent, which must then exit with status 0,
+// and returns the agent's log.
+func (p *agentProcess) stopWith(t *testing.T, sig syscall.Signal) string {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.waitExit(t); code != 0 {
+		t.Fatalf("exit code after %v = %d, want 0", sig, code)
+	}
+	return p.stderr.String()
+}
+
 func TestAgentServesTreeAndStopsOnSIGTERM(t *testing.T) {
 	p := startAgent(t, nil, "--chaos")
 	p.waitStatus(t, "/healthz/ready", 200)
@@ -231,14 +245,8 @@ func TestAgentServesTreeAndStopsOnSIGTERM(t *testing.T) {
 	if code, _ := p.get("/stats/prometheus"); code != 200 {
 		t.Fatalf("/stats/prometheus = %d", code)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
-	}
-	if !strings.Contains(p.stderr.String(), "shutting down") {
-		t.Fatalf("no shutdown log:\n%s", p.stderr.String())
+	if log := p.stopWith(t, syscall.SIGTERM); !strings.Contains(log, "shutting down") {
+		t.Fatalf("no shutdown log:\n%s", log)
 	}
 }
 
@@ -275,13 +283,8 @@ func TestAgentSdNotify(t *testing.T) {
 func TestChaosIsOptIn(t *testing.T) {
 	p := startAgent(t, nil)
 	p.waitStatus(t, "/healthz/ready", 200)
-	resp, err := http.Post(p.base+"/debug/chaos/kill?service=status", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("chaos kill without --chaos = %d, want 404", resp.StatusCode)
+	if code, _ := p.post(t, "/debug/chaos/kill?service=status"); code != http.StatusNotFound {
+		t.Fatalf("chaos kill without --chaos = %d, want 404", code)
 	}
 }
 

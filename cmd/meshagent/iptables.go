@@ -27,13 +27,22 @@ set with an env var: the flag name upper-cased with '-' as '_' (--istio-inbound-
 iptables-restore input for IPv4 and IPv6 and changes nothing.`,
 		Args: cobra.NoArgs,
 	}
+	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
+		return runIstioIptables(cmd.Context(), cfg, host, cmd.OutOrStdout(), cmd.ErrOrStderr())
+	})
+}
+
+// withCaptureSettings gives cmd istio-iptables' flags and env bindings, and
+// has it run run with the capture configuration they make; a bad one is a
+// usage error (exit 2).
+func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Command, capture.Config) error) *cobra.Command {
 	flags := bindCaptureSettings(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := flags.config(host)
 		if err != nil {
-			return usageError("istio-iptables: %v", err)
+			return usageError("%s: %v", cmd.Name(), err)
 		}
-		return runIstioIptables(cmd.Context(), cfg, host, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		return run(cmd, cfg)
 	}
 	return cmd
 }
@@ -104,12 +113,7 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
 		Args:  cobra.NoArgs,
 	}
-	flags := bindCaptureSettings(cmd.Flags())
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		cfg, err := flags.config(host)
-		if err != nil {
-			return usageError("clean-iptables: %v", err)
-		}
+	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
 		if err := cfg.Validate(); err != nil {
 			return usageError("clean-iptables: %v", err)
 		}
@@ -118,8 +122,7 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 			return fmt.Errorf("clean-iptables: %w", err)
 		}
 		return nil
-	}
-	return cmd
+	})
 }
 
 // cleanIptables removes every ISTIO_* chain and jump, and the rules of

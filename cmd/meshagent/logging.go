@@ -47,6 +47,19 @@ func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, opts)), nil
 }
 
+// startRun is how an agent command's run begins: its logger, and its
+// settings resolved from env. Bad log options give a plain text logger
+// meanwhile; the configuration's checks (buildAgentConfig) report them
+// with the other bad values, which stay in s.problems.
+func startRun(s *settings, env environment, logs logOptions, w io.Writer) *slog.Logger {
+	log, err := newLogger(logs, w)
+	if err != nil {
+		log = slog.New(slog.NewTextHandler(w, nil))
+	}
+	_ = s.resolve(env)
+	return log
+}
+
 // parseLogLevel takes the level of the "default" scope (or of a bare level).
 // Istio's levels: debug, info, warn, error, fatal, none.
 func parseLogLevel(spec string) (slog.Level, error) {

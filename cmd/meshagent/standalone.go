@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,11 +42,7 @@ else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log s
 	bindProxyFlags(s, f)
 	bindStandaloneFlags(s, sf)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		log, err := newLogger(*logs, cmd.ErrOrStderr())
-		if err != nil { // reported with the other bad values below
-			log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-		}
-		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
+		log := startRun(s, cli.host.env, *logs, cmd.ErrOrStderr())
 		reg := prometheus.NewRegistry()
 		selfDir := ""
 		if self, err := os.Executable(); err == nil {

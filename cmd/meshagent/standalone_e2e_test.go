@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // `meshagent standalone` as a new user runs it: the real binary with the
@@ -137,13 +138,7 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 	}
 
 	// Ctrl-C drains Envoy and stops everything, peers included.
-	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.waitExit(t); code != 0 {
-		t.Fatalf("exit code after Ctrl-C = %d, want 0", code)
-	}
-	if !strings.Contains(p.stderr.String(), "meshagent stopped") {
+	if log := p.stopWith(t, syscall.SIGINT); !strings.Contains(log, "meshagent stopped") {
 		t.Errorf("no clean stop in the log")
 	}
 }
@@ -353,15 +348,7 @@ func readCertificate(t *testing.T, path string) *x509.Certificate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	block, _ := pem.Decode(b)
-	if block == nil {
-		t.Fatalf("%s: no PEM", path)
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return pki.ParseLeaf(t, b)
 }
 
 // startUpstreamResolver is the test kit's dnsmasq, answering

@@ -74,11 +74,7 @@ rules' --gid-owner exception.
 	bindProxyFlags(s, f)
 	bindVMFlags(s, vf)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		log, err := newLogger(*logs, cmd.ErrOrStderr())
-		if err != nil { // reported with the other bad values below
-			log = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-		}
-		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
+		log := startRun(s, cli.host.env, *logs, cmd.ErrOrStderr())
 		root := checkRoot(f.root, s.problems)
 		if root == "" {
 			return &exitError{code: 2, err: s.problems.err()}

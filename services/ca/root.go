@@ -14,9 +14,9 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
@@ -142,36 +142,13 @@ func createRoot(cfg Config, now time.Time) (*authority, error) {
 	if err := os.MkdirAll(cfg.RootDir, 0o755); err != nil {
 		return nil, fmt.Errorf("ca root: %w", err)
 	}
-	if err := writeFileAtomic(cfg.RootKeyPath(), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return nil, err
+	if err := atomicfile.Write(cfg.RootKeyPath(), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return nil, fmt.Errorf("ca root: %w", err)
 	}
-	if err := writeFileAtomic(cfg.RootCertPath(), certPEM, 0o644); err != nil {
-		return nil, err
+	if err := atomicfile.Write(cfg.RootCertPath(), certPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("ca root: %w", err)
 	}
 	return &authority{cert: cert, certPEM: certPEM, key: key}, nil
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("ca root: write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename, a no-op
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ca root: write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ca root: write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("ca root: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("ca root: write %s: %w", path, err)
-	}
-	return nil
 }
 
 // servingCertificate is the CA's own TLS certificate, issued by its root for

@@ -107,35 +107,23 @@ func (c Config) Validate() error {
 		{"--istio-outbound-ports", c.OutboundPortsInclude},
 		{"--istio-local-outbound-ports-exclude", c.OutboundPortsExclude},
 	} {
-		for _, port := range Split(p.v) {
-			if err := checkPort(port); err != nil {
-				bad(p.flag, p.v, err.Error())
-				break
-			}
+		if err := checkEach(p.v, checkPort); err != nil {
+			bad(p.flag, p.v, err.Error())
 		}
 	}
 	if c.InboundPortsInclude != "*" {
-		for _, port := range Split(c.InboundPortsInclude) {
-			if err := checkPort(port); err != nil {
-				bad("--istio-inbound-ports", c.InboundPortsInclude, err.Error()+` (or "*")`)
-				break
-			}
+		if err := checkEach(c.InboundPortsInclude, checkPort); err != nil {
+			bad("--istio-inbound-ports", c.InboundPortsInclude, err.Error()+` (or "*")`)
 		}
 	}
 	if len(Split(c.ProxyUID)) == 0 {
 		bad("--proxy-uid", c.ProxyUID, "at least one UID is required")
 	}
-	for _, id := range Split(c.ProxyUID) {
-		if _, err := strconv.ParseUint(id, 10, 32); err != nil {
-			bad("--proxy-uid", c.ProxyUID, fmt.Sprintf("%q is not a numeric UID", id))
-			break
-		}
+	if err := checkEach(c.ProxyUID, checkID("UID")); err != nil {
+		bad("--proxy-uid", c.ProxyUID, err.Error())
 	}
-	for _, id := range Split(c.ProxyGID) {
-		if _, err := strconv.ParseUint(id, 10, 32); err != nil {
-			bad("--proxy-gid", c.ProxyGID, fmt.Sprintf("%q is not a numeric GID", id))
-			break
-		}
+	if err := checkEach(c.ProxyGID, checkID("GID")); err != nil {
+		bad("--proxy-gid", c.ProxyGID, err.Error())
 	}
 	switch c.InboundInterceptionMode {
 	case "", "REDIRECT", "TPROXY":
@@ -149,24 +137,21 @@ func (c Config) Validate() error {
 		bad("--istio-inbound-tproxy-route-table", c.InboundTProxyRouteTable, "must be a routing table number 1..4294967295")
 	}
 	if c.OutboundIPRangesInclude != "*" {
-		if err := checkCIDRs(c.OutboundIPRangesInclude); err != nil {
+		if err := checkEach(c.OutboundIPRangesInclude, checkCIDR); err != nil {
 			bad("--istio-service-cidr", c.OutboundIPRangesInclude, err.Error()+` (or "*")`)
 		}
 	}
 	if c.OutboundIPRangesExclude == "*" {
 		bad("--istio-service-exclude-cidr", c.OutboundIPRangesExclude, `"*" is not allowed (it would exclude everything)`)
-	} else if err := checkCIDRs(c.OutboundIPRangesExclude); err != nil {
+	} else if err := checkEach(c.OutboundIPRangesExclude, checkCIDR); err != nil {
 		bad("--istio-service-exclude-cidr", c.OutboundIPRangesExclude, err.Error())
 	}
 	for _, f := range []struct{ flag, v string }{
 		{"--kube-virt-interfaces", c.RerouteVirtualInterfaces},
 		{"--istio-exclude-interfaces", c.ExcludeInterfaces},
 	} {
-		for _, name := range Split(f.v) {
-			if err := checkInterface(name); err != nil {
-				bad(f.flag, f.v, err.Error())
-				break
-			}
+		if err := checkEach(f.v, checkInterface); err != nil {
+			bad(f.flag, f.v, err.Error())
 		}
 	}
 	if c.OwnerGroupsInclude != "*" && len(Split(c.OwnerGroupsInclude)) > maxOwnerGroups {
@@ -232,13 +217,32 @@ func checkPort(s string) error {
 	return nil
 }
 
-func checkCIDRs(list string) error {
+// checkEach checks every element of a comma-separated list: the first
+// that fails is the error, one a flag.
+func checkEach(list string, check func(string) error) error {
 	for _, s := range Split(list) {
-		if _, err := netip.ParsePrefix(s); err != nil {
-			return fmt.Errorf("%q is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)", s)
+		if err := check(s); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+func checkCIDR(s string) error {
+	if _, err := netip.ParsePrefix(s); err != nil {
+		return fmt.Errorf("%q is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)", s)
+	}
+	return nil
+}
+
+// checkID is the check of a numeric user or group ID (what: UID or GID).
+func checkID(what string) func(string) error {
+	return func(id string) error {
+		if _, err := strconv.ParseUint(id, 10, 32); err != nil {
+			return fmt.Errorf("%q is not a numeric %s", id, what)
+		}
+		return nil
+	}
 }
 
 // checkInterface accepts what the kernel accepts as a name (1..15 bytes, no

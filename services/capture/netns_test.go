@@ -444,26 +444,20 @@ func stripComments(s string) string {
 	return strings.Join(out, "\n")
 }
 
-func TestKernelRedirectIPv4(t *testing.T) {
-	if inNetns(t) {
-		captureTraffic(t, false, "REDIRECT")
-	}
-}
-
-func TestKernelRedirectIPv6(t *testing.T) {
-	if inNetns(t) {
-		captureTraffic(t, true, "REDIRECT")
-	}
-}
-
-func TestKernelTProxyIPv4(t *testing.T) {
-	if inNetns(t) {
-		captureTraffic(t, false, "TPROXY")
-	}
-}
-
-func TestKernelTProxyIPv6(t *testing.T) {
-	if inNetns(t) {
-		captureTraffic(t, true, "TPROXY")
+// Both capture modes, each for IPv4 and IPv6, in a network namespace of
+// their own.
+func TestKernelCapture(t *testing.T) {
+	for _, mode := range []string{"REDIRECT", "TPROXY"} {
+		for _, ipv6 := range []bool{false, true} {
+			name := mode + "_IPv4"
+			if ipv6 {
+				name = mode + "_IPv6"
+			}
+			t.Run(name, func(t *testing.T) {
+				if inNetns(t) {
+					captureTraffic(t, ipv6, mode)
+				}
+			})
+		}
 	}
 }

@@ -62,37 +62,35 @@ func (st SaveState) Residue() bool {
 
 // OwnChains lists the ISTIO_* chains present in a table.
 func (st SaveState) OwnChains(table string) []string {
+	return st.chains(table, true)
+}
+
+// JumpsToOwn lists, per built-in (or other foreign) chain, the rule specs
+// that jump to one of our chains.
+func (st SaveState) JumpsToOwn(table string) []Rule {
+	var out []Rule
+	for _, chain := range st.chains(table, false) {
+		for _, spec := range st[table].Rules[chain] {
+			r := Rule{Table: table, Chain: chain, Params: splitArgs(spec)}
+			if strings.HasPrefix(r.Target(), ChainPrefix) {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// chains lists a table's chains that are ours (own: ISTIO_*) or that are
+// not; none for a table the dump does not have.
+func (st SaveState) chains(table string, own bool) []string {
 	t := st[table]
 	if t == nil {
 		return nil
 	}
 	var out []string
 	for _, c := range t.Chains {
-		if strings.HasPrefix(c, ChainPrefix) {
+		if strings.HasPrefix(c, ChainPrefix) == own {
 			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// JumpsToOwn lists, per built-in (or other foreign) chain, the rule specs
-// that jump to one of our chains.
-func (st SaveState) JumpsToOwn(table string) []Rule {
-	t := st[table]
-	if t == nil {
-		return nil
-	}
-	var out []Rule
-	for _, chain := range t.Chains {
-		if strings.HasPrefix(chain, ChainPrefix) {
-			continue
-		}
-		for _, spec := range t.Rules[chain] {
-			args := splitArgs(spec)
-			r := Rule{Table: table, Chain: chain, Params: args}
-			if strings.HasPrefix(r.Target(), ChainPrefix) {
-				out = append(out, r)
-			}
 		}
 	}
 	return out

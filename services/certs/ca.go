@@ -30,7 +30,7 @@ var ErrShortChain = errors.New("CA response cert_chain must hold the leaf and th
 // still served. In Istio's mixed mode (RootsFromFile) the roots published
 // with it are RootCertFile's, followed like file-mounted certificates.
 func (s *Service) serveCA(ctx context.Context) error {
-	ca := &caClient{s: s}
+	ca := newCAClient(s)
 	defer ca.close()
 	var rootsChanged <-chan struct{}
 	var watchFailed <-chan error
@@ -46,7 +46,6 @@ func (s *Service) serveCA(ctx context.Context) error {
 		s.readRootFile()
 	}
 
-	backoff := s.cfg.RetryInitial
 	next := time.After(0)
 	// After a restart, a still-valid certificate is kept until its renewal
 	// point instead of being replaced at once.
@@ -66,21 +65,15 @@ func (s *Service) serveCA(ctx context.Context) error {
 			continue
 		case <-next:
 		}
-		b, err := ca.request(ctx)
+		wait, ok, err := ca.renew(ctx, s.caFailure)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.caFailure(err)
-			next, backoff = time.After(jittered(backoff)), min(backoff*2, s.cfg.RetryMax)
-			continue
+			return err
 		}
-		backoff = s.cfg.RetryInitial
-		s.caIssued = b
-		s.publishCA()
-		wait := s.renewDelay(b)
 		next = time.After(wait)
-		s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", b.Expiry, "renew_in", wait.Round(time.Millisecond))
+		if ok {
+			s.publishCA()
+			s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", s.caIssued.Expiry, "renew_in", wait.Round(time.Millisecond))
+		}
 	}
 }
 
@@ -145,10 +138,35 @@ func (s *Service) caFailure(err error) {
 
 // caClient is the connection to the CA: made when first needed, and made
 // again after a failed request (the CA may have moved, or its root file
-// changed). Used by Serve's goroutine only.
+// changed); and the pace of the requests. Used by Serve's goroutine only.
 type caClient struct {
-	s    *Service
-	conn *grpc.ClientConn
+	s       *Service
+	conn    *grpc.ClientConn
+	backoff time.Duration // the wait after the next failure, before jitter
+}
+
+func newCAClient(s *Service) *caClient {
+	return &caClient{s: s, backoff: s.cfg.RetryInitial}
+}
+
+// renew asks the CA for a certificate and keeps it (caIssued). It returns
+// how long until the CA is asked again: the certificate's renewal point,
+// or after a failure (handed to failed) a backoff that doubles up to
+// RetryMax, with jitter. ok says the CA answered; err is ctx's, when it
+// ended meanwhile.
+func (c *caClient) renew(ctx context.Context, failed func(error)) (wait time.Duration, ok bool, err error) {
+	b, err := c.request(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, false, ctx.Err()
+		}
+		failed(err)
+		wait, c.backoff = jittered(c.backoff), min(c.backoff*2, c.s.cfg.RetryMax)
+		return wait, false, nil
+	}
+	c.backoff = c.s.cfg.RetryInitial
+	c.s.caIssued = b
+	return c.s.renewDelay(b), true, nil
 }
 
 // request asks the CA for a certificate.

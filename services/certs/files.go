@@ -27,7 +27,7 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	defer func() { cancel(); <-watch.done }()
 
 	var rootsDue <-chan time.Time // RootsFromCA: when to ask the CA
-	ca := &caClient{s: s}
+	ca := newCAClient(s)
 	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
 		rootsDue = time.After(0)
@@ -36,7 +36,6 @@ func (s *Service) serveFiles(ctx context.Context) error {
 		}
 	}
 	s.reload()
-	backoff := s.cfg.RetryInitial
 	for {
 		select {
 		case <-ctx.Done():
@@ -46,21 +45,15 @@ func (s *Service) serveFiles(ctx context.Context) error {
 		case <-watch.changed:
 			s.reload()
 		case <-rootsDue:
-			b, err := ca.request(ctx)
+			wait, ok, err := ca.renew(ctx, s.rootsFailure)
 			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				s.rootsFailure(err)
-				rootsDue, backoff = time.After(jittered(backoff)), min(backoff*2, s.cfg.RetryMax)
-				continue
+				return err
 			}
-			backoff = s.cfg.RetryInitial
-			s.caIssued = b
-			delay := s.renewDelay(b)
-			rootsDue = time.After(delay)
-			s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", delay.Round(time.Millisecond))
-			s.reload()
+			rootsDue = time.After(wait)
+			if ok {
+				s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", wait.Round(time.Millisecond))
+				s.reload()
+			}
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 )
 
 // writeOutput writes the bundle to OUTPUT_CERTS (if set) when its version
@@ -35,36 +36,9 @@ func writeBundleFiles(dir string, b messages.CertBundle, mode os.FileMode) error
 		name string
 		data []byte
 	}{{KeyFileName, b.KeyPEM}, {CertChainFileName, b.CertChainPEM}, {RootCertFileName, b.RootsPEM}} {
-		if err := writeAtomic(filepath.Join(dir, f.name), f.data, mode); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, f.name), f.data, mode); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename to %s: %w", path, err)
 	}
 	return nil
 }

@@ -2,17 +2,10 @@ package controlplane
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -21,27 +14,19 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestConfigValidate(t *testing.T) {
 	good := DefaultConfig("/etc/mesh.yaml")
-	if err := good.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	for name, edit := range map[string]func(*Config){
+	testkit.EachEditRejected(t, good, map[string]func(*Config){
 		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16010" },
 		"listen without port": func(c *Config) { c.Listen = "127.0.0.1" },
 		"no mesh file":        func(c *Config) { c.MeshFile = "" },
 		"cert without key":    func(c *Config) { c.TLS.CertFile = "/c.pem" },
 		"client CA alone":     func(c *Config) { c.TLS.ClientCAFile = "/ca.pem" },
 		"no debounce":         func(c *Config) { c.Debounce = 0 },
-	} {
-		c := good
-		edit(&c)
-		if err := c.Validate(); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
+	})
 	for _, ok := range []string{"localhost:0", "[::1]:16010", "127.0.0.2:1"} {
 		c := good
 		c.Listen = ok
@@ -55,7 +40,11 @@ func TestConfigValidate(t *testing.T) {
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	pool := writeSelfSigned(t, certFile, keyFile)
+	root := pki.NewRoot(t, "controlplane test root")
+	chain, key := root.Leaf(t, pki.Leaf{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	testkit.WriteFile(t, certFile, chain)
+	testkit.WriteFile(t, keyFile, key)
+	pool := root.Pool()
 	s := startServer(t, readSample(t), messages.Ready, func(c *Config) {
 		c.TLS = TLSFiles{CertFile: certFile, KeyFile: keyFile}
 	})
@@ -80,38 +69,4 @@ func TestTLS(t *testing.T) {
 	if err == nil {
 		t.Fatal("a plaintext client got an answer from the TLS server")
 	}
-}
-
-func writeSelfSigned(t *testing.T, certFile, keyFile string) *x509.CertPool {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		KeyUsage: x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return pool
 }

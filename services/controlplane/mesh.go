@@ -244,36 +244,28 @@ func (m Mesh) check() error {
 // that the checks after decoding can name it.
 func (s *MeshService) UnmarshalYAML(n *yaml.Node) error {
 	type plain MeshService
-	if err := decodeStrict(n, (*plain)(s)); err != nil {
-		return err
-	}
-	s.line = n.Line
-	return nil
+	return decodeStrict(n, (*plain)(s), &s.line)
 }
 
 func (p *MeshPort) UnmarshalYAML(n *yaml.Node) error {
 	type plain MeshPort
-	if err := decodeStrict(n, (*plain)(p)); err != nil {
+	if err := decodeStrict(n, (*plain)(p), &p.line); err != nil {
 		return err
 	}
 	p.Protocol = Protocol(strings.ToLower(string(p.Protocol)))
-	p.line = n.Line
 	return nil
 }
 
 func (e *ExternalName) UnmarshalYAML(n *yaml.Node) error {
 	type plain ExternalName
-	if err := decodeStrict(n, (*plain)(e)); err != nil {
-		return err
-	}
-	e.line = n.Line
-	return nil
+	return decodeStrict(n, (*plain)(e), &e.line)
 }
 
-// decodeStrict is n.Decode(v) refusing keys v has no field for: yaml's
+// decodeStrict is n.Decode(v) refusing keys v has no field for (yaml's
 // Node.Decode does not inherit the decoder's KnownFields, so a custom
-// unmarshaler must check them itself.
-func decodeStrict(n *yaml.Node, v any) error {
+// unmarshaler must check them itself), and records in *line where n
+// starts.
+func decodeStrict(n *yaml.Node, v any, line *int) error {
 	if n.Kind == yaml.MappingNode {
 		t := reflect.TypeOf(v).Elem()
 		known := map[string]bool{}
@@ -288,7 +280,11 @@ func decodeStrict(n *yaml.Node, v any) error {
 			}
 		}
 	}
-	return n.Decode(v)
+	if err := n.Decode(v); err != nil {
+		return err
+	}
+	*line = n.Line
+	return nil
 }
 
 func (a *Addr) UnmarshalYAML(n *yaml.Node) error {

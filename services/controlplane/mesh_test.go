@@ -10,6 +10,16 @@ import (
 
 const sampleMesh = "../../testdata/standalone/mesh.yaml"
 
+// parseMesh is the mesh a test writes inline; it must parse.
+func parseMesh(t *testing.T, yaml string) Mesh {
+	t.Helper()
+	m, err := ParseMesh([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func TestSampleMeshParses(t *testing.T) {
 	m, _, err := ReadMeshFile(sampleMesh)
 	if err != nil {
@@ -29,16 +39,13 @@ func TestSampleMeshParses(t *testing.T) {
 }
 
 func TestMeshDefaultsAndProtocolCase(t *testing.T) {
-	m, err := ParseMesh([]byte(`
+	m := parseMesh(t, `
 services:
   - name: a
     namespace: ns
     vip: 10.0.0.1
     ports: [{port: 80, protocol: HTTP}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	if m.Domain != DefaultDomain || m.Services[0].Ports[0].Protocol != HTTP || len(m.Services[0].Ports[0].Endpoints) != 0 {
 		t.Fatalf("mesh = %+v", m)
 	}

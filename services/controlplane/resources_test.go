@@ -182,16 +182,13 @@ func TestSidecarResourcesAreIstiosShape(t *testing.T) {
 }
 
 func TestTCPPortGetsAListenerOnItsVIP(t *testing.T) {
-	m, err := ParseMesh([]byte(`
+	m := parseMesh(t, `
 services:
   - name: db
     namespace: data
     vip: 10.0.0.5
     ports: [{port: 5432, protocol: tcp, endpoints: ["127.0.0.1:15432"]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	g := generate(m)
 	if got := names(g.sidecar[resource.ListenerType]); !slices.Contains(got, "10.0.0.5_5432") {
 		t.Fatalf("listeners = %q, want 10.0.0.5_5432", got)
@@ -214,14 +211,11 @@ services:
 // Two namespaces with a "reviews" on one port: Envoy refuses a domain in
 // two virtual hosts, so the short name is left out and the rest stays.
 func TestAmbiguousShortNamesAreLeftOut(t *testing.T) {
-	m, err := ParseMesh([]byte(`
+	m := parseMesh(t, `
 services:
   - {name: reviews, namespace: a, vip: 10.0.0.1, ports: [{port: 80, protocol: http}]}
   - {name: reviews, namespace: b, vip: 10.0.0.2, ports: [{port: 80, protocol: http}]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	rc := generate(m).sidecar[resource.RouteType][0].(*route.RouteConfiguration)
 	seen := map[string]string{}
 	for _, vh := range rc.GetVirtualHosts() {

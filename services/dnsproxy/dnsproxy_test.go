@@ -5,8 +5,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,25 +147,13 @@ func TestForwarded(t *testing.T) {
 	}
 	// Many concurrent forwards share a few sockets; every answer matches
 	// its own question.
-	var wg sync.WaitGroup
-	var bad atomic.Int32
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := &dns.Client{Timeout: 5 * time.Second}
-			for i := 0; i < 50; i++ {
-				name := "n" + string(rune('a'+g)) + string(rune('a'+i%26)) + ".upstream.test."
-				r, _, err := c.Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), p.addr)
-				if err != nil || len(r.Answer) != 1 || r.Answer[0].Header().Name != name {
-					bad.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if bad.Load() != 0 {
-		t.Fatalf("%d of 400 concurrent forwarded queries failed", bad.Load())
+	_, bad := queryConcurrently(p.addr, 8, 50, nil, func(g, i int) string {
+		return "n" + string(rune('a'+g)) + string(rune('a'+i%26)) + ".upstream.test."
+	}, func(name string, r *dns.Msg) bool {
+		return len(r.Answer) == 1 && r.Answer[0].Header().Name == name
+	})()
+	if bad != 0 {
+		t.Fatalf("%d of 400 concurrent forwarded queries failed", bad)
 	}
 }
 
@@ -303,28 +289,9 @@ func TestTableSwapUnderLoad(t *testing.T) {
 		Registry: "Kubernetes", Shortname: "reviews", Namespace: "default"}
 	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, up)}, &v1)
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var ok, bad atomic.Int64
-	for g := 0; g < 4; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := &dns.Client{Timeout: 5 * time.Second}
-			for i := 0; i < 2000; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, _, err := c.Exchange(new(dns.Msg).SetQuestion("reviews.", dns.TypeA), p.addr)
-				if err != nil || r.Rcode != dns.RcodeSuccess || (len(r.Answer) != 1 && len(r.Answer) != 2) {
-					bad.Add(1)
-					continue
-				}
-				ok.Add(1)
-			}
-		}()
-	}
+	wait := queryConcurrently(p.addr, 4, 2000, stop, func(int, int) string { return "reviews." }, func(_ string, r *dns.Msg) bool {
+		return r.Rcode == dns.RcodeSuccess && (len(r.Answer) == 1 || len(r.Answer) == 2)
+	})
 	for i := 0; i < 100; i++ {
 		if i%2 == 0 {
 			p.table.Send(v2)
@@ -334,9 +301,8 @@ func TestTableSwapUnderLoad(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	close(stop)
-	wg.Wait()
-	if bad.Load() != 0 || ok.Load() == 0 {
-		t.Fatalf("during swaps: %d good, %d bad answers", ok.Load(), bad.Load())
+	if good, bad := wait(); bad != 0 || good == 0 {
+		t.Fatalf("during swaps: %d good, %d bad answers", good, bad)
 	}
 	p.table.Send(v2)
 	testkit.WaitFor(t, "the last table applied", func() bool {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,6 +114,41 @@ func exchange(t testing.TB, addr, name string, qtype uint16, network string) *dn
 		t.Fatalf("%s %s over %s: %v", name, dns.TypeToString[qtype], network, err)
 	}
 	return r
+}
+
+// queryConcurrently starts clients goroutines that each ask addr, over
+// UDP, up to queries A questions (name(g, i): goroutine g's i-th) until
+// stop is closed (nil: never). wait waits for them and counts the answers
+// ok accepts and the others (failed exchanges included).
+func queryConcurrently(addr string, clients, queries int, stop <-chan struct{}, name func(g, i int) string,
+	ok func(name string, r *dns.Msg) bool,
+) (wait func() (good, bad int64)) {
+	var wg sync.WaitGroup
+	var nGood, nBad atomic.Int64
+	for g := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &dns.Client{Timeout: 5 * time.Second}
+			for i := range queries {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				q := name(g, i)
+				if r, _, err := c.Exchange(new(dns.Msg).SetQuestion(q, dns.TypeA), addr); err == nil && ok(q, r) {
+					nGood.Add(1)
+				} else {
+					nBad.Add(1)
+				}
+			}
+		}()
+	}
+	return func() (int64, int64) {
+		wg.Wait()
+		return nGood.Load(), nBad.Load()
+	}
 }
 
 // addrs returns the answer's A/AAAA addresses, sorted, and CNAME targets.

@@ -31,22 +31,16 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Listen %q: %v, want ErrNotLoopback naming it", l, err)
 		}
 	}
-	for _, edit := range []func(*Config){
-		func(c *Config) { c.Listen = "" },
-		func(c *Config) { c.Listen = "127.0.0.1" },
-		func(c *Config) { c.Listen = "127.0.0.1:http2x" },
-		func(c *Config) { c.ResolvConf = "" },
-		func(c *Config) { c.ForwardTimeout = 0 },
-		func(c *Config) { c.ForwardTimeout = -time.Second },
-		func(c *Config) { c.Search = []string{"bad..domain"} },
-		func(c *Config) { c.Domain = "bad..domain" },
-	} {
-		c := valid("localhost:15053")
-		edit(&c)
-		if err := c.Validate(); err == nil {
-			t.Errorf("%+v: no error", c)
-		}
-	}
+	testkit.EachEditRejected(t, valid("localhost:15053"), map[string]func(*Config){
+		"no listen":           func(c *Config) { c.Listen = "" },
+		"listen without port": func(c *Config) { c.Listen = "127.0.0.1" },
+		"listen with a name":  func(c *Config) { c.Listen = "127.0.0.1:http2x" },
+		"no resolv.conf":      func(c *Config) { c.ResolvConf = "" },
+		"no forward timeout":  func(c *Config) { c.ForwardTimeout = 0 },
+		"negative timeout":    func(c *Config) { c.ForwardTimeout = -time.Second },
+		"bad search domain":   func(c *Config) { c.Search = []string{"bad..domain"} },
+		"bad cluster domain":  func(c *Config) { c.Domain = "bad..domain" },
+	})
 	if _, err := New(valid("0.0.0.0:53"), messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil)); err == nil {
 		t.Error("New accepted a non-loopback address")
 	}

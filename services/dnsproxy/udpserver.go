@@ -231,15 +231,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dn
 	go func() {
 		defer s.wg.Done()
 		resp, raw := s.h.answerForwarded(req, false, size)
-		if raw == nil && resp != nil {
-			var err error
-			if raw, err = resp.Pack(); err != nil {
-				return
-			}
-		}
-		if raw != nil {
-			_, _ = c.WriteTo(raw, addr)
-		}
+		writeAnswer(c, addr, resp, raw)
 	}()
 	return nil
 }
@@ -333,6 +325,13 @@ func (s *udpServer) finishForward(c *net.UDPConn, addr net.Addr, req *dns.Msg, q
 		binary.BigEndian.PutUint16(resp, req.Id)
 	}
 	msg, raw := fitAnswer(req, size, resp)
+	writeAnswer(c, addr, msg, raw)
+}
+
+// writeAnswer sends a forwarded query's answer (fitAnswer's) to the client
+// at addr: raw as it is when the upstream's bytes could be passed on, else
+// msg packed. A msg that does not pack sends nothing: the client asks again.
+func writeAnswer(c *net.UDPConn, addr net.Addr, msg *dns.Msg, raw []byte) {
 	if raw == nil && msg != nil {
 		var err error
 		if raw, err = msg.Pack(); err != nil {

@@ -254,7 +254,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	defer func() { stopReady(); <-pollerDone; s.admin.closeIdle() }()
 
 	for _, d := range pending { // drains without Exit, asked before the start
-		if err := r.handleDrain(ctx, d, ready); err != nil {
+		if err := r.handleDrain(ctx, d); err != nil {
 			return err
 		}
 	}
@@ -271,10 +271,13 @@ func (s *Service) takeDrains() []messages.Drain {
 
 // run is the state of one Serve call.
 type run struct {
-	s       *Service
-	child   *child
-	state   messages.EnvoyState
-	drained bool // a drain finished; a later exit or stop does not drain again
+	s     *Service
+	child *child
+	state messages.EnvoyState
+	// drain is how far Envoy is drained: a later exit or stop does not
+	// drain again; exit holds the exit drain under way.
+	drain drainState
+	exit  exitDrain
 }
 
 func (r *run) publish() {
@@ -294,11 +297,21 @@ func (r *run) ensureGone() {
 	}
 }
 
-// loop waits for Envoy's exit, a readiness change, a drain command, or ctx.
+// loop waits for Envoy's exit, a readiness change, a drain command, or ctx,
+// and during an exit drain for its end: its deadline, or (with
+// ExitOnZeroActiveConnections) no connection left. One loop for every
+// drain state, so that each event has one answer, chosen by r.drain.
 func (r *run) loop(ctx context.Context, ready <-chan readiness) error {
 	for {
 		select {
 		case <-r.child.done:
+			if r.drain == exitDraining {
+				// Envoy left on its own during an exit drain: that is
+				// the drain's end, not a failure.
+				r.s.log.Info("envoy exited while draining")
+				r.stop("exited while draining")
+				return errDrained("exited while draining")
+			}
 			return r.exited()
 		case <-ctx.Done():
 			r.stop("agent stopping")
@@ -307,9 +320,16 @@ func (r *run) loop(ctx context.Context, ready <-chan readiness) error {
 			r.setReady(v)
 		case <-r.drainReady():
 			for _, d := range r.s.takeDrains() {
-				if err := r.handleDrain(ctx, d, ready); err != nil {
+				if err := r.handleDrain(ctx, d); err != nil {
 					return err
 				}
+			}
+		case <-r.exit.expired:
+			r.s.log.Info("termination drain duration over")
+			return r.drainOver()
+		case <-r.exit.check:
+			if r.connectionsGone(ctx) {
+				return r.drainOver()
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -201,6 +202,17 @@ func (h *harness) serve(ctx context.Context) <-chan error {
 func (h *harness) waitState(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
 	h.t.Helper()
 	return testkit.WaitValue(h.t, h.state, "EnvoyState "+what, ok)
+}
+
+// killWhen waits until the published EnvoyState satisfies ok, kills that
+// Envoy with SIGKILL (as the OOM killer would), and returns the state.
+func (h *harness) killWhen(what string, ok func(messages.EnvoyState) bool) messages.EnvoyState {
+	h.t.Helper()
+	st := h.waitState(what, ok)
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		h.t.Fatal(err)
+	}
+	return st
 }
 
 // drainToExit serves until Envoy is ready, drains it as SIGTERM does, and

@@ -3,7 +3,6 @@ package envoy
 import (
 	"context"
 	"errors"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,10 +27,7 @@ func TestUnderSupervisor(t *testing.T) {
 		}
 	}()
 
-	first := h.waitState("ready", ready)
-	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	first := h.killWhen("ready", ready)
 	second := h.waitState("restarted", func(s messages.EnvoyState) bool { return s.Phase.Alive() && s.PID != first.PID })
 	if second.Epoch != first.Epoch+1 {
 		t.Fatalf("epoch after restart = %d; want %d", second.Epoch, first.Epoch+1)

@@ -77,10 +77,7 @@ func TestStartReadyAndStop(t *testing.T) {
 func TestKilledEnvoyReportedThenRestarted(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	cancel, errc := h.start()
-	first := h.waitState("ready", ready)
-	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	first := h.killWhen("ready", ready)
 	err := h.waitServe(errc)
 	// Serve has returned: the exit must already be published.
 	st, _ := h.state.Get()
@@ -408,10 +405,7 @@ func runAsParent() int {
 func TestStopRequestedBeforeStart(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	_, errc := h.start()
-	first := h.waitState("running", running)
-	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	first := h.killWhen("running", running)
 	if err := h.waitServe(errc); !errors.Is(err, ErrEnvoyExited) {
 		t.Fatalf("Serve = %v", err)
 	}

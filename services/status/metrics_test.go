@@ -130,7 +130,7 @@ func scrape(t *testing.T, url string, header http.Header) (*http.Response, strin
 
 // parseText is the strict reading promtool and many tools use: one family
 // per name, TYPE lines before samples.
-func parseText(t *testing.T, body string) map[string]*dto.MetricFamily {
+func parseText(t *testing.T, body string) testkit.Families {
 	t.Helper()
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
@@ -157,40 +157,6 @@ func promtoolCheck(t *testing.T, body string) {
 	}
 }
 
-func sampleValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	t.Helper()
-	f, ok := fams[name]
-	if !ok {
-		t.Fatalf("no family %s", name)
-	}
-next:
-	for _, m := range f.GetMetric() {
-		for i := 0; i+1 < len(labels); i += 2 {
-			found := false
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					found = true
-				}
-			}
-			if !found {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue()
-		case m.Untyped != nil:
-			return m.GetUntyped().GetValue()
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	t.Fatalf("no sample %s%v", name, labels)
-	return 0
-}
-
 // The merged endpoint: the agent's metrics under Istio's prefix, Envoy's,
 // then an OpenMetrics-only application's, as one exposition that strict
 // parsers and promtool accept.
@@ -211,24 +177,24 @@ func TestMergedMetrics(t *testing.T) {
 		}
 		fams := parseText(t, body)
 		promtoolCheck(t, body)
-		if v := sampleValue(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns"); v != 3 {
+		if v := testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns"); v != 3 {
 			t.Errorf("agent counter = %v", v)
 		}
-		sampleValue(t, fams, "istio_agent_go_goroutines")
-		sampleValue(t, fams, "istio_agent_scrapes_total")
-		if v := sampleValue(t, fams, "envoy_cluster_upstream_cx_total", "cluster_name", "agent"); v != 2 {
+		testkit.MetricSample(t, fams, "istio_agent_go_goroutines")
+		testkit.MetricSample(t, fams, "istio_agent_scrapes_total")
+		if v := testkit.MetricSample(t, fams, "envoy_cluster_upstream_cx_total", "cluster_name", "agent"); v != 2 {
 			t.Errorf("envoy counter = %v", v)
 		}
-		if v := sampleValue(t, fams, "istio_request_duration_milliseconds", "response_code", "200"); v != 9 {
+		if v := testkit.MetricSample(t, fams, "istio_request_duration_milliseconds", "response_code", "200"); v != 9 {
 			t.Errorf("istio histogram count = %v", v)
 		}
 		if fams["envoy_fake_untyped_samples"].GetType() != dto.MetricType_UNTYPED {
 			t.Errorf("Envoy's untyped family came out as %v", fams["envoy_fake_untyped_samples"].GetType())
 		}
-		if v := sampleValue(t, fams, "shop_orders_total", "kind", "book"); v != 7 || fams["shop_orders_total"].GetType() != dto.MetricType_COUNTER {
+		if v := testkit.MetricSample(t, fams, "shop_orders_total", "kind", "book"); v != 7 || fams["shop_orders_total"].GetType() != dto.MetricType_COUNTER {
 			t.Errorf("application counter = %v (%v)", v, fams["shop_orders_total"].GetType())
 		}
-		if v := sampleValue(t, fams, "shop_latency_seconds"); v != 2 {
+		if v := testkit.MetricSample(t, fams, "shop_latency_seconds"); v != 2 {
 			t.Errorf("application histogram count = %v", v)
 		}
 		if strings.Contains(body, "_created") || strings.Contains(body, "# EOF") {
@@ -269,8 +235,8 @@ func TestMergedMetricsPassCleanSourcesThrough(t *testing.T) {
 	if !strings.HasSuffix(body, "app_up 1\n") {
 		t.Errorf("the application's body (without a final newline) does not end the answer: %q", body[max(0, len(body)-40):])
 	}
-	sampleValue(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
-	sampleValue(t, fams, "envoy_server_state")
+	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
+	testkit.MetricSample(t, fams, "envoy_server_state")
 }
 
 // A family two sources both expose comes out once; untyped samples join
@@ -310,7 +276,7 @@ late_gauge{x="2"} 2
 		if shared.GetType() != dto.MetricType_COUNTER || len(shared.GetMetric()) != 4 {
 			t.Fatalf("shared_total: %v with %d series, want a counter with envoy, both, envoy-again, app:\n%s", shared.GetType(), len(shared.GetMetric()), body)
 		}
-		if v := sampleValue(t, fams, "shared_total", "from", "both"); v != 2 {
+		if v := testkit.MetricSample(t, fams, "shared_total", "from", "both"); v != 2 {
 			t.Errorf("a series both sources have = %v, want the first source's 2", v)
 		}
 		// A TYPE line after samples of its family (expfmt refuses the
@@ -352,22 +318,22 @@ func TestMergedMetricsSurviveFailingSources(t *testing.T) {
 			t.Fatalf("scrape with failing sources = %d", resp.StatusCode)
 		}
 		fams := parseText(t, body)
-		if v := sampleValue(t, fams, "app_up"); v != 1 {
+		if v := testkit.MetricSample(t, fams, "app_up"); v != 1 {
 			t.Errorf("the working application's metric = %v", v)
 		}
-		sampleValue(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
+		testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
 		if _, ok := fams["big_series"]; ok {
 			t.Error("an answer over the body limit was merged")
 		}
 		// This scrape's failures are counted before its own metrics are
 		// gathered, so they show in the next scrape.
-		if v := sampleValue(t, fams, "istio_agent_scrape_failures_total", "type", "envoy"); v != float64(round-1) {
+		if v := testkit.MetricSample(t, fams, "istio_agent_scrape_failures_total", "type", "envoy"); v != float64(round-1) {
 			t.Errorf("round %d: envoy failures = %v, want %d", round, v, round-1)
 		}
-		if v := sampleValue(t, fams, "istio_agent_scrape_failures_total", "type", "application"); v != float64(3*(round-1)) {
+		if v := testkit.MetricSample(t, fams, "istio_agent_scrape_failures_total", "type", "application"); v != float64(3*(round-1)) {
 			t.Errorf("round %d: application failures = %v, want %d", round, v, 3*(round-1))
 		}
-		if v := sampleValue(t, fams, "istio_agent_scrapes_total"); v != float64(round) {
+		if v := testkit.MetricSample(t, fams, "istio_agent_scrapes_total"); v != float64(round) {
 			t.Errorf("round %d: scrapes_total = %v", round, v)
 		}
 	}
@@ -393,7 +359,7 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("scrape = %d", resp.StatusCode)
 	}
-	sampleValue(t, parseText(t, body), "app_up")
+	testkit.MetricSample(t, parseText(t, body), "app_up")
 	got, _ := hungTimeout.Load().(string)
 	if secs, err := strconv.ParseFloat(got, 64); err != nil || secs <= 0 || secs > 1 {
 		t.Errorf("the source was told X-Prometheus-Scrape-Timeout-Seconds %q, want (0, 1]", got)
@@ -402,7 +368,7 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 		t.Errorf("sources were told different timeouts: %v and %v", s, got)
 	}
 	_, body = scrape(t, base+"/stats/prometheus", http.Header{"X-Prometheus-Scrape-Timeout-Seconds": {"0.5"}})
-	if v := sampleValue(t, parseText(t, body), "istio_agent_scrape_failures_total", "type", "envoy"); v < 1 {
+	if v := testkit.MetricSample(t, parseText(t, body), "istio_agent_scrape_failures_total", "type", "envoy"); v < 1 {
 		t.Errorf("the timed-out source was not counted as failed")
 	}
 }
@@ -468,7 +434,7 @@ func TestMergedMetricsGzip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sampleValue(t, parseText(t, string(plain)), "istio_agent_meshagent_service_restarts_total", "service", "dns")
+	testkit.MetricSample(t, parseText(t, string(plain)), "istio_agent_meshagent_service_restarts_total", "service", "dns")
 	resp, body = scrape(t, base+"/stats/prometheus", http.Header{"Accept-Encoding": {"gzip;q=0, identity"}})
 	if resp.Header.Get("Content-Encoding") != "" {
 		t.Fatalf("gzip sent to a caller that refuses it")

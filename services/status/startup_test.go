@@ -55,7 +55,7 @@ func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
 		if _, ok := fams["istio_agent_startup_duration_seconds"]; !ok {
 			return 0, false
 		}
-		return sampleValue(t, fams, "istio_agent_startup_duration_seconds"), true
+		return testkit.MetricSample(t, fams, "istio_agent_startup_duration_seconds"), true
 	}
 	ready := func(want int) {
 		t.Helper()

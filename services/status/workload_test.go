@@ -16,6 +16,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestNewWorkloadProbeDefaultsAndChecks(t *testing.T) {
@@ -136,17 +137,7 @@ func TestWorkloadProbeTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := portOf(t, ln.Addr().String())
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testkit.AcceptAndClose(t, ln)
 	_, sent := workloadFixture(t, &WorkloadProbe{
 		TCPSocket: &TCPSocketAction{Port: ProbePort(port)},
 		Period:    10 * time.Millisecond, Timeout: time.Second, SuccessThreshold: 1, FailureThreshold: 1,
@@ -156,7 +147,6 @@ func TestWorkloadProbeTCP(t *testing.T) {
 		t.Fatalf("listening port: %+v", h)
 	}
 	ln.Close()
-	<-accepted
 	if h := nextHealth(t, sent, &pending); h.Healthy || !strings.Contains(h.Reason, "refused") {
 		t.Fatalf("closed port: %+v, want unhealthy (connection refused)", h)
 	}

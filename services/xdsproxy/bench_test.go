@@ -62,7 +62,7 @@ func newBenchPair(b *testing.B, delta bool) *benchPair {
 	cfg.NodeID = "via"
 	cfg.CacheFile = filepath.Join(root, "xds-cache.pb")
 	state := messages.NewCell[messages.XDSState]()
-	svc, err := New(cfg, Inputs{}, Outputs{State: state}, messages.NewRuntime(Name, discard[messages.Health]{}, nil, nil, slog.New(slog.DiscardHandler)))
+	svc, err := New(cfg, Inputs{}, Outputs{State: state}, messages.NewRuntime(Name, messages.Discard[messages.Health]{}, nil, nil, slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 )
 
 // The gRPC xDS bootstrap, for proxyless gRPC applications: they read it
@@ -154,26 +156,8 @@ func WriteGRPCBootstrap(b GRPCBootstrap, socketPath string) error {
 	if err := os.MkdirAll(filepath.Dir(b.Path), 0o700); err != nil {
 		return fmt.Errorf("gRPC bootstrap %s: %w", b.Path, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(b.Path), "."+filepath.Base(b.Path)+".*")
-	if err != nil {
-		return fmt.Errorf("gRPC bootstrap %s: %w", b.Path, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), b.Path)
-	}
-	if err != nil {
-		return fmt.Errorf("gRPC bootstrap %s: %w", b.Path, err)
+	if err := atomicfile.Write(b.Path, data, 0o644); err != nil {
+		return fmt.Errorf("gRPC bootstrap: %w", err)
 	}
 	return nil
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 )
 
 // The cache file: the last-known-good configuration, so that an agent that
@@ -262,35 +264,17 @@ func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, er
 	return h, s, nil
 }
 
-// writeCacheFile writes atomically: a temporary file in the same directory,
-// 0600, synced, then renamed over the old one, so that a crash leaves
-// either the old file or the new one, never half of one.
+// writeCacheFile writes the cache atomically (0600), so that a crash
+// leaves either the old file or the new one, never half of one.
 func writeCacheFile(path string, write func(io.Writer) error) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename there is nothing to remove
-	bw := bufio.NewWriterSize(tmp, 256<<10)
-	err = tmp.Chmod(0o600)
-	if err == nil {
-		err = write(bw)
-	}
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFunc(path, 0o600, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 256<<10)
+		if err := write(bw); err != nil {
+			return err
+		}
+		return bw.Flush()
+	})
 }

@@ -44,10 +44,6 @@ type Outputs struct {
 	Anchors messages.Sink[messages.TrustAnchors]
 }
 
-type discard[T any] struct{}
-
-func (discard[T]) Send(T) {}
-
 // Service is the XDS proxy.
 type Service struct {
 	cfg    Config
@@ -88,7 +84,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	}
 	cfg = cfg.withDefaults()
 	if rt.Health == nil {
-		rt.Health = messages.NewReporter(Name, discard[messages.Health]{}, rt.Clock)
+		rt.Health = messages.NewReporter(Name, messages.Discard[messages.Health]{}, rt.Clock)
 	}
 	if rt.Clock == nil {
 		rt.Clock = messages.SystemClock{}
@@ -97,13 +93,13 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		rt.Log = slog.New(slog.DiscardHandler)
 	}
 	if out.Names == nil {
-		out.Names = discard[messages.NameTable]{}
+		out.Names = messages.Discard[messages.NameTable]{}
 	}
 	if out.State == nil {
-		out.State = discard[messages.XDSState]{}
+		out.State = messages.Discard[messages.XDSState]{}
 	}
 	if out.Anchors == nil {
-		out.Anchors = discard[messages.TrustAnchors]{}
+		out.Anchors = messages.Discard[messages.TrustAnchors]{}
 	}
 	if (cfg.Roots == RootsCertBundle && !cfg.Plaintext || cfg.ClientCertificate) && in.Certs == nil {
 		return nil, fmt.Errorf("%w: Inputs.Certs is nil but the configuration needs the certificate bundle (Roots=%s, ClientCertificate=%t)",

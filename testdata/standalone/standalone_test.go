@@ -6,7 +6,6 @@ package standalone
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -77,13 +77,5 @@ func nextBundle(t *testing.T, bundles *messages.Cell[messages.CertBundle], after
 
 func leafOf(t *testing.T, b messages.CertBundle) *x509.Certificate {
 	t.Helper()
-	block, _ := pem.Decode(b.CertChainPEM)
-	if block == nil {
-		t.Fatal("bundle has no PEM chain")
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return pki.ParseLeaf(t, b.CertChainPEM)
 }

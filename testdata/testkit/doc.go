@@ -5,17 +5,19 @@
 //     and for t.Log;
 //   - Recorder and HealthRecorder: sinks that keep every value sent and wait,
 //     bounded, for one that satisfies a test; WaitValue does the same for a
-//     latest-value channel;
+//     latest-value channel; Until is the wake-on-change wait under them
+//     (and under xdsserver's WaitFor);
 //   - ManualClock and FrozenClock: messages.Clock for tests that control time;
 //   - Serve: a service's Serve in the background, stopped and checked at the
 //     end of the test;
-//   - Receiver: one bounded receive loop for a test's gRPC stream;
+//   - Receiver: one bounded receive loop for a test's gRPC stream (Next, or
+//     Quiet for a while without a response);
 //   - CanRoot, RequireRoot, IsZombie, Dnsmasq: what tests that need root,
 //     namespaces, child processes or a real resolver check and start;
 //   - ChaosRounds: how many rounds a chaos test runs (short, or long);
 //   - WaitFor, FreePort, FreeAddr, ShortTempDir, WriteFile, ReplaceFile,
-//     MetricValue, Contains, LineDiff, AcceptAndClose: the small helpers
-//     around them.
+//     MetricValue and MetricSample, Fetch and MustFetch, EachEditRejected,
+//     Contains, LineDiff, AcceptAndClose: the small helpers around them.
 //
 // Sub-packages: pki (a test PKI: roots, intermediates, leaves with SPIFFE
 // IDs, CRLs), istioca (the real services/ca started for a test that needs an

@@ -1,22 +1,31 @@
 package testkit
 
 import (
+	"crypto/tls"
 	"net"
 	"testing"
 )
 
 // AcceptAndClose accepts every connection on l and closes it at once,
-// until the end of the test, which closes l: an open port (or socket)
-// with nothing behind it, as a TCP probe or a liveness check sees one.
+// until l is closed (the end of the test closes it, and waits for the
+// accepting goroutine): an open port (or socket) with nothing behind it,
+// as a TCP probe or a liveness check sees one. On a TLS listener each
+// connection finishes its handshake first, so that a client's dial, which
+// checks the server's certificate, succeeds.
 func AcceptAndClose(t testing.TB, l net.Listener) {
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
+			if tc, ok := c.(*tls.Conn); ok {
+				_ = tc.Handshake()
+			}
 			c.Close()
 		}
 	}()
-	t.Cleanup(func() { l.Close() })
+	t.Cleanup(func() { l.Close(); <-done })
 }

@@ -1,9 +1,9 @@
 package testkit
 
 import (
+	"context"
 	"sync"
 	"testing"
-	"time"
 )
 
 // Recorder is a channel end for a service's output that keeps every value
@@ -69,19 +69,13 @@ func (r *Recorder[T]) Watch() (T, bool, <-chan struct{}) {
 // them.
 func (r *Recorder[T]) WaitFor(t testing.TB, what string, cond func([]T) bool) []T {
 	t.Helper()
-	deadline := time.NewTimer(Timeout)
-	defer deadline.Stop()
-	for {
-		vals, changed := r.watch()
-		if cond(vals) {
-			return vals
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			t.Fatalf("timed out after %v waiting for %s; %d values sent, the last %+v", Timeout, what, len(vals), lastOf(vals))
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	vals, ok := Until(r.watch, cond, ctx.Done())
+	if !ok {
+		t.Fatalf("timed out after %v waiting for %s; %d values sent, the last %+v", Timeout, what, len(vals), lastOf(vals))
 	}
+	return vals
 }
 
 // WaitLast waits until the latest value satisfies ok, and returns it.
@@ -95,17 +89,8 @@ func (r *Recorder[T]) WaitLast(t testing.TB, what string, ok func(T) bool) T {
 // does not fail the test, so that a goroutine other than the test's may
 // call it.
 func (r *Recorder[T]) Reached(cond func([]T) bool, stop <-chan struct{}) bool {
-	for {
-		vals, changed := r.watch()
-		if cond(vals) {
-			return true
-		}
-		select {
-		case <-changed:
-		case <-stop:
-			return false
-		}
-	}
+	_, ok := Until(r.watch, cond, stop)
+	return ok
 }
 
 func lastOf[T any](v []T) any {

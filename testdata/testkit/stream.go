@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -58,9 +59,23 @@ func (r *Receiver[T]) Next(t testing.TB, what string) T {
 	return zero
 }
 
-// C is the responses not yet taken, for a test that checks that none
-// comes.
-func (r *Receiver[T]) C() <-chan T { return r.msgs }
+// Quiet checks that for d nothing comes and the stream stays up: after an
+// event that must not cause a push. It fails the test, naming what, on a
+// response (shown up to 500 characters) or the stream's end.
+func (r *Receiver[T]) Quiet(t testing.TB, what string, d time.Duration) {
+	t.Helper()
+	select {
+	case m := <-r.msgs:
+		s := fmt.Sprint(m)
+		if len(s) > 500 {
+			s = s[:500] + "..."
+		}
+		t.Fatalf("unexpected response (%s): %s", what, s)
+	case err := <-r.errc:
+		t.Fatalf("stream ended (%s): %v", what, err)
+	case <-time.After(d):
+	}
+}
 
 // Err is the error that ended the stream, once it has.
 func (r *Receiver[T]) Err() <-chan error { return r.errc }

@@ -30,11 +30,7 @@ func TestReceiver(t *testing.T) {
 	if a, b := r.Next(t, "1"), r.Next(t, "2"); a != 1 || b != 2 {
 		t.Fatalf("got %d, %d", a, b)
 	}
-	select {
-	case v := <-r.C():
-		t.Fatalf("a third response %d", v)
-	case <-time.After(10 * time.Millisecond):
-	}
+	r.Quiet(t, "no third response", 10*time.Millisecond)
 	sent <- -1
 	if err := <-r.Err(); err == nil || err.Error() != "ended" {
 		t.Fatalf("Err: %v", err)

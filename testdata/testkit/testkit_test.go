@@ -206,4 +206,45 @@ func TestMetricValue(t *testing.T) {
 	if v := MetricValue(t, reg, "missing"); v != 0 {
 		t.Errorf("missing = %v", v)
 	}
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "h_seconds", Help: "h"})
+	reg.MustRegister(h)
+	h.Observe(1)
+	h.Observe(2)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed := Families{}
+	for _, mf := range mfs {
+		parsed[mf.GetName()] = mf
+	}
+	if v := MetricSample(t, parsed, "h_seconds"); v != 2 {
+		t.Errorf("h_seconds = %v, want its sample count", v)
+	}
+	if v := MetricSample(t, parsed, "c_total", "k", "a"); v != 2 {
+		t.Errorf("parsed c_total{k=a} = %v", v)
+	}
+}
+
+type positive int
+
+func (p positive) Validate() error {
+	if p <= 0 {
+		return errors.New("not positive")
+	}
+	return nil
+}
+
+// EachEditRejected fails a test for a bad good value and for an edit that
+// is accepted.
+func TestEachEditRejected(t *testing.T) {
+	EachEditRejected(t, positive(1), map[string]func(*positive){
+		"zero":     func(p *positive) { *p = 0 },
+		"negative": func(p *positive) { *p = -1 },
+	})
+	r := &errorsTB{TB: t}
+	EachEditRejected(r, positive(1), map[string]func(*positive){"two": func(p *positive) { *p = 2 }})
+	if len(r.errs) != 1 || r.errs[0] != "two: accepted" {
+		t.Errorf("reported %q; want the accepted edit named", r.errs)
+	}
 }

@@ -53,3 +53,22 @@ func WaitValue[T any](t testing.TB, l messages.Latest[T], what string, ok func(T
 		}
 	}
 }
+
+// Until is the kit's one wait for a value that announces its changes:
+// watch gives the value now and a channel closed at its next change; Until
+// reads it again at each change until cond holds for the value (true) or
+// stop is closed (false), and returns the value it read last. It wakes on
+// every change, so it neither polls nor misses one.
+func Until[V any](watch func() (V, <-chan struct{}), cond func(V) bool, stop <-chan struct{}) (V, bool) {
+	for {
+		v, changed := watch()
+		if cond(v) {
+			return v, true
+		}
+		select {
+		case <-changed:
+		case <-stop:
+			return v, false
+		}
+	}
+}

@@ -1,8 +1,6 @@
 package identitye2e
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,13 +32,9 @@ func caAgent(t *testing.T, ca *istioca.CA) *agent {
 
 func spiffeIDOf(t *testing.T, s *tlsv3.Secret) string {
 	t.Helper()
-	block, _ := pem.Decode(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
-	if block == nil {
-		t.Fatal("no certificate in the workload secret")
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil || len(c.URIs) == 0 {
-		t.Fatalf("workload certificate: %v", err)
+	c := pki.ParseLeaf(t, s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+	if len(c.URIs) == 0 {
+		t.Fatal("workload certificate without a URI SAN")
 	}
 	return c.URIs[0].String()
 }

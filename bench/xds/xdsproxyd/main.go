@@ -58,12 +58,8 @@ func (a *announce) Send(messages.XDSState) {
 	}
 }
 
-type discard[T any] struct{}
-
-func (discard[T]) Send(T) {}
-
 func run(ctx context.Context, cfg xdsproxy.Config, log *slog.Logger) error {
-	rt := messages.NewRuntime(xdsproxy.Name, discard[messages.Health]{}, nil, prometheus.NewRegistry(), log)
+	rt := messages.NewRuntime(xdsproxy.Name, messages.Discard[messages.Health]{}, nil, prometheus.NewRegistry(), log)
 	svc, err := xdsproxy.New(cfg, xdsproxy.Inputs{}, xdsproxy.Outputs{State: &announce{socket: cfg.SocketPath}}, rt)
 	if err != nil {
 		return err

@@ -209,6 +209,20 @@ func (ca *CA) CRL(t T, number int64, serials ...int64) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
 }
 
+// ParseLeaf is the first certificate in PEM bytes: a chain's leaf.
+func ParseLeaf(t T, chainPEM []byte) *x509.Certificate {
+	t.Helper()
+	block, _ := pem.Decode(chainPEM)
+	if block == nil {
+		t.Fatal("no PEM certificate")
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func certPEM(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

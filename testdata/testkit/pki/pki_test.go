@@ -7,20 +7,9 @@ import (
 	"math/big"
 	"testing"
 	"time"
-)
 
-func parse(t *testing.T, chainPEM []byte) *x509.Certificate {
-	t.Helper()
-	block, _ := pem.Decode(chainPEM)
-	if block == nil {
-		t.Fatal("no PEM")
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
 
 func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
 	root := NewRoot(t, "test root")
@@ -28,7 +17,7 @@ func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
 	if _, err := tls.X509KeyPair(chain, key); err != nil {
 		t.Fatal(err)
 	}
-	leaf := parse(t, chain)
+	leaf := ParseLeaf(t, chain)
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: root.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +35,7 @@ func TestWorkloadVerifiesWithItsSPIFFEID(t *testing.T) {
 func TestExpiredLeaf(t *testing.T) {
 	root := NewRoot(t, "test root")
 	chain, _ := root.Leaf(t, Leaf{SPIFFE: WorkloadID, NotAfter: time.Now().Add(-time.Minute)})
-	leaf := parse(t, chain)
+	leaf := ParseLeaf(t, chain)
 	if !leaf.NotAfter.Before(time.Now()) || !leaf.NotBefore.Before(leaf.NotAfter) {
 		t.Fatalf("valid %v to %v", leaf.NotBefore, leaf.NotAfter)
 	}
@@ -61,19 +50,7 @@ func TestServerTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).Handshake()
-			c.Close()
-		}
-	}()
-	defer func() { lis.Close(); <-served }()
+	testkit.AcceptAndClose(t, lis)
 	for _, name := range []string{"istiod.istio-system.svc", "127.0.0.1"} {
 		c, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: root.Pool(), ServerName: name})
 		if err != nil {

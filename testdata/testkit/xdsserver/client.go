@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"sync"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Client behaves like Envoy on an ADS stream, in either protocol: it
@@ -133,19 +136,17 @@ func (c *Client) Resources(typeURL string) map[string]string {
 
 // WaitFor waits until cond holds, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(State) bool) error {
-	for {
-		c.mu.Lock()
-		st, changed := c.state.clone(), c.changed
-		c.mu.Unlock()
-		if cond(st) {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
-		}
+	if st, ok := testkit.Until(c.watch, cond, ctx.Done()); !ok {
+		return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
 	}
+	return nil
+}
+
+// watch is the state now and a channel closed at its next change.
+func (c *Client) watch() (State, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state.clone(), c.changed
 }
 
 // Pause stops reading responses (a slow Envoy); Resume reads again.
@@ -250,7 +251,7 @@ func (c *Client) stream(ctx context.Context) error {
 		}
 		c.mu.Unlock()
 		if err := c.sendLocked(req); err != nil {
-			return err
+			return c.endOf(cs, err)
 		}
 	}
 	for {
@@ -277,6 +278,24 @@ func (c *Client) stream(ctx context.Context) error {
 			ack = c.applySotW(&resp)
 		}
 		if err := c.sendLocked(ack); err != nil {
+			return c.endOf(cs, err)
+		}
+	}
+}
+
+// endOf is why the stream ended when a send on it failed with err: grpc's
+// SendMsg returns io.EOF once the server has ended the stream (a refused
+// token, say), and the stream's status then comes from RecvMsg.
+func (c *Client) endOf(cs grpc.ClientStream, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	for {
+		var m proto.Message = &discoveryv3.DiscoveryResponse{}
+		if c.opts.Delta {
+			m = &discoveryv3.DeltaDiscoveryResponse{}
+		}
+		if err := cs.RecvMsg(m); err != nil {
 			return err
 		}
 	}

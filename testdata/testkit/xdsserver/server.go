@@ -34,6 +34,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages/nds"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // Istio's type URLs for the agent's own types.
@@ -277,19 +278,17 @@ func (s *Server) Stats() Stats {
 
 // WaitFor waits until cond holds for the counters, or ctx ends.
 func (s *Server) WaitFor(ctx context.Context, cond func(Stats) bool) error {
-	for {
-		s.mu.Lock()
-		st, changed := s.stats.clone(), s.changed
-		s.mu.Unlock()
-		if cond(st) {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return fmt.Errorf("xdsserver: waiting for a condition on %+v: %w", st, ctx.Err())
-		}
+	if st, ok := testkit.Until(s.watch, cond, ctx.Done()); !ok {
+		return fmt.Errorf("xdsserver: waiting for a condition on %+v: %w", st, ctx.Err())
 	}
+	return nil
+}
+
+// watch is the counters now and a channel closed at their next change.
+func (s *Server) watch() (Stats, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats.clone(), s.changed
 }
 
 // Stop closes every connection at once (a crashed control plane).
