@@ -307,6 +307,9 @@ func parseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 }
 
 // writeAtomic writes data next to path and renames it into place, so Envoy never reads half a file.
+// Unlike services/internal/atomicfile it does not fsync: this write is on the path from an Envoy
+// crash to the next Envoy, and the agent writes the file again at every start, so a file lost to
+// a power cut costs nothing.
 func writeAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
