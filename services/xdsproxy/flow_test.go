@@ -233,6 +233,12 @@ func TestSlowEnvoyIsNotAStall(t *testing.T) {
 	if err := c.Subscribe(resource.RouteType, []string{"80"}); err != nil {
 		t.Fatal(err)
 	}
+	// The fake clock must not run while the request is on its way: ten
+	// minutes of it pass in a few milliseconds, and a Send caught in
+	// flight would look a minute long (under load, make test saw it).
+	if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return s.Requests[resource.RouteType] > 0 }); err != nil {
+		t.Fatal(err)
+	}
 	never := make(chan struct{})
 	clock.AdvanceUntil(t, p.cfg.StallTimeout/4, 40, never)
 	if got := p.metric(t, "xds_proxy_stalled_streams_total"); got != 0 {
