@@ -5,7 +5,6 @@ package envoy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,18 +29,14 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 func runFake(t *testing.T, args ...string) (int, string) {
@@ -89,107 +83,41 @@ func TestFakeEnvoyRejectsBadInput(t *testing.T) {
 	}
 }
 
-// xdsServer is a go-control-plane server on two unix sockets (ADS, SDS)
-// that records the ACKs it gets.
-type xdsServer struct {
-	cache  cachev3.SnapshotCache
-	nodeID string
-
-	mu        sync.Mutex
-	acks      map[string]bool // type URL -> ACKed
-	nacks     map[string]int  // type URL -> NACKs
-	requested map[string]bool // type URL -> asked for at all
-}
-
-// seen records a request: asked for, ACKed or NACKed.
-func (x *xdsServer) seen(typeURL, nonce string, nack bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.requested[typeURL] = true
-	switch {
-	case nonce == "":
-	case nack:
-		x.nacks[typeURL]++
-	default:
-		x.acks[typeURL] = true
-	}
-}
-
-func (x *xdsServer) wasRequested(typeURL string) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.requested[typeURL]
-}
-
-func (x *xdsServer) nacked(typeURL string) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.nacks[typeURL]
-}
-
-// set replaces what the server serves.
-func (x *xdsServer) set(t testing.TB, version string, resources map[resource.Type][]types.Resource) {
+// startControlPlane serves resources on socket (Envoy's xds-grpc or
+// sds-grpc pipe) with testkit's xDS server.
+func startControlPlane(t testing.TB, socket string, resources map[resource.Type][]types.Resource) *xdsserver.Server {
 	t.Helper()
-	snap, err := cachev3.NewSnapshot(version, resources)
+	x, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + socket})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := x.cache.SetSnapshot(context.Background(), x.nodeID, snap); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (x *xdsServer) acked(typeURL string) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.acks[typeURL]
-}
-
-func startXDSServer(t testing.TB, nodeID string, sockets ...string) *xdsServer {
-	snapCache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
-	x := &xdsServer{cache: snapCache, nodeID: nodeID, acks: map[string]bool{}, nacks: map[string]int{}, requested: map[string]bool{}}
-	snap, err := cachev3.NewSnapshot("v1", map[resource.Type][]types.Resource{
-		resource.ClusterType:  {&clusterv3.Cluster{Name: "outbound|9080||reviews.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second)}},
-		resource.ListenerType: {inboundListener(t)},
-		resource.SecretType: {
-			&tlsv3.Secret{Name: "default", Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
-				CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "chain"}}}}},
-			&tlsv3.Secret{Name: "ROOTCA", Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-				TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "roots"}}}}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := snapCache.SetSnapshot(ctx, nodeID, snap); err != nil {
-		t.Fatal(err)
-	}
-	srv := serverv3.NewServer(ctx, snapCache, serverv3.CallbackFuncs{
-		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
-			x.seen(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail() != nil)
-			return nil
-		},
-		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
-			x.seen(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail() != nil)
-			return nil
-		},
-	})
-	g := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	secretv3.RegisterSecretDiscoveryServiceServer(g, srv)
-	var wg sync.WaitGroup
-	for _, s := range sockets {
-		l, err := net.Listen("unix", s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = g.Serve(l) }()
-	}
-	t.Cleanup(func() { g.Stop(); cancel(); wg.Wait() })
+	t.Cleanup(x.Close)
+	setConfig(t, x, "v1", resources)
 	return x
 }
+
+// minimalMesh is a cluster and a listener: enough for Envoy to turn LIVE.
+func minimalMesh(t testing.TB) map[resource.Type][]types.Resource {
+	return map[resource.Type][]types.Resource{
+		resource.ClusterType:  {&clusterv3.Cluster{Name: "outbound|9080||reviews.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.ListenerType: {inboundListener(t)},
+	}
+}
+
+// setConfig replaces what x serves.
+func setConfig(t testing.TB, x *xdsserver.Server, version string, resources map[resource.Type][]types.Resource) {
+	t.Helper()
+	if err := x.SetResources(version, resources); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// seen reports whether x has had a request (ACKs and NACKs among them) of
+// typeURL.
+func seen(x *xdsserver.Server, typeURL string) bool { return x.Stats().Requests[typeURL] > 0 }
+
+// acked reports whether x has had an ACK of typeURL.
+func acked(x *xdsserver.Server, typeURL string) bool { return x.Stats().ACKs[typeURL] > 0 }
 
 // fullBootstrap is a bootstrap shaped like Istio's: ADS over the xds-grpc
 // pipe, SDS over sds-grpc, and the 15090/15021-style static listeners.
@@ -309,10 +237,15 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			}
 
 			// The sockets did not exist when the fake started; now they do.
-			x := startXDSServer(t, "sidecar~127.0.0.1~fake.default~default.svc.cluster.local",
-				filepath.Join(dir, "XDS"), filepath.Join(dir, "SDS"))
+			x := startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))
+			sds := startControlPlane(t, filepath.Join(dir, "SDS"), map[resource.Type][]types.Resource{resource.SecretType: {
+				&tlsv3.Secret{Name: "default", Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+					CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "chain"}}}}},
+				&tlsv3.Secret{Name: "ROOTCA", Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+					TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "roots"}}}}},
+			}})
 			testkit.WaitFor(t, "CDS, LDS and SDS ACKs", func() bool {
-				return x.acked(resource.ClusterType) && x.acked(resource.ListenerType) && x.acked(resource.SecretType)
+				return acked(x, resource.ClusterType) && acked(x, resource.ListenerType) && acked(sds, resource.SecretType)
 			})
 			testkit.WaitFor(t, "fake admin /ready 200", func() bool { code, _ := httpGet(t, adminURL+"/ready"); return code == http.StatusOK })
 
@@ -393,7 +326,6 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 			if !delta {
 				args = append(args, "--config-yaml", "dynamic_resources: {ads_config: {api_type: GRPC}}")
 			}
-			x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
 			ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}, ResourceApiVersion: corev3.ApiVersion_V3}
 			edsCluster := &clusterv3.Cluster{Name: "outbound|80||a.default.svc.cluster.local", ConnectTimeout: durationpb.New(time.Second),
 				ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
@@ -412,24 +344,24 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 			rdsListener.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: hcmAny}
 			route := &routev3.RouteConfiguration{Name: "80"}
 
-			x.set(t, "1", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
+			x := startControlPlane(t, filepath.Join(dir, "XDS"), map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.ListenerType: {rdsListener}})
 			startFake(t, args...)
 			readyURL := fmt.Sprintf("http://127.0.0.1:%d/ready", port)
-			testkit.WaitFor(t, "an EDS request", func() bool { return x.wasRequested(resource.EndpointType) })
+			testkit.WaitFor(t, "an EDS request", func() bool { return seen(x, resource.EndpointType) })
 			if code, body := httpGet(t, readyURL); code != http.StatusServiceUnavailable || !strings.Contains(body, "PRE_INITIALIZING") {
 				t.Fatalf("/ready with an unwarmed EDS cluster = %d %q", code, body)
 			}
-			if x.wasRequested(resource.ListenerType) {
+			if seen(x, resource.ListenerType) {
 				t.Fatal("LDS requested before the clusters were warm")
 			}
 
-			x.set(t, "2", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla}, resource.ListenerType: {rdsListener}})
-			testkit.WaitFor(t, "an RDS request", func() bool { return x.wasRequested(resource.RouteType) })
+			setConfig(t, x, "2", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla}, resource.ListenerType: {rdsListener}})
+			testkit.WaitFor(t, "an RDS request", func() bool { return seen(x, resource.RouteType) })
 			if code, _ := httpGet(t, readyURL); code != http.StatusServiceUnavailable {
 				t.Fatalf("/ready with a listener waiting for its routes = %d", code)
 			}
 
-			x.set(t, "3", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla},
+			setConfig(t, x, "3", map[resource.Type][]types.Resource{resource.ClusterType: {edsCluster}, resource.EndpointType: {cla},
 				resource.ListenerType: {rdsListener}, resource.RouteType: {route}})
 			testkit.WaitFor(t, "/ready 200 once warm", func() bool { code, _ := httpGet(t, readyURL); return code == http.StatusOK })
 			_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
@@ -448,11 +380,10 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
-	// A cluster without a name fails Envoy's validation.
-	x.set(t, "bad", map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
+	// A cluster with a negative timeout fails Envoy's validation.
+	x := startControlPlane(t, filepath.Join(dir, "XDS"), map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
 	startFake(t, args...)
-	testkit.WaitFor(t, "a CDS NACK", func() bool { return x.nacked(resource.ClusterType) > 0 })
+	testkit.WaitFor(t, "a CDS NACK", func() bool { return x.Stats().NACKs[resource.ClusterType] > 0 })
 	_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
 	if !strings.Contains(stats, "cluster_manager.cds.update_rejected: 1") || strings.Contains(stats, "cluster_manager.cds.update_success") {
 		t.Fatalf("stats after a rejected CDS:\n%s", stats)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 
 	// fakeenvoy's dependencies, named here so that `go mod tidy` (which
 	// does not look into testdata/) keeps them.
@@ -82,7 +83,7 @@ const testNodeID = "sidecar~127.0.0.1~test.default~default.svc.cluster.local"
 // readiness depends on it — admin on 127.0.0.1:port, delta ADS over the
 // xds-grpc pipe <dir>/XDS with initial_fetch_timeout 0s — and returns
 // Envoy's arguments for it. Envoy is ready only once an xDS server on that
-// socket has sent it clusters and listeners (see startXDSServer).
+// socket has sent it clusters and listeners (see startControlPlane).
 func writeBootstrap(dir string, port int) ([]string, error) {
 	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(0)}
@@ -129,7 +130,7 @@ type harness struct {
 	admin  string
 	stderr *testkit.LogBuffer // Envoy's stderr
 	logs   *testkit.LogBuffer // the service's log
-	xds    *xdsServer
+	xds    *xdsserver.Server
 }
 
 // newHarness builds a service on a fresh bootstrap; env is added to Envoy's
@@ -174,7 +175,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	log := h.logs.Logger()
 	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
 	// The control plane Envoy's ADS talks to (the agent's XDS socket).
-	h.xds = startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
+	h.xds = startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("service log:\n%s\nenvoy stderr:\n%s", h.logs, h.stderr)

@@ -468,7 +468,7 @@ func TestRunAs(t *testing.T) {
 		}
 	})
 	// Its control plane, on a socket uid 1337 may connect to.
-	startXDSServer(t, testNodeID, filepath.Join(dir, "XDS"))
+	startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))
 	if err := os.Chmod(filepath.Join(dir, "XDS"), 0o666); err != nil {
 		t.Fatal(err)
 	}
@@ -602,7 +602,7 @@ func (c *recordingClock) waits() []time.Duration {
 // clusters and listeners; then ready.
 func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	h.xds.cache.ClearSnapshot(testNodeID) // the control plane has nothing yet
+	h.xds.Clear() // the control plane has nothing yet
 	cancel, errc := h.start()
 	st := h.waitState("not ready, config not received", func(s messages.EnvoyState) bool {
 		return strings.Contains(s.NotReady, "config not received from XDS server")
@@ -613,7 +613,7 @@ func TestReadyOnlyOnceConfigArrives(t *testing.T) {
 	if !h.sawHealth(messages.Starting, "config not received") {
 		t.Fatalf("health does not say why: %+v", h.health.All())
 	}
-	h.xds.set(t, "1", map[resource.Type][]types.Resource{
+	setConfig(t, h.xds, "1", map[resource.Type][]types.Resource{
 		resource.ClusterType:  {&clusterv3.Cluster{Name: "c", ConnectTimeout: durationpb.New(time.Second)}},
 		resource.ListenerType: {inboundListener(t)},
 	})

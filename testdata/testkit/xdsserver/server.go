@@ -1,8 +1,9 @@
 // Package xdsserver is a real xDS control plane for tests and benchmarks,
 // built on go-control-plane: its snapshot cache serves CDS, EDS, LDS and
-// RDS, linear caches serve Istio's NDS name table and ProxyConfig, both
-// protocols (State of the World and Delta) over ADS on TCP loopback,
-// plaintext or TLS, with an optional bearer-token check. It can be stopped
+// RDS (and SDS secrets, for Envoy's sds-grpc pipe), linear caches serve
+// Istio's NDS name table and ProxyConfig, both protocols (State of the
+// World and Delta) over ADS on TCP loopback or a unix socket, plaintext or
+// TLS, with an optional bearer-token check. It can be stopped
 // and restarted on the same address (outages), and counts what it sees.
 package xdsserver
 
@@ -19,6 +20,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -198,6 +200,7 @@ func (s *Server) start(addr string) error {
 	}
 	gs := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xds)
+	secretv3.RegisterSecretDiscoveryServiceServer(gs, xds)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = gs.Serve(lis) }()
 	s.mu.Lock()
@@ -325,17 +328,32 @@ func (s *Server) SetSnapshot(version string, clusters, listeners, routes, endpoi
 
 // SetNodeSnapshot replaces the configuration of one node (Options.ByNode).
 func (s *Server) SetNodeSnapshot(node, version string, clusters, listeners, routes, endpoints []types.Resource) error {
-	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{
+	return s.setResources(node, version, map[resource.Type][]types.Resource{
 		resource.ClusterType:  clusters,
 		resource.ListenerType: listeners,
 		resource.RouteType:    routes,
 		resource.EndpointType: endpoints,
 	})
+}
+
+// SetResources replaces the configuration with resources of any of the
+// snapshot's types (secrets too, for an SDS client); a type left out is
+// served empty.
+func (s *Server) SetResources(version string, resources map[resource.Type][]types.Resource) error {
+	return s.setResources("any", version, resources)
+}
+
+func (s *Server) setResources(node, version string, resources map[resource.Type][]types.Resource) error {
+	snap, err := cachev3.NewSnapshot(version, resources)
 	if err != nil {
 		return err
 	}
 	return s.snaps.SetSnapshot(context.Background(), node, snap)
 }
+
+// Clear drops the configuration: requests wait unanswered, as they do at a
+// control plane that has nothing for the node yet.
+func (s *Server) Clear() { s.snaps.ClearSnapshot("any") }
 
 // SetNameTable replaces the NDS table. Any message may be given, to send
 // a table that does not decode.
