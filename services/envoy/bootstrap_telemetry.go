@@ -94,13 +94,10 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 	}
 
 	if ms := pc.GetEnvoyMetricsService(); ms.GetAddress() != "" {
-		cl, err := c.dnsCluster(metricsServiceName, "ProxyConfig.envoyMetricsService.address", ms.GetAddress(), fam)
+		cl, err := c.remoteServiceCluster(metricsServiceName, "ProxyConfig.envoyMetricsService.address", ms, node, fam)
 		if err != nil {
 			return t, err
 		}
-		cl.set("transport_socket", upstreamTLS(ms.GetTlsSettings(), metricsServiceName, node.raw, true))
-		cl.set("upstream_connection_options", keepalive(ms.GetTcpKeepalive()))
-		cl["typed_extension_protocol_options"] = http2Options(0)
 		t.clusters = append(t.clusters, cl)
 		t.sinks = append(t.sinks, object{
 			"name": metricsServiceSink,
@@ -111,13 +108,10 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 		})
 	}
 	if als := pc.GetEnvoyAccessLogService(); als.GetAddress() != "" {
-		cl, err := c.dnsCluster(accessLogServiceName, "ProxyConfig.envoyAccessLogService.address", als.GetAddress(), fam)
+		cl, err := c.remoteServiceCluster(accessLogServiceName, "ProxyConfig.envoyAccessLogService.address", als, node, fam)
 		if err != nil {
 			return t, err
 		}
-		cl.set("transport_socket", upstreamTLS(als.GetTlsSettings(), accessLogServiceName, node.raw, true))
-		cl.set("upstream_connection_options", keepalive(als.GetTcpKeepalive()))
-		cl["typed_extension_protocol_options"] = http2Options(0)
 		t.clusters = append(t.clusters, cl)
 	}
 	if addr := pc.GetStatsdUdpAddress(); addr != "" {
@@ -152,6 +146,20 @@ func (c BootstrapConfig) dnsCluster(name, what, addr string, fam ipFamily) (obje
 		"connect_timeout":   duration(time.Second),
 		"load_assignment":   loadAssignment(name, socketAddress(host, port)),
 	}, nil
+}
+
+// remoteServiceCluster is the HTTP/2 cluster of a gRPC service Envoy
+// streams to (the metrics service, the access log service), with the
+// service's TLS settings and TCP keepalive.
+func (c BootstrapConfig) remoteServiceCluster(name, what string, rs *meshv1alpha1.RemoteService, node nodeInfo, fam ipFamily) (object, error) {
+	cl, err := c.dnsCluster(name, what, rs.GetAddress(), fam)
+	if err != nil {
+		return nil, err
+	}
+	cl.set("transport_socket", upstreamTLS(rs.GetTlsSettings(), name, node.raw, true))
+	cl.set("upstream_connection_options", keepalive(rs.GetTcpKeepalive()))
+	cl["typed_extension_protocol_options"] = http2Options(0)
+	return cl, nil
 }
 
 // serviceAddress is host:port as a socket address; a host of $(HOST_IP) is the node's HOST_IP
