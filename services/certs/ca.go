@@ -46,11 +46,11 @@ func (s *Service) serveCA(ctx context.Context) error {
 		s.readRootFile()
 	}
 
-	next := time.After(0)
+	next := s.clock.After(0)
 	// After a restart, a still-valid certificate is kept until its renewal
 	// point instead of being replaced at once.
 	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-		next = time.After(s.renewDelay(b))
+		next = s.clock.After(s.renewDelay(b))
 		s.publishCA()
 	}
 	for {
@@ -69,7 +69,7 @@ func (s *Service) serveCA(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		next = time.After(wait)
+		next = s.clock.After(wait)
 		if ok {
 			s.publishCA()
 			s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", s.caIssued.Expiry, "renew_in", wait.Round(time.Millisecond))

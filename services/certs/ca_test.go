@@ -136,6 +136,35 @@ func TestCARenewsBeforeExpiry(t *testing.T) {
 	}
 }
 
+// The renewal point is kept on the agent's clock (Runtime.Clock), not the
+// system's: a certificate is asked for again exactly when GraceRatio of its
+// lifetime remains on that clock, and not a second earlier.
+func TestCARenewsAtRenewalPointOnAgentClock(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.cfg.GraceJitter = 0
+	c.ca.Start(t)
+	clock := testkit.NewManualClock()
+	clock.Advance(time.Since(clock.Now())) // the CA signs on the system's time
+	testkit.Serve(t, newService(t, c.cfg, c.out, c.health, c.logs.Logger(), clock, nil))
+	b1 := c.out.WaitLast(t, "first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+	leaf, err := parseCerts(b1.CertChainPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewAt := b1.Expiry.Add(-time.Duration(c.cfg.GraceRatio * float64(b1.Expiry.Sub(leaf[0].NotBefore))))
+	testkit.WaitFor(t, "the renewal wait on the clock", func() bool { n, _ := clock.Pending(); return n == 1 })
+
+	clock.Advance(renewAt.Sub(clock.Now()) - time.Second)
+	if n, _ := clock.Pending(); n != 1 || c.ca.Requests(t) != 1 {
+		t.Fatalf("a second before the renewal point: %d waits, %d CA requests; want 1 and 1", n, c.ca.Requests(t))
+	}
+	clock.Advance(time.Second)
+	c.out.WaitLast(t, "renewed certificate", func(b messages.CertBundle) bool { return b.Version != b1.Version })
+	if n := c.ca.Requests(t); n != 2 {
+		t.Fatalf("CA saw %d requests; want 2", n)
+	}
+}
+
 // The CA is down at start: requests are retried with backoff until it is up.
 func TestCADownThenUp(t *testing.T) {
 	c := newCASetup(t, time.Hour)

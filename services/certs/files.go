@@ -30,9 +30,9 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	ca := newCAClient(s)
 	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
-		rootsDue = time.After(0)
+		rootsDue = s.clock.After(0)
 		if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-			rootsDue = time.After(s.renewDelay(b)) // a restart keeps what the CA said
+			rootsDue = s.clock.After(s.renewDelay(b)) // a restart keeps what the CA said
 		}
 	}
 	s.reload()
@@ -49,7 +49,7 @@ func (s *Service) serveFiles(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			rootsDue = time.After(wait)
+			rootsDue = s.clock.After(wait)
 			if ok {
 				s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", wait.Round(time.Millisecond))
 				s.reload()
