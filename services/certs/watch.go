@@ -39,7 +39,7 @@ func (s *Service) watchFiles(ctx context.Context, paths ...string) (fileChanges,
 	var retry <-chan time.Time
 	if err := d.addWatches(); err != nil {
 		s.log.Warn("cannot watch certificate directory yet; retrying", "error", err)
-		retry = time.After(time.Second)
+		retry = s.clock.After(time.Second)
 	}
 	changed := make(chan struct{}, 1)
 	failed := make(chan error, 1)
@@ -90,9 +90,7 @@ func (d *dirFollower) follow(ctx context.Context, retry <-chan time.Time, change
 		default: // one pending signal is enough: the reader reads everything
 		}
 	}
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	defer debounce.Stop()
+	var debounce <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -102,23 +100,24 @@ func (d *dirFollower) follow(ctx context.Context, retry <-chan time.Time, change
 				return fmt.Errorf("file watcher closed")
 			}
 			s.log.Debug("certificate directory changed", "file", ev.Name, "op", ev.Op.String())
-			debounce.Reset(s.cfg.FileDebounce)
+			debounce = s.clock.After(s.cfg.FileDebounce)
 		case err, ok := <-d.w.Errors:
 			if !ok {
 				return fmt.Errorf("file watcher closed")
 			}
 			s.m.watcherFailures.Inc()
 			s.log.Warn("file watcher error", "error", err)
-			debounce.Reset(s.cfg.FileDebounce) // events may have been lost: re-read
+			debounce = s.clock.After(s.cfg.FileDebounce) // events may have been lost: re-read
 		case <-retry:
 			retry = nil
 			if err := d.addWatches(); err != nil {
-				retry = time.After(time.Second)
+				retry = s.clock.After(time.Second)
 			} else {
 				s.log.Info("watching certificate directories", "dirs", d.dirs)
 			}
 			signal()
-		case <-debounce.C:
+		case <-debounce:
+			debounce = nil
 			signal()
 		}
 	}

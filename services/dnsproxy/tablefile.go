@@ -33,6 +33,7 @@ type TableFile struct {
 	path   string
 	out    messages.Sink[messages.NameTable]
 	health *messages.Reporter
+	clock  messages.Clock
 	log    *slog.Logger
 
 	lastVersion string // survives restarts: the same file is not published twice
@@ -44,7 +45,7 @@ const TableFileName = "nametable"
 
 // NewTableFile returns the service that reads path into out.
 func NewTableFile(path string, out messages.Sink[messages.NameTable], rt messages.Runtime) *TableFile {
-	return &TableFile{path: path, out: out, health: rt.Health, log: rt.Log}
+	return &TableFile{path: path, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log}
 }
 
 // String is the service's name.
@@ -64,12 +65,6 @@ func (f *TableFile) Serve(ctx context.Context) error {
 	}
 	f.reload()
 	var debounce <-chan time.Time
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		select {
 		case ev, ok := <-w.Events:
@@ -79,12 +74,7 @@ func (f *TableFile) Serve(ctx context.Context) error {
 			if filepath.Clean(ev.Name) != filepath.Clean(f.path) {
 				continue
 			}
-			if timer == nil {
-				timer = time.NewTimer(reloadDebounce)
-			} else {
-				timer.Reset(reloadDebounce)
-			}
-			debounce = timer.C
+			debounce = f.clock.After(reloadDebounce)
 		case err, ok := <-w.Errors:
 			if !ok {
 				return fmt.Errorf("name table file %s: watcher closed", f.path)

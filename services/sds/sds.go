@@ -43,6 +43,7 @@ type Service struct {
 	cfg    Config
 	in     Inputs
 	health *messages.Reporter
+	clock  messages.Clock
 	log    *slog.Logger
 	m      metrics
 
@@ -54,7 +55,7 @@ func New(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
 	if in.Certs == nil {
 		return nil, errors.New("sds: Inputs.Certs is required")
 	}
-	s := &Service{cfg: cfg, in: in, health: rt.Health, log: rt.Log, m: newMetrics()}
+	s := &Service{cfg: cfg, in: in, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
@@ -108,16 +109,16 @@ func (s *Service) Serve(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err := <-served:
-		h.shutdown(srv, s.cfg.StopTimeout)
+		h.shutdown(srv, s.clock.After(s.cfg.StopTimeout))
 		stopStore()
 		return fmt.Errorf("serve SDS on %s: %w", path, err)
 	case err := <-storeDone:
 		cancelStore()
-		h.shutdown(srv, s.cfg.StopTimeout)
+		h.shutdown(srv, s.clock.After(s.cfg.StopTimeout))
 		<-served
 		return fmt.Errorf("SDS secret store: %w", err)
 	}
-	h.shutdown(srv, s.cfg.StopTimeout)
+	h.shutdown(srv, s.clock.After(s.cfg.StopTimeout))
 	<-served
 	stopStore()
 	return ctx.Err()
@@ -137,11 +138,9 @@ type handler struct {
 	readers sync.WaitGroup
 }
 
-func (h *handler) shutdown(srv *grpc.Server, bound time.Duration) {
+func (h *handler) shutdown(srv *grpc.Server, bound <-chan time.Time) {
 	h.stopOnce.Do(func() { close(h.stop) })
-	t := time.NewTimer(bound)
-	defer t.Stop()
-	grpcstop.Within(srv, t.C)
+	grpcstop.Within(srv, bound)
 	h.readers.Wait()
 }
 

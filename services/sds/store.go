@@ -26,6 +26,7 @@ type store struct {
 	cfg     Config
 	log     *slog.Logger
 	health  *messages.Reporter
+	clock   messages.Clock
 	certs   messages.Latest[messages.CertBundle]
 	anchors messages.Latest[messages.TrustAnchors] // nil: no such input
 	// external, when set, is why this server does not serve the workload
@@ -67,7 +68,7 @@ type fileSecret struct {
 
 func newStore(s *Service, external string) *store {
 	return &store{
-		cfg: s.cfg, log: s.log, health: s.health, certs: s.in.Certs, anchors: s.in.TrustAnchors, external: external,
+		cfg: s.cfg, log: s.log, health: s.health, clock: s.clock, certs: s.in.Certs, anchors: s.in.TrustAnchors, external: external,
 		updates: make(chan subscription),
 		views:   messages.NewCell[view](),
 		done:    make(chan struct{}),
@@ -80,7 +81,7 @@ func newStore(s *Service, external string) *store {
 // cannot be made or breaks.
 func (st *store) run(ctx context.Context) error {
 	defer close(st.done)
-	watch, err := newDirWatch(st.log)
+	watch, err := newDirWatch(st.log, st.clock)
 	if err != nil {
 		return err
 	}
@@ -101,9 +102,7 @@ func (st *store) run(ctx context.Context) error {
 	st.computeIdentity()
 	st.publish()
 
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	defer debounce.Stop()
+	var debounce <-chan time.Time
 	dirty := map[string]bool{}
 	for {
 		select {
@@ -133,7 +132,7 @@ func (st *store) run(ctx context.Context) error {
 			for _, d := range watch.affected(ev) {
 				dirty[d] = true
 			}
-			debounce.Reset(st.cfg.FileDebounce)
+			debounce = st.clock.After(st.cfg.FileDebounce)
 			continue // publish after the debounce
 		case err, ok := <-watch.errors():
 			if !ok {
@@ -144,7 +143,7 @@ func (st *store) run(ctx context.Context) error {
 			for _, d := range watch.dirs() {
 				dirty[d] = true
 			}
-			debounce.Reset(st.cfg.FileDebounce)
+			debounce = st.clock.After(st.cfg.FileDebounce)
 			continue
 		case <-watch.retry():
 			for _, d := range watch.retryMissing() {
@@ -155,7 +154,8 @@ func (st *store) run(ctx context.Context) error {
 			}
 			st.reload(dirty, watch)
 			clear(dirty)
-		case <-debounce.C:
+		case <-debounce:
+			debounce = nil
 			st.reload(dirty, watch)
 			clear(dirty)
 		}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // watchRetry is how often a directory that does not exist yet is tried
@@ -23,18 +25,19 @@ const watchRetry = time.Second
 // again every watchRetry. Used only by the store's goroutine.
 type dirWatch struct {
 	log     *slog.Logger
+	clock   messages.Clock
 	w       *fsnotify.Watcher
 	refs    map[string]int  // wanted directories
 	missing map[string]bool // wanted but not watched yet
 	retryC  <-chan time.Time
 }
 
-func newDirWatch(log *slog.Logger) (*dirWatch, error) {
+func newDirWatch(log *slog.Logger, clock messages.Clock) (*dirWatch, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("create file watcher: %w", err)
 	}
-	return &dirWatch{log: log, w: w, refs: map[string]int{}, missing: map[string]bool{}}, nil
+	return &dirWatch{log: log, clock: clock, w: w, refs: map[string]int{}, missing: map[string]bool{}}, nil
 }
 
 func (d *dirWatch) close() { d.w.Close() }
@@ -76,7 +79,7 @@ func (d *dirWatch) start(dir string) {
 		d.log.Debug("cannot watch directory yet; retrying", "dir", dir, "error", err)
 		d.missing[dir] = true
 		if d.retryC == nil {
-			d.retryC = time.After(watchRetry)
+			d.retryC = d.clock.After(watchRetry)
 		}
 	}
 }
@@ -109,7 +112,7 @@ func (d *dirWatch) affected(ev fsnotify.Event) []string {
 		_ = d.w.Remove(ev.Name)
 		d.missing[ev.Name] = true
 		if d.retryC == nil {
-			d.retryC = time.After(watchRetry)
+			d.retryC = d.clock.After(watchRetry)
 		}
 	}
 	return out
