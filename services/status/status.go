@@ -84,11 +84,12 @@ const Name = "status"
 
 // Service is the status server.
 type Service struct {
-	cfg Config
-	in  Inputs
-	out Outputs
-	rt  messages.Runtime
-	log *slog.Logger
+	cfg    Config
+	in     Inputs
+	out    Outputs
+	health *messages.Reporter
+	clock  messages.Clock
+	log    *slog.Logger
 
 	// healths is the latest Health per service. It survives restarts of
 	// this service (health is an event stream: what was consumed is gone)
@@ -99,7 +100,6 @@ type Service struct {
 
 	prober   *prober
 	metrics  *mergedMetrics
-	clock    messages.Clock
 	workload workloadVerdict // touched only by runWorkloadProbe
 
 	// startedAt is when the agent started, as near as the status server
@@ -124,12 +124,11 @@ type view struct {
 
 // New returns the status server.
 func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
-	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, healths: map[string]messages.Health{}}
+	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
 	s.prober = newProber(cfg.Probes, rt.Log)
 	var mm messages.Metrics
 	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log, &mm)
-	s.clock = rt.Clock
 	s.startedAt = rt.Clock.Now()
 	s.startup = mm.GaugeVec("startup_duration_seconds", "The time from the process starting to being marked ready.")
 	if err := rt.Register(mm.Collectors()...); err != nil {
@@ -186,7 +185,7 @@ func (s *Service) catchUp() {
 	for _, h := range s.in.Health.Take() {
 		s.healths[h.Service] = h
 	}
-	s.rt.Health.Report(messages.Ready, "")
+	s.health.Report(messages.Ready, "")
 	// Our own report is on the stream we read: take it at once, so that a
 	// restarted status server does not show itself failed.
 	for _, h := range s.in.Health.Take() {

@@ -109,12 +109,12 @@ const steadyProbing = 10 * time.Second
 func (st *stream[R]) probe(ctx context.Context, back chan<- struct{}) {
 	s := st.svc
 	delay := s.cfg.ReconnectBackoff
-	began := s.rt.Clock.Now()
+	began := s.clock.Now()
 	for attempt := 1; ; attempt++ {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.rt.Clock.After(jitter(delay)):
+		case <-s.clock.After(jitter(delay)):
 		}
 		err := st.probeOnce(ctx)
 		if err == nil {
@@ -127,7 +127,7 @@ func (st *stream[R]) probe(ctx context.Context, back chan<- struct{}) {
 		}
 		s.status.probeFailed(err)
 		st.log.Debug("control plane still unreachable", "attempt", attempt, "delay", delay, "error", err)
-		delay = s.cfg.nextProbeDelay(delay, s.rt.Clock.Now().Sub(began))
+		delay = s.cfg.nextProbeDelay(delay, s.clock.Now().Sub(began))
 	}
 }
 
@@ -169,7 +169,7 @@ func (st *stream[R]) probeOnce(ctx context.Context) error {
 		if errors.Is(res, io.EOF) {
 			res = errNoAnswer
 		}
-	case <-s.rt.Clock.After(s.cfg.StallTimeout):
+	case <-s.clock.After(s.cfg.StallTimeout):
 		res = fmt.Errorf("%w within %v", errNoAnswer, s.cfg.StallTimeout)
 	case <-ctx.Done():
 		res = ctx.Err()

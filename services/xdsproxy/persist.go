@@ -47,7 +47,7 @@ func (s *Service) writeCache(ctx context.Context) {
 		select {
 		case <-s.lkg.wake:
 			select {
-			case <-s.rt.Clock.After(cacheWriteDelay):
+			case <-s.clock.After(cacheWriteDelay):
 			case <-ctx.Done():
 			}
 		case <-ctx.Done():
@@ -72,7 +72,7 @@ func (s *Service) persist(last uint64) uint64 {
 		}
 		return snap.gen
 	}
-	h := cacheHeader{nodeID: s.cfg.NodeID, address: s.cfg.DiscoveryAddress, written: s.rt.Clock.Now()}
+	h := cacheHeader{nodeID: s.cfg.NodeID, address: s.cfg.DiscoveryAddress, written: s.clock.Now()}
 	size := cacheSize(h, snap)
 	if size > s.cfg.CacheMaxBytes {
 		s.m.cacheWrites.WithLabelValues("too_large").Inc()

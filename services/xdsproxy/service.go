@@ -49,7 +49,8 @@ type Service struct {
 	cfg    Config
 	in     Inputs
 	out    Outputs
-	rt     messages.Runtime
+	health *messages.Reporter
+	clock  messages.Clock
 	log    *slog.Logger
 	m      *metrics
 	codec  rawCodec
@@ -105,7 +106,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		return nil, fmt.Errorf("%w: Inputs.Certs is nil but the configuration needs the certificate bundle (Roots=%s, ClientCertificate=%t)",
 			ErrBadConfig, cfg.Roots, cfg.ClientCertificate)
 	}
-	s := &Service{cfg: cfg, in: in, out: out, rt: rt, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
+	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
 	s.lkg = newLKG(cfg.CacheMaxBytes, rt.Log)
 	s.status = newUpstreamStatus(s)
 	if err := rt.Register(s.m.all...); err != nil {
@@ -121,7 +122,7 @@ func (s *Service) String() string { return Name }
 // ends every stream, stops the server, writes the cache and returns once
 // every goroutine it started has.
 func (s *Service) Serve(ctx context.Context) error {
-	s.rt.Health.Report(messages.Starting, "opening the XDS socket")
+	s.health.Report(messages.Starting, "opening the XDS socket")
 	if s.cfg.GRPCBootstrap.Path != "" {
 		if err := WriteGRPCBootstrap(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
 			return err
@@ -183,7 +184,7 @@ func (s *Service) shutdown(srv *grpc.Server) {
 	if cur != nil {
 		cur.end(errShuttingDown)
 	}
-	grpcstop.Within(srv, s.rt.Clock.After(s.cfg.StopTimeout))
+	grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout))
 	s.wg.Wait()
 }
 

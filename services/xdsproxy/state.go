@@ -57,7 +57,7 @@ func (u *upstreamStatus) idle() {
 	if u.failing {
 		u.set(messages.XDSDown, u.unreachableSince)
 	} else {
-		u.set(messages.XDSIdle, u.svc.rt.Clock.Now())
+		u.set(messages.XDSIdle, u.svc.clock.Now())
 	}
 	u.publish()
 }
@@ -72,7 +72,7 @@ func (u *upstreamStatus) connecting() {
 	if u.failing {
 		return
 	}
-	u.set(messages.XDSConnecting, u.svc.rt.Clock.Now())
+	u.set(messages.XDSConnecting, u.svc.clock.Now())
 	u.publish()
 }
 
@@ -82,11 +82,11 @@ func (u *upstreamStatus) connected() {
 	defer u.mu.Unlock()
 	if u.failing {
 		u.svc.log.Info("control plane reachable again", "address", u.svc.cfg.DiscoveryAddress,
-			"unreachable_for", u.svc.rt.Clock.Now().Sub(u.unreachableSince).Round(time.Millisecond))
+			"unreachable_for", u.svc.clock.Now().Sub(u.unreachableSince).Round(time.Millisecond))
 	}
 	u.failing, u.unreachableSince = false, time.Time{}
 	u.leaveCache()
-	u.set(messages.XDSConnected, u.svc.rt.Clock.Now())
+	u.set(messages.XDSConnected, u.svc.clock.Now())
 	u.publish()
 }
 
@@ -95,7 +95,7 @@ func (u *upstreamStatus) connected() {
 func (u *upstreamStatus) failed(err error, cached bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	now := u.svc.rt.Clock.Now()
+	now := u.svc.clock.Now()
 	if !u.failing {
 		u.failing, u.unreachableSince = true, now
 	}
@@ -147,16 +147,16 @@ func (u *upstreamStatus) ack(typeURL, version string) {
 func (u *upstreamStatus) publish() {
 	u.publishState()
 	if !u.failing {
-		u.svc.rt.Health.Report(messages.Ready, "")
+		u.svc.health.Report(messages.Ready, "")
 		return
 	}
 	since := u.unreachableSince.Format(time.RFC3339)
 	if u.servingCache {
-		u.svc.rt.Health.Report(messages.Degraded, fmt.Sprintf("serving cached configuration, control plane %s unreachable since %s: %s",
+		u.svc.health.Report(messages.Degraded, fmt.Sprintf("serving cached configuration, control plane %s unreachable since %s: %s",
 			u.svc.cfg.DiscoveryAddress, since, u.state.LastError))
 		return
 	}
-	u.svc.rt.Health.Report(messages.Degraded, fmt.Sprintf("control plane %s unreachable since %s: %s",
+	u.svc.health.Report(messages.Degraded, fmt.Sprintf("control plane %s unreachable since %s: %s",
 		u.svc.cfg.DiscoveryAddress, since, u.state.LastError))
 }
 

@@ -337,7 +337,7 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 	downErr := make(chan error, 1)
 	stallErr := make(chan error, 1)
 	resps := make(chan *frame, responseQueue)
-	watch := newStallWatch(s.rt.Clock, s.cfg.StallTimeout, func() bool { return st.inflight.Load() > 0 })
+	watch := newStallWatch(s.clock, s.cfg.StallTimeout, func() bool { return st.inflight.Load() > 0 })
 	var answered atomic.Bool
 
 	var wg sync.WaitGroup

@@ -89,7 +89,7 @@ func (s *Service) openUpstream(ctx context.Context, method string) (*upstream, e
 	var r result
 	select {
 	case r = <-opened:
-	case <-s.rt.Clock.After(s.cfg.DialTimeout):
+	case <-s.clock.After(s.cfg.DialTimeout):
 		cancel()
 		r = <-opened
 		if r.err == nil {
@@ -195,7 +195,7 @@ func (s *Service) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certifica
 	if !ok || len(b.CertChainPEM) == 0 {
 		return &tls.Certificate{}, nil
 	}
-	if !b.Expiry.IsZero() && !s.rt.Clock.Now().Before(b.Expiry) {
+	if !b.Expiry.IsZero() && !s.clock.Now().Before(b.Expiry) {
 		s.log.Warn("workload certificate expired: connecting to the control plane with the token only", "expiry", b.Expiry, "version", b.Version)
 		return &tls.Certificate{}, nil
 	}
