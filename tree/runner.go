@@ -83,12 +83,18 @@ func (r *runner) Serve(ctx context.Context) error {
 		return err
 	}
 	defer leave()
+	// The backoff is owed once, by the run after the failure: a run that
+	// starts because its group was rebuilt (a group kill, new trust roots)
+	// waits only what is left of it, and nothing once it has been waited.
 	if r.nextDelay > 0 {
+		began := r.clock.Now()
 		select {
 		case <-r.clock.After(r.nextDelay):
 		case <-ctx.Done():
+			r.nextDelay = max(r.nextDelay-r.clock.Now().Sub(began), 0)
 			return ctx.Err()
 		}
+		r.nextDelay = 0
 	}
 	// The run can be killed from the moment the tree shows it starting:
 	// status accepts a chaos kill for a starting service.

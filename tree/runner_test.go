@@ -192,3 +192,44 @@ func TestChaosKillHoldsTheServiceDown(t *testing.T) {
 		}
 	}
 }
+
+// A backoff is waited once. A child held down by a chaos kill waits out the
+// hold; when its group is killed later, the rebuilt group runs it again at
+// once, not after the same hold a second time (a stale delay kept the
+// standalone peers down 5 s after a group kill in the chaos suite).
+func TestGroupRebuildDoesNotRepeatAChildsBackoff(t *testing.T) {
+	clock := &skewClock{}
+	svc := &blockingService{started: make(chan int32, 4)}
+	ch := NewChannels(nil)
+	a, err := New(ch, []Node{{Name: "peers", Children: []Node{{Service: svc}}}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitRun := func(want int32) {
+		t.Helper()
+		select {
+		case got := <-svc.started:
+			if got != want {
+				t.Fatalf("run %d started, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d never started", want)
+		}
+	}
+	waitRun(1)
+	const hold = 7 * time.Second
+	ch.Chaos.Send(messages.Chaos{Service: "controlplane", For: hold})
+	waitRun(2)
+	if waits := clock.Waits(); len(waits) != 1 {
+		t.Fatalf("waits after the held kill %v, want the hold only", waits)
+	}
+	ch.Chaos.Send(messages.Chaos{Service: "peers"})
+	waitRun(3)
+	if waits := clock.Waits(); len(waits) != 1 {
+		t.Fatalf("waits after the group kill %v, want none beyond the hold already waited", waits)
+	}
+}
