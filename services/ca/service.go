@@ -94,7 +94,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	// Calls in flight finish, up to StopTimeout.
-	s.server.Stop(s.clock.After(s.cfg.StopTimeout))
+	if s.server.Stop(s.clock.After(s.cfg.StopTimeout)) {
+		s.log.Warn("calls did not end in time; closed them", "timeout", s.cfg.StopTimeout)
+	}
 	if err := s.server.Err(); err != nil {
 		return fmt.Errorf("ca: %w", err)
 	}
