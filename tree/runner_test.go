@@ -155,28 +155,7 @@ func (s *blockingService) Serve(ctx context.Context) error {
 // that long: its next run waits for the hold, not the short first-restart
 // delay, and the tree says why.
 func TestChaosKillHoldsTheServiceDown(t *testing.T) {
-	clock := &skewClock{}
-	svc := &blockingService{started: make(chan int32, 4)}
-	ch := NewChannels(nil)
-	a, err := New(ch, []Node{{Service: svc}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitRun := func(want int32) {
-		t.Helper()
-		select {
-		case got := <-svc.started:
-			if got != want {
-				t.Fatalf("run %d started, want %d", got, want)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("run %d never started", want)
-		}
-	}
+	ch, clock, waitRun := runBlocking(t, func(svc *blockingService) []Node { return []Node{{Service: svc}} })
 	waitRun(1)
 	const hold = 7 * time.Second
 	ch.Chaos.Send(messages.Chaos{Service: "controlplane", For: hold})
@@ -198,28 +177,9 @@ func TestChaosKillHoldsTheServiceDown(t *testing.T) {
 // once, not after the same hold a second time (a stale delay kept the
 // standalone peers down 5 s after a group kill in the chaos suite).
 func TestGroupRebuildDoesNotRepeatAChildsBackoff(t *testing.T) {
-	clock := &skewClock{}
-	svc := &blockingService{started: make(chan int32, 4)}
-	ch := NewChannels(nil)
-	a, err := New(ch, []Node{{Name: "peers", Children: []Node{{Service: svc}}}}, prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitRun := func(want int32) {
-		t.Helper()
-		select {
-		case got := <-svc.started:
-			if got != want {
-				t.Fatalf("run %d started, want %d", got, want)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("run %d never started", want)
-		}
-	}
+	ch, clock, waitRun := runBlocking(t, func(svc *blockingService) []Node {
+		return []Node{{Name: "peers", Children: []Node{{Service: svc}}}}
+	})
 	waitRun(1)
 	const hold = 7 * time.Second
 	ch.Chaos.Send(messages.Chaos{Service: "controlplane", For: hold})
@@ -232,4 +192,34 @@ func TestGroupRebuildDoesNotRepeatAChildsBackoff(t *testing.T) {
 	if waits := clock.Waits(); len(waits) != 1 {
 		t.Fatalf("waits after the group kill %v, want none beyond the hold already waited", waits)
 	}
+}
+
+// runBlocking runs, until the end of the test, a tree of the nodes made
+// around one blockingService on a skewClock; waitRun waits for the
+// service's run number want to start.
+func runBlocking(t *testing.T, nodes func(*blockingService) []Node) (ch *Channels, clock *skewClock, waitRun func(want int32)) {
+	t.Helper()
+	clock = &skewClock{}
+	svc := &blockingService{started: make(chan int32, 4)}
+	ch = NewChannels(nil)
+	a, err := New(ch, nodes(svc), prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitRun = func(want int32) {
+		t.Helper()
+		select {
+		case got := <-svc.started:
+			if got != want {
+				t.Fatalf("run %d started, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d never started", want)
+		}
+	}
+	return ch, clock, waitRun
 }
