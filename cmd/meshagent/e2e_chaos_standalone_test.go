@@ -80,7 +80,7 @@ func TestStandaloneChaos(t *testing.T) {
 		f := faults[rng.IntN(len(faults))]
 		c.round, c.rng, c.victim = round, rng, ""
 		c.counts[f.name]++
-		logMark := len(c.p.stderr.String())
+		logMark := c.p.stderr.Len()
 		f.inject()
 		start := time.Now()
 		c.check(fmt.Sprintf("round %d (%s)", round, f.name))

@@ -41,6 +41,14 @@ func (b *LogBuffer) String() string {
 	return b.b.String()
 }
 
+// Len is how many bytes have been written so far: a mark for String()[mark:]
+// without copying the log to take it.
+func (b *LogBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len()
+}
+
 // Logger is a debug-level text logger writing into b.
 func (b *LogBuffer) Logger() *slog.Logger { return NewLogger(b) }
 

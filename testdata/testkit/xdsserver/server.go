@@ -338,7 +338,8 @@ func (s *Server) SetNodeSnapshot(node, version string, clusters, listeners, rout
 
 // SetResources replaces the configuration with resources of any of the
 // snapshot's types (secrets too, for an SDS client); a type left out is
-// served empty.
+// served empty. Like SetSnapshot, it is for a server without
+// Options.ByNode.
 func (s *Server) SetResources(version string, resources map[resource.Type][]types.Resource) error {
 	return s.setResources("any", version, resources)
 }
@@ -351,8 +352,9 @@ func (s *Server) setResources(node, version string, resources map[resource.Type]
 	return s.snaps.SetSnapshot(context.Background(), node, snap)
 }
 
-// Clear drops the configuration: requests wait unanswered, as they do at a
-// control plane that has nothing for the node yet.
+// Clear drops the configuration of SetSnapshot or SetResources: requests
+// wait unanswered, as they do at a control plane that has nothing for the
+// node yet.
 func (s *Server) Clear() { s.snaps.ClearSnapshot("any") }
 
 // SetNameTable replaces the NDS table. Any message may be given, to send
