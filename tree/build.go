@@ -203,8 +203,18 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 	if cfg.Envoy != nil {
 		policy := cfg.EnvoyPolicy
 		rt := runtime(envoy.Name)
-		nodes = append(nodes, Node{Policy: &policy, Health: rt.Health,
-			Service: envoy.New(*cfg.Envoy, ch.Drain, ch.Envoy, rt)})
+		in := envoy.Inputs{Drain: ch.Drain}
+		if cfg.XDS != nil {
+			in.XDS = ch.XDS
+		}
+		svc, err := envoy.New(*cfg.Envoy, in, envoy.Outputs{State: ch.Envoy}, rt)
+		check("envoy", err)
+		if err == nil {
+			nodes = append(nodes, Node{Policy: &policy, Health: rt.Health, Service: svc})
+			if cfg.Envoy.CrashDir != "" {
+				debug["/debug/crashes"] = envoy.CrashesHandler(cfg.Envoy.CrashDir)
+			}
+		}
 	}
 
 	if cfg.Status != nil {

@@ -38,10 +38,13 @@ func BenchmarkEnvoyKillToNextRunning(b *testing.B) {
 	ch := NewChannels(nil)
 	log := slog.New(slog.DiscardHandler)
 	rt := messages.NewRuntime(envoy.Name, ch.Health, nil, nil, log)
-	svc := envoy.New(envoy.Config{
+	svc, err := envoy.New(envoy.Config{
 		BinaryPath: bin, Prepare: func() ([]string, error) { return args, nil },
 		AdminAddr: admin, DrainQuery: "inboundonly&graceful", Stdout: io.Discard, Stderr: io.Discard,
-	}, ch.Drain, ch.Envoy, rt)
+	}, envoy.Inputs{Drain: ch.Drain}, envoy.Outputs{State: ch.Envoy}, rt)
+	if err != nil {
+		b.Fatal(err)
+	}
 	p := DefaultPolicy()
 	p.HealthyAfter = restartBenchHealthy
 	a, err := New(ch, []Node{{Service: svc, Health: rt.Health, Policy: &p}}, prometheus.NewRegistry(), log, Options{})

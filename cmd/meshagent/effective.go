@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -16,28 +18,94 @@ import (
 )
 
 // logEffectiveConfig logs, once at start, what every service runs with
-// (kuma-dp's "effective configuration"): one line holding the ProxyConfig
-// in its JSON form and the tree's config, every service's included, with
-// secrets redacted. What the agent was told and what it made of it can be
-// read off one line.
+// (kuma-dp's "effective configuration"), secrets redacted: a first line
+// with the agent's type, root and version, then one line per part (the
+// ProxyConfig, each service's config, the tree's own settings), each as
+// nested attributes rather than one escaped JSON value, so that a text log
+// reads `part=envoy AdminAddr=127.0.0.1:15000 ...` and a JSON log gets
+// objects (issue 22: it was one 10 KB line of escaped JSON).
 func logEffectiveConfig(log *slog.Logger, cfg *agentConfig) {
-	log.Info("effective configuration", "config", effectiveConfig(cfg))
+	parts := effectiveParts(cfg)
+	log.Info("effective configuration", "type", parts["type"], "root", parts["root"], "version", parts["version"])
+	log.Info("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
+	tree, _ := parts["tree"].(map[string]any)
+	var treeOwn []any
+	for _, name := range slices.Sorted(maps.Keys(tree)) {
+		switch v := tree[name].(type) {
+		case nil: // a service this agent does not run
+		case map[string]any:
+			log.Info("effective configuration", append([]any{"part", name}, configAttrs(v)...)...)
+		default:
+			treeOwn = append(treeOwn, slog.Any(name, configValue(v)))
+		}
+	}
+	if len(treeOwn) > 0 {
+		log.Info("effective configuration", append([]any{"part", "tree"}, treeOwn...)...)
+	}
 }
 
-// effectiveConfig is the configuration as JSON, secrets redacted.
+// configAttrs turns a described config (maps of values) into log
+// attributes: nested objects become groups, unset values are left out.
+func configAttrs(v any) []any {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return []any{slog.Any("value", configValue(v))}
+	}
+	var attrs []any
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch x := m[k].(type) {
+		case nil:
+		case map[string]any:
+			if len(x) > 0 {
+				attrs = append(attrs, slog.Group(k, configAttrs(x)...))
+			}
+		default:
+			attrs = append(attrs, slog.Any(k, configValue(x)))
+		}
+	}
+	return attrs
+}
+
+// configValue is a leaf for the log: lists of plain values as one
+// space-separated value, lists of objects as compact JSON.
+func configValue(v any) any {
+	list, ok := v.([]any)
+	if !ok {
+		if names, ok := v.([]string); ok {
+			return strings.Join(names, " ")
+		}
+		return v
+	}
+	plain := make([]string, 0, len(list))
+	for _, e := range list {
+		switch e.(type) {
+		case map[string]any, []any:
+			js, _ := json.Marshal(list)
+			return string(js)
+		}
+		plain = append(plain, fmt.Sprint(e))
+	}
+	return strings.Join(plain, " ")
+}
+
+// effectiveConfig is the configuration as one JSON value, secrets redacted.
 func effectiveConfig(cfg *agentConfig) jsonValue {
-	out := map[string]any{
+	js, err := json.Marshal(effectiveParts(cfg))
+	if err != nil {
+		return jsonValue(fmt.Sprintf("%q", err.Error()))
+	}
+	return js
+}
+
+// effectiveParts is the configuration as JSON-ready values.
+func effectiveParts(cfg *agentConfig) map[string]any {
+	return map[string]any{
 		"type":        cfg.proxyType,
 		"root":        cfg.root,
 		"version":     currentVersion().Version,
 		"proxyConfig": describe(reflect.ValueOf(cfg.proxy), "proxyConfig"),
 		"tree":        describe(reflect.ValueOf(cfg.tree), ""),
 	}
-	js, err := json.Marshal(out)
-	if err != nil {
-		return jsonValue(fmt.Sprintf("%q", err.Error()))
-	}
-	return js
 }
 
 // jsonValue is JSON that a JSON log handler embeds as is and a text

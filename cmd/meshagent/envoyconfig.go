@@ -141,6 +141,9 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		KillGrace:                   envoy.DefaultKillGrace,
 		ReadyPollInterval:           envoy.DefaultReadyPollInterval,
 		Env:                         r.env.all(),
+		// Crash records (issue 22) beside the bootstrap, in the directory
+		// Istio's injector mounts writable (istio-envoy, an emptyDir).
+		CrashDir: rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
 	}
 	// Istio runs Envoy as 1337 only when the agent is root and the DNS
 	// proxy takes port 53 (otherwise the container already runs as 1337).
@@ -152,6 +155,9 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	}
 	return cfg, b
 }
+
+// envoyCrashDir is where Envoy's crash records are kept, under configPath.
+const envoyCrashDir = "envoy-crashes"
 
 // drainQuery is Istio's drain_listeners query for the proxy type: only a
 // sidecar drains its inbound listeners alone; gateways and waypoints drain

@@ -71,6 +71,7 @@ func (s *Service) serveCA(ctx context.Context) error {
 		}
 		next = s.clock.After(wait)
 		if ok {
+			s.caFailuresInARow = 0
 			s.publishCA()
 			s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", s.caIssued.Expiry, "renew_in", wait.Round(time.Millisecond))
 		}
@@ -123,7 +124,15 @@ func (s *Service) readRootFile() {
 // caFailure reports a failed request; the reason carries the CA's own error.
 func (s *Service) caFailure(err error) {
 	reason := "certificate request failed: " + err.Error()
-	s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err)
+	s.caFailuresInARow++
+	if s.caFailuresInARow == 1 && s.caIssued.Version == "" {
+		// The first try at start often comes before the CA (or, in
+		// standalone mode, the CA's root file) is up: expected, not a
+		// warning (issue 22). A second failure in a row is one.
+		s.log.Info("certificate request failed; retrying (the CA may still be starting)", "ca", s.cfg.CAAddr, "error", err)
+	} else {
+		s.log.Warn("certificate request failed", "ca", s.cfg.CAAddr, "error", err, "failures_in_a_row", s.caFailuresInARow)
+	}
 	if b := s.caIssued; b.Version != "" {
 		if now := s.clock.Now(); now.Before(b.Expiry) {
 			reason += fmt.Sprintf(" (serving the previous certificate until it expires at %s)", b.Expiry.UTC().Format(time.RFC3339))

@@ -409,3 +409,24 @@ func TestCAServerName(t *testing.T) {
 
 // testWorkloadID is the identity of the file-mounted test certificates.
 const testWorkloadID = "spiffe://cluster.local/ns/default/sa/test"
+
+// The first failed request at start (the CA not up yet) is not a warning;
+// a second in a row is, counted (issue 22: `make run` warned on every
+// fresh start).
+func TestFirstCAFailureAtStartIsNotAWarning(t *testing.T) {
+	c := newCASetup(t, time.Hour) // the CA is never started
+	c.start(t)
+	c.logs.WaitLine(t, "certificate request failed", "failures_in_a_row=2")
+	var failures []string
+	for _, l := range strings.Split(c.logs.String(), "\n") {
+		if strings.Contains(l, "certificate request failed") {
+			failures = append(failures, l)
+		}
+	}
+	if !strings.Contains(failures[0], "level=INFO") || !strings.Contains(failures[0], "CA may still be starting") {
+		t.Errorf("first failure logged as %q; want INFO saying the CA may still be starting", failures[0])
+	}
+	if !strings.Contains(failures[1], "level=WARN") {
+		t.Errorf("second failure logged as %q; want WARN", failures[1])
+	}
+}

@@ -28,10 +28,12 @@ type Service struct {
 	m      metrics
 
 	// Survive restarts; touched only by Serve's goroutine.
-	caIssued     messages.CertBundle // the CA's last certificate, with its root (zero if none)
-	fileRoots    []byte              // RootsFromFile: RootCertFile's last good content
-	fileRootsErr error               // RootsFromFile: why RootCertFile's content is not used now
-	written      string              // version last written to OutputCertsDir
+	caIssued messages.CertBundle // the CA's last certificate, with its root (zero if none)
+	// caFailuresInARow counts the CA requests failed since the last success.
+	caFailuresInARow int
+	fileRoots        []byte // RootsFromFile: RootCertFile's last good content
+	fileRootsErr     error  // RootsFromFile: why RootCertFile's content is not used now
+	written          string // version last written to OutputCertsDir
 
 	// Survives restarts; touched only by Serve's goroutine, and read by
 	// the metrics gauge, hence the mutex.

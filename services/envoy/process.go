@@ -3,6 +3,7 @@ package envoy
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -20,6 +21,8 @@ type child struct {
 	pid     int
 	epoch   int
 	started time.Time
+	// stderr keeps the end of Envoy's stderr for a crash record.
+	stderr *tailBuffer
 	// done is closed when the process has exited and been reaped; waitErr
 	// is then Wait's result.
 	done    chan struct{}
@@ -38,7 +41,10 @@ func (s *Service) start() (*child, error) {
 	}
 	cmd := exec.Command(s.cfg.BinaryPath, args...)
 	cmd.Env = s.cfg.Env
-	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, s.cfg.Stderr
+	// Envoy's stderr goes where it always went and, through a pipe, into
+	// the tail a crash record keeps (crashes.go).
+	tail := newTailBuffer(StderrTailBytes)
+	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, io.MultiWriter(s.cfg.Stderr, tail)
 	// Envoy gets its own process group, so that a signal sent to the
 	// agent's group (a terminal's ^C, say) does not reach it behind our
 	// back, and SIGKILL from the kernel when the thread that started it
@@ -61,7 +67,7 @@ func (s *Service) start() (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.cfg.BinaryPath, err)
 	}
-	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.clock.Now(), done: make(chan struct{})}
+	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.clock.Now(), stderr: tail, done: make(chan struct{})}
 	s.epoch++
 	go func() {
 		c.waitErr = cmd.Wait()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"syscall"
@@ -102,6 +103,9 @@ type Config struct {
 	Stdout, Stderr io.Writer
 	// Env is Envoy's environment; nil inherits the agent's.
 	Env []string
+	// CrashDir is where a record of each unexpected exit is kept, the last
+	// MaxCrashRecords (crashes.go); empty keeps none.
+	CrashDir string
 }
 
 // withDefaults returns cfg with the operational defaults filled in.
@@ -176,10 +180,25 @@ func (s *Service) prepare() ([]string, error) {
 // Name is the service's name in logs, metrics, Health and /debug/tree.
 const Name = messages.EnvoyService
 
+// Inputs are what the service reads.
+type Inputs struct {
+	// Drain brings drain and stop commands; nil: none.
+	Drain messages.Source[messages.Drain]
+	// XDS is the XDS proxy's state, for the versions a crash record names;
+	// nil without an XDS proxy.
+	XDS messages.Latest[messages.XDSState]
+}
+
+// Outputs are what the service publishes.
+type Outputs struct {
+	State messages.Sink[messages.EnvoyState]
+}
+
 // Service runs one Envoy process per Serve call.
 type Service struct {
 	cfg    Config
 	drain  messages.Source[messages.Drain]
+	xds    messages.Latest[messages.XDSState]
 	state  messages.Sink[messages.EnvoyState]
 	health *messages.Reporter
 	clock  messages.Clock
@@ -196,11 +215,15 @@ type Service struct {
 	bootstrap *renderedBootstrap
 }
 
-// New returns the service. drain may be nil (no drain commands).
-func New(cfg Config, drain messages.Source[messages.Drain], state messages.Sink[messages.EnvoyState], rt messages.Runtime) *Service {
+// New validates cfg, once (Serve does not check it again), and returns the
+// service.
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, drain: drain, state: state, health: rt.Health, clock: rt.Clock, log: rt.Log,
-		admin: newAdminClient(cfg.AdminAddr)}
+	return &Service{cfg: cfg, drain: in.Drain, xds: in.XDS, state: out.State, health: rt.Health, clock: rt.Clock,
+		log: rt.Log, admin: newAdminClient(cfg.AdminAddr)}, nil
 }
 
 // String names the service in logs, metrics and /debug/tree.
@@ -211,10 +234,6 @@ func (s *Service) String() string { return Name }
 // Exit or Immediate has stopped it (ErrDrained and suture.ErrDoNotRestart).
 // It never returns while Envoy runs.
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		s.setHealth(messages.Failed, err.Error())
-		return err
-	}
 	// A stop requested while Envoy was not running (between a crash and
 	// the restart, say) is honoured without starting it again.
 	pending := s.takeDrains()
@@ -376,8 +395,35 @@ func (r *run) exited() error {
 		r.s.log.Warn("envoy was killed; it may have run out of memory", "pid", r.child.pid)
 	}
 	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason)
-	r.s.setHealth(messages.Failed, err.Error())
+	health := err.Error()
+	if path := r.s.keepCrashRecord(r.child); path != "" {
+		health += "; crash record " + path
+	}
+	r.s.setHealth(messages.Failed, health)
 	return err
+}
+
+// keepCrashRecord writes the record of c's unexpected exit and returns its
+// path ("" when none is kept). Failing to write it is logged, never fatal.
+func (s *Service) keepCrashRecord(c *child) string {
+	if s.cfg.CrashDir == "" {
+		return ""
+	}
+	var acked map[string]string
+	if s.xds != nil {
+		if st, ok := s.xds.Get(); ok {
+			acked = maps.Clone(st.LastACK)
+		}
+	}
+	rec := newCrashRecord(c, s.clock.Now(), acked, s.bootstrap)
+	path, err := writeCrashRecord(s.cfg.CrashDir, rec)
+	if err != nil {
+		s.log.Warn("keeping envoy's crash record", "dir", s.cfg.CrashDir, "error", err)
+	}
+	if path != "" && err == nil {
+		s.log.Info("envoy crash record kept", "file", path, "stderr_tail_bytes", len(rec.StderrTail))
+	}
+	return path
 }
 
 // stop terminates Envoy (SIGTERM, SIGKILL after the grace period), waits for

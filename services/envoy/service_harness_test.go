@@ -173,7 +173,11 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 		mod(&cfg)
 	}
 	log := h.logs.Logger()
-	h.svc = New(cfg, h.drain, h.state, messages.NewRuntime(Name, h.health, clock, nil, log))
+	svc, err := New(cfg, Inputs{Drain: h.drain}, Outputs{State: h.state}, messages.NewRuntime(Name, h.health, clock, nil, log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.svc = svc
 	// The control plane Envoy's ADS talks to (the agent's XDS socket).
 	h.xds = startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))
 	t.Cleanup(func() {

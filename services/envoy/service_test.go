@@ -301,7 +301,6 @@ func TestStartFailures(t *testing.T) {
 		{"prepare", func(c *Config) {
 			c.Prepare = func() ([]string, error) { return nil, errors.New("template /x/tmpl.json: bad") }
 		}, ErrPrepare, "/x/tmpl.json"},
-		{"admin address", func(c *Config) { c.AdminAddr = "localhost" }, ErrInvalidConfig, "AdminAddr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil, tc.mod)
@@ -316,6 +315,18 @@ func TestStartFailures(t *testing.T) {
 				t.Fatal("EnvoyState published without a process")
 			}
 		})
+	}
+}
+
+// A bad config is refused by New, once, naming the field (issue 26: a
+// config is validated when the tree is built, never again in Serve).
+func TestNewRefusesInvalidConfig(t *testing.T) {
+	cfg := Config{BinaryPath: envoyBinary, Prepare: func() ([]string, error) { return nil, nil },
+		AdminAddr: "localhost", DrainQuery: "inboundonly&graceful"}
+	_, err := New(cfg, Inputs{}, Outputs{State: messages.NewCell[messages.EnvoyState]()},
+		messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, testkit.TestLogger(t)))
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "AdminAddr") {
+		t.Fatalf("New = %v; want ErrInvalidConfig naming AdminAddr", err)
 	}
 }
 
@@ -370,12 +381,16 @@ func runAsParent() int {
 	port, _ := strconv.Atoi(os.Getenv("MESHAGENT_ENVOY_TEST_PORT"))
 	dir := os.Getenv("MESHAGENT_ENVOY_TEST_DIR")
 	state := messages.NewCell[messages.EnvoyState]()
-	svc := New(Config{
+	svc, err := New(Config{
 		BinaryPath: os.Getenv(parentEnv),
 		Prepare:    func() ([]string, error) { return writeBootstrap(dir, port) },
 		AdminAddr:  fmt.Sprintf("127.0.0.1:%d", port),
 		DrainQuery: "inboundonly&graceful",
-	}, nil, state, messages.NewRuntime(Name, messages.NewStream[messages.Health](0, nil), nil, nil, nil))
+	}, Inputs{}, Outputs{State: state}, messages.NewRuntime(Name, messages.NewStream[messages.Health](0, nil), nil, nil, nil))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "parent: New:", err)
+		return 1
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- svc.Serve(context.Background()) }()
 	for {

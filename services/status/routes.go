@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,38 +16,103 @@ import (
 	"github.com/meshagent/meshagent/messages"
 )
 
-func (s *Service) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz/ready", s.handleReady)
-	// The tree names every service, its last error and the control
-	// plane's address: loopback only, as pprof and /debug/ndsz (issue 12;
-	// kubectl port-forward arrives on loopback).
-	mux.HandleFunc("GET /debug/tree", loopbackOnly(s.handleTree))
-	metrics := s.metrics.ServeHTTP
-	if s.cfg.Metrics.LocalhostOnly {
-		metrics = loopbackOnly(metrics)
+// route is one endpoint of the status server: registered and listed on
+// GET / from the same table, so the index cannot drift from what is served
+// (issue 22).
+type route struct {
+	pattern string // a ServeMux pattern: "GET /path" or "/path" (any method)
+	handler http.HandlerFunc
+	// loopback: only callers on loopback are answered (403 otherwise).
+	loopback bool
+	// istio: Istio's agent serves it too; else it is meshagent's own.
+	istio bool
+	doc   string
+}
+
+// routeTable lists every endpoint this server answers, in the order GET /
+// shows them.
+func (s *Service) routeTable() []route {
+	metricsLocal := s.cfg.Metrics.LocalhostOnly
+	rs := []route{
+		{"GET /healthz/ready", s.handleReady, false, true, "readiness: 200, or 503 naming every reason (kubelet, via Envoy's 15021)"},
+		// Any method, as Istio: kubelet's GET and lifecycle hooks.
+		{"/app-health/", s.handleAppProbe, false, true, "the application's rewritten probes: /app-health/<container>/{livez,readyz,startupz}"},
+		{"/app-lifecycle/", s.handleAppProbe, false, true, "the application's lifecycle hooks: /app-lifecycle/<container>/{prestopz,poststartz}"},
+		{"GET /stats/prometheus", s.metrics.ServeHTTP, metricsLocal, true, "the agent's, Envoy's and the application's metrics, merged"},
+		{"GET /metrics", s.metrics.ServeHTTP, metricsLocal, true, "the same as /stats/prometheus"},
+		{"/quitquitquit", postOnly(s.handleQuit), true, true, "POST: stop now, without draining"},
+		{"/drain", postOnly(s.handleDrain), true, true, "POST: drain Envoy's listeners and keep running (the preStop hook)"},
+		// The tree names every service, its last error and the control
+		// plane's address: loopback only, as pprof and /debug/ndsz (issue
+		// 12; kubectl port-forward arrives on loopback).
+		{"GET /debug/tree", s.handleTree, true, false, "the supervision tree: each service's state, restarts and last error; ?format=json"},
 	}
-	mux.HandleFunc("GET /stats/prometheus", metrics)
-	mux.HandleFunc("GET /metrics", metrics)
-	// Any method, as Istio: kubelet's GET and lifecycle hooks.
-	mux.HandleFunc("/app-health/", s.handleAppProbe)
-	mux.HandleFunc("/app-lifecycle/", s.handleAppProbe)
-	mux.HandleFunc("/quitquitquit", loopbackOnly(postOnly(s.handleQuit)))
-	mux.HandleFunc("/drain", loopbackOnly(postOnly(s.handleDrain)))
 	if s.cfg.Chaos {
-		mux.HandleFunc("/debug/chaos/kill", loopbackOnly(postOnly(s.handleChaosKill)))
+		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
 	}
-	for path, h := range s.cfg.Debug {
-		mux.HandleFunc("GET "+path, loopbackOnly(h.ServeHTTP))
+	for _, path := range slices.Sorted(maps.Keys(s.cfg.Debug)) {
+		rs = append(rs, route{"GET " + path, s.cfg.Debug[path].ServeHTTP, true, false, s.debugDoc(path)})
 	}
 	if s.cfg.Profiling {
-		mux.HandleFunc("/debug/pprof/", loopbackOnly(pprof.Index))
-		mux.HandleFunc("/debug/pprof/cmdline", loopbackOnly(pprof.Cmdline))
-		mux.HandleFunc("/debug/pprof/profile", loopbackOnly(pprof.Profile))
-		mux.HandleFunc("/debug/pprof/symbol", loopbackOnly(pprof.Symbol))
-		mux.HandleFunc("/debug/pprof/trace", loopbackOnly(pprof.Trace))
+		rs = append(rs,
+			route{"/debug/pprof/", pprof.Index, true, true, "Go's profiles (--profiling)"},
+			route{"/debug/pprof/cmdline", pprof.Cmdline, true, true, ""},
+			route{"/debug/pprof/profile", pprof.Profile, true, true, ""},
+			route{"/debug/pprof/symbol", pprof.Symbol, true, true, ""},
+			route{"/debug/pprof/trace", pprof.Trace, true, true, ""},
+		)
 	}
+	return rs
+}
+
+// debugDoc is the index line of a debug page another service offers.
+func (s *Service) debugDoc(path string) string {
+	switch path {
+	case "/debug/ndsz":
+		return "the DNS proxy's name table and the names generated from it"
+	case "/debug/crashes":
+		return "Envoy's crash records, newest first: exit, uptime, stderr tail, ACKed versions"
+	}
+	return "a debug page"
+}
+
+func (s *Service) routes() http.Handler {
+	mux := http.NewServeMux()
+	table := s.routeTable()
+	for _, r := range table {
+		h := r.handler
+		if r.loopback {
+			h = loopbackOnly(h)
+		}
+		mux.HandleFunc(r.pattern, h)
+	}
+	mux.HandleFunc("GET /{$}", indexHandler(table))
 	return mux
+}
+
+// indexHandler answers GET / with one line per endpoint: what it is, whose
+// it is (Istio's or ours) and who may call it. Istio's agent answers 404.
+func indexHandler(table []route) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "meshagent status server: the endpoints it answers")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ENDPOINT\tOF\tWHO MAY CALL\tWHAT")
+		for _, r := range table {
+			if r.doc == "" {
+				continue
+			}
+			of, who := "meshagent", "anyone"
+			if r.istio {
+				of = "istio"
+			}
+			if r.loopback {
+				who = "loopback only"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.pattern, of, who, r.doc)
+		}
+		tw.Flush()
+	}
 }
 
 // handleReady answers kubelet (through Envoy's 15021) and `meshagent wait`:
