@@ -61,10 +61,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Notifier speaks to systemd; nil does nothing.
 	Notifier Notifier
-	// ReleaseStartupMemory: once the agent is first ready, return the
-	// start-up garbage and unmap the code only start-up ran (memory.go).
-	// Build sets it; it is process-wide, so tests leave it off.
-	ReleaseStartupMemory bool
+	// OnFirstReady runs once, on the tree's goroutine, when the agent is
+	// first ready: process policy that is cmd's, not the tree's (issue 26;
+	// the agent returns its start-up memory there). Nil: nothing.
+	OnFirstReady func()
 }
 
 // Agent is a built supervision tree, ready to Run once.
@@ -255,8 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	done := a.root.ServeBackground(rootCtx)
 	a.agentHealth(messages.Ready, "")
 
-	watchdog, stopWatchdog := a.watchdog()
-	defer stopWatchdog()
+	watchdog := a.newWatchdog()
 	notifiedReady := false
 	var giveUp *GiveUpError
 	graceful, reason := true, ""
@@ -267,8 +266,8 @@ loop:
 		if readiness.Ready && !notifiedReady {
 			notifiedReady = true
 			a.notify("READY=1")
-			if a.opts.ReleaseStartupMemory {
-				releaseStartupMemory(a.log)
+			if a.opts.OnFirstReady != nil {
+				a.opts.OnFirstReady()
 			}
 		}
 		select {
@@ -291,8 +290,8 @@ loop:
 		case err := <-done:
 			return fmt.Errorf("supervision tree stopped unexpectedly: %w", err)
 		case <-readinessChanged:
-		case <-watchdog:
-			a.notify("WATCHDOG=1")
+		case <-watchdog.due():
+			watchdog.ping()
 		}
 	}
 
@@ -313,7 +312,7 @@ loop:
 // drainEnvoy asks the envoy service to drain and stop Envoy, and waits
 // until it has, or DrainTimeout passes. A Shutdown that arrives meanwhile
 // and is not graceful (a second signal) turns the drain into a stop now.
-func (a *Agent) drainEnvoy(reason string, watchdog <-chan time.Time) {
+func (a *Agent) drainEnvoy(reason string, watchdog *watchdog) {
 	if !a.hasEnvoy {
 		return
 	}
@@ -336,8 +335,8 @@ func (a *Agent) drainEnvoy(reason string, watchdog <-chan time.Time) {
 					a.ch.Drain.Send(messages.Drain{Reason: s.Reason, Exit: true, Immediate: true})
 				}
 			}
-		case <-watchdog:
-			a.notify("WATCHDOG=1")
+		case <-watchdog.due():
+			watchdog.ping()
 		case <-timeout:
 			a.log.Warn("Envoy did not finish draining in time; stopping the agent", "timeout", a.opts.DrainTimeout)
 			return
@@ -371,12 +370,28 @@ func (a *Agent) notify(state string) {
 	}
 }
 
-// watchdog ticks at half the systemd watchdog interval, or never.
-func (a *Agent) watchdog() (<-chan time.Time, func()) {
-	interval := a.opts.Notifier.WatchdogInterval()
-	if interval <= 0 {
-		return nil, func() {}
+// watchdog pings systemd's watchdog at half its interval, on the agent's
+// clock (issue 26: every wait of the tree goes through the one clock, so a
+// test moves it by hand).
+type watchdog struct {
+	a    *Agent
+	half time.Duration
+	next <-chan time.Time // nil: no watchdog, never due
+}
+
+func (a *Agent) newWatchdog() *watchdog {
+	w := &watchdog{a: a, half: a.opts.Notifier.WatchdogInterval() / 2}
+	if w.half > 0 {
+		w.next = a.opts.Clock.After(w.half)
 	}
-	t := time.NewTicker(interval / 2)
-	return t.C, t.Stop
+	return w
+}
+
+// due is the channel that receives when the next ping is due.
+func (w *watchdog) due() <-chan time.Time { return w.next }
+
+// ping tells systemd the agent's loop runs and arms the next ping.
+func (w *watchdog) ping() {
+	w.a.notify("WATCHDOG=1")
+	w.next = w.a.opts.Clock.After(w.half)
 }

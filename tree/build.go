@@ -99,10 +99,17 @@ func validate[C any, P interface {
 	return c.Validate()
 }
 
+// Process is what the process around the tree gives it: how to speak to
+// systemd and what to do once the agent is first ready. Process policy
+// (the GC target, returning start-up memory) is cmd's (issue 26).
+type Process struct {
+	Notifier     Notifier
+	OnFirstReady func()
+}
+
 // Build makes the channels and the services from cfg and assembles the
 // tree. It is the only place that calls the services' constructors.
-func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Notifier) (*Agent, *Channels, error) {
-	setSidecarGC(log)
+func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
@@ -250,9 +257,8 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, notifier Not
 		DefaultPolicy: &cfg.DefaultPolicy,
 		StopTimeout:   cfg.StopTimeout,
 		DrainTimeout:  cfg.DrainTimeout,
-		Notifier:      notifier,
-		// The agent process is this tree's: give back what start-up held.
-		ReleaseStartupMemory: true,
+		Notifier:      proc.Notifier,
+		OnFirstReady:  proc.OnFirstReady,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("building the supervision tree: %w", err)

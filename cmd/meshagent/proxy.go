@@ -110,7 +110,12 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 // a third exits on the spot.
 func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.SystemdNotifier{})
+	setSidecarGC(log)
+	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.Process{
+		Notifier: tree.SystemdNotifier{},
+		// The process is this agent's: give back what start-up held.
+		OnFirstReady: func() { releaseStartupMemory(log) },
+	})
 	if err != nil {
 		return err
 	}

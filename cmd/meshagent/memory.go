@@ -1,4 +1,4 @@
-package tree
+package main
 
 import (
 	"bufio"
@@ -15,7 +15,7 @@ import (
 
 // The agent's memory as a sidecar: what it holds is what every pod on the
 // node pays for, so it gives back what only start-up needed (see
-// bench/agent/rss.sh and the README's Performance section for the figures).
+// bench/agent/rss.sh and docs/performance.md for the figures).
 
 // sidecarGCPercent is the GC target the agent runs with unless GOGC is set.
 // The agent's live heap is small (a few MiB: proto registries, Envoy's
