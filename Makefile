@@ -22,6 +22,45 @@ build:
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
 
+# The sidecar image in the layout of Istio's proxyv2 (#20), built without a
+# container daemon by hack/mkimage into a docker-archive tarball whose path
+# is the last line printed; load it on a node with
+#   ctr -n k8s.io images import bin/meshagent-proxyv2-image.tar
+# Envoy in it is the stand-in (testdata/fakeenvoy, static): it relays
+# captured TCP but is no Envoy, and the image's labels say so.
+# `make image-istio` builds the same image with Istio's own pilot-agent (the
+# oracle of the kube suite). iptables and the libraries come from this host
+# (apt-get install iptables). Istio's bootstrap template comes from the
+# Istio source the conformance suite reads (Go's module cache).
+IMAGE_TAG        ?= localhost/meshagent-proxyv2:dev
+IMAGE_TAR        ?= $(BIN)/meshagent-proxyv2-image.tar
+ISTIO_IMAGE_TAG  ?= localhost/istio-proxyv2:oracle
+ISTIO_IMAGE_TAR  ?= $(BIN)/istio-proxyv2-image.tar
+ISTIO_MODULE     := $(shell sed -n 's/^const istioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/conformance_run_test.go)
+ISTIO_SRC        ?= $(shell $(GO) env GOMODCACHE)/$(ISTIO_MODULE)
+ISTIO_TEMPLATE   := $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json
+STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy
+IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_TEMPLATE) \
+	-label '$(STAND_IN_LABEL)' -env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
+
+.PHONY: image image-istio fakeenvoy-static istio-template
+image: build fakeenvoy-static istio-template
+	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
+	  -label io.meshagent.agent=meshagent -label org.opencontainers.image.version=$(VERSION) \
+	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+
+image-istio: peer-istio-agent fakeenvoy-static istio-template
+	$(GO) run ./hack/mkimage -agent $(ISTIO_AGENT) $(IMAGE_FLAGS) -tag $(ISTIO_IMAGE_TAG) -o $(ISTIO_IMAGE_TAR) \
+	  -label 'io.meshagent.agent=istio pilot-agent (../shared/peers/istio-agent), the oracle' \
+	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+
+# Static, as in the image there is no libc for it to load.
+fakeenvoy-static:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/fakeenvoy-static ./testdata/fakeenvoy
+
+istio-template:
+	@test -f $(ISTIO_TEMPLATE) || $(GO) mod download $(ISTIO_MODULE)
+
 # Runs `meshagent standalone` in the foreground with every file under
 # .tmp/run (no root needed): the agent's whole tree plus an embedded control
 # plane serving RUN_MESH and an embedded CA signing the agent's certificate.
