@@ -55,11 +55,13 @@ image-istio: peer-istio-agent fakeenvoy-static istio-template
 	  -label 'io.meshagent.agent=istio pilot-agent (../shared/peers/istio-agent), the oracle' \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
 
-# Static, as in the image there is no libc for it to load.
+# Static, as `make build` builds the agent: it loads none of the image's
+# libraries (those are there for iptables and a dynamic Istio agent).
 fakeenvoy-static:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/fakeenvoy-static ./testdata/fakeenvoy
 
 istio-template:
+	@test -n "$(ISTIO_MODULE)" || { echo "no istioSourceVersion in cmd/meshagent/conformance_run_test.go"; exit 1; }
 	@test -f $(ISTIO_TEMPLATE) || $(GO) mod download $(ISTIO_MODULE)
 
 # Runs `meshagent standalone` in the foreground with every file under
