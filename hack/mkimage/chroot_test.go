@@ -92,7 +92,9 @@ func TestImageRunsInItsRoot(t *testing.T) {
 	}
 	contains("pilot-agent wait", out, "Envoy is ready!")
 	contains("pilot-agent request GET server_info", must("1337:1337", "pilot-agent", "request", "GET", "server_info"), `"state": "LIVE"`)
-	contains("the agent's log", log.String(), `envoy="/usr/local/bin/envoy (the stand-in Envoy, testdata/fakeenvoy`)
+	contains("the agent's log", log.String(), `envoy="/usr/local/bin/envoy (the stand-in Envoy, testdata/fakeenvoy`,
+		// The capture listeners the control plane sent over LDS, opened.
+		"relay virtualOutbound on 0.0.0.0:15001", "relay virtualInbound on 0.0.0.0:15006")
 }
 
 // inRoot is a command run in network namespace ns with root as its root

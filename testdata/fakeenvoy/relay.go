@@ -35,7 +35,9 @@ import (
 // SDS certificates used on the wire), no filter chains (no matching, no HTTP
 // filters, no RBAC or authorization, no telemetry), no routing (a service's
 // VIP is dialled as is: nothing sends it to the service's endpoints), no load
-// balancing, no retries or timeouts, no draining of these connections.
+// balancing, no retries or timeouts, no draining of these connections, and
+// REDIRECT capture only (TPROXY would need transparent listeners, whose
+// original destination is their local address: not done).
 //
 // Stats, under Envoy's names: listener.<stat name>.downstream_cx_total and
 // listener.<stat name>.downstream_cx_active; and one log line per relayed
