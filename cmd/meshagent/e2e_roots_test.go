@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+// A trust-root rotation restarts nothing it does not concern (#26). The
+// file-mounted root-cert.pem is rewritten several times while a client
+// queries the DNS proxy at a steady rate, for a name of the name table and
+// for one the proxy forwards to a resolver on loopback: no query is lost
+// or fails, the DNS proxy and the name table run on (their /debug/tree
+// since unchanged), no service is restarted, and the XDS proxy dials the
+// control plane again after each rotation with the new roots: the control
+// plane's certificate is reissued by the new root alone, so each new
+// stream it sees proves them.
+func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
+	const rotations = 4
+	roots := []*pki.CA{pki.NewRoot(t, "mesh-root-0")}
+	serverCert := pki.NewServerCert(t, roots[0], "127.0.0.1")
+	cp, err := xdsserver.Start(xdsserver.Options{TLS: serverCert.TLS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
+	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
+		t.Fatal(err)
+	}
+	upstream, why := testkit.StartStubResolver(t)
+	if upstream == nil {
+		t.Skip(why)
+	}
+	dir := t.TempDir()
+	table := filepath.Join(dir, "names.json")
+	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)
+	resolv := filepath.Join(dir, "resolv.conf")
+	writeFile(t, resolv, upstream.ResolvConf())
+	dnsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	var certDir string
+	p := startAgentWith(t, agentOptions{controlPlane: cp, certs: func(d string) {
+		certDir = d
+		chain, key := roots[0].Workload(t, 24*time.Hour)
+		testkit.WriteFile(t, filepath.Join(d, "cert-chain.pem"), chain)
+		testkit.WriteFile(t, filepath.Join(d, "key.pem"), key)
+		testkit.WriteFile(t, filepath.Join(d, "root-cert.pem"), roots[0].CertPEM)
+	}}, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv)
+	p.waitStatus(t, "/healthz/ready", 200)
+	before := treeNodes(t, p)
+	if got := before["dns"].Path; got != "names/dns" {
+		t.Errorf("the DNS proxy is at %q in the tree, want names/dns: a group of its own", got)
+	}
+
+	load := startDNSLoad(dnsAddr, 500, map[string]string{
+		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from the name table
+		"www.upstream.test.":             "192.0.2.77", // forwarded
+	})
+	time.Sleep(300 * time.Millisecond) // a steady rate before the first rotation
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := 1; i <= rotations; i++ {
+		streams := upstreamStreams(cp.Stats())
+		next := pki.NewRoot(t, fmt.Sprintf("mesh-root-%d", i))
+		roots = append(roots, next)
+		serverCert.Issue(t, next)
+		testkit.ReplaceFile(t, filepath.Join(certDir, "root-cert.pem"), next.CertPEM)
+		if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return upstreamStreams(s) > streams }); err != nil {
+			load.stop()
+			t.Fatalf("rotation %d: the control plane saw no new stream with the new root: %v", i, err)
+		}
+		time.Sleep(300 * time.Millisecond) // Envoy reconnected; DNS under load meanwhile
+	}
+	sent := load.stop()
+	t.Logf("%d root rotations under DNS load: %d queries sent, %d lost, %d SERVFAIL, %d wrong answers",
+		rotations, sent, load.lost.Load(), load.servfail.Load(), load.wrong.Load())
+	if load.lost.Load() != 0 || load.servfail.Load() != 0 || load.wrong.Load() != 0 {
+		t.Errorf("DNS queries failed during the rotations: %d lost, %d SERVFAIL, %d wrong of %d (first: %v)",
+			load.lost.Load(), load.servfail.Load(), load.wrong.Load(), sent, load.firstErr())
+	}
+	if got := upstream.Queries.Load(); got == 0 {
+		t.Error("the upstream resolver answered nothing: the forwarded name was not forwarded")
+	}
+
+	after := treeNodes(t, p)
+	for _, name := range []string{"dns", "nametable", "names"} {
+		if !after[name].Since.Equal(before[name].Since) {
+			t.Errorf("%s's run began anew during the rotations: since %v, was %v", name, after[name].Since, before[name].Since)
+		}
+	}
+	for name, b := range before {
+		if a := after[name]; a.Restarts != b.Restarts {
+			t.Errorf("%s was restarted by the rotations: %d restarts, was %d", name, a.Restarts, b.Restarts)
+		}
+	}
+	if got := strings.Count(p.stderr.String(), `reason="trust roots changed"`); got != rotations {
+		t.Errorf("the XDS proxy logged %d redials for new roots, want %d", got, rotations)
+	}
+	p.waitStatus(t, "/healthz/ready", 200)
+}
+
+// upstreamStreams counts the streams a control plane has seen, of either
+// protocol.
+func upstreamStreams(s xdsserver.Stats) int { return s.Streams + s.DeltaStreams }
+
+// treeNodes are the nodes of the agent's /debug/tree, by name.
+func treeNodes(t *testing.T, p *agentProcess) map[string]messages.ServiceInfo {
+	t.Helper()
+	body := p.waitStatus(t, "/debug/tree?format=json", 200)
+	var tree struct {
+		Services []messages.ServiceInfo `json:"services"`
+	}
+	if err := json.Unmarshal([]byte(body), &tree); err != nil {
+		t.Fatalf("/debug/tree: %v\n%s", err, body)
+	}
+	nodes := map[string]messages.ServiceInfo{}
+	for _, s := range tree.Services {
+		nodes[s.Name] = s
+	}
+	return nodes
+}
+
+// dnsLoad queries a DNS server at a steady rate, each query on its own
+// (a slow answer does not slow the rate down), each name in turn, and
+// counts what went wrong: lost (no answer within 2 s), SERVFAIL, or an
+// answer other than the expected address.
+type dnsLoad struct {
+	sent, lost, servfail, wrong atomic.Int64
+	done                        chan struct{}
+	finished                    chan struct{}
+	wg                          sync.WaitGroup
+	mu                          sync.Mutex
+	first                       error
+}
+
+func startDNSLoad(addr string, qps int, want map[string]string) *dnsLoad {
+	l := &dnsLoad{done: make(chan struct{}), finished: make(chan struct{})}
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	client := &dns.Client{Timeout: 2 * time.Second}
+	go func() {
+		defer close(l.finished)
+		tick := time.NewTicker(time.Second / time.Duration(qps))
+		defer tick.Stop()
+		// Bounded: at most two minutes of queries, whatever the test does.
+		limit := time.After(2 * time.Minute)
+		for i := 0; ; i++ {
+			select {
+			case <-l.done:
+				return
+			case <-limit:
+				return
+			case <-tick.C:
+			}
+			name := names[i%len(names)]
+			l.sent.Add(1)
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				l.ask(client, addr, name, want[name])
+			}()
+		}
+	}()
+	return l
+}
+
+func (l *dnsLoad) ask(c *dns.Client, addr, name, want string) {
+	r, _, err := c.Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), addr)
+	switch {
+	case err != nil:
+		l.lost.Add(1)
+		l.note(fmt.Errorf("%s: %w", name, err))
+	case r.Rcode == dns.RcodeServerFailure:
+		l.servfail.Add(1)
+		l.note(fmt.Errorf("%s: SERVFAIL", name))
+	case len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != want:
+		l.wrong.Add(1)
+		l.note(fmt.Errorf("%s: %v, want %s", name, r.Answer, want))
+	}
+}
+
+func (l *dnsLoad) note(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.first == nil {
+		l.first = err
+	}
+}
+
+func (l *dnsLoad) firstErr() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.first == nil {
+		return errors.New("none")
+	}
+	return l.first
+}
+
+// stop ends the load, waits for the queries in flight, and returns how
+// many were sent. A second stop does nothing.
+func (l *dnsLoad) stop() int64 {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	<-l.finished
+	l.wg.Wait()
+	return l.sent.Load()
+}
