@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,42 +32,14 @@ import (
 // stream it sees proves them.
 func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 	const rotations = 4
-	roots := []*pki.CA{pki.NewRoot(t, "mesh-root-0")}
-	serverCert := pki.NewServerCert(t, roots[0], "127.0.0.1")
-	cp, err := xdsserver.Start(xdsserver.Options{TLS: serverCert.TLS()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Close)
-	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
-	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
-		t.Fatal(err)
-	}
-	upstream, why := testkit.StartStubResolver(t)
-	if upstream == nil {
-		t.Skip(why)
-	}
-	dir := t.TempDir()
-	table := filepath.Join(dir, "names.json")
-	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)
-	resolv := filepath.Join(dir, "resolv.conf")
-	writeFile(t, resolv, upstream.ResolvConf())
-	dnsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	var certDir string
-	p := startAgentWith(t, agentOptions{controlPlane: cp, certs: func(d string) {
-		certDir = d
-		chain, key := roots[0].Workload(t, 24*time.Hour)
-		testkit.WriteFile(t, filepath.Join(d, "cert-chain.pem"), chain)
-		testkit.WriteFile(t, filepath.Join(d, "key.pem"), key)
-		testkit.WriteFile(t, filepath.Join(d, "root-cert.pem"), roots[0].CertPEM)
-	}}, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv)
-	p.waitStatus(t, "/healthz/ready", 200)
+	a := startDNSAgent(t, true)
+	p, cp := a.p, a.cp
 	before := treeNodes(t, p)
 	if got := before["dns"].Path; got != "names/dns" {
 		t.Errorf("the DNS proxy is at %q in the tree, want names/dns: a group of its own", got)
 	}
 
-	load := startDNSLoad(dnsAddr, 500, map[string]string{
+	load := startDNSLoad(a.dnsAddr, 500, map[string]string{
 		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from the name table
 		"www.upstream.test.":             "192.0.2.77", // forwarded
 	})
@@ -76,9 +49,8 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 	for i := 1; i <= rotations; i++ {
 		streams := upstreamStreams(cp.Stats())
 		next := pki.NewRoot(t, fmt.Sprintf("mesh-root-%d", i))
-		roots = append(roots, next)
-		serverCert.Issue(t, next)
-		testkit.ReplaceFile(t, filepath.Join(certDir, "root-cert.pem"), next.CertPEM)
+		a.serverCert.Issue(t, next)
+		testkit.ReplaceFile(t, filepath.Join(a.certDir, "root-cert.pem"), next.CertPEM)
 		if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return upstreamStreams(s) > streams }); err != nil {
 			load.stop()
 			t.Fatalf("rotation %d: the control plane saw no new stream with the new root: %v", i, err)
@@ -92,7 +64,7 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		t.Errorf("DNS queries failed during the rotations: %d lost, %d SERVFAIL, %d wrong of %d (first: %v)",
 			load.lost.Load(), load.servfail.Load(), load.wrong.Load(), sent, load.firstErr())
 	}
-	if got := upstream.Queries.Load(); got == 0 {
+	if got := a.upstream.Queries.Load(); got == 0 {
 		t.Error("the upstream resolver answered nothing: the forwarded name was not forwarded")
 	}
 
@@ -111,6 +83,150 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		t.Errorf("the XDS proxy logged %d redials for new roots, want %d", got, rotations)
 	}
 	p.waitStatus(t, "/healthz/ready", 200)
+}
+
+// The other events a running agent lives through lose no DNS query either
+// and restart nothing they do not concern (#26): a renewed workload
+// certificate, an NDS update, an xDS reconnect (the control plane
+// restarts) and an Envoy restart (Envoy killed), each under the same
+// steady load. Only the envoy service is restarted, by the last.
+func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
+	a := startDNSAgent(t, false)
+	p, cp := a.p, a.cp
+	before := treeNodes(t, p)
+	load := startDNSLoad(a.dnsAddr, 500, map[string]string{
+		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from NDS
+		"www.upstream.test.":             "192.0.2.77", // forwarded
+	})
+	defer load.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	time.Sleep(300 * time.Millisecond)
+
+	events := []struct {
+		name string
+		do   func()
+	}{
+		{"certificate renewal", func() {
+			published := strings.Count(p.stderr.String(), "published workload certificate")
+			chain, key := a.root.Workload(t, 24*time.Hour)
+			testkit.ReplaceFile(t, filepath.Join(a.certDir, "key.pem"), key)
+			testkit.ReplaceFile(t, filepath.Join(a.certDir, "cert-chain.pem"), chain)
+			p.waitLog(t, "the renewed certificate published", func(log string) bool {
+				return strings.Count(log, "published workload certificate") > published
+			})
+		}},
+		{"NDS update", func() {
+			if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{
+				"reviews.e2e.svc.cluster.local": "10.0.0.7", "ratings.e2e.svc.cluster.local": "10.0.0.8",
+			})); err != nil {
+				t.Fatal(err)
+			}
+			testkit.WaitFor(t, "the new name answered", func() bool {
+				c := &dns.Client{Timeout: time.Second}
+				r, _, err := c.Exchange(new(dns.Msg).SetQuestion("ratings.e2e.svc.cluster.local.", dns.TypeA), a.dnsAddr)
+				return err == nil && len(r.Answer) == 1 && r.Answer[0].(*dns.A).A.String() == "10.0.0.8"
+			})
+		}},
+		{"xDS reconnect", func() {
+			streams := upstreamStreams(cp.Stats())
+			if err := cp.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return upstreamStreams(s) > streams }); err != nil {
+				t.Fatalf("the proxy did not reconnect: %v", err)
+			}
+		}},
+		{"Envoy restart", func() {
+			pids := p.envoyPIDs()
+			if err := syscall.Kill(pids[len(pids)-1], syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			p.waitLog(t, "a new Envoy", func(string) bool { return len(p.envoyPIDs()) > len(pids) })
+			p.waitStatus(t, "/healthz/ready", 200)
+		}},
+	}
+	for _, e := range events {
+		e.do()
+		time.Sleep(300 * time.Millisecond) // DNS under load after the event too
+	}
+	sent := load.stop()
+	t.Logf("renewal, NDS update, xDS reconnect and Envoy restart under DNS load: %d queries sent, %d lost, %d SERVFAIL, %d wrong answers",
+		sent, load.lost.Load(), load.servfail.Load(), load.wrong.Load())
+	if load.lost.Load() != 0 || load.servfail.Load() != 0 || load.wrong.Load() != 0 {
+		t.Errorf("DNS queries failed: %d lost, %d SERVFAIL, %d wrong of %d (first: %v)",
+			load.lost.Load(), load.servfail.Load(), load.wrong.Load(), sent, load.firstErr())
+	}
+	after := treeNodes(t, p)
+	for _, name := range []string{"dns", "names"} {
+		if !after[name].Since.Equal(before[name].Since) {
+			t.Errorf("%s's run began anew: since %v, was %v", name, after[name].Since, before[name].Since)
+		}
+	}
+	for name, b := range before {
+		want := b.Restarts
+		if name == "envoy" {
+			want++ // killed on purpose
+		}
+		if got := after[name].Restarts; got != want {
+			t.Errorf("%s: %d restarts, want %d", name, got, want)
+		}
+	}
+}
+
+// dnsAgent is an agent with file-mounted certificates, its control plane
+// reached over TLS, and its DNS proxy forwarding to a resolver on
+// loopback; reviews.e2e.svc.cluster.local is 10.0.0.7 in its name table,
+// from a --name-table file (nametable) or from the control plane (NDS).
+type dnsAgent struct {
+	p          *agentProcess
+	cp         *xdsserver.Server
+	serverCert *pki.ServerCert // the control plane's, reissued by a new root
+	root       *pki.CA         // the root the agent was started with
+	certDir    string          // the file-mounted certificates
+	upstream   *testkit.StubResolver
+	dnsAddr    string
+}
+
+func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
+	t.Helper()
+	upstream, why := testkit.StartStubResolver(t)
+	if upstream == nil {
+		t.Skip(why)
+	}
+	a := &dnsAgent{root: pki.NewRoot(t, "mesh-root-0"), upstream: upstream, dnsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	a.serverCert = pki.NewServerCert(t, a.root, "127.0.0.1")
+	cp, err := xdsserver.Start(xdsserver.Options{TLS: a.serverCert.TLS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	a.cp = cp
+	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
+	if err := cp.SetSnapshot("v1", c, l, r, e, xdsserver.NameTable(map[string]string{"reviews.e2e.svc.cluster.local": "10.0.0.7"})); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	resolv := filepath.Join(dir, "resolv.conf")
+	writeFile(t, resolv, upstream.ResolvConf())
+	env := []string{"DNS_PROXY_ADDR=" + a.dnsAddr}
+	args := []string{"--resolv-conf", resolv}
+	if tableFile {
+		table := filepath.Join(dir, "names.json")
+		writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)
+		args = append(args, "--name-table", table)
+	} else {
+		env = append(env, "ISTIO_META_DNS_CAPTURE=true")
+	}
+	a.p = startAgentWith(t, agentOptions{controlPlane: cp, certs: func(d string) {
+		a.certDir = d
+		chain, key := a.root.Workload(t, 24*time.Hour)
+		testkit.WriteFile(t, filepath.Join(d, "cert-chain.pem"), chain)
+		testkit.WriteFile(t, filepath.Join(d, "key.pem"), key)
+		testkit.WriteFile(t, filepath.Join(d, "root-cert.pem"), a.root.CertPEM)
+	}}, env, args...)
+	a.p.waitStatus(t, "/healthz/ready", 200)
+	return a
 }
 
 // upstreamStreams counts the streams a control plane has seen, of either
