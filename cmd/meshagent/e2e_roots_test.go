@@ -43,6 +43,7 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from the name table
 		"www.upstream.test.":             "192.0.2.77", // forwarded
 	})
+	defer load.stop()
 	time.Sleep(300 * time.Millisecond) // a steady rate before the first rotation
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -52,7 +53,6 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		a.serverCert.Issue(t, next)
 		testkit.ReplaceFile(t, filepath.Join(a.certDir, "root-cert.pem"), next.CertPEM)
 		if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool { return upstreamStreams(s) > streams }); err != nil {
-			load.stop()
 			t.Fatalf("rotation %d: the control plane saw no new stream with the new root: %v", i, err)
 		}
 		time.Sleep(300 * time.Millisecond) // Envoy reconnected; DNS under load meanwhile
@@ -75,8 +75,8 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		}
 	}
 	for name, b := range before {
-		if a := after[name]; a.Restarts != b.Restarts {
-			t.Errorf("%s was restarted by the rotations: %d restarts, was %d", name, a.Restarts, b.Restarts)
+		if got := after[name].Restarts; got != b.Restarts {
+			t.Errorf("%s was restarted by the rotations: %d restarts, was %d", name, got, b.Restarts)
 		}
 	}
 	if got := strings.Count(p.stderr.String(), `reason="trust roots changed"`); got != rotations {
@@ -125,7 +125,7 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 			testkit.WaitFor(t, "the new name answered", func() bool {
 				c := &dns.Client{Timeout: time.Second}
 				r, _, err := c.Exchange(new(dns.Msg).SetQuestion("ratings.e2e.svc.cluster.local.", dns.TypeA), a.dnsAddr)
-				return err == nil && len(r.Answer) == 1 && r.Answer[0].(*dns.A).A.String() == "10.0.0.8"
+				return err == nil && answersA(r, "10.0.0.8")
 			})
 		}},
 		{"xDS reconnect", func() {
@@ -305,10 +305,19 @@ func (l *dnsLoad) ask(c *dns.Client, addr, name, want string) {
 	case r.Rcode == dns.RcodeServerFailure:
 		l.servfail.Add(1)
 		l.note(fmt.Errorf("%s: SERVFAIL", name))
-	case len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != want:
+	case !answersA(r, want):
 		l.wrong.Add(1)
 		l.note(fmt.Errorf("%s: %v, want %s", name, r.Answer, want))
 	}
+}
+
+// answersA: r's one answer is the A record ip.
+func answersA(r *dns.Msg, ip string) bool {
+	if len(r.Answer) != 1 {
+		return false
+	}
+	a, ok := r.Answer[0].(*dns.A)
+	return ok && a.A.String() == ip
 }
 
 func (l *dnsLoad) note(err error) {
