@@ -208,7 +208,7 @@ type Chaos struct {
 // ServiceInfo is one node of the supervision tree as /debug/tree shows it.
 type ServiceInfo struct {
 	Name      string      `json:"name"`
-	Path      string      `json:"path"` // "xds/dns"
+	Path      string      `json:"path"` // "names/dns"
 	Kind      string      `json:"kind"` // "service" or "supervisor"
 	State     HealthState `json:"-"`
 	StateName string      `json:"state"`

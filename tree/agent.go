@@ -37,7 +37,10 @@ type Node struct {
 	// Policy overrides the agent's default restart policy for this node.
 	Policy *Policy
 	// RestartWhen, for a group: blocks until the group must be rebuilt
-	// (returns true) or ctx is done (false).
+	// (returns true) or ctx is done (false). No group of Build uses it
+	// (#26: the xds group rebuilt on new trust roots restarted the DNS
+	// proxy; the proxy now redials by itself); it remains the generic
+	// trigger of a rebuild, as the rebuild tests use it.
 	RestartWhen func(ctx context.Context) bool
 }
 

@@ -1,8 +1,6 @@
 package tree
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -176,8 +174,9 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 		nodes = append(nodes, Node{Name: "identity", Children: identity})
 	}
 
+	// The XDS proxy stands alone: it handles new trust roots itself, by
+	// redialling (#26), so no event restarts a group around it.
 	debug := map[string]http.Handler{}
-	var xds []Node
 	if cfg.XDS != nil {
 		rt := runtime(xdsproxy.Name)
 		svc, err := xdsproxy.New(*cfg.XDS,
@@ -185,26 +184,31 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 			xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors}, rt)
 		check("xds proxy", err)
 		if err == nil {
-			xds = append(xds, required(svc, rt))
+			nodes = append(nodes, required(svc, rt))
 		}
 	}
+
+	// The name table and the DNS proxy are a group of their own (#26):
+	// they depend on no trust root, certificate or control plane
+	// connection, only on the NameTable channel, which outlives every
+	// restart. In the xds group a root rotation restarted the DNS proxy and
+	// lost queries.
+	var names []Node
 	if cfg.NameTableFile != "" {
 		rt := runtime(dnsproxy.TableFileName)
-		xds = append(xds, required(dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, rt), rt))
+		names = append(names, required(dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, rt), rt))
 	}
 	if cfg.DNS != nil {
 		rt := runtime(dnsproxy.Name)
 		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, rt)
 		check("dns proxy", err)
 		if err == nil {
-			xds = append(xds, required(dns, rt))
+			names = append(names, required(dns, rt))
 			debug["/debug/ndsz"] = dns.NDSZ()
 		}
 	}
-	if len(xds) > 0 {
-		// The xds subtree holds the one upstream connection (with its trust
-		// roots): it is rebuilt when the roots change.
-		nodes = append(nodes, Node{Name: "xds", Children: xds, RestartWhen: rootsChanged(ch.Certs)})
+	if len(names) > 0 {
+		nodes = append(nodes, Node{Name: "names", Children: names})
 	}
 
 	if cfg.Envoy != nil {
@@ -264,29 +268,4 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 		return nil, nil, fmt.Errorf("building the supervision tree: %w", err)
 	}
 	return a, ch, nil
-}
-
-// rootsChanged is the xds subtree's restart trigger: it returns true once
-// the trust roots differ from those present when the subtree started (a
-// first bundle arriving is not a change).
-func rootsChanged(certs messages.Latest[messages.CertBundle]) func(ctx context.Context) bool {
-	return func(ctx context.Context) bool {
-		start, started, changed := certs.Watch()
-		for {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-changed:
-			}
-			var now messages.CertBundle
-			now, _, changed = certs.Watch()
-			if !started {
-				start, started = now, true
-				continue
-			}
-			if !bytes.Equal(now.RootsPEM, start.RootsPEM) {
-				return true
-			}
-		}
-	}
 }

@@ -29,14 +29,14 @@ func TestChaosSoak(t *testing.T) {
 	nodes := []Node{
 		{Name: "capture", Service: leaves["capture"]},
 		{Name: "identity", Children: []Node{{Name: "certs", Service: leaves["certs"]}, {Name: "sds", Service: leaves["sds"]}}},
-		{Name: "xds", Children: []Node{{Name: "dns", Service: leaves["dns"]}}},
+		{Name: "names", Children: []Node{{Name: "dns", Service: leaves["dns"]}}},
 		{Name: "envoyish", Service: leaves["envoyish"]},
 	}
 	required := []string{"certs", "sds", "dns", "envoyish", "capture"}
 	h := newHarnessWith(t, ch, nodes, Options{}, required)
 	h.waitStatus("/healthz/ready", 200)
 
-	targets := []string{"certs", "sds", "dns", "envoyish", "capture", "identity", "xds"}
+	targets := []string{"certs", "sds", "dns", "envoyish", "capture", "identity", "names"}
 	killed := map[string]int{}
 	rng := rand.New(rand.NewPCG(42, uint64(time.Now().UnixNano())))
 	deadline := time.Now().Add(5 * time.Minute)

@@ -80,7 +80,7 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	stuck := newStubborn("stuck", ch.Health)
 	sibling := &readyService{name: "dns", health: ch.Health}
 	trigger, restartWhen := manualRestart()
-	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
+	h := newHarnessWith(t, ch, []Node{{Name: "names", RestartWhen: restartWhen,
 		Children: []Node{{Name: "stuck", Service: stuck}, {Name: "dns", Service: sibling}}}},
 		Options{StopTimeout: 20 * time.Millisecond}, []string{"stuck", "dns"})
 	t.Cleanup(stuck.unstick) // runs before the harness stops: no leak on failure

@@ -30,7 +30,7 @@ var ErrUnexpectedReturn = errors.New("service returned without being stopped")
 // by Serve" line belongs to one goroutine at a time.
 type runner struct {
 	name    string // the service's name, as in logs, metrics, Health
-	path    string // its place in the tree, "xds/dns"
+	path    string // its place in the tree, "names/dns"
 	service suture.Service
 	policy  Policy
 	clock   messages.Clock
@@ -84,7 +84,7 @@ func (r *runner) Serve(ctx context.Context) error {
 	}
 	defer leave()
 	// The backoff is owed once, by the run after the failure: a run that
-	// starts because its group was rebuilt (a group kill, new trust roots)
+	// starts because its group was rebuilt (a group kill, its RestartWhen)
 	// waits only what is left of it, and nothing once it has been waited.
 	if r.nextDelay > 0 {
 		began := r.clock.Now()

@@ -12,8 +12,8 @@ import (
 // subtree is a group of services under a supervisor of their own that is
 // built afresh every time the group starts: a stopped suture supervisor
 // cannot be served again, and a rebuild is how the whole group restarts
-// (the xds subtree when the trust roots change). Its children are runners,
-// so their backoff state survives the rebuild.
+// (a chaos kill of the group, or its restartWhen). Its children are
+// runners, so their backoff state survives the rebuild.
 //
 // A rebuild does not wait for a child that overran its stop timeout (suture
 // has reported and abandoned it): that child's runner refuses to run it
@@ -60,6 +60,6 @@ func (s *subtree) Serve(ctx context.Context) error {
 	case <-restart:
 		cancel()
 		<-done
-		return fmt.Errorf("%s: trust roots changed: %w", s.name, messages.ErrRestart)
+		return fmt.Errorf("%s: restart condition met: %w", s.name, messages.ErrRestart)
 	}
 }

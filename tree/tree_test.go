@@ -104,7 +104,7 @@ func TestChaosKillThenReadyAgain(t *testing.T) {
 	ch := NewChannels(nil)
 	gate := make(chan struct{})
 	svc := &readyService{name: "dns", health: ch.Health, gate: gate}
-	h := newHarnessWith(t, ch, []Node{{Name: "xds", Children: []Node{{Name: "dns", Service: svc}}}}, Options{}, []string{"dns"})
+	h := newHarnessWith(t, ch, []Node{{Name: "names", Children: []Node{{Name: "dns", Service: svc}}}}, Options{}, []string{"dns"})
 	h.waitStatus("/healthz/ready", 200)
 
 	if code, body := h.post("/debug/chaos/kill?service=dns"); code != 200 {
@@ -260,17 +260,17 @@ func TestQuitQuitQuit(t *testing.T) {
 // every child run again.
 func TestSubtreeRebuild(t *testing.T) {
 	ch := NewChannels(nil)
-	a1 := &readyService{name: "xdsproxy", health: ch.Health}
+	a1 := &readyService{name: "nametable", health: ch.Health}
 	a2 := &readyService{name: "dns", health: ch.Health}
 	trigger, restartWhen := manualRestart()
-	h := newHarnessWith(t, ch, []Node{{Name: "xds", RestartWhen: restartWhen,
-		Children: []Node{{Name: "xdsproxy", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "xdsproxy"})
+	h := newHarnessWith(t, ch, []Node{{Name: "names", RestartWhen: restartWhen,
+		Children: []Node{{Name: "nametable", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "nametable"})
 	h.waitStatus("/healthz/ready", 200)
 	trigger <- struct{}{}
 	testkit.WaitFor(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
-	if got := h.counter("meshagent_service_restarts_total", "xds"); got != 1 {
-		t.Fatalf("xds restarts = %v, want 1", got)
+	if got := h.counter("meshagent_service_restarts_total", "names"); got != 1 {
+		t.Fatalf("names restarts = %v, want 1", got)
 	}
 	if got := h.counter("meshagent_service_restarts_total", "dns"); got != 0 {
 		t.Fatalf("dns restarts = %v, want 0 (it was rebuilt, not failed)", got)
@@ -292,33 +292,6 @@ func TestNewRejectsBadTrees(t *testing.T) {
 		if _, err := New(NewChannels(nil), nodes, prometheus.NewRegistry(), testkit.TestLogger(t), Options{}); err == nil {
 			t.Errorf("%s: New accepted %+v", name, nodes)
 		}
-	}
-}
-
-// The xds subtree is rebuilt when, and only when, the trust roots change:
-// not for the first bundle, not for a renewed leaf.
-func TestRootsChangedTrigger(t *testing.T) {
-	certs := messages.NewCell[messages.CertBundle]()
-	fired := make(chan bool, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { fired <- rootsChanged(certs)(ctx) }()
-
-	certs.Send(messages.CertBundle{RootsPEM: []byte("root-1"), CertChainPEM: []byte("leaf-1"), Version: "1"})
-	certs.Send(messages.CertBundle{RootsPEM: []byte("root-1"), CertChainPEM: []byte("leaf-2"), Version: "2"})
-	select {
-	case <-fired:
-		t.Fatal("fired without a roots change")
-	case <-time.After(100 * time.Millisecond):
-	}
-	certs.Send(messages.CertBundle{RootsPEM: []byte("root-2"), CertChainPEM: []byte("leaf-2"), Version: "3"})
-	select {
-	case got := <-fired:
-		if !got {
-			t.Fatal("returned false on a roots change")
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("did not fire on a roots change")
 	}
 }
 

@@ -39,7 +39,7 @@ func TestAgentChaos(t *testing.T) {
 	certs := watchSDSCertificates(t, filepath.Join(p.root, "var/run/secrets/workload-spiffe-uds/socket"))
 	latest := nextCertificate(t, certs, "certificate")
 
-	targets := []string{"certs", "sds", "dns", "nametable", "envoy", "status", "identity", "xds", "envoy-process", "cert-files"}
+	targets := []string{"certs", "sds", "dns", "nametable", "names", "envoy", "status", "identity", "xds", "envoy-process", "cert-files"}
 	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
 	killed := map[string]int{}
 	deadline := time.Now().Add(8 * time.Minute)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // These tests run the real binary, as a user or kubelet would.
@@ -129,25 +130,57 @@ func startAgentIn(t *testing.T, netns string, env []string, args ...string) *age
 
 func startAgentOpts(t *testing.T, netns, drain string, env []string, args ...string) *agentProcess {
 	t.Helper()
+	return startAgentWith(t, agentOptions{netns: netns, drain: drain}, env, args...)
+}
+
+// agentOptions are how startAgentWith departs from startAgent's pod.
+type agentOptions struct {
+	// netns runs the agent (and its plaintext control plane) inside this
+	// network namespace.
+	netns string
+	// drain is ProxyConfig's terminationDrainDuration (default 1s).
+	drain string
+	// controlPlane, when set, is the agent's control plane, reached over
+	// TLS (MUTUAL_TLS) and verified with the file-mounted root-cert.pem;
+	// otherwise a plaintext one is started.
+	controlPlane *xdsserver.Server
+	// certs, when set, writes the file-mounted certificates into the
+	// directory it is given, instead of devcerts.
+	certs func(dir string)
+}
+
+func startAgentWith(t *testing.T, o agentOptions, env []string, args ...string) *agentProcess {
+	t.Helper()
 	root := t.TempDir()
-	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
+	if o.drain == "" {
+		o.drain = "1s"
+	}
+	if o.certs != nil {
+		o.certs(filepath.Join(root, "etc/certs"))
+	} else if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	ports := freePorts(t, 5)
 	port, adminPort, statusPort, promPort := ports[0], ports[1], ports[2], ports[3]
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
 	var discovery string
-	if netns != "" {
-		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, agentBinary, "proxy", "--root", root}, args...)...)
+	auth := "NONE"
+	switch {
+	case o.controlPlane != nil:
+		discovery, auth = o.controlPlane.Addr(), "MUTUAL_TLS"
+	case o.netns != "":
 		discovery = fmt.Sprintf("127.0.0.1:%d", ports[4])
-		startControlPlaneIn(t, netns, discovery)
-	} else {
+		startControlPlaneIn(t, o.netns, discovery)
+	default:
 		discovery = startControlPlane(t).Addr()
+	}
+	if o.netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", o.netns, agentBinary, "proxy", "--root", root}, args...)...)
 	}
 	cmd.Env = append(os.Environ(), append([]string{
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":%q,`+
-			`"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE"}`,
-			port, adminPort, envoyBinary, drain, discovery),
+			`"discoveryAddress":%q,"controlPlaneAuthPolicy":%q}`,
+			port, adminPort, envoyBinary, o.drain, discovery, auth),
 		fmt.Sprintf("ENVOY_STATUS_PORT=%d", statusPort),
 		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", promPort),
 		"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",

@@ -30,7 +30,7 @@ func treeRequest(s *Service, path, remote string, header http.Header) *httptest.
 // loopback is the caller's word, not its address.
 func TestDebugTreeIsLoopbackOnly(t *testing.T) {
 	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
-	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "dns", Path: "xds/dns", StateName: "ready"}}})
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "dns", Path: "names/dns", StateName: "ready"}}})
 	spoofed := http.Header{"X-Forwarded-For": {"127.0.0.1"}, "X-Real-Ip": {"127.0.0.1"}, "Forwarded": {"for=127.0.0.1"}}
 	for _, c := range []struct {
 		remote string

@@ -11,7 +11,9 @@
 //     (codec.go): only the type URL and nonce are read from them;
 //   - the configuration Envoy last acknowledged is kept, in memory and in a
 //     file, and served to an Envoy that connects while the control plane
-//     cannot be reached (lkg.go, offline.go), which no peer does.
+//     cannot be reached (lkg.go, offline.go), which no peer does;
+//   - new trust roots end the upstream stream, which is dialled again with
+//     them, instead of restarting anything (roots.go, #26).
 package xdsproxy
 
 import (

@@ -115,6 +115,10 @@ func (st *stream[R]) probe(ctx context.Context, back chan<- struct{}) {
 		case <-ctx.Done():
 			return
 		case <-s.clock.After(jitter(delay)):
+		case <-st.redialed:
+			// New roots may be what the control plane needed (#26):
+			// try them now, and back off from the start again.
+			delay, began = s.cfg.ReconnectBackoff, s.clock.Now()
 		}
 		err := st.probeOnce(ctx)
 		if err == nil {

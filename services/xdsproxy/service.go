@@ -22,8 +22,9 @@ import (
 type Inputs struct {
 	// Certs: the roots (Roots=RootsCertBundle) and the client certificate
 	// (ClientCertificate) for TLS to the control plane. Read at every
-	// connection, so a new bundle is used by the next one. May be nil when
-	// neither is configured.
+	// connection, so a new bundle is used by the next one; new roots also
+	// end the open upstream stream so that it is dialled again with them
+	// (roots.go). May be nil when neither is configured.
 	Certs messages.Latest[messages.CertBundle]
 	// Workload is the VM workload's health (HealthUpdates): each change
 	// between healthy and unhealthy is reported to the control plane. May
@@ -75,6 +76,9 @@ type Service struct {
 type proxyStream interface {
 	end(err error)
 	health(h messages.WorkloadHealth)
+	// redial ends the stream's upstream so that it is dialled afresh
+	// (roots.go).
+	redial()
 }
 
 // New returns the XDS proxy; an error for a bad Config or metrics that
@@ -141,11 +145,17 @@ func (s *Service) Serve(ctx context.Context) error {
 	srv := grpc.NewServer(s.serverOptions()...)
 	srv.RegisterService(&adsServiceDesc, s)
 	reflection.Register(srv)
+	runCtx, cancel := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	if s.watchesRoots() {
+		// The baseline is read before any stream can dial (#26).
+		roots, seen := s.rootsBaseline()
+		bg.Add(1)
+		go func() { defer bg.Done(); s.watchRoots(runCtx, roots, seen) }()
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
-	runCtx, cancel := context.WithCancel(ctx)
-	var bg sync.WaitGroup
 	if s.cfg.HealthUpdates && s.in.Workload != nil {
 		bg.Add(1)
 		go func() { defer bg.Done(); s.watchWorkload(runCtx) }()

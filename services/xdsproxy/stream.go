@@ -132,6 +132,9 @@ type stream[R request] struct {
 	ended   chan struct{}
 	endErr  error
 	endOnce sync.Once
+	// redialed holds a request to end the upstream and dial afresh
+	// (roots.go); one pending request is enough.
+	redialed chan struct{}
 
 	// initialSent: the agent's own requests went out after Envoy's first
 	// LDS request (guarded by svc.mu).
@@ -157,6 +160,7 @@ func serveStream[R request, F flavor[R]](s *Service, newFlavor func(*Service, ui
 		firstReq:      make(chan struct{}),
 		readDone:      make(chan struct{}),
 		ended:         make(chan struct{}),
+		redialed:      make(chan struct{}, 1),
 		agentVersions: map[string]string{},
 	}
 	if err := s.register(st); err != nil {
@@ -181,6 +185,18 @@ func (st *stream[R]) end(err error) {
 		st.endErr = err
 		close(st.ended)
 	})
+}
+
+// redial asks for the upstream to be ended and dialled afresh: a live
+// stream ends as on an orderly end of the control plane's (Envoy
+// reconnects), one serving the cache probes at once. A request made while
+// the upstream is being dialled applies to that connection as soon as it
+// is up: it may have been made with the old roots.
+func (st *stream[R]) redial() {
+	select {
+	case st.redialed <- struct{}{}:
+	default:
+	}
 }
 
 // health queues a health report, if the agent's first requests went out
@@ -263,6 +279,7 @@ const (
 	fromDownstream
 	fromStall
 	fromEnd
+	fromRedial
 )
 
 type liveEnd struct {
@@ -283,6 +300,12 @@ func (st *stream[R]) run() error {
 	switch end.from {
 	case fromEnd:
 		return st.endErr
+	case fromRedial:
+		// As when the control plane ends a stream in order: Envoy's
+		// stream ends OK, Envoy reconnects at once with what it holds, and
+		// the new stream dials with the new roots (#26).
+		st.log.Debug("upstream ended to redial; Envoy reconnects")
+		return envoyError(nil)
 	case fromDownstream:
 		s.m.envoyTerminations.WithLabelValues(terminationLabel(end.err)).Inc()
 		return envoyError(end.err)
@@ -365,6 +388,8 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 		end = liveEnd{from: fromStall, err: err}
 	case <-st.ended:
 		end = liveEnd{from: fromEnd}
+	case <-st.redialed:
+		end = liveEnd{from: fromRedial}
 	}
 	end.answered = answered.Load()
 	close(done)
