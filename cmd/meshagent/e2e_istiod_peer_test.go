@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 )
 
 const (
@@ -255,36 +256,25 @@ func (p *istiodPeer) pushed(t *testing.T) map[string][]string {
 // standIn is the stand-in Envoy's admin API on Envoy's admin port.
 type standIn struct{ admin string }
 
-// standInDump is the part of the stand-in's /config_dump the test reads.
-type standInDump struct {
-	Bootstrap struct {
-		Node struct {
-			ID       string         `json:"id"`
-			Metadata map[string]any `json:"metadata"`
-		} `json:"node"`
-	} `json:"bootstrap"`
-	Received map[string]map[string]json.RawMessage `json:"received"`
-}
+// standInDump is the stand-in's /config_dump, Envoy's ConfigDump.
+type standInDump struct{ *envoyadmin.Dump }
 
 func (e standIn) dump(t *testing.T) standInDump {
 	t.Helper()
-	var d standInDump
-	if err := json.Unmarshal([]byte(mustGet(t, e.admin+"/config_dump")), &d); err != nil {
+	d, err := envoyadmin.Decode([]byte(mustGet(t, e.admin+"/config_dump?include_eds")))
+	if err != nil {
 		t.Fatalf("the stand-in's config_dump: %v", err)
 	}
-	return d
+	return standInDump{d}
 }
 
 // held is what the stand-in holds, by type, names sorted.
 func (d standInDump) held() map[string][]string {
+	names := d.Names()
 	out := map[string][]string{}
 	for _, typ := range []string{typeURLCluster, typeURLListener, typeURLRoute, typeURLEndpoint} {
-		names := []string{}
-		for name := range d.Received[typ] {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		out[typ] = names
+		out[typ] = append([]string{}, names[typ]...)
+		slices.Sort(out[typ])
 	}
 	return out
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"crypto/x509"
-	"encoding/base64"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"maps"
@@ -216,8 +214,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	// Identity: istiod's CA signed the workload certificate Envoy holds
 	// (Istio's readiness does not wait for it: Envoy's SDS may be later).
 	testkit.WaitFor(t, "the workload certificate in Envoy", func() bool {
-		_, ok := envoy.dump(t).Received[typeURLSecret]["default"]
-		return ok
+		return envoy.dump(t).Secret("default") != nil
 	})
 	r.cert = time.Since(start)
 	d := envoy.dump(t)
@@ -228,7 +225,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 
 	// Envoy holds what istiod says it pushed to this proxy, and ACKed it.
 	r.held = waitConverged(t, peer, envoy)
-	r.metadata = d.Bootstrap.Node.Metadata
+	r.metadata = d.Bootstrap().GetBootstrap().GetNode().GetMetadata().AsMap()
 	checkACKed(t, envoy)
 
 	// DNS from NDS. Istio's agent asks for NDS on Envoy's first LDS
@@ -281,21 +278,11 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 // verifies it against the mesh root and returns its URI SAN.
 func checkWorkloadCert(t *testing.T, d standInDump, rootFile string) string {
 	t.Helper()
-	var secret struct {
-		TLSCertificate struct {
-			CertificateChain struct {
-				InlineBytes string `json:"inlineBytes"`
-			} `json:"certificateChain"`
-		} `json:"tlsCertificate"`
+	secret := d.Secret("default")
+	if secret == nil {
+		t.Fatal("Envoy has no workload certificate (SDS \"default\")")
 	}
-	raw, ok := d.Received[typeURLSecret]["default"]
-	if !ok || json.Unmarshal(raw, &secret) != nil {
-		t.Fatalf("Envoy has no workload certificate (SDS \"default\"): %s", raw)
-	}
-	chainPEM, err := base64.StdEncoding.DecodeString(secret.TLSCertificate.CertificateChain.InlineBytes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chainPEM := secret.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
 	var chain []*x509.Certificate
 	for rest := chainPEM; ; {
 		var blk *pem.Block

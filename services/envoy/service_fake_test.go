@@ -5,7 +5,6 @@ package envoy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -250,16 +251,14 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			testkit.WaitFor(t, "fake admin /ready 200", func() bool { code, _ := httpGet(t, adminURL+"/ready"); return code == http.StatusOK })
 
 			_, dump := httpGet(t, adminURL+"/config_dump")
-			var cd struct {
-				Received map[string]map[string]json.RawMessage `json:"received"`
-			}
-			if err := json.Unmarshal([]byte(dump), &cd); err != nil {
+			cd, err := envoyadmin.Decode([]byte(dump))
+			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := cd.Received[resource.ClusterType]["outbound|9080||reviews.default.svc.cluster.local"]; !ok {
+			if !slices.Contains(cd.Names()[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
 				t.Fatalf("config_dump lacks the xDS cluster: %s", dump)
 			}
-			if _, ok := cd.Received[resource.SecretType]["ROOTCA"]; !ok {
+			if cd.Secret("ROOTCA") == nil {
 				t.Fatalf("config_dump lacks the ROOTCA secret: %s", dump)
 			}
 

@@ -69,25 +69,7 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 		default:
 		}
 	})
-	mux.HandleFunc("GET /config_dump", func(w http.ResponseWriter, _ *http.Request) {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		received := map[string]map[string]any{}
-		for t, byName := range e.received {
-			received[t] = byName
-		}
-		for t, byName := range e.xds.resources {
-			received[t] = map[string]any{}
-			for name, m := range byName {
-				received[t][name] = jsonRaw(mustProtoJSON(m))
-			}
-		}
-		writeJSON(w, map[string]any{
-			"bootstrap": jsonRaw(mustProtoJSON(e.boot)),
-			"received":  received,
-			"versions":  e.xds.versions,
-		})
-	})
+	mux.HandleFunc("GET /config_dump", e.handleConfigDump)
 	return mux
 }
 

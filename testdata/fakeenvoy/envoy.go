@@ -11,7 +11,6 @@ import (
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -36,9 +35,9 @@ type envoy struct {
 	drains       []string // raw queries of POST /drain_listeners
 	drainStarted time.Time
 	active       map[string]int // listener stat name -> open connections
-	received     map[string]map[string]any
-	// received: type URL -> resource name -> resource as JSON-able value,
-	// for what is not in xds (secrets, other types).
+	received     map[string]map[string]heldResource
+	// received: type URL -> resource name -> resource, for what is not in
+	// xds (secrets, other types).
 	xds *xdsConfig
 	// stats are the counters and gauges written so far, by Envoy name:
 	// /stats?usedonly shows exactly these.
@@ -51,7 +50,7 @@ type envoy struct {
 }
 
 func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
-	return &envoy{boot: boot, k: k, started: time.Now(), active: map[string]int{}, received: map[string]map[string]any{},
+	return &envoy{boot: boot, k: k, started: time.Now(), active: map[string]int{}, received: map[string]map[string]heldResource{},
 		xds: newXDSConfig(), stats: map[string]int{}}
 }
 
@@ -161,22 +160,25 @@ func (e *envoy) businessConnections() int {
 	return int(float64(n)*left + 0.999)
 }
 
-// record stores a resource received over xDS or SDS for /config_dump.
-func (e *envoy) record(typeURL, name string, m proto.Message) {
-	v := any(nil)
-	if m != nil {
-		if raw, err := protojson.Marshal(m); err == nil {
-			v = jsonRaw(raw)
-		}
-	}
+// heldResource is a resource received outside the init types (a secret,
+// say), as /config_dump shows it.
+type heldResource struct {
+	msg     proto.Message
+	version string
+	updated time.Time
+}
+
+// record stores a resource received over xDS or SDS for /config_dump; a nil
+// m removes it.
+func (e *envoy) record(typeURL, name, version string, m proto.Message) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.received[typeURL] == nil {
-		e.received[typeURL] = map[string]any{}
+		e.received[typeURL] = map[string]heldResource{}
 	}
 	if m == nil {
 		delete(e.received[typeURL], name)
 		return
 	}
-	e.received[typeURL][name] = v
+	e.received[typeURL][name] = heldResource{msg: m, version: version, updated: time.Now()}
 }

@@ -62,6 +62,9 @@ type xdsConfig struct {
 	// resourceVersions: Delta: type URL -> name -> version (Envoy's
 	// initial_resource_versions on a reconnect).
 	resourceVersions map[string]map[string]string
+	// updated: type URL -> name -> when the resource was last accepted
+	// (/config_dump's last_updated).
+	updated map[string]map[string]time.Time
 
 	clustersDone  bool // cluster manager initialised: LDS may be requested
 	listenersDone bool // listeners initialised
@@ -73,6 +76,7 @@ func newXDSConfig() *xdsConfig {
 		resources:        map[string]map[string]proto.Message{},
 		versions:         map[string]string{},
 		resourceVersions: map[string]map[string]string{},
+		updated:          map[string]map[string]time.Time{},
 	}
 }
 
@@ -287,9 +291,16 @@ func (e *envoy) apply(u update) error {
 		versions = map[string]string{}
 		e.xds.resourceVersions[u.typeURL] = versions
 	}
+	updated := e.xds.updated[u.typeURL]
+	if updated == nil || (u.sotw && (u.typeURL == typeCluster || u.typeURL == typeListener)) {
+		updated = map[string]time.Time{}
+		e.xds.updated[u.typeURL] = updated
+	}
+	now := time.Now()
 	for i, m := range decoded {
 		name := resourceName(m)
 		have[name] = m
+		updated[name] = now
 		if i < len(u.addedVersions) {
 			versions[name] = u.addedVersions[i]
 		}
@@ -297,6 +308,7 @@ func (e *envoy) apply(u update) error {
 	for _, name := range u.removed {
 		delete(have, name)
 		delete(versions, name)
+		delete(updated, name)
 	}
 	if u.sotw {
 		e.xds.versions[u.typeURL] = u.version

@@ -125,7 +125,7 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 		nonces[t] = resp.GetNonce()
 		if _, ok := statPrefix[t]; !ok {
 			// Not one of Envoy's init types (an ECDS config, say): keep and ACK.
-			e.replaceAll(t, resp.GetResources())
+			e.replaceAll(t, resp.GetVersionInfo(), resp.GetResources())
 			if err := request(t, subscribed[t], nil); err != nil {
 				return err
 			}
@@ -201,10 +201,10 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: resp.GetNonce()}
 		if _, ok := statPrefix[t]; !ok {
 			for _, r := range resp.GetResources() {
-				e.record(t, r.GetName(), decode(r.GetResource()))
+				e.record(t, r.GetName(), r.GetVersion(), decode(r.GetResource()))
 			}
 			for _, name := range resp.GetRemovedResources() {
-				e.record(t, name, nil)
+				e.record(t, name, "", nil)
 			}
 		} else {
 			req.ErrorDetail = e.applyOrNACK(u)
@@ -277,7 +277,7 @@ func (e *envoy) sds(ctx context.Context, conn *grpc.ClientConn) error {
 		}
 		for _, r := range resp.GetResources() {
 			m := decode(r)
-			e.record(resp.GetTypeUrl(), resourceName(m), m)
+			e.record(resp.GetTypeUrl(), resourceName(m), resp.GetVersionInfo(), m)
 		}
 		if err := stream.Send(&discoveryv3.DiscoveryRequest{
 			TypeUrl: typeSecret, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(),
@@ -289,13 +289,13 @@ func (e *envoy) sds(ctx context.Context, conn *grpc.ClientConn) error {
 
 // replaceAll records a state-of-the-world response: it replaces all
 // resources of its type.
-func (e *envoy) replaceAll(typeURL string, resources []*anypb.Any) {
+func (e *envoy) replaceAll(typeURL, version string, resources []*anypb.Any) {
 	e.mu.Lock()
 	delete(e.received, typeURL)
 	e.mu.Unlock()
 	for _, r := range resources {
 		m := decode(r)
-		e.record(typeURL, resourceName(m), m)
+		e.record(typeURL, resourceName(m), version, m)
 	}
 }
 

@@ -1,0 +1,235 @@
+package main
+
+// /config_dump in Envoy's own format, envoy.admin.v3.ConfigDump (issue 22):
+// a "configs" list of typed dumps (bootstrap, clusters, endpoints with
+// ?include_eds, listeners, routes, secrets) with each dynamic resource's
+// version_info and last_updated, private keys redacted, ?resource= and
+// ?mask= as Envoy answers them. Anything that reads it (the agent's
+// operator commands, Istio's tools, our tests) reads what a real Envoy
+// serves; the stand-in's own shape before was kinder than Envoy.
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
+)
+
+// redacted is what Envoy shows in place of a private key.
+const redacted = "[redacted]"
+
+// handleConfigDump serves GET /config_dump.
+func (e *envoy) handleConfigDump(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	dumps := e.configDump(q.Has("include_eds"))
+	var configs []proto.Message
+	if res := q.Get("resource"); res != "" {
+		// Envoy: the entries of the repeated field named res, each alone.
+		for _, d := range dumps {
+			configs = append(configs, entries(d, res)...)
+		}
+		if len(configs) == 0 {
+			http.Error(w, fmt.Sprintf("no resource %q in the config dump", res), http.StatusNotFound)
+			return
+		}
+	} else {
+		configs = dumps
+	}
+	if m := q.Get("mask"); m != "" {
+		for _, c := range configs {
+			keepOnly(c.ProtoReflect(), strings.Split(m, ","))
+		}
+	}
+	out := &adminv3.ConfigDump{}
+	for _, c := range configs {
+		a, err := anypb.New(c)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		out.Configs = append(out.Configs, a)
+	}
+	// Types the stand-in does not link in (an Istio filter's config) are
+	// shown by their type URL alone: Envoy would show their fields.
+	js, err := envoyadmin.Marshal(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(js)
+}
+
+// configDump is the dumps in Envoy's order.
+func (e *envoy) configDump(includeEDS bool) []proto.Message {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	x := e.xds
+	started := timestamppb.New(e.started)
+	static := e.boot.GetStaticResources()
+
+	clusters := &adminv3.ClustersConfigDump{VersionInfo: x.versions[typeCluster]}
+	for _, c := range static.GetClusters() {
+		clusters.StaticClusters = append(clusters.StaticClusters,
+			&adminv3.ClustersConfigDump_StaticCluster{Cluster: mustAny(c), LastUpdated: started})
+	}
+	for _, name := range sortedNames(x.resources[typeCluster]) {
+		clusters.DynamicActiveClusters = append(clusters.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{
+			VersionInfo: x.versionOf(typeCluster, name), Cluster: mustAny(x.resources[typeCluster][name]),
+			LastUpdated: timestamppb.New(x.updated[typeCluster][name]),
+		})
+	}
+
+	listeners := &adminv3.ListenersConfigDump{VersionInfo: x.versions[typeListener]}
+	for _, l := range static.GetListeners() {
+		listeners.StaticListeners = append(listeners.StaticListeners,
+			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
+	}
+	for _, name := range sortedNames(x.resources[typeListener]) {
+		listeners.DynamicListeners = append(listeners.DynamicListeners, &adminv3.ListenersConfigDump_DynamicListener{
+			Name: name,
+			ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{
+				VersionInfo: x.versionOf(typeListener, name), Listener: mustAny(x.resources[typeListener][name]),
+				LastUpdated: timestamppb.New(x.updated[typeListener][name]),
+			},
+		})
+	}
+
+	routes := &adminv3.RoutesConfigDump{}
+	for _, name := range sortedNames(x.resources[typeRoute]) {
+		routes.DynamicRouteConfigs = append(routes.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{
+			VersionInfo: x.versionOf(typeRoute, name), RouteConfig: mustAny(x.resources[typeRoute][name]),
+			LastUpdated: timestamppb.New(x.updated[typeRoute][name]),
+		})
+	}
+
+	secrets := &adminv3.SecretsConfigDump{}
+	for _, s := range static.GetSecrets() {
+		secrets.StaticSecrets = append(secrets.StaticSecrets, &adminv3.SecretsConfigDump_StaticSecret{
+			Name: s.GetName(), Secret: mustAny(redactSecret(s)), LastUpdated: started})
+	}
+	held := e.received[typeSecret]
+	for _, name := range sortedNames(held) {
+		h := held[name]
+		secrets.DynamicActiveSecrets = append(secrets.DynamicActiveSecrets, &adminv3.SecretsConfigDump_DynamicSecret{
+			Name: name, VersionInfo: h.version, LastUpdated: timestamppb.New(h.updated), Secret: mustAny(redactSecret(h.msg)),
+		})
+	}
+
+	dumps := []proto.Message{&adminv3.BootstrapConfigDump{Bootstrap: e.boot, LastUpdated: started}, clusters}
+	if includeEDS {
+		endpoints := &adminv3.EndpointsConfigDump{}
+		for _, name := range sortedNames(x.resources[typeEndpoint]) {
+			endpoints.DynamicEndpointConfigs = append(endpoints.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{
+				VersionInfo: x.versionOf(typeEndpoint, name), EndpointConfig: mustAny(x.resources[typeEndpoint][name]),
+				LastUpdated: timestamppb.New(x.updated[typeEndpoint][name]),
+			})
+		}
+		dumps = append(dumps, endpoints)
+	}
+	return append(dumps, listeners, &adminv3.ScopedRoutesConfigDump{}, routes, secrets)
+}
+
+// versionOf is a resource's version: its own (Delta), else its type's
+// (SotW).
+func (x *xdsConfig) versionOf(typeURL, name string) string {
+	if v, ok := x.resourceVersions[typeURL][name]; ok && v != "" {
+		return v
+	}
+	return x.versions[typeURL]
+}
+
+// redactSecret is a secret as Envoy dumps it: private keys replaced.
+func redactSecret(m proto.Message) proto.Message {
+	s, ok := m.(*tlsv3.Secret)
+	if !ok {
+		return m
+	}
+	s = proto.Clone(s).(*tlsv3.Secret)
+	if c := s.GetTlsCertificate(); c != nil && c.GetPrivateKey() != nil {
+		c.PrivateKey = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: redacted}}
+	}
+	return s
+}
+
+// entries are the elements of m's repeated message field named field.
+func entries(m proto.Message, field string) []proto.Message {
+	fd := m.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(field))
+	if fd == nil || !fd.IsList() || fd.Message() == nil {
+		return nil
+	}
+	list := m.ProtoReflect().Get(fd).List()
+	out := make([]proto.Message, 0, list.Len())
+	for i := range list.Len() {
+		out = append(out, list.Get(i).Message().Interface())
+	}
+	return out
+}
+
+// keepOnly clears every field of m not named by a path of the mask (paths
+// such as "dynamic_active_clusters.cluster" reach into messages and lists).
+func keepOnly(m protoreflect.Message, paths []string) {
+	children := map[string][]string{}
+	for _, p := range paths {
+		head, rest, _ := strings.Cut(strings.TrimSpace(p), ".")
+		if rest != "" {
+			children[head] = append(children[head], rest)
+		} else if _, ok := children[head]; !ok {
+			children[head] = nil // the whole field
+		}
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		sub, keep := children[string(fd.Name())]
+		switch {
+		case !keep:
+			m.Clear(fd)
+		case len(sub) == 0:
+		case fd.IsList() && fd.Message() != nil:
+			for i := range v.List().Len() {
+				keepOnly(v.List().Get(i).Message(), sub)
+			}
+		case fd.Message() != nil && !fd.IsMap():
+			if a, ok := v.Message().Interface().(*anypb.Any); ok {
+				// Envoy masks what an Any holds, not the Any.
+				inner, err := anypb.UnmarshalNew(a, proto.UnmarshalOptions{Resolver: envoyadmin.Resolver})
+				if err != nil {
+					break
+				}
+				keepOnly(inner.ProtoReflect(), sub)
+				if b, err := proto.Marshal(inner); err == nil {
+					a.Value = b
+				}
+				break
+			}
+			keepOnly(v.Message(), sub)
+		}
+		return true
+	})
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
