@@ -140,19 +140,21 @@ func displayState(n messages.ServiceInfo, v *view) string {
 	return n.StateName
 }
 
-// maxReasonColumn bounds the REASON column of the text tree. A long
-// reason keeps its start (what failed) and its end (the underlying error,
-// which Go's wrapping puts last: "...: connection refused"); the JSON view
+// The REASON column of the text tree shows a long reason's start (what
+// failed, as before) and its end (the underlying error, which Go's wrapping
+// puts last: "...: connection refused"), cut in the middle; the JSON view
 // has it whole (#21).
-const maxReasonColumn = 200
+const (
+	reasonHead = 200
+	reasonTail = 100
+)
 
 func oneLine(s string) string {
 	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) <= maxReasonColumn {
+	if len(s) <= reasonHead+reasonTail {
 		return s
 	}
-	head, tail := runeStart(s, maxReasonColumn*3/5), runeStart(s, len(s)-maxReasonColumn*2/5)
-	return s[:head] + " … " + s[tail:]
+	return s[:runeStart(s, reasonHead)] + " … " + s[runeStart(s, len(s)-reasonTail):]
 }
 
 // runeStart is i, moved back to the start of the rune it falls in.
