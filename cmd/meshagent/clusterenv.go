@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"regexp"
@@ -32,8 +33,13 @@ func readEnvFile(path string) (map[string]string, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseEnvFile(f, path)
+}
+
+// parseEnvFile is readEnvFile's parser; name is the file's, for errors.
+func parseEnvFile(r io.Reader, name string) (map[string]string, error) {
 	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -42,12 +48,12 @@ func readEnvFile(path string) (map[string]string, error) {
 		}
 		key, value, err := parseEnvLine(line)
 		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
 		}
 		vars[key] = value
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return vars, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,6 +37,11 @@ func TestMain(m *testing.M) {
 	}
 	if spec := os.Getenv(caHelperEnv); spec != "" {
 		os.Exit(runCAHelper(spec))
+	}
+	if slices.ContainsFunc(os.Args, func(a string) bool { return strings.HasPrefix(a, "-test.fuzzworker") }) {
+		// A worker of `go test -fuzz` runs one fuzz target (fuzz_test.go):
+		// it needs no binaries, and there is one worker per CPU.
+		os.Exit(m.Run())
 	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it
