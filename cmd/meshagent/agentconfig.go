@@ -217,7 +217,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 func checkRoot(root string, p *problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.addf("--root %q: %v", root, err)
+		p.addf("--root %s: %v", quoteValue(root), err)
 		return ""
 	}
 	switch st, err := os.Stat(abs); {
@@ -250,7 +250,7 @@ func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 		for _, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.addf("INSTANCE_IP=%q: %q is not an IP address", v, s)
+				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
 				continue
 			}
 			pod.nodeIPs = append(pod.nodeIPs, ip.String())

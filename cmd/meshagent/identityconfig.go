@@ -23,7 +23,7 @@ func identityConfig(r envReader, root string, pod podInfo, pc *meshconfig.ProxyC
 	case "istiod", "kubernetes", "custom", "none":
 	default:
 		if !strings.HasPrefix(provider, "k8s.io/") {
-			r.problems.addf("PILOT_CERT_PROVIDER=%q: want istiod, kubernetes, k8s.io/<signer>, custom or none", provider)
+			r.problems.addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", quoteValue(provider))
 		}
 	}
 	cc.CAAddr = envVar(r, "CA_ADDR", pc.DiscoveryAddress, parseString)

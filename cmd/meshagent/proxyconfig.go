@@ -247,9 +247,9 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 		errs = append(errs, errors.New("ProxyConfig configPath is empty"))
 	}
 	if _, port, err := net.SplitHostPort(pc.DiscoveryAddress); err != nil {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: %v", pc.DiscoveryAddress, err))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", quoteValue(pc.DiscoveryAddress), err))
 	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: bad port %q", pc.DiscoveryAddress, port))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", quoteValue(pc.DiscoveryAddress), quoteValue(port)))
 	}
 	if d := pc.GetDrainDuration(); d != nil && d.AsDuration() <= 0 {
 		errs = append(errs, fmt.Errorf("ProxyConfig drainDuration %s must be positive", d.AsDuration()))

@@ -201,13 +201,13 @@ func meshFile(path string, p *problems) string {
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.addf("--mesh %q: %v", path, err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.addf("--mesh %q: %v", path, err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.addf("--mesh %q: not a regular file", path)
+		p.addf("--mesh %s: not a regular file", quoteValue(path))
 	}
 	return abs
 }
