@@ -8,10 +8,16 @@ package main
 //	                │
 //	environment, host, files ──► buildAgentConfig
 //	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
+//	                │   the root's lock, one agent per root (rootlock.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
 //	                │   Istio's names and paths from istio.go
 //	                ▼
-//	tree.Config ──► Validate (every service, once) ──► logged once (effective.go) ──► tree.Build
+//	tree.Config ──► Validate (every service, once) ──► ports tried (portcheck.go, runAgent)
+//	            ──► logged once (effective.go) ──► tree.Build
+//
+// Every bad input stops the agent here, exit 2, naming the flag, variable,
+// file or port and the value (#21): never a run that fails later, or for
+// a reason it does not name.
 //
 // A setting is added in the builder of the service that uses it (the flag
 // or variable, its default and its mapping, on one line or two) and in the
