@@ -38,9 +38,11 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(caHelperEnv); spec != "" {
 		os.Exit(runCAHelper(spec))
 	}
-	if slices.ContainsFunc(os.Args, func(a string) bool { return strings.HasPrefix(a, "-test.fuzzworker") }) {
-		// A worker of `go test -fuzz` runs one fuzz target (fuzz_test.go):
-		// it needs no binaries, and there is one worker per CPU.
+	if slices.ContainsFunc(os.Args, func(a string) bool {
+		return strings.HasPrefix(a, "-test.fuzz=") || strings.HasPrefix(a, "-test.fuzzworker") || strings.HasPrefix(a, "-test.list=")
+	}) {
+		// `go test -fuzz` (its coordinator and a worker per CPU) and `go
+		// test -list` (hack/fuzz.sh) run no end-to-end test: no binaries.
 		os.Exit(m.Run())
 	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
