@@ -19,37 +19,32 @@ import (
 // exit 2 at once, naming the variable, flag, file or port and the value —
 // never a run that fails later for a reason it does not name.
 
-// bareAgentPorts are the ports startBareAgent gives the agent.
-type bareAgentPorts struct {
-	status, admin, envoyStatus, prom int
-}
-
-// startBareAgent runs `meshagent proxy` with no certificate provider and
-// the stand-in Envoy, every port free (p.ports), then env and args: what
-// is needed to get as far as the start checks, and to run if they pass.
-func startBareAgent(t *testing.T, root string, env []string, args ...string) (*agentProcess, bareAgentPorts) {
+// startBareAgent runs `meshagent proxy` on root with no certificate
+// provider and the stand-in Envoy, every port free, then env and args:
+// what it takes to get as far as the start checks, and to run past them.
+func startBareAgent(t *testing.T, root string, env []string, args ...string) *agentProcess {
 	t.Helper()
-	ps := freePorts(t, 4)
-	ports := bareAgentPorts{status: ps[0], admin: ps[1], envoyStatus: ps[2], prom: ps[3]}
+	ports := freePorts(t, 4)
+	status, admin, envoyStatus, prom := ports[0], ports[1], ports[2], ports[3]
 	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
 	cmd.Env = append(os.Environ(), append([]string{
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":"0s"}`,
-			ports.status, ports.admin, envoyBinary),
-		fmt.Sprintf("ENVOY_STATUS_PORT=%d", ports.envoyStatus),
-		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", ports.prom),
+			status, admin, envoyBinary),
+		fmt.Sprintf("ENVOY_STATUS_PORT=%d", envoyStatus),
+		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", prom),
 		"PILOT_CERT_PROVIDER=none", "POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1",
 	}, env...)...)
-	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", ports.status), stderr: &testkit.LogBuffer{},
-		exited: make(chan error, 1), root: root, adminPort: ports.admin, envoyStatusPort: ports.envoyStatus, promPort: ports.prom}
+	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", status), stderr: &testkit.LogBuffer{},
+		exited: make(chan error, 1), root: root, adminPort: admin, envoyStatusPort: envoyStatus, promPort: prom}
 	p.start(t)
-	return p, ports
+	return p
 }
 
 // configError runs the agent and wants it to stop at once with exit 2, no
 // Envoy started, and every one of want in its message; it returns the log.
 func configError(t *testing.T, env []string, args []string, want ...string) string {
 	t.Helper()
-	p, _ := startBareAgent(t, t.TempDir(), env, args...)
+	p := startBareAgent(t, t.TempDir(), env, args...)
 	code := p.waitExit(t)
 	log := p.stderr.String()
 	if code != 2 || len(p.envoyPIDs()) > 0 {
@@ -107,7 +102,7 @@ func TestEnvoyBinaryIsCheckedAtStart(t *testing.T) {
 	}
 	// Without Envoy (proxyless gRPC) the binary is not needed.
 	port := freePort(t)
-	p, _ := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true",
+	p := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true",
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":"/nonexistent/envoy"}`, port)})
 	p.base = fmt.Sprintf("http://127.0.0.1:%d", port)
 	p.waitStatus(t, "/healthz/ready", 200)
@@ -123,9 +118,9 @@ func TestExplicitMeshConfigMustExist(t *testing.T) {
 // one's PID, instead of taking the first one's SDS socket for an external
 // SDS server.
 func TestSecondAgentOnTheSameRootIsRefused(t *testing.T) {
-	first, _ := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true"})
+	first := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true"})
 	first.waitStatus(t, "/healthz/ready", 200)
-	second, _ := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
+	second := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
 	if code := second.waitExit(t); code != 2 {
 		t.Fatalf("second agent on the root: exit %d, want 2; log:\n%s", code, second.stderr.String())
 	}
@@ -134,7 +129,7 @@ func TestSecondAgentOnTheSameRootIsRefused(t *testing.T) {
 	first.waitStatus(t, "/healthz/ready", 200) // undisturbed
 	// The lock goes with its agent: the next one on the root starts.
 	first.stopWith(t, syscall.SIGTERM)
-	third, _ := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
+	third := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
 	third.waitStatus(t, "/healthz/ready", 200)
 }
 
