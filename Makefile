@@ -10,7 +10,7 @@ TESTDATA  := ./testdata/standalone ./testdata/testkit/... ./testdata/fakeenvoy
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
-.PHONY: all build fakeenvoy run test test-short lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos soak clean
+.PHONY: all build fakeenvoy run test test-short fuzz lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos soak clean
 
 all: build
 
@@ -101,6 +101,13 @@ soak:
 
 test-short:
 	$(GO) test -short -count=1 ./... $(TESTDATA)
+
+# Every fuzz target of the module (each Fuzz* function, found by
+# hack/fuzz.sh), FUZZTIME each; fails on any crash. Their seeds already run
+# as ordinary tests in `make test`.
+FUZZTIME ?= 30s
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) bash hack/fuzz.sh ./... $(TESTDATA)
 
 lint:
 	$(GO) vet ./... $(TESTDATA)

@@ -8,16 +8,25 @@ package main
 //	                │
 //	environment, host, files ──► buildAgentConfig
 //	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
+//	                │   the root's lock, one agent per root (rootlock.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
 //	                │   Istio's names and paths from istio.go
 //	                ▼
-//	tree.Config ──► Validate (every service, once) ──► logged once (effective.go) ──► tree.Build
+//	tree.Config ──► Validate (every service, once) ──► ports tried (portcheck.go, runAgent)
+//	            ──► logged once (effective.go) ──► tree.Build
+//
+// Every bad input stops the agent here, exit 2, naming the flag, variable,
+// file or port and the value (#21): never a run that fails later, or for
+// a reason it does not name.
 //
 // A setting is added in the builder of the service that uses it (the flag
 // or variable, its default and its mapping, on one line or two) and in the
 // service's Config.
 
 import (
+	"errors"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -65,6 +74,18 @@ type agentConfig struct {
 	root      string
 	proxy     *meshconfig.ProxyConfig
 	tree      tree.Config
+	// lock is the root's lock (rootlock.go), held while the agent runs;
+	// nil when none was taken.
+	lock io.Closer
+}
+
+// release drops the root's lock: at exit, or when the run stops before
+// the tree starts (in-process tests run many commands on one root).
+func (c *agentConfig) release() {
+	if c != nil && c.lock != nil {
+		c.lock.Close()
+		c.lock = nil
+	}
 }
 
 // podInfo is the workload's identity and addresses.
@@ -94,7 +115,10 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	case len(in.args) > 1:
 		p.addf("proxy: %q: want at most one argument, the proxy type", in.args)
 	case c.proxyType != "sidecar" && c.proxyType != "router" && c.proxyType != "waypoint":
-		p.addf("proxy: unknown proxy type %q: want sidecar, router or waypoint", c.proxyType)
+		p.addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", quoteValue(c.proxyType))
+		// Reported once: the rest of the build goes on as a sidecar, so
+		// that the bootstrap's check does not say it again (#21).
+		c.proxyType = "sidecar"
 	}
 	if _, err := parseLogLevel(in.logs.outputLevel); err != nil {
 		p.add(err)
@@ -113,9 +137,14 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	}
 
 	pod := podConfig(r, f, in.host)
+	meshFile := meshConfigFile
+	if f.meshConfig != nil {
+		meshFile = *f.meshConfig
+	}
 	pc, err := loadProxyConfig(proxyConfigSources{
 		injected:        in.standalone.proxyConfigLayer(),
-		meshConfigFile:  rooted(c.root, f.meshConfig),
+		meshConfigFile:  rooted(c.root, meshFile),
+		meshConfigFlag:  f.meshConfig,
 		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", parseString),
 		annotationsFile: rooted(c.root, podAnnotationsFile),
 	}, in.log)
@@ -129,6 +158,21 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		return nil, p.err()
 	}
 	c.proxy = pc
+	// Before anything looks at the sockets under the root: a second agent
+	// would take the first one's SDS socket for an external SDS server.
+	if in.host.lockRoot != nil {
+		lock, err := in.host.lockRoot(rooted(c.root, pc.ConfigPath))
+		switch {
+		case errors.Is(err, errRootLocked):
+			p.addf("--root %s: %w; stop it, or give this agent a --root of its own", c.root, err)
+			return nil, p.err()
+		case err != nil:
+			// A configPath the agent cannot write fails later with its
+			// own message (the bootstrap, the XDS socket).
+			in.log.Warn("cannot take the one-agent-per-root lock; a second agent on this root would not be detected", "error", err)
+		}
+		c.lock = lock
+	}
 
 	dns := dnsConfig(r, f, pod, c.proxyType)
 	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
@@ -141,7 +185,8 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		}
 	}
 	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket})
+		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		lookPath: in.host.lookPath})
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
@@ -167,6 +212,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	treePolicies(&c.tree, f, pc)
 	p.add(c.tree.Validate())
 	if err := p.err(); err != nil {
+		c.release()
 		return nil, err
 	}
 	return c, nil
@@ -177,14 +223,20 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 func checkRoot(root string, p *problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.addf("--root %q: %v", root, err)
+		p.addf("--root %s: %v", quoteValue(root), err)
 		return ""
 	}
-	if st, err := os.Stat(abs); err != nil || !st.IsDir() {
-		p.addf("--root %q: not a directory", root)
-		return ""
+	switch st, err := os.Stat(abs); {
+	case errors.Is(err, fs.ErrNotExist):
+		p.addf("--root %s: %s does not exist", quoteValue(root), abs)
+	case err != nil:
+		p.addf("--root %s: %v", quoteValue(root), err)
+	case !st.IsDir():
+		p.addf("--root %s: %s is not a directory", quoteValue(root), abs)
+	default:
+		return abs
 	}
-	return abs
+	return ""
 }
 
 // podConfig is the workload's identity from Istio's environment, and its
@@ -193,8 +245,8 @@ func checkRoot(root string, p *problems) string {
 func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 	pod := podInfo{
 		name:           envVar(r, "POD_NAME", "", parseString),
-		namespace:      envVar(r, "POD_NAMESPACE", "", parseString),
-		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", parseString),
+		namespace:      envVar(r, "POD_NAMESPACE", "", parseDNSLabel),
+		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", parseDNSSubdomain),
 		domain:         f.domain,
 	}
 	if pod.domain == "" {
@@ -204,7 +256,7 @@ func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 		for _, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.addf("INSTANCE_IP=%q: %q is not an IP address", v, s)
+				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
 				continue
 			}
 			pod.nodeIPs = append(pod.nodeIPs, ip.String())

@@ -134,3 +134,25 @@ func TestWaitTimesOut(t *testing.T) {
 		t.Fatalf("wait: exit %d, err %q", code, stderr)
 	}
 }
+
+// Each mistake is said once, in words that name its cause (#21).
+func TestStartErrorsNameTheCauseOnce(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("PROXY_CONFIG", `{"binaryPath":"/bin/sh"}`) // an executable: no other error
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--root", root + "/missing"}, root + "/missing does not exist"},
+		{[]string{"proxy", "--root", root, "banana"}, `unknown proxy type "banana"`},
+		{[]string{"standalone", "--root", root}, "--mesh (MESHAGENT_MESH) is required"},
+	} {
+		code, _, stderr := runCLI(c.args...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 and %q", c.args, code, stderr, c.want)
+		}
+		if lines := strings.Count(strings.TrimSpace(stderr), "\n") + 1; lines != 1 {
+			t.Errorf("%q: %d lines, want the one error:\n%s", c.args, lines, stderr)
+		}
+	}
+}

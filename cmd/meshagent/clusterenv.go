@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"regexp"
@@ -32,8 +33,13 @@ func readEnvFile(path string) (map[string]string, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseEnvFile(f, path)
+}
+
+// parseEnvFile is readEnvFile's parser; name is the file's, for errors.
+func parseEnvFile(r io.Reader, name string) (map[string]string, error) {
 	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -42,12 +48,12 @@ func readEnvFile(path string) (map[string]string, error) {
 		}
 		key, value, err := parseEnvLine(line)
 		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
 		}
 		vars[key] = value
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return vars, nil
 }
@@ -57,17 +63,17 @@ func parseEnvLine(line string) (string, string, error) {
 	line = strings.TrimPrefix(line, "export ")
 	key, raw, ok := strings.Cut(line, "=")
 	if !ok {
-		return "", "", fmt.Errorf("%q: want KEY=VALUE", line)
+		return "", "", fmt.Errorf("%s: want KEY=VALUE", quoteValue(line))
 	}
 	if !envFileName.MatchString(key) {
-		return "", "", fmt.Errorf("%q is not a variable name", key)
+		return "", "", fmt.Errorf("%s is not a variable name", quoteValue(key))
 	}
 	value, rest, err := unquoteEnvValue(raw)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w", key, err)
 	}
 	if rest = strings.TrimSpace(rest); rest != "" && !strings.HasPrefix(rest, "#") {
-		return "", "", fmt.Errorf("%s: unexpected %q after the value", key, rest)
+		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, quoteValue(rest))
 	}
 	return key, value, nil
 }
@@ -96,7 +102,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 					b.WriteByte(c)
 				}
 			case '$', '`':
-				return "", "", fmt.Errorf("%q: shell expansion is not supported; quote it with '...'", raw)
+				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", quoteValue(raw))
 			default:
 				b.WriteByte(c)
 			}
@@ -105,7 +111,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 	}
 	value, rest, _ = strings.Cut(raw, " ")
 	if strings.ContainsAny(value, "$`'\"\\;|&<>(){}") {
-		return "", "", fmt.Errorf("%q: quote the value ('...') to use shell characters", value)
+		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", quoteValue(value))
 	}
 	return value, rest, nil
 }

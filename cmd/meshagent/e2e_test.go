@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,6 +38,13 @@ func TestMain(m *testing.M) {
 	}
 	if spec := os.Getenv(caHelperEnv); spec != "" {
 		os.Exit(runCAHelper(spec))
+	}
+	if slices.ContainsFunc(os.Args, func(a string) bool {
+		return strings.HasPrefix(a, "-test.fuzz=") || strings.HasPrefix(a, "-test.fuzzworker") || strings.HasPrefix(a, "-test.list=")
+	}) {
+		// `go test -fuzz` (its coordinator and a worker per CPU) and `go
+		// test -list` (hack/fuzz.sh) run no end-to-end test: no binaries.
+		os.Exit(m.Run())
 	}
 	if os.Getenv("MESHAGENT_IPTABLES_HELPER") == "1" {
 		// The test binary re-run as a CLI child (iptables_test.go): it

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,6 +39,9 @@ type envoyInputs struct {
 	// SDS server holds the workload identity ("" otherwise): the
 	// sds-files-grpc cluster and the file-credential metadata, as Istio.
 	filesSDSSocket string
+	// lookPath finds an executable (exec.LookPath); nil skips the check of
+	// ProxyConfig's binaryPath (tests without an Envoy).
+	lookPath func(string) (string, error)
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
@@ -123,6 +130,14 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	if envVar(r, "DISABLE_ENVOY", false, parseBool) {
 		return nil, b
 	}
+	// What Envoy is started from is checked now: a missing file was found
+	// only after six failed starts, in a message naming Envoy (#21).
+	if in.lookPath != nil {
+		checkEnvoyBinary(r.problems, pc.BinaryPath, in.lookPath)
+	}
+	if b.IstioBootstrap != "" {
+		checkRegularFile(r.problems, "ISTIO_BOOTSTRAP", b.IstioBootstrap)
+	}
 
 	adminHost := "127.0.0.1"
 	if args.IPv6 {
@@ -158,6 +173,47 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 
 // envoyCrashDir is where Envoy's crash records are kept, under configPath.
 const envoyCrashDir = "envoy-crashes"
+
+// checkEnvoyBinary reports a binaryPath that names no executable file.
+func checkEnvoyBinary(p *problems, path string, lookPath func(string) (string, error)) {
+	_, err := lookPath(path)
+	var why string
+	switch {
+	case err == nil:
+		return
+	case errors.Is(err, fs.ErrNotExist):
+		why = "does not exist"
+	case errors.Is(err, exec.ErrNotFound):
+		why = "not found on PATH"
+	case errors.Is(err, fs.ErrPermission):
+		why = "is not executable"
+	default:
+		why = err.Error()
+	}
+	p.addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
+		quoteValue(path), why)
+}
+
+// checkRegularFile reports a variable that does not name a readable
+// regular file (stat first: opening a FIFO would block).
+func checkRegularFile(p *problems, name, path string) {
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		p.addf("%s=%s: no such file", name, quoteValue(path))
+	case err != nil:
+		p.addf("%s=%s: %v", name, quoteValue(path), err)
+	case !st.Mode().IsRegular():
+		p.addf("%s=%s: not a regular file", name, quoteValue(path))
+	default:
+		f, err := os.Open(path)
+		if err != nil {
+			p.addf("%s=%s: %v", name, quoteValue(path), err)
+			return
+		}
+		f.Close()
+	}
+}
 
 // drainQuery is Istio's drain_listeners query for the proxy type: only a
 // sidecar drains its inbound listeners alone; gateways and waypoints drain

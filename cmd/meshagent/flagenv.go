@@ -88,6 +88,21 @@ func (p *problems) addf(format string, args ...any) { p.add(fmt.Errorf(format, a
 // err is every problem, joined; nil if there was none.
 func (p *problems) err() error { return errors.Join(p.errs...) }
 
+// maxShownValue bounds how much of a bad value an error repeats: a 100 KB
+// variable must not become a 100 KB error line (#21). The start and the end
+// are kept, where a path or a suffix usually says what went wrong.
+const maxShownValue = 120
+
+// quoteValue is a flag's or a variable's text as an error shows it: quoted,
+// and cut in the middle when long, with its length.
+func quoteValue(s string) string {
+	if len(s) <= maxShownValue {
+		return strconv.Quote(s)
+	}
+	const tail = maxShownValue / 4
+	return fmt.Sprintf("%s…%s (%d bytes)", strconv.Quote(s[:maxShownValue-tail]), strconv.Quote(s[len(s)-tail:]), len(s))
+}
+
 // parser turns a flag's or a variable's text into a value, or says what a
 // good value looks like.
 type parser[T any] func(string) (T, error)
@@ -203,7 +218,7 @@ func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), 
 				continue
 			}
 			if val, err := parse(text); err != nil {
-				s.problems.addf("%s=%q: %v", name, text, err)
+				s.problems.addf("%s=%s: %v", name, quoteValue(text), err)
 			} else {
 				set(val)
 			}
@@ -229,7 +244,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.problems.addf("--%s %q: %v", v.name, text, err)
+		v.problems.addf("--%s %s: %v", v.name, quoteValue(text), err)
 		return nil
 	}
 	v.set(val)
@@ -275,7 +290,7 @@ func optionalEnvVar[T any](r envReader, name string, parse parser[T]) *T {
 	}
 	v, err := parse(text)
 	if err != nil {
-		r.problems.addf("%s=%q: %v", name, text, err)
+		r.problems.addf("%s=%s: %v", name, quoteValue(text), err)
 		return nil
 	}
 	return &v

@@ -119,3 +119,16 @@ func deref(p *int) any {
 	}
 	return *p
 }
+
+// A bad value is shown whole when short, else its start and end and its
+// length: a 100 KB variable makes a short error (#21).
+func TestQuoteValueCutsLongValues(t *testing.T) {
+	if got := quoteValue("maybe"); got != `"maybe"` {
+		t.Errorf("quoteValue(maybe) = %s", got)
+	}
+	long := "start" + strings.Repeat("x", 100*1024) + "end"
+	got := quoteValue(long)
+	if len(got) > 2*maxShownValue || !strings.HasPrefix(got, `"start`) || !strings.Contains(got, `end" (102408 bytes)`) {
+		t.Errorf("quoteValue(100 KB) = %s", got)
+	}
+}

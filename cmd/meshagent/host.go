@@ -1,9 +1,11 @@
 package main
 
 import (
+	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"os/user"
 )
 
@@ -25,6 +27,12 @@ type hostInputs struct {
 	// hostname is the host's name (a VM's POD_NAME by default, as
 	// istio-start.sh's `hostname -s`).
 	hostname func() (string, error)
+	// lookPath finds an executable: Envoy's binaryPath is checked at start
+	// with it (nil: not checked).
+	lookPath func(string) (string, error)
+	// lockRoot takes the one-agent-per-root lock in a directory (rootlock.go);
+	// nil: no lock (tests that build configs without running them).
+	lockRoot func(dir string) (io.Closer, error)
 	// resolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
 	resolvConf string
@@ -37,6 +45,8 @@ func realHost() hostInputs {
 		euid:           os.Geteuid(),
 		interfaceAddrs: interfaceAddrs,
 		resolvConf:     resolvConfFile,
+		lookPath:       exec.LookPath,
+		lockRoot:       lockRoot,
 		hostname:       os.Hostname,
 		lookupUID: func(name string) (string, error) {
 			u, err := user.Lookup(name)

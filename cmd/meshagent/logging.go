@@ -88,5 +88,5 @@ func parseLogLevel(spec string) (slog.Level, error) {
 	case "none":
 		return slog.LevelError + 100, nil
 	}
-	return 0, fmt.Errorf("--log_output_level %q: level %q is not one of debug, info, warn, error, fatal, none", spec, level)
+	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", quoteValue(spec), quoteValue(level))
 }

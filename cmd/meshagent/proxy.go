@@ -23,7 +23,8 @@ import (
 // where that differs from any value.
 type proxyFlags struct {
 	// Istio's
-	domain, meshConfig                    string
+	domain                                string
+	meshConfig                            *string // nil: Istio's default path, which may be missing; given, it must exist
 	serviceCluster                        *string // wins over ProxyConfig's when given
 	proxyLogLevel, proxyComponentLogLevel string
 	templateFile, outlierLogPath          string
@@ -48,7 +49,8 @@ func bindProxyFlags(s *settings, f *proxyFlags) {
 		flagVar(s, p, def, parseString, flagSpec{name: name, env: env, usage: usage})
 	}
 	str(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
-	str(&f.meshConfig, "meshConfig", meshConfigFile, "File name for Istio mesh configuration (under --root). If not specified, a default mesh will be used.")
+	optionalFlagVar(s, &f.meshConfig, parseString, flagSpec{name: "meshConfig",
+		usage: "File name for Istio mesh configuration (under --root; default " + meshConfigFile + "). If not specified and the default file does not exist, a default mesh will be used; a file named here must exist"})
 	optionalFlagVar(s, &f.serviceCluster, parseString, flagSpec{name: "serviceCluster", usage: "Service cluster (default istio-proxy; given, it wins over ProxyConfig's)"})
 	str(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
 	str(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
@@ -100,6 +102,7 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
+		defer cfg.release()
 		return runAgent(cfg, reg, log)
 	}
 	return cmd
@@ -107,8 +110,11 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 
 // runAgent builds the tree and runs it until a signal, /quitquitquit or a
 // give-up. SIGTERM/SIGINT drain gracefully; a second signal stops at once;
-// a third exits on the spot.
+// a third exits on the spot. SIGHUP is logged and ignored (hupNote).
 func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) error {
+	if err := checkPorts(listenPorts(cfg)); err != nil {
+		return &exitError{code: 2, err: err}
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	setSidecarGC(log)
 	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.Process{
@@ -126,13 +132,20 @@ func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) erro
 	sigs := make(chan os.Signal, 3)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 	stopSignals := make(chan struct{})
 	signalsDone := make(chan struct{})
 	go func() {
 		defer close(signalsDone)
-		for n := 1; ; n++ {
+		n := 0
+		for {
 			select {
+			case <-hups:
+				log.Info("SIGHUP: nothing to reload; ignored", "why", hupNote)
 			case sig := <-sigs:
+				n++
 				switch n {
 				case 1:
 					log.Info("signal received, draining", "signal", sig.String())
@@ -162,6 +175,15 @@ func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) erro
 	}
 	return err
 }
+
+// hupNote is why SIGHUP (systemd's `reload`) reloads nothing (#21): it
+// used to kill the agent at once, Envoy's connections with it. What the
+// agent reads while it runs is already watched and reloaded when it
+// changes (certificates, the CRL, --name-table, standalone's --mesh); the
+// rest (flags, the environment, the mesh config, annotations) shapes Envoy's
+// bootstrap, and applying it would mean a new Envoy, dropping the very
+// connections a reload must keep. A restart applies those.
+const hupNote = "watched files (certificates, CRL, name table) reload when they change; flags, environment and mesh config need a restart"
 
 func shutdownFor(sig os.Signal, graceful bool) messages.Shutdown {
 	return messages.Shutdown{Reason: "received " + sig.String(), Graceful: graceful}

@@ -32,8 +32,12 @@ type proxyConfigSources struct {
 	// injected is the layer a pod's injector would give the agent in its
 	// mesh config: `standalone` wires the agent to its embedded peers
 	// with it. Everything the user gives lies above it. Empty for `proxy`.
-	injected        string
-	meshConfigFile  string // --meshConfig, under --root
+	injected       string
+	meshConfigFile string // --meshConfig, under --root
+	// meshConfigFlag is --meshConfig as given, nil when not: only Istio's
+	// default file may be missing (Istio ignores a missing one whatever
+	// its name, which hid a typo in the path; #21).
+	meshConfigFlag  *string
 	proxyConfigEnv  string // PROXY_CONFIG
 	annotationsFile string // ./etc/istio/pod/annotations, under --root
 }
@@ -66,6 +70,8 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 				return nil, err
 			}
 		}
+	} else if errors.Is(err, fs.ErrNotExist) && src.meshConfigFlag != nil {
+		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist", quoteValue(*src.meshConfigFlag), src.meshConfigFile)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("mesh config file: %w", err)
 	}
@@ -241,9 +247,9 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 		errs = append(errs, errors.New("ProxyConfig configPath is empty"))
 	}
 	if _, port, err := net.SplitHostPort(pc.DiscoveryAddress); err != nil {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: %v", pc.DiscoveryAddress, err))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", quoteValue(pc.DiscoveryAddress), err))
 	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %q: bad port %q", pc.DiscoveryAddress, port))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", quoteValue(pc.DiscoveryAddress), quoteValue(port)))
 	}
 	if d := pc.GetDrainDuration(); d != nil && d.AsDuration() <= 0 {
 		errs = append(errs, fmt.Errorf("ProxyConfig drainDuration %s must be positive", d.AsDuration()))

@@ -55,6 +55,7 @@ else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log s
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
+		defer cfg.release()
 		if err := writeStandaloneToken(rooted(cfg.root, tokenFile)); err != nil {
 			return err
 		}

@@ -103,15 +103,19 @@ func (l *standaloneLayer) peers(root string, agentCerts *certs.Config) (*control
 	if l == nil {
 		return nil, nil
 	}
-	cp := controlplane.DefaultConfig(l.meshFile)
-	cp.Listen = l.cpListen
+	var cpc *controlplane.Config
+	if l.meshFile != "" { // else --mesh was refused, and said so once (#21)
+		cp := controlplane.DefaultConfig(l.meshFile)
+		cp.Listen = l.cpListen
+		cpc = &cp
+	}
 	c := ca.DefaultConfig(rooted(root, standaloneCADir))
 	c.Listen = l.caListen
 	c.CertLifetime = l.certLifetime
 	if agentCerts != nil {
 		c.TrustDomain = agentCerts.TrustDomain
 	}
-	return &cp, &c
+	return cpc, &c
 }
 
 // standaloneInputs are everything a `standalone` run is configured from:
@@ -158,6 +162,10 @@ func buildStandaloneConfig(in standaloneInputs) (*agentConfig, envoyChoice, erro
 	ai.problems = p
 	ai.standalone = layer
 	ai.host.env = withDefaults(ai.host.env, standaloneEnv(f))
+	// Standalone finds its Envoy and says why it has none (below); the
+	// generic check would name only Istio's path.
+	lookPath := ai.host.lookPath
+	ai.host.lookPath = nil
 	cfg, err := buildAgentConfig(ai)
 	if err != nil {
 		return nil, envoyChoice{}, err
@@ -172,8 +180,12 @@ func buildStandaloneConfig(in standaloneInputs) (*agentConfig, envoyChoice, erro
 		p.addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.why)
 	default:
 		envoy = envoyChoice{path: cfg.proxy.BinaryPath, why: "binaryPath is set in the configuration (PROXY_CONFIG, the mesh config file or an annotation)"}
+		if lookPath != nil && cfg.tree.Envoy != nil {
+			checkEnvoyBinary(p, cfg.proxy.BinaryPath, lookPath)
+		}
 	}
 	if err := p.err(); err != nil {
+		cfg.release()
 		return nil, envoyChoice{}, err
 	}
 	return cfg, envoy, nil
@@ -189,13 +201,13 @@ func meshFile(path string, p *problems) string {
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.addf("--mesh %q: %v", path, err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.addf("--mesh %q: %v", path, err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.addf("--mesh %q: not a regular file", path)
+		p.addf("--mesh %s: not a regular file", quoteValue(path))
 	}
 	return abs
 }

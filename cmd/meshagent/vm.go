@@ -107,6 +107,7 @@ rules' --gid-owner exception.
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
+		defer cfg.release()
 		if err := prepareProxyDirs(cfg, user); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // treeRequest sends GET path to the server's routes from remote.
@@ -150,5 +151,38 @@ func TestShortTypeNames(t *testing.T) {
 		if got := shortTypeName(typeURL); got != want {
 			t.Errorf("shortTypeName(%s) = %q, want %q", typeURL, got, want)
 		}
+	}
+}
+
+// A long health reason keeps both ends in the text view (the cause Go's
+// wrapping puts last included), and the JSON view has it whole (#21).
+func TestDebugTreeShowsTheWholeHealthReason(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	base := f.serve(t)
+	reason := "reading the name table from /var/lib/istio/data/names.json: " + strings.Repeat("retrying, ", 40) +
+		"last error: open /var/lib/istio/data/names.json: permission denied"
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "dns", Path: "xds/dns", Kind: "service",
+		State: messages.Starting, StateName: "starting"}}})
+	f.health.Send(messages.Health{Service: "dns", State: messages.Starting, Reason: reason})
+	testkit.WaitFor(t, "the tree to show the dns reason", func() bool {
+		_, text := get(t, base+"/debug/tree")
+		return strings.Contains(text, "reading the name table")
+	})
+	_, text := get(t, base+"/debug/tree")
+	if !strings.Contains(text, "names.json: permission denied") || strings.Contains(text, strings.Repeat("retrying, ", 40)) {
+		t.Errorf("the text view's REASON must keep the start and the end of a long reason, cut in the middle:\n%s", text)
+	}
+	_, body := get(t, base+"/debug/tree?format=json")
+	var js struct {
+		Services []struct {
+			Name         string `json:"name"`
+			HealthReason string `json:"health_reason"`
+		} `json:"services"`
+	}
+	if err := json.Unmarshal([]byte(body), &js); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, body)
+	}
+	if len(js.Services) != 1 || js.Services[0].HealthReason != reason {
+		t.Errorf("JSON services = %+v, want dns with its whole health reason", js.Services)
 	}
 }

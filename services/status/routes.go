@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -137,23 +138,33 @@ func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 	v := s.view.Load()
 	xds := s.xdsReport()
 	if r.URL.Query().Get("format") == "json" {
-		for i := range t.Services {
-			t.Services[i].StateName = displayState(t.Services[i], v)
+		services := make([]serviceJSON, len(t.Services))
+		for i, n := range t.Services {
+			n.StateName = displayState(n, v)
+			services[i] = serviceJSON{ServiceInfo: n, HealthReason: v.healths[n.Name].Reason}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(struct {
-			Ready    bool                   `json:"ready"`
-			Reason   string                 `json:"reason,omitempty"`
-			Services []messages.ServiceInfo `json:"services"`
-			XDS      *xdsJSON               `json:"xds,omitempty"`
-		}{v.ready, v.reason, t.Services, xds.json()})
+			Ready    bool          `json:"ready"`
+			Reason   string        `json:"reason,omitempty"`
+			Services []serviceJSON `json:"services"`
+			XDS      *xdsJSON      `json:"xds,omitempty"`
+		}{v.ready, v.reason, services, xds.json()})
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	writeTree(w, t, v)
 	writeXDS(w, xds)
+}
+
+// serviceJSON is a service in /debug/tree?format=json: the tree's view of
+// it and, whole, what the service last said of itself (its Health reason),
+// which the text view shows in its REASON column (#21: the JSON had lost it).
+type serviceJSON struct {
+	messages.ServiceInfo
+	HealthReason string `json:"health_reason,omitempty"`
 }
 
 func writeTree(w io.Writer, t messages.TreeState, v *view) {
@@ -196,12 +207,29 @@ func displayState(n messages.ServiceInfo, v *view) string {
 	return n.StateName
 }
 
+// The REASON column of the text tree shows a long reason's start (what
+// failed, as before) and its end (the underlying error, which Go's wrapping
+// puts last: "...: connection refused"), cut in the middle; the JSON view
+// has it whole (#21).
+const (
+	reasonHead = 200
+	reasonTail = 100
+)
+
 func oneLine(s string) string {
 	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > 200 {
-		s = s[:200] + "…"
+	if len(s) <= reasonHead+reasonTail {
+		return s
 	}
-	return s
+	return s[:runeStart(s, reasonHead)] + " … " + s[runeStart(s, len(s)-reasonTail):]
+}
+
+// runeStart is i, moved back to the start of the rune it falls in.
+func runeStart(s string, i int) int {
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return i
 }
 
 // handleQuit is Istio's /quitquitquit: stop the agent now, without
