@@ -24,6 +24,12 @@ var (
 	ErrTooLarge = errors.New("file too large")
 )
 
+// MaxPEM bounds a PEM file: a certificate chain, a key, a CA bundle, the OS
+// trust store. A chain and key are a few KiB; the largest trust store in
+// common use (Debian's ca-certificates.crt, ~140 certificates) is about
+// 220 KiB: 1 MiB leaves four times that.
+const MaxPEM = 1 << 20
+
 // Read returns the content of the regular file at path, or an error naming
 // the path: ErrNotRegular (with the file's type), ErrTooLarge (with the
 // bound), or the file system's error (fs.ErrNotExist for a missing file,
