@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // cacheWriteDelay coalesces the ACKs of a push (CDS, then EDS, LDS, RDS)
@@ -23,8 +25,14 @@ func (s *Service) loadCache() {
 	if loaded || !s.cfg.OfflineCache || s.cfg.CacheFile == "" {
 		return
 	}
-	h, snap, err := readCacheFile(s.cfg.CacheFile, s.cfg.NodeID, s.cfg.DiscoveryAddress)
-	if err != nil {
+	h, snap, err := readCacheFile(s.cfg.CacheFile, s.cfg.NodeID, s.cfg.DiscoveryAddress, s.cfg.CacheMaxBytes)
+	switch {
+	case errors.Is(err, errCacheUntrusted), errors.Is(err, boundedfile.ErrNotRegular):
+		// Not the agent's file: left where it is, for whoever put it
+		// there to explain (the next write replaces it if it can).
+		s.log.Warn("ignoring the xDS cache file: not one the agent wrote; starting without the cache", "file", s.cfg.CacheFile, "error", err)
+		return
+	case err != nil:
 		s.log.Warn("ignoring the xDS cache file; it will be replaced", "file", s.cfg.CacheFile, "error", err)
 		if err := os.Remove(s.cfg.CacheFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("cannot remove the unusable xDS cache file", "file", s.cfg.CacheFile, "error", err)
