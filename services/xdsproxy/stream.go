@@ -159,7 +159,7 @@ func serveStream[R request, F flavor[R]](s *Service, newFlavor func(*Service, ui
 		ended:         make(chan struct{}),
 		agentVersions: map[string]string{},
 	}
-	if err := s.register(st); err != nil {
+	if err := s.register(st, peerOf(down.Context())); err != nil {
 		return err
 	}
 	defer s.unregister(st)
@@ -213,6 +213,9 @@ func (st *stream[R]) read() {
 	for {
 		req := st.fl.newRequest()
 		if err := st.down.RecvMsg(req); err != nil {
+			if status.Code(err) == codes.ResourceExhausted {
+				st.log.Warn("refused a request on the XDS socket: larger than the bound", "max_bytes", maxRequestSize, "error", err)
+			}
 			st.readErr = err
 			return
 		}
