@@ -30,6 +30,10 @@ import (
 //
 //	1 header { 1 node_id, 2 control plane address, 3 mode, 4 written (unix ns) }
 //	2 entry  { 1 type_url, 2 version, 3 SotW response, 4 Delta resource (repeated) }
+//	3 names  { 1 version, 2 NameTable }
+//
+// The mode is none when the file holds only the name table (NDS answered
+// before Envoy acknowledged anything).
 //
 // The checksum catches a truncated or corrupt file, the header a file that
 // another node or control plane wrote: either is ignored with a warning and
@@ -78,7 +82,14 @@ func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
 	for _, t := range sortedKeys(s.delta) {
 		n += fieldSize(entrySize(t, s.delta[t].version, nil, s.delta[t].res))
 	}
+	if s.names != nil {
+		n += fieldSize(namesSize(s.names))
+	}
 	return n
+}
+
+func namesSize(e *namesEntry) int {
+	return int(fieldSize(len(e.version)) + fieldSize(len(e.b)))
 }
 
 // fieldSize is the size of a length-delimited field of n bytes (field
@@ -132,6 +143,11 @@ func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
 	}
 	for _, t := range sortedKeys(s.delta) {
 		entry(t, s.delta[t].version, nil, s.delta[t].res)
+	}
+	if s.names != nil {
+		out.tag(3, namesSize(s.names))
+		out.field(1, []byte(s.names.version))
+		out.field(2, s.names.b)
 	}
 	if out.err != nil {
 		return out.err
@@ -192,9 +208,11 @@ func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
 			if err := decodeEntry(fd.v, h.mode, &s); err != nil {
 				return h, s, err
 			}
+		case 3:
+			s.names = &namesEntry{version: firstString(fd.v, 1), b: []byte(firstString(fd.v, 2))}
 		}
 	}
-	if !seenHeader || (h.mode != modeSotW && h.mode != modeDelta) {
+	if !seenHeader || h.mode > modeDelta {
 		return h, s, fmt.Errorf("%w: no valid header", errCacheFile)
 	}
 	s.mode = h.mode

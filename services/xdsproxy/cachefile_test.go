@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // A cache file the agent cannot trust, or should not read, is ignored with
@@ -94,5 +95,57 @@ func write(t *testing.T, path string, data []byte, mode os.FileMode) {
 	}
 	if err := os.Chmod(path, mode); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The DNS name table is kept with the last-known-good configuration: an
+// agent restarted while the control plane is down publishes it at once,
+// so that DNS turns ready, and serves Envoy from the cache (issue #21:
+// readiness stayed 503 on "dns: starting" for the whole outage).
+func TestNameTableCachedForOutage(t *testing.T) {
+	bothProtocols(t, func(t *testing.T, delta bool) {
+		cp := servingControlPlane(t, "v1", 3)
+		if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.default.svc.cluster.local": "10.0.0.7"})); err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig(tempRoot(t), cp.Addr())
+		cfg.NDS = true
+		p := startProxy(t, cfg, proxyOpts{})
+		recordV1(t, p, cp, delta)
+		live := p.names.WaitFor(t, "the control plane's table", func(v []messages.NameTable) bool { return len(v) == 1 })
+		if err := cp.WaitFor(waitCtx(t), func(s xdsserver.Stats) bool { return s.ACKs[xdsserver.NameTableType] >= 1 }); err != nil {
+			t.Fatal(err)
+		}
+		p.stop(t)
+
+		cp.Stop()
+		p2 := startProxy(t, cfg, proxyOpts{})
+		got := p2.names.WaitFor(t, "the cached table", func(v []messages.NameTable) bool { return len(v) == 1 })
+		if got[0].Version != live[0].Version {
+			t.Errorf("cached table version %q, want %q", got[0].Version, live[0].Version)
+		}
+		if ips := got[0].Hosts["reviews.default.svc.cluster.local"].IPs; len(ips) != 1 || ips[0].String() != "10.0.0.7" {
+			t.Errorf("cached table maps reviews to %v, want 10.0.0.7", ips)
+		}
+		testkit.Contains(t, "logs", p2.logs.String(), "published the cached DNS name table")
+		servedFromCache(t, p2, delta)
+	})
+}
+
+// A name table alone (NDS answered before Envoy acknowledged anything) is
+// a valid cache file.
+func TestCacheFileNamesOnly(t *testing.T) {
+	h := cacheHeader{nodeID: testNode, address: "istiod:15012"}
+	names := &namesEntry{b: []byte{0x0a, 0x00}, version: "n1"}
+	b := encodeCache(h, cacheSnapshot{names: names})
+	if int64(len(b)) != cacheSize(h, cacheSnapshot{names: names}) {
+		t.Errorf("cacheSize %d, file %d bytes", cacheSize(h, cacheSnapshot{names: names}), len(b))
+	}
+	_, s, err := decodeCache(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.mode != modeNone || s.names == nil || s.names.version != "n1" || !bytes.Equal(s.names.b, names.b) {
+		t.Errorf("decoded %+v, names %+v; want the name table alone", s, s.names)
 	}
 }

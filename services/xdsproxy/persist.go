@@ -39,12 +39,30 @@ func (s *Service) loadCache() {
 		}
 		return
 	}
-	if snap.mode == modeNone {
+	if snap.mode == modeNone && snap.names == nil {
 		return
 	}
 	s.lkg.restore(snap)
 	s.log.Info("loaded the cached xDS configuration", "file", s.cfg.CacheFile, "written", h.written.Format(time.RFC3339),
-		"protocol", snap.mode, "types", s.lkg.servable(snap.mode))
+		"protocol", snap.mode, "types", s.lkg.servable(snap.mode), "name_table", snap.names != nil)
+	s.publishCachedNames(snap.names)
+}
+
+// publishCachedNames hands the cached name table to the DNS proxy at
+// once, so that DNS (and the agent's readiness) does not wait for a control
+// plane that may be down (issue #21). The control plane's table replaces
+// it as soon as one arrives.
+func (s *Service) publishCachedNames(e *namesEntry) {
+	if e == nil || !s.cfg.NDS {
+		return
+	}
+	nt, err := decodeNameTable(e.b, e.version)
+	if err != nil {
+		s.log.Warn("not using the cached DNS name table", "file", s.cfg.CacheFile, "version", e.version, "error", err)
+		return
+	}
+	s.out.Names.Send(nt)
+	s.log.Info("published the cached DNS name table", "version", e.version, "hosts", len(nt.Hosts))
 }
 
 // writeCache persists the cache after changes, coalesced, and once more

@@ -465,6 +465,17 @@ func (st *stream[R]) handleResponse(f *frame) error {
 	return st.down.SendMsg(f)
 }
 
+// records reports whether the cache takes this stream's configuration
+// (its node is the configured one): false until Envoy's first request.
+func (st *stream[R]) records() bool {
+	select {
+	case <-st.firstReq:
+		return st.svc.records(st.node)
+	default:
+		return false
+	}
+}
+
 // consumeAgent applies a response of an agent type and ACKs or NACKs it
 // upstream; it never reaches Envoy.
 func (st *stream[R]) consumeAgent(f *frame) {
@@ -474,6 +485,9 @@ func (st *stream[R]) consumeAgent(f *frame) {
 		err = nil
 	case err == nil:
 		err = st.svc.consume(f.typeURL, res, version)
+		if err == nil && f.typeURL == nameTableType && st.records() {
+			st.svc.lkg.putNames(res.GetValue(), version)
+		}
 	}
 	// The reply ACKs (no error detail) or NACKs the response, with the
 	// version the agent last accepted.
