@@ -30,6 +30,16 @@ var (
 // 220 KiB: 1 MiB leaves four times that.
 const MaxPEM = 1 << 20
 
+// MaxConfig bounds a configuration file a person or a ConfigMap wrote: the
+// mesh file, a bootstrap template or override, the pod's Downward API
+// labels and annotations. Kubernetes holds a ConfigMap to 1 MiB (and all
+// of a pod's annotations to 256 KiB); 16 MiB leaves room for files
+// written by hand on a VM, and is still a bounded cost.
+const MaxConfig = 16 << 20
+
+// MaxToken bounds a JWT file (the service account token): a few KiB.
+const MaxToken = 1 << 20
+
 // Read returns the content of the regular file at path, or an error naming
 // the path: ErrNotRegular (with the file's type), ErrTooLarge (with the
 // bound), or the file system's error (fs.ErrNotExist for a missing file,
