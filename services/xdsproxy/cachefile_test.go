@@ -111,11 +111,20 @@ func TestNameTableCachedForOutage(t *testing.T) {
 		cfg := testConfig(tempRoot(t), cp.Addr())
 		cfg.NDS = true
 		p := startProxy(t, cfg, proxyOpts{})
-		recordV1(t, p, cp, delta)
-		live := p.names.WaitFor(t, "the control plane's table", func(v []messages.NameTable) bool { return len(v) == 1 })
-		if err := cp.WaitFor(waitCtx(t), func(s xdsserver.Stats) bool { return s.ACKs[xdsserver.NameTableType] >= 1 }); err != nil {
+		// As recordV1, but the client stays until the table has come too.
+		c := p.client(t, delta)
+		ctx := waitCtx(t)
+		if err := c.WaitFor(ctx, bothTypes("v1", 3)); err != nil {
 			t.Fatal(err)
 		}
+		if err := cp.WaitFor(ctx, func(s xdsserver.Stats) bool {
+			return s.ACKs[resource.ClusterType] > 0 && s.ACKs[resource.ListenerType] > 0
+		}); err != nil {
+			t.Fatal(err)
+		}
+		live := p.names.WaitFor(t, "the control plane's table", func(v []messages.NameTable) bool { return len(v) == 1 })
+		c.Close()
+		// Stopping writes the cache once the streams have ended.
 		p.stop(t)
 
 		cp.Stop()
