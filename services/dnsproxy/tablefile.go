@@ -116,17 +116,21 @@ const maxTableFile = 64 << 20
 // the content.
 func ReadTableFile(path string) (messages.NameTable, error) {
 	b, err := boundedfile.Read(path, maxTableFile)
-	if err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+	if err == nil {
+		var nt messages.NameTable
+		if nt, err = parseTable(b); err == nil {
+			return nt, nil
+		}
 	}
+	return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+}
+
+// parseTable parses a name-table file's content.
+func parseTable(b []byte) (messages.NameTable, error) {
 	var pb nds.NameTable
 	if err := protojson.Unmarshal(b, &pb); err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+		return messages.NameTable{}, err
 	}
 	sum := sha256.Sum256(b)
-	nt, err := nds.ToMessage(&pb, "file-"+hex.EncodeToString(sum[:6]))
-	if err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
-	}
-	return nt, nil
+	return nds.ToMessage(&pb, "file-"+hex.EncodeToString(sum[:6]))
 }
