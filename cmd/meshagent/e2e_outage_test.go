@@ -33,7 +33,8 @@ func TestAgentRestartDuringOutageTurnsReadyWithDNS(t *testing.T) {
 	if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.e2e.svc.cluster.local": "10.0.0.7"})); err != nil {
 		t.Fatal(err)
 	}
-	root := t.TempDir()
+	// A short root: the agent's unix socket paths are limited to 107 bytes.
+	root := testkit.ShortTempDir(t, "outage")
 	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
