@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
@@ -43,8 +44,8 @@ type authority struct {
 // and writes it when neither exists.
 func loadOrCreateRoot(cfg Config, now time.Time) (*authority, bool, error) {
 	certPath, keyPath := cfg.RootCertPath(), cfg.RootKeyPath()
-	certPEM, certErr := os.ReadFile(certPath)
-	keyPEM, keyErr := os.ReadFile(keyPath)
+	certPEM, certErr := boundedfile.Read(certPath, boundedfile.MaxPEM)
+	keyPEM, keyErr := boundedfile.Read(keyPath, boundedfile.MaxPEM)
 	switch {
 	case errors.Is(certErr, os.ErrNotExist) && errors.Is(keyErr, os.ErrNotExist):
 		a, err := createRoot(cfg, now)

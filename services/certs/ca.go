@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // ErrShortChain: the CA must return the leaf and, last, the root.
@@ -103,7 +103,7 @@ func (s *Service) publishCA() {
 // readRootFile reads RootCertFile (RootsFromFile); a bad file keeps the last
 // good roots.
 func (s *Service) readRootFile() {
-	roots, err := os.ReadFile(s.cfg.RootCertFile)
+	roots, err := boundedfile.Read(s.cfg.RootCertFile, boundedfile.MaxPEM)
 	if err != nil {
 		err = fmt.Errorf("read root certificates: %w", err)
 	} else if _, perr := parseCerts(roots); perr != nil {
@@ -232,7 +232,7 @@ func (s *Service) dialCA() (*grpc.ClientConn, error) {
 	case s.cfg.CAPlaintext:
 		creds = insecure.NewCredentials()
 	case s.cfg.CARootFile != "":
-		pemBytes, err := os.ReadFile(s.cfg.CARootFile)
+		pemBytes, err := boundedfile.Read(s.cfg.CARootFile, boundedfile.MaxPEM)
 		if err != nil {
 			return nil, fmt.Errorf("CA root certificate (CA_ROOT_CA): %w", err)
 		}
@@ -316,7 +316,7 @@ func (t tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[st
 	if t.path == "" {
 		return nil, nil
 	}
-	tok, err := os.ReadFile(t.path)
+	tok, err := boundedfile.Read(t.path, boundedfile.MaxToken)
 	if err != nil || len(strings.TrimSpace(string(tok))) == 0 {
 		return nil, nil
 	}

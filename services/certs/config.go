@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // Source is where the workload certificate comes from.
@@ -223,7 +225,10 @@ func ChooseSource(cfg Config, etcCerts, workloadCredentials string, fileMountedC
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	// Istio's keyCertificateExist and rootCertificateExist: readable and
 	// not empty.
-	notEmpty := func(p string) bool { b, err := os.ReadFile(p); return err == nil && len(b) > 0 }
+	notEmpty := func(p string) bool {
+		b, err := boundedfile.Read(p, boundedfile.MaxPEM)
+		return err == nil && len(b) > 0
+	}
 	useDir := func(dir string, roots RootsSource) Config {
 		cfg.Source, cfg.Roots = SourceFiles, roots
 		cfg.CertChainFile = filepath.Join(dir, CertChainFileName)

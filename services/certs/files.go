@@ -3,10 +3,10 @@ package certs
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // serveFiles follows the file-mounted certificate (see watchFiles), and its
@@ -80,11 +80,11 @@ func (s *Service) reload() {
 }
 
 func (s *Service) readFiles() (messages.CertBundle, error) {
-	chain, err := os.ReadFile(s.cfg.CertChainFile)
+	chain, err := boundedfile.Read(s.cfg.CertChainFile, boundedfile.MaxPEM)
 	if err != nil {
 		return messages.CertBundle{}, fmt.Errorf("read certificate chain: %w", err)
 	}
-	key, err := os.ReadFile(s.cfg.KeyFile)
+	key, err := boundedfile.Read(s.cfg.KeyFile, boundedfile.MaxPEM)
 	if err != nil {
 		return messages.CertBundle{}, fmt.Errorf("read private key: %w", err)
 	}
@@ -95,7 +95,7 @@ func (s *Service) readFiles() (messages.CertBundle, error) {
 			return messages.CertBundle{}, fmt.Errorf("trusted roots: not received from the CA at %s yet", s.cfg.CAAddr)
 		}
 		roots, src.roots = s.caIssued.RootsPEM, "CA "+s.cfg.CAAddr+" response (last element)"
-	} else if roots, err = os.ReadFile(s.cfg.RootCertFile); err != nil {
+	} else if roots, err = boundedfile.Read(s.cfg.RootCertFile, boundedfile.MaxPEM); err != nil {
 		return messages.CertBundle{}, fmt.Errorf("read root certificates: %w", err)
 	}
 	return buildBundle(chain, key, roots, src, s.clock.Now())

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,4 +219,31 @@ func TestFilesDirectoryAppearsLate(t *testing.T) {
 	chain, key := f.leaf(t)
 	f.writeAll(t, chain, key)
 	f.out.WaitLast(t, "bundle once the directory appears", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain) })
+}
+
+// A mounted file replaced by something that is not a regular file (here a
+// FIFO, which os.ReadFile blocked on for ever) is a bad update naming the
+// file: the last good bundle stays, and the next good file is read
+// (issue #21).
+func TestFilesNotRegularIsABadUpdate(t *testing.T) {
+	f := newFileSetup(t)
+	_, key1, b1 := f.startLoaded(t)
+	f.health.WaitState(t, messages.Ready, "")
+	keyFile := filepath.Join(f.dir, KeyFileName)
+	if err := os.Remove(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(keyFile, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := f.health.WaitState(t, messages.Degraded, keyFile)
+	testkit.Contains(t, "health reason", h.Reason, "not a regular file (a FIFO)")
+	if got, _ := f.out.Get(); got.Version != b1.Version {
+		t.Fatalf("bad update replaced the bundle: %s -> %s", b1.Version, got.Version)
+	}
+	if err := os.Remove(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WriteFile(t, keyFile, key1)
+	f.health.WaitState(t, messages.Ready, "")
 }

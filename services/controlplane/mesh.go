@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // ErrBadMesh: the mesh file does not describe a mesh we can serve. The error
@@ -97,7 +98,7 @@ var reservedPorts = map[uint32]string{15001: "outbound capture (virtualOutbound)
 // ReadMeshFile reads and checks the mesh file. Errors wrap ErrBadMesh (or
 // the file system's error) and name the file and the line.
 func ReadMeshFile(path string) (Mesh, []byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := boundedfile.Read(path, boundedfile.MaxConfig)
 	if err != nil {
 		return Mesh{}, nil, fmt.Errorf("mesh file %s: %w", path, err)
 	}

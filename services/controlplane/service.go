@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -33,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
@@ -173,13 +173,21 @@ func (s *Service) transportCredentials() (credentials.TransportCredentials, erro
 	if t.CertFile == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	certPEM, err := boundedfile.Read(t.CertFile, boundedfile.MaxPEM)
+	var keyPEM []byte
+	if err == nil {
+		keyPEM, err = boundedfile.Read(t.KeyFile, boundedfile.MaxPEM)
+	}
+	var cert tls.Certificate
+	if err == nil {
+		cert, err = tls.X509KeyPair(certPEM, keyPEM)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: TLS certificate %s, key %s: %w", t.CertFile, t.KeyFile, err)
 	}
 	conf := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if t.ClientCAFile != "" {
-		b, err := os.ReadFile(t.ClientCAFile)
+		b, err := boundedfile.Read(t.ClientCAFile, boundedfile.MaxPEM)
 		if err != nil {
 			return nil, fmt.Errorf("controlplane: TLS client CA: %w", err)
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/messages/nds"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // reloadDebounce is how long the file must be quiet before it is read
@@ -106,21 +106,31 @@ func (f *TableFile) reload() {
 	f.health.Report(messages.Ready, "")
 }
 
+// maxTableFile bounds the name-table file: protojson, about 200 bytes a
+// host, so 64 MiB is some 300,000 hosts, past what one table holds (and
+// the XDS proxy's cache, which keeps the NDS table, has the same default
+// bound).
+const maxTableFile = 64 << 20
+
 // ReadTableFile reads a protojson NameTable file; its version is a hash of
 // the content.
 func ReadTableFile(path string) (messages.NameTable, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+	b, err := boundedfile.Read(path, maxTableFile)
+	if err == nil {
+		var nt messages.NameTable
+		if nt, err = parseTable(b); err == nil {
+			return nt, nil
+		}
 	}
+	return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+}
+
+// parseTable parses a name-table file's content.
+func parseTable(b []byte) (messages.NameTable, error) {
 	var pb nds.NameTable
 	if err := protojson.Unmarshal(b, &pb); err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
+		return messages.NameTable{}, err
 	}
 	sum := sha256.Sum256(b)
-	nt, err := nds.ToMessage(&pb, "file-"+hex.EncodeToString(sum[:6]))
-	if err != nil {
-		return messages.NameTable{}, fmt.Errorf("name table file %s: %w", path, err)
-	}
-	return nt, nil
+	return nds.ToMessage(&pb, "file-"+hex.EncodeToString(sum[:6]))
 }

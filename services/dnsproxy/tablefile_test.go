@@ -2,6 +2,7 @@ package dnsproxy
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -9,12 +10,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -171,5 +174,22 @@ func TestNDSZ(t *testing.T) {
 	want := []string{"reviews.", "reviews.alias.test.", "reviews.default.", "reviews.default.svc."}
 	if got.Version != "v9" || !slices.Equal(r.AltHosts, want) || len(r.IPs) != 3 {
 		t.Errorf("ndsz = %+v, reviews = %+v", got.Version, r)
+	}
+}
+
+// A name-table path that is not a regular file is an error naming the
+// file, never a read without end (/dev/zero) or a block (a FIFO), issue
+// #21.
+func TestTableFileNotRegular(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "names.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{fifo: "not a regular file (a FIFO)", "/dev/zero": "not a regular file (a character device)"} {
+		_, err := ReadTableFile(path)
+		if !errors.Is(err, boundedfile.ErrNotRegular) {
+			t.Fatalf("ReadTableFile(%s) = %v, want ErrNotRegular", path, err)
+		}
+		testkit.Contains(t, "the error", err.Error(), "name table file "+path, want)
 	}
 }

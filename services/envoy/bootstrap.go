@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // BootstrapConfig is everything the Envoy bootstrap needs, as plain values that cmd fills from flags,
@@ -241,7 +243,9 @@ func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
 	}
 
 	if custom := c.customConfigFile(); custom != "" {
-		f, err := os.Open(custom)
+		// Envoy reads it: a readable regular file (a FIFO here would
+		// block the open for ever, issue #21).
+		f, _, err := boundedfile.Open(custom)
 		if err != nil {
 			return Bootstrap{}, nil, fmt.Errorf("custom config file (ProxyConfig.customConfigFile): %w", err)
 		}
@@ -340,7 +344,7 @@ func writeAtomic(path string, data []byte) error {
 // readOverride reads ISTIO_BOOTSTRAP_OVERRIDE (YAML or JSON) and returns it as JSON, with $(HOST_IP)
 // replaced by hostIP (bracketed when it is IPv6, without doubling brackets the user wrote).
 func readOverride(path, hostIP string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := boundedfile.Read(path, boundedfile.MaxConfig)
 	if err != nil {
 		return "", fmt.Errorf("bootstrap override (ISTIO_BOOTSTRAP_OVERRIDE): %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"text/template"
@@ -14,6 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // renderTemplateFile renders a user bootstrap template (ISTIO_BOOTSTRAP, --templateFile or
@@ -29,7 +30,7 @@ import (
 // no template should depend on), and meshagent adds xds_socket and sds_socket, the unix sockets
 // under --root.
 func renderTemplateFile(path string, c BootstrapConfig) ([]byte, error) {
-	text, err := os.ReadFile(path)
+	text, err := boundedfile.Read(path, boundedfile.MaxConfig)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap template: %w", err)
 	}

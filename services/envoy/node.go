@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"maps"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // Environment prefixes that Istio copies into the Envoy node metadata.
@@ -158,7 +159,7 @@ func ReadDownwardAPI(path string) (map[string]string, error) {
 	if path == "" {
 		return nil, nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := boundedfile.Read(path, boundedfile.MaxConfig)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -97,8 +98,19 @@ func readRootsSecret(name, path string) (*anypb.Any, string, error) {
 	return secret, messages.ContentVersion(roots), err
 }
 
+// maxCRLFile bounds the CA's CRL file. A CRL grows with its revocations,
+// about 40 bytes each: 16 MiB is some 400,000 revoked certificates, far
+// past a mesh CA's, and still a bounded cost.
+const maxCRLFile = 16 << 20
+
+// readFile reads one file of a file secret through boundedfile: only a
+// regular file, at most boundedfile.MaxPEM: an SDS client can name any
+// path, /dev/zero included, and a read without a bound killed the agent
+// (issue #21). The error names the secret and the
+// file: NotFound for a missing file, FailedPrecondition for anything else
+// (a device, a FIFO, a directory, a file too large).
 func readFile(name, path string) ([]byte, error) {
-	data, err := os.ReadFile(path)
+	data, err := boundedfile.Read(path, boundedfile.MaxPEM)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, status.Errorf(codes.NotFound, "secret %q: %v", name, err)
@@ -152,7 +164,7 @@ type crlState struct {
 // present, every block must be a CRL that parses, or the last good one is
 // kept with the error.
 func readCRL(path string, prev crlState) crlState {
-	data, err := os.ReadFile(path)
+	data, err := boundedfile.Read(path, maxCRLFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return crlState{}
 	}

@@ -1,10 +1,12 @@
 package sds
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -293,4 +296,57 @@ func containsAll(s string, parts ...string) bool {
 		}
 	}
 	return true
+}
+
+// Files that are not regular files, or too large, named by a client: each
+// is a FailedPrecondition for that secret only, naming the secret, the file
+// and why, and the agent never reads them (os.ReadFile of /dev/zero read
+// 2 GiB in 2 s and the kernel killed the agent; a FIFO blocked the store
+// for ever: issue #21). The other secrets of the stream, and another
+// client's, are served.
+func TestUnreadableFilesAreErrorsForThoseSecretsOnly(t *testing.T) {
+	s := startServer(t)
+	s.certs.Send(bundle(1))
+	fifo := filepath.Join(s.root, "etc/dr/fifo.pem")
+	if err := os.MkdirAll(filepath.Dir(fifo), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := pki.NewRoot(t, "dr ca")
+	// Valid PEM, but more than the bound: one certificate repeated.
+	huge := s.write(t, "etc/dr/huge.pem", bytes.Repeat(ca.CertPEM, boundedfile.MaxPEM/len(ca.CertPEM)+1))
+	names := []string{
+		WorkloadKeyCertResourceName,
+		FileRootPrefix + "/dev/zero",
+		FileCertPrefix + "/dev/urandom" + ResourceSeparator + "/dev/zero",
+		FileRootPrefix + fifo,
+		FileRootPrefix + huge,
+	}
+	c := s.open(t, names...)
+	got, errs := c.collect(t, "the workload certificate and four errors", names, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
+		return len(s) == 1 && len(errs) == 4
+	})
+	if chainOf(got[WorkloadKeyCertResourceName]) != "chain-1" {
+		t.Fatal("workload certificate not served beside the errors")
+	}
+	for name, parts := range map[string][]string{
+		names[1]: {"/dev/zero", "not a regular file (a character device)"},
+		names[2]: {"/dev/urandom", "not a regular file (a character device)"},
+		names[3]: {fifo, "not a regular file (a FIFO)"},
+		names[4]: {huge, "file too large", "more than 1048576"},
+	} {
+		st := errs[name]
+		if st.Code() != codes.FailedPrecondition || !containsAll(st.Message(), append(parts, `"`+name+`"`)...) {
+			t.Errorf("%s: %v; want FailedPrecondition naming the secret and %q", name, st, parts)
+		}
+	}
+
+	// Another client, at the same time, is served.
+	_, _, name := s.fileRoot(t)
+	other := s.open(t, name)
+	other.collect(t, "a good file secret for another client", []string{name}, func(s map[string]*tlsv3.Secret, errs map[string]*status.Status) bool {
+		return len(s) == 1 && trustedCA(s[name]) != ""
+	})
 }

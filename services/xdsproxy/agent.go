@@ -61,11 +61,7 @@ func (s *Service) consume(typeURL string, res *anypb.Any, version string) error 
 	}
 	switch typeURL {
 	case nameTableType:
-		var t nds.NameTable
-		if err := proto.Unmarshal(res.GetValue(), &t); err != nil {
-			return fmt.Errorf("decode name table: %w", err)
-		}
-		nt, err := nds.ToMessage(&t, version)
+		nt, err := decodeNameTable(res.GetValue(), version)
 		if err != nil {
 			return err
 		}
@@ -89,6 +85,16 @@ func (s *Service) consume(typeURL string, res *anypb.Any, version string) error 
 		return fmt.Errorf("type %s is not handled by the agent", typeURL)
 	}
 	return nil
+}
+
+// decodeNameTable decodes a serialized NameTable (from NDS, or the cache)
+// into the DNS proxy's message.
+func decodeNameTable(b []byte, version string) (messages.NameTable, error) {
+	var t nds.NameTable
+	if err := proto.Unmarshal(b, &t); err != nil {
+		return messages.NameTable{}, fmt.Errorf("decode name table: %w", err)
+	}
+	return nds.ToMessage(&t, version)
 }
 
 // checkPEMCerts accepts one or more PEM certificates and nothing else, so

@@ -12,11 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // The cache file: the last-known-good configuration, so that an agent that
@@ -28,6 +30,10 @@ import (
 //
 //	1 header { 1 node_id, 2 control plane address, 3 mode, 4 written (unix ns) }
 //	2 entry  { 1 type_url, 2 version, 3 SotW response, 4 Delta resource (repeated) }
+//	3 names  { 1 version, 2 NameTable }
+//
+// The mode is none when the file holds only the name table (NDS answered
+// before Envoy acknowledged anything).
 //
 // The checksum catches a truncated or corrupt file, the header a file that
 // another node or control plane wrote: either is ignored with a warning and
@@ -44,6 +50,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errCacheFile wraps every reason a cache file is not used.
 var errCacheFile = errors.New("cache file not usable")
+
+// errCacheUntrusted: the file could have been written by someone other
+// than the agent's user (group- or world-writable, or another owner). It
+// is not the agent's file, so it is neither served nor removed (issue
+// #21: such a file was loaded and served without a word).
+var errCacheUntrusted = errors.New("cache file could have been written by another user")
 
 type cacheHeader struct {
 	nodeID  string
@@ -70,7 +82,14 @@ func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
 	for _, t := range sortedKeys(s.delta) {
 		n += fieldSize(entrySize(t, s.delta[t].version, nil, s.delta[t].res))
 	}
+	if s.names != nil {
+		n += fieldSize(namesSize(s.names))
+	}
 	return n
+}
+
+func namesSize(e *namesEntry) int {
+	return int(fieldSize(len(e.version)) + fieldSize(len(e.b)))
 }
 
 // fieldSize is the size of a length-delimited field of n bytes (field
@@ -124,6 +143,11 @@ func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
 	}
 	for _, t := range sortedKeys(s.delta) {
 		entry(t, s.delta[t].version, nil, s.delta[t].res)
+	}
+	if s.names != nil {
+		out.tag(3, namesSize(s.names))
+		out.field(1, []byte(s.names.version))
+		out.field(2, s.names.b)
 	}
 	if out.err != nil {
 		return out.err
@@ -184,9 +208,11 @@ func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
 			if err := decodeEntry(fd.v, h.mode, &s); err != nil {
 				return h, s, err
 			}
+		case 3:
+			s.names = &namesEntry{version: firstString(fd.v, 1), b: []byte(firstString(fd.v, 2))}
 		}
 	}
-	if !seenHeader || (h.mode != modeSotW && h.mode != modeDelta) {
+	if !seenHeader || h.mode > modeDelta {
 		return h, s, fmt.Errorf("%w: no valid header", errCacheFile)
 	}
 	s.mode = h.mode
@@ -241,15 +267,28 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// readCacheFile loads the cache file for this node and control plane. A
-// missing file is (zero, nil); an unusable one an errCacheFile saying why.
-func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, error) {
-	b, err := os.ReadFile(path)
+// readCacheFile loads the cache file for this node and control plane,
+// reading at most max bytes. A missing file is (zero, nil); an unusable
+// one an errCacheFile saying why: errCacheUntrusted for a file another
+// user could have written, boundedfile.ErrNotRegular for something that
+// is not a file (a FIFO hung the service at start: issue #21),
+// boundedfile.ErrTooLarge past max (the bound applied only when writing,
+// and a 1 GiB file cost 1 GB before it was rejected).
+func readCacheFile(path, nodeID, address string, max int64) (cacheHeader, cacheSnapshot, error) {
+	f, fi, err := boundedfile.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return cacheHeader{}, cacheSnapshot{}, nil
 	}
 	if err != nil {
-		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %v", errCacheFile, err)
+		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
+	}
+	defer f.Close()
+	if err := trusted(fi); err != nil {
+		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
+	}
+	b, err := boundedfile.ReadOpen(f, fi, max)
+	if err != nil {
+		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
 	}
 	h, s, err := decodeCache(b)
 	if err != nil {
@@ -262,6 +301,21 @@ func readCacheFile(path, nodeID, address string) (cacheHeader, cacheSnapshot, er
 		return h, s, fmt.Errorf("%w: written for control plane %q, this agent uses %q", errCacheFile, h.address, address)
 	}
 	return h, s, nil
+}
+
+// trusted accepts a file only the agent's user could have written: owned
+// by the effective uid, neither group- nor world-writable (the agent
+// writes it 0600).
+func trusted(fi fs.FileInfo) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%w: cannot tell its owner", errCacheUntrusted)
+	}
+	if int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: mode %v, owner uid %d gid %d; the agent runs as uid %d and writes it 0600",
+			errCacheUntrusted, fi.Mode().Perm(), st.Uid, st.Gid, os.Geteuid())
+	}
+	return nil
 }
 
 // writeCacheFile writes the cache atomically (0600), so that a crash

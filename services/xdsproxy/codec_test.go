@@ -230,19 +230,6 @@ func TestCacheFileRoundTrip(t *testing.T) {
 	}
 }
 
-// The scan never panics, whatever the bytes.
-func FuzzScan(f *testing.F) {
-	f.Add(sotwResponse(f, "v", "n", 1))
-	f.Add([]byte{0x0a, 0x00})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fr := frame{b: b}
-		_ = fr.scan()
-		_, _ = scanResource(b)
-		_, _ = splitDelta(b)
-		_, _, _ = decodeCache(b)
-	})
-}
-
 // cacheSize predicts the streamed file's size exactly (the bound is
 // checked before writing).
 func TestCacheSizeMatchesFile(t *testing.T) {

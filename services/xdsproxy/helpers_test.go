@@ -23,6 +23,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(grpcClientEnv) != "" {
 		os.Exit(runGRPCClient())
 	}
+	// A client under another uid (downstream_test.go).
+	if os.Getenv(peerClientEnv) != "" {
+		os.Exit(runPeerClient())
+	}
 	goleak.VerifyTestMain(m)
 }
 

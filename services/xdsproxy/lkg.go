@@ -45,6 +45,16 @@ type deltaRes struct {
 	b       []byte // the discovery.v3.Resource as the control plane sent it
 }
 
+// namesEntry is the DNS name table (NDS) the agent last accepted, as the
+// control plane sent it (a serialized istio.networking.nds.v1.NameTable).
+// It is kept beside Envoy's configuration, whatever the protocol, so that
+// an agent restarted during an outage answers DNS too (issue #21: without
+// it, DNS, and so readiness, waited for the control plane).
+type namesEntry struct {
+	b       []byte
+	version string
+}
+
 type deltaEntry struct {
 	res     map[string]deltaRes
 	version string // system_version_info of the last applied response
@@ -65,6 +75,7 @@ type lkg struct {
 	mode     cacheMode
 	sotw     map[string]sotwEntry
 	delta    map[string]*deltaEntry
+	names    *namesEntry
 	size     int64
 	disabled string // why caching stopped for good (too large)
 	gen      uint64 // moves with every change; the writer persists when it did
@@ -92,8 +103,29 @@ func (c *lkg) setMode(m cacheMode) {
 	if c.mode != modeNone && c.size > 0 {
 		c.log.Info("Envoy's xDS protocol changed: dropping the cached configuration", "was", c.mode, "now", m)
 	}
-	c.mode, c.size = m, 0
+	c.mode, c.size = m, c.namesSize()
 	c.sotw, c.delta = map[string]sotwEntry{}, map[string]*deltaEntry{}
+}
+
+func (c *lkg) namesSize() int64 {
+	if c.names == nil {
+		return 0
+	}
+	return int64(len(c.names.b))
+}
+
+// putNames records the name table the agent accepted (b: the serialized
+// NameTable).
+func (c *lkg) putNames(b []byte, version string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.disabled != "" {
+		return
+	}
+	c.size += int64(len(b)) - c.namesSize()
+	c.names = &namesEntry{b: b, version: version}
+	c.checkSize()
+	c.changed()
 }
 
 // checkSize disables the cache for good once it outgrows its bound: a
@@ -104,7 +136,7 @@ func (c *lkg) checkSize() {
 	}
 	c.disabled = fmt.Sprintf("the configuration (%d bytes) exceeds CacheMaxBytes (%d)", c.size, c.max)
 	c.log.Warn("not caching the xDS configuration any more", "reason", c.disabled)
-	c.sotw, c.delta, c.size = map[string]sotwEntry{}, map[string]*deltaEntry{}, 0
+	c.sotw, c.delta, c.names, c.size = map[string]sotwEntry{}, map[string]*deltaEntry{}, nil, 0
 }
 
 // putSotW records a State of the World response Envoy ACKed.
@@ -284,6 +316,7 @@ type cacheSnapshot struct {
 	mode  cacheMode
 	sotw  map[string]sotwEntry
 	delta map[string]deltaSnapshot
+	names *namesEntry // nil: none
 	gen   uint64
 	// disabled: nothing may be persisted (and an old file must go).
 	disabled bool
@@ -301,7 +334,7 @@ func (c *lkg) snapshot() cacheSnapshot {
 	if s.disabled {
 		return s
 	}
-	s.sotw = maps.Clone(c.sotw)
+	s.sotw, s.names = maps.Clone(c.sotw), c.names
 	s.delta = make(map[string]deltaSnapshot, len(c.delta))
 	for t, e := range c.delta {
 		if !e.incomplete {
@@ -319,6 +352,10 @@ func (c *lkg) restore(s cacheSnapshot) {
 		return // what this process recorded is newer
 	}
 	c.setMode(s.mode)
+	if s.names != nil {
+		c.names = s.names
+		c.size += int64(len(s.names.b))
+	}
 	for t, e := range s.sotw {
 		c.sotw[t] = e
 		c.size += int64(len(e.b))

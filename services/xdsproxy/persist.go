@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 // cacheWriteDelay coalesces the ACKs of a push (CDS, then EDS, LDS, RDS)
@@ -23,20 +25,44 @@ func (s *Service) loadCache() {
 	if loaded || !s.cfg.OfflineCache || s.cfg.CacheFile == "" {
 		return
 	}
-	h, snap, err := readCacheFile(s.cfg.CacheFile, s.cfg.NodeID, s.cfg.DiscoveryAddress)
-	if err != nil {
+	h, snap, err := readCacheFile(s.cfg.CacheFile, s.cfg.NodeID, s.cfg.DiscoveryAddress, s.cfg.CacheMaxBytes)
+	switch {
+	case errors.Is(err, errCacheUntrusted), errors.Is(err, boundedfile.ErrNotRegular):
+		// Not the agent's file: left where it is, for whoever put it
+		// there to explain (the next write replaces it if it can).
+		s.log.Warn("ignoring the xDS cache file: not one the agent wrote; starting without the cache", "file", s.cfg.CacheFile, "error", err)
+		return
+	case err != nil:
 		s.log.Warn("ignoring the xDS cache file; it will be replaced", "file", s.cfg.CacheFile, "error", err)
 		if err := os.Remove(s.cfg.CacheFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("cannot remove the unusable xDS cache file", "file", s.cfg.CacheFile, "error", err)
 		}
 		return
 	}
-	if snap.mode == modeNone {
+	if snap.mode == modeNone && snap.names == nil {
 		return
 	}
 	s.lkg.restore(snap)
 	s.log.Info("loaded the cached xDS configuration", "file", s.cfg.CacheFile, "written", h.written.Format(time.RFC3339),
-		"protocol", snap.mode, "types", s.lkg.servable(snap.mode))
+		"protocol", snap.mode, "types", s.lkg.servable(snap.mode), "name_table", snap.names != nil)
+	s.publishCachedNames(snap.names)
+}
+
+// publishCachedNames hands the cached name table to the DNS proxy at
+// once, so that DNS (and the agent's readiness) does not wait for a control
+// plane that may be down (issue #21). The control plane's table replaces
+// it as soon as one arrives.
+func (s *Service) publishCachedNames(e *namesEntry) {
+	if e == nil || !s.cfg.NDS {
+		return
+	}
+	nt, err := decodeNameTable(e.b, e.version)
+	if err != nil {
+		s.log.Warn("not using the cached DNS name table", "file", s.cfg.CacheFile, "version", e.version, "error", err)
+		return
+	}
+	s.out.Names.Send(nt)
+	s.log.Info("published the cached DNS name table", "version", e.version, "hosts", len(nt.Hosts))
 }
 
 // writeCache persists the cache after changes, coalesced, and once more

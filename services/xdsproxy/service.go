@@ -63,6 +63,7 @@ type Service struct {
 
 	mu          sync.Mutex
 	current     proxyStream // the one active Envoy stream
+	currentPeer peerCred    // who opened it (socket.go)
 	stopping    bool
 	lastHealth  *messages.WorkloadHealth
 	cacheLoaded bool
@@ -198,19 +199,29 @@ func (s *Service) shutdown(srv *grpc.Server) {
 	s.wg.Wait()
 }
 
-// register makes st the active stream; a newer stream replaces the older
-// one (Istio keeps one connection: "registered overlapping stream").
-func (s *Service) register(st proxyStream) error {
+// register makes st, opened by p, the active stream; a newer stream
+// replaces the older one (Istio keeps one connection: "registered
+// overlapping stream"), if it comes from the same uid (mayReplace).
+func (s *Service) register(st proxyStream, p peerCred) error {
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
 		return errShuttingDown
 	}
-	old := s.current
-	s.current = st
+	old, oldPeer := s.current, s.currentPeer
+	if old != nil {
+		if err := mayReplace(oldPeer, p); err != nil {
+			s.mu.Unlock()
+			s.log.Warn("refused a stream on the XDS socket: it would replace Envoy's",
+				"open_pid", oldPeer.pid, "open_uid", oldPeer.uid, "new_pid", p.pid, "new_uid", p.uid)
+			return err
+		}
+	}
+	s.current, s.currentPeer = st, p
 	s.mu.Unlock()
 	if old != nil {
-		s.log.Info("a newer Envoy stream replaces the open one")
+		s.log.Info("a newer Envoy stream replaces the open one",
+			"open_pid", oldPeer.pid, "open_uid", oldPeer.uid, "new_pid", p.pid, "new_uid", p.uid)
 		old.end(nil)
 	}
 	return nil
@@ -279,10 +290,13 @@ func (s *Service) bundle() (messages.CertBundle, bool) {
 func (s *Service) serverOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(s.codec),
-		// No size limit: a 10,000-cluster State of the World push is past
-		// 10 MB, and Envoy's Delta reconnect lists every resource it has.
-		grpc.MaxRecvMsgSize(maxMsgSize),
+		// Envoy's requests are bounded (maxRequestSize, socket.go); the
+		// responses are not: a 10,000-cluster State of the World push is
+		// past 10 MB.
+		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
+		// Each connection's peer uid and pid, for register (socket.go).
+		grpc.Creds(peerCredentials{}),
 		grpc.MaxConcurrentStreams(100000),
 		// A push of thousands of clusters goes out in fewer, larger
 		// writes (gRPC's default buffer is 32 KiB); one per connection.

@@ -163,7 +163,7 @@ func serveStream[R request, F flavor[R]](s *Service, newFlavor func(*Service, ui
 		redialed:      make(chan struct{}, 1),
 		agentVersions: map[string]string{},
 	}
-	if err := s.register(st); err != nil {
+	if err := s.register(st, peerOf(down.Context())); err != nil {
 		return err
 	}
 	defer s.unregister(st)
@@ -229,6 +229,9 @@ func (st *stream[R]) read() {
 	for {
 		req := st.fl.newRequest()
 		if err := st.down.RecvMsg(req); err != nil {
+			if status.Code(err) == codes.ResourceExhausted {
+				st.log.Warn("refused a request on the XDS socket: larger than the bound", "max_bytes", maxRequestSize, "error", err)
+			}
 			st.readErr = err
 			return
 		}
@@ -487,6 +490,17 @@ func (st *stream[R]) handleResponse(f *frame) error {
 	return st.down.SendMsg(f)
 }
 
+// records reports whether the cache takes this stream's configuration
+// (its node is the configured one): false until Envoy's first request.
+func (st *stream[R]) records() bool {
+	select {
+	case <-st.firstReq:
+		return st.svc.records(st.node)
+	default:
+		return false
+	}
+}
+
 // consumeAgent applies a response of an agent type and ACKs or NACKs it
 // upstream; it never reaches Envoy.
 func (st *stream[R]) consumeAgent(f *frame) {
@@ -496,6 +510,9 @@ func (st *stream[R]) consumeAgent(f *frame) {
 		err = nil
 	case err == nil:
 		err = st.svc.consume(f.typeURL, res, version)
+		if err == nil && f.typeURL == nameTableType && st.records() {
+			st.svc.lkg.putNames(res.GetValue(), version)
+		}
 	}
 	// The reply ACKs (no error detail) or NACKs the response, with the
 	// version the agent last accepted.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"os"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -111,7 +110,7 @@ func (s *Service) token() string {
 	if s.cfg.TokenFile == "" {
 		return ""
 	}
-	b, err := os.ReadFile(s.cfg.TokenFile)
+	b, err := readToken(s.cfg.TokenFile)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("cannot read the token for the control plane; connecting without it", "file", s.cfg.TokenFile, "error", err)
@@ -158,7 +157,7 @@ func (s *Service) tlsConfig() (*tls.Config, error) {
 		}
 		pool = p
 	case RootsFile:
-		b, err := os.ReadFile(s.cfg.RootCAFile)
+		b, err := readPEMFile(s.cfg.RootCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("root CA for the control plane: %w", err)
 		}

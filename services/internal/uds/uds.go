@@ -106,6 +106,17 @@ func (s Socket) Listen() (net.Listener, error) {
 			return nil, fmt.Errorf("chown %s socket %s to %d:%d: %w", s.Name, s.Path, s.Owner.UID, s.Owner.GID, err)
 		}
 	}
+	// Checked, not assumed: whoever can reach the socket can ask for any
+	// secret (SDS) or cut Envoy's stream (XDS), issue #21. A file system
+	// that ignores the chmod (some FUSE and 9p mounts) must not leave an
+	// open socket behind.
+	if fi, err := os.Lstat(s.Path); err != nil || fi.Mode().Perm() != mode {
+		lis.Close()
+		if err == nil {
+			err = fmt.Errorf("its mode is %v after a chmod to %v", fi.Mode().Perm(), mode)
+		}
+		return nil, fmt.Errorf("%s socket %s: %w", s.Name, s.Path, err)
+	}
 	return lis, nil
 }
 
