@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"regexp"
 	"strings"
 )
@@ -28,7 +27,7 @@ var envFileName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // expand ($VAR, $(...), `...`), or text after a closing quote, is refused,
 // naming file:line. A later line wins over an earlier one, as in a shell.
 func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
+	f, err := openConfigFile(path)
 	if err != nil {
 		return nil, err
 	}

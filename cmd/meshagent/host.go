@@ -1,12 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
+	"syscall"
 )
 
 // hostInputs is everything the configuration reads from the host besides
@@ -82,4 +84,44 @@ func interfaceAddrs() ([]netip.Prefix, error) {
 		out = append(out, netip.PrefixFrom(ip, ones))
 	}
 	return out, nil
+}
+
+// maxConfigFile bounds a configuration file the agent reads on someone
+// else's say (the mesh config, cluster.env): services/internal/boundedfile's
+// MaxConfig, which cmd cannot import (Go's internal rule), for the same
+// reason: a ConfigMap is at most 1 MiB.
+const maxConfigFile = 16 << 20
+
+// openConfigFile opens path only if it is a regular file of at most
+// maxConfigFile bytes (issue 21): stat first, so that a FIFO cannot hang the
+// start and a device (/dev/zero) is never read without end.
+func openConfigFile(path string) (io.ReadCloser, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
+	}
+	if st.Size() > maxConfigFile {
+		return nil, fmt.Errorf("%s: %d bytes, over the %d bytes a configuration file may have", path, st.Size(), maxConfigFile)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(f, maxConfigFile+1), f}, nil
+}
+
+// readConfigFile reads a file through openConfigFile.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := openConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 
@@ -56,7 +55,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 		}
 	}
 
-	if data, err := os.ReadFile(src.meshConfigFile); err == nil {
+	if data, err := readConfigFile(src.meshConfigFile); err == nil {
 		var mesh map[string]json.RawMessage
 		js, err := yaml.YAMLToJSON(data)
 		if err == nil {
