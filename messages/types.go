@@ -290,6 +290,62 @@ type XDSState struct {
 	LastError string
 	// LastACK is, per type URL, the version Envoy last acknowledged.
 	LastACK map[string]string
+	// Types is, per type URL forwarded to Envoy, what the control plane
+	// last sent, what Envoy last ACKed and its last NACK (issue 22).
+	Types map[string]XDSTypeState
+}
+
+// XDSTypeState is one xDS type between the proxy and Envoy.
+type XDSTypeState struct {
+	// Sent is the last response forwarded to Envoy (or served from the
+	// cache).
+	SentVersion   string    `json:"sent_version"`
+	SentNonce     string    `json:"sent_nonce"`
+	SentResources int       `json:"sent_resources"`
+	SentAt        time.Time `json:"sent_at"`
+	// ACKed is the last version Envoy acknowledged.
+	ACKedVersion string    `json:"acked_version"`
+	ACKedAt      time.Time `json:"acked_at"`
+	// NACK is Envoy's last rejection, until it ACKs a later response.
+	NACK *XDSNack `json:"nack,omitempty"`
+	// NACKs counts the rejections of this type since the agent started.
+	NACKs int `json:"nacks"`
+}
+
+// XDSNack is a response Envoy rejected.
+type XDSNack struct {
+	Version string    `json:"version"` // of the rejected response, when known
+	Nonce   string    `json:"nonce"`
+	Error   string    `json:"error"` // Envoy's error_detail: it names the rejected resources
+	At      time.Time `json:"at"`
+}
+
+// Verdicts of one xDS type, as istioctl proxy-status names them.
+const (
+	VerdictSynced       = "SYNCED"
+	VerdictStale        = "STALE"
+	VerdictNACKed       = "NACKED"
+	VerdictServingCache = "SERVING CACHE"
+	VerdictNotSent      = "NOT SENT"
+)
+
+// Verdict is what an operator asks of a type: NACKED while Envoy's last
+// word on it is a rejection; SERVING CACHE while the control plane is
+// unreachable and the cache is served; STALE when a response has waited
+// for its ACK longer than staleAfter; else SYNCED.
+func (s XDSState) Verdict(typeURL string, now time.Time, staleAfter time.Duration) string {
+	t, ok := s.Types[typeURL]
+	switch {
+	case !ok || t.SentAt.IsZero():
+		return VerdictNotSent
+	case t.NACK != nil:
+		return VerdictNACKed
+	case s.Upstream == XDSServingCache:
+		return VerdictServingCache
+	case t.ACKedVersion != t.SentVersion && now.Sub(t.SentAt) > staleAfter:
+		return VerdictStale
+	}
+	return VerdictSynced
 }
 
 // TrustAnchors are extra roots from the ProxyConfig the control plane sends

@@ -116,6 +116,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		newVMCommand(cli, logs),
 		newWaitCommand(),
 		newRequestCommand(),
+		newProxyStatusCommand(),
 		newVersionCommand(),
 		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)

@@ -186,3 +186,32 @@ func TestDebugTreeShowsTheWholeHealthReason(t *testing.T) {
 		t.Errorf("JSON services = %+v, want dns with its whole health reason", js.Services)
 	}
 }
+
+// /debug/xds (and the tree's lines under the upstream) give per type what
+// was sent, ACKed and NACKed, and the verdict (issue 22).
+func TestDebugXDSShowsVerdictsAndNACKs(t *testing.T) {
+	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	xds := messages.NewCell[messages.XDSState]()
+	f.svc.in.XDS = xds
+	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	const cds = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	xds.Send(messages.XDSState{Upstream: messages.XDSConnected, Address: "127.0.0.1:15010", Since: at,
+		Types: map[string]messages.XDSTypeState{cds: {SentVersion: "v2", SentNonce: "n2", SentResources: 3, SentAt: at,
+			ACKedVersion: "v1", NACKs: 1, NACK: &messages.XDSNack{Version: "v2", Nonce: "n2", Error: "cluster c: bad", At: at}}}})
+
+	rec := treeRequest(f.svc, "/debug/xds", "127.0.0.1:1", nil)
+	var got xdsJSON
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); rec.Code != 200 || err != nil {
+		t.Fatalf("/debug/xds = %d %v: %s", rec.Code, err, rec.Body)
+	}
+	if c := got.Types[cds]; c.Short != "cds" || c.Verdict != messages.VerdictNACKed || c.NACK == nil || c.NACK.Error != "cluster c: bad" {
+		t.Errorf("/debug/xds cds = %+v", c)
+	}
+	if rec := treeRequest(f.svc, "/debug/xds", "192.0.2.1:1", nil); rec.Code != 403 {
+		t.Errorf("remote /debug/xds = %d; want 403", rec.Code)
+	}
+	text, _ := getTree(t, f.svc)
+	if !strings.Contains(text, "  cds   NACKED        sent v2 (3 resources) at 2026-03-04T05:06:07Z; acked v1; NACK of v2 at 2026-03-04T05:06:07Z: cluster c: bad") {
+		t.Errorf("the tree lacks the cds line:\n%s", text)
+	}
+}

@@ -48,6 +48,10 @@ func (s *Service) routeTable() []route {
 		// 12; kubectl port-forward arrives on loopback).
 		{"GET /debug/tree", s.handleTree, true, false, "the supervision tree: each service's state, restarts and last error; ?format=json"},
 	}
+	if s.in.XDS != nil {
+		rs = append(rs, route{"GET /debug/xds", s.handleXDS, true, false,
+			"per xDS type: what was sent, ACKed or NACKed (with Envoy's error) and the verdict (meshagent proxy-status)"})
+	}
 	if s.cfg.Chaos {
 		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
 	}
@@ -114,6 +118,15 @@ func indexHandler(table []route) http.HandlerFunc {
 		}
 		tw.Flush()
 	}
+}
+
+// handleXDS serves the XDS proxy's report as JSON: the "xds" object of
+// /debug/tree?format=json, which `meshagent proxy-status` reads.
+func (s *Service) handleXDS(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.xdsReport().json())
 }
 
 // handleReady answers kubelet (through Envoy's 15021) and `meshagent wait`:

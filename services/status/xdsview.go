@@ -3,6 +3,8 @@ package status
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -26,12 +28,28 @@ type xdsJSON struct {
 	LastError string     `json:"last_error,omitempty"`
 	// LastACK is the version Envoy last acknowledged, by type URL.
 	LastACK map[string]string `json:"last_ack,omitempty"`
+	// Types is, by type URL, what went to Envoy, its ACK or NACK, and
+	// the verdict (issue 22; `meshagent proxy-status` prints it).
+	Types map[string]xdsTypeJSON `json:"types,omitempty"`
 }
+
+// xdsTypeJSON is one type of the "types" object.
+type xdsTypeJSON struct {
+	Short   string `json:"short"` // cds, lds, ...
+	Verdict string `json:"verdict"`
+	messages.XDSTypeState
+}
+
+// StaleAfter is how long a response may wait for Envoy's ACK before the
+// type is STALE: Envoy ACKs in milliseconds, a warming cluster's EDS in
+// seconds.
+const StaleAfter = 10 * time.Second
 
 // xdsReport is what /debug/tree shows of the XDS proxy.
 type xdsReport struct {
 	state    messages.XDSState
 	reported bool
+	now      time.Time // for the verdicts
 }
 
 // xdsReport reads the XDS proxy's state; nil when there is no XDS proxy.
@@ -40,7 +58,7 @@ func (s *Service) xdsReport() *xdsReport {
 		return nil
 	}
 	st, ok := s.in.XDS.Get()
-	return &xdsReport{state: st, reported: ok}
+	return &xdsReport{state: st, reported: ok, now: s.clock.Now()}
 }
 
 // json is the report as the "xds" object; nil for a nil report.
@@ -53,7 +71,10 @@ func (r *xdsReport) json() *xdsJSON {
 	}
 	st := r.state
 	v := &xdsJSON{Reported: true, Upstream: st.Upstream.String(), Address: st.Address,
-		LastError: st.LastError, LastACK: st.LastACK}
+		LastError: st.LastError, LastACK: st.LastACK, Types: map[string]xdsTypeJSON{}}
+	for typeURL, t := range st.Types {
+		v.Types[typeURL] = xdsTypeJSON{Short: shortTypeName(typeURL), Verdict: st.Verdict(typeURL, r.now, StaleAfter), XDSTypeState: t}
+	}
 	if !st.Since.IsZero() {
 		since := st.Since.UTC()
 		v.Since = &since
@@ -103,6 +124,16 @@ func writeXDS(w io.Writer, r *xdsReport) {
 		line += "; last ACK: " + acks
 	}
 	fmt.Fprintln(w, "xds upstream: "+line)
+	for _, typeURL := range slices.Sorted(maps.Keys(st.Types)) {
+		t := st.Types[typeURL]
+		verdict := st.Verdict(typeURL, r.now, StaleAfter)
+		l := fmt.Sprintf("  %-5s %-13s sent %s (%d resources) at %s; acked %s", shortTypeName(typeURL), verdict,
+			t.SentVersion, t.SentResources, t.SentAt.UTC().Format(time.RFC3339), t.ACKedVersion)
+		if t.NACK != nil {
+			l += fmt.Sprintf("; NACK of %s at %s: %s", t.NACK.Version, t.NACK.At.UTC().Format(time.RFC3339), oneLine(t.NACK.Error))
+		}
+		fmt.Fprintln(w, l)
+	}
 }
 
 // describeACKs is "cds v3, lds v3": each type by its short name, sorted.

@@ -25,6 +25,7 @@ type metrics struct {
 	servingCache prometheus.Gauge
 	stalls       prometheus.Counter
 	cacheWrites  *prometheus.CounterVec // result: ok | error | too_large
+	nacks        *prometheus.CounterVec // type_url
 
 	all []prometheus.Collector // every one above, to register
 }
@@ -62,6 +63,8 @@ func newMetrics() *metrics {
 			"Streams ended because the control plane answered nothing while requests waited."),
 		cacheWrites: mm.CounterVec("xds_proxy_cache_writes_total",
 			"Writes of the last-known-good configuration file, by result.", "result"),
+		nacks: mm.CounterVec("xds_proxy_nacks_total",
+			"Responses Envoy rejected (NACK), by type URL (issue 22).", "type_url"),
 	}
 	m.all = mm.Collectors()
 	return m

@@ -38,7 +38,8 @@ type upstreamStatus struct {
 }
 
 func newUpstreamStatus(s *Service) *upstreamStatus {
-	return &upstreamStatus{svc: s, state: messages.XDSState{Address: s.cfg.DiscoveryAddress, LastACK: map[string]string{}}}
+	return &upstreamStatus{svc: s, state: messages.XDSState{Address: s.cfg.DiscoveryAddress, LastACK: map[string]string{},
+		Types: map[string]messages.XDSTypeState{}}}
 }
 
 // set changes the upstream state and publishes.
@@ -132,15 +133,61 @@ func (u *upstreamStatus) leaveCache() {
 	}
 }
 
-// ack records the version Envoy acknowledged for a type.
+// ack records the version Envoy acknowledged for a type. An ACK of the
+// last response sent ends a NACK's reign: Envoy took a later version.
 func (u *upstreamStatus) ack(typeURL, version string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if v, ok := u.state.LastACK[typeURL]; ok && v == version {
+	t, known := u.state.Types[typeURL]
+	cleared := false
+	if t.NACK != nil && version == t.SentVersion && version != t.NACK.Version {
+		t.NACK, cleared = nil, true
+	}
+	if known && (t.ACKedVersion != version || cleared) {
+		t.ACKedVersion, t.ACKedAt = version, u.svc.clock.Now()
+		u.state.Types[typeURL] = t
+	}
+	if v, ok := u.state.LastACK[typeURL]; ok && v == version && !cleared {
 		return
 	}
 	u.state.LastACK[typeURL] = version
 	u.publishState()
+}
+
+// sent records a response on its way to Envoy (issue 22: what the control
+// plane last sent, for proxy-status).
+func (u *upstreamStatus) sent(f *frame) {
+	if typeLabel(f.typeURL) == "other" {
+		return // a type URL nobody knows must not grow the state
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	t := u.state.Types[f.typeURL]
+	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.version, f.nonce, f.resources, u.svc.clock.Now()
+	u.state.Types[f.typeURL] = t
+	u.publishState()
+}
+
+// nacked records Envoy's rejection of the response with nonce, and
+// returns the rejected version when it is the last one sent ("" if not
+// known). Each NACK is logged once by the stream and counted here.
+func (u *upstreamStatus) nacked(typeURL, nonce, msg string) string {
+	if typeLabel(typeURL) == "other" {
+		return ""
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	t := u.state.Types[typeURL]
+	n := &messages.XDSNack{Nonce: nonce, Error: msg, At: u.svc.clock.Now()}
+	if nonce != "" && nonce == t.SentNonce {
+		n.Version = t.SentVersion
+	}
+	t.NACK = n
+	t.NACKs++
+	u.state.Types[typeURL] = t
+	u.svc.m.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
+	u.publishState()
+	return n.Version
 }
 
 // publish sends XDSState and the matching Health, under u.mu.
@@ -163,6 +210,14 @@ func (u *upstreamStatus) publish() {
 func (u *upstreamStatus) publishState() {
 	st := u.state
 	st.LastACK = maps.Clone(u.state.LastACK)
+	st.Types = make(map[string]messages.XDSTypeState, len(u.state.Types))
+	for k, t := range u.state.Types {
+		if t.NACK != nil {
+			n := *t.NACK
+			t.NACK = &n
+		}
+		st.Types[k] = t
+	}
 	u.svc.out.State.Send(st)
 }
 

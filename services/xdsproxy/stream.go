@@ -246,7 +246,10 @@ func (st *stream[R]) read() {
 			s.status.ack(info.typeURL, info.version)
 		}
 		if info.nack != "" {
-			st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "error", info.nack)
+			nonce := req.GetResponseNonce()
+			version := s.status.nacked(info.typeURL, nonce, info.nack)
+			st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "version", version,
+				"nonce", nonce, "error", info.nack)
 		}
 		st.queue.put(outgoing[R]{req: req})
 		if info.typeURL == listenerType {
@@ -487,6 +490,7 @@ func (st *stream[R]) handleResponse(f *frame) error {
 		return nil
 	}
 	st.fl.sending(f)
+	st.svc.status.sent(f)
 	return st.down.SendMsg(f)
 }
 
