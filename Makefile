@@ -210,7 +210,7 @@ e2e-istiod: peer-istio-agent
 	  [ $$rc -eq 0 ] || { echo "details: .tmp/e2e-istiod.log"; exit $$rc; }
 
 # Installs meshagent for a VM or bare-metal host, as Istio's VM package
-# installs pilot-agent and istio.service (README "VM / bare metal"):
+# installs pilot-agent and istio.service (docs/capabilities.md, "VM / bare metal"):
 # the binary, the systemd unit (ExecStart pointing at the binary installed)
 # and the directories the onboarding bundle's files go to. DESTDIR stages
 # the install (packaging); run `systemctl daemon-reload` after a real one.
@@ -222,7 +222,7 @@ install-vm: build
 	sed 's|/usr/local/bin/meshagent|$(PREFIX)/bin/meshagent|g' cmd/meshagent/meshagent.service >.tmp/meshagent.service
 	install -D -m 0644 .tmp/meshagent.service $(DESTDIR)$(UNITDIR)/meshagent.service
 	install -d -m 0755 $(DESTDIR)/var/lib/istio/envoy $(DESTDIR)/etc/istio/config $(DESTDIR)/etc/certs
-	@echo "installed $(DESTDIR)$(PREFIX)/bin/meshagent and $(DESTDIR)$(UNITDIR)/meshagent.service; next (README \"VM / bare metal\"):"
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/meshagent and $(DESTDIR)$(UNITDIR)/meshagent.service; next (docs/capabilities.md, \"VM / bare metal\"):"
 	@echo "  cluster.env -> /var/lib/istio/envoy/cluster.env, mesh.yaml -> /etc/istio/config/mesh,"
 	@echo "  root-cert.pem -> /etc/certs/root-cert.pem, istio-token -> /var/run/secrets/tokens/istio-token, an Envoy at /usr/local/bin/envoy;"
 	@echo "  systemctl daemon-reload && systemctl enable --now meshagent"

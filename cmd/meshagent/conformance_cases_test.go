@@ -55,7 +55,7 @@ type confCase struct {
 	// agent's status port, "GET envoy:/path" on Envoy's ENVOY_STATUS_PORT
 	// listener; a "POST /quitquitquit" last also records the exit.
 	Requests []string `json:"requests,omitempty"`
-	// OnPurpose names the README row of a difference this case shows on
+	// OnPurpose names the docs/conformance.md row of a difference this case shows on
 	// purpose (its outcome may differ from Istio's); "" for none.
 	OnPurpose string `json:"on_purpose,omitempty"`
 	// Note says what the case is about.

@@ -4,7 +4,7 @@ package main
 // Envoy command line argument by argument, the bootstrap parsed as
 // envoy.config.bootstrap.v3.Bootstrap on both sides and compared field by
 // field, after the few normalizations below, minus the written-down list of
-// fields allowed to differ (conformanceAllowed, also in the README). The
+// fields allowed to differ (conformanceAllowed, also in docs/conformance.md). The
 // typed_config types both bootstraps name are registered by services/envoy
 // (bootstrap_types.go), which parses user templates the same way.
 
@@ -33,7 +33,7 @@ type allowedDifference struct {
 }
 
 // conformanceAllowed is the whole list of differences from Istio's agent
-// that the suite accepts. Each is a decision, written down in the README's
+// that the suite accepts. Each is a decision, written down in docs/conformance.md's
 // table too; anything else that differs is a failure.
 var conformanceAllowed = []allowedDifference{
 	{"node.metadata.ISTIO_VERSION", "the version of the agent that wrote the bootstrap: meshagent's own build version (make build), where Istio's is Istio's release; ISTIO_META_ISTIO_VERSION still wins on both"},

@@ -72,7 +72,7 @@ func compareOutputs(c confCase, istio, ours confOutput) caseResult {
 			diffs = append(diffs, fieldDiff{Path: "exit_code", Istio: strconv.Itoa(istio.ExitCode), Ours: strconv.Itoa(ours.ExitCode)})
 		}
 		if c.OnPurpose != "" && len(diffs) > 0 {
-			// The case shows a difference the README lists: how it ends may differ.
+			// The case shows a difference docs/conformance.md lists: how it ends may differ.
 			for i := range diffs {
 				diffs[i].Reason = "on purpose: " + c.OnPurpose
 			}

@@ -16,7 +16,7 @@ import (
 // template, rather than from go-control-plane's Go types. Marshalling those types makes
 // protobuf-go build, and keep for the life of the process, its reflection and codec state for
 // every type reachable from Bootstrap: 1.9 MB of heap that was never freed, 1.7 MiB of the idle
-// agent's RSS and 2.9 MiB under DNS load (README, Memory). Tests parse every bootstrap this builds with Envoy's types,
+// agent's RSS and 2.9 MiB under DNS load (docs/performance.md, Memory). Tests parse every bootstrap this builds with Envoy's types,
 // rejecting unknown fields, and run the types' validation rules on it, so a misspelt field, a
 // wrong type URL or a bad value fails a test as it would have failed to compile.
 

@@ -11,7 +11,7 @@ package envoy
 // for Envoy's types (1.9 MB of live heap) would stay for the agent's life.
 // Rendering in a short-lived child of the agent's own binary was tried
 // first and not taken: the child's start-up (every package's init) added
-// 65 ms to start → ready on a quiet machine (README, Memory).
+// 65 ms to start → ready on a quiet machine (docs/performance.md, Memory).
 
 // renderedBootstrap is a bootstrap as first written: later starts write the
 // same bytes again rather than render.
