@@ -55,7 +55,7 @@ func ipFamilyFor(ips []string, dualStack bool) ipFamily {
 
 // defaultBootstrap is the equivalent of Istio's envoy_bootstrap.json: field for field what
 // Istio's agent writes from the same inputs (cmd/meshagent's conformance suite compares them), but
-// for the few differences its README lists.
+// for the few differences docs/conformance.md lists.
 func defaultBootstrap(c BootstrapConfig, node nodeInfo) (object, error) {
 	fam := ipFamilyFor(c.InstanceIPs, c.DualStack)
 	stats := getStatsOptions(c, node)
@@ -279,7 +279,7 @@ func sdsGRPCCluster(name, socket string) object {
 
 // xdsGRPCCluster reaches the agent's XDS proxy. Istio's template sets the deprecated cluster-level
 // max_requests_per_connection: 1; here it lives in HttpProtocolOptions, where Envoy now reads it
-// (a difference the README lists).
+// (a difference docs/conformance.md lists).
 func xdsGRPCCluster(socket string) object {
 	c := staticCluster(xdsCluster, time.Second, pipeAddress(socket))
 	threshold := func(priority string) object {

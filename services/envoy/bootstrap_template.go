@@ -21,7 +21,7 @@ import (
 // ProxyConfig.proxyBootstrapTemplatePath) as Istio's agent does, and checks that the result is a
 // Bootstrap Envoy can load. Every error names the template file. Istio's own template
 // (tools/packaging/common/envoy_bootstrap.json) renders to the built-in bootstrap, field for
-// field but for the README's listed differences (a test compares them).
+// field but for the differences docs/conformance.md lists (a test compares them).
 //
 // The functions are Istio's: Go's text/template built-ins, sprig's generic functions
 // (github.com/Masterminds/sprig/v3: default, toJson, quote, ...) and toJSON. The parameters are
