@@ -74,6 +74,18 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		t.Errorf("cluster --fqdn reviews -o json: %v %+v\n%s", err, clusters, out)
 	}
 
+	// proxy-status names the same certificate, and the name table from NDS.
+	status, err := exec.Command(agentBinary, "proxy-status", "--addr", strings.TrimPrefix(p.base, "http://")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("proxy-status: %v\n%s", err, status)
+	}
+	for _, want := range []string{"CERTIFICATE: spiffe://cluster.local/ns/default/sa/default serial " + workload.SerialNumber.Text(16),
+		"ROOT SHA-256: ", "from NDS"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("proxy-status lacks %q:\n%s", want, status)
+		}
+	}
+
 	// Installed as Istio's agent, the same command.
 	pilotAgent := filepath.Join(t.TempDir(), "pilot-agent")
 	if err := os.Symlink(agentBinary, pilotAgent); err != nil {

@@ -52,6 +52,14 @@ func (s *Service) routeTable() []route {
 		rs = append(rs, route{"GET /debug/xds", s.handleXDS, true, false,
 			"per xDS type: what was sent, ACKed or NACKed (with Envoy's error) and the verdict (meshagent proxy-status)"})
 	}
+	if s.in.Certs != nil {
+		rs = append(rs, route{"GET /debug/certs", s.handleCerts, true, false,
+			"the workload certificate: SANs, serial, validity, time left, the roots' SHA-256 fingerprints"})
+	}
+	if s.in.Names != nil {
+		rs = append(rs, route{"GET /debug/names", s.handleNames, true, false,
+			"the DNS name table: version, number of names, source (NDS or file); the names are on /debug/ndsz"})
+	}
 	if s.cfg.Chaos {
 		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
 	}
