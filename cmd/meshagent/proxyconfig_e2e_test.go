@@ -36,7 +36,8 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, mesh, string(sample))
-	p := startStandalone(t, mesh, "")
+	// A certificate that does not rotate while the test compares it.
+	p := startStandalone(t, mesh, "", "--cert-lifetime", "1h")
 	p.waitStatus(t, "/healthz/ready", 200)
 	p.waitConfigDump(t, "outbound|9080||reviews.default.svc.cluster.local", "outbound|7070||ratings.default.svc.cluster.local")
 	workload := nextCertificate(t, watchSDSCertificates(t, filepath.Join(p.root, "var/run/secrets/workload-spiffe-uds/socket")), "certificate")
@@ -83,6 +84,14 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		"ROOT SHA-256: ", "from NDS"} {
 		if !strings.Contains(string(status), want) {
 			t.Errorf("proxy-status lacks %q:\n%s", want, status)
+		}
+	}
+
+	// The status page shows the same agent.
+	page := mustGet(t, p.base+"/debug/")
+	for _, want := range []string{"controlplane", "certs", "envoy", ">SYNCED<", pki.WorkloadID, "names</b> (NDS)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/debug/ lacks %q", want)
 		}
 	}
 

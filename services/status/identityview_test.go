@@ -16,22 +16,32 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
-// identityFixture is a status server with a certificate and a name table
-// input, at a frozen now.
-func identityFixture(t *testing.T, now time.Time) (*Service, *messages.Cell[messages.CertBundle], *messages.Cell[messages.NameTable]) {
+// operatorFixture is a status server with every input an operator's page
+// reads (tree, xDS, certificate, name table), at a frozen now.
+type operatorFixture struct {
+	*fixture
+	certs *messages.Cell[messages.CertBundle]
+	names *messages.Cell[messages.NameTable]
+	xds   *messages.Cell[messages.XDSState]
+}
+
+func newOperatorFixture(t *testing.T, now time.Time) *operatorFixture {
 	t.Helper()
-	certs, names := messages.NewCell[messages.CertBundle](), messages.NewCell[messages.NameTable]()
-	health := messages.NewStream[messages.Health](0, nil)
-	reg := prometheus.NewRegistry()
-	svc, err := New(Config{Addr: "127.0.0.1:0", Gatherer: reg},
-		Inputs{Health: health, Envoy: messages.NewCell[messages.EnvoyState](), Tree: messages.NewCell[messages.TreeState](), Certs: certs, Names: names},
-		Outputs{Readiness: messages.NewCell[messages.Readiness](), Drain: messages.NewStream[messages.Drain](0, nil),
-			Shutdown: messages.NewStream[messages.Shutdown](0, nil), Chaos: messages.NewStream[messages.Chaos](0, nil)},
-		messages.NewRuntime(Name, health, testkit.FrozenClock{At: now}, reg, nil))
+	f := &operatorFixture{fixture: &fixture{
+		health: messages.NewStream[messages.Health](0, nil), envoy: messages.NewCell[messages.EnvoyState](),
+		tree: messages.NewCell[messages.TreeState](), ready: messages.NewCell[messages.Readiness](),
+		drain: messages.NewStream[messages.Drain](0, nil), stop: messages.NewStream[messages.Shutdown](0, nil),
+		chaos: messages.NewStream[messages.Chaos](0, nil), reg: prometheus.NewRegistry(),
+	}, certs: messages.NewCell[messages.CertBundle](), names: messages.NewCell[messages.NameTable](), xds: messages.NewCell[messages.XDSState]()}
+	svc, err := New(Config{Addr: "127.0.0.1:0", Gatherer: f.reg},
+		Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree, XDS: f.xds, Certs: f.certs, Names: f.names},
+		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos},
+		messages.NewRuntime(Name, f.health, testkit.FrozenClock{At: now}, f.reg, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return svc, certs, names
+	f.svc = svc
+	return f
 }
 
 // /debug/certs shows the workload certificate an operator asks about: its
@@ -40,7 +50,8 @@ func identityFixture(t *testing.T, now time.Time) (*Service, *messages.Cell[mess
 // both loopback only, and "not reported" before the first value (issue 22).
 func TestDebugCertsAndNames(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Second)
-	svc, certs, names := identityFixture(t, now)
+	f := newOperatorFixture(t, now)
+	svc, certs, names := f.svc, f.certs, f.names
 	decode := func(path string, v any) {
 		t.Helper()
 		rec := treeRequest(svc, path, "127.0.0.1:1", nil)
@@ -85,8 +96,8 @@ func TestDebugCertsAndNames(t *testing.T) {
 		}
 	}
 	// Without the inputs (no identity, no DNS) the pages are not served.
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
-	if rec := treeRequest(f.svc, "/debug/certs", "127.0.0.1:1", nil); rec.Code != http.StatusNotFound {
+	plain := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	if rec := treeRequest(plain.svc, "/debug/certs", "127.0.0.1:1", nil); rec.Code != http.StatusNotFound {
 		t.Errorf("/debug/certs without a certificate input = %d, want 404", rec.Code)
 	}
 }
