@@ -81,7 +81,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		t.Fatalf("proxy-status: %v\n%s", err, status)
 	}
 	for _, want := range []string{"CERTIFICATE: spiffe://cluster.local/ns/default/sa/default serial " + workload.SerialNumber.Text(16),
-		"ROOT SHA-256: ", "from NDS"} {
+		"NEXT RENEWAL: ", "ROOT SHA-256: ", "from NDS"} {
 		if !strings.Contains(string(status), want) {
 			t.Errorf("proxy-status lacks %q:\n%s", want, status)
 		}

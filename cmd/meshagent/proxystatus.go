@@ -149,6 +149,7 @@ type certStatus struct {
 	NotBefore        *time.Time `json:"not_before"`
 	NotAfter         *time.Time `json:"not_after"`
 	RemainingSeconds int64      `json:"remaining_seconds"`
+	RenewAt          *time.Time `json:"renew_at"`
 	RootSHA256       []string   `json:"root_sha256"`
 	Error            string     `json:"error"`
 }
@@ -180,6 +181,9 @@ func writeIdentityStatus(w io.Writer, cert, names []byte) error {
 			}
 			fmt.Fprintf(w, "CERTIFICATE: %s serial %s valid %s to %s (%s)\n", strings.Join(c.SANs, ","), c.Serial,
 				c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339), left)
+			if c.RenewAt != nil {
+				fmt.Fprintf(w, "NEXT RENEWAL: %s\n", c.RenewAt.UTC().Format(time.RFC3339))
+			}
 			for _, fp := range c.RootSHA256 {
 				fmt.Fprintf(w, "ROOT SHA-256: %s\n", fp)
 			}

@@ -58,7 +58,7 @@ func TestProxyStatusShowsCertificateAndNameTable(t *testing.T) {
 	docs := map[string]string{
 		"/debug/xds": `{"reported":true,"upstream":"connected","address":"istiod:15012","types":{}}`,
 		"/debug/certs": `{"reported":true,"sans":["spiffe://cluster.local/ns/default/sa/default"],"serial":"3b88",
-		  "not_before":"2026-11-26T12:00:00Z","not_after":"2026-11-27T12:00:00Z","remaining_seconds":3600,
+		  "not_before":"2026-11-26T12:00:00Z","not_after":"2026-11-27T12:00:00Z","remaining_seconds":3600,"renew_at":"2026-11-27T00:00:00Z",
 		  "root_sha256":["AB:CD"]}`,
 		"/debug/names": `{"reported":true,"version":"v7","names":12,"source":"NDS"}`,
 	}
@@ -79,7 +79,7 @@ func TestProxyStatusShowsCertificateAndNameTable(t *testing.T) {
 	}
 	for _, want := range []string{
 		"CERTIFICATE: spiffe://cluster.local/ns/default/sa/default serial 3b88 valid 2026-11-26T12:00:00Z to 2026-11-27T12:00:00Z (1h0m0s left)",
-		"ROOT SHA-256: AB:CD", "DNS TABLE: 12 names, version v7, from NDS"} {
+		"NEXT RENEWAL: 2026-11-27T00:00:00Z", "ROOT SHA-256: AB:CD", "DNS TABLE: 12 names, version v7, from NDS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("%q missing from:\n%s", want, out.String())
 		}

@@ -29,6 +29,9 @@ type certJSON struct {
 	// RemainingSeconds is the time left until NotAfter, at the status
 	// server's clock; negative once expired.
 	RemainingSeconds int64 `json:"remaining_seconds"`
+	// RenewAt is when the certificate watcher asks the CA for the next
+	// one; absent when it does not (file-mounted certificates).
+	RenewAt *time.Time `json:"renew_at,omitempty"`
 	// RootSHA256 are the SHA-256 fingerprints of the roots the certificate
 	// chains to, as `openssl x509 -fingerprint -sha256` prints them.
 	RootSHA256 []string `json:"root_sha256,omitempty"`
@@ -76,6 +79,10 @@ func (s *Service) certReport() *certJSON {
 	nb, na := leaf.NotBefore.UTC(), leaf.NotAfter.UTC()
 	out.NotBefore, out.NotAfter = &nb, &na
 	out.RemainingSeconds = int64(na.Sub(s.clock.Now()) / time.Second)
+	if !b.RenewAt.IsZero() {
+		at := b.RenewAt.UTC()
+		out.RenewAt = &at
+	}
 	for rest := b.RootsPEM; ; {
 		block, rest = pem.Decode(rest)
 		if block == nil {

@@ -70,7 +70,7 @@ func TestDebugCertsAndNames(t *testing.T) {
 
 	ca := pki.NewRoot(t, "root")
 	chain, key := ca.Leaf(t, pki.Leaf{SPIFFE: pki.WorkloadID, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(3 * time.Hour)})
-	certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.CertPEM, Version: "v1"})
+	certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.CertPEM, Version: "v1", RenewAt: now.Add(90 * time.Minute)})
 	names.Send(messages.NameTable{Version: "file-abc", Hosts: map[string]messages.NameInfo{"a.example": {}, "b.example": {}}})
 
 	decode("/debug/certs", &c)
@@ -78,6 +78,7 @@ func TestDebugCertsAndNames(t *testing.T) {
 	wantFP := strings.ToUpper(fmt.Sprintf("%x", sum[:2]))
 	leaf := pki.ParseLeaf(t, chain)
 	if !c.Reported || len(c.SANs) != 1 || c.SANs[0] != pki.WorkloadID || c.Serial != leaf.SerialNumber.Text(16) ||
+		c.RenewAt == nil || !c.RenewAt.Equal(now.Add(90*time.Minute)) ||
 		!c.NotAfter.Equal(now.Add(3*time.Hour)) || !c.NotBefore.Equal(now.Add(-time.Hour)) || c.RemainingSeconds != 3*3600 ||
 		len(c.RootSHA256) != 1 || !strings.HasPrefix(c.RootSHA256[0], wantFP[:2]+":"+wantFP[2:]+":") || len(c.RootSHA256[0]) != 32*3-1 {
 		t.Errorf("/debug/certs: %+v (root starts %s)", c, wantFP)

@@ -37,7 +37,7 @@ func (f *operatorFixture) populate(t *testing.T, now time.Time) {
 		}})
 	ca := pki.NewRoot(t, "root")
 	chain, key := ca.Leaf(t, pki.Leaf{SPIFFE: pki.WorkloadID, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(3 * time.Hour)})
-	f.certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.CertPEM, Version: "v1"})
+	f.certs.Send(messages.CertBundle{CertChainPEM: chain, KeyPEM: key, RootsPEM: ca.CertPEM, Version: "v1", RenewAt: now.Add(90 * time.Minute)})
 	f.names.Send(messages.NameTable{Version: "v7", Hosts: map[string]messages.NameInfo{"a.example": {}, "b.example": {}}})
 }
 
@@ -59,7 +59,7 @@ func TestStatusPageShowsTheAgent(t *testing.T) {
 		">certs<", ">xds<", ">envoy<", ">failed<", ">3<", "envoy exited: signal: killed",
 		"istiod.istio-system.svc:15012", ">cds<", ">NACKED<", ">lds<", ">SYNCED<",
 		"cluster &lt;script&gt;alert(1)&lt;/script&gt;: bad",
-		pki.WorkloadID, "3h0m0s", "<b>2</b> names",
+		pki.WorkloadID, "3h0m0s", now.Add(90 * time.Minute).Format(time.RFC3339), "<b>2</b> names",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q:\n%s", want, page)
