@@ -23,6 +23,10 @@ type CertBundle struct {
 	Expiry time.Time
 	// Version changes when, and only when, the content changes.
 	Version string
+	// RenewAt is when the certificate watcher asks the CA for the next
+	// certificate; zero when it does not (file-mounted certificates). Not
+	// content: Version does not depend on it. Shown by /debug/certs (#22).
+	RenewAt time.Time
 }
 
 // String never prints the private key.

@@ -234,13 +234,23 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 		if cfg.XDS != nil {
 			xdsState = ch.XDS
 		}
+		// The certificate and the name table are shown when there is one
+		// (#22): nil inputs leave /debug/certs and /debug/names out.
+		var certsState messages.Latest[messages.CertBundle]
+		if cfg.Certs != nil {
+			certsState = ch.Certs
+		}
+		var namesState messages.Latest[messages.NameTable]
+		if cfg.DNS != nil || cfg.NameTableFile != "" || cfg.XDS != nil {
+			namesState = ch.Names
+		}
 		sc := *cfg.Status
 		sc.Required = append(sc.Required, requiredNames...)
 		sc.RequireEnvoy = cfg.Envoy != nil
 		sc.Debug = debug
 		rt := runtime(status.Name)
 		st, err := status.New(sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState},
+			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState, Certs: certsState, Names: namesState},
 			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
 				WorkloadHealth: ch.Workload},
 			rt)

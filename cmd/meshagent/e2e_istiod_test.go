@@ -227,6 +227,8 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	r.held = waitConverged(t, peer, envoy)
 	r.metadata = d.Bootstrap().GetBootstrap().GetNode().GetMetadata().AsMap()
 	checkACKed(t, envoy)
+	// istioctl's tables, read inside the pod, hold what Envoy holds (#22).
+	checkProxyConfigTables(t, "127.0.0.1:15000")
 
 	// DNS from NDS. Istio's agent asks for NDS on Envoy's first LDS
 	// request, as ours does; readiness waits for the first table.

@@ -117,6 +117,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		newWaitCommand(),
 		newRequestCommand(),
 		newProxyStatusCommand(),
+		newProxyConfigCommand(),
 		newVersionCommand(),
 		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)

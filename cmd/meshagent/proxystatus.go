@@ -58,33 +58,149 @@ func newProxyStatusCommand() *cobra.Command {
 			if output != "table" && output != "json" {
 				return usageError("proxy-status: -o %q: want table or json", output)
 			}
-			url := "http://" + addr + "/debug/xds"
-			resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+			body, err := getStatusDoc(addr, "/debug/xds")
 			if err != nil {
-				return fmt.Errorf("proxy-status: %w (is the agent running, with its status port at %s?)", err, addr)
+				return fmt.Errorf("proxy-status: %w", err)
 			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+			if body == nil {
+				return fmt.Errorf("proxy-status: GET %s/debug/xds: 404 Not Found (an agent without an XDS proxy has no xDS status)", addr)
+			}
+			// The certificate and the name table (#22), when the agent has
+			// them: an older agent, or one without identity, has no page.
+			cert, err := getStatusDoc(addr, "/debug/certs")
 			if err != nil {
-				return fmt.Errorf("proxy-status: reading %s: %w", url, err)
+				return fmt.Errorf("proxy-status: %w", err)
 			}
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("proxy-status: GET %s: %s (an agent without an XDS proxy has no xDS status)", url, resp.Status)
+			names, err := getStatusDoc(addr, "/debug/names")
+			if err != nil {
+				return fmt.Errorf("proxy-status: %w", err)
 			}
 			if output == "json" {
-				_, err := cmd.OutOrStdout().Write(body)
-				return err
+				return writeProxyStatusJSON(cmd.OutOrStdout(), body, cert, names)
 			}
 			var st proxyStatus
 			if err := json.Unmarshal(body, &st); err != nil {
-				return fmt.Errorf("proxy-status: %s: %w", url, err)
+				return fmt.Errorf("proxy-status: %s/debug/xds: %w", addr, err)
 			}
-			return writeProxyStatus(cmd.OutOrStdout(), st)
+			if err := writeProxyStatus(cmd.OutOrStdout(), st); err != nil {
+				return err
+			}
+			return writeIdentityStatus(cmd.OutOrStdout(), cert, names)
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "localhost:15020", "the agent's status server (host:port)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// getStatusDoc is the body of GET path on the status server at addr; nil
+// when it answers 404.
+func getStatusDoc(addr, path string) ([]byte, error) {
+	url := "http://" + addr + path
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w (is the agent running, with its status port at %s?)", err, addr)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", url, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return body, nil
+	case http.StatusNotFound:
+		return nil, nil
+	}
+	return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+}
+
+// writeProxyStatusJSON is /debug/xds, with the certificate and the name
+// table added as "certificate" and "names" when the agent has them.
+func writeProxyStatusJSON(w io.Writer, xds, cert, names []byte) error {
+	if cert == nil && names == nil {
+		_, err := w.Write(xds)
+		return err
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(xds, &doc); err != nil {
+		return fmt.Errorf("proxy-status: /debug/xds: %w", err)
+	}
+	if cert != nil {
+		doc["certificate"] = cert
+	}
+	if names != nil {
+		doc["names"] = names
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(out))
+	return err
+}
+
+// certStatus and namesStatus are /debug/certs and /debug/names as the
+// command reads them.
+type certStatus struct {
+	Reported         bool       `json:"reported"`
+	SANs             []string   `json:"sans"`
+	Serial           string     `json:"serial"`
+	NotBefore        *time.Time `json:"not_before"`
+	NotAfter         *time.Time `json:"not_after"`
+	RemainingSeconds int64      `json:"remaining_seconds"`
+	RenewAt          *time.Time `json:"renew_at"`
+	RootSHA256       []string   `json:"root_sha256"`
+	Error            string     `json:"error"`
+}
+
+type namesStatus struct {
+	Reported bool   `json:"reported"`
+	Version  string `json:"version"`
+	Names    int    `json:"names"`
+	Source   string `json:"source"`
+}
+
+// writeIdentityStatus prints the certificate and the name table lines,
+// each when the agent has one.
+func writeIdentityStatus(w io.Writer, cert, names []byte) error {
+	if cert != nil {
+		var c certStatus
+		if err := json.Unmarshal(cert, &c); err != nil {
+			return fmt.Errorf("proxy-status: /debug/certs: %w", err)
+		}
+		switch {
+		case !c.Reported:
+			fmt.Fprintln(w, "CERTIFICATE: none yet")
+		case c.Error != "":
+			fmt.Fprintf(w, "CERTIFICATE: unreadable: %s\n", c.Error)
+		default:
+			left := (time.Duration(c.RemainingSeconds) * time.Second).String() + " left"
+			if c.RemainingSeconds < 0 {
+				left = "EXPIRED"
+			}
+			fmt.Fprintf(w, "CERTIFICATE: %s serial %s valid %s to %s (%s)\n", strings.Join(c.SANs, ","), c.Serial,
+				c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339), left)
+			if c.RenewAt != nil {
+				fmt.Fprintf(w, "NEXT RENEWAL: %s\n", c.RenewAt.UTC().Format(time.RFC3339))
+			}
+			for _, fp := range c.RootSHA256 {
+				fmt.Fprintf(w, "ROOT SHA-256: %s\n", fp)
+			}
+		}
+	}
+	if names != nil {
+		var n namesStatus
+		if err := json.Unmarshal(names, &n); err != nil {
+			return fmt.Errorf("proxy-status: /debug/names: %w", err)
+		}
+		if !n.Reported {
+			fmt.Fprintln(w, "DNS TABLE: none yet")
+		} else {
+			fmt.Fprintf(w, "DNS TABLE: %d names, version %s, from %s\n", n.Names, n.Version, n.Source)
+		}
+	}
+	return nil
 }
 
 // writeProxyStatus prints the upstream line, then one row per type.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -47,5 +48,52 @@ func TestProxyStatusCommand(t *testing.T) {
 	if code := execute(&cliContext{args: []string{"proxy-status", "--addr", "127.0.0.1:1"}, stdout: &out, stderr: &errOut}); code == 0 ||
 		!strings.Contains(errOut.String(), "is the agent running") {
 		t.Errorf("no agent: exit %d, %q", code, errOut.String())
+	}
+}
+
+// proxy-status also shows the workload certificate and the DNS name table
+// when the agent serves them (issue 22): -o json carries them as
+// "certificate" and "names" beside the xDS document.
+func TestProxyStatusShowsCertificateAndNameTable(t *testing.T) {
+	docs := map[string]string{
+		"/debug/xds": `{"reported":true,"upstream":"connected","address":"istiod:15012","types":{}}`,
+		"/debug/certs": `{"reported":true,"sans":["spiffe://cluster.local/ns/default/sa/default"],"serial":"3b88",
+		  "not_before":"2026-11-26T12:00:00Z","not_after":"2026-11-27T12:00:00Z","remaining_seconds":3600,"renew_at":"2026-11-27T00:00:00Z",
+		  "root_sha256":["AB:CD"]}`,
+		"/debug/names": `{"reported":true,"version":"v7","names":12,"source":"NDS"}`,
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		doc, ok := docs[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(doc))
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+
+	var out, errOut bytes.Buffer
+	if code := execute(&cliContext{args: []string{"proxy-status", "--addr", addr}, stdout: &out, stderr: &errOut}); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{
+		"CERTIFICATE: spiffe://cluster.local/ns/default/sa/default serial 3b88 valid 2026-11-26T12:00:00Z to 2026-11-27T12:00:00Z (1h0m0s left)",
+		"NEXT RENEWAL: 2026-11-27T00:00:00Z", "ROOT SHA-256: AB:CD", "DNS TABLE: 12 names, version v7, from NDS"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("%q missing from:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := execute(&cliContext{args: []string{"proxy-status", "--addr", addr, "-o", "json"}, stdout: &out, stderr: &errOut}); code != 0 {
+		t.Fatalf("-o json: exit %d: %s", code, errOut.String())
+	}
+	var doc struct {
+		Upstream    string
+		Certificate struct{ Serial string }
+		Names       struct{ Names int }
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || doc.Upstream != "connected" || doc.Certificate.Serial != "3b88" || doc.Names.Names != 12 {
+		t.Errorf("-o json: %v %+v\n%s", err, doc, out.String())
 	}
 }

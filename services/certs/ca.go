@@ -50,7 +50,9 @@ func (s *Service) serveCA(ctx context.Context) error {
 	// After a restart, a still-valid certificate is kept until its renewal
 	// point instead of being replaced at once.
 	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-		next = s.clock.After(s.renewDelay(b))
+		// The renewal point chosen when it was issued, which /debug/certs
+		// shows (#22), not a new jittered one.
+		next = s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0))
 		s.publishCA()
 	}
 	for {
@@ -174,8 +176,10 @@ func (c *caClient) renew(ctx context.Context, failed func(error)) (wait time.Dur
 		return wait, false, nil
 	}
 	c.backoff = c.s.cfg.RetryInitial
+	wait = c.s.renewDelay(b)
+	b.RenewAt = c.s.clock.Now().Add(wait)
 	c.s.caIssued = b
-	return c.s.renewDelay(b), true, nil
+	return wait, true, nil
 }
 
 // request asks the CA for a certificate.

@@ -152,6 +152,10 @@ func TestCARenewsAtRenewalPointOnAgentClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	renewAt := b1.Expiry.Add(-time.Duration(c.cfg.GraceRatio * float64(b1.Expiry.Sub(leaf[0].NotBefore))))
+	// The bundle says when, for /debug/certs (#22).
+	if !b1.RenewAt.Equal(renewAt) {
+		t.Errorf("the bundle's RenewAt %v, want the renewal point %v", b1.RenewAt, renewAt)
+	}
 	testkit.WaitFor(t, "the renewal wait on the clock", func() bool { n, _ := clock.Pending(); return n == 1 })
 
 	clock.Advance(renewAt.Sub(clock.Now()) - time.Second)

@@ -27,12 +27,12 @@ func TestIndexListsEveryEndpoint(t *testing.T) {
 		}
 		var l string
 		for _, line := range lines {
-			if strings.HasPrefix(line, r.pattern+" ") {
+			if strings.HasPrefix(line, r.path()+" ") {
 				l = line
 			}
 		}
 		if l == "" {
-			t.Errorf("GET / does not list %s:\n%s", r.pattern, index.Body)
+			t.Errorf("GET / does not list %s:\n%s", r.path(), index.Body)
 			continue
 		}
 		if r.loopback != strings.Contains(l, "loopback only") {

@@ -30,6 +30,10 @@ type route struct {
 	doc   string
 }
 
+// path is the route as GET / shows it: its pattern without the ServeMux's
+// end-of-path marker ("GET /debug/{$}" is "GET /debug/").
+func (r route) path() string { return strings.TrimSuffix(r.pattern, "{$}") }
+
 // routeTable lists every endpoint this server answers, in the order GET /
 // shows them.
 func (s *Service) routeTable() []route {
@@ -47,10 +51,19 @@ func (s *Service) routeTable() []route {
 		// plane's address: loopback only, as pprof and /debug/ndsz (issue
 		// 12; kubectl port-forward arrives on loopback).
 		{"GET /debug/tree", s.handleTree, true, false, "the supervision tree: each service's state, restarts and last error; ?format=json"},
+		{"GET /debug/{$}", s.handlePage, true, false, "the status page (HTML, refreshes itself): the tree, the xDS verdicts, the certificate, the DNS table"},
 	}
 	if s.in.XDS != nil {
 		rs = append(rs, route{"GET /debug/xds", s.handleXDS, true, false,
 			"per xDS type: what was sent, ACKed or NACKed (with Envoy's error) and the verdict (meshagent proxy-status)"})
+	}
+	if s.in.Certs != nil {
+		rs = append(rs, route{"GET /debug/certs", s.handleCerts, true, false,
+			"the workload certificate: SANs, serial, validity, time left, the roots' SHA-256 fingerprints"})
+	}
+	if s.in.Names != nil {
+		rs = append(rs, route{"GET /debug/names", s.handleNames, true, false,
+			"the DNS name table: version, number of names, source (NDS or file); the names are on /debug/ndsz"})
 	}
 	if s.cfg.Chaos {
 		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
@@ -114,7 +127,7 @@ func indexHandler(table []route) http.HandlerFunc {
 			if r.loopback {
 				who = "loopback only"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.pattern, of, who, r.doc)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.path(), of, who, r.doc)
 		}
 		tw.Flush()
 	}
@@ -195,14 +208,19 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 		if n.State == messages.Failed && n.NextDelay > 0 {
 			state += " (retry in " + n.NextDelay.Round(time.Millisecond).String() + ")"
 		}
-		note := n.LastError
-		if h, ok := v.healths[n.Name]; ok && h.Reason != "" && h.State != messages.Failed {
-			note = h.Reason // what the service says of itself now
-		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", label, state, n.Restarts, n.Panics,
-			n.Since.UTC().Format(time.RFC3339), oneLine(note))
+			n.Since.UTC().Format(time.RFC3339), oneLine(serviceNote(n, v)))
 	}
 	tw.Flush()
+}
+
+// serviceNote is a node's REASON / LAST ERROR: what the service says of
+// itself now, else the tree's last error.
+func serviceNote(n messages.ServiceInfo, v *view) string {
+	if h, ok := v.healths[n.Name]; ok && h.Reason != "" && h.State != messages.Failed {
+		return h.Reason
+	}
+	return n.LastError
 }
 
 // displayState is a node's state for people: the tree knows whether a

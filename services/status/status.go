@@ -67,6 +67,11 @@ type Inputs struct {
 	// XDS is the XDS proxy's upstream, shown in /debug/tree (xdsview.go);
 	// nil when the agent has no XDS proxy.
 	XDS messages.Latest[messages.XDSState]
+	// Certs and Names are the workload certificate and the DNS name
+	// table, shown on /debug/certs, /debug/names and the status page
+	// (identityview.go, issue 22); nil when the agent has none.
+	Certs messages.Latest[messages.CertBundle]
+	Names messages.Latest[messages.NameTable]
 }
 
 // Outputs are what the status server sends.
