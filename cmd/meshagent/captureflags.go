@@ -64,7 +64,7 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	boolean(&cfg.Reconcile, "reconcile", "", "Replace drifted rules")
 	boolean(&cfg.CleanupOnly, "cleanup-only", "", "Only remove the rules")
 	boolean(&cfg.ForceApply, "force-apply", "", "Apply even if the rules are already in place")
-	boolean(&cfg.NativeNftables, "native-nftables", "", "Use the nftables backend (not supported)")
+	boolean(&cfg.NativeNftables, "native-nftables", "", "Use native nftables (tables inet istio-proxy-nat, -mangle, -raw; needs the nft binary) instead of iptables rules")
 	str(&cfg.ForceIptablesBinary, "force-iptables-binary", "", "", `Force the iptables binary: "legacy" or "nft"`)
 	return c
 }

@@ -24,7 +24,10 @@ func newIstioIptablesCommand(host hostInputs) *cobra.Command {
 exactly as Istio's istio-iptables does. Every flag but --envoy-port can also be
 set with an env var: the flag name upper-cased with '-' as '_' (--istio-inbound-ports
 = ISTIO_INBOUND_PORTS); the command line wins. --dry-run prints the
-iptables-restore input for IPv4 and IPv6 and changes nothing.`,
+iptables-restore input for IPv4 and IPv6 and changes nothing. With
+--native-nftables (NATIVE_NFTABLES) the rules are Istio's nftables tables
+(inet istio-proxy-nat, istio-proxy-mangle, istio-proxy-raw), applied as one nft
+transaction; --dry-run prints that transaction (nft -f input).`,
 		Args: cobra.NoArgs,
 	}
 	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
@@ -64,6 +67,9 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 	if cfg.RedirectDNS && !cfg.CaptureAllDNS && len(cfg.DNSServersV4)+len(cfg.DNSServersV6) == 0 {
 		log.Warn("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided. DNS capture disabled.")
 	}
+	if cfg.NativeNftables {
+		return runNativeNftables(ctx, cfg, stdout, log)
+	}
 	rules := capture.Build(cfg)
 	if cfg.DryRun {
 		printRules(stdout, rules)
@@ -78,12 +84,19 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
 	log.Info("done", "outcome", string(outcome), "backend", applier.Backend())
-	if cfg.RunValidation && !cfg.CleanupOnly {
-		if err := capture.ValidateCapture(ctx, cfg); err != nil {
-			return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
-		}
-		log.Info("validation passed")
+	return runValidation(ctx, cfg, log)
+}
+
+// runValidation is --run-validation, for either backend: a probe connection
+// must be captured, else exit 126 as Istio's.
+func runValidation(ctx context.Context, cfg capture.Config, log *slog.Logger) error {
+	if !cfg.RunValidation || cfg.CleanupOnly {
+		return nil
 	}
+	if err := capture.ValidateCapture(ctx, cfg); err != nil {
+		return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
+	}
+	log.Info("validation passed")
 	return nil
 }
 
@@ -118,6 +131,9 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 			return usageError("clean-iptables: %v", err)
 		}
 		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
+		if cfg.NativeNftables {
+			return cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+		}
 		if err := cleanIptables(cfg, cmd.OutOrStdout(), log); err != nil {
 			return fmt.Errorf("clean-iptables: %w", err)
 		}

@@ -181,9 +181,6 @@ func (c Config) Validate() error {
 	if c.NativeNftables && c.ForceIptablesBinary != "" {
 		bad("--native-nftables", "true", "cannot be combined with --force-iptables-binary")
 	}
-	if c.NativeNftables {
-		bad("--native-nftables", "true", "the nftables backend is not supported by meshagent; use iptables")
-	}
 	for _, s := range c.DNSServersV4 {
 		if a, err := netip.ParseAddr(s); err != nil || !a.Is4() {
 			bad("DNSServersV4", s, "not an IPv4 address")

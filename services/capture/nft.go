@@ -385,6 +385,13 @@ func NftRemoveAll(tx *knftables.Transaction) {
 	}
 }
 
+// NftRemovalText is NftRemoveAll as nft -f input (a dry-run cleanup).
+func NftRemovalText() string {
+	tx := knftables.NewFake("", "").NewTransaction()
+	NftRemoveAll(tx)
+	return tx.String()
+}
+
 // Text is the rule set as nft -f input: exactly what Istio's nftables
 // backend runs and logs (its golden files).
 func (rs NftRuleSet) Text() string {
