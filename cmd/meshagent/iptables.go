@@ -67,9 +67,44 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 	if cfg.RedirectDNS && !cfg.CaptureAllDNS && len(cfg.DNSServersV4)+len(cfg.DNSServersV6) == 0 {
 		log.Warn("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided. DNS capture disabled.")
 	}
-	if cfg.NativeNftables {
+	nft := cfg.NativeNftables
+	if !cfg.DryRun && !cfg.SkipRuleApply {
+		backend, err := chooseBackend(ctx, cfg, stdout, log)
+		if err != nil || backend == "" {
+			return err
+		}
+		nft = backend == capture.BackendNftables
+	}
+	if nft {
 		return runNativeNftables(ctx, cfg, stdout, log)
 	}
+	return runIptablesBackend(ctx, cfg, stdout, log)
+}
+
+// chooseBackend decides between iptables and nftables from the flags and
+// what the node already holds (capture.Residue.Choose), and logs why. A
+// --cleanup-only with neither flag on a node holding both sets is the
+// remedy for that state: it cleans both and returns "".
+func chooseBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) (capture.Backend, error) {
+	residue, err := capture.ProbeResidue(ctx, log)
+	if err != nil {
+		return "", fmt.Errorf("istio-iptables: %w", err)
+	}
+	explicit := cfg.NativeNftables || cfg.ForceIptablesBinary != ""
+	if cfg.CleanupOnly && !explicit && residue.Iptables && residue.Nftables {
+		log.Info("capture rules of both backends present: cleaning both")
+		return "", errors.Join(runNativeNftables(ctx, cfg, stdout, log), runIptablesBackend(ctx, cfg, stdout, log))
+	}
+	backend, why, err := residue.Choose(cfg.NativeNftables, cfg.ForceIptablesBinary != "")
+	if err != nil {
+		return "", fmt.Errorf("istio-iptables: %w", err)
+	}
+	log.Info("capture backend", "backend", string(backend), "why", why)
+	return backend, nil
+}
+
+// runIptablesBackend is istio-iptables with the iptables backend.
+func runIptablesBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
 	rules := capture.Build(cfg)
 	if cfg.DryRun {
 		printRules(stdout, rules)
@@ -116,14 +151,15 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 
 // newCleanIptablesCommand is "meshagent clean-iptables" (Istio's former
 // istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
-// in both families, whatever flags created them. It takes istio-iptables'
+// in both families, whatever flags created them, and our nftables tables
+// (only those with --native-nftables; not with --force-iptables-binary). It takes istio-iptables'
 // flags too: rules of ours in built-in chains that jump nowhere (TPROXY
 // marks, interface RETURNs) are removed when they exactly match what those
 // flags (in either interception mode) would create. Nothing else is touched.
 func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
-		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
+		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6), and the istio-proxy-* nftables tables",
 		Args:  cobra.NoArgs,
 	}
 	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
@@ -133,6 +169,18 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
 		if cfg.NativeNftables {
 			return cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+		}
+		// With neither backend named, our nftables tables go too: clean-iptables
+		// is the remedy for a node holding both sets (#23).
+		if cfg.ForceIptablesBinary == "" && !cfg.DryRun {
+			if r, err := capture.ProbeResidue(cmd.Context(), log); err == nil && r.Nftables {
+				if err := cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log); err != nil {
+					return err
+				}
+				if !r.IptablesUsable {
+					return nil
+				}
+			}
 		}
 		if err := cleanIptables(cfg, cmd.OutOrStdout(), log); err != nil {
 			return fmt.Errorf("clean-iptables: %w", err)

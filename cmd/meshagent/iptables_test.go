@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -231,8 +233,41 @@ func TestIstioIptablesHelperProcess(t *testing.T) {
 			os.Exit(0)
 		}
 	}
+	if cmds := os.Getenv("MESHAGENT_IPTABLES_SEQ"); cmds != "" {
+		// Several commands in this one namespace (runChildSeq): each one's
+		// exit code printed after its output.
+		for _, c := range strings.Split(cmds, "\x1e") {
+			fmt.Printf("\n#exit=%d\n", run(strings.Split(c, "\x1f"), os.Stdout, os.Stdout))
+		}
+		os.Exit(0)
+	}
 	args := strings.Split(os.Getenv("MESHAGENT_IPTABLES_ARGS"), "\x1f")
 	os.Exit(run(args, os.Stdout, os.Stderr))
+}
+
+// runChildSeq runs several CLI commands one after the other in one fresh
+// network namespace and returns each one's exit code and output.
+func runChildSeq(t *testing.T, cmds ...[]string) (codes []int, outs []string) {
+	t.Helper()
+	var joined []string
+	for _, c := range cmds {
+		joined = append(joined, strings.Join(c, "\x1f"))
+	}
+	_, out := runChild(t, false, []string{"MESHAGENT_IPTABLES_SEQ=" + strings.Join(joined, "\x1e")})
+	var cur strings.Builder
+	for _, l := range strings.SplitAfter(out, "\n") {
+		if code, ok := strings.CutPrefix(l, "#exit="); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(code))
+			codes, outs = append(codes, n), append(outs, cur.String())
+			cur.Reset()
+			continue
+		}
+		cur.WriteString(l)
+	}
+	if len(codes) != len(cmds) {
+		t.Fatalf("%d of %d commands ran:\n%s", len(codes), len(cmds), out)
+	}
+	return codes, outs
 }
 
 func runChild(t *testing.T, asNobody bool, env []string, args ...string) (int, string) {

@@ -129,3 +129,42 @@ func TestIstioIptablesNftConformanceAgainstIstio(t *testing.T) {
 		})
 	}
 }
+
+// TestIstioIptablesBackendNeverFlipFlops: on a node the init step programmed
+// with nftables, ten more runs with neither flag (a restart, a re-run) stay
+// on nftables and leave the one set unchanged; asking for iptables there is
+// an error naming both; clean-iptables with neither flag removes the tables,
+// after which the default is iptables again (#23; istio#61020).
+func TestIstioIptablesBackendNeverFlipFlops(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft not installed (Debian package nftables)")
+	}
+	apply := append([]string{}, sidecarArgs[:len(sidecarArgs)-1]...) // without --dry-run
+	cmds := [][]string{append(append([]string{}, apply...), "--native-nftables")}
+	for range 10 {
+		cmds = append(cmds, apply)
+	}
+	cmds = append(cmds,
+		append(append([]string{}, apply...), "--force-iptables-binary", "nft"),
+		[]string{"clean-iptables"},
+		apply,
+	)
+	codes, outs := runChildSeq(t, cmds...)
+	if codes[0] != 0 || !strings.Contains(outs[0], "outcome=applied") || !strings.Contains(outs[0], "backend=nftables") {
+		t.Fatalf("first run (--native-nftables): exit %d: %s", codes[0], outs[0])
+	}
+	for i := 1; i <= 10; i++ {
+		if codes[i] != 0 || !strings.Contains(outs[i], "outcome=unchanged") || !strings.Contains(outs[i], "backend=nftables") {
+			t.Errorf("re-run %d with neither flag: exit %d: %s", i, codes[i], outs[i])
+		}
+	}
+	if c, o := codes[11], outs[11]; c != 1 || !strings.Contains(o, "--force-iptables-binary") || !strings.Contains(o, "inet istio-proxy-") {
+		t.Errorf("iptables asked for beside our nft tables: exit %d: %s; want 1 naming both", c, o)
+	}
+	if codes[12] != 0 {
+		t.Errorf("clean-iptables: exit %d: %s", codes[12], outs[12])
+	}
+	if c, o := codes[13], outs[13]; c != 0 || !strings.Contains(o, "outcome=applied") || !strings.Contains(o, "backend=iptables") {
+		t.Errorf("after clean-iptables, neither flag: exit %d: %s; want iptables, applied", c, o)
+	}
+}
