@@ -59,14 +59,31 @@ func (a *NftApplier) Backend() string { return "nftables" }
 func (a *NftApplier) Execs() int64 { return a.execs.Load() + a.routes.Execs() }
 
 // Apply replaces whatever tables of ours exist with rs in one transaction:
-// our three tables are removed (whether or not they exist) and the ones rs
-// needs are built again. Removing first, rather than Istio's flush, also
-// drops chains an earlier configuration declared and this one does not, and
-// a table this one no longer needs (a TPROXY mangle table after a switch to
-// REDIRECT): a re-run leaves exactly one, current, set of rules.
+// the tables of ours present are deleted and the ones rs needs are built
+// again. Deleting first, rather than Istio's flush alone, also drops chains
+// an earlier configuration declared and this one does not, and a table this
+// one no longer needs (a TPROXY mangle table after a switch to REDIRECT): a
+// re-run leaves exactly one, current, set of rules.
 func (a *NftApplier) Apply(ctx context.Context, rs NftRuleSet) error {
+	st, err := a.State(ctx)
+	if err != nil {
+		return err
+	}
+	return a.apply(ctx, rs, st)
+}
+
+// apply is Apply given the current State. Only tables that exist are
+// deleted: a deletion makes the kernel's commit wait for an RCU grace
+// period (about 15 ms here, three times a whole fresh apply). A table made
+// by someone else between the listing and the transaction is still flushed
+// by rs's own "flush table".
+func (a *NftApplier) apply(ctx context.Context, rs NftRuleSet, state string) error {
 	tx := a.nft.NewTransaction()
-	NftRemoveAll(tx)
+	for _, table := range NftTables {
+		if strings.Contains(state, "table inet "+table+" {") {
+			tx.Delete(&knftables.Table{Family: knftables.InetFamily, Name: table})
+		}
+	}
 	rs.AddTo(tx)
 	return a.run(ctx, tx)
 }
@@ -151,7 +168,7 @@ func ExecuteNft(ctx context.Context, cfg Config, rs NftRuleSet, a *NftApplier, l
 	if err != nil {
 		return "", err
 	}
-	if err := a.Apply(ctx, rs); err != nil {
+	if err := a.apply(ctx, rs, before); err != nil {
 		return "", err
 	}
 	after, err := a.State(ctx)
