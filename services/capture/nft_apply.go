@@ -190,3 +190,65 @@ func ExecuteNft(ctx context.Context, cfg Config, rs NftRuleSet, a *NftApplier, l
 	}
 	return outcome, nil
 }
+
+// Missing lists, readably, what of rs the kernel lacks: tables, chains, or
+// chains holding a different number of rules (one nft list). It is the nft
+// backend's counterpart of Applier.MissingChains, for the sidecar's check
+// of what an init container or the CNI plugin programmed; empty means in
+// place.
+func (a *NftApplier) Missing(ctx context.Context, rs NftRuleSet) ([]string, error) {
+	st, err := a.State(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := nftRuleCounts(st)
+	var missing []string
+	for _, table := range rs.tables() {
+		if have[table] == nil {
+			missing = append(missing, "nftables table inet "+table)
+			continue
+		}
+		want := map[string]int{}
+		for _, r := range rs.Rules[table] {
+			want[r.Chain]++
+		}
+		for _, c := range nftChains[table] {
+			n, ok := have[table][c.Name]
+			switch {
+			case want[c.Name] == 0:
+			case !ok:
+				missing = append(missing, fmt.Sprintf("nftables chain %s/%s", table, c.Name))
+			case n != want[c.Name]:
+				missing = append(missing, fmt.Sprintf("nftables chain %s/%s has %d rules, want %d", table, c.Name, n, want[c.Name]))
+			}
+		}
+	}
+	return missing, nil
+}
+
+// nftRuleCounts reads an nft -s listing of our tables: table -> chain ->
+// number of rules (a base chain's "type ... hook ..." line is not a rule).
+func nftRuleCounts(listing string) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	var table, chain string
+	for _, l := range strings.Split(listing, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "table inet "):
+			table = strings.TrimSuffix(strings.TrimPrefix(l, "table inet "), " {")
+			out[table] = map[string]int{}
+		case strings.HasPrefix(l, "chain "):
+			chain = strings.TrimSuffix(strings.TrimPrefix(l, "chain "), " {")
+			out[table][chain] = 0
+		case l == "}":
+			if chain == "" {
+				table = ""
+			}
+			chain = ""
+		case l == "" || chain == "" || strings.HasPrefix(l, "type "):
+		default:
+			out[table][chain]++
+		}
+	}
+	return out
+}

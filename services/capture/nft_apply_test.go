@@ -62,7 +62,19 @@ func TestNftApplyReconcileClean(t *testing.T) {
 		return st
 	}
 	tproxy := nftConfig("TPROXY")
+	if missing, err := a.Missing(ctx, BuildNft(tproxy)); err != nil || len(missing) != 3 {
+		t.Errorf("before apply, Missing = %q, %v; want our three tables", missing, err)
+	}
 	first := run(tproxy, Applied)
+	if missing, err := a.Missing(ctx, BuildNft(tproxy)); err != nil || len(missing) != 0 {
+		t.Errorf("after apply, Missing = %q, %v; want nothing", missing, err)
+	}
+	// A rule deleted by hand is seen.
+	sh(t, "nft", "flush", "chain", "inet", NftNatTable, nftRedirect)
+	if missing, _ := a.Missing(ctx, BuildNft(tproxy)); len(missing) != 1 || !strings.Contains(missing[0], "istio-redirect has 0 rules, want 1") {
+		t.Errorf("after a flush by hand, Missing = %q", missing)
+	}
+	first = run(tproxy, Reconciled)
 	for _, table := range NftTables {
 		if !strings.Contains(first, "table inet "+table+" {") {
 			t.Errorf("after apply, table %s is missing:\n%s", table, first)

@@ -2,6 +2,7 @@ package capture
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -93,7 +94,13 @@ func TestNftKernelConformance(t *testing.T) {
 		return
 	}
 	bindTestGroups(t)
-	load := func(input string) string {
+	a, err := NewNftApplier(testkit.TestLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// load applies input, returns the kernel's listing, runs check on that
+	// state, then empties the namespace again.
+	load := func(input string, check func()) string {
 		t.Helper()
 		cmd := exec.Command("nft", "-f", "-")
 		cmd.Stdin = strings.NewReader(input)
@@ -104,17 +111,25 @@ func TestNftKernelConformance(t *testing.T) {
 		if err != nil {
 			t.Fatalf("nft list ruleset: %v: %s", err, out)
 		}
+		check()
 		sh(t, "nft", "flush", "ruleset")
 		return string(out)
 	}
 	same := 0
 	for _, c := range loadNftCases(t) {
-		want := load(c.golden)
+		want := load(c.golden, func() {})
 		if strings.HasPrefix(want, "error: ") {
 			t.Errorf("%s: golden does not load: %s", c.name, want)
 			continue
 		}
-		if got := load(BuildNft(c.cfg).Text()); got != want {
+		// What the sidecar's check reads agrees: nothing missing.
+		rs := BuildNft(c.cfg)
+		got := load(rs.Text(), func() {
+			if missing, err := a.Missing(context.Background(), rs); err != nil || len(missing) > 0 {
+				t.Errorf("%s: Missing = %q, %v; want nothing", c.name, missing, err)
+			}
+		})
+		if got != want {
 			t.Errorf("%s: kernel state differs\n%s", c.name, testkit.LineDiff(want, got))
 		} else {
 			same++
