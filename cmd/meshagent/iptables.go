@@ -54,10 +54,19 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 	if err := cfg.Validate(); err != nil {
 		return usageError("istio-iptables: %v", err)
 	}
-	if cfg.NetworkNamespace != "" {
-		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
+	if cfg.NetworkNamespace != "" {
+		// The host inputs (addresses) are the pod's: read them inside.
+		return inNetworkNamespace(cfg.NetworkNamespace, log, func() error {
+			return programCapture(ctx, cfg, host, stdout, log)
+		})
+	}
+	return programCapture(ctx, cfg, host, stdout, log)
+}
+
+// programCapture is istio-iptables from the host inputs on, in the network
+// namespace the calling thread is in.
+func programCapture(ctx context.Context, cfg capture.Config, host hostInputs, stdout io.Writer, log *slog.Logger) error {
 	if err := fillHostInputs(&cfg, host, log); err != nil {
 		return fmt.Errorf("istio-iptables: %w", err)
 	}

@@ -21,6 +21,15 @@ import (
 // returns the exit code, stdout and stderr.
 func runIptables(t *testing.T, env map[string]string, hostFamily string, nameservers []string, args ...string) (int, string, string) {
 	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := execute(&cliContext{args: args, host: iptablesHost(t, env, hostFamily, nameservers), stdout: &stdout, stderr: &stderr})
+	return code, stdout.String(), stderr.String()
+}
+
+// iptablesHost is a host with env, one address of hostFamily and a
+// resolv.conf listing nameservers.
+func iptablesHost(t *testing.T, env map[string]string, hostFamily string, nameservers []string) hostInputs {
+	t.Helper()
 	addr := netip.MustParsePrefix("192.0.2.10/24")
 	if hostFamily == "ipv6" {
 		addr = netip.MustParsePrefix("2001:db8::10/64")
@@ -33,15 +42,12 @@ func runIptables(t *testing.T, env map[string]string, hostFamily string, nameser
 	if err := os.WriteFile(resolv, []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	host := hostInputs{
+	return hostInputs{
 		env:            mapEnvironment(env),
 		lookupUID:      func(string) (string, error) { return "", errors.New("no such user") },
 		resolvConf:     resolv,
 		interfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{addr}, nil },
 	}
-	var stdout, stderr bytes.Buffer
-	code := execute(&cliContext{args: args, host: host, stdout: &stdout, stderr: &stderr})
-	return code, stdout.String(), stderr.String()
 }
 
 var sidecarArgs = []string{"istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
