@@ -30,8 +30,8 @@ const (
 	nftPassthrough6 = "::6/128"
 )
 
-// NftTables are our tables, in the order Istio's transaction touches them.
-var NftTables = []string{NftNatTable, NftMangleTable, NftRawTable}
+// nftTables are our tables, in the order Istio's transaction touches them.
+var nftTables = []string{NftNatTable, NftMangleTable, NftRawTable}
 
 // nftChains are each table's chains in the order Istio declares them; only
 // those that get a rule are created.
@@ -334,14 +334,14 @@ func buildNftTProxyMarks(b *nftBuilder, cfg Config, uids, gids []string, lo4 str
 	b.insert(mangle, nftInbound, 2, "iifname", "lo", "meta l4proto tcp", "mark", "!=", OutboundMark, nftCounter, "return")
 }
 
-// AddTo queues the rule set on tx as Istio's transaction does, table by
+// addTo queues the rule set on tx as Istio's transaction does, table by
 // table: ensure the table, flush it, declare the chains that have rules,
 // then the rules. An insert whose position does not exist yet (an empty
 // chain, or past its end) becomes an append, as in Istio: nft refuses an
 // index it cannot find, where iptables -I 1 works on an empty chain.
 // A table without rules is left alone.
-func (rs NftRuleSet) AddTo(tx *knftables.Transaction) {
-	for _, table := range NftTables {
+func (rs NftRuleSet) addTo(tx *knftables.Transaction) {
+	for _, table := range nftTables {
 		rules := rs.Rules[table]
 		if len(rules) == 0 {
 			continue
@@ -374,21 +374,21 @@ func (rs NftRuleSet) AddTo(tx *knftables.Transaction) {
 	}
 }
 
-// NftRemoveAll queues the removal of our three tables, whether or not they
+// nftRemoveAll queues the removal of our three tables, whether or not they
 // exist: "add" then "delete" in one transaction (Istio's cleanup), as old
 // nft has no "destroy". Nothing outside our tables is touched.
-func NftRemoveAll(tx *knftables.Transaction) {
-	for _, table := range NftTables {
+func nftRemoveAll(tx *knftables.Transaction) {
+	for _, table := range nftTables {
 		t := &knftables.Table{Family: knftables.InetFamily, Name: table}
 		tx.Add(t)
 		tx.Delete(t)
 	}
 }
 
-// NftRemovalText is NftRemoveAll as nft -f input (a dry-run cleanup).
+// NftRemovalText is nftRemoveAll as nft -f input (a dry-run cleanup).
 func NftRemovalText() string {
 	tx := knftables.NewFake("", "").NewTransaction()
-	NftRemoveAll(tx)
+	nftRemoveAll(tx)
 	return tx.String()
 }
 
@@ -396,24 +396,14 @@ func NftRemovalText() string {
 // backend runs and logs (its golden files).
 func (rs NftRuleSet) Text() string {
 	tx := knftables.NewFake("", "").NewTransaction()
-	rs.AddTo(tx)
+	rs.addTo(tx)
 	return tx.String()
-}
-
-// Empty reports whether no table gets a rule.
-func (rs NftRuleSet) Empty() bool {
-	for _, rules := range rs.Rules {
-		if len(rules) > 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // tables lists the names of the tables a rule set programs.
 func (rs NftRuleSet) tables() []string {
 	var out []string
-	for _, t := range NftTables {
+	for _, t := range nftTables {
 		if len(rs.Rules[t]) > 0 {
 			out = append(out, t)
 		}

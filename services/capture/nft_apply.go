@@ -79,19 +79,19 @@ func (a *NftApplier) Apply(ctx context.Context, rs NftRuleSet) error {
 // by rs's own "flush table".
 func (a *NftApplier) apply(ctx context.Context, rs NftRuleSet, state string) error {
 	tx := a.nft.NewTransaction()
-	for _, table := range NftTables {
+	for _, table := range nftTables {
 		if strings.Contains(state, "table inet "+table+" {") {
 			tx.Delete(&knftables.Table{Family: knftables.InetFamily, Name: table})
 		}
 	}
-	rs.AddTo(tx)
+	rs.addTo(tx)
 	return a.run(ctx, tx)
 }
 
 // Cleanup removes our three tables, and nothing else, in one transaction.
 func (a *NftApplier) Cleanup(ctx context.Context) error {
 	tx := a.nft.NewTransaction()
-	NftRemoveAll(tx)
+	nftRemoveAll(tx)
 	return a.run(ctx, tx)
 }
 
@@ -107,7 +107,7 @@ func (a *NftApplier) run(ctx context.Context, tx *knftables.Transaction) error {
 }
 
 // State is what the kernel holds in our tables, as nft -s lists them (no
-// counters), table by table in NftTables order; "" when none exists.
+// counters), table by table in nftTables order; "" when none exists.
 func (a *NftApplier) State(ctx context.Context) (string, error) {
 	a.execs.Add(1)
 	var stdout, stderr bytes.Buffer
@@ -139,14 +139,14 @@ func ourNftTables(listing string) string {
 		}
 		cur.WriteString(l)
 		if strings.TrimRight(l, "\n") == "}" {
-			if slices.Contains(NftTables, name) {
+			if slices.Contains(nftTables, name) {
 				blocks[name] = cur.String()
 			}
 			name = ""
 		}
 	}
 	var out strings.Builder
-	for _, t := range NftTables {
+	for _, t := range nftTables {
 		out.WriteString(blocks[t])
 	}
 	return out.String()

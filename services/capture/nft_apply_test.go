@@ -75,7 +75,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 		t.Errorf("after a flush by hand, Missing = %q", missing)
 	}
 	first = run(tproxy, Reconciled)
-	for _, table := range NftTables {
+	for _, table := range nftTables {
 		if !strings.Contains(first, "table inet "+table+" {") {
 			t.Errorf("after apply, table %s is missing:\n%s", table, first)
 		}
