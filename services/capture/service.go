@@ -77,8 +77,8 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
-	if s.cfg.Capture.NativeNftables {
-		return s.serveNft(ctx)
+	if nft, err := s.useNft(ctx); err != nil || nft {
+		return s.serveNftOr(ctx, err)
 	}
 	s.report(messages.Starting, "checking iptables capture rules")
 	rs := Build(s.cfg.Capture)

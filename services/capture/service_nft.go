@@ -9,6 +9,42 @@ import (
 	"github.com/meshagent/meshagent/messages"
 )
 
+// useNft decides the backend as istio-iptables does (Residue.Choose): a
+// flag, else what the node holds, so that a sidecar checks what its init
+// container or the CNI plugin programmed whichever backend that was, and a
+// VM keeps the backend its node already uses. A probe that cannot read the
+// rules (a sidecar without CAP_NET_ADMIN) leaves the iptables check, which
+// reports it as not verified.
+func (s *Service) useNft(ctx context.Context) (bool, error) {
+	c := s.cfg.Capture
+	if c.NativeNftables || c.ForceIptablesBinary != "" {
+		return c.NativeNftables, nil
+	}
+	r, err := ProbeResidue(ctx, s.log)
+	if err != nil {
+		return false, nil
+	}
+	backend, why, err := r.Choose(false, false)
+	if err != nil {
+		return false, err
+	}
+	s.log.Info("capture backend", "backend", string(backend), "why", why)
+	return backend == BackendNftables, nil
+}
+
+// serveNftOr is serveNft, or the verdict on a node whose backend could not
+// be chosen (rules of both kinds): Degraded in a sidecar, an error in VM.
+func (s *Service) serveNftOr(ctx context.Context, chooseErr error) error {
+	if chooseErr == nil {
+		return s.serveNft(ctx)
+	}
+	if s.cfg.Mode == Sidecar {
+		s.report(messages.Degraded, chooseErr.Error())
+		return suture.ErrDoNotRestart
+	}
+	return fmt.Errorf("capture: %w", chooseErr)
+}
+
 // serveNft is Serve for a capture programmed with native nftables
 // (NATIVE_NFTABLES, #23). Sidecar: check our tables are there and report.
 // VM: apply, re-check every CheckInterval and rebuild what drifted (one
@@ -31,7 +67,8 @@ func (s *Service) serveNft(ctx context.Context) error {
 		case len(missing) > 0:
 			s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
 		default:
-			s.report(messages.Ready, "")
+			// The reason names the backend for /debug/tree.
+			s.report(messages.Ready, "nftables capture in place")
 		}
 		return suture.ErrDoNotRestart
 	}
@@ -61,7 +98,7 @@ func (s *Service) serveNft(ctx context.Context) error {
 			}
 			s.log.Info("capture rules programmed", "outcome", string(outcome), "backend", a.Backend(), "missing", summarize(missing))
 		}
-		s.report(messages.Ready, "")
+		s.report(messages.Ready, "nftables capture in place")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -47,7 +47,24 @@ func TestKernelServiceNft(t *testing.T) {
 	if err := a.Apply(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	check("with tables", messages.Ready, "")
+	check("with tables", messages.Ready, "nftables")
+	// With neither flag, the sidecar checks the backend the node holds.
+	detect := capCfg
+	detect.NativeNftables = false
+	sidecar = New(ServiceConfig{Mode: Sidecar, Capture: detect}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
+	check("with tables, neither flag", messages.Ready, "nftables")
+	ipt, err := NewApplier("", false, testkit.TestLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ipt.Apply(Build(detect), false); err != nil {
+		t.Fatal(err)
+	}
+	check("with rules of both kinds", messages.Degraded, "both ISTIO_* iptables chains and nftables tables")
+	if err := ipt.CleanState(Build(detect)); err != nil {
+		t.Fatal(err)
+	}
+	sidecar = New(ServiceConfig{Mode: Sidecar, Capture: capCfg}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	sh(t, "nft", "flush", "chain", "inet", NftNatTable, nftOutputChain)
 	check("with a chain flushed", messages.Degraded, "istio-proxy-nat/istio-output has 0 rules")
 	if err := a.Cleanup(ctx); err != nil {
