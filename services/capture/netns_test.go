@@ -230,6 +230,9 @@ func setupTopology(t *testing.T) *topology {
 	in("ip", "link", "set", "cap1", "up")
 	in("ip", "addr", "add", "198.51.100.7/32", "dev", "lo")
 	in("ip", "-6", "addr", "add", "2001:db8:1::7/128", "dev", "lo")
+	// A second service address, for the excluded-CIDR cases.
+	in("ip", "addr", "add", "198.51.100.8/32", "dev", "lo")
+	in("ip", "-6", "addr", "add", "2001:db8:1::8/128", "dev", "lo")
 
 	// Test binaries live in 0700 build dirs: copy for other UIDs.
 	dir := testkit.ShortTempDir(t, "capture-bin-")
@@ -426,6 +429,7 @@ func captureTraffic(t *testing.T, newBackend func(*testing.T) trafficBackend, v6
 	before := b.state(t)
 
 	cfg := sidecarConfig(v6, mode)
+	cfg.OutboundIPRangesExclude = "198.51.100.8/32,2001:db8:1::8/128"
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -437,14 +441,15 @@ func captureTraffic(t *testing.T, newBackend func(*testing.T) trafficBackend, v6
 		t.Fatalf("%s: no rules of ours after apply", b.name)
 	}
 
-	remote, local, dns := "198.51.100.7", "192.0.2.1", "198.51.100.53"
+	remote, excluded, local, dns := "198.51.100.7", "198.51.100.8", "192.0.2.1", "198.51.100.53"
 	if v6 {
-		remote, local, dns = "[2001:db8:1::7]", "[2001:db8::1]", "[2001:db8:1::53]"
+		remote, excluded, local, dns = "[2001:db8:1::7]", "[2001:db8:1::8]", "[2001:db8::1]", "[2001:db8:1::53]"
 	}
 	expect(t, "outbound from uid 0", tp.dialAs(t, 0, "tcp", remote+":8080"), "15001 "+remote+":8080")
 	expect(t, "outbound from uid 1000", tp.dialAs(t, 1000, "tcp", remote+":8080"), "15001 "+remote+":8080")
 	expect(t, "outbound from proxy uid 1337 (not captured)", tp.dialAs(t, 1337, "tcp", remote+":8080"), "peer "+remote+":8080")
 	expect(t, "outbound to excluded port 8081", tp.dialAs(t, 0, "tcp", remote+":8081"), "peer "+remote+":8081")
+	expect(t, "outbound to an excluded CIDR", tp.dialAs(t, 0, "tcp", excluded+":8080"), "peer "+excluded+":8080")
 	expect(t, "inbound ("+mode+")", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
 	expect(t, "inbound to excluded port 15021", tp.dialFromPeer(t, local+":15021"), "direct 15021")
 	expect(t, "DNS over UDP", tp.dialAs(t, 0, "udp", dns+":53"), "dns")
