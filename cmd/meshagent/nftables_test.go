@@ -98,6 +98,7 @@ func TestIstioIptablesNftConformanceAgainstIstio(t *testing.T) {
 		{"dns-all-ipv6", "ipv6", map[string]string{"ISTIO_META_DNS_CAPTURE": "true"}, []string{"-b", "*", "-i", "*", "--capture-all-dns"}},
 		{"owner-groups", "ipv4", map[string]string{"ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE": "0"}, []string{"-b", "*", "-i", "*"}},
 		{"uids-gids", "ipv4", nil, []string{"-u", "1337,1338", "-g", "1339", "-b", "*", "-i", "*", "--redirect-dns"}},
+		{"cleanup-only", "ipv4", nil, []string{"-m", "TPROXY", "-b", "*", "-i", "*", "--cleanup-only"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append(append([]string{}, base...), tc.args...), "--native-nftables", "--dry-run")
