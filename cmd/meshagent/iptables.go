@@ -161,8 +161,8 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 // newCleanIptablesCommand is "meshagent clean-iptables" (Istio's former
 // istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
 // in both families, whatever flags created them, and our nftables tables
-// (only those with --native-nftables; not with --force-iptables-binary). It takes istio-iptables'
-// flags too: rules of ours in built-in chains that jump nowhere (TPROXY
+// (--native-nftables: only the tables; --force-iptables-binary: only the
+// chains). It takes istio-iptables' flags too: rules of ours in built-in chains that jump nowhere (TPROXY
 // marks, interface RETURNs) are removed when they exactly match what those
 // flags (in either interception mode) would create. Nothing else is touched.
 func newCleanIptablesCommand(host hostInputs) *cobra.Command {
