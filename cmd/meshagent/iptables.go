@@ -162,9 +162,10 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 // istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
 // in both families, whatever flags created them, and our nftables tables
 // (--native-nftables: only the tables; --force-iptables-binary: only the
-// chains). It takes istio-iptables' flags too: rules of ours in built-in chains that jump nowhere (TPROXY
-// marks, interface RETURNs) are removed when they exactly match what those
-// flags (in either interception mode) would create. Nothing else is touched.
+// chains). It takes istio-iptables' flags too: rules of ours in built-in
+// chains that jump nowhere (TPROXY marks, interface RETURNs) are removed
+// when they exactly match what those flags (in either interception mode)
+// would create. Nothing else is touched.
 func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
