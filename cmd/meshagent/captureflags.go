@@ -59,12 +59,12 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	boolean(&cfg.DropInvalid, "drop-invalid", "", "Drop packets conntrack marks INVALID", "INVALID_DROP")
 	boolean(&cfg.DualStack, "dual-stack", "", "Dual-stack host", "ISTIO_DUAL_STACK")
 	boolean(&cfg.CaptureAllDNS, "capture-all-dns", "", "Capture DNS to any server, not only resolv.conf's")
-	str(&cfg.NetworkNamespace, "network-namespace", "", "", "Network namespace to program (CNI); not supported by meshagent")
+	str(&cfg.NetworkNamespace, "network-namespace", "", "", "Network namespace file to program from outside it, as the CNI plugin does (/proc/PID/ns/net, /var/run/netns/NAME); locked per namespace")
 	boolean(&cfg.CNIMode, "cni-mode", "", "Running inside the CNI plugin")
 	boolean(&cfg.Reconcile, "reconcile", "", "Replace drifted rules")
 	boolean(&cfg.CleanupOnly, "cleanup-only", "", "Only remove the rules")
 	boolean(&cfg.ForceApply, "force-apply", "", "Apply even if the rules are already in place")
-	boolean(&cfg.NativeNftables, "native-nftables", "", "Use the nftables backend (not supported)")
+	boolean(&cfg.NativeNftables, "native-nftables", "", "Use native nftables (tables inet istio-proxy-nat, -mangle, -raw; needs the nft binary) instead of iptables rules")
 	str(&cfg.ForceIptablesBinary, "force-iptables-binary", "", "", `Force the iptables binary: "legacy" or "nft"`)
 	return c
 }

@@ -24,7 +24,10 @@ func newIstioIptablesCommand(host hostInputs) *cobra.Command {
 exactly as Istio's istio-iptables does. Every flag but --envoy-port can also be
 set with an env var: the flag name upper-cased with '-' as '_' (--istio-inbound-ports
 = ISTIO_INBOUND_PORTS); the command line wins. --dry-run prints the
-iptables-restore input for IPv4 and IPv6 and changes nothing.`,
+iptables-restore input for IPv4 and IPv6 and changes nothing. With
+--native-nftables (NATIVE_NFTABLES) the rules are Istio's nftables tables
+(inet istio-proxy-nat, istio-proxy-mangle, istio-proxy-raw), applied as one nft
+transaction; --dry-run prints that transaction (nft -f input).`,
 		Args: cobra.NoArgs,
 	}
 	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
@@ -51,10 +54,19 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 	if err := cfg.Validate(); err != nil {
 		return usageError("istio-iptables: %v", err)
 	}
-	if cfg.NetworkNamespace != "" {
-		return usageError("istio-iptables: --network-namespace %q: not supported; run meshagent inside the namespace (nsenter/ip netns exec)", cfg.NetworkNamespace)
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil)).With("cmd", "istio-iptables")
+	if cfg.NetworkNamespace != "" {
+		// The host inputs (addresses) are the pod's: read them inside.
+		return inNetworkNamespace(cfg.NetworkNamespace, log, func() error {
+			return programCapture(ctx, cfg, host, stdout, log)
+		})
+	}
+	return programCapture(ctx, cfg, host, stdout, log)
+}
+
+// programCapture is istio-iptables from the host inputs on, in the network
+// namespace the calling thread is in.
+func programCapture(ctx context.Context, cfg capture.Config, host hostInputs, stdout io.Writer, log *slog.Logger) error {
 	if err := fillHostInputs(&cfg, host, log); err != nil {
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
@@ -64,6 +76,44 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 	if cfg.RedirectDNS && !cfg.CaptureAllDNS && len(cfg.DNSServersV4)+len(cfg.DNSServersV6) == 0 {
 		log.Warn("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided. DNS capture disabled.")
 	}
+	nft := cfg.NativeNftables
+	if !cfg.DryRun && !cfg.SkipRuleApply {
+		backend, err := chooseBackend(ctx, cfg, stdout, log)
+		if err != nil || backend == "" {
+			return err
+		}
+		nft = backend == capture.BackendNftables
+	}
+	if nft {
+		return runNativeNftables(ctx, cfg, stdout, log)
+	}
+	return runIptablesBackend(ctx, cfg, stdout, log)
+}
+
+// chooseBackend decides between iptables and nftables from the flags and
+// what the node already holds (capture.Residue.Choose), and logs why. A
+// --cleanup-only with neither flag on a node holding both sets is the
+// remedy for that state: it cleans both and returns "".
+func chooseBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) (capture.Backend, error) {
+	residue, err := capture.ProbeResidue(ctx, log)
+	if err != nil {
+		return "", fmt.Errorf("istio-iptables: %w", err)
+	}
+	explicit := cfg.NativeNftables || cfg.ForceIptablesBinary != ""
+	if cfg.CleanupOnly && !explicit && residue.Iptables && residue.Nftables {
+		log.Info("capture rules of both backends present: cleaning both")
+		return "", errors.Join(runNativeNftables(ctx, cfg, stdout, log), runIptablesBackend(ctx, cfg, stdout, log))
+	}
+	backend, why, err := residue.Choose(cfg.NativeNftables, cfg.ForceIptablesBinary != "")
+	if err != nil {
+		return "", fmt.Errorf("istio-iptables: %w", err)
+	}
+	log.Info("capture backend", "backend", string(backend), "why", why)
+	return backend, nil
+}
+
+// runIptablesBackend is istio-iptables with the iptables backend.
+func runIptablesBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
 	rules := capture.Build(cfg)
 	if cfg.DryRun {
 		printRules(stdout, rules)
@@ -78,12 +128,19 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
 	log.Info("done", "outcome", string(outcome), "backend", applier.Backend())
-	if cfg.RunValidation && !cfg.CleanupOnly {
-		if err := capture.ValidateCapture(ctx, cfg); err != nil {
-			return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
-		}
-		log.Info("validation passed")
+	return runValidation(ctx, cfg, log)
+}
+
+// runValidation is --run-validation, for either backend: a probe connection
+// must be captured, else exit 126 as Istio's.
+func runValidation(ctx context.Context, cfg capture.Config, log *slog.Logger) error {
+	if !cfg.RunValidation || cfg.CleanupOnly {
+		return nil
 	}
+	if err := capture.ValidateCapture(ctx, cfg); err != nil {
+		return &exitError{code: 126, err: fmt.Errorf("istio-iptables: %w", err)}
+	}
+	log.Info("validation passed")
 	return nil
 }
 
@@ -103,14 +160,16 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 
 // newCleanIptablesCommand is "meshagent clean-iptables" (Istio's former
 // istio-clean-iptables): removes every ISTIO_* chain and every jump to one,
-// in both families, whatever flags created them. It takes istio-iptables'
-// flags too: rules of ours in built-in chains that jump nowhere (TPROXY
-// marks, interface RETURNs) are removed when they exactly match what those
-// flags (in either interception mode) would create. Nothing else is touched.
+// in both families, whatever flags created them, and our nftables tables
+// (--native-nftables: only the tables; --force-iptables-binary: only the
+// chains). It takes istio-iptables' flags too: rules of ours in built-in
+// chains that jump nowhere (TPROXY marks, interface RETURNs) are removed
+// when they exactly match what those flags (in either interception mode)
+// would create. Nothing else is touched.
 func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
-		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6)",
+		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6), and the istio-proxy-* nftables tables",
 		Args:  cobra.NoArgs,
 	}
 	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
@@ -118,6 +177,21 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 			return usageError("clean-iptables: %v", err)
 		}
 		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
+		if cfg.NativeNftables {
+			return cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+		}
+		// With neither backend named, our nftables tables go too: clean-iptables
+		// is the remedy for a node holding both sets (#23).
+		if cfg.ForceIptablesBinary == "" && !cfg.DryRun {
+			if r, err := capture.ProbeResidue(cmd.Context(), log); err == nil && r.Nftables {
+				if err := cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log); err != nil {
+					return err
+				}
+				if !r.IptablesUsable {
+					return nil
+				}
+			}
+		}
 		if err := cleanIptables(cfg, cmd.OutOrStdout(), log); err != nil {
 			return fmt.Errorf("clean-iptables: %w", err)
 		}

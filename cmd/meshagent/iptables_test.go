@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +20,15 @@ import (
 // runIptables runs "meshagent <args>" with injected env and host inputs and
 // returns the exit code, stdout and stderr.
 func runIptables(t *testing.T, env map[string]string, hostFamily string, nameservers []string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := execute(&cliContext{args: args, host: iptablesHost(t, env, hostFamily, nameservers), stdout: &stdout, stderr: &stderr})
+	return code, stdout.String(), stderr.String()
+}
+
+// iptablesHost is a host with env, one address of hostFamily and a
+// resolv.conf listing nameservers.
+func iptablesHost(t *testing.T, env map[string]string, hostFamily string, nameservers []string) hostInputs {
 	t.Helper()
 	addr := netip.MustParsePrefix("192.0.2.10/24")
 	if hostFamily == "ipv6" {
@@ -31,15 +42,12 @@ func runIptables(t *testing.T, env map[string]string, hostFamily string, nameser
 	if err := os.WriteFile(resolv, []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	host := hostInputs{
+	return hostInputs{
 		env:            mapEnvironment(env),
 		lookupUID:      func(string) (string, error) { return "", errors.New("no such user") },
 		resolvConf:     resolv,
 		interfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{addr}, nil },
 	}
-	var stdout, stderr bytes.Buffer
-	code := execute(&cliContext{args: args, host: host, stdout: &stdout, stderr: &stderr})
-	return code, stdout.String(), stderr.String()
 }
 
 var sidecarArgs = []string{"istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
@@ -231,8 +239,41 @@ func TestIstioIptablesHelperProcess(t *testing.T) {
 			os.Exit(0)
 		}
 	}
+	if cmds := os.Getenv("MESHAGENT_IPTABLES_SEQ"); cmds != "" {
+		// Several commands in this one namespace (runChildSeq): each one's
+		// exit code printed after its output.
+		for _, c := range strings.Split(cmds, "\x1e") {
+			fmt.Printf("\n#exit=%d\n", run(strings.Split(c, "\x1f"), os.Stdout, os.Stdout))
+		}
+		os.Exit(0)
+	}
 	args := strings.Split(os.Getenv("MESHAGENT_IPTABLES_ARGS"), "\x1f")
 	os.Exit(run(args, os.Stdout, os.Stderr))
+}
+
+// runChildSeq runs several CLI commands one after the other in one fresh
+// network namespace and returns each one's exit code and output.
+func runChildSeq(t *testing.T, cmds ...[]string) (codes []int, outs []string) {
+	t.Helper()
+	var joined []string
+	for _, c := range cmds {
+		joined = append(joined, strings.Join(c, "\x1f"))
+	}
+	_, out := runChild(t, false, []string{"MESHAGENT_IPTABLES_SEQ=" + strings.Join(joined, "\x1e")})
+	var cur strings.Builder
+	for _, l := range strings.SplitAfter(out, "\n") {
+		if code, ok := strings.CutPrefix(l, "#exit="); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(code))
+			codes, outs = append(codes, n), append(outs, cur.String())
+			cur.Reset()
+			continue
+		}
+		cur.WriteString(l)
+	}
+	if len(codes) != len(cmds) {
+		t.Fatalf("%d of %d commands ran:\n%s", len(codes), len(cmds), out)
+	}
+	return codes, outs
 }
 
 func runChild(t *testing.T, asNobody bool, env []string, args ...string) (int, string) {

@@ -1,8 +1,10 @@
-// Package capture programs Istio-compatible iptables traffic capture: the
-// rules istio-iptables (pilot-agent istio-iptables) writes, built as
-// iptables-restore input, applied with one restore per address family,
-// verified, reconciled and removed; plus a tree service that checks (sidecar)
-// or owns (VM) the rules.
+// Package capture programs Istio-compatible traffic capture with either of
+// Istio's backends: the iptables rules istio-iptables (pilot-agent
+// istio-iptables) writes, built as iptables-restore input and applied with
+// one restore per address family; or, with --native-nftables, Istio's
+// nftables tables, applied as one nft transaction (nft.go, nft_apply.go).
+// Both are verified, reconciled and removed; backend.go chooses between them
+// once per node; a tree service checks (sidecar) or owns (VM) the rules.
 package capture
 
 import (
@@ -180,9 +182,6 @@ func (c Config) Validate() error {
 	}
 	if c.NativeNftables && c.ForceIptablesBinary != "" {
 		bad("--native-nftables", "true", "cannot be combined with --force-iptables-binary")
-	}
-	if c.NativeNftables {
-		bad("--native-nftables", "true", "the nftables backend is not supported by meshagent; use iptables")
 	}
 	for _, s := range c.DNSServersV4 {
 		if a, err := netip.ParseAddr(s); err != nil || !a.Is4() {

@@ -126,16 +126,7 @@ func TestKernelConformance(t *testing.T) {
 	if !inNetns(t, "-m", "--propagation", "private") {
 		return
 	}
-	if missingGroup([]string{"java", "ftp"}) != "" {
-		data, _ := os.ReadFile("/etc/group")
-		groups := filepath.Join(t.TempDir(), "group")
-		os.WriteFile(groups, append(data, "java:x:64901:\nftp:x:64902:\n"...), 0o644)
-		if out, err := exec.Command("mount", "--bind", groups, "/etc/group").CombinedOutput(); err != nil {
-			t.Logf("cannot bind-mount /etc/group (owner-group cases will be skipped): %v: %s", err, out)
-		} else {
-			t.Cleanup(func() { exec.Command("umount", "/etc/group").Run() })
-		}
-	}
+	bindTestGroups(t)
 	restore := func(bin, input string) error {
 		if input == "" {
 			return nil

@@ -230,6 +230,9 @@ func setupTopology(t *testing.T) *topology {
 	in("ip", "link", "set", "cap1", "up")
 	in("ip", "addr", "add", "198.51.100.7/32", "dev", "lo")
 	in("ip", "-6", "addr", "add", "2001:db8:1::7/128", "dev", "lo")
+	// A second service address, for the excluded-CIDR cases.
+	in("ip", "addr", "add", "198.51.100.8/32", "dev", "lo")
+	in("ip", "-6", "addr", "add", "2001:db8:1::8/128", "dev", "lo")
 
 	// Test binaries live in 0700 build dirs: copy for other UIDs.
 	dir := testkit.ShortTempDir(t, "capture-bin-")
@@ -368,68 +371,105 @@ func expect(t *testing.T, what, got, want string) {
 	}
 }
 
-// captureTraffic applies cfg in this namespace, sends real connections, then
-// cleans up and checks the namespace's rules are as before.
-func captureTraffic(t *testing.T, v6 bool, mode string) {
-	tp := setupTopology(t)
-	proxyListeners(t, mode == "TPROXY")
-	tp.startHelper(t, "dns", "", 1337, false)
-	before4, before6 := saveState(t, false).Normalized(), saveState(t, true).Normalized()
+// trafficBackend is one capture backend as the traffic test drives it:
+// execute builds the rules for cfg and runs the backend's istio-iptables
+// step; state is what the kernel holds of ours, ordered, without counters.
+type trafficBackend struct {
+	name    string
+	execute func(t *testing.T, cfg Config) (Outcome, error)
+	state   func(t *testing.T) string
+}
 
-	cfg := sidecarConfig(v6, mode)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	rs := Build(cfg)
+func iptablesBackend(t *testing.T) trafficBackend {
 	a, err := NewApplier("", true, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("backend %s", a.Backend())
-	if out, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil || out != Applied {
-		t.Fatalf("Execute = %v, %v; want applied", out, err)
+	return trafficBackend{
+		name: "iptables",
+		execute: func(t *testing.T, cfg Config) (Outcome, error) {
+			return Execute(cfg, Build(cfg), a, testkit.TestLogger(t))
+		},
+		state: func(t *testing.T) string {
+			return fmt.Sprint(saveState(t, false).Normalized()) + "\n" + fmt.Sprint(saveState(t, true).Normalized())
+		},
 	}
-	if st := saveState(t, v6); st["nat"] == nil || len(st["nat"].Rules[ChainOutput]) == 0 {
-		t.Fatalf("no ISTIO_OUTPUT rules after apply:\n%s", sh(t, "iptables-save"))
+}
+
+func nftBackend(t *testing.T) trafficBackend {
+	requireNft(t)
+	a, err := NewNftApplier(testkit.TestLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trafficBackend{
+		name: "nftables",
+		execute: func(t *testing.T, cfg Config) (Outcome, error) {
+			return ExecuteNft(context.Background(), cfg, BuildNft(cfg), a, testkit.TestLogger(t))
+		},
+		state: func(t *testing.T) string {
+			st, err := a.State(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		},
+	}
+}
+
+// captureTraffic applies cfg in this namespace with one backend, sends real
+// connections, then cleans up and checks the namespace's rules are as
+// before. The same connections, the same answers, whichever backend (#23).
+func captureTraffic(t *testing.T, newBackend func(*testing.T) trafficBackend, v6 bool, mode string) {
+	tp := setupTopology(t)
+	proxyListeners(t, mode == "TPROXY")
+	tp.startHelper(t, "dns", "", 1337, false)
+	b := newBackend(t)
+	before := b.state(t)
+
+	cfg := sidecarConfig(v6, mode)
+	cfg.OutboundIPRangesExclude = "198.51.100.8/32,2001:db8:1::8/128"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := b.execute(t, cfg); err != nil || out != Applied {
+		t.Fatalf("%s: execute = %v, %v; want applied", b.name, out, err)
+	}
+	applied := b.state(t)
+	if applied == before {
+		t.Fatalf("%s: no rules of ours after apply", b.name)
 	}
 
-	remote, local, dns, mapped := "198.51.100.7", "192.0.2.1", "198.51.100.53", ""
+	remote, excluded, local, dns := "198.51.100.7", "198.51.100.8", "192.0.2.1", "198.51.100.53"
 	if v6 {
-		remote, local, dns = "[2001:db8:1::7]", "[2001:db8::1]", "[2001:db8:1::53]"
-		_ = mapped
+		remote, excluded, local, dns = "[2001:db8:1::7]", "[2001:db8:1::8]", "[2001:db8::1]", "[2001:db8:1::53]"
 	}
 	expect(t, "outbound from uid 0", tp.dialAs(t, 0, "tcp", remote+":8080"), "15001 "+remote+":8080")
 	expect(t, "outbound from uid 1000", tp.dialAs(t, 1000, "tcp", remote+":8080"), "15001 "+remote+":8080")
 	expect(t, "outbound from proxy uid 1337 (not captured)", tp.dialAs(t, 1337, "tcp", remote+":8080"), "peer "+remote+":8080")
 	expect(t, "outbound to excluded port 8081", tp.dialAs(t, 0, "tcp", remote+":8081"), "peer "+remote+":8081")
-	if mode == "TPROXY" {
-		expect(t, "inbound (TPROXY)", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
-	} else {
-		expect(t, "inbound", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
-	}
+	expect(t, "outbound to an excluded CIDR", tp.dialAs(t, 0, "tcp", excluded+":8080"), "peer "+excluded+":8080")
+	expect(t, "inbound ("+mode+")", tp.dialFromPeer(t, local+":9080"), "15006 "+local+":9080")
 	expect(t, "inbound to excluded port 15021", tp.dialFromPeer(t, local+":15021"), "direct 15021")
 	expect(t, "DNS over UDP", tp.dialAs(t, 0, "udp", dns+":53"), "dns")
 	expect(t, "DNS over TCP", tp.dialAs(t, 0, "tcp", dns+":53"), "dns")
 
 	// Idempotent: a second run changes nothing and adds no duplicates.
-	saved := sh(t, "iptables-save", "-t", "nat")
-	if out, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil || out != Unchanged {
-		t.Fatalf("second Execute = %v, %v; want unchanged", out, err)
+	if out, err := b.execute(t, cfg); err != nil || out != Unchanged {
+		t.Fatalf("%s: second execute = %v, %v; want unchanged", b.name, out, err)
 	}
-	if after := sh(t, "iptables-save", "-t", "nat"); stripComments(after) != stripComments(saved) {
-		t.Errorf("second run changed the rules:\n%s\nvs\n%s", saved, after)
+	if again := b.state(t); again != applied {
+		t.Errorf("second run changed the rules:\n%s", testkit.LineDiff(applied, again))
 	}
 
 	// --cleanup-only restores the namespace's rules.
 	cfg.CleanupOnly = true
-	if _, err := Execute(cfg, rs, a, testkit.TestLogger(t)); err != nil {
+	if _, err := b.execute(t, cfg); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	if after := saveState(t, false).Normalized(); fmt.Sprint(after) != fmt.Sprint(before4) {
-		t.Errorf("IPv4 rules after cleanup: %v, before: %v", after, before4)
-	}
-	if after := saveState(t, true).Normalized(); fmt.Sprint(after) != fmt.Sprint(before6) {
-		t.Errorf("IPv6 rules after cleanup: %v, before: %v", after, before6)
+	if after := b.state(t); after != before {
+		t.Errorf("rules after cleanup differ from before:\n%s", testkit.LineDiff(before, after))
 	}
 	expect(t, "outbound after cleanup", tp.dialAs(t, 0, "tcp", remote+":8080"), "peer "+remote+":8080")
 }
@@ -444,20 +484,25 @@ func stripComments(s string) string {
 	return strings.Join(out, "\n")
 }
 
-// Both capture modes, each for IPv4 and IPv6, in a network namespace of
-// their own.
+// Both backends, both capture modes, each for IPv4 and IPv6, in a network
+// namespace of their own.
 func TestKernelCapture(t *testing.T) {
-	for _, mode := range []string{"REDIRECT", "TPROXY"} {
-		for _, ipv6 := range []bool{false, true} {
-			name := mode + "_IPv4"
-			if ipv6 {
-				name = mode + "_IPv6"
-			}
-			t.Run(name, func(t *testing.T) {
-				if inNetns(t) {
-					captureTraffic(t, ipv6, mode)
+	for _, backend := range []struct {
+		name string
+		new  func(*testing.T) trafficBackend
+	}{{"iptables", iptablesBackend}, {"nft", nftBackend}} {
+		for _, mode := range []string{"REDIRECT", "TPROXY"} {
+			for _, ipv6 := range []bool{false, true} {
+				name := backend.name + "_" + mode + "_IPv4"
+				if ipv6 {
+					name = backend.name + "_" + mode + "_IPv6"
 				}
-			})
+				t.Run(name, func(t *testing.T) {
+					if inNetns(t) {
+						captureTraffic(t, backend.new, ipv6, mode)
+					}
+				})
+			}
 		}
 	}
 }

@@ -77,6 +77,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return err
 	}
+	if nft, err := s.useNft(ctx); err != nil || nft {
+		return s.serveNftOr(ctx, err)
+	}
 	s.report(messages.Starting, "checking iptables capture rules")
 	rs := Build(s.cfg.Capture)
 	a, err := NewApplier(s.cfg.Capture.ForceIptablesBinary, s.cfg.Capture.EnableIPv6, s.log)
@@ -123,7 +126,7 @@ func (s *Service) checkOnce(a *Applier, rs RuleSet) {
 // is Ready with the reason saying nothing was verified. Other errors are
 // Degraded.
 func (s *Service) notVerified(err error) {
-	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoIptables) {
+	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoIptables) || errors.Is(err, ErrNoNft) {
 		s.log.Warn("capture rules not verified", "error", err)
 		s.report(messages.Ready, "capture rules not verified: "+err.Error())
 		return
