@@ -54,8 +54,18 @@ type Service struct {
 	server     loopback.Server
 }
 
-// New returns the control plane. Nothing is read or opened until Serve.
-func New(cfg Config, rt messages.Runtime) (*Service, error) {
+// Inputs: the control plane reads no channel.
+type Inputs struct{}
+
+// Outputs: the control plane publishes on no channel (it serves xDS).
+type Outputs struct{}
+
+// New returns the control plane, or why cfg cannot work (the only check of
+// cfg). Nothing is read or opened until Serve.
+func New(cfg Config, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
@@ -75,9 +85,6 @@ func (s *Service) Addr() string { return s.server.Addr() }
 // snapshot (Degraded), or none before the first (Starting): either way the
 // server keeps watching for a fixed file rather than failing.
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	creds, err := s.transportCredentials()
 	if err != nil {
 		return err

@@ -1,37 +1,72 @@
-package dnsproxy
+// Package nametable is the name-table file service (--name-table): it
+// publishes the DNS name table read from a file, for tests and for running
+// the DNS proxy without a control plane, and reloads it on change. The file
+// is the protojson form of istio.networking.nds.v1.NameTable, as in
+//
+//	{"table": {"reviews.default.svc.cluster.local": {"ips": ["10.0.0.1"],
+//	  "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}}}
+//
+// A bad file keeps the last good table and reports Degraded; a missing
+// directory is waited for (services/internal/filewatch).
+package nametable
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/messages/nds"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/filewatch"
 )
 
-// reloadDebounce is how long the file must be quiet before it is read
-// again: editors and atomic renames produce bursts of events.
-const reloadDebounce = 100 * time.Millisecond
+// Name is the service's name in logs, Health and /debug/tree.
+const Name = "nametable"
 
-// TableFile publishes the name table read from a file: the protojson form of
-// istio.networking.nds.v1.NameTable, as in
-//
-//	{"table": {"reviews.default.svc.cluster.local": {"ips": ["10.0.0.1"],
-//	  "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}}}
-//
-// For tests and for running the proxy without a control plane. It reloads on
-// change; a bad file keeps the last good table and reports Degraded.
-type TableFile struct {
-	path   string
-	out    messages.Sink[messages.NameTable]
+// DefaultDebounce is how long the file's directory must be quiet before the
+// file is read again: editors and atomic renames produce bursts of events.
+const DefaultDebounce = 100 * time.Millisecond
+
+// Config configures the name-table file service.
+type Config struct {
+	// File is the name-table file (--name-table).
+	File string
+	// Debounce is the quiet time before a changed file is read;
+	// DefaultDebounce when 0.
+	Debounce time.Duration
+}
+
+// Validate names the field and value that are wrong.
+func (c Config) Validate() error {
+	if c.File == "" {
+		return errors.New("nametable config: File is required")
+	}
+	if c.Debounce < 0 {
+		return fmt.Errorf("nametable config: Debounce %v must not be negative", c.Debounce)
+	}
+	return nil
+}
+
+// Inputs: the service reads no channel (the file is its source).
+type Inputs struct{}
+
+// Outputs are what the service publishes.
+type Outputs struct {
+	// Table: the name table, for the DNS proxy. Required.
+	Table messages.Sink[messages.NameTable]
+}
+
+// Service publishes the name table read from a file.
+type Service struct {
+	cfg    Config
+	out    Outputs
 	health *messages.Reporter
 	clock  messages.Clock
 	log    *slog.Logger
@@ -39,50 +74,40 @@ type TableFile struct {
 	lastVersion string // survives restarts: the same file is not published twice
 }
 
-// TableFileName is the table file service's name in logs, Health and
-// /debug/tree.
-const TableFileName = "nametable"
-
-// NewTableFile returns the service that reads path into out.
-func NewTableFile(path string, out messages.Sink[messages.NameTable], rt messages.Runtime) *TableFile {
-	return &TableFile{path: path, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log}
+// New returns the service, or why cfg cannot work (the only check of cfg).
+func New(cfg Config, _ Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if out.Table == nil {
+		return nil, errors.New("nametable: Outputs.Table is required")
+	}
+	if cfg.Debounce == 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	return &Service{cfg: cfg, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log}, nil
 }
 
 // String is the service's name.
-func (f *TableFile) String() string { return TableFileName }
+func (s *Service) String() string { return Name }
 
-// Serve loads the file, then reloads it on every change until ctx is done.
-func (f *TableFile) Serve(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
+// Serve loads the file, then reloads it on every change of its directory
+// until ctx is done. A directory that does not exist yet is waited for
+// (Degraded meanwhile, naming the file), as a volume mounted late is.
+func (s *Service) Serve(ctx context.Context) error {
+	w, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce},
+		filewatch.DirsOf(s.cfg.File)...)
 	if err != nil {
-		return fmt.Errorf("name table file %s: watch: %w", f.path, err)
+		return fmt.Errorf("name table file %s: %w", s.cfg.File, err)
 	}
 	defer w.Close()
-	// The directory, not the file: an atomic rename replaces the file's
-	// inode and a watch on the file would be lost.
-	if err := w.Add(filepath.Dir(f.path)); err != nil {
-		return fmt.Errorf("name table file %s: watch directory: %w", f.path, err)
-	}
-	f.reload()
-	var debounce <-chan time.Time
+	s.reload()
 	for {
 		select {
-		case ev, ok := <-w.Events:
-			if !ok {
-				return fmt.Errorf("name table file %s: watcher closed", f.path)
-			}
-			if filepath.Clean(ev.Name) != filepath.Clean(f.path) {
-				continue
-			}
-			debounce = f.clock.After(reloadDebounce)
-		case err, ok := <-w.Errors:
-			if !ok {
-				return fmt.Errorf("name table file %s: watcher closed", f.path)
-			}
-			f.log.Warn("name table watch error", "file", f.path, "error", err)
-		case <-debounce:
-			debounce = nil
-			f.reload()
+		case <-w.Changes():
+			s.reload()
+		case err := <-w.Failed():
+			return fmt.Errorf("name table file %s: %w", s.cfg.File, err)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -91,19 +116,19 @@ func (f *TableFile) Serve(ctx context.Context) error {
 
 // reload reads and publishes the file if it changed; on error it keeps the
 // last table and reports Degraded naming the file and the error.
-func (f *TableFile) reload() {
-	nt, err := ReadTableFile(f.path)
+func (s *Service) reload() {
+	nt, err := ReadFile(s.cfg.File)
 	if err != nil {
-		f.log.Warn("name table file rejected, keeping the last table", "error", err)
-		f.health.Report(messages.Degraded, err.Error())
+		s.log.Warn("name table file rejected, keeping the last table", "error", err)
+		s.health.Report(messages.Degraded, err.Error())
 		return
 	}
-	if nt.Version != f.lastVersion {
-		f.out.Send(nt)
-		f.lastVersion = nt.Version
-		f.log.Info("name table loaded", "file", f.path, "version", nt.Version, "hosts", len(nt.Hosts))
+	if nt.Version != s.lastVersion {
+		s.out.Table.Send(nt)
+		s.lastVersion = nt.Version
+		s.log.Info("name table loaded", "file", s.cfg.File, "version", nt.Version, "hosts", len(nt.Hosts))
 	}
-	f.health.Report(messages.Ready, "")
+	s.health.Report(messages.Ready, "")
 }
 
 // maxTableFile bounds the name-table file: protojson, about 200 bytes a
@@ -112,9 +137,9 @@ func (f *TableFile) reload() {
 // bound).
 const maxTableFile = 64 << 20
 
-// ReadTableFile reads a protojson NameTable file; its version is a hash of
+// ReadFile reads a protojson NameTable file; its version is a hash of
 // the content.
-func ReadTableFile(path string) (messages.NameTable, error) {
+func ReadFile(path string) (messages.NameTable, error) {
 	b, err := boundedfile.Read(path, maxTableFile)
 	if err == nil {
 		var nt messages.NameTable
