@@ -33,6 +33,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/filewatch"
 	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
@@ -89,9 +90,14 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	watcher, err := watchDir(s.cfg.MeshFile)
+	// Any change in the mesh file's directory is read again (an unchanged
+	// file is then a no-op): an atomic rename or a Kubernetes ..data swap
+	// names another file than the one we read. A directory not there yet
+	// is waited for, serving nothing meanwhile (Starting).
+	watcher, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce},
+		filewatch.DirsOf(s.cfg.MeshFile)...)
 	if err != nil {
-		return err
+		return fmt.Errorf("controlplane: mesh file %s: %w", s.cfg.MeshFile, err)
 	}
 	defer watcher.Close()
 
@@ -141,27 +147,12 @@ func (s *Service) Serve(ctx context.Context) error {
 			s.log.Warn("xDS streams did not end in time; closed them", "timeout", s.cfg.StopTimeout)
 		}
 	}
-	var debounce <-chan time.Time
 	for {
 		select {
-		case ev, ok := <-watcher.Events:
-			if !ok {
-				stop()
-				return fmt.Errorf("controlplane: mesh file %s: watcher closed", s.cfg.MeshFile)
-			}
-			// Any change in the directory is read again (an unchanged file
-			// is then a no-op): an atomic rename or a Kubernetes ..data swap
-			// names another file than the one we read.
-			s.log.Debug("mesh directory changed", "event", ev.String())
-			debounce = s.clock.After(s.cfg.Debounce)
-		case err, ok := <-watcher.Errors:
-			if !ok {
-				stop()
-				return fmt.Errorf("controlplane: mesh file %s: watcher closed", s.cfg.MeshFile)
-			}
-			s.log.Warn("mesh file watch error", "file", s.cfg.MeshFile, "error", err)
-		case <-debounce:
-			debounce = nil
+		case err := <-watcher.Failed():
+			stop()
+			return fmt.Errorf("controlplane: mesh file %s: %w", s.cfg.MeshFile, err)
+		case <-watcher.Changes():
 			st.reload(ctx)
 			st.report()
 		case <-s.server.Failed():
