@@ -112,6 +112,35 @@ func TestLoadReloadBad(t *testing.T) {
 	}
 }
 
+// A ConfigMap volume is updated by renaming a "..data" symlink to a new
+// generation's directory: no event names the file itself, which the old
+// loop filtered on, so the table was never reloaded (#26).
+func TestConfigMapDataSwap(t *testing.T) {
+	dir := t.TempDir()
+	generation := func(name, table string) {
+		testkit.WriteFile(t, filepath.Join(dir, name, "nametable.json"), []byte(table))
+	}
+	generation("..2026_01_01_00_00_00.1", tableV1)
+	if err := os.Symlink("..2026_01_01_00_00_00.1", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "nametable.json")
+	if err := os.Symlink(filepath.Join("..data", "nametable.json"), path); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := startTableFile(t, path, nil)
+	testkit.WaitValue[messages.NameTable](t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+
+	generation("..2026_01_01_00_01_00.2", tableV2)
+	if err := os.Symlink("..2026_01_01_00_01_00.2", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitValue[messages.NameTable](t, out, "v2 after the swap", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
+}
+
 // A file in a directory that does not exist yet is waited for (Degraded,
 // naming the file) and loaded once the directory and the file appear, as
 // when a ConfigMap volume is mounted late (#26). The service used to fail
