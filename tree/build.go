@@ -109,116 +109,70 @@ type Process struct {
 }
 
 // Build makes the channels and the services from cfg and assembles the
-// tree. It is the only place that calls the services' constructors, and
-// calls them all the same way (node); every constructor's error is
-// reported, each named by its service.
+// tree. It is the only place that calls the services' constructors, and it
+// calls them all the same way (node): a nil config leaves the service out,
+// and every constructor's error is reported, each named by its service.
 func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
-	b := &builder{ch: ch, clock: messages.SystemClock{}, reg: reg, log: log}
-	debug := map[string]http.Handler{} // read-only pages the status server serves
+	b := &builder{ch: ch, clock: messages.SystemClock{}, reg: reg, log: log, built: map[string]Service{}}
+	// The XDS proxy's state is read (by Envoy's crash records, by the
+	// status server's view of the upstream) only when there is an XDS
+	// proxy to write it.
+	var xdsState messages.Latest[messages.XDSState]
+	if cfg.XDS != nil {
+		xdsState = ch.XDS
+	}
 
 	// The embedded peers come first, so that they start before the agent's
 	// first calls to them (which retry anyway). Readiness does not wait for
 	// them: an agent serving its cached configuration while its control
 	// plane is down is doing its job, and says so in its own health.
-	var peers []Node
-	if c := cfg.ControlPlane; c != nil {
-		n, _ := node(b, optional, controlplane.Name, controlplane.New, *c, controlplane.Inputs{}, controlplane.Outputs{})
-		peers = append(peers, n)
-	}
-	if c := cfg.CA; c != nil {
-		n, _ := node(b, optional, ca.Name, ca.New, *c, ca.Inputs{}, ca.Outputs{})
-		peers = append(peers, n)
-	}
-
-	var capturing []Node
-	if c := cfg.Capture; c != nil {
-		n, _ := node(b, required, capture.Name, capture.New, *c, capture.Inputs{}, capture.Outputs{})
-		capturing = append(capturing, n)
-	}
-
-	var identity []Node
-	if c := cfg.Certs; c != nil {
-		n, _ := node(b, required, certs.Name, certs.New, *c, certs.Inputs{}, certs.Outputs{Certs: ch.Certs})
-		identity = append(identity, n)
-	}
-	if c := cfg.SDS; c != nil {
-		n, _ := node(b, required, sds.Name, sds.New, *c, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, sds.Outputs{})
-		identity = append(identity, n)
-	}
-
+	peers := slices.Concat(
+		node(b, optional, controlplane.Name, controlplane.New, cfg.ControlPlane, controlplane.Inputs{}, controlplane.Outputs{}),
+		node(b, optional, ca.Name, ca.New, cfg.CA, ca.Inputs{}, ca.Outputs{}),
+	)
+	capturing := node(b, required, capture.Name, capture.New, cfg.Capture, capture.Inputs{}, capture.Outputs{})
+	identity := slices.Concat(
+		node(b, required, certs.Name, certs.New, cfg.Certs, certs.Inputs{}, certs.Outputs{Certs: ch.Certs}),
+		node(b, required, sds.Name, sds.New, cfg.SDS, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, sds.Outputs{}),
+	)
 	// The XDS proxy stands alone: it handles new trust roots itself, by
 	// redialling (#26), so no event restarts a group around it.
-	var xds []Node
-	if c := cfg.XDS; c != nil {
-		n, _ := node(b, required, xdsproxy.Name, xdsproxy.New, *c,
-			xdsproxy.Inputs{Certs: ch.Certs, Workload: ch.Workload},
-			xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors})
-		xds = append(xds, n)
-	}
-
+	xds := node(b, required, xdsproxy.Name, xdsproxy.New, cfg.XDS,
+		xdsproxy.Inputs{Certs: ch.Certs, Workload: ch.Workload},
+		xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors})
 	// The name table and the DNS proxy are a group of their own (#26):
 	// they depend on no trust root, certificate or control plane
 	// connection, only on the NameTable channel, which outlives every
 	// restart. In the xds group a root rotation restarted the DNS proxy and
 	// lost queries.
-	var names []Node
-	if c := cfg.NameTable; c != nil {
-		n, _ := node(b, required, nametable.Name, nametable.New, *c, nametable.Inputs{}, nametable.Outputs{Table: ch.Names})
-		names = append(names, n)
+	names := slices.Concat(
+		node(b, required, nametable.Name, nametable.New, cfg.NameTable, nametable.Inputs{}, nametable.Outputs{Table: ch.Names}),
+		node(b, required, dnsproxy.Name, dnsproxy.New, cfg.DNS, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{}),
+	)
+	proxy := node(b, optional, envoy.Name, envoy.New, cfg.Envoy,
+		envoy.Inputs{Drain: ch.Drain, XDS: xdsState}, envoy.Outputs{State: ch.Envoy})
+	for i := range proxy {
+		proxy[i].Policy = &cfg.EnvoyPolicy
 	}
-	if c := cfg.DNS; c != nil {
-		n, dns := node(b, required, dnsproxy.Name, dnsproxy.New, *c, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{})
-		names = append(names, n)
-		if dns != nil {
-			debug["/debug/ndsz"] = dns.NDSZ()
-		}
+	// The status server comes last: readiness waits for the required
+	// services above, and it serves their debug pages.
+	statusCfg := withDependents(cfg.Status, b.required, cfg.Envoy, b.debugPages(cfg.Envoy))
+	statusNode := node(b, optional, status.Name, status.New, statusCfg,
+		status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState},
+		status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos, WorkloadHealth: ch.Workload})
+	if err := errors.Join(b.errs...); err != nil {
+		return nil, nil, err
 	}
-
-	var envoyNode []Node
-	if c := cfg.Envoy; c != nil {
-		in := envoy.Inputs{Drain: ch.Drain}
-		if cfg.XDS != nil {
-			in.XDS = ch.XDS
-		}
-		n, _ := node(b, optional, envoy.Name, envoy.New, *c, in, envoy.Outputs{State: ch.Envoy})
-		n.Policy = &cfg.EnvoyPolicy
-		envoyNode = append(envoyNode, n)
-		if c.CrashDir != "" {
-			debug["/debug/crashes"] = envoy.CrashesHandler(c.CrashDir)
-		}
-	}
-
-	// The status server comes last: it waits for the required services
-	// above, and serves their debug pages.
-	var statusNode []Node
-	if c := cfg.Status; c != nil {
-		// The upstream's state is shown only when there is an XDS proxy.
-		var xdsState messages.Latest[messages.XDSState]
-		if cfg.XDS != nil {
-			xdsState = ch.XDS
-		}
-		sc := *c
-		sc.Required = append(sc.Required, b.required...)
-		sc.RequireEnvoy = cfg.Envoy != nil
-		sc.Debug = debug
-		n, _ := node(b, optional, status.Name, status.New, sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState},
-			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
-				WorkloadHealth: ch.Workload})
-		statusNode = append(statusNode, n)
-	} else {
+	if cfg.Status == nil {
 		// Without a status server nothing computes readiness: the tree
 		// counts as ready once it runs (systemd READY=1).
 		ch.Readiness.Send(messages.Readiness{Ready: true, Reason: "no status server"})
 	}
-	if err := errors.Join(b.errs...); err != nil {
-		return nil, nil, err
-	}
 
-	nodes := slices.Concat(group("peers", peers), capturing, group("identity", identity), xds, group("names", names), envoyNode, statusNode)
+	nodes := slices.Concat(group("peers", peers), capturing, group("identity", identity), xds, group("names", names), proxy, statusNode)
 	a, err := New(ch, nodes, reg, log, Options{
 		DefaultPolicy: &cfg.DefaultPolicy,
 		StopTimeout:   cfg.StopTimeout,
@@ -233,12 +187,14 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 }
 
 // builder is what Build's nodes share: the channels, what every runtime is
-// made of, the services readiness waits for, and the constructors' errors.
+// made of, the services built (by name) and those readiness waits for, and
+// the constructors' errors.
 type builder struct {
 	ch       *Channels
 	clock    messages.Clock
 	reg      prometheus.Registerer
 	log      *slog.Logger
+	built    map[string]Service
 	required []string
 	errs     []error
 }
@@ -249,22 +205,54 @@ const (
 	optional = false
 )
 
-// node makes one service through its package's New, the one face every
-// service has (#26): New(cfg, in, out, rt) (*Service, error), rt named after
-// the service. A failed New is collected under the service's name, so that
-// Build reports every bad service at once; a required service's Health is
-// one readiness waits for.
-func node[C, I, O any, S Service](b *builder, req bool, name string, newService func(C, I, O, messages.Runtime) (S, error), cfg C, in I, out O) (Node, S) {
+// node makes one service, if cfg is not nil, through its package's New: the
+// one face every service has (#26), New(cfg, in, out, rt) (*Service, error),
+// with rt named after the service. A failed New is collected under the
+// service's name, so that Build reports every bad service at once; a
+// required service's Health is one readiness waits for. It returns the
+// service's node, or none.
+func node[C, I, O any, S Service](b *builder, req bool, name string, newService func(C, I, O, messages.Runtime) (S, error), cfg *C, in I, out O) []Node {
+	if cfg == nil {
+		return nil
+	}
 	rt := messages.NewRuntime(name, b.ch.Health, b.clock, b.reg, b.log)
-	svc, err := newService(cfg, in, out, rt)
+	svc, err := newService(*cfg, in, out, rt)
 	if err != nil {
 		b.errs = append(b.errs, fmt.Errorf("%s: %w", name, err))
-		return Node{}, svc
+		return nil
 	}
+	b.built[name] = svc
 	if req {
 		b.required = append(b.required, name)
 	}
-	return Node{Service: svc, Health: rt.Health}, svc
+	return []Node{{Service: svc, Health: rt.Health}}
+}
+
+// debugPages are the read-only pages other services offer, for the status
+// server to serve: the DNS proxy's name table, Envoy's crash records.
+func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]http.Handler {
+	pages := map[string]http.Handler{}
+	if dns, ok := b.built[dnsproxy.Name].(*dnsproxy.Service); ok {
+		pages["/debug/ndsz"] = dns.NDSZ()
+	}
+	if envoyCfg != nil && envoyCfg.CrashDir != "" {
+		pages["/debug/crashes"] = envoy.CrashesHandler(envoyCfg.CrashDir)
+	}
+	return pages
+}
+
+// withDependents is the status server's config, if any, completed with what
+// only the tree knows: the services readiness waits for, whether it waits
+// for Envoy, and the debug pages.
+func withDependents(c *status.Config, required []string, envoyCfg *envoy.Config, debug map[string]http.Handler) *status.Config {
+	if c == nil {
+		return nil
+	}
+	sc := *c
+	sc.Required = append(slices.Clone(sc.Required), required...)
+	sc.RequireEnvoy = envoyCfg != nil
+	sc.Debug = debug
+	return &sc
 }
 
 // group is a group node of children, or nothing when there are none.

@@ -117,27 +117,12 @@ func TestLoadReloadBad(t *testing.T) {
 // loop filtered on, so the table was never reloaded (#26).
 func TestConfigMapDataSwap(t *testing.T) {
 	dir := t.TempDir()
-	generation := func(name, table string) {
-		testkit.WriteFile(t, filepath.Join(dir, name, "nametable.json"), []byte(table))
-	}
-	generation("..2026_01_01_00_00_00.1", tableV1)
-	if err := os.Symlink("..2026_01_01_00_00_00.1", filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(dir, "nametable.json")
-	if err := os.Symlink(filepath.Join("..data", "nametable.json"), path); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ProjectVolume(t, dir, map[string][]byte{"nametable.json": []byte(tableV1)})
 	out, _ := startTableFile(t, path, nil)
 	testkit.WaitValue[messages.NameTable](t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
 
-	generation("..2026_01_01_00_01_00.2", tableV2)
-	if err := os.Symlink("..2026_01_01_00_01_00.2", filepath.Join(dir, "..data_tmp")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ProjectVolume(t, dir, map[string][]byte{"nametable.json": []byte(tableV2)})
 	testkit.WaitValue[messages.NameTable](t, out, "v2 after the swap", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
 }
 

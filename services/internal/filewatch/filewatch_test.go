@@ -124,34 +124,11 @@ func TestWriteAndRename(t *testing.T) {
 // the file's own path never changes, only what it resolves to.
 func TestKubernetesDataSwap(t *testing.T) {
 	dir := t.TempDir()
-	gen1 := filepath.Join(dir, "..2026_01_01_00_00_00.1")
-	if err := os.Mkdir(gen1, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	write(t, filepath.Join(gen1, "cert-chain.pem"), "v1")
-	if err := os.Symlink(filepath.Base(gen1), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(dir, "cert-chain.pem")
-	if err := os.Symlink(filepath.Join("..data", "cert-chain.pem"), path); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ProjectVolume(t, dir, map[string][]byte{"cert-chain.pem": []byte("v1")})
 	h := start(t, DirsOf(path)...)
 
-	gen2 := filepath.Join(dir, "..2026_01_01_00_01_00.2")
-	if err := os.Mkdir(gen2, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	write(t, filepath.Join(gen2, "cert-chain.pem"), "v2")
-	if err := os.Symlink(filepath.Base(gen2), filepath.Join(dir, "..data_tmp")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(gen1); err != nil {
-		t.Fatal(err)
-	}
+	testkit.ProjectVolume(t, dir, map[string][]byte{"cert-chain.pem": []byte("v2")})
 	h.seen(t, filepath.Join(dir, "..data"), "CREATE")
 	want(t, h.next(t), dir)
 	if b, err := os.ReadFile(path); err != nil || string(b) != "v2" {
