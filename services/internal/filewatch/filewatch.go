@@ -251,7 +251,7 @@ func (w *Watcher) remove(dirs []string) []string {
 // watch adds dir's watch, or marks it missing and arms the retry.
 func (w *Watcher) watch(dir string) {
 	if err := w.fs.Add(dir); err != nil {
-		w.opts.Log.Debug("cannot watch directory yet; retrying", "dir", dir, "every", w.opts.Retry, "error", err)
+		w.opts.Log.Debug("cannot watch directory", "dir", dir, "error", err)
 		w.onError(fmt.Errorf("watch directory %s: %w", dir, err))
 		w.markMissing(dir)
 	}
@@ -262,6 +262,7 @@ func (w *Watcher) markMissing(dir string) {
 	if w.retry == nil {
 		w.retry = w.opts.Clock.After(w.opts.Retry)
 	}
+	w.opts.Log.Debug("directory missing; retrying", "dir", dir, "every", w.opts.Retry)
 }
 
 // retryMissing tries the missing directories again and returns those it now

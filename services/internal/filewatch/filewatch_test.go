@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +73,20 @@ func (h *harness) none(t *testing.T) {
 func (h *harness) seen(t *testing.T, file, op string) {
 	t.Helper()
 	h.logs.WaitLine(t, "watched directory changed", "file="+file, "op="+op)
+}
+
+// waitLog waits for a line holding every one of parts, logged after mark
+// (a LogBuffer.Len taken before).
+func (h *harness) waitLog(t *testing.T, mark int, parts ...string) {
+	t.Helper()
+	testkit.WaitFor(t, "a log line with "+strings.Join(parts, ", "), func() bool {
+		for _, line := range strings.Split(h.logs.String()[mark:], "\n") {
+			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func write(t *testing.T, path, content string) {
@@ -153,16 +168,21 @@ func TestDirectoryCreatedAfterStart(t *testing.T) {
 	h.seen(t, filepath.Join(dir, "key.pem"), "WRITE")
 	want(t, h.next(t), dir)
 
-	// Removed: delivered (its files are gone), then tried again.
+	// Removed: delivered (its files are gone), then tried again. The
+	// waits on the log keep the steps in order: the removal taken, then
+	// the directory made again.
+	mark := h.logs.Len()
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	h.seen(t, dir, "REMOVE")
+	h.waitLog(t, mark, "directory missing; retrying", "dir="+dir+" ")
 	want(t, h.next(t), dir)
+	mark = h.logs.Len() // before Mkdir: a retry already due may see it at once
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	want(t, h.next(t), dir)
+	h.waitLog(t, mark, "watching directory", "dir="+dir)
 	write(t, filepath.Join(dir, "cert.pem"), "c")
 	h.seen(t, filepath.Join(dir, "cert.pem"), "WRITE")
 	want(t, h.next(t), dir)
