@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/services/controlplane"
 	"github.com/meshagent/meshagent/services/dnsproxy"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/nametable"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/services/status"
 	"github.com/meshagent/meshagent/services/xdsproxy"
@@ -38,10 +40,10 @@ type Config struct {
 	// XDS is the XDS proxy between Envoy (or proxyless gRPC) and the
 	// control plane; it also brings NDS to the DNS proxy.
 	XDS *xdsproxy.Config
-	// DNS is the DNS proxy; NameTableFile, if set, feeds it from a file
-	// (tests, standalone mode) instead of NDS.
-	DNS           *dnsproxy.Config
-	NameTableFile string
+	// DNS is the DNS proxy; NameTable, if set, feeds it from a file
+	// (--name-table: tests, standalone mode) instead of NDS.
+	DNS       *dnsproxy.Config
+	NameTable *nametable.Config
 	// ControlPlane and CA are the embedded peers of `meshagent standalone`
 	// (nil in a pod): the xDS server the agent's discoveryAddress names and
 	// the CA its CA_ADDR names, in a "peers" group.
@@ -71,6 +73,7 @@ func (c Config) Validate() error {
 	check(envoy.Name, validate(c.Envoy))
 	check(capture.Name, validate(c.Capture))
 	check(dnsproxy.Name, validate(c.DNS))
+	check(nametable.Name, validate(c.NameTable))
 	check(xdsproxy.Name, validate(c.XDS))
 	check(controlplane.Name, validate(c.ControlPlane))
 	check(ca.Name, validate(c.CA))
@@ -106,167 +109,80 @@ type Process struct {
 }
 
 // Build makes the channels and the services from cfg and assembles the
-// tree. It is the only place that calls the services' constructors.
+// tree. It is the only place that calls the services' constructors, and it
+// calls them all the same way (node): a nil config leaves the service out,
+// and every constructor's error is reported, each named by its service.
 func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
-	clock := messages.SystemClock{}
-	// runtime is what the service called name gets besides its config and
-	// channels; its name comes from the service's own package.
-	runtime := func(name string) messages.Runtime {
-		return messages.NewRuntime(name, ch.Health, clock, reg, log)
+	b := &builder{ch: ch, clock: messages.SystemClock{}, reg: reg, log: log, built: map[string]Service{}}
+	// The XDS proxy's state is read (by Envoy's crash records, by the
+	// status server's view of the upstream) only when there is an XDS
+	// proxy to write it.
+	var xdsState messages.Latest[messages.XDSState]
+	if cfg.XDS != nil {
+		xdsState = ch.XDS
 	}
-	var nodes []Node
-	var requiredNames []string
-	// required makes a leaf whose Health readiness waits for.
-	required := func(svc Service, rt messages.Runtime) Node {
-		requiredNames = append(requiredNames, rt.Health.Name())
-		return Node{Service: svc, Health: rt.Health}
+	// The certificate and the name table are shown on /debug/certs and
+	// /debug/names when some service writes them (#22).
+	var certsState messages.Latest[messages.CertBundle]
+	if cfg.Certs != nil {
+		certsState = ch.Certs
 	}
-	var errs []error
-	check := func(what string, err error) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", what, err))
-		}
+	var namesState messages.Latest[messages.NameTable]
+	if cfg.DNS != nil || cfg.NameTable != nil || cfg.XDS != nil {
+		namesState = ch.Names
 	}
 
 	// The embedded peers come first, so that they start before the agent's
 	// first calls to them (which retry anyway). Readiness does not wait for
 	// them: an agent serving its cached configuration while its control
 	// plane is down is doing its job, and says so in its own health.
-	var peers []Node
-	if cfg.ControlPlane != nil {
-		rt := runtime(controlplane.Name)
-		svc, err := controlplane.New(*cfg.ControlPlane, rt)
-		check("control plane", err)
-		peers = append(peers, Node{Service: svc, Health: rt.Health})
-	}
-	if cfg.CA != nil {
-		rt := runtime(ca.Name)
-		svc, err := ca.New(*cfg.CA, rt)
-		check("ca", err)
-		peers = append(peers, Node{Service: svc, Health: rt.Health})
-	}
-	if len(peers) > 0 {
-		nodes = append(nodes, Node{Name: "peers", Children: peers})
-	}
-
-	if cfg.Capture != nil {
-		rt := runtime(capture.Name)
-		nodes = append(nodes, required(capture.New(*cfg.Capture, rt), rt))
-	}
-
-	var identity []Node
-	if cfg.Certs != nil {
-		rt := runtime(certs.Name)
-		svc, err := certs.New(*cfg.Certs, ch.Certs, rt)
-		check("certs", err)
-		identity = append(identity, required(svc, rt))
-	}
-	if cfg.SDS != nil {
-		rt := runtime(sds.Name)
-		svc, err := sds.New(*cfg.SDS, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, rt)
-		check("sds", err)
-		identity = append(identity, required(svc, rt))
-	}
-	if len(identity) > 0 {
-		nodes = append(nodes, Node{Name: "identity", Children: identity})
-	}
-
+	peers := slices.Concat(
+		node(b, optional, controlplane.Name, controlplane.New, cfg.ControlPlane, controlplane.Inputs{}, controlplane.Outputs{}),
+		node(b, optional, ca.Name, ca.New, cfg.CA, ca.Inputs{}, ca.Outputs{}),
+	)
+	capturing := node(b, required, capture.Name, capture.New, cfg.Capture, capture.Inputs{}, capture.Outputs{})
+	identity := slices.Concat(
+		node(b, required, certs.Name, certs.New, cfg.Certs, certs.Inputs{}, certs.Outputs{Certs: ch.Certs}),
+		node(b, required, sds.Name, sds.New, cfg.SDS, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, sds.Outputs{}),
+	)
 	// The XDS proxy stands alone: it handles new trust roots itself, by
 	// redialling (#26), so no event restarts a group around it.
-	debug := map[string]http.Handler{}
-	if cfg.XDS != nil {
-		rt := runtime(xdsproxy.Name)
-		svc, err := xdsproxy.New(*cfg.XDS,
-			xdsproxy.Inputs{Certs: ch.Certs, Workload: ch.Workload},
-			xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors}, rt)
-		check("xds proxy", err)
-		if err == nil {
-			nodes = append(nodes, required(svc, rt))
-		}
-	}
-
+	xds := node(b, required, xdsproxy.Name, xdsproxy.New, cfg.XDS,
+		xdsproxy.Inputs{Certs: ch.Certs, Workload: ch.Workload},
+		xdsproxy.Outputs{Names: ch.Names, State: ch.XDS, Anchors: ch.Anchors})
 	// The name table and the DNS proxy are a group of their own (#26):
 	// they depend on no trust root, certificate or control plane
 	// connection, only on the NameTable channel, which outlives every
 	// restart. In the xds group a root rotation restarted the DNS proxy and
 	// lost queries.
-	var names []Node
-	if cfg.NameTableFile != "" {
-		rt := runtime(dnsproxy.TableFileName)
-		names = append(names, required(dnsproxy.NewTableFile(cfg.NameTableFile, ch.Names, rt), rt))
+	names := slices.Concat(
+		node(b, required, nametable.Name, nametable.New, cfg.NameTable, nametable.Inputs{}, nametable.Outputs{Table: ch.Names}),
+		node(b, required, dnsproxy.Name, dnsproxy.New, cfg.DNS, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{}),
+	)
+	proxy := node(b, optional, envoy.Name, envoy.New, cfg.Envoy,
+		envoy.Inputs{Drain: ch.Drain, XDS: xdsState}, envoy.Outputs{State: ch.Envoy})
+	for i := range proxy {
+		proxy[i].Policy = &cfg.EnvoyPolicy
 	}
-	if cfg.DNS != nil {
-		rt := runtime(dnsproxy.Name)
-		dns, err := dnsproxy.New(*cfg.DNS, ch.Names, rt)
-		check("dns proxy", err)
-		if err == nil {
-			names = append(names, required(dns, rt))
-			debug["/debug/ndsz"] = dns.NDSZ()
-		}
+	// The status server comes last: readiness waits for the required
+	// services above, and it serves their debug pages.
+	statusCfg := withDependents(cfg.Status, b.required, cfg.Envoy, b.debugPages(cfg.Envoy))
+	statusNode := node(b, optional, status.Name, status.New, statusCfg,
+		status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState, Certs: certsState, Names: namesState},
+		status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos, WorkloadHealth: ch.Workload})
+	if err := errors.Join(b.errs...); err != nil {
+		return nil, nil, err
 	}
-	if len(names) > 0 {
-		nodes = append(nodes, Node{Name: "names", Children: names})
-	}
-
-	if cfg.Envoy != nil {
-		policy := cfg.EnvoyPolicy
-		rt := runtime(envoy.Name)
-		in := envoy.Inputs{Drain: ch.Drain}
-		if cfg.XDS != nil {
-			in.XDS = ch.XDS
-		}
-		svc, err := envoy.New(*cfg.Envoy, in, envoy.Outputs{State: ch.Envoy}, rt)
-		check("envoy", err)
-		if err == nil {
-			nodes = append(nodes, Node{Policy: &policy, Health: rt.Health, Service: svc})
-			if cfg.Envoy.CrashDir != "" {
-				debug["/debug/crashes"] = envoy.CrashesHandler(cfg.Envoy.CrashDir)
-			}
-		}
-	}
-
-	if cfg.Status != nil {
-		// The upstream's state is shown only when there is an XDS proxy.
-		var xdsState messages.Latest[messages.XDSState]
-		if cfg.XDS != nil {
-			xdsState = ch.XDS
-		}
-		// The certificate and the name table are shown when there is one
-		// (#22): nil inputs leave /debug/certs and /debug/names out.
-		var certsState messages.Latest[messages.CertBundle]
-		if cfg.Certs != nil {
-			certsState = ch.Certs
-		}
-		var namesState messages.Latest[messages.NameTable]
-		if cfg.DNS != nil || cfg.NameTableFile != "" || cfg.XDS != nil {
-			namesState = ch.Names
-		}
-		sc := *cfg.Status
-		sc.Required = append(sc.Required, requiredNames...)
-		sc.RequireEnvoy = cfg.Envoy != nil
-		sc.Debug = debug
-		rt := runtime(status.Name)
-		st, err := status.New(sc,
-			status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState, Certs: certsState, Names: namesState},
-			status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos,
-				WorkloadHealth: ch.Workload},
-			rt)
-		check("status server", err)
-		if err == nil {
-			nodes = append(nodes, Node{Service: st, Health: rt.Health})
-		}
-	} else {
+	if cfg.Status == nil {
 		// Without a status server nothing computes readiness: the tree
 		// counts as ready once it runs (systemd READY=1).
 		ch.Readiness.Send(messages.Readiness{Ready: true, Reason: "no status server"})
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
-	}
 
+	nodes := slices.Concat(group("peers", peers), capturing, group("identity", identity), xds, group("names", names), proxy, statusNode)
 	a, err := New(ch, nodes, reg, log, Options{
 		DefaultPolicy: &cfg.DefaultPolicy,
 		StopTimeout:   cfg.StopTimeout,
@@ -278,4 +194,81 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 		return nil, nil, fmt.Errorf("building the supervision tree: %w", err)
 	}
 	return a, ch, nil
+}
+
+// builder is what Build's nodes share: the channels, what every runtime is
+// made of, the services built (by name) and those readiness waits for, and
+// the constructors' errors.
+type builder struct {
+	ch       *Channels
+	clock    messages.Clock
+	reg      prometheus.Registerer
+	log      *slog.Logger
+	built    map[string]Service
+	required []string
+	errs     []error
+}
+
+// Whether readiness waits for a service.
+const (
+	required = true
+	optional = false
+)
+
+// node makes one service, if cfg is not nil, through its package's New: the
+// one face every service has (#26), New(cfg, in, out, rt) (*Service, error),
+// with rt named after the service. A failed New is collected under the
+// service's name, so that Build reports every bad service at once; a
+// required service's Health is one readiness waits for. It returns the
+// service's node, or none.
+func node[C, I, O any, S Service](b *builder, req bool, name string, newService func(C, I, O, messages.Runtime) (S, error), cfg *C, in I, out O) []Node {
+	if cfg == nil {
+		return nil
+	}
+	rt := messages.NewRuntime(name, b.ch.Health, b.clock, b.reg, b.log)
+	svc, err := newService(*cfg, in, out, rt)
+	if err != nil {
+		b.errs = append(b.errs, fmt.Errorf("%s: %w", name, err))
+		return nil
+	}
+	b.built[name] = svc
+	if req {
+		b.required = append(b.required, name)
+	}
+	return []Node{{Service: svc, Health: rt.Health}}
+}
+
+// debugPages are the read-only pages other services offer, for the status
+// server to serve: the DNS proxy's name table, Envoy's crash records.
+func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]http.Handler {
+	pages := map[string]http.Handler{}
+	if dns, ok := b.built[dnsproxy.Name].(*dnsproxy.Service); ok {
+		pages["/debug/ndsz"] = dns.NDSZ()
+	}
+	if envoyCfg != nil && envoyCfg.CrashDir != "" {
+		pages["/debug/crashes"] = envoy.CrashesHandler(envoyCfg.CrashDir)
+	}
+	return pages
+}
+
+// withDependents is the status server's config, if any, completed with what
+// only the tree knows: the services readiness waits for, whether it waits
+// for Envoy, and the debug pages.
+func withDependents(c *status.Config, required []string, envoyCfg *envoy.Config, debug map[string]http.Handler) *status.Config {
+	if c == nil {
+		return nil
+	}
+	sc := *c
+	sc.Required = append(slices.Clone(sc.Required), required...)
+	sc.RequireEnvoy = envoyCfg != nil
+	sc.Debug = debug
+	return &sc
+}
+
+// group is a group node of children, or nothing when there are none.
+func group(name string, children []Node) []Node {
+	if len(children) == 0 {
+		return nil
+	}
+	return []Node{{Name: name, Children: children}}
 }

@@ -39,6 +39,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/nametable"
 	"github.com/meshagent/meshagent/tree"
 )
 
@@ -201,8 +202,10 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		Capture: captureConfig(r, f, in.host, in.log),
 		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
-		DNS:           dns.proxy,
-		NameTableFile: f.nameTable,
+		DNS: dns.proxy,
+	}
+	if f.nameTable != "" {
+		c.tree.NameTable = &nametable.Config{File: f.nameTable}
 	}
 	if in.noCapture {
 		c.tree.Capture = nil

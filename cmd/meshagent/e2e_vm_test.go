@@ -34,7 +34,7 @@ func runCAHelper(spec string) int {
 	cfg := ca.DefaultConfig(dir)
 	cfg.Listen = addr
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	svc, err := ca.New(cfg, messages.NewRuntime(ca.Name, &testkit.HealthRecorder{}, nil, prometheus.NewRegistry(), log))
+	svc, err := ca.New(cfg, ca.Inputs{}, ca.Outputs{}, messages.NewRuntime(ca.Name, &testkit.HealthRecorder{}, nil, prometheus.NewRegistry(), log))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "CA helper:", err)
 		return 1

@@ -85,7 +85,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 // Istio's order (FindRootCAForXDS): XDS_ROOT_CA (SYSTEM: the OS's), a
 // mounted ./etc/certs/root-cert.pem, PROV_CERT's root, the file-mounted
 // certificates' roots, else the CA root Kubernetes mounts.
-func xdsRoots(r envReader, in xdsInputs) (xdsproxy.RootSource, string) {
+func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, string) {
 	switch v := envVar(r, "XDS_ROOT_CA", "", parseString); v {
 	case "SYSTEM":
 		return xdsproxy.RootsSystem, ""

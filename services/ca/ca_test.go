@@ -56,7 +56,7 @@ func startCA(t *testing.T, dir string, edit func(*Config)) *server {
 	if edit != nil {
 		edit(&s.cfg)
 	}
-	svc, err := New(s.cfg, messages.NewRuntime(Name, s.health, testkit.FrozenClock{At: s.now}, nil, s.logs.Logger()))
+	svc, err := New(s.cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, s.health, testkit.FrozenClock{At: s.now}, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestHalfARootIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := s.cfg
-	svc, err := New(cfg, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	svc, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,8 +44,18 @@ type Service struct {
 	server loopback.Server
 }
 
-// New returns the CA. Nothing is read or generated until Serve.
-func New(cfg Config, rt messages.Runtime) (*Service, error) {
+// Inputs: the CA reads no channel.
+type Inputs struct{}
+
+// Outputs: the CA publishes on no channel.
+type Outputs struct{}
+
+// New returns the CA, or why cfg cannot work (the only check of cfg).
+// Nothing is read or generated until Serve.
+func New(cfg Config, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
@@ -63,9 +73,6 @@ func (s *Service) Addr() string { return s.server.Addr() }
 // Serve loads (or first generates) the root, issues the CA's serving
 // certificate, and answers CreateCertificate until ctx is done.
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	root, created, err := loadOrCreateRoot(s.cfg, s.clock.Now())
 	if err != nil {
 		return err

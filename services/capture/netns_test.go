@@ -48,8 +48,10 @@ func runHelper() bool {
 		os.Exit(0)
 	case "sidecar":
 		health := messages.NewCell[messages.Health]()
-		err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, messages.NewRuntime(Name, health, nil, nil, nil)).
-			Serve(context.Background())
+		svc, err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, nil))
+		if err == nil {
+			err = svc.Serve(context.Background())
+		}
 		h, _ := health.Get()
 		fmt.Printf("%v|%s|%s\n", err, h.State, h.Reason)
 		os.Exit(0)

@@ -58,12 +58,24 @@ type Service struct {
 	log    *slog.Logger
 }
 
-// New returns the capture service.
-func New(cfg ServiceConfig, rt messages.Runtime) *Service {
+// Inputs: the capture service reads no channel.
+type Inputs struct{}
+
+// Outputs: the capture service publishes on no channel (its verdict is its
+// Health).
+type Outputs struct{}
+
+// New returns the capture service, or why cfg cannot work (the only check
+// of cfg). Its config is ServiceConfig, not Config: Config is the
+// istio-iptables rule set it carries.
+func New(cfg ServiceConfig, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 30 * time.Second
 	}
-	return &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log}
+	return &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log}, nil
 }
 
 // String is the service's name in logs and the tree.
@@ -74,9 +86,6 @@ func (s *Service) String() string { return Name }
 // CheckInterval and re-apply drifted or flushed rules; on cancel remove the
 // rules and return ctx.Err().
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	if nft, err := s.useNft(ctx); err != nil || nft {
 		return s.serveNftOr(ctx, err)
 	}

@@ -29,11 +29,15 @@ func TestServiceConfigValidate(t *testing.T) {
 	}
 	cfg = ServiceConfig{Mode: VM, Capture: Default()}
 	cfg.Capture.ProxyPort = "x"
-	if err := New(cfg, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))).Serve(context.Background()); err == nil ||
+	if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
-		t.Errorf("Serve with bad config: %v", err)
+		t.Errorf("New with bad config: %v", err)
 	}
-	if s := New(ServiceConfig{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil)); s.String() != "capture" {
+	s, err := New(ServiceConfig{Capture: Default()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.String() != "capture" {
 		t.Errorf("String() = %q", s.String())
 	}
 }
@@ -47,7 +51,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
-	svc := New(cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
+	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
 	}
@@ -94,7 +98,7 @@ func TestKernelServiceVM(t *testing.T) {
 	health := messages.NewCell[messages.Health]()
 	clock := &manualClock{tick: make(chan time.Time)}
 	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), CheckInterval: time.Hour}
-	svc := New(cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
+	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	_, _, changed := health.Watch()
@@ -175,4 +179,14 @@ func TestKernelServiceSidecarUnprivileged(t *testing.T) {
 		!strings.Contains(parts[2], "not verified") || !strings.Contains(parts[2], "permission denied") {
 		t.Errorf("unprivileged sidecar: %q; want ErrDoNotRestart, Ready, not verified: permission denied", out)
 	}
+}
+
+// mustNew is New for a config the test knows is good.
+func mustNew(t testing.TB, cfg ServiceConfig, rt messages.Runtime) *Service {
+	t.Helper()
+	svc, err := New(cfg, Inputs{}, Outputs{}, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }

@@ -32,17 +32,15 @@ var ErrShortChain = errors.New("CA response cert_chain must hold the leaf and th
 func (s *Service) serveCA(ctx context.Context) error {
 	ca := newCAClient(s)
 	defer ca.close()
-	var rootsChanged <-chan struct{}
+	var rootsChanged <-chan []string
 	var watchFailed <-chan error
 	if s.cfg.Roots == RootsFromFile {
-		wctx, cancel := context.WithCancel(ctx)
-		watch, err := s.watchFiles(wctx, s.cfg.RootCertFile)
+		watch, err := s.watchFiles(s.cfg.RootCertFile)
 		if err != nil {
-			cancel()
 			return err
 		}
-		defer func() { cancel(); <-watch.done }()
-		rootsChanged, watchFailed = watch.changed, watch.failed
+		defer watch.Close()
+		rootsChanged, watchFailed = watch.Changes(), watch.Failed()
 		s.readRootFile()
 	}
 

@@ -304,7 +304,7 @@ func TestChooseSource(t *testing.T) {
 		fileMounted      bool
 		outputIsEtcCerts bool
 		source           Source
-		roots            RootsSource
+		roots            MeshRootsSource
 		dir              string // where the files are read from ("" for none)
 		rootFile         string // RootCertFile, when the roots come from a file
 	}{

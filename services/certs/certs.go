@@ -7,6 +7,7 @@ package certs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 
@@ -41,9 +42,27 @@ type Service struct {
 	current messages.CertBundle // last published bundle (zero if none)
 }
 
-// New returns the CertWatcher. It publishes on out.
-func New(cfg Config, out messages.Sink[messages.CertBundle], rt messages.Runtime) (*Service, error) {
-	s := &Service{cfg: cfg, out: out, health: rt.Health, log: rt.Log, clock: rt.Clock}
+// Inputs: the CertWatcher reads no channel (files and the CA are its
+// sources).
+type Inputs struct{}
+
+// Outputs are what the CertWatcher publishes.
+type Outputs struct {
+	// Certs: the workload certificate with its roots, for SDS and the XDS
+	// proxy.
+	Certs messages.Sink[messages.CertBundle]
+}
+
+// New returns the CertWatcher, or why cfg cannot work (the only check of
+// cfg).
+func New(cfg Config, _ Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if out.Certs == nil {
+		return nil, errors.New("certs: Outputs.Certs is required")
+	}
+	s := &Service{cfg: cfg, out: out.Certs, health: rt.Health, log: rt.Log, clock: rt.Clock}
 	s.m = newMetrics(s.expirySeconds)
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
@@ -54,14 +73,10 @@ func New(cfg Config, out messages.Sink[messages.CertBundle], rt messages.Runtime
 // String is the service's name in logs, metrics and /debug/tree.
 func (s *Service) String() string { return Name }
 
-// Serve runs until ctx is done. A bad configuration is an error; a bad or
-// missing certificate is not: the service reports Degraded and keeps trying.
+// Serve runs until ctx is done. A bad or missing certificate is not an error: the service reports Degraded and keeps trying.
 // The certificate comes from files or the CA (cfg.Source), the roots with it
 // or, in Istio's mixed mode, from the other one (cfg.Roots).
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	if s.cfg.Source == SourceFiles {
 		return s.serveFiles(ctx)
 	}

@@ -29,17 +29,19 @@ func (s Source) String() string {
 	return "ca"
 }
 
-// RootsSource is where the trusted roots (SDS "ROOTCA") come from when that
-// is not where the certificate comes from: Istio's mixed mode, where each of
-// the two is served from files if its files exist and from the CA otherwise
+// MeshRootsSource is where the mesh's trusted roots (SDS "ROOTCA", what
+// Envoy verifies peers with) come from when that is not where the
+// certificate comes from: Istio's mixed mode, where each of the two is
+// served from files if its files exist and from the CA otherwise
 // (secretcache.go generateFileSecret decides "default" and "ROOTCA"
-// separately).
-type RootsSource int
+// separately). Not the XDS proxy's ControlPlaneRootsSource, the roots it
+// verifies istiod with (the two were RootsSource and RootSource, #26).
+type MeshRootsSource int
 
 const (
 	// RootsWithCertificate: from the certificate's Source (the CA's
 	// response, or RootCertFile). The zero value.
-	RootsWithCertificate RootsSource = iota
+	RootsWithCertificate MeshRootsSource = iota
 	// RootsFromFile: from RootCertFile, followed like the file-mounted
 	// certificates, while the certificate comes from the CA
 	// (<root>/etc/certs/root-cert.pem exists, cert-chain.pem does not).
@@ -51,7 +53,7 @@ const (
 	RootsFromCA
 )
 
-func (r RootsSource) String() string {
+func (r MeshRootsSource) String() string {
 	switch r {
 	case RootsFromFile:
 		return "file"
@@ -96,8 +98,8 @@ type Config struct {
 	// ChooseSource).
 	Source Source
 	// Roots: where the trusted roots come from when not from Source
-	// (Istio's mixed mode, see RootsSource and ChooseSource).
-	Roots RootsSource
+	// (Istio's mixed mode, see MeshRootsSource and ChooseSource).
+	Roots MeshRootsSource
 
 	// --- file-mounted certificates ---
 
@@ -229,7 +231,7 @@ func ChooseSource(cfg Config, etcCerts, workloadCredentials string, fileMountedC
 		b, err := boundedfile.Read(p, boundedfile.MaxPEM)
 		return err == nil && len(b) > 0
 	}
-	useDir := func(dir string, roots RootsSource) Config {
+	useDir := func(dir string, roots MeshRootsSource) Config {
 		cfg.Source, cfg.Roots = SourceFiles, roots
 		cfg.CertChainFile = filepath.Join(dir, CertChainFileName)
 		cfg.KeyFile = filepath.Join(dir, KeyFileName)
@@ -269,7 +271,7 @@ func (c Config) Validate() error {
 	case c.Roots == RootsFromCA && c.Source != SourceFiles:
 		return fmt.Errorf("certs config: Roots %v needs Source %v (the certificate from files), not %v", c.Roots, SourceFiles, c.Source)
 	case c.Roots < RootsWithCertificate || c.Roots > RootsFromCA:
-		return fmt.Errorf("certs config: Roots %d is not a RootsSource", int(c.Roots))
+		return fmt.Errorf("certs config: Roots %d is not a MeshRootsSource", int(c.Roots))
 	}
 	if files || c.Roots == RootsFromFile {
 		if err := c.validateFiles(); err != nil {

@@ -18,13 +18,11 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	if s.cfg.Roots != RootsFromCA {
 		paths = append(paths, s.cfg.RootCertFile)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	watch, err := s.watchFiles(ctx, paths...)
+	watch, err := s.watchFiles(paths...)
 	if err != nil {
 		return err
 	}
-	defer func() { cancel(); <-watch.done }()
+	defer watch.Close()
 
 	var rootsDue <-chan time.Time // RootsFromCA: when to ask the CA
 	ca := newCAClient(s)
@@ -40,9 +38,9 @@ func (s *Service) serveFiles(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case err := <-watch.failed:
+		case err := <-watch.Failed():
 			return err
-		case <-watch.changed:
+		case <-watch.Changes():
 			s.reload()
 		case <-rootsDue:
 			wait, ok, err := ca.renew(ctx, s.rootsFailure)

@@ -106,34 +106,16 @@ func TestFilesRotationByRename(t *testing.T) {
 // a timestamped directory, and swaps ..data atomically on update.
 func TestFilesRotationByDataSymlinkSwap(t *testing.T) {
 	f := newFileSetup(t)
-	writeGeneration := func(gen string, chain, key []byte) {
-		d := filepath.Join(f.dir, gen)
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		testkit.WriteFile(t, filepath.Join(d, CertChainFileName), chain)
-		testkit.WriteFile(t, filepath.Join(d, KeyFileName), key)
-		testkit.WriteFile(t, filepath.Join(d, RootCertFileName), f.pki.CertPEM)
-		tmpLink := filepath.Join(f.dir, "..data_tmp")
-		if err := os.Symlink(gen, tmpLink); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmpLink, filepath.Join(f.dir, "..data")); err != nil {
-			t.Fatal(err)
-		}
+	project := func(chain, key []byte) {
+		testkit.ProjectVolume(t, f.dir, map[string][]byte{CertChainFileName: chain, KeyFileName: key, RootCertFileName: f.pki.CertPEM})
 	}
 	chain1, key1 := f.leaf(t)
-	writeGeneration("..2026_01_01_00_00_00.1", chain1, key1)
-	for _, n := range []string{CertChainFileName, KeyFileName, RootCertFileName} {
-		if err := os.Symlink(filepath.Join("..data", n), filepath.Join(f.dir, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	project(chain1, key1)
 	f.start(t)
 	f.out.WaitLast(t, "first bundle", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain1) })
 
 	chain2, key2 := f.leaf(t)
-	writeGeneration("..2026_01_01_00_00_00.2", chain2, key2)
+	project(chain2, key2)
 	f.out.WaitLast(t, "bundle after ..data swap", func(b messages.CertBundle) bool { return string(b.CertChainPEM) == string(chain2) })
 }
 

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func newService(t testing.TB, cfg Config, out messages.Sink[messages.CertBundle], health messages.Sink[messages.Health],
 	log *slog.Logger, clock messages.Clock, reg prometheus.Registerer) *Service {
 	t.Helper()
-	s, err := New(cfg, out, messages.NewRuntime(Name, health, clock, reg, log))
+	s, err := New(cfg, Inputs{}, Outputs{Certs: out}, messages.NewRuntime(Name, health, clock, reg, log))
 	if err != nil {
 		t.Fatal(err)
 	}

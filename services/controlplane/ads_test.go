@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -311,6 +312,28 @@ func TestBadFirstFileThenFixed(t *testing.T) {
 		t.Errorf("first version %q", v)
 	}
 	s.health.WaitLast(t, "ready", func(h messages.Health) bool { return h.State == messages.Ready })
+}
+
+// A mesh file whose directory does not exist yet (a ConfigMap mounted
+// late): the server runs and says so, and serves the file once the
+// directory and the file appear (#26; it used to fail Serve and be
+// restarted with backoff).
+func TestMeshDirectoryAppearsLate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "mesh")
+	file := filepath.Join(dir, "mesh.yaml")
+	health := &testkit.HealthRecorder{}
+	cfg := DefaultConfig(file)
+	cfg.Listen = "127.0.0.1:0"
+	svc, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, testkit.NewLogBuffer(t).Logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Serve(t, svc)
+	health.WaitLast(t, "starting, naming the file", func(h messages.Health) bool {
+		return h.State == messages.Starting && strings.Contains(h.Reason, file)
+	})
+	testkit.WriteFile(t, file, readSample(t))
+	health.WaitLast(t, "ready once the directory appears", func(h messages.Health) bool { return h.State == messages.Ready })
 }
 
 // Restarting the service (as the tree does) serves again with a new

@@ -38,7 +38,7 @@ func startServer(t *testing.T, mesh []byte, want messages.HealthState, edit func
 	if edit != nil {
 		edit(&cfg)
 	}
-	svc, err := New(cfg, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
+	svc, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}

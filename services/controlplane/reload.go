@@ -5,12 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"path/filepath"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/fsnotify/fsnotify"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/messages"
@@ -111,18 +109,4 @@ func (st *state) report() {
 	default:
 		st.svc.health.Report(messages.Ready, "")
 	}
-}
-
-// watchDir watches the mesh file's directory: a watch on the file itself
-// is lost when an editor or an atomic rename replaces it.
-func watchDir(path string) (*fsnotify.Watcher, error) {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: mesh file %s: watch: %w", path, err)
-	}
-	if err := w.Add(filepath.Dir(path)); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("controlplane: mesh file %s: watch directory: %w", path, err)
-	}
-	return w, nil
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/filewatch"
 	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
@@ -54,8 +55,18 @@ type Service struct {
 	server     loopback.Server
 }
 
-// New returns the control plane. Nothing is read or opened until Serve.
-func New(cfg Config, rt messages.Runtime) (*Service, error) {
+// Inputs: the control plane reads no channel.
+type Inputs struct{}
+
+// Outputs: the control plane publishes on no channel (it serves xDS).
+type Outputs struct{}
+
+// New returns the control plane, or why cfg cannot work (the only check of
+// cfg). Nothing is read or opened until Serve.
+func New(cfg Config, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	s := &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics()}
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
@@ -75,16 +86,18 @@ func (s *Service) Addr() string { return s.server.Addr() }
 // snapshot (Degraded), or none before the first (Starting): either way the
 // server keeps watching for a fixed file rather than failing.
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	creds, err := s.transportCredentials()
 	if err != nil {
 		return err
 	}
-	watcher, err := watchDir(s.cfg.MeshFile)
+	// Any change in the mesh file's directory is read again (an unchanged
+	// file is then a no-op): an atomic rename or a Kubernetes ..data swap
+	// names another file than the one we read. A directory not there yet
+	// is waited for, serving nothing meanwhile (Starting).
+	watcher, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce},
+		filewatch.DirsOf(s.cfg.MeshFile)...)
 	if err != nil {
-		return err
+		return fmt.Errorf("controlplane: mesh file %s: %w", s.cfg.MeshFile, err)
 	}
 	defer watcher.Close()
 
@@ -134,27 +147,12 @@ func (s *Service) Serve(ctx context.Context) error {
 			s.log.Warn("xDS streams did not end in time; closed them", "timeout", s.cfg.StopTimeout)
 		}
 	}
-	var debounce <-chan time.Time
 	for {
 		select {
-		case ev, ok := <-watcher.Events:
-			if !ok {
-				stop()
-				return fmt.Errorf("controlplane: mesh file %s: watcher closed", s.cfg.MeshFile)
-			}
-			// Any change in the directory is read again (an unchanged file
-			// is then a no-op): an atomic rename or a Kubernetes ..data swap
-			// names another file than the one we read.
-			s.log.Debug("mesh directory changed", "event", ev.String())
-			debounce = s.clock.After(s.cfg.Debounce)
-		case err, ok := <-watcher.Errors:
-			if !ok {
-				stop()
-				return fmt.Errorf("controlplane: mesh file %s: watcher closed", s.cfg.MeshFile)
-			}
-			s.log.Warn("mesh file watch error", "file", s.cfg.MeshFile, "error", err)
-		case <-debounce:
-			debounce = nil
+		case err := <-watcher.Failed():
+			stop()
+			return fmt.Errorf("controlplane: mesh file %s: %w", s.cfg.MeshFile, err)
+		case <-watcher.Changes():
 			st.reload(ctx)
 			st.report()
 		case <-s.server.Failed():

@@ -1,7 +1,10 @@
 package dnsproxy
 
 import (
+	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"slices"
 	"strings"
@@ -356,7 +359,7 @@ func TestServeStopsAndRestarts(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
 	cell.Send(nt)
 	h := &testkit.HealthRecorder{}
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, cell, messages.NewRuntime(Name, h, nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, Inputs{Table: cell}, Outputs{}, messages.NewRuntime(Name, h, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,5 +382,28 @@ func TestServeStopsAndRestarts(t *testing.T) {
 			t.Fatalf("run %d: port still bound after Serve returned: %v", run, err)
 		}
 		pc.Close()
+	}
+}
+
+func TestNDSZ(t *testing.T) {
+	nt := testTable("v9")
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1")}, nil)
+	rec := httptest.NewRecorder()
+	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("before the table: %d", rec.Code)
+	}
+	p.table.Send(nt)
+	p.health.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
+	rec = httptest.NewRecorder()
+	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	var got ndsz
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body)
+	}
+	r := got.Table["reviews.default.svc.cluster.local"]
+	want := []string{"reviews.", "reviews.alias.test.", "reviews.default.", "reviews.default.svc."}
+	if got.Version != "v9" || !slices.Equal(r.AltHosts, want) || len(r.IPs) != 3 {
+		t.Errorf("ndsz = %+v, reviews = %+v", got.Version, r)
 	}
 }

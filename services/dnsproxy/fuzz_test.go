@@ -2,7 +2,6 @@ package dnsproxy
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -50,35 +49,6 @@ func FuzzHandle(f *testing.F) {
 		}
 		if !tcp && len(b) > dns.MaxMsgSize {
 			t.Fatalf("UDP answer of %d bytes", len(b))
-		}
-	})
-}
-
-// FuzzTableFile feeds arbitrary content to the name-table file's parser
-// (--name-table): it must never panic, and a table it accepts holds only
-// valid addresses and the version the content hashes to.
-func FuzzTableFile(f *testing.F) {
-	f.Add([]byte(tableV1))
-	f.Add([]byte(tableV2))
-	f.Add([]byte(`{"table": {"a.example": {"ips": ["not-an-ip"]}}}`))
-	f.Add([]byte(`{"table": {"": {"ips": ["::1"], "altHosts": ["b", "c"]}}}`))
-	f.Add([]byte(`{}`))
-	f.Add([]byte("\xff\xfe"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		nt, err := parseTable(b)
-		if err != nil {
-			return
-		}
-		again, err := parseTable(b)
-		if err != nil || again.Version != nt.Version || !strings.HasPrefix(nt.Version, "file-") {
-			t.Fatalf("the same content parsed twice: versions %q, %q (%v)", nt.Version, again.Version, err)
-		}
-		for host, info := range nt.Hosts {
-			for _, ip := range info.IPs {
-				if !ip.IsValid() {
-					t.Fatalf("host %q has an invalid address", host)
-				}
-			}
 		}
 	})
 }

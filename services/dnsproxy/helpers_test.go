@@ -94,7 +94,7 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 	if nt != nil {
 		p.table.Send(*nt)
 	}
-	svc, err := New(cfg, p.table, messages.NewRuntime(Name, p.health, nil, p.reg, testLogger(t)))
+	svc, err := New(cfg, Inputs{Table: p.table}, Outputs{}, messages.NewRuntime(Name, p.health, nil, p.reg, testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

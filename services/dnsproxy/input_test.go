@@ -41,7 +41,7 @@ func TestConfigValidate(t *testing.T) {
 		"bad search domain":   func(c *Config) { c.Search = []string{"bad..domain"} },
 		"bad cluster domain":  func(c *Config) { c.Domain = "bad..domain" },
 	})
-	if _, err := New(valid("0.0.0.0:53"), messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil)); err == nil {
+	if _, err := New(valid("0.0.0.0:53"), Inputs{Table: messages.NewCell[messages.NameTable]()}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil)); err == nil {
 		t.Error("New accepted a non-loopback address")
 	}
 }
@@ -66,7 +66,7 @@ func TestListenAddrs(t *testing.T) {
 
 func TestResolvConfErrors(t *testing.T) {
 	cell := messages.NewCell[messages.NameTable]()
-	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf", ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
+	svc, err := New(Config{Listen: "127.0.0.1:0", ResolvConf: "/nonexistent/resolv.conf", ForwardTimeout: time.Second}, Inputs{Table: cell}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestResolvConfErrors(t *testing.T) {
 		t.Errorf("missing resolv.conf: %v", err)
 	}
 	empty := writeResolvConf(t)
-	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty, ForwardTimeout: time.Second}, cell, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
+	svc, _ = New(Config{Listen: "127.0.0.1:0", ResolvConf: empty, ForwardTimeout: time.Second}, Inputs{Table: cell}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "no nameserver") {
 		t.Errorf("resolv.conf without nameserver: %v", err)
 	}
@@ -87,7 +87,7 @@ func TestListenConflict(t *testing.T) {
 	}
 	defer pc.Close()
 	svc, _ := New(Config{Listen: pc.LocalAddr().String(), ResolvConf: writeResolvConf(t, "127.99.0.1"), ForwardTimeout: time.Second},
-		messages.NewCell[messages.NameTable](), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
+		Inputs{Table: messages.NewCell[messages.NameTable]()}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err := svc.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), pc.LocalAddr().String()) {
 		t.Errorf("port in use: %v", err)
 	}

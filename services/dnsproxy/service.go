@@ -37,17 +37,30 @@ type Service struct {
 	current atomic.Pointer[lookupTable] // the table answering, for NDSZ
 }
 
-// New returns the DNS proxy service; an error for a bad Config or metrics
-// that cannot be registered.
-func New(cfg Config, table messages.Latest[messages.NameTable], rt messages.Runtime) (*Service, error) {
+// Inputs are what the DNS proxy reads.
+type Inputs struct {
+	// Table: the mesh's names, from NDS (the XDS proxy) or a file (the
+	// nametable service). Required.
+	Table messages.Latest[messages.NameTable]
+}
+
+// Outputs: the DNS proxy publishes on no channel (it answers DNS).
+type Outputs struct{}
+
+// New returns the DNS proxy service; an error for a bad Config (the only
+// check of cfg) or metrics that cannot be registered.
+func New(cfg Config, in Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if in.Table == nil {
+		return nil, errors.New("dns: Inputs.Table is required")
 	}
 	m := newMetrics()
 	if err := rt.Register(m.all...); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg.withDefaults(), table: table, health: rt.Health, metrics: m, log: rt.Log}, nil
+	return &Service{cfg: cfg.withDefaults(), table: in.Table, health: rt.Health, metrics: m, log: rt.Log}, nil
 }
 
 // String is the service's name in logs, metrics and /debug/tree.

@@ -44,7 +44,7 @@ func TestStopWithForwardsInFlight(t *testing.T) {
 	up, _, ip := listenUpstream(t) // reads, never answers
 	nt := testTable("v1")
 	cfg := Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, ip), ForwardTimeout: time.Hour}
-	svc, err := New(cfg, cellWith(nt), messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
+	svc, err := New(cfg, Inputs{Table: cellWith(nt)}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -223,16 +223,17 @@ func (c BootstrapConfig) pilotSAN() []string {
 // built-in bootstrap, written atomically to <ConfigPath>/envoy-rev.json (directory created 0700).
 // The override file, if any, is read and converted to JSON for --config-yaml.
 func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
+	if err := c.Validate(); err != nil {
+		return Bootstrap{}, err
+	}
 	out, _, err := writeBootstrapBytes(c)
 	return out, err
 }
 
 // writeBootstrapBytes is WriteBootstrap, also returning what it wrote (nil for a
-// custom config file, which it does not write).
+// custom config file, which it does not write), for a config already
+// validated: the service's, checked once by New (#26).
 func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
-	if err := c.Validate(); err != nil {
-		return Bootstrap{}, nil, err
-	}
 	var out Bootstrap
 	if c.OverrideFile != "" {
 		js, err := readOverride(c.OverrideFile, c.HostIP)

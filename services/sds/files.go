@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/meshagent/meshagent/messages"
@@ -193,4 +195,26 @@ func readCRL(path string, prev crlState) crlState {
 		return fail(errors.New("no PEM X509 CRL found"))
 	}
 	return crlState{pem: data}
+}
+
+// dirsOf is the directories to watch for files: each file's own, and its
+// symlink target's when that is elsewhere (a Kubernetes "..data" generation,
+// an OS trust store linked from another directory). The store moves its
+// watches to them at every read, as targets move.
+func dirsOf(files ...string) []string {
+	var out []string
+	for _, f := range files {
+		out = appendNew(out, filepath.Dir(f))
+		if target, err := filepath.EvalSymlinks(f); err == nil {
+			out = appendNew(out, filepath.Dir(target))
+		}
+	}
+	return out
+}
+
+func appendNew(s []string, v string) []string {
+	if slices.Contains(s, v) {
+		return s
+	}
+	return append(s, v)
 }

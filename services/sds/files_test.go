@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -262,28 +263,19 @@ func TestFetchAndDeltaServeFileSecrets(t *testing.T) {
 func TestFileSecretFollowsDataSymlinkSwap(t *testing.T) {
 	s := startServer(t)
 	dir := filepath.Join(s.root, "etc/dr")
-	gen := func(name string, data []byte) {
-		s.write(t, filepath.Join(dir, name, "ca.pem"), data)
-		os.Symlink(name, filepath.Join(dir, "..data_tmp"))
-		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ca1, ca2 := pki.NewRoot(t, "one"), pki.NewRoot(t, "two")
-	gen("..1", ca1.CertPEM)
-	os.Symlink("..data/ca.pem", filepath.Join(dir, "ca.pem"))
+	project := func(ca []byte) { testkit.ProjectVolume(t, dir, map[string][]byte{"ca.pem": ca}) }
+	ca1, ca2, ca3 := pki.NewRoot(t, "one"), pki.NewRoot(t, "two"), pki.NewRoot(t, "three")
+	project(ca1.CertPEM)
 	name := FileRootPrefix + filepath.Join(dir, "ca.pem")
 	c := s.open(t, name)
 	if got := trustedCA(decode(t, c.recv(t))[name]); got != string(ca1.CertPEM) {
 		t.Fatal("first secret is not the mounted file")
 	}
-	gen("..2", ca2.CertPEM)
+	project(ca2.CertPEM)
 	c.recvUntil(t, "the swapped file", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
 		return trustedCA(decode(t, r)[name]) == string(ca2.CertPEM)
 	})
-	os.RemoveAll(filepath.Join(dir, "..1"))
-	ca3 := pki.NewRoot(t, "three")
-	gen("..3", ca3.CertPEM)
+	project(ca3.CertPEM)
 	c.recvUntil(t, "the second swap", []string{name}, func(r *discoveryv3.DiscoveryResponse) bool {
 		return trustedCA(decode(t, r)[name]) == string(ca3.CertPEM)
 	})

@@ -58,7 +58,7 @@ func newServer(t *testing.T, configure ...func(*Config)) *server {
 	for _, f := range configure {
 		f(&s.cfg)
 	}
-	svc, err := New(s.cfg, Inputs{Certs: s.certs, TrustAnchors: s.anchors}, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
+	svc, err := New(s.cfg, Inputs{Certs: s.certs, TrustAnchors: s.anchors}, Outputs{}, messages.NewRuntime(Name, s.health, nil, nil, s.logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func chainOf(s *tlsv3.Secret) string {
 // newService is New with a test Runtime.
 func newService(t testing.TB, cfg Config, certs messages.Latest[messages.CertBundle], health messages.Sink[messages.Health], log *slog.Logger) *Service {
 	t.Helper()
-	svc, err := New(cfg, Inputs{Certs: certs}, messages.NewRuntime(Name, health, nil, nil, log))
+	svc, err := New(cfg, Inputs{Certs: certs}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, log))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,8 +50,15 @@ type Service struct {
 	streamIDs atomic.Int64 // stream numbers for logs and nonces; never reset
 }
 
-// New returns the SDS server reading in.
-func New(cfg Config, in Inputs, rt messages.Runtime) (*Service, error) {
+// Outputs: the SDS server publishes on no channel (it serves Envoy).
+type Outputs struct{}
+
+// New returns the SDS server reading in, or why cfg cannot work (the only
+// check of cfg).
+func New(cfg Config, in Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if in.Certs == nil {
 		return nil, errors.New("sds: Inputs.Certs is required")
 	}
@@ -71,9 +78,6 @@ func (s *Service) String() string { return Name }
 // the workload identity), and Degraded, naming them, while some asked-for
 // secrets cannot be served.
 func (s *Service) Serve(ctx context.Context) error {
-	if err := s.cfg.Validate(); err != nil {
-		return err
-	}
 	lis, external, err := s.openSocket()
 	if err != nil {
 		return err

@@ -182,13 +182,15 @@ func TestNonDefaultSocketFileWithoutServerFails(t *testing.T) {
 }
 
 // WORKLOAD_IDENTITY_SOCKET_FILE is a file name; a path is refused, as Istio
-// refuses it, before anything is touched.
+// refuses it, before anything is touched: by New, the one check of the
+// config (#26).
 func TestWorkloadIdentitySocketFileMustBeAName(t *testing.T) {
 	for _, bad := range []string{"sub/socket", "../socket", "/var/run/spire.sock", ".."} {
-		s := newServer(t, func(c *Config) { c.WorkloadIdentitySocketFile = bad })
-		err := s.svc.Serve(context.Background())
+		cfg := testConfig(testkit.ShortTempDir(t, "sds"))
+		cfg.WorkloadIdentitySocketFile = bad
+		_, err := New(cfg, Inputs{Certs: messages.NewCell[messages.CertBundle]()}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 		if err == nil || !strings.Contains(err.Error(), "WORKLOAD_IDENTITY_SOCKET_FILE") || !strings.Contains(err.Error(), bad) {
-			t.Errorf("%q: Serve returned %v; want an error naming WORKLOAD_IDENTITY_SOCKET_FILE and the value", bad, err)
+			t.Errorf("%q: New returned %v; want an error naming WORKLOAD_IDENTITY_SOCKET_FILE and the value", bad, err)
 		}
 	}
 }

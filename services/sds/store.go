@@ -3,17 +3,16 @@ package sds
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/filewatch"
 )
 
 // store is the one goroutine that owns every secret this server serves: the
@@ -81,11 +80,13 @@ func newStore(s *Service, external string) *store {
 // cannot be made or breaks.
 func (st *store) run(ctx context.Context) error {
 	defer close(st.done)
-	watch, err := newDirWatch(st.log, st.clock)
+	// The files' directories are added and dropped as secrets come and
+	// go (readFile, apply); a directory not there yet is waited for.
+	watch, err := filewatch.Start(filewatch.Options{Clock: st.clock, Log: st.log, Debounce: st.cfg.FileDebounce})
 	if err != nil {
 		return err
 	}
-	defer watch.close()
+	defer watch.Close()
 
 	if st.cfg.CRLFile != "" {
 		st.readCRL(watch)
@@ -102,8 +103,6 @@ func (st *store) run(ctx context.Context) error {
 	st.computeIdentity()
 	st.publish()
 
-	var debounce <-chan time.Time
-	dirty := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -124,40 +123,10 @@ func (st *store) run(ctx context.Context) error {
 				close(sub.applied)
 			}
 			continue
-		case ev, ok := <-watch.events():
-			if !ok {
-				return fmt.Errorf("file watcher closed")
-			}
-			st.log.Debug("secret file changed", "file", ev.Name, "op", ev.Op.String())
-			for _, d := range watch.affected(ev) {
-				dirty[d] = true
-			}
-			debounce = st.clock.After(st.cfg.FileDebounce)
-			continue // publish after the debounce
-		case err, ok := <-watch.errors():
-			if !ok {
-				return fmt.Errorf("file watcher closed")
-			}
-			// Events may have been lost: re-read everything.
-			st.log.Warn("file watcher error; re-reading every secret file", "error", err)
-			for _, d := range watch.dirs() {
-				dirty[d] = true
-			}
-			debounce = st.clock.After(st.cfg.FileDebounce)
-			continue
-		case <-watch.retry():
-			for _, d := range watch.retryMissing() {
-				dirty[d] = true // it appeared: its files may have too
-			}
-			if len(dirty) == 0 {
-				continue
-			}
-			st.reload(dirty, watch)
-			clear(dirty)
-		case <-debounce:
-			debounce = nil
-			st.reload(dirty, watch)
-			clear(dirty)
+		case dirs := <-watch.Changes():
+			st.reload(dirs, watch)
+		case err := <-watch.Failed():
+			return err
 		}
 		st.publish()
 	}
@@ -186,7 +155,7 @@ func (st *store) update(ctx context.Context, sub subscription) error {
 // apply takes a stream's subscription change: a file secret wanted for the
 // first time is read and watched at once; one nobody wants any more is
 // forgotten, and its directories unwatched.
-func (st *store) apply(sub subscription, watch *dirWatch) {
+func (st *store) apply(sub subscription, watch *filewatch.Watcher) {
 	for _, r := range sub.acquire {
 		if !r.fromFiles() {
 			continue
@@ -207,16 +176,16 @@ func (st *store) apply(sub subscription, watch *dirWatch) {
 		if f.refs--; f.refs > 0 {
 			continue
 		}
-		watch.remove(f.dirs...)
+		watch.Remove(f.dirs...)
 		delete(st.files, name)
 		delete(st.secrets, name)
 	}
 }
 
-// reload re-reads the file secrets and the CRL in the dirty directories.
-func (st *store) reload(dirty map[string]bool, watch *dirWatch) {
+// reload re-reads the file secrets and the CRL in the changed directories.
+func (st *store) reload(changed []string, watch *filewatch.Watcher) {
 	touches := func(dirs []string) bool {
-		return slices.ContainsFunc(dirs, func(d string) bool { return dirty[d] })
+		return slices.ContainsFunc(dirs, func(d string) bool { return slices.Contains(changed, d) })
 	}
 	for _, f := range st.files {
 		if touches(f.dirs) {
@@ -230,11 +199,11 @@ func (st *store) reload(dirty map[string]bool, watch *dirWatch) {
 }
 
 // readCRL (re)reads the CRL file and moves its watches like readFile.
-func (st *store) readCRL(watch *dirWatch) {
+func (st *store) readCRL(watch *filewatch.Watcher) {
 	prev := st.crl
 	dirs := dirsOf(st.cfg.CRLFile)
-	watch.add(dirs...) // before the read, as readFile does
-	watch.remove(prev.dirs...)
+	watch.Add(dirs...) // before the read, as readFile does
+	watch.Remove(prev.dirs...)
 	st.crl = readCRL(st.cfg.CRLFile, prev)
 	st.crl.dirs = dirs
 	switch {
@@ -249,10 +218,10 @@ func (st *store) readCRL(watch *dirWatch) {
 // failure. Its directories are watched before the read, so that a change
 // right after it is seen, and follow where its files now are (a symlink's
 // target may have moved).
-func (st *store) readFile(f *fileSecret, watch *dirWatch) {
+func (st *store) readFile(f *fileSecret, watch *filewatch.Watcher) {
 	dirs := dirsOf(filesOf(f.res, st.cfg.SystemRootFiles)...)
-	watch.add(dirs...)
-	watch.remove(f.dirs...)
+	watch.Add(dirs...)
+	watch.Remove(f.dirs...)
 	f.dirs = dirs
 	secret, version, err := readFileSecret(f.res, st.cfg.SystemRootFiles)
 	if err != nil {

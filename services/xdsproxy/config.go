@@ -60,8 +60,9 @@ const (
 	DefaultStopTimeout = 5 * time.Second
 )
 
-// RootSource says where the roots that verify the control plane's
-// certificate come from. The caller applies Istio's order
+// ControlPlaneRootsSource says where the roots that verify the control
+// plane's certificate come from (not the mesh roots served to Envoy, the
+// certs service's MeshRootsSource; #26). The caller applies Istio's order
 // (FindRootCAForXDS) and names the outcome here:
 //
 //	XDS_ROOT_CA=SYSTEM                          → RootsSystem
@@ -70,12 +71,12 @@ const (
 //	PROV_CERT=<dir>                             → RootsFile, RootCAFile=<dir>/root-cert.pem
 //	file-mounted certs (FILE_MOUNTED_CERTS)     → RootsCertBundle
 //	otherwise                                   → RootsFile, RootCAFile=./var/run/secrets/istio/root-cert.pem
-type RootSource int
+type ControlPlaneRootsSource int
 
 const (
 	// RootsFile: the PEM file RootCAFile, read again for every connection
 	// (a rotated root is used by the next connection, as in Istio).
-	RootsFile RootSource = iota
+	RootsFile ControlPlaneRootsSource = iota
 	// RootsSystem: the operating system's roots (XDS_ROOT_CA=SYSTEM).
 	RootsSystem
 	// RootsCertBundle: the roots of the latest CertBundle (file-mounted
@@ -83,7 +84,7 @@ const (
 	RootsCertBundle
 )
 
-func (r RootSource) String() string {
+func (r ControlPlaneRootsSource) String() string {
 	switch r {
 	case RootsFile:
 		return "file"
@@ -92,7 +93,7 @@ func (r RootSource) String() string {
 	case RootsCertBundle:
 		return "cert bundle"
 	}
-	return fmt.Sprintf("RootSource(%d)", int(r))
+	return fmt.Sprintf("ControlPlaneRootsSource(%d)", int(r))
 }
 
 // Config is the XDS proxy's configuration: plain values, resolved by the
@@ -116,8 +117,8 @@ type Config struct {
 	// Plaintext: no TLS to the control plane
 	// (ProxyConfig.controlPlaneAuthPolicy: NONE).
 	Plaintext bool
-	// Roots and RootCAFile: see RootSource.
-	Roots      RootSource
+	// Roots and RootCAFile: see ControlPlaneRootsSource.
+	Roots      ControlPlaneRootsSource
 	RootCAFile string
 	// ServerName is the name verified in the control plane's certificate
 	// (ISTIOD_SAN). Empty: the host of DiscoveryAddress, "localhost" (a
@@ -261,7 +262,7 @@ func (c Config) Validate() error {
 			}
 		case RootsSystem, RootsCertBundle:
 		default:
-			return bad("Roots %d is not a RootSource", int(c.Roots))
+			return bad("Roots %d is not a ControlPlaneRootsSource", int(c.Roots))
 		}
 	}
 	for k := range c.Headers {

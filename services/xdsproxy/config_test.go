@@ -35,7 +35,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"negative stall", func(c *Config) { c.StallTimeout = -1 }, "StallTimeout"},
 		{"backoff", func(c *Config) { c.ReconnectBackoff, c.ReconnectBackoffMax = time.Minute, time.Second }, "ReconnectBackoffMax"},
 		{"no root file", func(c *Config) { c.Plaintext, c.RootCAFile = false, "" }, "RootCAFile (XDS_ROOT_CA)"},
-		{"bad root source", func(c *Config) { c.Plaintext, c.Roots = false, RootSource(9) }, "Roots 9"},
+		{"bad root source", func(c *Config) { c.Plaintext, c.Roots = false, ControlPlaneRootsSource(9) }, "Roots 9"},
 		{"bad header", func(c *Config) { c.Headers = map[string]string{"a b": "c"} }, "XDS_HEADER_"},
 		{"grpc header", func(c *Config) { c.Headers = map[string]string{"grpc-timeout": "1"} }, "XDS_HEADER_"},
 		{"negative cache", func(c *Config) { c.CacheMaxBytes = -1 }, "CacheMaxBytes"},

@@ -30,7 +30,7 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	caCfg := ca.DefaultConfig(filepath.Join(dir, "ca"))
 	caCfg.Listen = "127.0.0.1:0"
 	caCfg.CertLifetime = 4 * time.Second // the sample uses 1m; 4s keeps the test short
-	caSvc, err := ca.New(caCfg, messages.NewRuntime(ca.Name, caHealth, nil, nil, nil))
+	caSvc, err := ca.New(caCfg, ca.Inputs{}, ca.Outputs{}, messages.NewRuntime(ca.Name, caHealth, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	certsCfg.TokenFile = token
 	certsCfg.KeyAlgorithm = certs.ECDSA // RSA works too, but is slow under -race
 	bundles := messages.NewCell[messages.CertBundle]()
-	certsSvc, err := certs.New(certsCfg, bundles, messages.NewRuntime(certs.Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	certsSvc, err := certs.New(certsCfg, certs.Inputs{}, certs.Outputs{Certs: bundles}, messages.NewRuntime(certs.Name, messages.NewCell[messages.Health](), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

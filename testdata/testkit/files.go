@@ -41,3 +41,47 @@ func ReplaceFile(t testing.TB, path string, data []byte) {
 		t.Fatal(err)
 	}
 }
+
+// ProjectVolume writes files (by name) into dir as the kubelet updates a
+// ConfigMap or Secret volume (pkg/volume/util/atomic_writer.go): the files
+// go into a new hidden generation directory, a "..data_tmp" symlink to it
+// is renamed over "..data", each file is a "name -> ..data/name" symlink
+// (made on first use), and the previous generation is removed. No event
+// names a file itself: a watcher on the file's inode, or one that filters
+// events on the file's name, misses the update.
+func ProjectVolume(t testing.TB, dir string, files map[string][]byte) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := os.MkdirTemp(dir, "..generation_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		WriteFile(t, filepath.Join(gen, name), data)
+	}
+	data := filepath.Join(dir, "..data")
+	previous, _ := os.Readlink(data) // "" on the first projection
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(gen), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, data); err != nil {
+		t.Fatal(err)
+	}
+	for name := range files {
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); err == nil {
+			continue
+		}
+		if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if previous != "" {
+		if err := os.RemoveAll(filepath.Join(dir, previous)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

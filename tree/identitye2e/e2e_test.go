@@ -65,11 +65,11 @@ func newAgent(t testing.TB) *agent {
 
 func (a *agent) start(t testing.TB) {
 	t.Helper()
-	c, err := certs.New(a.certCfg, a.bundles, messages.NewRuntime(certs.Name, a.health, nil, nil, a.log))
+	c, err := certs.New(a.certCfg, certs.Inputs{}, certs.Outputs{Certs: a.bundles}, messages.NewRuntime(certs.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := sds.New(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
+	s, err := sds.New(a.sdsCfg, sds.Inputs{Certs: a.bundles, TrustAnchors: a.anchors}, sds.Outputs{}, messages.NewRuntime(sds.Name, a.health, nil, nil, a.log))
 	if err != nil {
 		t.Fatal(err)
 	}

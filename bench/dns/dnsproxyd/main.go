@@ -25,6 +25,7 @@ import (
 	"github.com/meshagent/meshagent/bench/internal/benchmain"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/dnsproxy"
+	"github.com/meshagent/meshagent/services/nametable"
 )
 
 func main() {
@@ -56,11 +57,15 @@ func (h healthLog) Send(v messages.Health) {
 func run(ctx context.Context, cfg dnsproxy.Config, tablePath string, log *slog.Logger) error {
 	cell := messages.NewCell[messages.NameTable]()
 	health := healthLog{log}
-	svc, err := dnsproxy.New(cfg, cell, messages.NewRuntime(dnsproxy.Name, health, nil, prometheus.NewRegistry(), log))
+	svc, err := dnsproxy.New(cfg, dnsproxy.Inputs{Table: cell}, dnsproxy.Outputs{}, messages.NewRuntime(dnsproxy.Name, health, nil, prometheus.NewRegistry(), log))
 	if err != nil {
 		return err
 	}
-	tf := dnsproxy.NewTableFile(tablePath, cell, messages.NewRuntime(dnsproxy.TableFileName, health, nil, nil, log))
+	tf, err := nametable.New(nametable.Config{File: tablePath}, nametable.Inputs{}, nametable.Outputs{Table: cell},
+		messages.NewRuntime(nametable.Name, health, nil, nil, log))
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)

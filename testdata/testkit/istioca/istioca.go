@@ -67,7 +67,7 @@ func New(t testing.TB, o Options) *CA {
 	testkit.WriteFile(t, cfg.RootKeyPath(), pki.KeyPEM(t, root.Key))
 	c := &CA{Addr: cfg.Listen, RootFile: cfg.RootCertPath(), Root: root, Logs: testkit.NewLogBuffer(t),
 		health: &testkit.HealthRecorder{}, metrics: prometheus.NewRegistry()}
-	svc, err := ca.New(cfg, messages.NewRuntime(ca.Name, c.health, nil, c.metrics, c.Logs.Logger()))
+	svc, err := ca.New(cfg, ca.Inputs{}, ca.Outputs{}, messages.NewRuntime(ca.Name, c.health, nil, c.metrics, c.Logs.Logger()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,23 +1,17 @@
-package dnsproxy
+package nametable
 
 import (
-	"encoding/json"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/filewatch"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -30,14 +24,17 @@ const tableV2 = `{"table": {
   "reviews.default.svc.cluster.local": {"ips": ["10.0.0.2"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "default"}
 }}`
 
-func startTableFile(t *testing.T, path string) (*messages.Cell[messages.NameTable], *testkit.HealthRecorder) {
+func startTableFile(t *testing.T, path string, clock messages.Clock) (*messages.Cell[messages.NameTable], *testkit.HealthRecorder) {
 	t.Helper()
 	out, h := messages.NewCell[messages.NameTable](), &testkit.HealthRecorder{}
-	tf := NewTableFile(path, out, messages.NewRuntime(TableFileName, h, nil, nil, testLogger(t)))
-	if tf.String() != "nametable" {
-		t.Errorf("String() = %q", tf.String())
+	svc, err := New(Config{File: path}, Inputs{}, Outputs{Table: out}, messages.NewRuntime(Name, h, clock, nil, testkit.NewLogBuffer(t).Logger()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	testkit.Serve(t, tf)
+	if svc.String() != "nametable" {
+		t.Errorf("String() = %q", svc.String())
+	}
+	testkit.Serve(t, svc)
 	return out, h
 }
 
@@ -48,13 +45,13 @@ func reviewsIP(nt messages.NameTable) string {
 	return ""
 }
 
-func TestTableFileLoadReloadBad(t *testing.T) {
+func TestLoadReloadBad(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "nametable.json")
 	if err := os.WriteFile(path, []byte(tableV1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, h := startTableFile(t, path)
+	out, h := startTableFile(t, path, nil)
 	v1 := testkit.WaitValue[messages.NameTable](t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
 	if w := v1.Hosts["*.wild.example.com"]; len(w.IPs) != 2 || w.IPs[1] != netip.MustParseAddr("2001:db8::10") {
 		t.Fatalf("wildcard = %+v", w)
@@ -115,81 +112,89 @@ func TestTableFileLoadReloadBad(t *testing.T) {
 	}
 }
 
-func TestTableFileMissingDirectory(t *testing.T) {
-	tf := NewTableFile("/nonexistent/dir/nametable.json", messages.NewCell[messages.NameTable](), messages.NewRuntime(TableFileName, &testkit.HealthRecorder{}, nil, nil, nil))
-	if err := tf.Serve(t.Context()); err == nil || !strings.Contains(err.Error(), "/nonexistent/dir/nametable.json") {
-		t.Errorf("Serve = %v", err)
-	}
+// A ConfigMap volume is updated by renaming a "..data" symlink to a new
+// generation's directory: no event names the file itself, which the old
+// loop filtered on, so the table was never reloaded (#26).
+func TestConfigMapDataSwap(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nametable.json")
+	testkit.ProjectVolume(t, dir, map[string][]byte{"nametable.json": []byte(tableV1)})
+	out, _ := startTableFile(t, path, nil)
+	testkit.WaitValue[messages.NameTable](t, out, "v1", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.1" })
+
+	testkit.ProjectVolume(t, dir, map[string][]byte{"nametable.json": []byte(tableV2)})
+	testkit.WaitValue[messages.NameTable](t, out, "v2 after the swap", func(nt messages.NameTable) bool { return reviewsIP(nt) == "10.0.0.2" })
 }
 
-// The file feeds the proxy: a reload changes what it answers.
-func TestTableFileDrivesProxy(t *testing.T) {
-	up := startDnsmasq(t)
-	path := filepath.Join(t.TempDir(), "nametable.json")
+// A file in a directory that does not exist yet is waited for (Degraded,
+// naming the file) and loaded once the directory and the file appear, as
+// when a ConfigMap volume is mounted late (#26). The service used to fail
+// at once and be restarted with backoff.
+func TestMissingDirectoryWaitedFor(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "names")
+	path := filepath.Join(dir, "nametable.json")
+	clock := testkit.NewManualClock()
+	out, h := startTableFile(t, path, clock)
+	d := h.WaitLast(t, "degraded", func(v messages.Health) bool { return v.State == messages.Degraded })
+	testkit.Contains(t, "the reason", d.Reason, path)
+
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(path, []byte(tableV1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, _ := startTableFile(t, path)
-	h := &testkit.HealthRecorder{}
-	svc, err := New(Config{Listen: "127.0.0.1:0", Namespace: "default", ResolvConf: writeResolvConf(t, up), ForwardTimeout: 5 * time.Second}, out, messages.NewRuntime(Name, h, nil, nil, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.Serve(t, svc)
+	// The clock moves the retry; nothing else does.
+	testkit.WaitFor(t, "the table once its directory appears", func() bool {
+		clock.Advance(filewatch.DefaultRetry)
+		nt, ok := out.Get()
+		return ok && reviewsIP(nt) == "10.0.0.1"
+	})
 	h.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
-	addr := svc.Addrs()[0]
-	get := func() string {
-		r := exchange(t, addr, "reviews.", dns.TypeA, "udp")
-		if len(r.Answer) != 1 {
-			return ""
-		}
-		return r.Answer[0].(*dns.A).A.String()
-	}
-	if got := get(); got != "10.0.0.1" {
-		t.Fatalf("reviews. = %q", got)
-	}
-	if err := os.WriteFile(path, []byte(tableV2), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "the reload to reach the proxy", func() bool { return get() == "10.0.0.2" })
-}
-
-func TestNDSZ(t *testing.T) {
-	nt := testTable("v9")
-	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1")}, nil)
-	rec := httptest.NewRecorder()
-	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
-	if rec.Code != http.StatusServiceUnavailable {
-		t.Errorf("before the table: %d", rec.Code)
-	}
-	p.table.Send(nt)
-	p.health.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
-	rec = httptest.NewRecorder()
-	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
-	var got ndsz
-	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
-		t.Fatalf("%v: %s", err, rec.Body)
-	}
-	r := got.Table["reviews.default.svc.cluster.local"]
-	want := []string{"reviews.", "reviews.alias.test.", "reviews.default.", "reviews.default.svc."}
-	if got.Version != "v9" || !slices.Equal(r.AltHosts, want) || len(r.IPs) != 3 {
-		t.Errorf("ndsz = %+v, reviews = %+v", got.Version, r)
-	}
 }
 
 // A name-table path that is not a regular file is an error naming the
 // file, never a read without end (/dev/zero) or a block (a FIFO), issue
 // #21.
-func TestTableFileNotRegular(t *testing.T) {
+func TestNotRegular(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "names.json")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for path, want := range map[string]string{fifo: "not a regular file (a FIFO)", "/dev/zero": "not a regular file (a character device)"} {
-		_, err := ReadTableFile(path)
+		_, err := ReadFile(path)
 		if !errors.Is(err, boundedfile.ErrNotRegular) {
-			t.Fatalf("ReadTableFile(%s) = %v, want ErrNotRegular", path, err)
+			t.Fatalf("ReadFile(%s) = %v, want ErrNotRegular", path, err)
 		}
 		testkit.Contains(t, "the error", err.Error(), "name table file "+path, want)
 	}
+}
+
+// FuzzTableFile feeds arbitrary content to the name-table file's parser
+// (--name-table): it must never panic, and a table it accepts holds only
+// valid addresses and the version the content hashes to.
+func FuzzTableFile(f *testing.F) {
+	f.Add([]byte(tableV1))
+	f.Add([]byte(tableV2))
+	f.Add([]byte(`{"table": {"a.example": {"ips": ["not-an-ip"]}}}`))
+	f.Add([]byte(`{"table": {"": {"ips": ["::1"], "altHosts": ["b", "c"]}}}`))
+	f.Add([]byte(`{}`))
+	f.Add([]byte("\xff\xfe"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		nt, err := parseTable(b)
+		if err != nil {
+			return
+		}
+		again, err := parseTable(b)
+		if err != nil || again.Version != nt.Version || !strings.HasPrefix(nt.Version, "file-") {
+			t.Fatalf("the same content parsed twice: versions %q, %q (%v)", nt.Version, again.Version, err)
+		}
+		for host, info := range nt.Hosts {
+			for _, ip := range info.IPs {
+				if !ip.IsValid() {
+					t.Fatalf("host %q has an invalid address", host)
+				}
+			}
+		}
+	})
 }
