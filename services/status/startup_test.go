@@ -42,7 +42,7 @@ func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
 	clock := &setClock{now: start}
 	f := newFixture(Config{Gatherer: prometheus.NewRegistry()}) // the channels
 	reg := prometheus.NewRegistry()
-	svc, err := New(Config{Required: []string{"sds"}, Gatherer: reg}, f.svc.in, f.svc.out,
+	svc, err := New(Config{Addr: "127.0.0.1:0", Required: []string{"sds"}, Gatherer: reg}, f.svc.in, f.svc.out,
 		messages.NewRuntime(Name, f.health, clock, reg, nil))
 	if err != nil {
 		t.Fatal(err)

@@ -129,6 +129,9 @@ type view struct {
 
 // New returns the status server.
 func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
 	s.prober = newProber(cfg.Probes, rt.Log)

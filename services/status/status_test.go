@@ -55,6 +55,9 @@ func newFixture(cfg Config) *fixture {
 // mustNew is New with a test Runtime whose metrics go to the registry the
 // server also serves, as the tree does; log nil discards.
 func mustNew(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0" // serve picks a free port; New checks there is an address
+	}
 	reg, _ := cfg.Gatherer.(prometheus.Registerer)
 	health, _ := in.Health.(messages.Sink[messages.Health])
 	svc, err := New(cfg, in, out, messages.NewRuntime(Name, health, nil, reg, log))
@@ -284,4 +287,13 @@ func postFromLoopback(h http.Handler, path string) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	return rec
+}
+
+// New checks the config, once (issue 26): Serve never does again.
+func TestNewRefusesABadConfig(t *testing.T) {
+	for _, cfg := range []Config{{Addr: "no-port", Gatherer: prometheus.NewRegistry()}, {Addr: "127.0.0.1:0"}} {
+		if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, nil, nil, nil, nil)); err == nil {
+			t.Errorf("New(%+v) = nil error", cfg)
+		}
+	}
 }
