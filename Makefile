@@ -217,3 +217,19 @@ install-vm: build
 	@echo "  root-cert.pem -> /etc/certs/root-cert.pem, istio-token -> /var/run/secrets/tokens/istio-token, an Envoy at /usr/local/bin/envoy;"
 	@echo "  systemctl daemon-reload && systemctl enable --now meshagent"
 .PHONY: install-vm
+
+# Istio on a real single-node Kubernetes (#20): the kube peer
+# (../shared/peers/kube) brought up, Istio's istiod on it with its manifests
+# rendered by istioctl, and pods injected by Istio's webhook, once with our
+# image (`make image`) and once with Istio's agent in it (`make image-istio`),
+# every check a named subtest, then the figures side by side. Root. The
+# binaries are built once into the cache (.ci/run does it too); `make test`
+# runs the short form (one injected pod of ours: Ready, certificate, delete).
+.PHONY: peers-kube e2e-kube
+peers-kube:
+	bash hack/kube/build-istio.sh kube
+e2e-kube:
+	@mkdir -p .tmp
+	@MESHAGENT_KUBE=full $(GO) test -count=1 -timeout 45m -run '^TestKube$$' -v ./cmd/meshagent/e2e/kube >.tmp/e2e-kube.log 2>&1; \
+	  rc=$$?; grep -E 'check |figure |--- (FAIL|SKIP)|^(FAIL|ok)' .tmp/e2e-kube.log | sed 's/^ *kube_test.go:[0-9]*: //'; \
+	  [ $$rc -eq 0 ] || { echo "details: .tmp/e2e-kube.log"; exit $$rc; }
