@@ -4,7 +4,7 @@ BIN       := bin
 RUN_ROOT  := $(CURDIR)/.tmp/run
 GOFILES    = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 # Packages under testdata with tests of their own: ./... skips testdata.
-TESTDATA  := ./testdata/standalone ./testdata/testkit/...
+TESTDATA  := ./testdata/standalone ./testdata/testkit/... ./testdata/fakeenvoy
 # The agent's version (`meshagent version`, the bootstrap's ISTIO_VERSION):
 # the nearest tag, else the commit, "-dirty" with uncommitted changes.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
@@ -27,7 +27,8 @@ fakeenvoy:
 # is the last line printed; load it on a node with
 #   ctr -n k8s.io images import bin/meshagent-proxyv2-image.tar
 # Envoy in it is the stand-in (testdata/fakeenvoy, static): it relays
-# captured TCP but is no Envoy, and the image's labels say so.
+# captured TCP but is no Envoy, and the image's labels and the agent's first
+# log line say so.
 # `make image-istio` builds the same image with Istio's own pilot-agent (the
 # oracle of the kube suite). iptables and the libraries come from this host
 # (apt-get install iptables). Istio's bootstrap template comes from the
@@ -39,7 +40,7 @@ ISTIO_IMAGE_TAR  ?= $(BIN)/istio-proxyv2-image.tar
 ISTIO_MODULE     := $(shell sed -n 's/^const istioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/conformance_run_test.go)
 ISTIO_SRC        ?= $(shell $(GO) env GOMODCACHE)/$(ISTIO_MODULE)
 ISTIO_TEMPLATE   := $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json
-STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy
+STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy; relays captured TCP to its original destination, no TLS, routing or load balancing
 IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_TEMPLATE) \
 	-label '$(STAND_IN_LABEL)' -env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
 
@@ -54,11 +55,13 @@ image-istio: peer-istio-agent fakeenvoy-static istio-template
 	  -label 'io.meshagent.agent=istio pilot-agent (../shared/peers/istio-agent), the oracle' \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
 
-# Static, as in the image there is no libc for it to load.
+# Static, as `make build` builds the agent: it loads none of the image's
+# libraries (those are there for iptables and a dynamic Istio agent).
 fakeenvoy-static:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/fakeenvoy-static ./testdata/fakeenvoy
 
 istio-template:
+	@test -n "$(ISTIO_MODULE)" || { echo "no istioSourceVersion in cmd/meshagent/conformance_run_test.go"; exit 1; }
 	@test -f $(ISTIO_TEMPLATE) || $(GO) mod download $(ISTIO_MODULE)
 
 # Runs `meshagent standalone` in the foreground with every file under

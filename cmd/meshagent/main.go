@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -25,12 +26,23 @@ func main() {
 // tolerated, invalid value), otherwise what the command chose (1 by
 // default).
 func run(args []string, stdout, stderr io.Writer) int {
-	return execute(&cliContext{args: args, host: realHost(), stdout: stdout, stderr: stderr})
+	return execute(&cliContext{name: calledAs(os.Args[0]), args: args, host: realHost(), stdout: stdout, stderr: stderr})
+}
+
+// calledAs is the name help and errors give the command: "pilot-agent"
+// when it is installed as Istio's agent (the proxyv2 image, #20), where
+// Istio's injector, hooks and tools call it by that name; else meshagent.
+func calledAs(argv0 string) string {
+	if filepath.Base(argv0) == "pilot-agent" {
+		return "pilot-agent"
+	}
+	return "meshagent"
 }
 
 // cliContext is one execution of the command line: its arguments, the host
 // it reads, and where it writes.
 type cliContext struct {
+	name           string // what help and errors call the command; "" is meshagent
 	args           []string
 	host           hostInputs
 	stdout, stderr io.Writer
@@ -45,12 +57,19 @@ func execute(cli *cliContext) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "meshagent: %v\n", err)
+	fmt.Fprintf(stderr, "%s: %v\n", cli.commandName(), err)
 	var exit *exitError
 	if errors.As(err, &exit) {
 		return exit.code
 	}
 	return 1
+}
+
+func (cli *cliContext) commandName() string {
+	if cli.name == "" {
+		return "meshagent"
+	}
+	return cli.name
 }
 
 // exitError carries the exit code a command wants.
@@ -69,7 +88,7 @@ func usageError(format string, args ...any) error {
 
 func newRootCommand(cli *cliContext) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "meshagent",
+		Use:           cli.commandName(),
 		Short:         "Sidecar agent for Envoy-based service meshes (a drop-in for Istio's pilot-agent)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -78,7 +97,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if unknown := unknownFlags(cmd.Flags(), cli.args); len(unknown) > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "meshagent: warning: ignoring unknown flags %s\n", strings.Join(unknown, " "))
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: ignoring unknown flags %s\n", cli.commandName(), strings.Join(unknown, " "))
 			}
 			return cmd.Help()
 		},

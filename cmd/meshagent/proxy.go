@@ -114,7 +114,8 @@ func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.proxyType, "root", cfg.root)
+	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.proxyType, "root", cfg.root,
+		"envoy", describeEnvoy(cfg.proxy.BinaryPath))
 	logEffectiveConfig(log, cfg)
 
 	sigs := make(chan os.Signal, 3)

@@ -32,6 +32,7 @@ func runAsInit() (exitCode int, handled bool) {
 		return 1, true
 	}
 	child := exec.Command(self, os.Args[1:]...)
+	child.Args[0] = os.Args[0] // the name it was called by (pilot-agent or meshagent), for its help and errors
 	child.Env = append(os.Environ(), reaperChildEnv+"=1")
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 

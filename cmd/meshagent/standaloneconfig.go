@@ -218,7 +218,8 @@ func findEnvoy(lookPath func(string) (string, error), selfDir string) envoyChoic
 		standIn := filepath.Join(selfDir, standaloneStandInName)
 		if p, err := lookPath(standIn); err == nil {
 			return envoyChoice{path: p, why: none + ": running the stand-in Envoy (testdata/fakeenvoy), a test tool that " +
-				"speaks xDS and SDS and serves the admin API, /config_dump included, but proxies no traffic"}
+				"speaks xDS and SDS and serves the admin API, /config_dump included, and relays captured TCP to its original " +
+				"destination (no TLS, routing or load balancing)"}
 		}
 		none += ", no stand-in at " + standIn
 	}

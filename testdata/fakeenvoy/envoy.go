@@ -45,6 +45,7 @@ type envoy struct {
 	stats map[string]int
 
 	servers []*http.Server
+	relays  relays // the capture listeners (relay.go)
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc
 }
@@ -71,6 +72,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	if err := e.startListeners(); err != nil {
 		return err
 	}
+	e.reconcileRelays()
 	e.startInit()
 	e.startXDS(ctx)
 	return nil
@@ -105,6 +107,7 @@ func (e *envoy) serve(ln net.Listener, statName string, h http.Handler) {
 // shutdown closes everything, gracefully for a short while.
 func (e *envoy) shutdown() {
 	e.cancel()
+	e.closeRelays()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	e.mu.Lock()

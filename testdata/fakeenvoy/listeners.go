@@ -19,12 +19,16 @@ import (
 // startListeners serves every static listener that has an HTTP connection
 // manager with an inline route config, routing by path to static clusters,
 // as Istio's 15021 (/healthz/ready -> agent) and 15090 (/stats/prometheus ->
-// admin) listeners need. Other listeners are ignored.
+// admin) listeners need. Capture listeners are relay.go's; others are
+// ignored.
 func (e *envoy) startListeners() error {
 	for _, l := range e.boot.GetStaticResources().GetListeners() {
 		sa := l.GetAddress().GetSocketAddress()
 		if sa == nil {
 			continue
+		}
+		if usesOriginalDst(l) {
+			continue // a capture listener: relayed (relay.go)
 		}
 		routes := e.httpRoutes(l)
 		if routes == nil {

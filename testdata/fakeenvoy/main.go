@@ -7,6 +7,13 @@
 // static clusters, connects to the xDS and SDS clusters over their unix
 // sockets and ACKs what it receives, and exits 0 on SIGTERM.
 //
+// Its one data path (relay.go): on the capture listeners (Istio's
+// virtualOutbound 15001 and virtualInbound 15006, static or from LDS) it
+// relays captured TCP byte for byte to the original destination, as Envoy's
+// passthrough clusters. It does no TLS, no filter chains, no routing to a
+// service's endpoints, no load balancing: it carries a pod's plain TCP, and
+// nothing an Envoy would decide about it.
+//
 // Where the agent relies on it, it behaves as Envoy does (init.go): with ADS
 // it stays PRE_INITIALIZING until its clusters (with their endpoints) and
 // listeners (with their routes) have arrived, asks for LDS only after CDS,

@@ -250,6 +250,9 @@ func (e *envoy) follow(subscribed map[string][]string, ask func(typeURL string, 
 func (e *envoy) applyOrNACK(u update) *statuspb.Status {
 	err := e.apply(u)
 	if err == nil {
+		if u.typeURL == typeListener {
+			e.reconcileRelays()
+		}
 		return nil
 	}
 	log.Printf("rejecting %s version %s: %v", shortType[u.typeURL], u.version, err)
