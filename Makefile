@@ -89,7 +89,11 @@ run: build fakeenvoy
 # The whole suite with the race detector. Tests that need root or network
 # namespaces run when they can and skip with a reason otherwise.
 test: lint
-	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
+	@mkdir -p .tmp && rm -f .tmp/e2e-summary.txt
+	@# The end-to-end suites against Istio's istiod and the kube node say
+	@# last whether they ran, or why they skipped (#20).
+	MESHAGENT_E2E_SUMMARY=$(CURDIR)/.tmp/e2e-summary.txt $(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA); \
+	  rc=$$?; cat .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
 	@# Every benchmark once, so that none rots unnoticed (two had: their
 	@# Envoy never turned ready once readiness followed Istio's).
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA)

@@ -49,10 +49,21 @@ type suite struct {
 }
 
 func TestKube(t *testing.T) {
-	testkit.RequireRoot(t, "a network namespace, cgroups and mounts for the kube node", "nsenter", "ctr", "curl", "yq", "jq", "dig")
+	s := &suite{full: os.Getenv("MESHAGENT_KUBE") == "full", results: map[string]map[string]error{}, figures: map[string]map[string]string{}}
+	form := "short form"
+	if s.full {
+		form = "full"
+	}
+	detail := form
+	testkit.E2ESummary(t, "kube suite (TestKube)", &detail)
+	if ok, why := testkit.CanRoot("a network namespace, cgroups and mounts for the kube node", "nsenter", "ctr", "curl", "yq", "jq", "dig"); !ok {
+		detail = why
+		t.Skip(why)
+	}
 	n := layout(t)
+	s.n = n
 	n.requireBuilt(t)
-	s := &suite{n: n, full: os.Getenv("MESHAGENT_KUBE") == "full", results: map[string]map[string]error{}, figures: map[string]map[string]string{}}
+	defer func() { detail = form + ", " + s.summary() }()
 
 	// Images first (no node needed), so a build failure costs no node.
 	work := t.TempDir()
@@ -99,6 +110,28 @@ func TestKube(t *testing.T) {
 		})
 	}
 	s.report(t, agents)
+}
+
+// summary counts each agent's passed checks, for make test's last lines.
+func (s *suite) summary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	passed, ran := map[string]int{}, map[string]int{}
+	for _, byAgent := range s.results {
+		for name, err := range byAgent {
+			ran[name]++
+			if err == nil {
+				passed[name]++
+			}
+		}
+	}
+	var out []string
+	for _, name := range []string{"meshagent", "istio"} {
+		if ran[name] > 0 {
+			out = append(out, fmt.Sprintf("%s passed %d of %d checks", name, passed[name], ran[name]))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func (s *suite) modes() []string {
