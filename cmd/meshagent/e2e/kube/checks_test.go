@@ -52,9 +52,16 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 		s.check(t, a, mode, "dns-proxy", func(t *testing.T) error { return s.dnsProxy(t, podA.name, podB.app) })
 		s.check(t, a, mode, "a-to-b-captured", func(t *testing.T) error { return s.aToB(t, podA.name, podB.name, podB.app) })
 		if mem, err := s.workingSet(t, podA.name, "istio-proxy"); err == nil {
-			s.figure(a, mode, "istio-proxy working set", fmt.Sprintf("%.1f MiB", float64(mem)/(1<<20)))
+			s.figure(a, mode, "istio-proxy working set", mib(mem))
 		} else {
 			t.Logf("memory of %s: %v", podA.name, err)
+		}
+		// The working set counts the container's page cache too; the
+		// agent's own RSS says how much of it is the agent.
+		if rss, anon, err := s.processRSS(t, podA.name, "istio-proxy", "pilot-agent"); err == nil {
+			s.figure(a, mode, "pilot-agent RSS (anon)", mib(rss)+" ("+mib(anon)+")")
+		} else {
+			t.Logf("RSS of %s's agent: %v", podA.name, err)
 		}
 		s.check(t, a, mode, "envoy-killed-restarted-in-place", func(t *testing.T) error { return s.envoyKilled(t, podA.name) })
 	}
@@ -603,3 +610,35 @@ func (s *suite) workingSet(t *testing.T, pod, container string) (int64, error) {
 	}
 	return u, nil
 }
+
+// processRSS is the VmRSS and RssAnon (its own heap and stacks, without
+// the mapped binary and libraries) of the process named comm in a
+// container.
+func (s *suite) processRSS(t *testing.T, pod, container, comm string) (rss, anon int64, err error) {
+	pids, err := s.containerPIDs(t, pod, container)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range pids {
+		if c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			return 0, 0, err
+		}
+		kb := func(field string) int64 {
+			for _, l := range strings.Split(string(status), "\n") {
+				if v, ok := strings.CutPrefix(l, field+":"); ok {
+					n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+					return n << 10
+				}
+			}
+			return 0
+		}
+		return kb("VmRSS"), kb("RssAnon"), nil
+	}
+	return 0, 0, fmt.Errorf("no %s process in %s/%s (pids %v)", comm, pod, container, pids)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
