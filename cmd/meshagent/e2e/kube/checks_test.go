@@ -45,6 +45,7 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 	s.figure(a, mode, "created->Ready", secs(ready))
 	s.check(t, a, mode, "certificate", func(t *testing.T) error { return s.certificate(t, podA.name, podA.serviceAccount) })
 	s.check(t, a, mode, "syncz", func(t *testing.T) error { return s.syncz(t, podA.name) })
+	s.check(t, a, mode, "pilot-agent-commands", func(t *testing.T) error { return s.agentCommands(t, podA.name) })
 	if s.full {
 		if _, err := s.injectedReady(t, podB, native); err != nil {
 			t.Fatalf("second pod: %v", err)
@@ -205,6 +206,24 @@ func (s *suite) certificate(t *testing.T, pod, sa string) error {
 		return fmt.Errorf("the workload certificate does not chain to istiod's root: %w", err)
 	}
 	t.Logf("workload certificate %s, issued by %q, valid until %s", want, certs[0].Issuer, certs[0].NotAfter.Format(time.RFC3339))
+	return nil
+}
+
+// agentCommands runs, in the sidecar container, the pilot-agent commands
+// Istio's injector, hooks and tools run by name: --help, istio-iptables
+// --help, wait (returns once the proxy is ready), request.
+func (s *suite) agentCommands(t *testing.T, pod string) error {
+	for _, cmd := range [][]string{
+		{"pilot-agent", "--help"},
+		{"pilot-agent", "istio-iptables", "--help"},
+		{"pilot-agent", "wait", "--timeoutSeconds", "10"},
+		{"pilot-agent", "request", "GET", "server_info"},
+	} {
+		out, err := s.n.exec(pod, "istio-proxy", cmd...)
+		if err != nil {
+			return fmt.Errorf("%s: %v (%.300q)", strings.Join(cmd, " "), err, out)
+		}
+	}
 	return nil
 }
 

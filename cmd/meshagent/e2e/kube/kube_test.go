@@ -9,7 +9,7 @@
 //
 // The short form (the default; `make test`) runs one injected pod of ours as
 // a native sidecar: Ready through the kubelet's probes, istiod's certificate,
-// the delete order. MESHAGENT_KUBE=full (`make e2e-kube`) runs every check,
+// syncz, the pilot-agent commands, the delete order. MESHAGENT_KUBE=full (`make e2e-kube`) runs every check,
 // for both agents and both injection modes, and prints the figures.
 //
 // Root only (a network namespace, cgroups, mounts); the node's and Istio's
