@@ -15,7 +15,8 @@
 # Run after the kube peer's up.sh; istio-down.sh stops all three.
 # `istio-up.sh istiod` starts istiod again only (after `istio-down.sh istiod`),
 # with the environment and token the first run saved.
-#   MESHAGENT_PROXY_IMAGE  the sidecar image the injector defaults to
+#   MESHAGENT_PROXY_IMAGE  the sidecar image the injector defaults to (default
+#                          `make image`'s localhost/meshagent-proxyv2:dev)
 #                          (hub/name:tag; pods may override it with the
 #                          sidecar.istio.io/proxyImage annotation)
 #   ISTIO_VALUES           extra `istioctl manifest generate` flags
@@ -33,13 +34,13 @@ start_bg() { # name dir cmd... — in the node netns, own session, pid in $IK_RO
   (cd "$dir" && exec nsenter --net="/run/netns/$KN_NETNS" setsid "$@" > "$IK_ROOT/logs/$name.log" 2>&1 < /dev/null) &
   echo $! > "$IK_ROOT/pids/$name.pid"
 }
-wait_for() { # what timeout cmd...
+wait_for() { # what[/detail] timeout cmd... — what names the log shown on a timeout
   local what=$1 timeout=$2; shift 2
   local end=$((SECONDS + timeout))
   until "$@" > /dev/null 2>&1; do
     if ((SECONDS >= end)); then
       echo "timeout ($timeout s) waiting for $what; last log lines:" >&2
-      tail -n 30 "$IK_ROOT/logs/$what.log" >&2 2>/dev/null || true
+      tail -n 30 "$IK_ROOT/logs/${what%%/*}.log" >&2 2>/dev/null || true
       exit 1
     fi
     sleep 0.2
@@ -134,7 +135,7 @@ kctl apply -f "$IK_ROOT/manifests/kube-dns.yaml" >/dev/null
 wait_for coredns 30 kn dig +time=1 +tries=1 @10.96.0.10 kubernetes.default.svc.cluster.local +short
 
 # --- Istio's manifests, rendered by istioctl ------------------------------------------
-img=${MESHAGENT_PROXY_IMAGE:-localhost/meshagent/proxyv2:dev}
+img=${MESHAGENT_PROXY_IMAGE:-localhost/meshagent-proxyv2:dev}   # `make image`
 hub=${img%/*} rest=${img##*/}
 m=$IK_ROOT/manifests/istio.yaml
 cat > "$IK_ROOT/manifests/operator.yaml" <<YAML
@@ -197,6 +198,6 @@ start_istiod
 # Ready for pods once the webhook carries istiod's CA (istiod patches it) and the
 # apiserver reaches it through the Service.
 has_ca() { [ -n "$(kctl get mutatingwebhookconfiguration istio-sidecar-injector -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]; }
-wait_for istiod 60 has_ca
-wait_for istiod 30 kn curl -sk -o /dev/null "https://$(kctl -n istio-system get svc istiod -o jsonpath='{.spec.clusterIP}'):443/inject" -X POST -H 'Content-Type: application/json' -d '{}'
+wait_for istiod/webhook-ca 60 has_ca
+wait_for istiod/webhook-via-service 30 kn curl -sk -o /dev/null "https://$(kctl -n istio-system get svc istiod -o jsonpath='{.spec.clusterIP}'):443/inject" -X POST -H 'Content-Type: application/json' -d '{}'
 log "istio up: istiod $KN_NODE_IP (15010 15012 15017 8080 15014), injector webhook registered, kube-dns 10.96.0.10"

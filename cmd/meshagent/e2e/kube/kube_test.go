@@ -78,7 +78,7 @@ func TestKube(t *testing.T) {
 		tarballs["istio"] = s.makeImage(t, "image-istio")
 	}
 
-	n.up(t, "localhost/meshagent-e2e-default:unused")
+	n.up(t)
 	n.loadBinary(t, appImage, app, "/kubeapp")
 	var agents []agent
 	if s.full {

@@ -76,9 +76,9 @@ func (n *node) requireBuilt(t *testing.T) {
 // up starts the node and Istio on it, and registers their teardown first,
 // so that a failure half-way still stops everything. The teardown also runs
 // on SIGINT/SIGTERM and shortly before the test binary's deadline, when a
-// cleanup would not run (a timeout panics). The proxy image is the
-// injector's default; pods pick theirs by annotation anyway.
-func (n *node) up(t *testing.T, proxyImage string) {
+// cleanup would not run (a timeout panics). The injector's default image
+// is istio-up.sh's; every pod of the suite names its own by annotation.
+func (n *node) up(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/run/netns/" + n.netns); err == nil {
 		t.Fatalf("netns %s exists: a node is already up (run %s/down.sh)", n.netns, n.kubePeer)
@@ -93,7 +93,7 @@ func (n *node) up(t *testing.T, proxyImage string) {
 	n.script(t, 3*time.Minute, nil, filepath.Join(n.kubePeer, "up.sh"))
 	t.Logf("node up in %v", time.Since(start).Round(100*time.Millisecond))
 	start = time.Now()
-	n.script(t, 4*time.Minute, []string{"MESHAGENT_PROXY_IMAGE=" + proxyImage}, filepath.Join(n.hack, "istio-up.sh"))
+	n.script(t, 4*time.Minute, nil, filepath.Join(n.hack, "istio-up.sh"))
 	t.Logf("istio up in %v", time.Since(start).Round(100*time.Millisecond))
 }
 
