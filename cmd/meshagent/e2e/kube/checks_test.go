@@ -24,7 +24,7 @@ import (
 // runMode runs the checks on pods of one agent in one injection mode:
 // native (istio-proxy an init container with restartPolicy Always) or init
 // (istio-proxy a regular container). Both have Istio's istio-init container
-// running `pilot-agent istio-iptables` (no CNI on the node).
+// running `pilot-agent istio-iptables` (no Istio CNI plugin on the node).
 func (s *suite) runMode(t *testing.T, a agent, native bool) {
 	mode := "init"
 	if native {
