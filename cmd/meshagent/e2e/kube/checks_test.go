@@ -35,6 +35,11 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 			proxyImage: a.image, native: native, appDrain: 2 * time.Second}
 	}
 	podA, podB := spec("a"), spec("b")
+	if s.full {
+		// While A drains it still calls B through both sidecars: the
+		// sidecar must carry it until the app has exited (istio#60649).
+		podA.drainGet = "http://" + podB.app + ":8080/"
+	}
 	var ready time.Duration
 	if !s.check(t, a, mode, "ready", func(t *testing.T) (err error) {
 		ready, err = s.injectedReady(t, podA, native)
@@ -67,7 +72,7 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 		s.check(t, a, mode, "envoy-killed-restarted-in-place", func(t *testing.T) error { return s.envoyKilled(t, podA.name) })
 	}
 	s.check(t, a, mode, "delete-order", func(t *testing.T) error {
-		gone, err := s.deleteInOrder(t, podA.name, native)
+		gone, err := s.deleteInOrder(t, podA.name, native, podA.drainGet != "")
 		if gone > 0 {
 			s.figure(a, mode, "delete->gone", secs(gone))
 		}
@@ -329,7 +334,7 @@ func (s *suite) redirected(t *testing.T, pod, chain string) (int, error) {
 // told to stop first and exits; only then is the sidecar's preStop drain run
 // and the sidecar signalled (native: istio#60649); the pod is gone within
 // its grace period.
-func (s *suite) deleteInOrder(t *testing.T, pod string, native bool) (time.Duration, error) {
+func (s *suite) deleteInOrder(t *testing.T, pod string, native, drainGets bool) (time.Duration, error) {
 	gone, err := s.deletePod(t, pod)
 	if err != nil {
 		return 0, err
@@ -337,7 +342,7 @@ func (s *suite) deleteInOrder(t *testing.T, pod string, native bool) (time.Durat
 	if gone > grace {
 		return gone, fmt.Errorf("gone after %v, past its grace period %v", gone, grace)
 	}
-	events, err := s.appEvents(pod)
+	events, counts, err := s.appEvents(pod)
 	if err != nil {
 		return gone, err
 	}
@@ -345,6 +350,13 @@ func (s *suite) deleteInOrder(t *testing.T, pod string, native bool) (time.Durat
 	t.Logf("app term %s exit %s; kubelet kills %v", events["app-term"].Format("15:04:05.000"), events["app-exit"].Format("15:04:05.000"), kills)
 	if events["app-exit"].IsZero() {
 		return gone, fmt.Errorf("the app never exited on its own: %v", events)
+	}
+	if drainGets {
+		ok, failed := counts["drain-get-ok"], counts["drain-get-fail"]
+		t.Logf("the app's calls to B while it drained: %d answered, %d failed", ok, failed)
+		if ok == 0 || failed > 0 {
+			return gone, fmt.Errorf("the app's calls through its sidecar while it drained: %d answered, %d failed", ok, failed)
+		}
 	}
 	if !native {
 		return gone, nil
@@ -477,23 +489,25 @@ func (s *suite) deletePod(t *testing.T, pod string) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// appEvents reads the termination events the app wrote to the hostPath.
-func (s *suite) appEvents(pod string) (map[string]time.Time, error) {
+// appEvents reads the termination events the app wrote to the hostPath:
+// when each happened (the last time), and how often.
+func (s *suite) appEvents(pod string) (map[string]time.Time, map[string]int, error) {
 	data, err := os.ReadFile(filepath.Join(s.n.root, eventsDir, pod+".log"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ev := map[string]time.Time{}
+	at, n := map[string]time.Time{}, map[string]int{}
 	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		f := strings.Fields(l)
 		if len(f) != 3 {
 			continue
 		}
-		if at, err := time.Parse(time.RFC3339Nano, f[0]); err == nil {
-			ev[f[2]] = at
+		if when, err := time.Parse(time.RFC3339Nano, f[0]); err == nil {
+			at[f[2]] = when
+			n[f[2]]++
 		}
 	}
-	return ev, nil
+	return at, n, nil
 }
 
 // kubeletLines returns the kubelet log lines about a pod holding what.

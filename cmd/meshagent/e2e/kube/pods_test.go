@@ -32,6 +32,7 @@ type podSpec struct {
 	native                    bool
 	proxyConfig               string // JSON for proxy.istio.io/config, or ""
 	appDrain                  time.Duration
+	drainGet                  string // a URL the app GETs while it drains, or ""
 }
 
 func (p podSpec) manifest(n *node) string {
@@ -54,7 +55,7 @@ spec:
   - name: app
     image: %[7]s
     imagePullPolicy: IfNotPresent
-    command: [/kubeapp, serve, -addr, ":8080", -events, "/events/$(POD_NAME).log", -drain, %[8]q]
+    command: [/kubeapp, serve, -addr, ":8080", -events, "/events/$(POD_NAME).log", -drain, %[8]q, -drain-get, %[10]q]
     env:
     - name: POD_NAME
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
@@ -64,7 +65,7 @@ spec:
   volumes:
   - name: events
     hostPath: {path: %[9]q, type: DirectoryOrCreate}
-`, p.name, testNS, p.app, annotations, p.serviceAccount, int(grace/time.Second), appImage, p.appDrain.String(), n.root+"/"+eventsDir)
+`, p.name, testNS, p.app, annotations, p.serviceAccount, int(grace/time.Second), appImage, p.appDrain.String(), n.root+"/"+eventsDir, p.drainGet)
 }
 
 // baseManifests is the namespace, labelled for Istio's injector, and the

@@ -1,10 +1,12 @@
 // kubeapp is the application container of the kube suite (#20): one static
 // binary, so an image of it needs nothing else.
 //
-//	kubeapp serve [-addr :8080] [-events FILE] [-drain D]
+//	kubeapp serve [-addr :8080] [-events FILE] [-drain D] [-drain-get URL]
 //	    answers "<pod> says hello" on /, 200 on /healthz; on SIGTERM appends
-//	    "<time> <pod> app-term" to FILE, keeps serving for D, appends
-//	    "<time> <pod> app-exit" and exits 0.
+//	    "<time> <pod> app-term" to FILE, keeps serving for D (and GETs URL
+//	    every 250 ms meanwhile, appending drain-get-ok or drain-get-fail:
+//	    what an app finishing its work still sends through its sidecar),
+//	    appends "<time> <pod> app-exit" and exits 0.
 //	kubeapp get URL      prints the body of a GET, exits 1 unless 200
 //	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
 //	                     Go program does (/etc/resolv.conf, UDP to its nameserver)
@@ -71,6 +73,7 @@ func serve(args []string) error {
 	addr := fs.String("addr", ":8080", "listen address")
 	events := fs.String("events", "", "file to append termination events to")
 	drain := fs.Duration("drain", 0, "how long to keep serving after SIGTERM")
+	drainGet := fs.String("drain-get", "", "URL to GET every 250 ms while draining")
 	_ = fs.Parse(args)
 	pod := os.Getenv("POD_NAME")
 	event := func(what string) {
@@ -99,7 +102,17 @@ func serve(args []string) error {
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
 	event("app-term")
-	time.Sleep(*drain)
+	for end := time.Now().Add(*drain); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if *drainGet == "" {
+			continue
+		}
+		if err := get(*drainGet); err != nil {
+			fmt.Println(err)
+			event("drain-get-fail")
+		} else {
+			event("drain-get-ok")
+		}
+	}
 	event("app-exit")
 	return nil
 }
