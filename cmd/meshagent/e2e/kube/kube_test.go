@@ -56,9 +56,15 @@ func TestKube(t *testing.T) {
 	}
 	detail := form
 	testkit.E2ESummary(t, "kube suite (TestKube)", &detail)
-	if ok, why := testkit.CanRoot("a network namespace, cgroups and mounts for the kube node", "nsenter", "ctr", "curl", "yq", "jq", "dig"); !ok {
+	if ok, why := testkit.CanRoot("a network namespace, cgroups and mounts for the kube node"); !ok {
 		detail = why
 		t.Skip(why)
+	}
+	// As root the suite runs or fails: .ci/run installs these.
+	for _, tool := range []string{"nsenter", "ctr", "curl", "yq", "jq", "dig", "iptables-nft-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed (.ci/run installs it): %v", tool, err)
+		}
 	}
 	n := layout(t)
 	s.n = n
