@@ -141,6 +141,12 @@ func (s *suite) injectedReady(t *testing.T, p podSpec, native bool) (time.Durati
 // `pilot-agent request`, as a user would, and checks it against istiod's
 // root in the namespace and the pod's service account.
 func (s *suite) certificate(t *testing.T, pod, sa string) error {
+	// What the agent sent istiod's CA: the injector's istio-token volume, a
+	// projected token for audience istio-ca, which the CA checks with a
+	// TokenReview (istiod has no other JWT authenticator here).
+	if aud := s.n.getPod(t, pod).tokenAudiences()["istio-token"]; aud != "istio-ca" {
+		return fmt.Errorf("no istio-token volume projecting a token for audience istio-ca (got %q)", aud)
+	}
 	var dump struct {
 		Received map[string]map[string]json.RawMessage `json:"received"`
 	}

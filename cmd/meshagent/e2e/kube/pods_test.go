@@ -91,6 +91,16 @@ type pod struct {
 	Spec struct {
 		InitContainers []container `json:"initContainers"`
 		Containers     []container `json:"containers"`
+		Volumes        []struct {
+			Name      string `json:"name"`
+			Projected *struct {
+				Sources []struct {
+					ServiceAccountToken *struct {
+						Audience string `json:"audience"`
+					} `json:"serviceAccountToken"`
+				} `json:"sources"`
+			} `json:"projected"`
+		} `json:"volumes"`
 	} `json:"spec"`
 	Status struct {
 		PodIP      string `json:"podIP"`
@@ -149,6 +159,23 @@ func (p pod) ready() bool {
 		}
 	}
 	return false
+}
+
+// tokenAudiences lists the audiences of the projected service-account
+// tokens of the pod's volumes, by volume.
+func (p pod) tokenAudiences() map[string]string {
+	out := map[string]string{}
+	for _, v := range p.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.ServiceAccountToken != nil {
+				out[v.Name] = src.ServiceAccountToken.Audience
+			}
+		}
+	}
+	return out
 }
 
 // proxy is the istio-proxy container (an init container when native).
