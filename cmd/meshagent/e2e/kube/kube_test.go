@@ -148,13 +148,9 @@ func (s *suite) modes() []string {
 }
 
 // makeImage runs `make image` (or image-istio) and returns the tarball, the
-// last line it prints. MESHAGENT_KUBE_IMAGE_DIR, when set, names a
-// directory where image.tar / image-istio.tar were made beforehand.
+// last line it prints.
 func (s *suite) makeImage(t *testing.T, target string) string {
 	t.Helper()
-	if dir := os.Getenv("MESHAGENT_KUBE_IMAGE_DIR"); dir != "" {
-		return filepath.Join(dir, target+".tar")
-	}
 	cmd := exec.Command("make", "-s", "-C", s.n.repo, target)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
