@@ -103,7 +103,7 @@ var allowedMetadataDiffs = []string{"ISTIO_VERSION"}
 
 func TestIstiodEndToEnd(t *testing.T) {
 	if os.Getenv(istiodNetnsEnv) == "" {
-		detail := "meshagent and Istio's agent against Istio's istiod"
+		detail := "meshagent against Istio's istiod, Istio's agent beside it when built"
 		testkit.E2ESummary(t, "istiod end-to-end (TestIstiodEndToEnd)", &detail)
 		if ok, why := canUseNetns(); !ok {
 			detail = why
