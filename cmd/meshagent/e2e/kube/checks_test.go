@@ -92,6 +92,17 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 		p.proxyConfig = `{"terminationDrainDuration":"20s","proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true","MINIMUM_DRAIN_DURATION":"2s"}}`
 		return s.quickExit(t, p, true)
 	})
+	if !native {
+		// ... and not before: a connection still open holds the sidecar
+		// until it closes. Init mode only: in native mode the injector's
+		// preStop drain makes both agents exit at SIGTERM regardless.
+		s.check(t, a, mode, "exit-on-zero-waits-for-connection", func(t *testing.T) error {
+			p := spec("hold")
+			p.appDrain = 12 * time.Second
+			p.proxyConfig = `{"terminationDrainDuration":"25s","proxyMetadata":{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS":"true","MINIMUM_DRAIN_DURATION":"2s"}}`
+			return s.exitWaitsForConnection(t, p, podB.name)
+		})
+	}
 }
 
 // injectedReady creates the pod and checks what Istio's webhook made of it
@@ -383,6 +394,48 @@ func (s *suite) quickExit(t *testing.T, p podSpec, ready bool) error {
 	t.Logf("%s gone %v after its delete", p.name, gone)
 	if gone > 12*time.Second {
 		return fmt.Errorf("gone after %v: the sidecar waited out (most of) its 20 s drain", gone)
+	}
+	return nil
+}
+
+// exitWaitsForConnection deletes a pod while pod from holds a connection
+// into it, through both sidecars, for 8 s: the sidecar (exit on zero active
+// connections) must outlive that connection, and still exit long before its
+// 25 s drain duration.
+func (s *suite) exitWaitsForConnection(t *testing.T, p podSpec, from string) error {
+	if _, err := s.n.createReady(t, p, 3*time.Minute); err != nil {
+		return err
+	}
+	got := s.n.getPod(t, p.name)
+	proxy, _ := got.status("istio-proxy")
+	held := make(chan error, 1)
+	go func() {
+		_, err := s.n.exec(from, "app", "/kubeapp", "hold", got.Status.PodIP+":8080", "8s")
+		held <- err
+	}()
+	time.Sleep(1500 * time.Millisecond) // the connection is up
+	start := time.Now()
+	if _, err := s.n.kubectl("", "-n", testNS, "delete", "pod", p.name, "--wait=false"); err != nil {
+		return err
+	}
+	if _, err := s.n.kubectl("", "-n", testNS, "wait", "--for=delete", "pod/"+p.name, "--timeout=90s"); err != nil {
+		return err
+	}
+	if err := <-held; err != nil {
+		return fmt.Errorf("the held connection: %v", err)
+	}
+	kill, ok := s.kubeletKills(t, p.name)["istio-proxy"]
+	died, ok2 := s.containerDied(p.name, proxy.ContainerID)
+	if !ok || !ok2 {
+		return fmt.Errorf("no kill (%v) or exit (%v) of istio-proxy in the kubelet's log", ok, ok2)
+	}
+	lived := died.Sub(kill)
+	t.Logf("istio-proxy exited %v after its SIGTERM, the held connection closing about %v after it (pod gone after %v)", lived.Round(100*time.Millisecond), (8*time.Second - 1500*time.Millisecond - kill.Sub(start)).Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
+	switch {
+	case lived < 4*time.Second:
+		return fmt.Errorf("istio-proxy exited %v after its SIGTERM, with a connection still open", lived)
+	case lived > 15*time.Second:
+		return fmt.Errorf("istio-proxy exited %v after its SIGTERM: it waited out its drain, not the connection", lived)
 	}
 	return nil
 }

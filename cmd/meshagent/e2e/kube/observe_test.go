@@ -88,18 +88,41 @@ func (s *suite) kubeletKills(t *testing.T, pod string) map[string]time.Time {
 	kills := map[string]time.Time{}
 	for _, l := range s.kubeletLines(pod, "Killing container with a grace period") {
 		m := containerName.FindStringSubmatch(l)
-		if m == nil || len(l) < 21 {
+		if m == nil {
 			continue
 		}
-		at, err := time.ParseInLocation("0102 15:04:05.000000", l[1:21], time.Local)
-		if err != nil {
-			t.Logf("kubelet log time %q: %v", l[1:21], err)
-			continue
+		if at, ok := klogTime(l); ok {
+			kills[m[1]] = at
+		} else {
+			t.Logf("no klog time in %q", l)
 		}
-		now := time.Now()
-		kills[m[1]] = at.AddDate(now.Year(), 0, 0)
 	}
 	return kills
+}
+
+// containerDied is when the kubelet saw a container of the pod exit (its
+// PLEG relists every second), from its log.
+func (s *suite) containerDied(pod, containerID string) (time.Time, bool) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	for _, l := range s.kubeletLines(pod, `"Type":"ContainerDied","Data":"`+id+`"`) {
+		if at, ok := klogTime(l); ok {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// klogTime is a kubelet log line's timestamp (klog: "I1126 13:25:26.175900",
+// local time, no year).
+func klogTime(l string) (time.Time, bool) {
+	if len(l) < 21 {
+		return time.Time{}, false
+	}
+	at, err := time.ParseInLocation("0102 15:04:05.000000", l[1:21], time.Local)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return at.AddDate(time.Now().Year(), 0, 0), true
 }
 
 // containerCgroup is a container's cgroup v1 directory under controller.

@@ -8,6 +8,7 @@
 //	    what an app finishing its work still sends through its sidecar),
 //	    appends "<time> <pod> app-exit" and exits 0.
 //	kubeapp get URL      prints the body of a GET, exits 1 unless 200
+//	kubeapp hold ADDR D  opens a TCP connection to ADDR and keeps it open for D
 //	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
 //	                     Go program does (/etc/resolv.conf, UDP to its nameserver)
 package main
@@ -36,6 +37,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "get":
 		err = get(os.Args[2])
+	case "hold":
+		err = hold(os.Args[2], os.Args[3])
 	case "resolve":
 		var addrs []string
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -51,6 +54,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kubeapp:", err)
 		os.Exit(1)
 	}
+}
+
+func hold(addr, d string) error {
+	dur, err := time.ParseDuration(d)
+	if err != nil {
+		return err
+	}
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	fmt.Println("holding", addr, "for", dur)
+	time.Sleep(dur)
+	return nil
 }
 
 func get(url string) error {
