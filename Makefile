@@ -89,7 +89,11 @@ run: build fakeenvoy
 # The whole suite with the race detector. Tests that need root or network
 # namespaces run when they can and skip with a reason otherwise.
 test: lint
-	$(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA)
+	@mkdir -p .tmp && rm -f .tmp/e2e-summary.txt
+	@# The end-to-end suites against Istio's istiod and the kube node say
+	@# last whether they ran, or why they skipped (#20).
+	MESHAGENT_E2E_SUMMARY=$(CURDIR)/.tmp/e2e-summary.txt $(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA); \
+	  rc=$$?; cat .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
 	@# Every benchmark once, so that none rots unnoticed (two had: their
 	@# Envoy never turned ready once readiness followed Istio's).
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA)
@@ -227,3 +231,19 @@ install-vm: build
 	@echo "  root-cert.pem -> /etc/certs/root-cert.pem, istio-token -> /var/run/secrets/tokens/istio-token, an Envoy at /usr/local/bin/envoy;"
 	@echo "  systemctl daemon-reload && systemctl enable --now meshagent"
 .PHONY: install-vm
+
+# Istio on a real single-node Kubernetes (#20): the kube peer
+# (../shared/peers/kube) brought up, Istio's istiod on it with its manifests
+# rendered by istioctl, and pods injected by Istio's webhook, once with our
+# image (`make image`) and once with Istio's agent in it (`make image-istio`),
+# every check a named subtest, then the figures side by side. Root. The
+# binaries are built once into the cache (.ci/run does it too); `make test`
+# runs the short form (one injected pod of ours: Ready, certificate, delete).
+.PHONY: peers-kube e2e-kube
+peers-kube:
+	bash hack/kube/build-istio.sh kube
+e2e-kube:
+	@mkdir -p .tmp
+	@MESHAGENT_KUBE=full $(GO) test -count=1 -timeout 45m -run '^TestKube$$' -v ./cmd/meshagent/e2e/kube >.tmp/e2e-kube.log 2>&1; \
+	  rc=$$?; grep -E 'check |figure |--- (FAIL|SKIP)|^(FAIL|ok)' .tmp/e2e-kube.log | sed 's/^ *kube_test.go:[0-9]*: //'; \
+	  [ $$rc -eq 0 ] || { echo "details: .tmp/e2e-kube.log"; exit $$rc; }

@@ -100,11 +100,18 @@ var dnsQuestions = []struct {
 var allowedMetadataDiffs = []string{"ISTIO_VERSION"}
 
 func TestIstiodEndToEnd(t *testing.T) {
-	bin, run := istiodPeerPaths(t)
 	if os.Getenv(istiodNetnsEnv) == "" {
+		detail := "meshagent against Istio's istiod, Istio's agent beside it when built"
+		testkit.E2ESummary(t, "istiod end-to-end (TestIstiodEndToEnd)", &detail)
+		if ok, why := canUseNetns(); !ok {
+			detail = why
+			t.Skip(why + ": istiod and the agents use fixed ports, so the test runs in its own network namespace")
+		}
+		istiodPeerPaths(t)
 		rerunInNamespace(t)
 		return
 	}
+	bin, run := istiodPeerPaths(t)
 	peer := startIstiodPeer(t, bin, run)
 	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
 		return exec.Command(agentBinary, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")

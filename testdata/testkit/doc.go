@@ -15,6 +15,7 @@
 //   - CanRoot, RequireRoot, IsZombie, Dnsmasq: what tests that need root,
 //     namespaces, child processes or a real resolver check and start;
 //   - ChaosRounds: how many rounds a chaos test runs (short, or long);
+//   - E2ESummary: an end-to-end suite's one-line outcome for `make test`;
 //   - WaitFor, FreePort, FreeAddr, ShortTempDir, WriteFile, ReplaceFile,
 //     MetricValue and MetricSample, Fetch and MustFetch, EachEditRejected,
 //     Contains, LineDiff, AcceptAndClose: the small helpers around them.

@@ -1,0 +1,245 @@
+package kube
+
+// Pods as the suite creates them: plain application pods in a namespace
+// labelled istio-injection=enabled, left for Istio's webhook to inject, and
+// what the suite reads back from the API server.
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	testNS   = "e2e"
+	appImage = "localhost/kubeapp:e2e"
+	// eventsDir is a hostPath every app container appends its
+	// termination events to, so the order is still there once the pod is
+	// gone (as the peer's demo.sh does).
+	eventsDir = "e2e-events"
+	// grace is each pod's terminationGracePeriodSeconds.
+	grace = 30 * time.Second
+)
+
+// podSpec is one pod to create: its app, which image Istio's injector gives
+// its sidecar (the proxyImage annotation), native sidecar or istio-init, and
+// any proxy.istio.io/config.
+type podSpec struct {
+	name, app, serviceAccount string
+	proxyImage                string
+	native                    bool
+	proxyConfig               string // JSON for proxy.istio.io/config, or ""
+	appDrain                  time.Duration
+	drainGet                  string // a URL the app GETs while it drains, or ""
+}
+
+func (p podSpec) manifest(n *node) string {
+	annotations := fmt.Sprintf("    sidecar.istio.io/proxyImage: %q\n    sidecar.istio.io/nativeSidecar: %q\n", p.proxyImage, fmt.Sprint(p.native))
+	if p.proxyConfig != "" {
+		annotations += fmt.Sprintf("    proxy.istio.io/config: %q\n", p.proxyConfig)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+  labels: {app: %[3]s}
+  annotations:
+%[4]s
+spec:
+  serviceAccountName: %[5]s
+  terminationGracePeriodSeconds: %[6]d
+  containers:
+  - name: app
+    image: %[7]s
+    imagePullPolicy: IfNotPresent
+    command: [/kubeapp, serve, -addr, ":8080", -events, "/events/$(POD_NAME).log", -drain, %[8]q, -drain-get, %[10]q]
+    env:
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    ports: [{containerPort: 8080, name: http}]
+    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+    volumeMounts: [{name: events, mountPath: /events}]
+  volumes:
+  - name: events
+    hostPath: {path: %[9]q, type: DirectoryOrCreate}
+`, p.name, testNS, p.app, annotations, p.serviceAccount, int(grace/time.Second), appImage, p.appDrain.String(), n.root+"/"+eventsDir, p.drainGet)
+}
+
+// baseManifests is the namespace, labelled for Istio's injector, and the
+// service accounts and services the pods use.
+func baseManifests(accounts, apps []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels: {istio-injection: enabled}\n", testNS)
+	for _, sa := range accounts {
+		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: %s, namespace: %s}\n", sa, testNS)
+	}
+	for _, app := range apps {
+		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: %s}\nspec:\n  selector: {app: %s}\n  ports: [{name: http, port: 8080, targetPort: 8080}]\n", app, testNS, app)
+	}
+	return b.String()
+}
+
+// pod is the part of a Pod the suite reads.
+type pod struct {
+	Metadata struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"metadata"`
+	Spec struct {
+		InitContainers []container `json:"initContainers"`
+		Containers     []container `json:"containers"`
+		Volumes        []struct {
+			Name      string `json:"name"`
+			Projected *struct {
+				Sources []struct {
+					ServiceAccountToken *struct {
+						Audience string `json:"audience"`
+					} `json:"serviceAccountToken"`
+				} `json:"sources"`
+			} `json:"projected"`
+		} `json:"volumes"`
+	} `json:"spec"`
+	Status struct {
+		PodIP      string `json:"podIP"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+		InitContainerStatuses []containerStatus `json:"initContainerStatuses"`
+		ContainerStatuses     []containerStatus `json:"containerStatuses"`
+	} `json:"status"`
+}
+
+type container struct {
+	Name           string   `json:"name"`
+	Image          string   `json:"image"`
+	Args           []string `json:"args"`
+	RestartPolicy  string   `json:"restartPolicy"`
+	ReadinessProbe *probe   `json:"readinessProbe"`
+	StartupProbe   *probe   `json:"startupProbe"`
+	Lifecycle      *struct {
+		PreStop *struct {
+			Exec *struct {
+				Command []string `json:"command"`
+			} `json:"exec"`
+		} `json:"preStop"`
+	} `json:"lifecycle"`
+}
+
+type probe struct {
+	HTTPGet *struct {
+		Path string `json:"path"`
+		Port any    `json:"port"`
+	} `json:"httpGet"`
+}
+
+type containerStatus struct {
+	Name         string `json:"name"`
+	ContainerID  string `json:"containerID"`
+	RestartCount int    `json:"restartCount"`
+	Ready        bool   `json:"ready"`
+}
+
+func (n *node) getPod(t testing.TB, name string) pod {
+	t.Helper()
+	var p pod
+	if err := json.Unmarshal([]byte(n.mustKubectl(t, "", "-n", testNS, "get", "pod", name, "-o", "json")), &p); err != nil {
+		t.Fatalf("pod %s: %v", name, err)
+	}
+	return p
+}
+
+func (p pod) ready() bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
+
+// tokenAudiences lists the audiences of the projected service-account
+// tokens of the pod's volumes, by volume.
+func (p pod) tokenAudiences() map[string]string {
+	out := map[string]string{}
+	for _, v := range p.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.ServiceAccountToken != nil {
+				out[v.Name] = src.ServiceAccountToken.Audience
+			}
+		}
+	}
+	return out
+}
+
+// proxy is the istio-proxy container (an init container when native).
+func (p pod) proxy() (c container, native bool, ok bool) {
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == "istio-proxy" {
+			return c, c.RestartPolicy == "Always", true
+		}
+	}
+	for _, c := range p.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			return c, false, true
+		}
+	}
+	return container{}, false, false
+}
+
+func (p pod) status(name string) (containerStatus, bool) {
+	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return containerStatus{}, false
+}
+
+func (p pod) container(name string) (container, bool) {
+	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return container{}, false
+}
+
+// create applies a pod and waits until the kubelet reports it Ready; it
+// returns the time from the create call to Ready as the API server's watch
+// delivers it (`kubectl wait`).
+func (n *node) createReady(t testing.TB, p podSpec, timeout time.Duration) (time.Duration, error) {
+	t.Helper()
+	start := time.Now()
+	if _, err := n.kubectl(p.manifest(n), "apply", "-f", "-"); err != nil {
+		return 0, err
+	}
+	if _, err := n.kubectl("", "-n", testNS, "wait", "--for=condition=Ready", "pod/"+p.name, "--timeout="+timeout.String()); err != nil {
+		return 0, fmt.Errorf("pod %s not Ready within %v: %w\n%s", p.name, timeout, err, n.describe(p.name))
+	}
+	return time.Since(start), nil
+}
+
+// describe is what a person would look at when a pod does not turn Ready.
+func (n *node) describe(name string) string {
+	out, _ := n.kubectl("", "-n", testNS, "describe", "pod", name)
+	var logs strings.Builder
+	for _, c := range []string{"istio-proxy", "istio-init", "app"} {
+		l, _ := n.kubectl("", "-n", testNS, "logs", name, "-c", c, "--tail=40")
+		if l != "" {
+			fmt.Fprintf(&logs, "--- logs of %s:\n%s", c, l)
+		}
+	}
+	return out + logs.String()
+}
+
+// exec runs a command in one container of a pod.
+func (n *node) exec(pod, container string, args ...string) (string, error) {
+	return n.kubectl("", append([]string{"-n", testNS, "exec", pod, "-c", container, "--"}, args...)...)
+}

@@ -1,0 +1,136 @@
+// kubeapp is the application container of the kube suite (#20): one static
+// binary, so an image of it needs nothing else.
+//
+//	kubeapp serve [-addr :8080] [-events FILE] [-drain D] [-drain-get URL]
+//	    answers "<pod> says hello" on /, 200 on /healthz; on SIGTERM appends
+//	    "<time> <pod> app-term" to FILE, keeps serving for D (and GETs URL
+//	    every 250 ms meanwhile, appending drain-get-ok or drain-get-fail:
+//	    what an app finishing its work still sends through its sidecar),
+//	    appends "<time> <pod> app-exit" and exits 0.
+//	kubeapp get URL      prints the body of a GET, exits 1 unless 200
+//	kubeapp hold ADDR D  opens a TCP connection to ADDR and keeps it open for D
+//	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
+//	                     Go program does (/etc/resolv.conf, UDP to its nameserver)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: kubeapp serve|get URL|resolve NAME")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "get":
+		err = get(os.Args[2])
+	case "hold":
+		err = hold(os.Args[2], os.Args[3])
+	case "resolve":
+		var addrs []string
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		addrs, err = net.DefaultResolver.LookupHost(ctx, os.Args[2])
+		for _, a := range addrs {
+			fmt.Println(a)
+		}
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubeapp:", err)
+		os.Exit(1)
+	}
+}
+
+func hold(addr, d string) error {
+	dur, err := time.ParseDuration(d)
+	if err != nil {
+		return err
+	}
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	fmt.Println("holding", addr, "for", dur)
+	time.Sleep(dur)
+	return nil
+}
+
+func get(url string) error {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Print(string(body))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	addr := fs.String("addr", ":8080", "listen address")
+	events := fs.String("events", "", "file to append termination events to")
+	drain := fs.Duration("drain", 0, "how long to keep serving after SIGTERM")
+	drainGet := fs.String("drain-get", "", "URL to GET every 250 ms while draining")
+	_ = fs.Parse(args)
+	pod := os.Getenv("POD_NAME")
+	event := func(what string) {
+		line := fmt.Sprintf("%s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), pod, what)
+		fmt.Print(line)
+		if *events == "" {
+			return
+		}
+		if f, err := os.OpenFile(*events, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o666); err == nil {
+			f.WriteString(line)
+			f.Close()
+		}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s says hello to %s\n", pod, r.RemoteAddr)
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	go http.Serve(ln, mux)
+	event("app-start")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	event("app-term")
+	for end := time.Now().Add(*drain); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if *drainGet == "" {
+			continue
+		}
+		if err := get(*drainGet); err != nil {
+			fmt.Println(err)
+			event("drain-get-fail")
+		} else {
+			event("drain-get-ok")
+		}
+	}
+	event("app-exit")
+	return nil
+}
