@@ -5,7 +5,6 @@ package kube
 
 import (
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 )
 
 // runMode runs the checks on pods of one agent in one injection mode:
@@ -154,32 +155,17 @@ func (s *suite) certificate(t *testing.T, pod, sa string) error {
 	if aud := s.n.getPod(t, pod).tokenAudiences()["istio-token"]; aud != "istio-ca" {
 		return fmt.Errorf("no istio-token volume projecting a token for audience istio-ca (got %q)", aud)
 	}
-	var dump struct {
-		Received map[string]map[string]json.RawMessage `json:"received"`
-	}
 	var chain []byte
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out, err := s.n.exec(pod, "istio-proxy", "pilot-agent", "request", "GET", "config_dump")
+		var dump *envoyadmin.Dump
 		if err == nil {
-			err = json.Unmarshal([]byte(out), &dump)
+			dump, err = envoyadmin.Decode([]byte(out))
 		}
 		if err == nil {
-			if sec, ok := dump.Received["type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"]["default"]; ok {
-				var secret struct {
-					TLSCertificate struct {
-						CertificateChain struct {
-							InlineBytes string `json:"inlineBytes"`
-						} `json:"certificateChain"`
-					} `json:"tlsCertificate"`
-				}
-				if err := json.Unmarshal(sec, &secret); err != nil {
-					return err
-				}
-				chain, err = base64.StdEncoding.DecodeString(secret.TLSCertificate.CertificateChain.InlineBytes)
-				if err != nil {
-					return err
-				}
+			if sec := dump.Secret("default"); sec != nil {
+				chain = sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
 				break
 			}
 			err = errors.New("no SDS secret \"default\" in Envoy's config_dump")
