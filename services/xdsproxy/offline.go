@@ -89,6 +89,7 @@ func (st *stream[R]) sendCached(f *frame) error {
 	st.svc.m.messages.WithLabelValues(label, dirCache).Inc()
 	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(len(f.b)))
 	st.log.Debug("served from the cache", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce)
+	st.svc.status.sent(f)
 	return st.down.SendMsg(f)
 }
 

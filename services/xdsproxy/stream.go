@@ -121,6 +121,9 @@ type stream[R request] struct {
 	down grpc.ServerStream
 
 	queue *queue[outgoing[R]]
+	// diff is what the stream last sent Envoy, for the debug log of each
+	// push (pushdiff.go); nil until debug logging asks for it.
+	diff *pushDiff
 	// firstReq is closed once node is set (Envoy's first request).
 	firstReq chan struct{}
 	node     string
@@ -491,6 +494,7 @@ func (st *stream[R]) handleResponse(f *frame) error {
 	}
 	st.fl.sending(f)
 	st.svc.status.sent(f)
+	st.logPushDiff(f)
 	return st.down.SendMsg(f)
 }
 

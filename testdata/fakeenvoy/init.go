@@ -259,6 +259,10 @@ func (e *envoy) apply(u update) error {
 			err = fmt.Errorf("resource of type %s: %v", a.GetTypeUrl(), derr)
 			break
 		}
+		if n := e.k.rejectName; n != "" && strings.Contains(resourceName(m), n) {
+			err = fmt.Errorf("%s %q: rejected by FAKE_ENVOY_REJECT_NAME=%s", shortType[u.typeURL], resourceName(m), n)
+			break
+		}
 		if v, ok := m.(interface{ ValidateAll() error }); ok {
 			if verr := v.ValidateAll(); verr != nil {
 				err = fmt.Errorf("%s %q: %v", shortType[u.typeURL], resourceName(m), verr)

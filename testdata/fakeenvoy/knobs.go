@@ -22,6 +22,10 @@ type knobs struct {
 	// reject: FAKE_ENVOY_REJECT=cds,lds,eds,rds NACKs every response of
 	// those types (as Envoy rejects a config it cannot load).
 	reject map[string]bool
+	// rejectName: FAKE_ENVOY_REJECT_NAME=S NACKs a response holding a
+	// resource whose name contains S, naming it (as Envoy names the
+	// cluster or listener it could not load), and accepts the others.
+	rejectName string
 }
 
 func readKnobs() (knobs, error) {
@@ -55,6 +59,7 @@ func readKnobs() (knobs, error) {
 	if err == nil {
 		k.reject, err = parseReject(os.Getenv("FAKE_ENVOY_REJECT"))
 	}
+	k.rejectName = os.Getenv("FAKE_ENVOY_REJECT_NAME")
 	k.neverReady = os.Getenv("FAKE_ENVOY_NEVER_READY") == "1"
 	k.ignoreSIGTERM = os.Getenv("FAKE_ENVOY_IGNORE_SIGTERM") == "1"
 	return k, err
