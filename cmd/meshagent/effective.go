@@ -162,6 +162,12 @@ func describe(v reflect.Value, path string) any {
 		_ = json.Unmarshal(js, &out)
 		return out
 	}
+	// An unset address (netip.Addr's zero value prints "invalid IP") is
+	// unset, not invalid (issue 22: the log said "invalid IP" for an unset
+	// host IP).
+	if iv, ok := v.Interface().(interface{ IsValid() bool }); ok && v.Kind() != reflect.Pointer && !iv.IsValid() {
+		return nil
+	}
 	switch {
 	case v.Type() == durationType:
 		return time.Duration(v.Int()).String()

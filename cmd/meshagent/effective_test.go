@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -23,6 +25,9 @@ func TestEffectiveConfigLogReadsAsText(t *testing.T) {
 	if strings.Contains(text, "s3cr3t") {
 		t.Fatalf("a secret was logged:\n%s", text)
 	}
+	if strings.Contains(text, "invalid IP") {
+		t.Errorf("an unset address is logged as invalid:\n%s", text)
+	}
 	if strings.Contains(text, `\"`) {
 		t.Errorf("escaped JSON in the log:\n%s", text)
 	}
@@ -34,5 +39,16 @@ func TestEffectiveConfigLogReadsAsText(t *testing.T) {
 	}
 	if n := strings.Count(text, `msg="effective configuration"`); n < 8 {
 		t.Errorf("%d lines; want one per part", n)
+	}
+}
+
+// An unset address is logged as unset, not as netip's "invalid IP".
+func TestEffectiveConfigUnsetAddress(t *testing.T) {
+	got := describe(reflect.ValueOf(struct {
+		HostIP netip.Addr
+		Set    netip.Addr
+	}{Set: netip.MustParseAddr("10.0.0.1")}), "")
+	if m := got.(map[string]any); m["HostIP"] != nil || m["Set"] != "10.0.0.1" {
+		t.Fatalf("describe = %v; want HostIP unset and Set 10.0.0.1", m)
 	}
 }
