@@ -67,7 +67,8 @@ func TestOversizedRequestRefused(t *testing.T) {
 	}
 	testkit.Contains(t, "the refusal", status.Convert(err).Message(), "larger than max", strconv.Itoa(maxRequestSize))
 	// The proxy refused it, not the control plane it would have gone to.
-	testkit.Contains(t, "logs", p.logs.String(), "refused a request on the XDS socket: larger than the bound", "max_bytes="+strconv.Itoa(maxRequestSize))
+	// (The reader logs after the stream has failed: wait for the line.)
+	p.logs.WaitLine(t, "refused a request on the XDS socket: larger than the bound", "max_bytes="+strconv.Itoa(maxRequestSize))
 
 	// The proxy still serves Envoy.
 	envoy := p.clientWith(t, xdsserver.ClientOptions{})
