@@ -99,7 +99,7 @@ func notifyListener(t *testing.T, path string) <-chan string {
 }
 
 // awaitNotify waits for want on lines, returning what came before it.
-func awaitNotify(t *testing.T, lines <-chan string, want string, p *agentProcess) []string {
+func awaitNotify(t *testing.T, lines <-chan string, want string, p *agentProcess, netns string) []string {
 	t.Helper()
 	var seen []string
 	deadline := time.After(30 * time.Second)
@@ -117,7 +117,10 @@ func awaitNotify(t *testing.T, lines <-chan string, want string, p *agentProcess
 			p.exited <- err
 			t.Fatalf("agent exited (%v) before sending %s (seen %q)\n%s", err, want, seen, p.stderr.String())
 		case <-deadline:
-			t.Fatalf("no %s from the agent within 30s (seen %q)\n%s", want, seen, p.stderr.String())
+			// What the agent was waiting for: its tree, asked from
+			// inside its network namespace (a flake once: no READY=1).
+			tree, _ := exec.Command("ip", "netns", "exec", netns, agentBinary, "request", "--debug-port", "15020", "GET", "debug/tree").CombinedOutput()
+			t.Fatalf("no %s from the agent within 30s (seen %d lines: %q...)\n/debug/tree:\n%s\nlog:\n%s", want, len(seen), seen[:min(len(seen), 5)], tree, p.stderr.String())
 		}
 	}
 }
@@ -227,8 +230,8 @@ CA_ADDR='127.0.0.1:15012'
 	p := &agentProcess{cmd: cmd, stderr: &testkit.LogBuffer{}, exited: make(chan error, 1), root: root}
 	p.start(t)
 
-	awaitNotify(t, notify, "READY=1", p)
-	awaitNotify(t, notify, "WATCHDOG=1", p)
+	awaitNotify(t, notify, "READY=1", p, ns)
+	awaitNotify(t, notify, "WATCHDOG=1", p, ns)
 
 	wantRules := []string{"-A PREROUTING -p tcp -j ISTIO_INBOUND", "-A OUTPUT -j ISTIO_OUTPUT",
 		"--dports 22,15090,15021,15020 -j RETURN", "-A ISTIO_OUTPUT -j ISTIO_REDIRECT",
@@ -284,7 +287,7 @@ CA_ADDR='127.0.0.1:15012'
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	awaitNotify(t, notify, "STOPPING=1", p)
+	awaitNotify(t, notify, "STOPPING=1", p, ns)
 	if code := p.waitExit(t); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}
