@@ -19,15 +19,7 @@ func TestProxyStatusCommand(t *testing.T) {
 	    "nack":{"version":"v2","error":"cluster outbound|80||a: bad\nsecond line","at":"2026-11-26T12:00:01Z"}},
 	   "type.googleapis.com/envoy.config.listener.v3.Listener":{"short":"lds","verdict":"SYNCED",
 	    "sent_version":"v1","sent_resources":4,"sent_at":"2026-11-26T12:00:00Z","acked_version":"v1"}}}`
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/debug/xds" {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = w.Write([]byte(doc))
-	}))
-	defer srv.Close()
-	addr := strings.TrimPrefix(srv.URL, "http://")
+	addr := statusDocs(t, map[string]string{"/debug/xds": doc})
 
 	var out, errOut bytes.Buffer
 	if code := execute(&cliContext{args: []string{"proxy-status", "--addr", addr}, stdout: &out, stderr: &errOut}); code != 0 {
@@ -62,16 +54,7 @@ func TestProxyStatusShowsCertificateAndNameTable(t *testing.T) {
 		  "root_sha256":["AB:CD"]}`,
 		"/debug/names": `{"reported":true,"version":"v7","names":12,"source":"NDS"}`,
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		doc, ok := docs[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = w.Write([]byte(doc))
-	}))
-	defer srv.Close()
-	addr := strings.TrimPrefix(srv.URL, "http://")
+	addr := statusDocs(t, docs)
 
 	var out, errOut bytes.Buffer
 	if code := execute(&cliContext{args: []string{"proxy-status", "--addr", addr}, stdout: &out, stderr: &errOut}); code != 0 {
@@ -96,4 +79,19 @@ func TestProxyStatusShowsCertificateAndNameTable(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil || doc.Upstream != "connected" || doc.Certificate.Serial != "3b88" || doc.Names.Names != 12 {
 		t.Errorf("-o json: %v %+v\n%s", err, doc, out.String())
 	}
+}
+
+// statusDocs is a status server that answers these paths with these
+// documents (404 for any other); it returns its host:port.
+func statusDocs(t *testing.T, docs map[string]string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		doc, ok := docs[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(doc))
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
