@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"os/user"
 	"syscall"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // hostInputs is everything the configuration reads from the host besides
@@ -43,7 +45,7 @@ type hostInputs struct {
 // realHost reads the host the agent runs on.
 func realHost() hostInputs {
 	return hostInputs{
-		env:            environment{lookup: os.LookupEnv, list: os.Environ},
+		env:            config.NewReader(config.Process()),
 		euid:           os.Geteuid(),
 		interfaceAddrs: interfaceAddrs,
 		resolvConf:     resolvConfFile,

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // logOptions are Istio's global logging flags. meshagent honours
@@ -88,5 +90,5 @@ func parseLogLevel(spec string) (slog.Level, error) {
 	case "none":
 		return slog.LevelError + 100, nil
 	}
-	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", quoteValue(spec), quoteValue(level))
+	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", config.QuoteValue(spec), config.QuoteValue(level))
 }

@@ -130,7 +130,7 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 func wantEnv(t *testing.T, env environment, want map[string]string) {
 	t.Helper()
 	for k, v := range want {
-		if got, _ := env.get(k); got != v {
+		if got, _ := env.Text(k); got != v {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
