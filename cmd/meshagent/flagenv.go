@@ -19,14 +19,9 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
-// environment is the configuration's view of the process environment: a
-// config.Reader over it, so that every read is by a name of the table and
-// counted (#26).
-type environment = *config.Reader
-
-// mapEnvironment is an environment made of a map: tests, and the layers
-// built on the process environment (the VM's cluster.env).
-func mapEnvironment(m map[string]string) environment { return config.NewReader(config.FromMap(m)) }
+// mapEnvironment is a reader of an environment made of a map: tests, and
+// the layers built on the process environment (the VM's cluster.env).
+func mapEnvironment(m map[string]string) *config.Reader { return config.NewReader(config.FromMap(m)) }
 
 // problems collects bad values, each naming where it came from (a flag, an
 // environment variable, a file) and the value.
@@ -58,7 +53,7 @@ type settings struct {
 	fs       *pflag.FlagSet
 	problems *problems
 	// fromEnv sets the flags that were not given from their variables.
-	fromEnv []func(environment)
+	fromEnv []func(*config.Reader)
 }
 
 func newSettings(fs *pflag.FlagSet) *settings {
@@ -67,7 +62,7 @@ func newSettings(fs *pflag.FlagSet) *settings {
 
 // resolve applies the environment to every flag the command line did not
 // give, and returns every bad value, of flags and variables alike.
-func (s *settings) resolve(env environment) error {
+func (s *settings) resolve(env *config.Reader) error {
 	for _, apply := range s.fromEnv {
 		apply(env)
 	}
@@ -99,7 +94,7 @@ func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), 
 	if v.Type() == "bool" {
 		f.NoOptDefVal = "true" // --chaos alone means true, as a pflag bool
 	}
-	s.fromEnv = append(s.fromEnv, func(env environment) {
+	s.fromEnv = append(s.fromEnv, func(env *config.Reader) {
 		if s.fs.Changed(spec.name) {
 			return
 		}
@@ -159,7 +154,7 @@ func (v *flagValue[T]) Type() string {
 
 // envReader reads environment-only settings, collecting bad values.
 type envReader struct {
-	env      environment
+	env      *config.Reader
 	problems *problems
 }
 

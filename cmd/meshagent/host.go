@@ -17,8 +17,9 @@ import (
 // flags and files under --root: production fills it from the real host
 // (realHost), tests by hand. Nothing below cmd reads the host itself.
 type hostInputs struct {
-	// env is the process environment.
-	env environment
+	// env is the process environment, read by config.Env's names, each read
+	// counted (#26).
+	env *config.Reader
 	// euid is the agent's effective uid (Envoy runs as 1337 only when the
 	// agent is root and DNS is served on :53, as in Istio).
 	euid int

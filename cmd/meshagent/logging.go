@@ -53,7 +53,7 @@ func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
 // settings resolved from env. Bad log options give a plain text logger
 // meanwhile; the configuration's checks (buildAgentConfig) report them
 // with the other bad values, which stay in s.problems.
-func startRun(s *settings, env environment, logs logOptions, w io.Writer) *slog.Logger {
+func startRun(s *settings, env *config.Reader, logs logOptions, w io.Writer) *slog.Logger {
 	log, err := newLogger(logs, w)
 	if err != nil {
 		log = slog.New(slog.NewTextHandler(w, nil))

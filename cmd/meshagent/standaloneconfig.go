@@ -251,7 +251,7 @@ func whyNotCA(c *certs.Config, root string) string {
 // withDefaults is env with defaults for the variables it does not set (an
 // empty value counts as unset, as everywhere): a new reader over env's
 // source, so that the configuration's reads are counted once, on it.
-func withDefaults(env environment, defaults map[string]string) environment {
+func withDefaults(env *config.Reader, defaults map[string]string) *config.Reader {
 	src := env.Source()
 	return config.NewReader(config.Environment{
 		Lookup: func(name string) (string, bool) {

@@ -127,7 +127,7 @@ rules' --gid-owner exception.
 // with set -a: the files win), then the script's defaults for what is
 // still unset. A missing cluster.env is an error naming it (the script
 // would go on without it and run a sidecar for namespace "default").
-func vmEnvironment(root string, f *vmFlags, host hostInputs) (environment, error) {
+func vmEnvironment(root string, f *vmFlags, host hostInputs) (*config.Reader, error) {
 	vars := map[string]string{}
 	for _, kv := range host.env.Source().All() {
 		if k, v, ok := strings.Cut(kv, "="); ok {

@@ -57,6 +57,9 @@ func TestReader(t *testing.T) {
 	if ok || !errors.As(err, &bad) || err.Error() != `BAD="x": want a whole number, 0 or more` {
 		t.Errorf("BAD: %v, %v", ok, err)
 	}
+	if _, ok, err := Value(r, "BAD", ParseBool); ok || err != nil {
+		t.Errorf("BAD read again: %v, %v; want it unset, reported once", ok, err)
+	}
 	if v, ok := r.Lookup("EMPTY"); !ok || v != "" {
 		t.Errorf("Lookup(EMPTY) = %q, %v; want set and empty", v, ok)
 	}
@@ -65,7 +68,7 @@ func TestReader(t *testing.T) {
 	}
 	r.Text("N")
 	reads := r.Reads()
-	for name, want := range map[string]int{"N": 2, "EMPTY": 2, "BAD": 1, "CA_HEADER_*": 1} {
+	for name, want := range map[string]int{"N": 2, "EMPTY": 2, "BAD": 2, "CA_HEADER_*": 1} {
 		if reads[name] != want {
 			t.Errorf("%s read %d times, want %d (%v)", name, reads[name], want, reads)
 		}

@@ -63,10 +63,14 @@ type Reader struct {
 	src   Environment
 	mu    sync.Mutex
 	reads map[string]int
+	// bad are the variables whose bad value Value has reported.
+	bad map[string]bool
 }
 
 // NewReader reads src.
-func NewReader(src Environment) *Reader { return &Reader{src: src, reads: map[string]int{}} }
+func NewReader(src Environment) *Reader {
+	return &Reader{src: src, reads: map[string]int{}, bad: map[string]bool{}}
+}
 
 // Source is the environment under the reader, for a layer that derives
 // another environment from it (reading through it would count its reads).
@@ -101,6 +105,16 @@ func (r *Reader) Lookup(name string) (string, bool) {
 	}
 	r.count(name)
 	return r.src.Lookup(name)
+}
+
+// reportedBad says whether name's bad value was reported already, and
+// marks it reported.
+func (r *Reader) reportedBad(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := r.bad[name]
+	r.bad[name] = true
+	return seen
 }
 
 // Prefixed returns every variable whose name starts with prefix, keyed by
@@ -148,7 +162,10 @@ func (r *Reader) Reads() map[string]int {
 
 // Value reads the variable name with parse: its value and true when it is
 // set and valid; false when it is unset; an error naming the variable and
-// the value (quoted, cut when long) when it is not valid.
+// the value (quoted, cut when long) when it is not valid. A bad value is
+// reported once: a second reader of the variable (istio-iptables' aliases
+// ISTIO_DUAL_STACK and ISTIO_META_DNS_CAPTURE) gets it as unset, so that one
+// typo is one line of the start's errors.
 func Value[T any](r *Reader, name string, parse Parser[T]) (T, bool, error) {
 	var zero T
 	text, ok := r.Text(name)
@@ -157,6 +174,9 @@ func Value[T any](r *Reader, name string, parse Parser[T]) (T, bool, error) {
 	}
 	v, err := parse(text)
 	if err != nil {
+		if r.reportedBad(name) {
+			return zero, false, nil
+		}
 		return zero, false, &ValueError{Name: name, Value: text, Err: err}
 	}
 	return v, true, nil
