@@ -283,8 +283,8 @@ func checkRoot(root string, p *problems) string {
 func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 	pod := podInfo{
 		name:           envVar(r, "POD_NAME", "", config.ParseString),
-		namespace:      envVar(r, "POD_NAMESPACE", "", parseDNSLabel),
-		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", parseDNSSubdomain),
+		namespace:      envVar(r, "POD_NAMESPACE", "", config.ParseDNSLabel),
+		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", config.ParseDNSSubdomain),
 		domain:         f.domain,
 	}
 	if pod.domain == "" {

@@ -95,8 +95,8 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		DNSProxyAddr:               in.dns.given,
 		SkipDeprecatedLogs:         skipDeprecatedLogs,
 		WorkloadIdentitySocketFile: in.shared.workloadSocketFile,
-		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, parsePortOrOff),
-		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, parsePortOrOff),
+		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, config.ParsePortOrOff),
+		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, config.ParsePortOrOff),
 		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, config.ParseBool),
 		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", config.ParseString),
 		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, config.ParseBool),
@@ -227,14 +227,6 @@ func drainQuery(proxyType string) string {
 		return sidecarDrainQuery
 	}
 	return gatewayDrainQuery
-}
-
-// parsePortOrOff is a port, or 0 for none.
-func parsePortOrOff(s string) (int, error) {
-	if s == "0" {
-		return 0, nil
-	}
-	return config.ParsePort(s)
 }
 
 // platform is the cloud platform's metadata as Istio's agent finds it

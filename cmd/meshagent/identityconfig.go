@@ -1,10 +1,7 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"net"
-	"regexp"
 	"strings"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -58,17 +55,17 @@ func identityConfig(r envReader, root string, pod podInfo, shared sharedVars, pc
 	cc.ClusterID = shared.clusterID
 	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", config.ParseString)
 	cc.CAHeaders = r.env.Prefixed("CA_HEADER_")
-	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, parseTrustDomain)
+	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, config.ParseTrustDomain)
 	cc.Namespace = nonEmpty(pod.namespace, cc.Namespace)
 	cc.ServiceAccount = nonEmpty(pod.serviceAccount, cc.ServiceAccount)
 	cc.SecretTTL = envVar(r, "SECRET_TTL", cc.SecretTTL, config.ParseDuration)
 	cc.GraceRatio = envVar(r, "SECRET_GRACE_PERIOD_RATIO", cc.GraceRatio, config.ParseFloat)
 	cc.GraceJitter = envVar(r, "SECRET_GRACE_PERIOD_RATIO_JITTER", cc.GraceJitter, config.ParseFloat)
 	cc.RSAKeySize = envVar(r, "WORKLOAD_RSA_KEY_SIZE", cc.RSAKeySize, config.ParseCount)
-	if envVar(r, "ECC_SIGNATURE_ALGORITHM", "", parseKeyAlgorithm) == "ECDSA" {
+	if envVar(r, "ECC_SIGNATURE_ALGORITHM", "", config.ParseKeyAlgorithm) == "ECDSA" {
 		cc.KeyAlgorithm = certs.ECDSA
 	}
-	cc.ECCCurve = envVar(r, "ECC_CURVE", cc.ECCCurve, parseECCCurve)
+	cc.ECCCurve = envVar(r, "ECC_CURVE", cc.ECCCurve, config.ParseECCCurve)
 	cc.PKCS8Key = envVar(r, "PKCS8_KEY", false, config.ParseBool)
 	if out := shared.outputCerts; out != "" {
 		cc.OutputCertsDir = rooted(root, out)
@@ -97,71 +94,6 @@ func identityConfig(r envReader, root string, pod podInfo, shared sharedVars, pc
 		return nil, &sc
 	}
 	return &cc, &sc
-}
-
-// The parts of the SPIFFE ID (spiffe://TRUST_DOMAIN/ns/POD_NAMESPACE/sa/
-// SERVICE_ACCOUNT) are checked where they are read: Istio's agent takes any
-// text, so a unicode or 100 KB value went into the CSR and the CA's refusal
-// came back as a retry loop (#21). The rules are SPIFFE's for the trust
-// domain and Kubernetes' for the names a pod can have.
-const (
-	maxTrustDomain  = 255 // SPIFFE: a trust domain is at most 255 bytes
-	maxDNSLabel     = 63  // Kubernetes: a namespace is a DNS-1123 label
-	maxDNSSubdomain = 253 // Kubernetes: a service account is a DNS-1123 subdomain
-)
-
-var (
-	trustDomainChars = regexp.MustCompile(`^[a-z0-9._-]+$`)
-	dnsLabel         = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-)
-
-// parseTrustDomain is a SPIFFE trust domain: lowercase letters, digits,
-// dots, dashes and underscores, at most 255 bytes.
-func parseTrustDomain(s string) (string, error) {
-	if len(s) > maxTrustDomain || !trustDomainChars.MatchString(s) {
-		return "", fmt.Errorf("want a SPIFFE trust domain: lowercase letters, digits, '.', '-' and '_', at most %d bytes", maxTrustDomain)
-	}
-	return s, nil
-}
-
-// parseDNSLabel is a Kubernetes namespace name: a DNS-1123 label.
-func parseDNSLabel(s string) (string, error) {
-	if len(s) > maxDNSLabel || !dnsLabel.MatchString(s) {
-		return "", fmt.Errorf("want a Kubernetes namespace name (DNS-1123 label): lowercase letters, digits and '-', starting and ending with a letter or digit, at most %d bytes", maxDNSLabel)
-	}
-	return s, nil
-}
-
-// parseDNSSubdomain is a Kubernetes service account name: a DNS-1123
-// subdomain, labels joined by dots.
-func parseDNSSubdomain(s string) (string, error) {
-	bad := len(s) > maxDNSSubdomain
-	for _, label := range strings.Split(s, ".") {
-		bad = bad || !dnsLabel.MatchString(label)
-	}
-	if bad {
-		return "", fmt.Errorf("want a Kubernetes service account name (DNS-1123 subdomain): dot-separated labels of lowercase letters, digits and '-', at most %d bytes", maxDNSSubdomain)
-	}
-	return s, nil
-}
-
-// parseKeyAlgorithm is ECC_SIGNATURE_ALGORITHM. Istio's agent compares the
-// value with "ECDSA" and makes an RSA key for anything else, so a typo
-// ("ecdsa", "EC") silently gave RSA; RSA, the default, may be named.
-func parseKeyAlgorithm(s string) (string, error) {
-	if s != "ECDSA" && s != "RSA" {
-		return "", errors.New("want ECDSA (or RSA, the default when unset); the value is case-sensitive, as in Istio")
-	}
-	return s, nil
-}
-
-// parseECCCurve is ECC_CURVE: Istio's two curves (it takes anything else
-// for P256 without a word).
-func parseECCCurve(s string) (string, error) {
-	if s != "P256" && s != "P384" {
-		return "", errors.New("want P256 or P384")
-	}
-	return s, nil
 }
 
 func nonEmpty(v, def string) string {
