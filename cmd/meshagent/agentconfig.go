@@ -79,6 +79,9 @@ type agentConfig struct {
 	// lock is the root's lock (rootlock.go), held while the agent runs;
 	// nil when none was taken.
 	lock io.Closer
+	// env is the environment the config was built from (standalone's and a
+	// VM's are layered on the process's): its Reads are what the start read.
+	env *config.Reader
 	// gogc is GOGC as the operator set it (even empty); nil: the agent
 	// sets its own GC target (memory.go).
 	gogc *string
@@ -139,7 +142,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	}
 	r := envReader{env: in.host.env, problems: p}
 	f := in.flags
-	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p)}
+	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p), env: in.host.env}
 	if v, ok := in.host.env.Lookup("GOGC"); ok {
 		c.gogc = &v
 	}

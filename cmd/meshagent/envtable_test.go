@@ -18,7 +18,7 @@ import (
 // fullEnv sets the variables whose reads depend on others (CA_ADDR unset
 // makes ISTIOD_SAN the CA's name; OUTPUT_CERTS makes KUBERNETES_SERVICE_HOST
 // count), so that one start takes every path of the builders.
-func fullEnv(root string) map[string]string {
+func fullEnv() map[string]string {
 	return map[string]string{
 		"POD_NAME": "app-0", "POD_NAMESPACE": "ns", "SERVICE_ACCOUNT": "sa", "INSTANCE_IP": "10.1.2.3",
 		"PROV_CERT": "/etc/prov", "OUTPUT_CERTS": "/etc/out", "ISTIOD_SAN": "istiod.istio-system.svc",
@@ -38,28 +38,41 @@ var readByCaptureToo = map[string]bool{"ISTIO_DUAL_STACK": true, "ISTIO_META_DNS
 // PROV_CERT was read three times, INSTANCE_IP parsed twice, and a bad
 // value of a variable read twice was reported twice).
 func TestEachVariableReadOnce(t *testing.T) {
-	for name, env := range map[string]func(root string) map[string]string{
-		"empty": func(string) map[string]string { return nil },
-		"full":  fullEnv,
-	} {
+	for name, env := range map[string]map[string]string{"empty": nil, "full": fullEnv()} {
 		t.Run(name, func(t *testing.T) {
-			host := testHost(t, env(""))
+			host := testHost(t, env)
 			if _, err := parseOnHost(t, host, "--root", testRoot(t)); err != nil {
 				t.Fatal(err)
 			}
-			reads := host.env.Reads()
-			if len(reads) == 0 {
-				t.Fatal("no variable read through the table's reader")
-			}
-			for _, name := range slices.Sorted(maps.Keys(reads)) {
-				if n := reads[name]; n > 1 && !readByCaptureToo[name] {
-					t.Errorf("%s read %d times in one start", name, n)
-				}
-				if _, ok := config.Find(name); !ok {
-					t.Errorf("%s read, but not in config.Env", name)
-				}
-			}
+			checkReadOnce(t, host.env.Reads())
 		})
+	}
+}
+
+// standalone layers its defaults on the environment: the builders read that
+// layer once per variable too.
+func TestStandaloneReadsEachVariableOnce(t *testing.T) {
+	cfg, _, err := parseStandalone(t, newStandaloneHost(t, nil), "--root", testRoot(t), "--mesh", sampleMesh(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReadOnce(t, cfg.env.Reads())
+}
+
+// checkReadOnce: one start read each variable at most once (but the
+// readByCaptureToo pair), and only variables of the table.
+func checkReadOnce(t *testing.T, reads map[string]int) {
+	t.Helper()
+	if len(reads) == 0 {
+		t.Fatal("no variable read through the config's reader")
+	}
+	for _, name := range slices.Sorted(maps.Keys(reads)) {
+		if n := reads[name]; n > 1 && !readByCaptureToo[name] {
+			t.Errorf("%s read %d times in one start", name, n)
+		}
+		if _, ok := config.Find(name); !ok {
+			t.Errorf("%s read, but not in config.Env", name)
+		}
 	}
 }
 
