@@ -38,6 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/nametable"
 	"github.com/meshagent/meshagent/tree"
@@ -78,6 +79,12 @@ type agentConfig struct {
 	// lock is the root's lock (rootlock.go), held while the agent runs;
 	// nil when none was taken.
 	lock io.Closer
+	// env is the environment the config was built from (standalone's and a
+	// VM's are layered on the process's): its Reads are what the start read.
+	env *config.Reader
+	// gogc is GOGC as the operator set it (even empty); nil: the agent
+	// sets its own GC target (memory.go).
+	gogc *string
 }
 
 // release drops the root's lock: at exit, or when the run stops before
@@ -95,7 +102,34 @@ type podInfo struct {
 	// nodeIPs are INSTANCE_IP's addresses, then the host's private ones;
 	// the first is in Envoy's node id.
 	nodeIPs []string
-	domain  string // --domain, else <namespace>.svc.cluster.local
+	// instanceIP is INSTANCE_IP's first address ("" when unset or bad):
+	// where the application's probes go (Istio's PodIP).
+	instanceIP string
+	domain     string // --domain, else <namespace>.svc.cluster.local
+}
+
+// sharedVars are the variables more than one service's config uses, read
+// once and handed to each (#26: PROV_CERT was read three times). All are
+// plain strings: reading them where a builder would not (PILOT_CERT_PROVIDER
+// =none) reports nothing.
+type sharedVars struct {
+	provCert    string // PROV_CERT: the CA's and istiod's roots (certs, xdsproxy)
+	outputCerts string // OUTPUT_CERTS: where certs writes, what proxyless gRPC reads
+	istiodSAN   string // ISTIOD_SAN: istiod's name, as the CA and as the control plane
+	clusterID   string // ISTIO_META_CLUSTER_ID: in CSRs and xDS requests
+	// workloadSocketFile is WORKLOAD_IDENTITY_SOCKET_FILE: the SDS socket's
+	// name, which Envoy's bootstrap names too.
+	workloadSocketFile string
+}
+
+func readSharedVars(r envReader) sharedVars {
+	return sharedVars{
+		provCert:           envVar(r, "PROV_CERT", "", config.ParseString),
+		outputCerts:        envVar(r, "OUTPUT_CERTS", "", config.ParseString),
+		istiodSAN:          envVar(r, "ISTIOD_SAN", "", config.ParseString),
+		clusterID:          envVar(r, "ISTIO_META_CLUSTER_ID", "", config.ParseString),
+		workloadSocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, config.ParseString),
+	}
 }
 
 // buildAgentConfig turns the inputs into every service's config, validated.
@@ -108,7 +142,10 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	}
 	r := envReader{env: in.host.env, problems: p}
 	f := in.flags
-	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p)}
+	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p), env: in.host.env}
+	if v, ok := in.host.env.Lookup("GOGC"); ok {
+		c.gogc = &v
+	}
 	if len(in.args) > 0 {
 		c.proxyType = in.args[0]
 	}
@@ -116,7 +153,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	case len(in.args) > 1:
 		p.addf("proxy: %q: want at most one argument, the proxy type", in.args)
 	case c.proxyType != "sidecar" && c.proxyType != "router" && c.proxyType != "waypoint":
-		p.addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", quoteValue(c.proxyType))
+		p.addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", config.QuoteValue(c.proxyType))
 		// Reported once: the rest of the build goes on as a sidecar, so
 		// that the bootstrap's check does not say it again (#21).
 		c.proxyType = "sidecar"
@@ -146,14 +183,14 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		injected:        in.standalone.proxyConfigLayer(),
 		meshConfigFile:  rooted(c.root, meshFile),
 		meshConfigFlag:  f.meshConfig,
-		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", parseString),
+		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", config.ParseString),
 		annotationsFile: rooted(c.root, podAnnotationsFile),
 	}, in.log)
 	if err != nil {
 		p.add(err)
 		return nil, p.err() // every service's config depends on it
 	}
-	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", parseCount), f.concurrency, in.log)
+	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", config.ParseCount), f.concurrency, in.log)
 	if err := validateProxyConfig(pc); err != nil {
 		p.addf("invalid proxy configuration: %w", err)
 		return nil, p.err()
@@ -176,7 +213,8 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	}
 
 	dns := dnsConfig(r, f, pod, c.proxyType)
-	certsCfg, sdsCfg := identityConfig(r, c.root, pod, pc)
+	shared := readSharedVars(r)
+	certsCfg, sdsCfg := identityConfig(r, c.root, pod, shared, pc)
 	sdsSocket := rooted(c.root, workloadIdentityDir+"/"+workloadSocketFile)
 	filesSDSSocket := ""
 	if sdsCfg != nil {
@@ -186,7 +224,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		}
 	}
 	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
 		lookPath: in.host.lookPath})
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
@@ -200,7 +238,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.host, in.log),
-		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg,
+		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS: dns.proxy,
 	}
@@ -210,7 +248,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	if in.noCapture {
 		c.tree.Capture = nil
 	}
-	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
+	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
 	c.tree.ControlPlane, c.tree.CA = in.standalone.peers(c.root, certsCfg)
 	treePolicies(&c.tree, f, pc)
 	p.add(c.tree.Validate())
@@ -226,16 +264,16 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 func checkRoot(root string, p *problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.addf("--root %s: %v", quoteValue(root), err)
+		p.addf("--root %s: %v", config.QuoteValue(root), err)
 		return ""
 	}
 	switch st, err := os.Stat(abs); {
 	case errors.Is(err, fs.ErrNotExist):
-		p.addf("--root %s: %s does not exist", quoteValue(root), abs)
+		p.addf("--root %s: %s does not exist", config.QuoteValue(root), abs)
 	case err != nil:
-		p.addf("--root %s: %v", quoteValue(root), err)
+		p.addf("--root %s: %v", config.QuoteValue(root), err)
 	case !st.IsDir():
-		p.addf("--root %s: %s is not a directory", quoteValue(root), abs)
+		p.addf("--root %s: %s is not a directory", config.QuoteValue(root), abs)
 	default:
 		return abs
 	}
@@ -247,20 +285,23 @@ func checkRoot(root string, p *problems) string {
 // getDNSDomain and IP discovery).
 func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 	pod := podInfo{
-		name:           envVar(r, "POD_NAME", "", parseString),
-		namespace:      envVar(r, "POD_NAMESPACE", "", parseDNSLabel),
-		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", parseDNSSubdomain),
+		name:           envVar(r, "POD_NAME", "", config.ParseString),
+		namespace:      envVar(r, "POD_NAMESPACE", "", config.ParseDNSLabel),
+		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", config.ParseDNSSubdomain),
 		domain:         f.domain,
 	}
 	if pod.domain == "" {
 		pod.domain = pod.namespace + ".svc.cluster.local"
 	}
-	if v, ok := r.env.get("INSTANCE_IP"); ok {
-		for _, s := range strings.Split(v, ",") {
+	if v, ok := r.env.Text("INSTANCE_IP"); ok {
+		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
+				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", config.QuoteValue(v), config.QuoteValue(s))
 				continue
+			}
+			if i == 0 {
+				pod.instanceIP = ip.String()
 			}
 			pod.nodeIPs = append(pod.nodeIPs, ip.String())
 		}

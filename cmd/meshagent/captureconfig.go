@@ -17,6 +17,11 @@ import (
 // remove on stop; otherwise it only verifies them.
 func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger) *capture.ServiceConfig {
 	settings := bindCaptureSettings(pflag.NewFlagSet("capture", pflag.ContinueOnError))
+	// istio-iptables' settings read the environment as Istio's init
+	// container does: REDIRECT_DNS and DUAL_STACK fall back to
+	// ISTIO_META_DNS_CAPTURE and ISTIO_DUAL_STACK, which the DNS proxy's and
+	// Envoy's configs read as well (#26: the one pair of variables with two
+	// readers in a start; a bad value is reported once, by the first).
 	cfg, err := settings.config(host)
 	if err != nil {
 		r.problems.addf("capture settings: %w", err)

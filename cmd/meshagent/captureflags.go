@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/capture"
 )
 
@@ -26,18 +27,18 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	c := &captureSettings{s: newSettings(fs)}
 	d, cfg, s := capture.Default(), &c.cfg, c.s
 	str := func(p *string, name, short, def, usage string, env ...string) {
-		flagVar(s, p, def, parseString, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
+		flagVar(s, p, def, config.ParseString, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
 	}
 	boolean := func(p *bool, name, short, usage string, env ...string) {
-		flagVar(s, p, false, parseBool, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
+		flagVar(s, p, false, config.ParseBool, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
 	}
 	// --envoy-port has no env binding in Istio (ENVOY_PORT is not read).
-	flagVar(s, &cfg.ProxyPort, d.ProxyPort, parseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
+	flagVar(s, &cfg.ProxyPort, d.ProxyPort, config.ParseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
 	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", d.InboundCapturePort, "Port to which all inbound TCP traffic is redirected")
 	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", d.InboundTunnelPort, "Envoy's HBONE tunnel port (never captured)")
-	optionalFlagVar(s, &c.proxyUID, parseString, flagSpec{name: "proxy-uid", short: "u", env: []string{"PROXY_UID"},
+	optionalFlagVar(s, &c.proxyUID, config.ParseString, flagSpec{name: "proxy-uid", short: "u", env: []string{"PROXY_UID"},
 		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + d.ProxyUID + ")"})
-	optionalFlagVar(s, &c.proxyGID, parseString, flagSpec{name: "proxy-gid", short: "g", env: []string{"PROXY_GID"},
+	optionalFlagVar(s, &c.proxyGID, config.ParseString, flagSpec{name: "proxy-gid", short: "g", env: []string{"PROXY_GID"},
 		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"})
 	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "", "Inbound interception mode: REDIRECT or TPROXY")
 	str(&cfg.InboundTProxyMark, "istio-inbound-tproxy-mark", "t", d.InboundTProxyMark, "Packet mark used by TPROXY mode")
@@ -51,8 +52,8 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	str(&cfg.OutboundPortsExclude, "istio-local-outbound-ports-exclude", "o", "", "Outbound ports never captured")
 	str(&cfg.RerouteVirtualInterfaces, "kube-virt-interfaces", "k", "", "Virtual interfaces whose inbound traffic is treated as outbound")
 	boolean(&cfg.DryRun, "dry-run", "n", "Print the rules; change nothing")
-	flagVar(s, &c.probePort, int(d.IptablesProbePort), parsePort, flagSpec{name: "iptables-probe-port", env: []string{"IPTABLES_PROBE_PORT"}, usage: "Port the validation probe dials"})
-	flagVar(s, &cfg.ProbeTimeout, d.ProbeTimeout, parseDuration, flagSpec{name: "probe-timeout", env: []string{"PROBE_TIMEOUT"}, usage: "Validation probe timeout"})
+	flagVar(s, &c.probePort, int(d.IptablesProbePort), config.ParsePort, flagSpec{name: "iptables-probe-port", env: []string{"IPTABLES_PROBE_PORT"}, usage: "Port the validation probe dials"})
+	flagVar(s, &cfg.ProbeTimeout, d.ProbeTimeout, config.ParseDuration, flagSpec{name: "probe-timeout", env: []string{"PROBE_TIMEOUT"}, usage: "Validation probe timeout"})
 	boolean(&cfg.SkipRuleApply, "skip-rule-apply", "", "Do not program rules (validate only)")
 	boolean(&cfg.RunValidation, "run-validation", "", "Check with a probe connection that capture works")
 	boolean(&cfg.RedirectDNS, "redirect-dns", "", "Redirect DNS to the agent's DNS proxy (15053)", "ISTIO_META_DNS_CAPTURE")
@@ -83,7 +84,7 @@ func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
 	} else if host.lookupUID != nil {
-		if uid, err := host.lookupUID(envVar(r, "ENVOY_USER", "istio-proxy", parseString)); err == nil {
+		if uid, err := host.lookupUID(envVar(r, "ENVOY_USER", "istio-proxy", config.ParseString)); err == nil {
 			cfg.ProxyUID = uid
 		}
 	}
@@ -91,9 +92,9 @@ func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
 	if c.proxyGID != nil && *c.proxyGID != "" {
 		cfg.ProxyGID = *c.proxyGID
 	}
-	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, parseString)
-	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", parseString)
-	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, parseString)
+	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, config.ParseString)
+	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", config.ParseString)
+	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, config.ParseString)
 	return cfg, c.s.problems.err()
 }
 

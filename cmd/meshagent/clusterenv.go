@@ -16,6 +16,8 @@ import (
 	"io/fs"
 	"regexp"
 	"strings"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // envFileName is a shell variable name.
@@ -62,17 +64,17 @@ func parseEnvLine(line string) (string, string, error) {
 	line = strings.TrimPrefix(line, "export ")
 	key, raw, ok := strings.Cut(line, "=")
 	if !ok {
-		return "", "", fmt.Errorf("%s: want KEY=VALUE", quoteValue(line))
+		return "", "", fmt.Errorf("%s: want KEY=VALUE", config.QuoteValue(line))
 	}
 	if !envFileName.MatchString(key) {
-		return "", "", fmt.Errorf("%s is not a variable name", quoteValue(key))
+		return "", "", fmt.Errorf("%s is not a variable name", config.QuoteValue(key))
 	}
 	value, rest, err := unquoteEnvValue(raw)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w", key, err)
 	}
 	if rest = strings.TrimSpace(rest); rest != "" && !strings.HasPrefix(rest, "#") {
-		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, quoteValue(rest))
+		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, config.QuoteValue(rest))
 	}
 	return key, value, nil
 }
@@ -101,7 +103,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 					b.WriteByte(c)
 				}
 			case '$', '`':
-				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", quoteValue(raw))
+				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", config.QuoteValue(raw))
 			default:
 				b.WriteByte(c)
 			}
@@ -110,7 +112,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 	}
 	value, rest, _ = strings.Cut(raw, " ")
 	if strings.ContainsAny(value, "$`'\"\\;|&<>(){}") {
-		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", quoteValue(value))
+		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", config.QuoteValue(value))
 	}
 	return value, rest, nil
 }

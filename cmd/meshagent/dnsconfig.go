@@ -3,6 +3,7 @@ package main
 import (
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/dnsproxy"
 )
 
@@ -10,7 +11,10 @@ import (
 // need to know.
 type dnsSettings struct {
 	proxy *dnsproxy.Config // nil: the DNS proxy is off
-	addr  string           // DNS_PROXY_ADDR
+	addr  string           // DNS_PROXY_ADDR, else localhost:15053
+	// given is DNS_PROXY_ADDR as set ("" when unset): Istio's agent copies
+	// it into Envoy's node metadata whether or not its DNS proxy runs.
+	given string
 }
 
 // enabled says whether the DNS proxy runs.
@@ -20,16 +24,17 @@ func (d dnsSettings) enabled() bool { return d.proxy != nil }
 // ISTIO_META_DNS_CAPTURE (sidecars only, as Istio) or
 // ISTIO_META_ENABLE_DNS_SERVER, or when --name-table is given.
 func dnsConfig(r envReader, f *proxyFlags, pod podInfo, proxyType string) dnsSettings {
-	capture := envVar(r, "ISTIO_META_DNS_CAPTURE", false, parseBool)
-	server := envVar(r, "ISTIO_META_ENABLE_DNS_SERVER", false, parseBool)
-	d := dnsSettings{addr: envVar(r, "DNS_PROXY_ADDR", dnsProxyAddr, parseString)}
+	capture := envVar(r, "ISTIO_META_DNS_CAPTURE", false, config.ParseBool)
+	server := envVar(r, "ISTIO_META_ENABLE_DNS_SERVER", false, config.ParseBool)
+	given := envVar(r, "DNS_PROXY_ADDR", "", config.ParseString)
+	d := dnsSettings{addr: nonEmpty(given, dnsProxyAddr), given: given}
 	cfg := &dnsproxy.Config{
 		Listen:          d.addr,
 		ResolvConf:      f.resolvConf,
 		Namespace:       pod.namespace,
 		Domain:          pod.domain,
-		ForwardTimeout:  envVar(r, "DNS_FORWARD_TIMEOUT", 5*time.Second, parseDuration), // Istio's dnsClient.DefaultUpstreamTimeout
-		ForwardParallel: envVar(r, "DNS_FORWARD_PARALLEL", false, parseBool),
+		ForwardTimeout:  envVar(r, "DNS_FORWARD_TIMEOUT", 5*time.Second, config.ParseDuration), // Istio's dnsClient.DefaultUpstreamTimeout
+		ForwardParallel: envVar(r, "DNS_FORWARD_PARALLEL", false, config.ParseBool),
 	}
 	if capture && proxyType == "sidecar" || server || f.nameTable != "" {
 		d.proxy = cfg

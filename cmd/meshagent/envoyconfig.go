@@ -14,6 +14,7 @@ import (
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 )
@@ -28,6 +29,7 @@ type envoyInputs struct {
 	pod       podInfo
 	proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
+	shared    sharedVars
 	euid      int
 	// runAs, when not nil, is the uid/gid Envoy runs as whatever else
 	// (`meshagent vm`: Istio's istio-proxy user).
@@ -51,7 +53,9 @@ type envoyInputs struct {
 // announce the same node.
 func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
 	pc := in.proxy
-	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, parseBool)
+	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, config.ParseBool)
+	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
+	env := r.env.All()
 	b := &envoy.BootstrapConfig{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
@@ -61,7 +65,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Domain:          in.pod.domain,
 		IstioVersion:    currentVersion().Version,
 		Proxy:           pc,
-		Env:             r.env.all(),
+		Env:             env,
 		LabelsFile:      rooted(in.root, podLabelsFile),
 		AnnotationsFile: rooted(in.root, podAnnotationsFile),
 		ConfigPath:      rooted(in.root, pc.ConfigPath),
@@ -73,29 +77,29 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		OutlierLogPath:  in.flags.outlierLogPath,
 		LogAsJSON:       in.logAsJSON,
 
-		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", envoyStatusPort, parsePort),
-		EnvoyPrometheusPort:         envVar(r, "ENVOY_PROMETHEUS_PORT", envoyPrometheusPort, parsePort),
-		IstioBootstrap:              envVar(r, "ISTIO_BOOTSTRAP", "", parseString),
-		OverrideFile:                envVar(r, "ISTIO_BOOTSTRAP_OVERRIDE", "", parseString),
-		HostIP:                      envVar(r, "HOST_IP", "", parseString),
-		DeltaXDS:                    envVar(r, "ISTIO_DELTA_XDS", true, parseBool),
-		DualStack:                   envVar(r, "ISTIO_DUAL_STACK", false, parseBool),
-		ExitOnZeroActiveConnections: envVar(r, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, parseBool),
-		MetadataDiscovery:           optionalEnvVar(r, "PEER_METADATA_DISCOVERY", parseBool),
+		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", envoyStatusPort, config.ParsePort),
+		EnvoyPrometheusPort:         envVar(r, "ENVOY_PROMETHEUS_PORT", envoyPrometheusPort, config.ParsePort),
+		IstioBootstrap:              envVar(r, "ISTIO_BOOTSTRAP", "", config.ParseString),
+		OverrideFile:                envVar(r, "ISTIO_BOOTSTRAP_OVERRIDE", "", config.ParseString),
+		HostIP:                      envVar(r, "HOST_IP", "", config.ParseString),
+		DeltaXDS:                    envVar(r, "ISTIO_DELTA_XDS", true, config.ParseBool),
+		DualStack:                   envVar(r, "ISTIO_DUAL_STACK", false, config.ParseBool),
+		ExitOnZeroActiveConnections: envVar(r, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, config.ParseBool),
+		MetadataDiscovery:           optionalEnvVar(r, "PEER_METADATA_DISCOVERY", config.ParseBool),
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
 		CredentialSocketExists: sds.SocketLive(rooted(in.root, credentialSocket)),
 		// Istio's agent copies DNS_PROXY_ADDR into the node metadata as set,
 		// whether or not its DNS proxy runs.
-		DNSProxyAddr:               envVar(r, "DNS_PROXY_ADDR", "", parseString),
+		DNSProxyAddr:               in.dns.given,
 		SkipDeprecatedLogs:         skipDeprecatedLogs,
-		WorkloadIdentitySocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, parseString),
-		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, parsePortOrOff),
-		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, parsePortOrOff),
-		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, parseBool),
-		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", parseString),
-		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, parseBool),
+		WorkloadIdentitySocketFile: in.shared.workloadSocketFile,
+		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, config.ParsePortOrOff),
+		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, config.ParsePortOrOff),
+		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, config.ParseBool),
+		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", config.ParseString),
+		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, config.ParseBool),
 		Platform:                   platform(r),
 	}
 	if in.flags.serviceCluster != nil {
@@ -116,7 +120,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
 		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
-		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, parseBool),
+		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, config.ParseBool),
 	}
 	if d := pc.GetFileFlushInterval(); d != nil {
 		args.FileFlushInterval = d.AsDuration()
@@ -124,10 +128,10 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	// MINIMUM_DRAIN_DURATION=0 means no minimum: only an unset variable
 	// takes Istio's default.
 	minimumDrain := minimumDrainDuration
-	if d := optionalEnvVar(r, "MINIMUM_DRAIN_DURATION", parseDuration); d != nil {
+	if d := optionalEnvVar(r, "MINIMUM_DRAIN_DURATION", config.ParseDuration); d != nil {
 		minimumDrain = *d
 	}
-	if envVar(r, "DISABLE_ENVOY", false, parseBool) {
+	if envVar(r, "DISABLE_ENVOY", false, config.ParseBool) {
 		return nil, b
 	}
 	// What Envoy is started from is checked now: a missing file was found
@@ -155,7 +159,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		ExcludedListeners:           b.AgentListenerStats(),
 		KillGrace:                   envoy.DefaultKillGrace,
 		ReadyPollInterval:           envoy.DefaultReadyPollInterval,
-		Env:                         r.env.all(),
+		Env:                         env,
 		// Crash records (issue 22) beside the bootstrap, in the directory
 		// Istio's injector mounts writable (istio-envoy, an emptyDir).
 		CrashDir: rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
@@ -191,7 +195,7 @@ func checkEnvoyBinary(p *problems, path string, lookPath func(string) (string, e
 		why = err.Error()
 	}
 	p.addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
-		quoteValue(path), why)
+		config.QuoteValue(path), why)
 }
 
 // checkRegularFile reports a variable that does not name a readable
@@ -200,15 +204,15 @@ func checkRegularFile(p *problems, name, path string) {
 	st, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		p.addf("%s=%s: no such file", name, quoteValue(path))
+		p.addf("%s=%s: no such file", name, config.QuoteValue(path))
 	case err != nil:
-		p.addf("%s=%s: %v", name, quoteValue(path), err)
+		p.addf("%s=%s: %v", name, config.QuoteValue(path), err)
 	case !st.Mode().IsRegular():
-		p.addf("%s=%s: not a regular file", name, quoteValue(path))
+		p.addf("%s=%s: not a regular file", name, config.QuoteValue(path))
 	default:
 		f, err := os.Open(path)
 		if err != nil {
-			p.addf("%s=%s: %v", name, quoteValue(path), err)
+			p.addf("%s=%s: %v", name, config.QuoteValue(path), err)
 			return
 		}
 		f.Close()
@@ -225,14 +229,6 @@ func drainQuery(proxyType string) string {
 	return gatewayDrainQuery
 }
 
-// parsePortOrOff is a port, or 0 for none.
-func parsePortOrOff(s string) (int, error) {
-	if s == "0" {
-		return 0, nil
-	}
-	return parsePort(s)
-}
-
 // platform is the cloud platform's metadata as Istio's agent finds it
 // without asking a metadata server (pkg/bootstrap/platform): on GCP
 // (CLOUD_PLATFORM=gcp, or unset with GCP_METADATA), GCP_METADATA
@@ -240,8 +236,8 @@ func parsePortOrOff(s string) (int, error) {
 // and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
 // Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
 func platform(r envReader) envoy.Platform {
-	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", parseString))
-	gcpMeta := envVar(r, "GCP_METADATA", "", parseString)
+	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", config.ParseString))
+	gcpMeta := envVar(r, "GCP_METADATA", "", config.ParseString)
 	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
 		return envoy.Platform{}
 	}
@@ -250,10 +246,10 @@ func platform(r envReader) envoy.Platform {
 		md["gcp_project"], md["gcp_project_number"], md["gcp_gke_cluster_name"], md["gcp_location"] = parts[0], parts[1], parts[2], parts[3]
 		md["gcp_gke_cluster_url"] = fmt.Sprintf("https://container.googleapis.com/v1/projects/%s/locations/%s/clusters/%s", parts[0], parts[3], parts[2])
 	}
-	if q := envVar(r, "GCP_QUOTA_PROJECT", "", parseString); q != "" {
+	if q := envVar(r, "GCP_QUOTA_PROJECT", "", config.ParseString); q != "" {
 		md["gcp_quota_project"] = q
 	}
-	zone := envVar(r, "GCP_ZONE", "", parseString)
+	zone := envVar(r, "GCP_ZONE", "", config.ParseString)
 	if zone != "" {
 		md["gcp_zone"] = zone
 	}

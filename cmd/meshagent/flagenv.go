@@ -11,67 +11,17 @@ package main
 import (
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
-// environment is the process environment as the configuration sees it: a
-// lookup, and the whole list for prefixed variables (ISTIO_META_*,
-// CA_HEADER_*). An empty value counts as unset, as a Kubernetes `value: ""`
-// usually means.
-type environment struct {
-	lookup func(string) (string, bool)
-	list   func() []string
-}
-
-// get returns the variable's value and whether it is set and not empty.
-func (e environment) get(name string) (string, bool) {
-	if e.lookup == nil {
-		return "", false
-	}
-	v, ok := e.lookup(name)
-	return v, ok && v != ""
-}
-
-// all is the environment as NAME=value lines.
-func (e environment) all() []string {
-	if e.list == nil {
-		return nil
-	}
-	return e.list()
-}
-
-// prefixed returns every variable whose name starts with prefix, keyed by
-// the rest of the name (CA_HEADER_X-Foo=bar ⇒ "X-Foo": "bar").
-func (e environment) prefixed(prefix string) map[string]string {
-	out := map[string]string{}
-	for _, kv := range e.all() {
-		k, v, ok := strings.Cut(kv, "=")
-		if ok && len(k) > len(prefix) && strings.HasPrefix(k, prefix) {
-			out[k[len(prefix):]] = v
-		}
-	}
-	return out
-}
-
-// mapEnvironment is an environment made of a map: tests, and the capture
-// settings of `proxy` that read no flags.
-func mapEnvironment(m map[string]string) environment {
-	return environment{
-		lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok },
-		list: func() []string {
-			out := make([]string, 0, len(m))
-			for k, v := range m {
-				out = append(out, k+"="+v)
-			}
-			return out
-		},
-	}
-}
+// mapEnvironment is a reader of an environment made of a map: tests, and
+// the layers built on the process environment (the VM's cluster.env).
+func mapEnvironment(m map[string]string) *config.Reader { return config.NewReader(config.FromMap(m)) }
 
 // problems collects bad values, each naming where it came from (a flag, an
 // environment variable, a file) and the value.
@@ -88,70 +38,6 @@ func (p *problems) addf(format string, args ...any) { p.add(fmt.Errorf(format, a
 // err is every problem, joined; nil if there was none.
 func (p *problems) err() error { return errors.Join(p.errs...) }
 
-// maxShownValue bounds how much of a bad value an error repeats: a 100 KB
-// variable must not become a 100 KB error line (#21). The start and the end
-// are kept, where a path or a suffix usually says what went wrong.
-const maxShownValue = 120
-
-// quoteValue is a flag's or a variable's text as an error shows it: quoted,
-// and cut in the middle when long, with its length.
-func quoteValue(s string) string {
-	if len(s) <= maxShownValue {
-		return strconv.Quote(s)
-	}
-	const tail = maxShownValue / 4
-	return fmt.Sprintf("%s…%s (%d bytes)", strconv.Quote(s[:maxShownValue-tail]), strconv.Quote(s[len(s)-tail:]), len(s))
-}
-
-// parser turns a flag's or a variable's text into a value, or says what a
-// good value looks like.
-type parser[T any] func(string) (T, error)
-
-func parseString(s string) (string, error) { return s, nil }
-
-func parseBool(s string) (bool, error) {
-	b, err := strconv.ParseBool(strings.TrimSpace(s))
-	if err != nil {
-		return false, errors.New("want true or false")
-	}
-	return b, nil
-}
-
-// parseCount is a whole number, 0 or more.
-func parseCount(s string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil || n < 0 {
-		return 0, errors.New("want a whole number, 0 or more")
-	}
-	return n, nil
-}
-
-// parsePort is a TCP/UDP port, 1-65535.
-func parsePort(s string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil || n < 1 || n > math.MaxUint16 {
-		return 0, errors.New("want a port, 1-65535")
-	}
-	return n, nil
-}
-
-// parseDuration is a Go duration, 0 or more ("5s", "100ms").
-func parseDuration(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	if err != nil || d < 0 {
-		return 0, errors.New("want a duration such as 5s")
-	}
-	return d, nil
-}
-
-func parseFloat(s string) (float64, error) {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil {
-		return 0, errors.New("want a number")
-	}
-	return f, nil
-}
-
 // flagSpec names a flag and the environment variables that stand in for it
 // when it is not given (the first one set wins).
 type flagSpec struct {
@@ -167,7 +53,7 @@ type settings struct {
 	fs       *pflag.FlagSet
 	problems *problems
 	// fromEnv sets the flags that were not given from their variables.
-	fromEnv []func(environment)
+	fromEnv []func(*config.Reader)
 }
 
 func newSettings(fs *pflag.FlagSet) *settings {
@@ -176,7 +62,7 @@ func newSettings(fs *pflag.FlagSet) *settings {
 
 // resolve applies the environment to every flag the command line did not
 // give, and returns every bad value, of flags and variables alike.
-func (s *settings) resolve(env environment) error {
+func (s *settings) resolve(env *config.Reader) error {
 	for _, apply := range s.fromEnv {
 		apply(env)
 	}
@@ -185,7 +71,7 @@ func (s *settings) resolve(env environment) error {
 
 // flagVar defines a flag whose value is the command line's, else the first
 // of spec.env that is set, else def. The variables are named in --help.
-func flagVar[T any](s *settings, p *T, def T, parse parser[T], spec flagSpec) {
+func flagVar[T any](s *settings, p *T, def T, parse config.Parser[T], spec flagSpec) {
 	*p = def
 	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse)
 }
@@ -193,12 +79,12 @@ func flagVar[T any](s *settings, p *T, def T, parse parser[T], spec flagSpec) {
 // optionalFlagVar defines a flag whose value stays nil unless the command
 // line or one of spec.env gives it: "not set" is visible, and differs from
 // a zero (consul-dataplane's pointer fields).
-func optionalFlagVar[T any](s *settings, p **T, parse parser[T], spec flagSpec) {
+func optionalFlagVar[T any](s *settings, p **T, parse config.Parser[T], spec flagSpec) {
 	*p = nil
 	defineFlag(s, spec, "", func(v T) { *p = &v }, parse)
 }
 
-func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), parse parser[T]) {
+func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), parse config.Parser[T]) {
 	usage := spec.usage
 	if len(spec.env) > 0 {
 		usage += " (env " + strings.Join(spec.env, ", ") + ")"
@@ -208,21 +94,20 @@ func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), 
 	if v.Type() == "bool" {
 		f.NoOptDefVal = "true" // --chaos alone means true, as a pflag bool
 	}
-	s.fromEnv = append(s.fromEnv, func(env environment) {
+	s.fromEnv = append(s.fromEnv, func(env *config.Reader) {
 		if s.fs.Changed(spec.name) {
 			return
 		}
 		for _, name := range spec.env {
-			text, ok := env.get(name)
-			if !ok {
-				continue
+			val, ok, err := config.Value(env, name, parse)
+			if err != nil {
+				s.problems.add(err)
+				return
 			}
-			if val, err := parse(text); err != nil {
-				s.problems.addf("%s=%s: %v", name, quoteValue(text), err)
-			} else {
+			if ok {
 				set(val)
+				return
 			}
-			return
 		}
 	})
 }
@@ -234,7 +119,7 @@ type flagValue[T any] struct {
 	name     string
 	text     string
 	set      func(T)
-	parse    parser[T]
+	parse    config.Parser[T]
 	problems *problems
 }
 
@@ -244,7 +129,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.problems.addf("--%s %s: %v", v.name, quoteValue(text), err)
+		v.problems.addf("--%s %s: %v", v.name, config.QuoteValue(text), err)
 		return nil
 	}
 	v.set(val)
@@ -269,12 +154,12 @@ func (v *flagValue[T]) Type() string {
 
 // envReader reads environment-only settings, collecting bad values.
 type envReader struct {
-	env      environment
+	env      *config.Reader
 	problems *problems
 }
 
 // envVar is the variable's value, else def.
-func envVar[T any](r envReader, name string, def T, parse parser[T]) T {
+func envVar[T any](r envReader, name string, def T, parse config.Parser[T]) T {
 	if v := optionalEnvVar(r, name, parse); v != nil {
 		return *v
 	}
@@ -283,14 +168,10 @@ func envVar[T any](r envReader, name string, def T, parse parser[T]) T {
 
 // optionalEnvVar is the variable's value, or nil when it is not set (or
 // not valid: then the problem is collected).
-func optionalEnvVar[T any](r envReader, name string, parse parser[T]) *T {
-	text, ok := r.env.get(name)
+func optionalEnvVar[T any](r envReader, name string, parse config.Parser[T]) *T {
+	v, ok, err := config.Value(r.env, name, parse)
+	r.problems.add(err)
 	if !ok {
-		return nil
-	}
-	v, err := parse(text)
-	if err != nil {
-		r.problems.addf("%s=%s: %v", name, quoteValue(text), err)
 		return nil
 	}
 	return &v

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -21,11 +22,11 @@ type testSettings struct {
 
 func bindTestSettings(fs *pflag.FlagSet) (*settings, *testSettings) {
 	s, v := newSettings(fs), &testSettings{}
-	flagVar(s, &v.port, 15000, parsePort, flagSpec{name: "port", env: []string{"PORT"}, usage: "a port"})
-	flagVar(s, &v.wait, 5*time.Second, parseDuration, flagSpec{name: "wait", env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
-	flagVar(s, &v.on, false, parseBool, flagSpec{name: "on", short: "o", env: []string{"ON"}, usage: "a switch"})
-	optionalFlagVar(s, &v.optional, parseCount, flagSpec{name: "optional", env: []string{"OPTIONAL"}, usage: "maybe a count"})
-	flagVar(s, &v.name, "x", parseString, flagSpec{name: "name", usage: "no variable"})
+	flagVar(s, &v.port, 15000, config.ParsePort, flagSpec{name: "port", env: []string{"PORT"}, usage: "a port"})
+	flagVar(s, &v.wait, 5*time.Second, config.ParseDuration, flagSpec{name: "wait", env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
+	flagVar(s, &v.on, false, config.ParseBool, flagSpec{name: "on", short: "o", env: []string{"ON"}, usage: "a switch"})
+	optionalFlagVar(s, &v.optional, config.ParseCount, flagSpec{name: "optional", env: []string{"OPTIONAL"}, usage: "maybe a count"})
+	flagVar(s, &v.name, "x", config.ParseString, flagSpec{name: "name", usage: "no variable"})
 	return s, v
 }
 
@@ -97,16 +98,16 @@ func TestHelpNamesTheVariables(t *testing.T) {
 func TestEnvVar(t *testing.T) {
 	p := &problems{}
 	r := envReader{env: mapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
-	if got := envVar(r, "N", 1, parseCount); got != 3 {
+	if got := envVar(r, "N", 1, config.ParseCount); got != 3 {
 		t.Errorf("N = %d", got)
 	}
-	if got := envVar(r, "EMPTY", 1, parseCount); got != 1 {
+	if got := envVar(r, "EMPTY", 1, config.ParseCount); got != 1 {
 		t.Errorf("EMPTY = %d, want the default", got)
 	}
-	if got := optionalEnvVar(r, "UNSET", parseCount); got != nil {
+	if got := optionalEnvVar(r, "UNSET", config.ParseCount); got != nil {
 		t.Errorf("UNSET = %v, want nil", *got)
 	}
-	if got := envVar(r, "BAD", 1, parseCount); got != 1 || p.err() == nil || !strings.Contains(p.err().Error(), `BAD="x"`) {
+	if got := envVar(r, "BAD", 1, config.ParseCount); got != 1 || p.err() == nil || !strings.Contains(p.err().Error(), `BAD="x"`) {
 		t.Errorf("BAD = %d, problems %v", got, p.err())
 	}
 }
@@ -118,17 +119,4 @@ func deref(p *int) any {
 		return nil
 	}
 	return *p
-}
-
-// A bad value is shown whole when short, else its start and end and its
-// length: a 100 KB variable makes a short error (#21).
-func TestQuoteValueCutsLongValues(t *testing.T) {
-	if got := quoteValue("maybe"); got != `"maybe"` {
-		t.Errorf("quoteValue(maybe) = %s", got)
-	}
-	long := "start" + strings.Repeat("x", 100*1024) + "end"
-	got := quoteValue(long)
-	if len(got) > 2*maxShownValue || !strings.HasPrefix(got, `"start`) || !strings.Contains(got, `end" (102408 bytes)`) {
-		t.Errorf("quoteValue(100 KB) = %s", got)
-	}
 }

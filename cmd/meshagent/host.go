@@ -9,14 +9,17 @@ import (
 	"os/exec"
 	"os/user"
 	"syscall"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // hostInputs is everything the configuration reads from the host besides
 // flags and files under --root: production fills it from the real host
 // (realHost), tests by hand. Nothing below cmd reads the host itself.
 type hostInputs struct {
-	// env is the process environment.
-	env environment
+	// env is the process environment, read by config.Env's names, each read
+	// counted (#26).
+	env *config.Reader
 	// euid is the agent's effective uid (Envoy runs as 1337 only when the
 	// agent is root and DNS is served on :53, as in Istio).
 	euid int
@@ -43,7 +46,7 @@ type hostInputs struct {
 // realHost reads the host the agent runs on.
 func realHost() hostInputs {
 	return hostInputs{
-		env:            environment{lookup: os.LookupEnv, list: os.Environ},
+		env:            config.NewReader(config.Process()),
 		euid:           os.Geteuid(),
 		interfaceAddrs: interfaceAddrs,
 		resolvConf:     resolvConfFile,

@@ -84,33 +84,3 @@ func TestCARootIsIstios(t *testing.T) {
 		}
 	}
 }
-
-// The parts of the SPIFFE ID follow SPIFFE's and Kubernetes' rules, at
-// their length bounds too (#21).
-func TestSPIFFEIDPartsAreChecked(t *testing.T) {
-	for _, c := range []struct {
-		parse func(string) (string, error)
-		good  []string
-		bad   []string
-	}{
-		{parseTrustDomain, []string{"cluster.local", "td_1-x.example", strings.Repeat("a", 255)},
-			[]string{"", "Cluster.local", "exämple.org", "a/b", "a b", strings.Repeat("a", 256)}},
-		{parseDNSLabel, []string{"default", "a", "ns-0", strings.Repeat("a", 63)},
-			[]string{"", "Prod", "-a", "a-", "a.b", "a_b", "nä", strings.Repeat("a", 64)}},
-		{parseDNSSubdomain, []string{"default", "bookinfo-reviews", "a.b-c.d", strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("a", 61)},
-			[]string{"", "Default", "a..b", ".a", "a.", "a_b", strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("a", 62)}},
-		{parseKeyAlgorithm, []string{"ECDSA", "RSA"}, []string{"ecdsa", "EC", "ED25519", ""}},
-		{parseECCCurve, []string{"P256", "P384"}, []string{"p256", "P521", ""}},
-	} {
-		for _, v := range c.good {
-			if got, err := c.parse(v); err != nil || got != v {
-				t.Errorf("%.40q: %q, %v; want it accepted", v, got, err)
-			}
-		}
-		for _, v := range c.bad {
-			if _, err := c.parse(v); err == nil {
-				t.Errorf("%.40q (%d bytes) accepted", v, len(v))
-			}
-		}
-	}
-}

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // logOptions are Istio's global logging flags. meshagent honours
@@ -51,7 +53,7 @@ func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
 // settings resolved from env. Bad log options give a plain text logger
 // meanwhile; the configuration's checks (buildAgentConfig) report them
 // with the other bad values, which stay in s.problems.
-func startRun(s *settings, env environment, logs logOptions, w io.Writer) *slog.Logger {
+func startRun(s *settings, env *config.Reader, logs logOptions, w io.Writer) *slog.Logger {
 	log, err := newLogger(logs, w)
 	if err != nil {
 		log = slog.New(slog.NewTextHandler(w, nil))
@@ -88,5 +90,5 @@ func parseLogLevel(spec string) (slog.Level, error) {
 	case "none":
 		return slog.LevelError + 100, nil
 	}
-	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", quoteValue(spec), quoteValue(level))
+	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", config.QuoteValue(spec), config.QuoteValue(level))
 }

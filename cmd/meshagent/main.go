@@ -119,6 +119,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		newProxyStatusCommand(),
 		newProxyConfigCommand(),
 		newVersionCommand(),
+		newEnvHelpTopic(),
 		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)
 	return root

@@ -27,10 +27,12 @@ import (
 // sets no GC target.
 const sidecarGCPercent = 50
 
-// setSidecarGC applies sidecarGCPercent unless the operator chose GOGC.
-func setSidecarGC(log *slog.Logger) {
-	if v, ok := os.LookupEnv("GOGC"); ok {
-		log.Debug("GC target from GOGC", "GOGC", v)
+// setSidecarGC applies sidecarGCPercent unless the operator chose GOGC
+// (gogc: set, even empty, as read by buildAgentConfig; Go's runtime then
+// applies it itself).
+func setSidecarGC(gogc *string, log *slog.Logger) {
+	if gogc != nil {
+		log.Debug("GC target from GOGC", "GOGC", *gogc)
 		return
 	}
 	debug.SetGCPercent(sidecarGCPercent)

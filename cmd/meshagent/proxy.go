@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/tree"
@@ -46,32 +47,32 @@ type proxyFlags struct {
 
 func bindProxyFlags(s *settings, f *proxyFlags) {
 	str := func(p *string, name, def, usage string, env ...string) {
-		flagVar(s, p, def, parseString, flagSpec{name: name, env: env, usage: usage})
+		flagVar(s, p, def, config.ParseString, flagSpec{name: name, env: env, usage: usage})
 	}
 	str(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
-	optionalFlagVar(s, &f.meshConfig, parseString, flagSpec{name: "meshConfig",
+	optionalFlagVar(s, &f.meshConfig, config.ParseString, flagSpec{name: "meshConfig",
 		usage: "File name for Istio mesh configuration (under --root; default " + meshConfigFile + "). If not specified and the default file does not exist, a default mesh will be used; a file named here must exist"})
-	optionalFlagVar(s, &f.serviceCluster, parseString, flagSpec{name: "serviceCluster", usage: "Service cluster (default istio-proxy; given, it wins over ProxyConfig's)"})
+	optionalFlagVar(s, &f.serviceCluster, config.ParseString, flagSpec{name: "serviceCluster", usage: "Service cluster (default istio-proxy; given, it wins over ProxyConfig's)"})
 	str(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
 	str(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
 	str(&f.templateFile, "templateFile", "", "Go template bootstrap config")
 	str(&f.outlierLogPath, "outlierLogPath", "", "The log path for outlier detection")
 	str(&f.tokenManagerPlugin, "tokenManagerPlugin", "GoogleTokenExchange", "Token provider specific plugin name (accepted for compatibility; meshagent has no STS server)")
-	flagVar(s, &f.stsPort, 0, parseCount, flagSpec{name: "stsPort", usage: "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)"})
-	optionalFlagVar(s, &f.concurrency, parseCount, flagSpec{name: "concurrency", usage: "number of worker threads to run (legacy: prefer ProxyConfig.concurrency; 0 or unset leaves it alone)"})
-	flagVar(s, &f.profiling, true, parseBool, flagSpec{name: "profiling", usage: "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)"})
+	flagVar(s, &f.stsPort, 0, config.ParseCount, flagSpec{name: "stsPort", usage: "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)"})
+	optionalFlagVar(s, &f.concurrency, config.ParseCount, flagSpec{name: "concurrency", usage: "number of worker threads to run (legacy: prefer ProxyConfig.concurrency; 0 or unset leaves it alone)"})
+	flagVar(s, &f.profiling, true, config.ParseBool, flagSpec{name: "profiling", usage: "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)"})
 
 	str(&f.root, "root", "/", "Directory under which every agent file path lives; / in production, a temp dir in tests", "MESHAGENT_ROOT")
 	str(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
 	str(&f.resolvConf, "resolv-conf", resolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
-	flagVar(s, &f.capture, false, parseBool, flagSpec{name: "capture", env: []string{"MESHAGENT_CAPTURE"},
+	flagVar(s, &f.capture, false, config.ParseBool, flagSpec{name: "capture", env: []string{"MESHAGENT_CAPTURE"},
 		usage: "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop; without it the agent only verifies rules an init container applied"})
-	flagVar(s, &f.captureInterval, 30*time.Second, parseDuration, flagSpec{name: "capture-check-interval", env: []string{"MESHAGENT_CAPTURE_CHECK_INTERVAL"},
+	flagVar(s, &f.captureInterval, 30*time.Second, config.ParseDuration, flagSpec{name: "capture-check-interval", env: []string{"MESHAGENT_CAPTURE_CHECK_INTERVAL"},
 		usage: "VM mode: how often the capture rules are checked and re-applied if someone flushed or changed them"})
-	flagVar(s, &f.chaos, false, parseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
-	flagVar(s, &f.envoyRestarts, 5, parseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
-	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, parseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
-	flagVar(s, &f.restartMaxDelay, 30*time.Second, parseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
+	flagVar(s, &f.chaos, false, config.ParseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
+	flagVar(s, &f.envoyRestarts, 5, config.ParseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
+	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, config.ParseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
+	flagVar(s, &f.restartMaxDelay, 30*time.Second, config.ParseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
 }
 
 func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
@@ -116,7 +117,7 @@ func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) erro
 		return &exitError{code: 2, err: err}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(log)
+	setSidecarGC(cfg.gogc, log)
 	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.Process{
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // reaperChildEnv marks the agent process started by the PID 1 reaper.
@@ -23,7 +25,8 @@ const reaperChildEnv = "MESHAGENT_REAPER_CHILD"
 // It returns false when the process is not PID 1 (or is already the child)
 // and the caller should run the agent itself.
 func runAsInit() (exitCode int, handled bool) {
-	if os.Getpid() != 1 || os.Getenv(reaperChildEnv) != "" {
+	env := config.NewReader(config.Process()) // before the commands' own reader: this process only starts the agent
+	if _, child := env.Text(reaperChildEnv); os.Getpid() != 1 || child {
 		return 0, false
 	}
 	self, err := os.Executable()
@@ -33,7 +36,7 @@ func runAsInit() (exitCode int, handled bool) {
 	}
 	child := exec.Command(self, os.Args[1:]...)
 	child.Args[0] = os.Args[0] // the name it was called by (pilot-agent or meshagent), for its help and errors
-	child.Env = append(os.Environ(), reaperChildEnv+"=1")
+	child.Env = append(env.All(), reaperChildEnv+"=1")
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 
 	sigs := make(chan os.Signal, 16)

@@ -220,11 +220,11 @@ func TestStandaloneRefusesFileMountedCertificates(t *testing.T) {
 func TestStandaloneEnvironmentDefaults(t *testing.T) {
 	env := withDefaults(mapEnvironment(map[string]string{"A": "mine", "B": "", "C": "c"}), map[string]string{"A": "std", "B": "std", "D": "std"})
 	for name, want := range map[string]string{"A": "mine", "B": "std", "C": "c", "D": "std"} {
-		if got, ok := env.get(name); !ok || got != want {
+		if got, ok := env.Text(name); !ok || got != want {
 			t.Errorf("%s = %q, %v; want %q", name, got, ok, want)
 		}
 	}
-	all := strings.Join(env.all(), " ")
+	all := strings.Join(env.All(), " ")
 	for _, kv := range []string{"A=mine", "B=std", "C=c", "D=std"} {
 		if !strings.Contains(all, kv) {
 			t.Errorf("all() = %q lacks %s", all, kv)

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/controlplane"
@@ -54,13 +55,13 @@ func bindStandaloneFlags(s *settings, f *standaloneFlags) {
 	// --mesh has no default: a path relative to wherever the command runs
 	// would find the sample only from the source tree, and fail elsewhere
 	// with a confusing "no such file". `make run` passes the sample.
-	flagVar(s, &f.mesh, "", parseString, flagSpec{name: "mesh", env: []string{"MESHAGENT_MESH"},
+	flagVar(s, &f.mesh, "", config.ParseString, flagSpec{name: "mesh", env: []string{"MESHAGENT_MESH"},
 		usage: "Mesh YAML the embedded control plane serves (required; a sample: testdata/standalone/mesh.yaml), reloaded when it changes"})
-	flagVar(s, &f.certLifetime, standaloneCertLifetime, parseDuration, flagSpec{name: "cert-lifetime", env: []string{"MESHAGENT_CERT_LIFETIME"},
+	flagVar(s, &f.certLifetime, standaloneCertLifetime, config.ParseDuration, flagSpec{name: "cert-lifetime", env: []string{"MESHAGENT_CERT_LIFETIME"},
 		usage: "Lifetime of the workload certificates the embedded CA signs; the agent renews at half of it"})
-	flagVar(s, &f.controlPlaneListen, controlplane.DefaultListen, parseString, flagSpec{name: "controlplane-listen", env: []string{"MESHAGENT_CONTROLPLANE_LISTEN"},
+	flagVar(s, &f.controlPlaneListen, controlplane.DefaultListen, config.ParseString, flagSpec{name: "controlplane-listen", env: []string{"MESHAGENT_CONTROLPLANE_LISTEN"},
 		usage: "Loopback address of the embedded control plane (plaintext xDS, NDS); the agent's discoveryAddress"})
-	flagVar(s, &f.caListen, ca.DefaultListen, parseString, flagSpec{name: "ca-listen", env: []string{"MESHAGENT_CA_LISTEN"},
+	flagVar(s, &f.caListen, ca.DefaultListen, config.ParseString, flagSpec{name: "ca-listen", env: []string{"MESHAGENT_CA_LISTEN"},
 		usage: "Loopback address of the embedded CA (Istio's IstioCertificateService over TLS); the agent's CA_ADDR"})
 }
 
@@ -201,13 +202,13 @@ func meshFile(path string, p *problems) string {
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.addf("--mesh %s: %v", quoteValue(path), err)
+		p.addf("--mesh %s: %v", config.QuoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.addf("--mesh %s: %v", quoteValue(path), err)
+		p.addf("--mesh %s: %v", config.QuoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.addf("--mesh %s: not a regular file", quoteValue(path))
+		p.addf("--mesh %s: not a regular file", config.QuoteValue(path))
 	}
 	return abs
 }
@@ -248,30 +249,32 @@ func whyNotCA(c *certs.Config, root string) string {
 }
 
 // withDefaults is env with defaults for the variables it does not set (an
-// empty value counts as unset, as everywhere).
-func withDefaults(env environment, defaults map[string]string) environment {
-	return environment{
-		lookup: func(name string) (string, bool) {
-			if v, ok := env.get(name); ok {
+// empty value counts as unset, as everywhere): a new reader over env's
+// source, so that the configuration's reads are counted once, on it.
+func withDefaults(env *config.Reader, defaults map[string]string) *config.Reader {
+	src := env.Source()
+	return config.NewReader(config.Environment{
+		Lookup: func(name string) (string, bool) {
+			if v, ok := src.Get(name); ok {
 				return v, true
 			}
 			v, ok := defaults[name]
 			return v, ok
 		},
-		list: func() []string {
+		List: func() []string {
 			var out []string
-			for _, kv := range env.all() {
+			for _, kv := range src.All() {
 				name, _, _ := strings.Cut(kv, "=")
-				if _, set := env.get(name); set || defaults[name] == "" {
+				if _, set := src.Get(name); set || defaults[name] == "" {
 					out = append(out, kv)
 				}
 			}
 			for _, name := range slices.Sorted(maps.Keys(defaults)) {
-				if _, set := env.get(name); !set {
+				if _, set := src.Get(name); !set {
 					out = append(out, name+"="+defaults[name])
 				}
 			}
 			return out
 		},
-	}
+	})
 }

@@ -2,12 +2,11 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/status"
 )
@@ -16,8 +15,10 @@ import (
 // the environment.
 type statusInputs struct {
 	proxyType string
-	flags     *proxyFlags
-	proxy     *meshconfig.ProxyConfig
+	// instanceIP is the pod's IP the probes go to (podInfo.instanceIP).
+	instanceIP string
+	flags      *proxyFlags
+	proxy      *meshconfig.ProxyConfig
 	// envoy is the envoy service's config, nil with DISABLE_ENVOY: Envoy's
 	// metrics are merged from the port its bootstrap gives its Prometheus
 	// listener (ENVOY_PROMETHEUS_PORT, read once, there).
@@ -41,46 +42,29 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 		Chaos:     in.flags.chaos,
 		Profiling: in.flags.profiling,
 		Gatherer:  in.gatherer,
-		Probes:    probeConfig(r, pc),
+		Probes:    probeConfig(r, pc, in.instanceIP),
 		Metrics:   metricsConfig(r, in),
 	}
 }
 
 // probeConfig is the rewriting of the application's probes kubelet sends
 // to /app-health/... and /app-lifecycle/..., and the VM's readiness probe.
-func probeConfig(r envReader, pc *meshconfig.ProxyConfig) status.ProbeConfig {
-	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", parseString))
+func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) status.ProbeConfig {
+	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", config.ParseString))
 	r.problems.add(err) // names the variable, and the probe's path
 	workload, err := status.NewWorkloadProbe(pc.GetReadinessProbe())
 	r.problems.add(err) // names ProxyConfig.readinessProbe
-	host := instanceIP(r)
-	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, parseBool) {
+	host := instanceIP
+	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, config.ParseBool) {
 		host = "localhost"
 	}
 	return status.ProbeConfig{
 		App:          app,
 		Host:         host,
-		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, parseBool),
-		KeepAlive:    envVar(r, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, parseBool),
+		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, config.ParseBool),
+		KeepAlive:    envVar(r, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, config.ParseBool),
 		Workload:     workload,
 	}
-}
-
-// instanceIP is where application probes go, as kubelet sends them: the
-// pod's IP, INSTANCE_IP's first address (Istio's PodIP). "" when it is
-// unset, which the status server takes as localhost, as Istio's empty PodIP
-// dials it; a bad value is reported by podConfig, which reads it first.
-func instanceIP(r envReader) string {
-	v, ok := r.env.get("INSTANCE_IP")
-	if !ok {
-		return ""
-	}
-	first, _, _ := strings.Cut(v, ",")
-	ip, err := netip.ParseAddr(strings.TrimSpace(first))
-	if err != nil {
-		return ""
-	}
-	return ip.String()
 }
 
 // metricsConfig is what /stats/prometheus merges after the agent's own
@@ -89,16 +73,16 @@ func metricsConfig(r envReader, in statusInputs) status.MetricsConfig {
 	m := status.MetricsConfig{
 		// The agent's endpoint; Envoy's :15090 listener reads the same name
 		// from proxyMetadata (envoyConfig), as Istio's bootstrap does.
-		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, parseBool),
+		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, config.ParseBool),
 	}
-	merge := envVar(r, "PILOT_AGENT_MERGE_ENVOY_STATS", true, parseBool)
+	merge := envVar(r, "PILOT_AGENT_MERGE_ENVOY_STATS", true, config.ParseBool)
 	if merge && in.envoy != nil && in.envoy.Bootstrap != nil {
 		m.EnvoyPort = in.envoy.Bootstrap.EnvoyPrometheusPort
 	}
 	// Istio reads the application's scrape configuration for sidecars
 	// only: 15020 is exposed in gateways' Services, and an application
 	// endpoint there would be served to the world.
-	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", parseString)
+	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", config.ParseString)
 	if in.proxyType == "sidecar" {
 		app, err := status.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
 		r.problems.add(err) // names the variable

@@ -29,6 +29,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 )
 
@@ -38,9 +39,9 @@ type vmFlags struct {
 }
 
 func bindVMFlags(s *settings, f *vmFlags) {
-	flagVar(s, &f.clusterEnv, clusterEnvFile, parseString, flagSpec{name: "cluster-env", env: []string{"ISTIO_CLUSTER_CONFIG"},
+	flagVar(s, &f.clusterEnv, clusterEnvFile, config.ParseString, flagSpec{name: "cluster-env", env: []string{"ISTIO_CLUSTER_CONFIG"},
 		usage: "The VM bundle's cluster.env (under --root); required"})
-	flagVar(s, &f.sidecarEnv, sidecarEnvFile, parseString, flagSpec{name: "sidecar-env", env: []string{"ISTIO_SIDECAR_CONFIG"},
+	flagVar(s, &f.sidecarEnv, sidecarEnvFile, config.ParseString, flagSpec{name: "sidecar-env", env: []string{"ISTIO_SIDECAR_CONFIG"},
 		usage: "Local settings read before cluster.env (under --root); optional"})
 }
 
@@ -86,7 +87,7 @@ rules' --gid-owner exception.
 		}
 		host.env = env
 		r := envReader{env: env, problems: s.problems}
-		customIPTables := envVar(r, "ISTIO_CUSTOM_IP_TABLES", false, parseBool)
+		customIPTables := envVar(r, "ISTIO_CUSTOM_IP_TABLES", false, config.ParseBool)
 		user, err := vmProxyUser(host)
 		if err != nil {
 			return &exitError{code: 2, err: err}
@@ -126,24 +127,24 @@ rules' --gid-owner exception.
 // with set -a: the files win), then the script's defaults for what is
 // still unset. A missing cluster.env is an error naming it (the script
 // would go on without it and run a sidecar for namespace "default").
-func vmEnvironment(root string, f *vmFlags, host hostInputs) (environment, error) {
+func vmEnvironment(root string, f *vmFlags, host hostInputs) (*config.Reader, error) {
 	vars := map[string]string{}
-	for _, kv := range host.env.all() {
+	for _, kv := range host.env.Source().All() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			vars[k] = v
 		}
 	}
 	sidecar, err := readOptionalEnvFile(rooted(root, f.sidecarEnv))
 	if err != nil {
-		return environment{}, fmt.Errorf("sidecar.env: %w", err)
+		return nil, fmt.Errorf("sidecar.env: %w", err)
 	}
 	cluster, err := readEnvFile(rooted(root, f.clusterEnv))
 	if errors.Is(err, fs.ErrNotExist) {
-		return environment{}, fmt.Errorf("cluster.env: %s does not exist (--cluster-env, ISTIO_CLUSTER_CONFIG): "+
+		return nil, fmt.Errorf("cluster.env: %s does not exist (--cluster-env, ISTIO_CLUSTER_CONFIG): "+
 			"copy the VM bundle's cluster.env there (istioctl x workload entry configure)", rooted(root, f.clusterEnv))
 	}
 	if err != nil {
-		return environment{}, fmt.Errorf("cluster.env: %w", err)
+		return nil, fmt.Errorf("cluster.env: %w", err)
 	}
 	for _, file := range []map[string]string{sidecar, cluster} {
 		for k, v := range file {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -127,10 +128,10 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 	wantEnv(t, env, map[string]string{"POD_NAME": "vm1"}) // hostname -s
 }
 
-func wantEnv(t *testing.T, env environment, want map[string]string) {
+func wantEnv(t *testing.T, env *config.Reader, want map[string]string) {
 	t.Helper()
 	for k, v := range want {
-		if got, _ := env.get(k); got != v {
+		if got, _ := env.Text(k); got != v {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/xdsproxy"
@@ -22,6 +23,8 @@ type xdsInputs struct {
 	// certs is the certificate source (nil: none): file-mounted
 	// certificates give the control plane's roots and a client certificate.
 	certs *certs.Config
+	// shared are the variables the certs service's config reads too.
+	shared sharedVars
 	// nds: the DNS proxy is on and fed by the control plane (not by
 	// --name-table, which wins when given).
 	nds bool
@@ -40,37 +43,36 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	if in.envoyUID >= 0 {
 		c.SocketOwner.UID, c.SocketOwner.GID = in.envoyUID, in.envoyGID
 	}
-	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, parseDuration)
-	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, parseDuration)
+	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, config.ParseDuration)
+	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, config.ParseDuration)
 
 	c.DiscoveryAddress = pc.DiscoveryAddress
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
-	c.ServerName = envVar(r, "ISTIOD_SAN", "", parseString)
-	provCert := envVar(r, "PROV_CERT", "", parseString)
-	c.ClientCertificate = provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
+	c.ServerName = in.shared.istiodSAN
+	c.ClientCertificate = in.shared.provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
 	c.TokenFile = rooted(in.root, tokenFile)
-	c.ClusterID = envVar(r, "ISTIO_META_CLUSTER_ID", "", parseString)
-	c.Headers = r.env.prefixed("XDS_HEADER_")
+	c.ClusterID = in.shared.clusterID
+	c.Headers = r.env.Prefixed("XDS_HEADER_")
 
 	c.NDS = in.nds
-	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, parseBool)
+	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, config.ParseBool)
 	c.HealthUpdates = pc.GetReadinessProbe() != nil
 
-	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, parseBool)
+	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, config.ParseBool)
 	b := in.bootstrap
 	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
 		c.CacheFile = rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
-	c.GRPCBootstrap.Path = rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, parseString))
+	c.GRPCBootstrap.Path = rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, config.ParseString))
 	node, err := b.Node()
 	if err != nil {
 		r.problems.addf("the node proxyless gRPC clients announce: %v", err)
 	}
 	c.GRPCBootstrap.Node = node
-	if out := envVar(r, "OUTPUT_CERTS", "", parseString); out != "" {
+	if out := in.shared.outputCerts; out != "" {
 		// The certificate provider gRPC's xDS client reads: the files the
 		// agent writes (Istio points it at OUTPUT_CERTS too).
 		dir := rooted(in.root, out)
@@ -86,7 +88,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 // mounted ./etc/certs/root-cert.pem, PROV_CERT's root, the file-mounted
 // certificates' roots, else the CA root Kubernetes mounts.
 func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, string) {
-	switch v := envVar(r, "XDS_ROOT_CA", "", parseString); v {
+	switch v := envVar(r, "XDS_ROOT_CA", "", config.ParseString); v {
 	case "SYSTEM":
 		return xdsproxy.RootsSystem, ""
 	case "":
@@ -96,7 +98,7 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 	if etcRoot := rooted(in.root, filepath.Join(etcCertsDir, certs.RootCertFileName)); fileExists(etcRoot) {
 		return xdsproxy.RootsFile, etcRoot
 	}
-	if prov := envVar(r, "PROV_CERT", "", parseString); prov != "" {
+	if prov := in.shared.provCert; prov != "" {
 		return xdsproxy.RootsFile, rooted(in.root, filepath.Join(prov, certs.RootCertFileName))
 	}
 	if in.certs != nil && in.certs.Source == certs.SourceFiles {
