@@ -232,8 +232,9 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		for k in VmRSS RssAnon RssFile; do
 			record "proc-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/status")"
 		done
-		bin=$work/bin/meshagent
-		[ "$v" = istio ] && bin=$work/bin/pilot-agent
+		# The copy this agent runs (its pages, charged to this cgroup).
+		bin=$work/mem-$v-$r/bin/meshagent
+		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
 		sh -c "echo \$\$ >$cg/cgroup.procs && exec $bin version" >/dev/null 2>&1 || true
 		usage=$(cat "$cg/memory.usage_in_bytes")
 		inactive=$(cgval "$cg" total_inactive_file)
