@@ -10,7 +10,7 @@ TESTDATA  := ./testdata/standalone ./testdata/testkit/... ./testdata/fakeenvoy
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
-.PHONY: all build fakeenvoy run test test-short fuzz lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status golden conformance conformance-update peer-istio-agent chaos soak clean
+.PHONY: all build fakeenvoy run test test-short fuzz lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status bench-vs-istio golden conformance conformance-update peer-istio-agent chaos soak clean
 
 all: build
 
@@ -117,7 +117,16 @@ lint:
 	$(GO) vet ./... $(TESTDATA)
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# Every benchmark, each printed beside its baseline from the same run.
+# The product against Istio's agent (#24): bin/meshagent as users run it
+# (`proxy sidecar`) and Istio's pilot-agent, interleaved in one run, one
+# table: start → ready, memory as Kubernetes counts it (each agent in a
+# cgroup of its own: working set, anon, RSS), xDS pushes through the whole
+# agent and the GC settings (root: cgroups; ~10 minutes).
+bench-vs-istio: build peer-istio-agent
+	bash bench/vs-istio/run.sh
+
+# The part benchmarks, for profiling: each part printed beside its
+# baseline from the same run. `make bench-vs-istio` measures the product.
 bench: bench-tree bench-capture bench-envoy bench-identity bench-dns bench-rss bench-xds bench-status
 
 bench-tree:

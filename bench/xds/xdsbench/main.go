@@ -11,6 +11,15 @@
 //   - each proxy's peak RSS (VmHWM) after the runs of a size, a fresh pair
 //     of processes per size.
 //
+// -agent NAME=BIN[,ENV=VALUE|-FLAG...] (repeatable) adds a whole agent run
+// as users run it (`BIN proxy sidecar -FLAG...`, "{dir}" in a flag being
+// the agent's working directory; DISABLE_ENVOY=true, plaintext to the
+// control plane, file-mounted certs copied from -istio-dir): make
+// bench-vs-istio measures the shipped meshagent beside Istio's agent this
+// way, with GC settings as ENV (#24). -tsv FILE writes every figure as
+// "figure<TAB>target<TAB>median<TAB>p25<TAB>p75" rows for its table
+// (milliseconds; MiB for peak-rss).
+//
 // The control plane (go-control-plane, testdata/testkit/xdsserver) and the
 // clients (which decode every resource, as Envoy does) run in this
 // process; each client has a snapshot of its own, so a push reaches one
@@ -46,9 +55,12 @@ func main() {
 	small := flag.Int("small", 200, "small updates per protocol")
 	sizesFlag := flag.String("sizes", "1000,10000", "cluster counts")
 	noCache := flag.Bool("nocache", false, "also measure meshagent without its last-known-good cache (what the cache costs)")
+	var agents agentFlags
+	flag.Var(&agents, "agent", "NAME=BIN[,ENV=VALUE...]: a whole agent run with `proxy sidecar` (repeatable)")
+	tsv := flag.String("tsv", "", "write every figure to this file as tab-separated rows")
 	flag.Parse()
-	if *meshagent == "" {
-		fail(errors.New("-meshagent is required"))
+	if *meshagent == "" && len(agents) == 0 {
+		fail(errors.New("-meshagent or -agent is required"))
 	}
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {
@@ -58,9 +70,14 @@ func main() {
 		}
 		sizes = append(sizes, n)
 	}
-	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache}
+	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache, agents: agents}
 	if err := b.run(sizes); err != nil {
 		fail(err)
+	}
+	if *tsv != "" {
+		if err := os.WriteFile(*tsv, []byte(strings.Join(b.rows, "")), 0o644); err != nil {
+			fail(err)
+		}
 	}
 }
 
@@ -73,8 +90,44 @@ type bench struct {
 	meshagent, istio, istioDir string
 	rounds, small              int
 	noCache                    bool
+	agents                     agentFlags
 	cp                         *xdsserver.Server
 	lines                      []string
+	rows                       []string // -tsv
+}
+
+// agentSpec is one -agent flag.
+type agentSpec struct {
+	name, bin string
+	env, args []string
+}
+
+type agentFlags []agentSpec
+
+func (a *agentFlags) String() string { return fmt.Sprint(*a) }
+
+func (a *agentFlags) Set(v string) error {
+	name, rest, ok := strings.Cut(v, "=")
+	if !ok || name == "" || rest == "" {
+		return errors.New("want NAME=BIN[,ENV=VALUE...]")
+	}
+	parts := strings.Split(rest, ",")
+	spec := agentSpec{name: name, bin: parts[0]}
+	for _, p := range parts[1:] {
+		if strings.HasPrefix(p, "-") {
+			spec.args = append(spec.args, p)
+		} else {
+			spec.env = append(spec.env, p)
+		}
+	}
+	*a = append(*a, spec)
+	return nil
+}
+
+// row records one figure for -tsv: the median and quartiles of ds.
+func (b *bench) row(figure, target string, ds []time.Duration) {
+	b.rows = append(b.rows, fmt.Sprintf("%s\t%s\t%.3f\t%.3f\t%.3f\n", figure, target,
+		ms(xdsserver.Quantile(ds, 0.5)), ms(xdsserver.Quantile(ds, 0.25)), ms(xdsserver.Quantile(ds, 0.75))))
 }
 
 // target is one way to the control plane.
@@ -115,12 +168,23 @@ func (b *bench) run(sizes []int) error {
 
 func (b *bench) startProxies(n int) ([]*target, error) {
 	targets := []*target{{name: "direct", addr: b.cp.Addr()}}
-	t, err := b.startMeshagent("meshagent", true)
-	if err != nil {
-		return nil, err
+	for _, a := range b.agents {
+		t, err := b.startAgent(a)
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
 	}
-	targets = append(targets, t)
-	if b.noCache {
+	if b.meshagent != "" {
+		t, err := b.startMeshagent("meshagent", true)
+		if err != nil {
+			stopAll(targets)
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	if b.meshagent != "" && b.noCache {
 		t, err := b.startMeshagent("meshagent-nocache", false)
 		if err != nil {
 			stopAll(targets)
@@ -171,20 +235,47 @@ func (b *bench) startMeshagent(name string, cache bool) (*target, error) {
 // capture (so its DNS proxy never forwards to this machine's resolver),
 // with status and admin ports of its own.
 func (b *bench) startIstio() (*target, error) {
+	return b.startWholeAgent("istio", b.istio, b.istioDir, nil, nil, "")
+}
+
+// startAgent runs an -agent in a directory of its own, with the certs of
+// -istio-dir.
+func (b *bench) startAgent(a agentSpec) (*target, error) {
+	dir, err := os.MkdirTemp("", "xdsb")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "etc"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.CopyFS(filepath.Join(dir, "etc/certs"), os.DirFS(filepath.Join(b.istioDir, "etc/certs"))); err != nil {
+		return nil, err
+	}
+	var args []string
+	for _, f := range a.args {
+		args = append(args, strings.ReplaceAll(f, "{dir}", dir))
+	}
+	return b.startWholeAgent(a.name, a.bin, dir, a.env, args, dir)
+}
+
+// startWholeAgent runs `bin proxy sidecar` in dir; rm is removed when it
+// stops (empty: nothing).
+func (b *bench) startWholeAgent(name, bin, dir string, env, args []string, rm string) (*target, error) {
 	ports, err := freePorts(2)
 	if err != nil {
 		return nil, err
 	}
-	sock := filepath.Join(b.istioDir, "etc/istio/proxy/XDS")
+	sock := filepath.Join(dir, "etc/istio/proxy/XDS")
 	_ = os.Remove(sock)
-	cmd := exec.Command(b.istio, "proxy", "sidecar")
-	cmd.Dir = b.istioDir
+	cmd := exec.Command(bin, append([]string{"proxy", "sidecar"}, args...)...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","statusPort":%d,"proxyAdminPort":%d}`, b.cp.Addr(), ports[0], ports[1]),
 		"DISABLE_ENVOY=true", "FILE_MOUNTED_CERTS=true", "CLOUD_PLATFORM=none",
 		"POD_NAME=bench-0", "POD_NAMESPACE=default", "INSTANCE_IP=127.0.0.1",
 		"ISTIO_META_DNS_CAPTURE=false", "ISTIO_META_DNS_AUTO_ALLOCATE=false")
-	logf, err := os.Create(filepath.Join(b.istioDir, "pilot-agent.log"))
+	cmd.Env = append(cmd.Env, env...)
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -202,11 +293,11 @@ func (b *bench) startIstio() (*target, error) {
 		}
 		if i == 200 {
 			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("pilot-agent's XDS socket %s never accepted (see %s/pilot-agent.log)", sock, b.istioDir)
+			return nil, fmt.Errorf("%s's XDS socket %s never accepted (see %s/%s.log)", name, sock, dir, name)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &target{name: "istio", addr: "unix://" + sock, proc: cmd}, nil
+	return &target{name: name, addr: "unix://" + sock, proc: cmd, dir: rm}, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -303,6 +394,9 @@ func (b *bench) measureSize(targets []*target, n int, withSmall bool) error {
 			line += fmt.Sprintf(" | %s %8.2f ms (%.2f×)", t.name, ms(m), float64(m)/float64(base))
 		}
 		b.lines = append(b.lines, line+fmt.Sprintf("  [median of %d]", b.rounds))
+		for _, t := range targets {
+			b.row(fmt.Sprintf("push-%s-%d", proto, n), t.name, times[t.name])
+		}
 		fmt.Fprintln(os.Stderr, "xdsbench:", line)
 
 		if withSmall {
@@ -339,6 +433,9 @@ func (b *bench) measureSmall(ctx context.Context, targets []*target, delta bool,
 		line += fmt.Sprintf(" | %s added p50 %+.3f ms p99 %+.3f ms", t.name, ms(q50-p50), ms(q99-p99))
 	}
 	b.lines = append(b.lines, line+fmt.Sprintf("  [%d updates]", b.small))
+	for _, t := range targets {
+		b.row("small-"+proto, t.name, times[t.name])
+	}
 	fmt.Fprintln(os.Stderr, "xdsbench:", line)
 	return nil
 }
@@ -358,8 +455,9 @@ func (b *bench) rss(targets []*target, n int) {
 		}
 		vals[t.name] = v
 		line += fmt.Sprintf(" %s %.1f MiB", t.name, v)
+		b.rows = append(b.rows, fmt.Sprintf("peak-rss-%d\t%s\t%.1f\t%.1f\t%.1f\n", n, t.name, v, v, v))
 	}
-	if vals["istio"] > 0 {
+	if vals["istio"] > 0 && vals["meshagent"] > 0 {
 		line += fmt.Sprintf(" (meshagent/istio %.2f×)", vals["meshagent"]/vals["istio"])
 	}
 	b.lines = append(b.lines, line)

@@ -1,0 +1,333 @@
+#!/usr/bin/env bash
+# make bench-vs-istio: the product against Istio's agent (#24). The shipped
+# binary (`make build`'s bin/meshagent, run as `meshagent proxy sidecar`)
+# and Istio's pilot-agent, the same inputs, the same harness, interleaved
+# (A, B, A, B... with the order rotated each round), in one run; ONE table
+# of figure | meshagent | Istio's agent | ratio, each a median with its
+# spread, and the load average while it ran (the machine is shared: only
+# the ratios mean anything).
+#
+#  1. Start → ready, warm page cache: exec to the first 200 of
+#     /healthz/ready, with the stand-in Envoy (testdata/fakeenvoy) taking
+#     its configuration from a plaintext control plane (bench/agent/
+#     controlplane) and file-mounted dev certs; START_ROUNDS starts each.
+#  2. Memory as Kubernetes counts it: each agent (and its stand-in Envoy)
+#     in a cgroup v1 memory cgroup of its own (limit 512M), started from a
+#     fresh copy of its binary whose page cache was dropped first (a node
+#     that has not run the image yet: the pages the agent reads are charged
+#     to its cgroup, as a pod's are), IDLE seconds idle with a readiness
+#     probe a second and two Prometheus scrapes; then the cgroup's working
+#     set as the kubelet computes it (memory.usage_in_bytes −
+#     total_inactive_file), its anon (total_rss) and page cache
+#     (total_cache), and the agent process's VmRSS/RssAnon/RssFile.
+#     MEM_ROUNDS rounds; meshagent also with MESHAGENT_DROP_CODE_PAGES=0.
+#     Then the binary is run once more in the cgroup (`BIN version`, as a
+#     `kubectl exec ... pilot-agent request` or a preStop hook runs it) and
+#     the working set read again: a file page whose mapping is torn down
+#     while young is marked accessed, the second time it is activated, and
+#     active file pages count in the working set.
+#  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
+#     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
+#     clusters, SotW and Delta, recv time via the agent / direct (median of
+#     XDS_ROUNDS, quartiles), small-update added latency, peak RSS; meshagent
+#     as shipped (GOGC=50) and with GOGC=100 and GOGC=100 + GOMEMLIMIT.
+# No DNS: both agents run with ISTIO_META_DNS_CAPTURE=false (Istio's default),
+# so nothing is forwarded anywhere. Every port is on loopback.
+set -euo pipefail
+
+# PHASES: which of start, mem, xds to run.
+PHASES=${PHASES:-start mem xds}
+IDLE=${IDLE:-60}
+MEM_ROUNDS=${MEM_ROUNDS:-2}
+START_ROUNDS=${START_ROUNDS:-10}
+XDS_ROUNDS=${XDS_ROUNDS:-15}
+SMALL=${SMALL:-200}
+SIZES=${SIZES:-1000,10000}
+MEMLIMIT=${MEMLIMIT:-40MiB}
+PILOT_AGENT=${PILOT_AGENT:-$HOME/.cache/meshagent-peers/pilot-agent}
+cd "$(dirname "$0")/../.."
+repo=$PWD
+
+. bench/lib.sh
+require bench-vs-istio "apt-get install -y curl python3" curl go python3
+require_root bench-vs-istio "cgroup v1 memory cgroups, dropping a file's page cache"
+if [ ! -x "$PILOT_AGENT" ]; then
+	echo "bench-vs-istio: no pilot-agent at $PILOT_AGENT (make peer-istio-agent): skipped"
+	exit 0
+fi
+cgroot=/sys/fs/cgroup/memory
+[ -w "$cgroot" ] || { echo "bench-vs-istio: no cgroup v1 memory hierarchy at $cgroot: skipped"; exit 0; }
+tmpl=$(ls "$(go env GOMODCACHE)"/istio.io/istio@*/tools/packaging/common/envoy_bootstrap.json 2>/dev/null | head -1)
+[ -n "$tmpl" ] || { echo "bench-vs-istio: Istio's envoy_bootstrap.json is not in the module cache (make peer-istio-agent): skipped"; exit 0; }
+
+# On disk (not tmpfs): a copy's page cache can be dropped and re-read.
+work=$(mktemp -d /var/tmp/vs-istio.XXXXXX)
+pids=()
+cgroups=()
+cleanup() {
+	# Agents lead process groups of their own (setsid); the rest do not.
+	for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	for cg in "${cgroups[@]}"; do
+		[ -d "$cg" ] || continue
+		# Any straggler goes back to the root cgroup, so the directory can go.
+		while read -r p; do echo "$p" >"$cgroot/cgroup.procs" 2>/dev/null || true; done <"$cg/cgroup.procs"
+		rmdir "$cg" 2>/dev/null || true
+	done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+loads=()
+sample_load() { loads+=("$(cut -d' ' -f1 /proc/loadavg)"); }
+sample_load
+
+echo "bench-vs-istio: building..." >&2
+make -s build >/dev/null
+mkdir "$work/bin"
+cp bin/meshagent "$work/bin/meshagent"
+CGO_ENABLED=0 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
+go build -o "$work/bin/controlplane" ./bench/agent/controlplane
+go build -o "$work/bin/xdsbench" ./bench/xds/xdsbench
+go run ./testdata/devcerts -out "$work/certs" >/dev/null
+cp "$PILOT_AGENT" "$work/bin/pilot-agent"
+
+"$work/bin/controlplane" -namespace ns0 >"$work/controlplane.addr" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$work/controlplane.addr" ] && break; sleep 0.05; done
+xds=$(cat "$work/controlplane.addr")
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+now_ms() { date +%s%3N; }
+
+# evict FILE...: drop the files' pages from the page cache.
+evict() {
+	python3 - "$@" <<-'EOF'
+		import os, sys
+		for p in sys.argv[1:]:
+		    fd = os.open(p, os.O_RDONLY)
+		    os.fsync(fd)
+		    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+		    os.close(fd)
+	EOF
+}
+
+# launch VARIANT DIR CGROUP: start the agent of VARIANT (meshagent,
+# keepcode, istio) in DIR, in its own process group (and CGROUP unless
+# empty); its pid in $agent_pid, its status port in $status_port.
+launch() {
+	local variant=$1 dir=$2 cg=$3
+	mkdir -p "$dir/root/etc" "$dir/root/var/lib/istio/envoy" "$dir/bin"
+	[ -d "$dir/root/etc/certs" ] || cp -r "$work/certs" "$dir/root/etc/certs"
+	cp "$tmpl" "$dir/root/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
+	status_port=$(free_port)
+	local admin bin args=() env=()
+	admin=$(free_port)
+	case $variant in
+	istio) bin=$dir/bin/pilot-agent ;;
+	*) bin=$dir/bin/meshagent args=(--root "$dir/root") ;;
+	esac
+	[ "$variant" = keepcode ] && env=(MESHAGENT_DROP_CODE_PAGES=0)
+	local join=":"
+	[ -n "$cg" ] && join="echo \$\$ >$cg/cgroup.procs"
+	(cd "$dir/root" && exec setsid sh -c "$join && exec \"\$@\"" sh env "${env[@]}" \
+		PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status_port,\"proxyAdminPort\":$admin,\"binaryPath\":\"$dir/bin/fakeenvoy\"}" \
+		ENVOY_STATUS_PORT="$(free_port)" ENVOY_PROMETHEUS_PORT="$(free_port)" FILE_MOUNTED_CERTS=true CLOUD_PLATFORM=none \
+		POD_NAME=bench-0 POD_NAMESPACE=ns0 INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
+		ISTIO_META_DNS_CAPTURE=false ISTIO_META_DNS_AUTO_ALLOCATE=false \
+		"$bin" proxy sidecar "${args[@]}") >"$dir/agent.log" 2>&1 &
+	agent_pid=$!
+	pids+=("$agent_pid")
+}
+
+# wait_ready PORT PID: poll /healthz/ready every 5 ms, bounded (30 s).
+wait_ready() {
+	local end=$(($(now_ms) + 30000))
+	while [ "$(now_ms)" -lt $end ]; do
+		if curl -sf -o /dev/null "http://127.0.0.1:$1/healthz/ready"; then return 0; fi
+		kill -0 "$2" 2>/dev/null || break
+		sleep 0.005
+	done
+	return 1
+}
+
+stop() {
+	kill -KILL -- "-$1" 2>/dev/null || true
+	wait "$1" 2>/dev/null || true
+}
+
+# results: "figure variant value" lines in $work/results.
+record() { echo "$1 $2 $3" >>"$work/results"; }
+
+variants=(meshagent keepcode istio)
+# rotate R: the variants in the order of round R.
+rotate() { local i n=${#variants[@]}; for ((i = 0; i < n; i++)); do echo "${variants[$(((i + $1) % n))]}"; done; }
+
+has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+: >"$work/results"
+: >"$work/xds.tsv"
+
+# 1. Start → ready, warm.
+has start || START_ROUNDS=-1
+echo "bench-vs-istio: start → ready, $START_ROUNDS starts each..." >&2
+for v in "${variants[@]}"; do
+	mkdir -p "$work/start-$v/bin"
+	cp "$work/bin/fakeenvoy" "$work/start-$v/bin/"
+	if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$work/start-$v/bin/"; else cp "$work/bin/meshagent" "$work/start-$v/bin/"; fi
+done
+for ((r = 0; r <= START_ROUNDS; r++)); do
+	for v in $(rotate $r); do
+		t0=$(now_ms)
+		launch "$v" "$work/start-$v" ""
+		if ! wait_ready "$status_port" "$agent_pid"; then
+			echo "bench-vs-istio: $v never became ready:" >&2
+			tail -20 "$work/start-$v/agent.log" >&2
+			exit 1
+		fi
+		t1=$(now_ms)
+		stop "$agent_pid"
+		if [ $r -gt 0 ]; then record start-ready-ms "$v" $((t1 - t0)); fi # round 0 warms the page cache
+	done
+done
+sample_load
+
+# 2. Memory in a cgroup, idle.
+declare -A cg_of pid_of port_of
+cgval() { awk -v k="$2" '$1 == k {print $2}' "$1/memory.stat"; }
+has mem || MEM_ROUNDS=0
+for ((r = 0; r < MEM_ROUNDS; r++)); do
+	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
+	for v in $(rotate $r); do
+		dir=$work/mem-$v-$r
+		mkdir -p "$dir/bin"
+		cp "$work/bin/fakeenvoy" "$dir/bin/"
+		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$dir/bin/"; else cp "$work/bin/meshagent" "$dir/bin/"; fi
+		evict "$dir"/bin/*
+		cg=$cgroot/meshagent-bench-$$-$v-$r
+		mkdir "$cg"
+		cgroups+=("$cg")
+		echo 512M >"$cg/memory.limit_in_bytes"
+		launch "$v" "$dir" "$cg"
+		wait_ready "$status_port" "$agent_pid" || { echo "bench-vs-istio: $v never became ready" >&2; tail -20 "$dir/agent.log" >&2; exit 1; }
+		cg_of[$v]=$cg pid_of[$v]=$agent_pid port_of[$v]=$status_port
+	done
+	for ((s = 0; s < IDLE; s++)); do
+		for v in "${variants[@]}"; do
+			curl -s -o /dev/null "http://127.0.0.1:${port_of[$v]}/healthz/ready" || true
+			if [ $s -eq 1 ] || [ $s -eq $((IDLE / 2)) ]; then curl -s -o /dev/null "http://127.0.0.1:${port_of[$v]}/stats/prometheus" || true; fi
+		done
+		sleep 1
+	done
+	sample_load
+	for v in "${variants[@]}"; do
+		cg=${cg_of[$v]} pid=${pid_of[$v]}
+		usage=$(cat "$cg/memory.usage_in_bytes")
+		inactive=$(cgval "$cg" total_inactive_file)
+		record ws-mib "$v" "$(awk -v u="$usage" -v i="$inactive" 'BEGIN {printf "%.1f", (u - i) / 1048576}')"
+		record usage-mib "$v" "$(awk -v u="$usage" 'BEGIN {printf "%.1f", u / 1048576}')"
+		for k in total_rss total_cache total_mapped_file total_active_file total_inactive_file; do
+			record "cg-$k-mib" "$v" "$(awk -v u="$(cgval "$cg" $k)" 'BEGIN {printf "%.1f", u / 1048576}')"
+		done
+		for k in VmRSS RssAnon RssFile; do
+			record "proc-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/status")"
+		done
+		# The copy this agent runs (its pages, charged to this cgroup).
+		bin=$work/mem-$v-$r/bin/meshagent
+		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
+		sh -c "echo \$\$ >$cg/cgroup.procs && exec $bin version" >/dev/null 2>&1 || true
+		usage=$(cat "$cg/memory.usage_in_bytes")
+		inactive=$(cgval "$cg" total_inactive_file)
+		record ws-exec-mib "$v" "$(awk -v u="$usage" -v i="$inactive" 'BEGIN {printf "%.1f", (u - i) / 1048576}')"
+		record cg-active-exec-mib "$v" "$(awk -v u="$(cgval "$cg" total_active_file)" 'BEGIN {printf "%.1f", u / 1048576}')"
+		stop "$pid"
+		rmdir "$cg" 2>/dev/null || true
+	done
+done
+
+# 3. xDS through the whole agent.
+if has xds; then
+echo "bench-vs-istio: xDS, $SIZES clusters, $XDS_ROUNDS pushes each..." >&2
+mkdir -p "$work/xds-istio/etc"
+cp -r "$work/certs" "$work/xds-istio/etc/certs"
+M=$work/bin/meshagent
+timeout 1800 "$work/bin/xdsbench" -rounds "$XDS_ROUNDS" -small "$SMALL" -sizes "$SIZES" \
+	-agent "meshagent=$M,--root={dir}" \
+	-agent "gogc100=$M,GOGC=100,--root={dir}" \
+	-agent "memlimit=$M,GOGC=100,GOMEMLIMIT=$MEMLIMIT,--root={dir}" \
+	-istio "$work/bin/pilot-agent" -istio-dir "$work/xds-istio" -tsv "$work/xds.tsv" >"$work/xds.out" 2>&1 ||
+	{ echo "bench-vs-istio: xdsbench failed:" >&2; tail -20 "$work/xds.out" >&2; exit 1; }
+sample_load
+fi
+
+# The table.
+python3 - "$work/results" "$work/xds.tsv" "${loads[*]}" "$IDLE" "$MEM_ROUNDS" "$START_ROUNDS" "$XDS_ROUNDS" "$MEMLIMIT" <<'EOF'
+import os, statistics, sys
+res, xtsv, loads, idle, memr, startr, xr, memlimit = sys.argv[1:]
+vals = {}
+for line in open(res):
+    f, v, x = line.split()
+    vals.setdefault((f, v), []).append(float(x))
+def med(f, v):
+    xs = vals.get((f, v))
+    return statistics.median(xs) if xs else None
+def spread(f, v):
+    xs = sorted(vals.get((f, v), []))
+    if len(xs) < 2: return ""
+    return f" [{xs[0]:g}–{xs[-1]:g}]"
+rows = []
+def row(name, a, b, sa="", sb="", fmt="{:.1f}"):
+    r = f"{a / b:.2f}" if a is not None and b else "n/a"
+    rows.append((name, (fmt.format(a) if a is not None else "?") + sa, (fmt.format(b) if b is not None else "?") + sb, r))
+if vals.get(("start-ready-ms", "istio")):
+  row(f"start → ready, ms (median [min–max] of {startr})", med("start-ready-ms", "meshagent"), med("start-ready-ms", "istio"),
+    spread("start-ready-ms", "meshagent"), spread("start-ready-ms", "istio"), "{:.0f}")
+  row(f"  meshagent, code pages kept", med("start-ready-ms", "keepcode"), med("start-ready-ms", "istio"),
+    spread("start-ready-ms", "keepcode"), spread("start-ready-ms", "istio"), "{:.0f}")
+for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (total_rss)"),
+                 ("cg-total_cache-mib", "cgroup page cache"), ("cg-total_active_file-mib", "cgroup active file"),
+                 ("cg-total_mapped_file-mib", "cgroup mapped file"),
+                 ("ws-exec-mib", "working set after one more exec of the binary"),
+                 ("cg-active-exec-mib", "cgroup active file after one more exec"),
+                 ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS")]:
+    if not vals.get((f, "istio")): continue
+    row(f"idle {label}, MiB (median [min–max] of {memr})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"))
+    if True:
+        row(f"  meshagent, code pages kept", med(f, "keepcode"), med(f, "istio"), spread(f, "keepcode"), spread(f, "istio"))
+x = {}
+for line in open(xtsv) if os.path.exists(xtsv) else []:
+    f, t, m, p25, p75 = line.split("\t")
+    x[(f, t)] = (float(m), float(p25), float(p75))
+sizes = sorted({int(f.rsplit("-", 1)[1]) for f, _ in x if f.startswith("push-")})
+names = {"meshagent": "", "gogc100": "  meshagent GOGC=100", "memlimit": f"  meshagent GOGC=100 GOMEMLIMIT={memlimit}"}
+for n in sizes:
+    for proto in ("sotw", "delta"):
+        f = f"push-{proto}-{n}"
+        d = x[(f, "direct")][0]
+        i = x[(f, "istio")]
+        for t, label in names.items():
+            m = x[(f, t)]
+            rows.append((label or f"xDS {proto} {n} clusters, recv via agent / direct (median, IQR/direct, {xr} pushes)",
+                         f"{m[0]/d:.2f} [{m[1]/d:.2f}–{m[2]/d:.2f}]", f"{i[0]/d:.2f} [{i[1]/d:.2f}–{i[2]/d:.2f}]", f"{m[0]/i[0]:.2f}"))
+for proto in ("sotw", "delta"):
+    f = f"small-{proto}"
+    if (f, "direct") not in x: continue
+    d = x[(f, "direct")][0]
+    i = x[(f, "istio")][0] - d
+    for t, label in names.items():
+        a = x[(f, t)][0] - d
+        rows.append((label or f"small update {proto}, added p50 ms", f"{a:+.3f}", f"{i:+.3f}", f"{a/i:.2f}" if i > 0 else "n/a"))
+for n in sizes:
+    f = f"peak-rss-{n}"
+    i = x[(f, "istio")][0]
+    for t, label in names.items():
+        a = x[(f, t)][0]
+        rows.append((label or f"xDS peak RSS {n} clusters, MiB", f"{a:.1f}", f"{i:.1f}", f"{a/i:.2f}"))
+w0 = max(len(r[0]) for r in rows); w1 = max(len(r[1]) for r in rows + [("", "meshagent")]); w2 = max(len(r[2]) for r in rows + [("", "", "Istio's agent")])
+print()
+print(f"| {'figure':<{w0}} | {'meshagent':<{w1}} | {'Istio' + chr(39) + 's agent':<{w2}} | ratio |")
+print(f"|{'-'*(w0+2)}|{'-'*(w1+2)}|{'-'*(w2+2)}|-------|")
+for r in rows:
+    print(f"| {r[0]:<{w0}} | {r[1]:<{w1}} | {r[2]:<{w2}} | {r[3]:>5} |")
+print(f"\nload average (1 min) during the run: {loads}; idle {idle}s; ratio = meshagent / Istio's agent")
+EOF
