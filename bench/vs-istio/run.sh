@@ -20,7 +20,9 @@
 #     set as the kubelet computes it (memory.usage_in_bytes −
 #     total_inactive_file), its anon (total_rss) and page cache
 #     (total_cache), and the agent process's VmRSS/RssAnon/RssFile.
-#     MEM_ROUNDS rounds; meshagent also with MESHAGENT_DROP_CODE_PAGES=0.
+#     MEM_ROUNDS rounds. (It also ran meshagent with its start-up code pages
+#     kept mapped; that showed the unmapping doubled the working set after an
+#     exec, and the agent no longer unmaps them: #24, docs/performance.md.)
 #     Then the binary is run once more in the cgroup (`BIN version`, as a
 #     `kubectl exec ... pilot-agent request` or a preStop hook runs it) and
 #     the working set read again: a file page whose mapping is torn down
@@ -114,7 +116,7 @@ evict() {
 }
 
 # launch VARIANT DIR CGROUP: start the agent of VARIANT (meshagent,
-# keepcode, istio) in DIR, in its own process group (and CGROUP unless
+# istio) in DIR, in its own process group (and CGROUP unless
 # empty); its pid in $agent_pid, its status port in $status_port.
 launch() {
 	local variant=$1 dir=$2 cg=$3
@@ -128,7 +130,6 @@ launch() {
 	istio) bin=$dir/bin/pilot-agent ;;
 	*) bin=$dir/bin/meshagent args=(--root "$dir/root") ;;
 	esac
-	[ "$variant" = keepcode ] && env=(MESHAGENT_DROP_CODE_PAGES=0)
 	local join=":"
 	[ -n "$cg" ] && join="echo \$\$ >$cg/cgroup.procs"
 	(cd "$dir/root" && exec setsid sh -c "$join && exec \"\$@\"" sh env "${env[@]}" \
@@ -160,7 +161,7 @@ stop() {
 # results: "figure variant value" lines in $work/results.
 record() { echo "$1 $2 $3" >>"$work/results"; }
 
-variants=(meshagent keepcode istio)
+variants=(meshagent istio)
 # rotate R: the variants in the order of round R.
 rotate() { local i n=${#variants[@]}; for ((i = 0; i < n; i++)); do echo "${variants[$(((i + $1) % n))]}"; done; }
 
@@ -282,8 +283,6 @@ def row(name, a, b, sa="", sb="", fmt="{:.1f}"):
 if vals.get(("start-ready-ms", "istio")):
   row(f"start → ready, ms (median [min–max] of {startr})", med("start-ready-ms", "meshagent"), med("start-ready-ms", "istio"),
     spread("start-ready-ms", "meshagent"), spread("start-ready-ms", "istio"), "{:.0f}")
-  row(f"  meshagent, code pages kept", med("start-ready-ms", "keepcode"), med("start-ready-ms", "istio"),
-    spread("start-ready-ms", "keepcode"), spread("start-ready-ms", "istio"), "{:.0f}")
 for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (total_rss)"),
                  ("cg-total_cache-mib", "cgroup page cache"), ("cg-total_active_file-mib", "cgroup active file"),
                  ("cg-total_mapped_file-mib", "cgroup mapped file"),
@@ -292,8 +291,6 @@ for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (t
                  ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS")]:
     if not vals.get((f, "istio")): continue
     row(f"idle {label}, MiB (median [min–max] of {memr})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"))
-    if True:
-        row(f"  meshagent, code pages kept", med(f, "keepcode"), med(f, "istio"), spread(f, "keepcode"), spread(f, "istio"))
 x = {}
 for line in open(xtsv) if os.path.exists(xtsv) else []:
     f, t, m, p25, p75 = line.split("\t")
