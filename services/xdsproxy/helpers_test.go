@@ -206,3 +206,16 @@ func (p *proxy) waitHealth(t *testing.T, what string, cond func(messages.Health)
 func hasVersion(typ, v string, n int) func(xdsserver.State) bool {
 	return func(s xdsserver.State) bool { return s.Versions[typ] == v && s.Counts[typ] == n }
 }
+
+// clientAtV1 is a control plane at v1 (2 clusters, 2 listeners), a proxy
+// to it, and an Envoy-like client on the protocol asked for that holds v1.
+func clientAtV1(t *testing.T, delta bool) (*xdsserver.Server, *proxy, *xdsserver.Client) {
+	t.Helper()
+	cp := servingControlPlane(t, "v1", 2)
+	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
+	c := p.client(t, delta)
+	if err := c.WaitFor(waitCtx(t), hasVersion(clusterType, "v1", 2)); err != nil {
+		t.Fatal(err)
+	}
+	return cp, p, c
+}

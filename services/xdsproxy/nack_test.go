@@ -17,12 +17,7 @@ import (
 // type SYNCED again.
 func TestNACKShownUntilALaterVersionIsACKed(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 2)
-		p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
-		c := p.client(t, delta)
-		if err := c.WaitFor(waitCtx(t), hasVersion(clusterType, "v1", 2)); err != nil {
-			t.Fatal(err)
-		}
+		cp, p, _ := clientAtV1(t, delta)
 		st := p.waitState(t, "cds v1 ACKed", func(s messages.XDSState) bool { return s.Types[clusterType].ACKedVersion == "v1" })
 		if v := st.Verdict(clusterType, st.Types[clusterType].SentAt, 0); v != messages.VerdictSynced {
 			t.Fatalf("verdict %s after the ACK of v1; want SYNCED", v)

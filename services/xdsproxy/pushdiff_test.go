@@ -11,12 +11,7 @@ import (
 // changed for Envoy (issue 22), on both protocols.
 func TestPushDiffLoggedAtDebug(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 2)
-		p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
-		c := p.client(t, delta)
-		if err := c.WaitFor(waitCtx(t), hasVersion(clusterType, "v1", 2)); err != nil {
-			t.Fatal(err)
-		}
+		cp, p, c := clientAtV1(t, delta)
 		first := xdsserver.ClusterName("svc-v1-", 0) + " " + xdsserver.ClusterName("svc-v1-", 1)
 		p.logs.WaitLine(t, "msg=push", "type_url="+clusterType, "version=v1", `added="[`+first+`]"`)
 
