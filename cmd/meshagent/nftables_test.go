@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -74,13 +75,13 @@ func TestIstioIptablesNftConformanceAgainstIstio(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	// Istio reads the host's resolv.conf; ours is given the same servers.
-	var nameservers []string
-	data, _ := os.ReadFile("/etc/resolv.conf")
-	for _, l := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "nameserver" {
-			nameservers = append(nameservers, f[1])
-		}
+	// Istio reads the fixed path /etc/resolv.conf: its run gets the test's
+	// own file bound over it (a mount namespace of its own), and ours the
+	// same servers. Nothing is resolved: the servers only shape the rules.
+	nameservers := []string{"127.0.0.53", "fd00::53"}
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.53\nnameserver fd00::53\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	base := []string{"-p", "15001", "-z", "15006", "-u", "1337"}
 	for _, tc := range []struct {
@@ -110,8 +111,8 @@ func TestIstioIptablesNftConformanceAgainstIstio(t *testing.T) {
 			if tc.family == "ipv6" {
 				addr = "2001:db8::10/128"
 			}
-			script := `ip link set lo up && ip addr add "$1" dev lo && shift && exec "$@"`
-			cmd := exec.Command("unshare", append([]string{"-n", "sh", "-c", script, "sh", addr, agent, "istio-iptables"}, args...)...)
+			script := `mount --bind "$1" /etc/resolv.conf && shift && ip link set lo up && ip addr add "$1" dev lo && shift && exec "$@"`
+			cmd := exec.Command("unshare", append([]string{"-m", "-n", "sh", "-c", script, "sh", resolv, addr, agent, "istio-iptables"}, args...)...)
 			cmd.Env = os.Environ()
 			for k, v := range tc.env {
 				cmd.Env = append(cmd.Env, k+"="+v)
