@@ -18,33 +18,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/services/status"
 )
-
-// proxyStatus is /debug/xds as the command reads it.
-type proxyStatus struct {
-	Reported  bool                       `json:"reported"`
-	Upstream  string                     `json:"upstream"`
-	Address   string                     `json:"address"`
-	Since     *time.Time                 `json:"since"`
-	LastError string                     `json:"last_error"`
-	Types     map[string]proxyStatusType `json:"types"`
-}
-
-type proxyStatusType struct {
-	Short         string    `json:"short"`
-	Verdict       string    `json:"verdict"`
-	SentVersion   string    `json:"sent_version"`
-	SentNonce     string    `json:"sent_nonce"`
-	SentResources int       `json:"sent_resources"`
-	SentAt        time.Time `json:"sent_at"`
-	ACKedVersion  string    `json:"acked_version"`
-	NACKs         int       `json:"nacks"`
-	NACK          *struct {
-		Version string    `json:"version"`
-		Error   string    `json:"error"`
-		At      time.Time `json:"at"`
-	} `json:"nack"`
-}
 
 func newProxyStatusCommand() *cobra.Command {
 	var addr, output string
@@ -78,7 +54,7 @@ func newProxyStatusCommand() *cobra.Command {
 			if output == "json" {
 				return writeProxyStatusJSON(cmd.OutOrStdout(), body, cert, names)
 			}
-			var st proxyStatus
+			var st status.XDSReport
 			if err := json.Unmarshal(body, &st); err != nil {
 				return fmt.Errorf("proxy-status: %s/debug/xds: %w", addr, err)
 			}
@@ -140,32 +116,11 @@ func writeProxyStatusJSON(w io.Writer, xds, cert, names []byte) error {
 	return err
 }
 
-// certStatus and namesStatus are /debug/certs and /debug/names as the
-// command reads them.
-type certStatus struct {
-	Reported         bool       `json:"reported"`
-	SANs             []string   `json:"sans"`
-	Serial           string     `json:"serial"`
-	NotBefore        *time.Time `json:"not_before"`
-	NotAfter         *time.Time `json:"not_after"`
-	RemainingSeconds int64      `json:"remaining_seconds"`
-	RenewAt          *time.Time `json:"renew_at"`
-	RootSHA256       []string   `json:"root_sha256"`
-	Error            string     `json:"error"`
-}
-
-type namesStatus struct {
-	Reported bool   `json:"reported"`
-	Version  string `json:"version"`
-	Names    int    `json:"names"`
-	Source   string `json:"source"`
-}
-
 // writeIdentityStatus prints the certificate and the name table lines,
 // each when the agent has one.
 func writeIdentityStatus(w io.Writer, cert, names []byte) error {
 	if cert != nil {
-		var c certStatus
+		var c status.CertReport
 		if err := json.Unmarshal(cert, &c); err != nil {
 			return fmt.Errorf("proxy-status: /debug/certs: %w", err)
 		}
@@ -190,7 +145,7 @@ func writeIdentityStatus(w io.Writer, cert, names []byte) error {
 		}
 	}
 	if names != nil {
-		var n namesStatus
+		var n status.NamesReport
 		if err := json.Unmarshal(names, &n); err != nil {
 			return fmt.Errorf("proxy-status: /debug/names: %w", err)
 		}
@@ -204,7 +159,7 @@ func writeIdentityStatus(w io.Writer, cert, names []byte) error {
 }
 
 // writeProxyStatus prints the upstream line, then one row per type.
-func writeProxyStatus(w io.Writer, st proxyStatus) error {
+func writeProxyStatus(w io.Writer, st status.XDSReport) error {
 	if !st.Reported {
 		_, err := fmt.Fprintln(w, "the XDS proxy has not reported yet")
 		return err

@@ -200,7 +200,7 @@ func TestDebugXDSShowsVerdictsAndNACKs(t *testing.T) {
 			ACKedVersion: "v1", NACKs: 1, NACK: &messages.XDSNack{Version: "v2", Nonce: "n2", Error: "cluster c: bad", At: at}}}})
 
 	rec := treeRequest(f.svc, "/debug/xds", "127.0.0.1:1", nil)
-	var got xdsJSON
+	var got XDSReport
 	if err := json.Unmarshal(rec.Body.Bytes(), &got); rec.Code != 200 || err != nil {
 		t.Fatalf("/debug/xds = %d %v: %s", rec.Code, err, rec.Body)
 	}

@@ -16,8 +16,8 @@ import (
 // which root; which name table DNS answers from. `meshagent proxy-status`
 // and the status page print them; /debug/certs and /debug/names serve them.
 
-// certJSON is /debug/certs.
-type certJSON struct {
+// CertReport is /debug/certs (proxy-status decodes it).
+type CertReport struct {
 	// Reported is false until a certificate was published (or the agent
 	// has no identity: then /debug/certs is not served).
 	Reported  bool       `json:"reported"`
@@ -39,8 +39,8 @@ type certJSON struct {
 	Error string `json:"error,omitempty"`
 }
 
-// namesJSON is /debug/names.
-type namesJSON struct {
+// NamesReport is /debug/names (proxy-status decodes it).
+type NamesReport struct {
 	Reported bool   `json:"reported"`
 	Version  string `json:"version,omitempty"`
 	Names    int    `json:"names"`
@@ -49,15 +49,15 @@ type namesJSON struct {
 }
 
 // certReport is the certificate now; nil when the agent has no identity.
-func (s *Service) certReport() *certJSON {
+func (s *Service) certReport() *CertReport {
 	if s.in.Certs == nil {
 		return nil
 	}
 	b, ok := s.in.Certs.Get()
 	if !ok {
-		return &certJSON{}
+		return &CertReport{}
 	}
-	out := &certJSON{Reported: true, Version: b.Version}
+	out := &CertReport{Reported: true, Version: b.Version}
 	block, _ := pem.Decode(b.CertChainPEM)
 	if block == nil {
 		out.Error = "the certificate chain holds no PEM block"
@@ -110,13 +110,13 @@ func fingerprint(der []byte) string {
 }
 
 // namesReport is the name table now; nil when the agent has none.
-func (s *Service) namesReport() *namesJSON {
+func (s *Service) namesReport() *NamesReport {
 	if s.in.Names == nil {
 		return nil
 	}
 	t, ok := s.in.Names.Get()
 	if !ok {
-		return &namesJSON{}
+		return &NamesReport{}
 	}
 	// A table read from a file has a "file-" version (dnsproxy's
 	// tablefile.go); any other came over NDS.
@@ -124,7 +124,7 @@ func (s *Service) namesReport() *namesJSON {
 	if strings.HasPrefix(t.Version, "file-") {
 		source = "file"
 	}
-	return &namesJSON{Reported: true, Version: t.Version, Names: len(t.Hosts), Source: source}
+	return &NamesReport{Reported: true, Version: t.Version, Names: len(t.Hosts), Source: source}
 }
 
 func (s *Service) handleCerts(w http.ResponseWriter, _ *http.Request) { writeJSON(w, s.certReport()) }

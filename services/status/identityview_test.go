@@ -62,7 +62,7 @@ func TestDebugCertsAndNames(t *testing.T) {
 			t.Fatalf("GET %s: %v\n%s", path, err, rec.Body)
 		}
 	}
-	var c certJSON
+	var c CertReport
 	decode("/debug/certs", &c)
 	if c.Reported {
 		t.Errorf("before any certificate: %+v", c)
@@ -86,7 +86,7 @@ func TestDebugCertsAndNames(t *testing.T) {
 	if strings.Contains(treeRequest(svc, "/debug/certs", "127.0.0.1:1", nil).Body.String(), "PRIVATE") {
 		t.Error("/debug/certs shows the private key")
 	}
-	var n namesJSON
+	var n NamesReport
 	decode("/debug/names", &n)
 	if !n.Reported || n.Names != 2 || n.Version != "file-abc" || n.Source != "file" {
 		t.Errorf("/debug/names: %+v", n)

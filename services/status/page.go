@@ -28,14 +28,14 @@ type pageData struct {
 	Reason   string
 	Now      string
 	Services []pageService
-	XDS      *xdsJSON
+	XDS      *XDSReport
 	Types    []pageType
 	XDSSince string
 	// Verdict is the worst of the types' verdicts, for the summary line.
 	Verdict  string
-	Cert     *certJSON
+	Cert     *CertReport
 	CertLeft string
-	Names    *namesJSON
+	Names    *NamesReport
 }
 
 type pageService struct {

@@ -176,7 +176,7 @@ func (s *Service) handleTree(w http.ResponseWriter, r *http.Request) {
 			Ready    bool          `json:"ready"`
 			Reason   string        `json:"reason,omitempty"`
 			Services []serviceJSON `json:"services"`
-			XDS      *xdsJSON      `json:"xds,omitempty"`
+			XDS      *XDSReport    `json:"xds,omitempty"`
 		}{v.ready, v.reason, services, xds.json()})
 		return
 	}

@@ -16,8 +16,10 @@ import (
 // xds service runs, not whether Envoy is getting configuration from the
 // control plane or from the proxy's cache, nor what Envoy last accepted.
 
-// xdsJSON is the "xds" object of /debug/tree?format=json.
-type xdsJSON struct {
+// XDSReport is the "xds" object of /debug/tree?format=json and the body
+// of /debug/xds; `meshagent proxy-status` decodes it (one wire type for
+// both ends).
+type XDSReport struct {
 	// Reported is false until the XDS proxy has published its state.
 	Reported bool   `json:"reported"`
 	Upstream string `json:"upstream,omitempty"` // messages.XDSUpstream's name
@@ -30,11 +32,11 @@ type xdsJSON struct {
 	LastACK map[string]string `json:"last_ack,omitempty"`
 	// Types is, by type URL, what went to Envoy, its ACK or NACK, and
 	// the verdict (issue 22; `meshagent proxy-status` prints it).
-	Types map[string]xdsTypeJSON `json:"types,omitempty"`
+	Types map[string]XDSTypeReport `json:"types,omitempty"`
 }
 
-// xdsTypeJSON is one type of the "types" object.
-type xdsTypeJSON struct {
+// XDSTypeReport is one type of the "types" object.
+type XDSTypeReport struct {
 	Short   string `json:"short"` // cds, lds, ...
 	Verdict string `json:"verdict"`
 	messages.XDSTypeState
@@ -62,18 +64,18 @@ func (s *Service) xdsReport() *xdsReport {
 }
 
 // json is the report as the "xds" object; nil for a nil report.
-func (r *xdsReport) json() *xdsJSON {
+func (r *xdsReport) json() *XDSReport {
 	if r == nil {
 		return nil
 	}
 	if !r.reported {
-		return &xdsJSON{}
+		return &XDSReport{}
 	}
 	st := r.state
-	v := &xdsJSON{Reported: true, Upstream: st.Upstream.String(), Address: st.Address,
-		LastError: st.LastError, LastACK: st.LastACK, Types: map[string]xdsTypeJSON{}}
+	v := &XDSReport{Reported: true, Upstream: st.Upstream.String(), Address: st.Address,
+		LastError: st.LastError, LastACK: st.LastACK, Types: map[string]XDSTypeReport{}}
 	for typeURL, t := range st.Types {
-		v.Types[typeURL] = xdsTypeJSON{Short: shortTypeName(typeURL), Verdict: st.Verdict(typeURL, r.now, StaleAfter), XDSTypeState: t}
+		v.Types[typeURL] = XDSTypeReport{Short: shortTypeName(typeURL), Verdict: st.Verdict(typeURL, r.now, StaleAfter), XDSTypeState: t}
 	}
 	if !st.Since.IsZero() {
 		since := st.Since.UTC()
