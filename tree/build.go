@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"slices"
 	"time"
 
@@ -240,13 +239,15 @@ func node[C, I, O any, S Service](b *builder, req bool, name string, newService 
 
 // debugPages are the read-only pages other services offer, for the status
 // server to serve: the DNS proxy's name table, Envoy's crash records.
-func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]http.Handler {
-	pages := map[string]http.Handler{}
+func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]status.DebugPage {
+	pages := map[string]status.DebugPage{}
 	if dns, ok := b.built[dnsproxy.Name].(*dnsproxy.Service); ok {
-		pages["/debug/ndsz"] = dns.NDSZ()
+		pages["/debug/ndsz"] = status.DebugPage{Handler: dns.NDSZ(),
+			Doc: "the DNS proxy's name table and the names generated from it"}
 	}
 	if envoyCfg != nil && envoyCfg.CrashDir != "" {
-		pages["/debug/crashes"] = envoy.CrashesHandler(envoyCfg.CrashDir)
+		pages["/debug/crashes"] = status.DebugPage{Handler: envoy.CrashesHandler(envoyCfg.CrashDir),
+			Doc: "Envoy's crash records, newest first: exit, uptime, stderr tail, ACKed versions"}
 	}
 	return pages
 }
@@ -254,7 +255,7 @@ func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]http.Handler {
 // withDependents is the status server's config, if any, completed with what
 // only the tree knows: the services readiness waits for, whether it waits
 // for Envoy, and the debug pages.
-func withDependents(c *status.Config, required []string, envoyCfg *envoy.Config, debug map[string]http.Handler) *status.Config {
+func withDependents(c *status.Config, required []string, envoyCfg *envoy.Config, debug map[string]status.DebugPage) *status.Config {
 	if c == nil {
 		return nil
 	}

@@ -14,7 +14,7 @@ import (
 // and one listed as loopback-only refuses other callers.
 func TestIndexListsEveryEndpoint(t *testing.T) {
 	f := newFixture(Config{Chaos: true, Profiling: true, Gatherer: prometheus.NewRegistry(),
-		Debug: map[string]http.Handler{"/debug/crashes": http.NotFoundHandler()}})
+		Debug: map[string]DebugPage{"/debug/crashes": {Handler: http.NotFoundHandler(), Doc: "Envoy's crash records"}}})
 	h := f.svc.routes()
 	index := treeRequest(f.svc, "/", "192.0.2.10:40000", nil)
 	if index.Code != http.StatusOK {

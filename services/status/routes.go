@@ -69,7 +69,8 @@ func (s *Service) routeTable() []route {
 		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
 	}
 	for _, path := range slices.Sorted(maps.Keys(s.cfg.Debug)) {
-		rs = append(rs, route{"GET " + path, s.cfg.Debug[path].ServeHTTP, true, false, s.debugDoc(path)})
+		page := s.cfg.Debug[path]
+		rs = append(rs, route{"GET " + path, page.Handler.ServeHTTP, true, false, page.Doc})
 	}
 	if s.cfg.Profiling {
 		rs = append(rs,
@@ -81,17 +82,6 @@ func (s *Service) routeTable() []route {
 		)
 	}
 	return rs
-}
-
-// debugDoc is the index line of a debug page another service offers.
-func (s *Service) debugDoc(path string) string {
-	switch path {
-	case "/debug/ndsz":
-		return "the DNS proxy's name table and the names generated from it"
-	case "/debug/crashes":
-		return "Envoy's crash records, newest first: exit, uptime, stderr tail, ACKed versions"
-	}
-	return "a debug page"
 }
 
 func (s *Service) routes() http.Handler {

@@ -38,9 +38,10 @@ type Config struct {
 	// with Istio's istio_agent_ prefix (metrics.go).
 	Gatherer prometheus.Gatherer
 	// Debug are read-only debug pages other services offer, by path
-	// ("/debug/ndsz"), served to loopback callers only. The tree hands
-	// them over like channels; the status server never calls a service.
-	Debug map[string]http.Handler
+	// ("/debug/ndsz"), served to loopback callers only and listed on GET /
+	// with their Doc. The tree hands them over like channels; the status
+	// server never calls a service.
+	Debug map[string]DebugPage
 	// Probes: application probe rewriting and the VM readiness probe
 	// (probeconfig.go).
 	Probes ProbeConfig
@@ -57,6 +58,13 @@ func (c Config) Validate() error {
 		return errors.New("status server needs a metrics gatherer")
 	}
 	return nil
+}
+
+// DebugPage is a page another service offers: its handler and the line
+// GET / shows for it (the offering service says what it is).
+type DebugPage struct {
+	Handler http.Handler
+	Doc     string
 }
 
 // Inputs are what the status server reads.
