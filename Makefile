@@ -16,8 +16,11 @@ all: build
 
 # Static, as Istio builds its agent (common/scripts/gobuild.sh): no libc
 # mapped in (~2 MiB of RSS); net and os/user use their pure-Go versions.
+# meshagent-init is the small init the agent hands PID 1 to in a container
+# (cmd/meshagent/reaper.go); it is found beside the agent.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/meshagent ./cmd/meshagent
+	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/meshagent-init ./cmd/meshagent-init
 
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
@@ -46,7 +49,7 @@ IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_T
 
 .PHONY: image image-istio fakeenvoy-static istio-template
 image: build fakeenvoy-static istio-template
-	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
+	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent -init $(BIN)/meshagent-init $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
 	  -label io.meshagent.agent=meshagent -label org.opencontainers.image.version=$(VERSION) \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
 
