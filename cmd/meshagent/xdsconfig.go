@@ -8,7 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/certs"
-	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy"
 )
 
@@ -19,7 +19,7 @@ type xdsInputs struct {
 	proxy *meshconfig.ProxyConfig
 	// bootstrap is Envoy's bootstrap config: the proxy caches what that
 	// node acknowledged, and the gRPC bootstrap announces the same node.
-	bootstrap *envoy.BootstrapConfig
+	bootstrap *bootstrap.Config
 	// certs is the certificate source (nil: none): file-mounted
 	// certificates give the control plane's roots and a client certificate.
 	certs *certs.Config
@@ -61,7 +61,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 
 	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, config.ParseBool)
 	b := in.bootstrap
-	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
+	c.NodeID = bootstrap.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
 		c.CacheFile = rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"fmt"
@@ -39,7 +39,7 @@ type telemetry struct {
 
 // telemetryFor builds the telemetry parts, in the order of Istio's template: the tracer's cluster,
 // the metrics service's, the access log service's; the metrics service sink, then statsd.
-func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, error) {
+func telemetryFor(c Config, node nodeInfo, fam ipFamily) (telemetry, error) {
 	var t telemetry
 	pc := c.Proxy
 	if tr := pc.GetTracing(); tr != nil {
@@ -129,7 +129,7 @@ func telemetryFor(c BootstrapConfig, node nodeInfo, fam ipFamily) (telemetry, er
 
 // dnsCluster is a cluster reaching a telemetry service by DNS name at addr (host:port); nil for an
 // empty address, which Istio's template leaves out.
-func (c BootstrapConfig) dnsCluster(name, what, addr string, fam ipFamily) (object, error) {
+func (c Config) dnsCluster(name, what, addr string, fam ipFamily) (object, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -151,7 +151,7 @@ func (c BootstrapConfig) dnsCluster(name, what, addr string, fam ipFamily) (obje
 // remoteServiceCluster is the HTTP/2 cluster of a gRPC service Envoy
 // streams to (the metrics service, the access log service), with the
 // service's TLS settings and TCP keepalive.
-func (c BootstrapConfig) remoteServiceCluster(name, what string, rs *meshv1alpha1.RemoteService, node nodeInfo, fam ipFamily) (object, error) {
+func (c Config) remoteServiceCluster(name, what string, rs *meshv1alpha1.RemoteService, node nodeInfo, fam ipFamily) (object, error) {
 	cl, err := c.dnsCluster(name, what, rs.GetAddress(), fam)
 	if err != nil {
 		return nil, err
@@ -165,7 +165,7 @@ func (c BootstrapConfig) remoteServiceCluster(name, what string, rs *meshv1alpha
 // serviceAddress is host:port as a socket address; a host of $(HOST_IP) is the node's HOST_IP
 // when set (Istio's addressConverter: tracer addresses in mesh config cannot use Kubernetes'
 // variable expansion).
-func (c BootstrapConfig) serviceAddress(what, addr string) (host string, port int, err error) {
+func (c Config) serviceAddress(what, addr string) (host string, port int, err error) {
 	host, portText, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", 0, fmt.Errorf("%s %q: want host:port: %w", what, addr, err)
@@ -291,7 +291,7 @@ func exactMatchers(names []string) []object {
 
 // writeLightstepToken writes ProxyConfig.tracing.lightstep.accessToken where the lightstep tracer
 // reads it (<ConfigPath>/lightstep_access_token.txt), as Istio's agent does before rendering.
-func writeLightstepToken(c BootstrapConfig) error {
+func writeLightstepToken(c Config) error {
 	ls := c.Proxy.GetTracing().GetLightstep()
 	if ls == nil {
 		return nil

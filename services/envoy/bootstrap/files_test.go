@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"encoding/json"
@@ -15,12 +15,12 @@ import (
 func TestTemplateRendersIstioParameters(t *testing.T) {
 	c := testConfig(t)
 	c.TemplateFile = filepath.Join(testdata, "minimal.json.tmpl")
-	out, err := WriteBootstrap(c)
+	out, err := Write(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out.Path != filepath.Join(c.ConfigPath, "envoy-rev.json") || out.Custom {
-		t.Fatalf("WriteBootstrap = %+v", out)
+		t.Fatalf("Write = %+v", out)
 	}
 	b := loadStrict(t, out.Path)
 	if b.GetNode().GetId() != NodeID("sidecar", c.InstanceIPs, c.PodName, c.PodNamespace, "") {
@@ -66,7 +66,7 @@ func TestTemplatePrecedence(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			c.IstioBootstrap, c.Proxy.CustomConfigFile, c.TemplateFile, c.Proxy.ProxyBootstrapTemplatePath = tc.istioBootstrap, tc.custom, tc.flag, tc.pcPath
-			out, err := WriteBootstrap(c)
+			out, err := Write(c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestTemplatePrecedence(t *testing.T) {
 				want = custom
 			}
 			if out.Path != want || out.Custom != (tc.wantPath == "") {
-				t.Fatalf("WriteBootstrap = %+v, want path %s", out, want)
+				t.Fatalf("Write = %+v, want path %s", out, want)
 			}
 			data, err := os.ReadFile(out.Path)
 			if err != nil {
@@ -103,50 +103,50 @@ func TestBadInputsNameTheFile(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		edit func(*BootstrapConfig)
+		edit func(*Config)
 		want []string
 	}{
-		{"missing template", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "nope.json") },
+		{"missing template", func(c *Config) { c.TemplateFile = filepath.Join(testdata, "nope.json") },
 			[]string{"bootstrap template", "nope.json", "no such file"}},
-		{"template is a directory", func(c *BootstrapConfig) { c.TemplateFile = testdata },
+		{"template is a directory", func(c *Config) { c.TemplateFile = testdata },
 			[]string{"bootstrap template", testdata}},
-		{"template syntax", func(c *BootstrapConfig) {
+		{"template syntax", func(c *Config) {
 			c.IstioBootstrap = writeTemp(t, "syntax.tmpl", `{"node": {"id": "{{ .nodeID "}}`)
 		},
 			[]string{"bootstrap template", "syntax.tmpl"}},
-		{"template renders invalid JSON", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "bad-json.json.tmpl") },
+		{"template renders invalid JSON", func(c *Config) { c.TemplateFile = filepath.Join(testdata, "bad-json.json.tmpl") },
 			[]string{"bad-json.json.tmpl", "not a valid Envoy bootstrap"}},
-		{"template renders a wrong type", func(c *BootstrapConfig) { c.TemplateFile = filepath.Join(testdata, "bad-type.json.tmpl") },
+		{"template renders a wrong type", func(c *Config) { c.TemplateFile = filepath.Join(testdata, "bad-type.json.tmpl") },
 			[]string{"bad-type.json.tmpl", "not a valid Envoy bootstrap"}},
-		{"missing custom config file", func(c *BootstrapConfig) { c.Proxy.CustomConfigFile = filepath.Join(testdata, "gone.json") },
+		{"missing custom config file", func(c *Config) { c.Proxy.CustomConfigFile = filepath.Join(testdata, "gone.json") },
 			[]string{"customConfigFile", "gone.json"}},
-		{"missing override", func(c *BootstrapConfig) { c.OverrideFile = filepath.Join(testdata, "gone.yaml") },
+		{"missing override", func(c *Config) { c.OverrideFile = filepath.Join(testdata, "gone.yaml") },
 			[]string{"ISTIO_BOOTSTRAP_OVERRIDE", "gone.yaml"}},
-		{"invalid override YAML", func(c *BootstrapConfig) { c.OverrideFile = filepath.Join(testdata, "override-bad.yaml") },
+		{"invalid override YAML", func(c *Config) { c.OverrideFile = filepath.Join(testdata, "override-bad.yaml") },
 			[]string{"ISTIO_BOOTSTRAP_OVERRIDE", "override-bad.yaml", "not YAML or JSON"}},
-		{"unparsable labels file", func(c *BootstrapConfig) { c.LabelsFile = filepath.Join(testdata, "bad-labels") },
+		{"unparsable labels file", func(c *Config) { c.LabelsFile = filepath.Join(testdata, "bad-labels") },
 			[]string{"labels file", "bad-labels"}},
-		{"unwritable config dir", func(c *BootstrapConfig) { c.ConfigPath = filepath.Join(notDir, "proxy") },
+		{"unwritable config dir", func(c *Config) { c.ConfigPath = filepath.Join(notDir, "proxy") },
 			[]string{"create config dir", notDir}},
-		{"bad runtime value", func(c *BootstrapConfig) {
+		{"bad runtime value", func(c *Config) {
 			c.Proxy.RuntimeValues = map[string]string{"overload.global_downstream_max_connections": "lots"}
 		}, []string{"runtimeValues", "lots"}},
-		{"bad ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", func(c *BootstrapConfig) {
+		{"bad ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", func(c *Config) {
 			c.Proxy.ProxyMetadata = map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "-3"}
 		}, []string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", "-3"}},
-		{"typed metadata that does not decode", func(c *BootstrapConfig) {
+		{"typed metadata that does not decode", func(c *Config) {
 			c.Env = append(c.Env, "ISTIO_META_ENVOY_STATUS_PORT=abc")
 		}, []string{"ENVOY_STATUS_PORT", "abc"}},
-		{"typed boolean metadata that does not decode", func(c *BootstrapConfig) {
+		{"typed boolean metadata that does not decode", func(c *Config) {
 			c.Env = append(c.Env, "ISTIO_META_DNS_CAPTURE=sometimes")
 		}, []string{"DNS_CAPTURE", "sometimes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			tc.edit(&c)
-			out, err := WriteBootstrap(c)
+			out, err := Write(c)
 			if err == nil {
-				t.Fatalf("WriteBootstrap = %+v, want an error", out)
+				t.Fatalf("Write = %+v, want an error", out)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -180,7 +180,7 @@ func TestOverrideToJSON(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			c.OverrideFile, c.HostIP = tc.file, tc.hostIP
-			out, err := WriteBootstrap(c)
+			out, err := Write(c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,7 +199,7 @@ func TestOverrideToJSON(t *testing.T) {
 	// The YAML override is a valid Bootstrap fragment Envoy can merge.
 	c := testConfig(t)
 	c.OverrideFile, c.HostIP = filepath.Join(testdata, "override.yaml"), "10.0.0.1"
-	out, err := WriteBootstrap(c)
+	out, err := Write(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,12 +213,12 @@ func TestCustomConfigUsedAsIs(t *testing.T) {
 	c.CustomConfigFile = filepath.Join(testdata, "custom.json")
 	c.XDSSocket, c.SDSSocket = "", "" // not needed when Envoy gets the file as is
 	before, _ := os.ReadFile(c.CustomConfigFile)
-	out, err := WriteBootstrap(c)
+	out, err := Write(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !out.Custom || out.Path != c.CustomConfigFile {
-		t.Fatalf("WriteBootstrap = %+v", out)
+		t.Fatalf("Write = %+v", out)
 	}
 	after, _ := os.ReadFile(c.CustomConfigFile)
 	if string(before) != string(after) {

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -17,9 +17,9 @@ import (
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
-// BootstrapConfig is everything the Envoy bootstrap needs, as plain values that cmd fills from flags,
+// Config is everything the Envoy bootstrap needs, as plain values that cmd fills from flags,
 // environment and the ProxyConfig. Paths are used as given (cmd has already applied --root).
-type BootstrapConfig struct {
+type Config struct {
 	ProxyType       string   // "sidecar", "router" or "waypoint" (pilot-agent proxy <type>)
 	PodName         string   // POD_NAME
 	PodNamespace    string   // POD_NAMESPACE
@@ -79,8 +79,8 @@ type BootstrapConfig struct {
 	MetadataDiscovery *bool
 }
 
-// Bootstrap is the bootstrap handed to Envoy.
-type Bootstrap struct {
+// File is the bootstrap handed to Envoy: the file for -c and the override for --config-yaml.
+type File struct {
 	Path       string // file for -c
 	ConfigYAML string // JSON of ISTIO_BOOTSTRAP_OVERRIDE for --config-yaml, "" if none
 	Custom     bool   // Path is ProxyConfig.customConfigFile, used as is (not ours to delete)
@@ -92,14 +92,14 @@ const (
 	outputYAML = "envoy-rev.yaml"
 )
 
-// ErrInvalidBootstrap marks a BootstrapConfig that Validate rejects.
-var ErrInvalidBootstrap = errors.New("invalid bootstrap config")
+// ErrInvalidConfig marks a Config that Validate rejects.
+var ErrInvalidConfig = errors.New("invalid bootstrap config")
 
 // Validate checks the values a bootstrap cannot be built without; errors name the field and value.
-func (c BootstrapConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidBootstrap}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
 	}
 	switch c.ProxyType {
 	case "sidecar", "router", "waypoint":
@@ -141,7 +141,7 @@ func (c BootstrapConfig) Validate() error {
 
 // templateFile is the template to render, by Istio's precedence (ISTIO_BOOTSTRAP first; a custom
 // config file disables --templateFile/proxyBootstrapTemplatePath); "" means the built-in bootstrap.
-func (c BootstrapConfig) templateFile() string {
+func (c Config) templateFile() string {
 	if c.IstioBootstrap != "" {
 		return c.IstioBootstrap
 	}
@@ -155,7 +155,7 @@ func (c BootstrapConfig) templateFile() string {
 }
 
 // customConfigFile is the file passed to Envoy unchanged, unless ISTIO_BOOTSTRAP is set.
-func (c BootstrapConfig) customConfigFile() string {
+func (c Config) customConfigFile() string {
 	if c.IstioBootstrap != "" {
 		return ""
 	}
@@ -168,7 +168,7 @@ func (c BootstrapConfig) customConfigFile() string {
 // metadataDiscovery is the METADATA_DISCOVERY metadata: PEER_METADATA_DISCOVERY when set, else
 // whether ISTIO_META_ENABLE_HBONE is true (Istio's GetNodeMetaData); meta has been through Istio's
 // typed pass, which writes a true value "true".
-func (c BootstrapConfig) metadataDiscovery(meta map[string]any) bool {
+func (c Config) metadataDiscovery(meta map[string]any) bool {
 	if c.MetadataDiscovery != nil {
 		return *c.MetadataDiscovery
 	}
@@ -178,7 +178,7 @@ func (c BootstrapConfig) metadataDiscovery(meta map[string]any) bool {
 // metadataDiscoveryExtension says whether the bootstrap has Istio's metadata_discovery extension:
 // always for a waypoint, else as the metadata says, and never over state-of-the-world xDS, which
 // does not support it (Istio's pkg/bootstrap/config.go).
-func (c BootstrapConfig) metadataDiscoveryExtension(node nodeInfo) bool {
+func (c Config) metadataDiscoveryExtension(node nodeInfo) bool {
 	if c.ProxyType == "waypoint" {
 		return true
 	}
@@ -189,7 +189,7 @@ func (c BootstrapConfig) metadataDiscoveryExtension(node nodeInfo) bool {
 // ENVOY_STATUS_PORT and ENVOY_PROMETHEUS_PORT listeners, on either family, and admin): their
 // connections do not count when a drain waits for active connections to end (Istio's
 // knownIstioListeners).
-func (c BootstrapConfig) AgentListenerStats() []string {
+func (c Config) AgentListenerStats() []string {
 	var out []string
 	for _, port := range []int{c.EnvoyStatusPort, c.EnvoyPrometheusPort} {
 		for _, host := range []string{"0.0.0.0", "[__]", "127.0.0.1", "[__1]"} {
@@ -200,7 +200,7 @@ func (c BootstrapConfig) AgentListenerStats() []string {
 }
 
 // pilotSAN is the PILOT_SAN metadata: explicit, or the discovery host under MUTUAL_TLS.
-func (c BootstrapConfig) pilotSAN() []string {
+func (c Config) pilotSAN() []string {
 	if c.PilotSAN != nil {
 		return c.PilotSAN
 	}
@@ -219,26 +219,25 @@ func (c BootstrapConfig) pilotSAN() []string {
 	return []string{host}
 }
 
-// WriteBootstrap produces Envoy's bootstrap: the custom config file as is, a rendered template, or the
+// Write produces Envoy's bootstrap: the custom config file as is, a rendered template, or the
 // built-in bootstrap, written atomically to <ConfigPath>/envoy-rev.json (directory created 0700).
 // The override file, if any, is read and converted to JSON for --config-yaml.
-func WriteBootstrap(c BootstrapConfig) (Bootstrap, error) {
+func Write(c Config) (File, error) {
 	if err := c.Validate(); err != nil {
-		return Bootstrap{}, err
+		return File{}, err
 	}
-	out, _, err := writeBootstrapBytes(c)
+	out, _, err := write(c)
 	return out, err
 }
 
-// writeBootstrapBytes is WriteBootstrap, also returning what it wrote (nil for a
-// custom config file, which it does not write), for a config already
-// validated: the service's, checked once by New (#26).
-func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
-	var out Bootstrap
+// write is Write for a config already validated, also returning what it
+// wrote (nil for a custom config file, which it does not write).
+func write(c Config) (File, []byte, error) {
+	var out File
 	if c.OverrideFile != "" {
 		js, err := readOverride(c.OverrideFile, c.HostIP)
 		if err != nil {
-			return Bootstrap{}, nil, err
+			return File{}, nil, err
 		}
 		out.ConfigYAML = js
 	}
@@ -248,7 +247,7 @@ func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
 		// block the open for ever, issue #21).
 		f, _, err := boundedfile.Open(custom)
 		if err != nil {
-			return Bootstrap{}, nil, fmt.Errorf("custom config file (ProxyConfig.customConfigFile): %w", err)
+			return File{}, nil, fmt.Errorf("custom config file (ProxyConfig.customConfigFile): %w", err)
 		}
 		f.Close()
 		out.Path, out.Custom = custom, true
@@ -256,7 +255,7 @@ func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
 	}
 
 	if err := writeLightstepToken(c); err != nil {
-		return Bootstrap{}, nil, err
+		return File{}, nil, err
 	}
 	var (
 		data []byte
@@ -272,17 +271,17 @@ func writeBootstrapBytes(c BootstrapConfig) (Bootstrap, []byte, error) {
 		data, err = renderDefault(c)
 	}
 	if err != nil {
-		return Bootstrap{}, nil, err
+		return File{}, nil, err
 	}
 	out.Path = filepath.Join(c.ConfigPath, name)
 	if err := writeAtomic(out.Path, data); err != nil {
-		return Bootstrap{}, nil, err
+		return File{}, nil, err
 	}
 	return out, data, nil
 }
 
 // renderDefault builds the built-in bootstrap and marshals it to stable, indented JSON.
-func renderDefault(c BootstrapConfig) ([]byte, error) {
+func renderDefault(c Config) ([]byte, error) {
 	node, err := buildNode(c)
 	if err != nil {
 		return nil, err

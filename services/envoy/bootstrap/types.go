@@ -1,10 +1,10 @@
-package envoy
+package bootstrap
 
 // The typed_config types that bootstraps name, Istio's template and the built-in one alike,
 // registered with protobuf-go so that parseBootstrap resolves them when it checks a rendered user
 // template (and the tests check every built-in bootstrap). Registering costs little; it is
 // marshalling through these types that builds the state the built-in bootstrap avoids
-// (bootstrap_json.go).
+// (json.go).
 import (
 	_ "github.com/cncf/xds/go/udpa/type/v1"
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/trace/v3"

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ import (
 // metadata is the node metadata as a JSON object (Istio passes its Go struct, whose field names
 // no template should depend on), and meshagent adds xds_socket and sds_socket, the unix sockets
 // under --root.
-func renderTemplateFile(path string, c BootstrapConfig) ([]byte, error) {
+func renderTemplateFile(path string, c Config) ([]byte, error) {
 	text, err := boundedfile.Read(path, boundedfile.MaxConfig)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap template: %w", err)
@@ -56,7 +56,7 @@ func renderTemplateFile(path string, c BootstrapConfig) ([]byte, error) {
 // names and with the Go types its templates print (pkg/bootstrap/config.go toTemplateParams,
 // pkg/bootstrap/option): a parameter Istio skips when empty is left out here too, so that
 // {{ if .x }} reads the same.
-func templateParams(c BootstrapConfig) (map[string]any, error) {
+func templateParams(c Config) (map[string]any, error) {
 	node, err := buildNode(c)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import "testing"
 
@@ -24,13 +24,13 @@ func BenchmarkMarshalBootstrap(b *testing.B) {
 func BenchmarkWriteBootstrap(b *testing.B) {
 	c := testConfig(b)
 	for b.Loop() {
-		if _, err := WriteBootstrap(c); err != nil {
+		if _, err := Write(c); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// BenchmarkRenderDefault is WriteBootstrap without the file system write.
+// BenchmarkRenderDefault is Write without the file system write.
 func BenchmarkRenderDefault(b *testing.B) {
 	c := testConfig(b)
 	for b.Loop() {

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"encoding/json"
@@ -176,7 +176,7 @@ func ReadDownwardAPI(path string) (map[string]string, error) {
 // Node is the node Envoy announces to the control plane (id, cluster,
 // locality, metadata), as the bootstrap carries it: what the XDS proxy and
 // proxyless gRPC clients announce too.
-func (c BootstrapConfig) Node() (*corev3.Node, error) {
+func (c Config) Node() (*corev3.Node, error) {
 	n, err := buildNode(c)
 	if err != nil {
 		return nil, err
@@ -184,7 +184,7 @@ func (c BootstrapConfig) Node() (*corev3.Node, error) {
 	return n.proto(), nil
 }
 
-// nodeInfo is what the bootstrap needs to know about the pod, derived once from BootstrapConfig.
+// nodeInfo is what the bootstrap needs to know about the pod, derived once from Config.
 type nodeInfo struct {
 	id          string
 	cluster     string
@@ -197,8 +197,8 @@ type nodeInfo struct {
 
 // buildNode derives the node (id, cluster, locality, metadata) the way Istio's GetNodeMetaData and
 // ConvertNodeToXDSNode do: the raw ISTIO_META_* / ISTIO_METAJSON_* values, through Istio's typed
-// pass (bootstrap_metadata.go), then the agent's own keys on top.
-func buildNode(c BootstrapConfig) (nodeInfo, error) {
+// pass (metadata.go), then the agent's own keys on top.
+func buildNode(c Config) (nodeInfo, error) {
 	raw, staticLabels := c.rawMetadata()
 	meta := make(map[string]any, len(raw)+16)
 	for k, v := range raw {
@@ -336,7 +336,7 @@ func (n nodeInfo) proto() *corev3.Node {
 
 // bootstrapJSON is the node as the bootstrap's node field. Node is a small type, which the agent
 // marshals anyway for proxyless gRPC clients' bootstrap: this costs little of what marshalling the
-// whole Bootstrap would (bootstrap_json.go).
+// whole Bootstrap would (json.go).
 func (n nodeInfo) bootstrapJSON() (json.RawMessage, error) {
 	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(n.proto())
 	if err != nil {
@@ -348,7 +348,7 @@ func (n nodeInfo) bootstrapJSON() (json.RawMessage, error) {
 // rawMetadata is the metadata before Istio's typed pass: ProxyConfig.proxyMetadata's ISTIO_META_*
 // entries, the environment's ISTIO_META_* (over them), each ISTIO_METAJSON_* object merged in, and
 // DNS_PROXY_ADDR. It also returns ISTIO_METAJSON_LABELS as labels, nil when absent or empty.
-func (c BootstrapConfig) rawMetadata() (map[string]any, map[string]string) {
+func (c Config) rawMetadata() (map[string]any, map[string]string) {
 	raw := map[string]any{}
 	for k, v := range c.Proxy.GetProxyMetadata() {
 		if key, ok := strings.CutPrefix(k, metaPrefix); ok {

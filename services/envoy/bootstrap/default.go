@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"encoding/json"
@@ -56,7 +56,7 @@ func ipFamilyFor(ips []string, dualStack bool) ipFamily {
 // defaultBootstrap is the equivalent of Istio's envoy_bootstrap.json: field for field what
 // Istio's agent writes from the same inputs (cmd/meshagent's conformance suite compares them), but
 // for the few differences docs/conformance.md lists.
-func defaultBootstrap(c BootstrapConfig, node nodeInfo) (object, error) {
+func defaultBootstrap(c Config, node nodeInfo) (object, error) {
 	fam := ipFamilyFor(c.InstanceIPs, c.DualStack)
 	stats := getStatsOptions(c, node)
 	metadataDiscovery := c.metadataDiscoveryExtension(node)
@@ -162,7 +162,7 @@ var istioRuntimeFlags = map[string]any{
 // else the runtime value overload.global_downstream_max_connections, else MaxInt32. As in Istio, the
 // environment's ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS is node metadata only; unlike Istio, a
 // limit that is not a number is an error rather than ignored.
-func runtimeFlags(c BootstrapConfig) (map[string]any, int64, error) {
+func runtimeFlags(c Config) (map[string]any, int64, error) {
 	flags := maps.Clone(istioRuntimeFlags)
 	if c.CompliancePolicy == "fips-140-2" {
 		// Envoy's google_grpc clients then stay at TLS 1.2, FIPS 140-2's maximum.

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -8,9 +8,8 @@ import (
 )
 
 // TestLaterStartsWriteTheFirstRender: the first start renders; a later one
-// writes the same bytes again, even with the file gone and the inputs
-// changed since (Istio renders once per agent start too), and renders
-// nothing (the template it would now read does not exist).
+// (Rewrite) writes the same bytes again, even with the file gone and the
+// inputs changed since (Istio renders once per agent start too).
 func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 	c := testConfig(t)
 	labels := filepath.Join(t.TempDir(), "labels")
@@ -18,8 +17,7 @@ func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.LabelsFile = labels
-	cfg := Config{Bootstrap: &c}
-	first, err := cfg.render(nil)
+	first, err := Render(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,15 +27,13 @@ func TestLaterStartsWriteTheFirstRender(t *testing.T) {
 	if err := os.WriteFile(labels, []byte("app=\"changed\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(first.boot.Path); err != nil {
+	if err := os.Remove(first.Path); err != nil {
 		t.Fatal(err)
 	}
-	c.TemplateFile = filepath.Join(t.TempDir(), "gone.json")
-	again, err := cfg.render(first)
-	if err != nil {
+	if err := first.Rewrite(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(again.boot.Path)
+	got, err := os.ReadFile(first.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,18 +51,17 @@ func TestCustomConfigFileIsNeverWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Proxy.CustomConfigFile = custom
-	cfg := Config{Bootstrap: &c}
-	first, err := cfg.render(nil)
+	first, err := Render(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !first.boot.Custom || first.boot.Path != custom || first.data != nil {
+	if !first.Custom || first.Path != custom || first.data != nil || first.SHA256() != "" {
 		t.Fatalf("custom config file rendered as %+v", first)
 	}
 	if err := os.WriteFile(custom, []byte(`{"admin": {"address": {}}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cfg.render(first); err != nil {
+	if err := first.Rewrite(); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(custom); string(got) != `{"admin": {"address": {}}}` {

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -19,10 +19,10 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// updateGolden rewrites testdata/bootstrap/*.golden.json: go test ./services/envoy -run Golden -update
-var updateGolden = flag.Bool("update", false, "rewrite the golden bootstrap files in testdata/bootstrap")
+// updateGolden rewrites testdata/*.golden.json: go test ./services/envoy/bootstrap -run Golden -update
+var updateGolden = flag.Bool("update", false, "rewrite the golden bootstrap files in testdata")
 
-const testdata = "testdata/bootstrap"
+const testdata = "testdata"
 
 // testProxyConfig is Istio's default ProxyConfig for a sidecar plus a few mesh-wide settings.
 func testProxyConfig() *meshv1alpha1.ProxyConfig {
@@ -54,8 +54,8 @@ func testProxyConfig() *meshv1alpha1.ProxyConfig {
 }
 
 // testConfig is a fixed pod environment; ConfigPath is a fresh directory.
-func testConfig(t testing.TB) BootstrapConfig {
-	return BootstrapConfig{
+func testConfig(t testing.TB) Config {
+	return Config{
 		ProxyType:      "sidecar",
 		PodName:        "reviews-v2-5d4b9c8f7-x2x4z",
 		PodNamespace:   "bookinfo",
@@ -87,10 +87,10 @@ func testConfig(t testing.TB) BootstrapConfig {
 	}
 }
 
-// writeStrict is WriteBootstrap of c, loaded by loadStrict.
-func writeStrict(t *testing.T, c BootstrapConfig) *bootstrapv3.Bootstrap {
+// writeStrict is Write of c, loaded by loadStrict.
+func writeStrict(t *testing.T, c Config) *bootstrapv3.Bootstrap {
 	t.Helper()
-	out, err := WriteBootstrap(c)
+	out, err := Write(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +116,12 @@ func loadStrict(t *testing.T, path string) *bootstrapv3.Bootstrap {
 
 func TestBootstrapGolden(t *testing.T) {
 	c := testConfig(t)
-	got, err := WriteBootstrap(c)
+	got, err := Write(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := filepath.Join(c.ConfigPath, "envoy-rev.json"); got.Path != want || got.Custom || got.ConfigYAML != "" {
-		t.Fatalf("WriteBootstrap = %+v, want Path %s, not custom, no override", got, want)
+		t.Fatalf("Write = %+v, want Path %s, not custom, no override", got, want)
 	}
 	loadStrict(t, got.Path)
 	data, err := os.ReadFile(got.Path)
@@ -152,7 +152,7 @@ func TestBootstrapIsDeterministic(t *testing.T) {
 	c := testConfig(t)
 	var first []byte
 	for range 5 {
-		b, err := WriteBootstrap(c)
+		b, err := Write(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -383,7 +383,7 @@ func TestBootstrapOptions(t *testing.T) {
 	}
 
 	c.Proxy.Tracing = &meshv1alpha1.Tracing{Tracer: &meshv1alpha1.Tracing_Zipkin_{Zipkin: &meshv1alpha1.Tracing_Zipkin{Address: "zipkin-no-port"}}}
-	if _, err := WriteBootstrap(c); err == nil || !strings.Contains(err.Error(), "zipkin.address") {
+	if _, err := Write(c); err == nil || !strings.Contains(err.Error(), "zipkin.address") {
 		t.Errorf("bad zipkin address: err = %v", err)
 	}
 }
@@ -444,27 +444,27 @@ func TestValidate(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		edit func(*BootstrapConfig)
+		edit func(*Config)
 		want string
 	}{
-		{"proxy type", func(c *BootstrapConfig) { c.ProxyType = "gateway" }, `ProxyType "gateway"`},
-		{"no IPs", func(c *BootstrapConfig) { c.InstanceIPs = nil }, "InstanceIPs is empty"},
-		{"bad IP", func(c *BootstrapConfig) { c.InstanceIPs = []string{"10.0.0.300"} }, `"10.0.0.300" is not an IP`},
-		{"no proxy config", func(c *BootstrapConfig) { c.Proxy = nil }, "Proxy (ProxyConfig) is nil"},
-		{"no config path", func(c *BootstrapConfig) { c.ConfigPath = "" }, "ConfigPath is empty"},
-		{"admin port", func(c *BootstrapConfig) { c.AdminPort = 0 }, "AdminPort 0"},
-		{"status port", func(c *BootstrapConfig) { c.EnvoyStatusPort = 70000 }, "EnvoyStatusPort 70000"},
-		{"no xds socket", func(c *BootstrapConfig) { c.XDSSocket = "" }, "XDSSocket is empty"},
+		{"proxy type", func(c *Config) { c.ProxyType = "gateway" }, `ProxyType "gateway"`},
+		{"no IPs", func(c *Config) { c.InstanceIPs = nil }, "InstanceIPs is empty"},
+		{"bad IP", func(c *Config) { c.InstanceIPs = []string{"10.0.0.300"} }, `"10.0.0.300" is not an IP`},
+		{"no proxy config", func(c *Config) { c.Proxy = nil }, "Proxy (ProxyConfig) is nil"},
+		{"no config path", func(c *Config) { c.ConfigPath = "" }, "ConfigPath is empty"},
+		{"admin port", func(c *Config) { c.AdminPort = 0 }, "AdminPort 0"},
+		{"status port", func(c *Config) { c.EnvoyStatusPort = 70000 }, "EnvoyStatusPort 70000"},
+		{"no xds socket", func(c *Config) { c.XDSSocket = "" }, "XDSSocket is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)
 			tc.edit(&c)
 			err := c.Validate()
-			if !errors.Is(err, ErrInvalidBootstrap) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v, want ErrInvalidBootstrap naming %q", err, tc.want)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want ErrInvalidConfig naming %q", err, tc.want)
 			}
-			if _, werr := WriteBootstrap(c); werr == nil {
-				t.Fatal("WriteBootstrap accepted an invalid config")
+			if _, werr := Write(c); werr == nil {
+				t.Fatal("Write accepted an invalid config")
 			}
 		})
 	}

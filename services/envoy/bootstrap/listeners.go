@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import "strconv"
 
@@ -9,7 +9,7 @@ var statsContentTypes = []string{"text/plain", "application/vnd.google.protobuf"
 // metricsListener serves Envoy's Prometheus stats on <wildcard>:15090 (localhost only with
 // METRICS_LOCALHOST_ACCESS_ONLY), compressed (brotli, zstd or gzip, as the client accepts) unless
 // statsCompression is off.
-func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) object {
+func metricsListener(c Config, fam ipFamily, compress bool) object {
 	host, extra := fam.wildcard, fam.additionalWildcard
 	if c.MetricsLocalhostOnly {
 		host, extra = fam.localhost, fam.additionalLocalhost
@@ -33,7 +33,7 @@ func metricsListener(c BootstrapConfig, fam ipFamily, compress bool) object {
 // healthListener forwards /healthz/ready on <wildcard>:15021 to the agent's status port, so that
 // readiness also proves Envoy is serving. With ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL it accepts
 // requests behind a PROXY protocol header too.
-func healthListener(c BootstrapConfig, fam ipFamily) object {
+func healthListener(c Config, fam ipFamily) object {
 	l := httpListener(fam.wildcard, fam.additionalWildcard, c.EnvoyStatusPort, "agent", agentCluster, []string{"/healthz/ready"}, nil)
 	if c.StatusPortProxyProtocol {
 		l["listener_filters"] = []object{{

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"encoding/json"
@@ -77,7 +77,7 @@ type statsOptions struct {
 	flushInterval, evictionInterval time.Duration
 }
 
-func getStatsOptions(c BootstrapConfig, node nodeInfo) statsOptions {
+func getStatsOptions(c Config, node nodeInfo) statsOptions {
 	pc := c.Proxy
 	anno := node.annotations
 	// An annotation replaces the ProxyConfig list (never merged); the required entries are appended and
