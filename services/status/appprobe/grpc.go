@@ -1,4 +1,4 @@
-package status
+package appprobe
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // grpc.health.v1.Health/Check for the probe's service over plaintext;
 // SERVING is success, any other answer or error is failure. userAgent is
 // kubelet's, passed on as kubelet would send it.
-func (p *prober) grpc(ctx context.Context, addr, service, userAgent string) probeResult {
+func (p *Prober) grpc(ctx context.Context, addr, service, userAgent string) probeResult {
 	opts := []grpc.DialOption{
 		// kubelet's grpc probe has no TLS either.
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -1,4 +1,4 @@
-package status
+package appprobe
 
 import (
 	"context"
@@ -34,7 +34,7 @@ type httpProbe struct {
 // unless ENABLE_PROBE_KEEPALIVE_CONNECTIONS=true, and kubelet's redirect
 // rule. One client serves every probe: the timeout comes with each
 // request's context.
-func newProbeHTTPClient(cfg ProbeConfig, d *probeDialer) *http.Client {
+func newProbeHTTPClient(cfg Config, d *probeDialer) *http.Client {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(!cfg.DisableHTTP2)
@@ -69,7 +69,7 @@ func checkProbeRedirect(req *http.Request, via []*http.Request) error {
 }
 
 // http probes the application and reads the start of its answer.
-func (p *prober) http(ctx context.Context, probe httpProbe) probeResult {
+func (p *Prober) http(ctx context.Context, probe httpProbe) probeResult {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, probe.url, nil)
 	if err != nil {
 		return failed(fmt.Errorf("probe request %s: %w", probe.url, err))
@@ -103,15 +103,15 @@ func (p *prober) http(ctx context.Context, probe httpProbe) probeResult {
 // appHTTPRequest turns kubelet's request into the application's: the same
 // headers, the Host kubelet sent (with the application's port if kubelet
 // named the status port), to the probe's port and path on the probe host.
-func (s *Service) appHTTPRequest(r *http.Request, get *HTTPGetAction) httpProbe {
+func (p *Prober) appHTTPRequest(r *http.Request, get *HTTPGetAction) httpProbe {
 	scheme, path := get.urlScheme(), get.urlPath()
 	port := strconv.Itoa(int(get.Port))
 	host := r.Host
-	if h, p, err := net.SplitHostPort(r.Host); err == nil && p == s.statusPort() {
+	if h, sp, err := net.SplitHostPort(r.Host); err == nil && sp != "" && sp == localPort(r) {
 		host = net.JoinHostPort(h, port)
 	}
 	return httpProbe{
-		url:    scheme + "://" + net.JoinHostPort(s.probeHost(), port) + path,
+		url:    scheme + "://" + net.JoinHostPort(p.host(), port) + path,
 		host:   host,
 		header: endToEnd(r.Header),
 	}
@@ -134,8 +134,13 @@ func endToEnd(h http.Header) http.Header {
 	return out
 }
 
-// statusPort is the port of Config.Addr.
-func (s *Service) statusPort() string {
-	_, port, _ := net.SplitHostPort(s.cfg.Addr)
+// localPort is the port r came in on: the status server's, which kubelet
+// names in Host when the probe named none of its own; "" if unknown.
+func localPort(r *http.Request) string {
+	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if addr == nil {
+		return ""
+	}
+	_, port, _ := net.SplitHostPort(addr.String())
 	return port
 }

@@ -1,4 +1,4 @@
-package status
+package metricsmerge
 
 import (
 	"bytes"
@@ -36,14 +36,14 @@ const (
 	failureAgent = "agent"
 )
 
-// mergedMetrics serves /stats/prometheus and /metrics: the agent's
+// Handler serves /stats/prometheus and /metrics: the agent's
 // registry, then Envoy's exposition, then the application's, parsed and
 // encoded again as one exposition in the format the caller asked for.
 // Sources are fetched concurrently within the scrape's timeout; a source
 // that fails is left out and counted, never failing the scrape (Istio's
 // rule: the application may be down, Envoy's metrics still matter).
-type mergedMetrics struct {
-	cfg    MetricsConfig
+type Handler struct {
+	cfg    Config
 	agent  prometheus.Gatherer
 	client *http.Client
 	log    *slog.Logger
@@ -58,13 +58,14 @@ type mergedMetrics struct {
 	conflicts sync.Map
 }
 
-// newMergedMetrics makes the endpoint's own metrics with mm, for the agent
-// registry.
-func newMergedMetrics(cfg MetricsConfig, agent prometheus.Gatherer, log *slog.Logger, mm *messages.Metrics) *mergedMetrics {
+// New returns the merged endpoint serving the agent's registry agent and
+// cfg's sources; it makes its own metrics (scrapes_total,
+// scrape_failures_total, Istio's names) with mm, for the agent registry.
+func New(cfg Config, agent prometheus.Gatherer, log *slog.Logger, mm *messages.Metrics) *Handler {
 	if cfg.BodyLimit <= 0 {
 		cfg.BodyLimit = defaultMetricsBodyLimit
 	}
-	m := &mergedMetrics{
+	m := &Handler{
 		cfg:   cfg,
 		agent: agent,
 		// Sources are on localhost: no proxy from the environment, and
@@ -98,7 +99,12 @@ type sourceResult struct {
 	err      error
 }
 
-func (m *mergedMetrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// CloseIdleConnections ends the connections kept to the sources between
+// scrapes, once the server serving m has stopped.
+func (m *Handler) CloseIdleConnections() { m.client.CloseIdleConnections() }
+
+// ServeHTTP answers one scrape.
+func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.scrapes.Inc()
 	budget := scrapeBudget(r.Header)
 	ctx, cancel := context.WithTimeout(r.Context(), budget)
@@ -178,7 +184,7 @@ func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
 
 // merge parses what is still raw and merges every family by name (see
 // familySet).
-func (m *mergedMetrics) merge(agent []*dto.MetricFamily, sources []source, results []sourceResult) []*dto.MetricFamily {
+func (m *Handler) merge(agent []*dto.MetricFamily, sources []source, results []sourceResult) []*dto.MetricFamily {
 	set := newFamilySet(len(agent) + 1024)
 	set.add(agent)
 	for i, res := range results {
@@ -205,7 +211,7 @@ func (m *mergedMetrics) merge(agent []*dto.MetricFamily, sources []source, resul
 
 // sources are Envoy's endpoint (with the caller's query, as Istio passes
 // ?usedonly or ?filter= on) and the application's.
-func (m *mergedMetrics) sources(r *http.Request) []source {
+func (m *Handler) sources(r *http.Request) []source {
 	var out []source
 	if m.cfg.EnvoyPort > 0 {
 		url := "http://localhost:" + strconv.Itoa(m.cfg.EnvoyPort) + "/stats/prometheus"
@@ -227,7 +233,7 @@ func (m *mergedMetrics) sources(r *http.Request) []source {
 }
 
 // scrape fetches and parses one source.
-func (m *mergedMetrics) scrape(ctx context.Context, src source, userAgent string, budget time.Duration) sourceResult {
+func (m *Handler) scrape(ctx context.Context, src source, userAgent string, budget time.Duration) sourceResult {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.url, nil)
 	if err != nil {
 		return sourceResult{err: err}
@@ -290,7 +296,7 @@ func (e *sourceError) Error() string {
 
 func (e *sourceError) Unwrap() error { return e.err }
 
-func (m *mergedMetrics) failed(kind string, err error) {
+func (m *Handler) failed(kind string, err error) {
 	m.failures.WithLabelValues(kind).Inc()
 	m.log.Warn("metrics source failed; merged metrics go on without it", "type", kind, "error", err)
 }
@@ -298,7 +304,7 @@ func (m *mergedMetrics) failed(kind string, err error) {
 // encode writes the families in the format the caller accepts (text 0.0.4,
 // or OpenMetrics when asked), leaving out whole any family the encoder
 // refuses.
-func (m *mergedMetrics) encode(buf *bytes.Buffer, format expfmt.Format, fams []*dto.MetricFamily) {
+func (m *Handler) encode(buf *bytes.Buffer, format expfmt.Format, fams []*dto.MetricFamily) {
 	enc := expfmt.NewEncoder(buf, format)
 	for _, f := range fams {
 		mark := buf.Len()
@@ -313,7 +319,7 @@ func (m *mergedMetrics) encode(buf *bytes.Buffer, format expfmt.Format, fams []*
 }
 
 // send answers with body, gzipped when the caller accepts it.
-func (m *mergedMetrics) send(w http.ResponseWriter, r *http.Request, format expfmt.Format, body []byte) {
+func (m *Handler) send(w http.ResponseWriter, r *http.Request, format expfmt.Format, body []byte) {
 	w.Header().Set("Content-Type", string(format))
 	w.Header().Add("Vary", "Accept-Encoding")
 	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
@@ -334,7 +340,7 @@ func (m *mergedMetrics) send(w http.ResponseWriter, r *http.Request, format expf
 	m.gzips.Put(gz)
 }
 
-func (m *mergedMetrics) buffer() *bytes.Buffer {
+func (m *Handler) buffer() *bytes.Buffer {
 	if b, ok := m.buffers.Get().(*bytes.Buffer); ok {
 		b.Reset()
 		return b

@@ -1,4 +1,4 @@
-package status
+package appprobe
 
 import (
 	"bytes"
@@ -28,8 +28,8 @@ var appProbePath = regexp.MustCompile(`^/(app-health|app-lifecycle)/[^/]+/(livez
 // 1, so 0 only comes from a hand-written variable.
 const defaultProbeTimeout = time.Second
 
-// ProbeConfig is the status server's probing of the application.
-type ProbeConfig struct {
+// Config is the status server's probing of the application.
+type Config struct {
 	// App are the probes kubelet sends to /app-health/... and
 	// /app-lifecycle/... (ISTIO_KUBE_APP_PROBERS, read by ParseAppProbers);
 	// nil: every such path answers 400.

@@ -1,4 +1,4 @@
-package status
+package metricsmerge
 
 import (
 	"encoding/json"
@@ -22,9 +22,9 @@ var ErrInvalidScrapeConfig = errors.New("invalid prometheus scrape configuration
 // the agent hold an unbounded body per scrape.
 const defaultMetricsBodyLimit = 10 << 20
 
-// MetricsConfig is the merged Prometheus endpoint, /stats/prometheus and
+// Config is the merged Prometheus endpoint, /stats/prometheus and
 // /metrics: the agent's own metrics, then Envoy's, then the application's.
-type MetricsConfig struct {
+type Config struct {
 	// EnvoyPort is Envoy's Prometheus port on localhost
 	// (ENVOY_PROMETHEUS_PORT, default 15090). 0: Envoy's metrics are not
 	// merged (PILOT_AGENT_MERGE_ENVOY_STATS=false, or DISABLE_ENVOY=true).

@@ -1,4 +1,4 @@
-package status
+package metricsmerge
 
 import (
 	dto "github.com/prometheus/client_model/go"

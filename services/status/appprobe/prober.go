@@ -1,4 +1,4 @@
-package status
+package appprobe
 
 import (
 	"context"
@@ -52,12 +52,28 @@ func failed(err error) probeResult {
 	return probeResult{code: http.StatusInternalServerError, err: err}
 }
 
-// handleAppProbe answers /app-health/<container>/<livez|readyz|startupz>
+// Prober probes the application for the status server: kubelet's
+// rewritten probes (ServeHTTP) and the VM's readiness probe (Check). It is
+// safe for concurrent use.
+type Prober struct {
+	cfg    Config
+	log    *slog.Logger
+	dialer *probeDialer
+	client *http.Client
+}
+
+// New returns the prober of cfg.
+func New(cfg Config, log *slog.Logger) *Prober {
+	d := &probeDialer{log: log}
+	return &Prober{cfg: cfg, log: log, dialer: d, client: newProbeHTTPClient(cfg, d)}
+}
+
+// ServeHTTP answers /app-health/<container>/<livez|readyz|startupz>
 // and /app-lifecycle/<container>/<prestopz|poststartz>. net/http serves each
 // request on its own goroutine and a probe holds no lock, so a slow
 // application delays only its own probe.
-func (s *Service) handleAppProbe(w http.ResponseWriter, r *http.Request) {
-	probe, ok := s.cfg.Probes.App[r.URL.Path]
+func (p *Prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	probe, ok := p.cfg.App[r.URL.Path]
 	if !ok {
 		// Istio answers 400 to a path it was not given.
 		http.Error(w, fmt.Sprintf("no application probe is configured for %s", r.URL.Path), http.StatusBadRequest)
@@ -68,27 +84,27 @@ func (s *Service) handleAppProbe(w http.ResponseWriter, r *http.Request) {
 	var res probeResult
 	switch {
 	case probe.HTTPGet != nil:
-		res = s.prober.http(ctx, s.appHTTPRequest(r, probe.HTTPGet))
+		res = p.http(ctx, p.appHTTPRequest(r, probe.HTTPGet))
 	case probe.TCPSocket != nil:
-		res = s.prober.tcp(ctx, net.JoinHostPort(s.probeHost(), strconv.Itoa(int(probe.TCPSocket.Port))))
+		res = p.tcp(ctx, net.JoinHostPort(p.host(), strconv.Itoa(int(probe.TCPSocket.Port))))
 	case probe.GRPC != nil:
-		res = s.prober.grpc(ctx, net.JoinHostPort(s.probeHost(), strconv.Itoa(int(probe.GRPC.Port))),
+		res = p.grpc(ctx, net.JoinHostPort(p.host(), strconv.Itoa(int(probe.GRPC.Port))),
 			derefOr(probe.GRPC.Service, ""), r.Header.Get("User-Agent"))
 	}
 	if res.err != nil {
-		s.log.Info("application probe failed", "path", r.URL.Path, "error", res.err)
+		p.log.Info("application probe failed", "path", r.URL.Path, "error", res.err)
 	}
 	w.WriteHeader(res.code)
 	_, _ = w.Write(res.body)
 }
 
-// probeHost is where probes go: INSTANCE_IP, as kubelet would, or
+// host is where probes go: INSTANCE_IP, as kubelet would, or
 // localhost (REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION, or no IP known).
-func (s *Service) probeHost() string {
-	if s.cfg.Probes.Host == "" {
+func (p *Prober) host() string {
+	if p.cfg.Host == "" {
 		return "localhost"
 	}
-	return s.cfg.Probes.Host
+	return p.cfg.Host
 }
 
 func derefOr[T any](p *T, def T) T {
@@ -98,26 +114,12 @@ func derefOr[T any](p *T, def T) T {
 	return *p
 }
 
-// closeIdleConnections ends the connections kept to the application and
-// the metrics sources once the server has stopped.
-func (s *Service) closeIdleConnections() {
-	s.prober.client.CloseIdleConnections()
-	s.metrics.client.CloseIdleConnections()
-}
-
-// prober performs probes; it is safe for concurrent use.
-type prober struct {
-	dialer *probeDialer
-	client *http.Client
-}
-
-func newProber(cfg ProbeConfig, log *slog.Logger) *prober {
-	d := &probeDialer{log: log}
-	return &prober{dialer: d, client: newProbeHTTPClient(cfg, d)}
-}
+// CloseIdleConnections ends the connections kept to the application, once
+// the server serving p has stopped.
+func (p *Prober) CloseIdleConnections() { p.client.CloseIdleConnections() }
 
 // tcp is kubelet's tcpSocket probe: a connection is success.
-func (p *prober) tcp(ctx context.Context, addr string) probeResult {
+func (p *Prober) tcp(ctx context.Context, addr string) probeResult {
 	conn, err := p.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return failed(fmt.Errorf("tcp %s: %w", addr, err))
