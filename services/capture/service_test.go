@@ -22,7 +22,7 @@ type manualClock struct{ tick chan time.Time }
 func (c *manualClock) Now() time.Time                       { return time.Unix(1700000000, 0) }
 func (c *manualClock) After(time.Duration) <-chan time.Time { return c.tick }
 
-func TestServiceConfigValidate(t *testing.T) {
+func TestConfigValidate(t *testing.T) {
 	cfg := Config{Mode: Mode(7), Rules: DefaultRules()}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
 		t.Errorf("bad mode: %v", err)

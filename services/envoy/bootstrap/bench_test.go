@@ -20,8 +20,8 @@ func BenchmarkMarshalBootstrap(b *testing.B) {
 	}
 }
 
-// BenchmarkWriteBootstrap is the whole job: read pod files, build, marshal, re-indent, write, rename.
-func BenchmarkWriteBootstrap(b *testing.B) {
+// BenchmarkWrite is the whole job: read pod files, build, marshal, re-indent, write, rename.
+func BenchmarkWrite(b *testing.B) {
 	c := testConfig(b)
 	for b.Loop() {
 		if _, err := Write(c); err != nil {
