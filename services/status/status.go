@@ -1,6 +1,8 @@
 // Package status is the agent's status server on :15020: readiness for
 // kubelet (behind Envoy's 15021) or systemd, the supervision tree, the
 // agent's Prometheus metrics, /quitquitquit, pprof and the chaos endpoints.
+// Two of its endpoints are libraries of their own (#26): the merged metrics
+// (package metricsmerge) and the application's probes (package appprobe).
 package status
 
 import (

@@ -16,7 +16,8 @@ import (
 
 // The workload probe is the readiness probe the control plane configures
 // for a VM workload (WorkloadGroup.probe, delivered as
-// ProxyConfig.readinessProbe). The agent runs it and reports transitions
+// ProxyConfig.readinessProbe). This package defines it and runs it once
+// (Check); the status server runs it every Period and reports transitions
 // upstream (Istio's HealthInformation, issue 13), so that istiod can take
 // an unhealthy VM out of its service's endpoints. Istio:
 // pkg/istio-agent/health.
