@@ -141,7 +141,7 @@ bench-capture:
 	$(GO) test -run '^$$' -bench ApplySidecarRules -benchtime 30x ./services/capture
 
 bench-envoy: bench-restart
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy/...
 
 # SIGKILL → next Envoy running through the tree, p50 and max over 20 kills,
 # beside a bare os/exec restart.
@@ -194,7 +194,7 @@ conformance-update: peer-istio-agent
 	MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=update $(GO) test -count=1 -run 'Conformance' ./cmd/meshagent
 
 golden:
-	$(GO) test ./services/envoy -run Golden -update
+	$(GO) test ./services/envoy/... -run Golden -update
 
 # The chaos suites, long form: TestStandaloneChaos (CHAOS_ROUNDS rounds of
 # every fault kind on `meshagent standalone`; MESHAGENT_CHAOS_SEED replays a
