@@ -71,7 +71,7 @@ func TestKernelServiceNft(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	clock := &manualClock{tick: make(chan time.Time)}
+	clock := testkit.NewManualClock()
 	vm := mustNew(t, Config{Mode: VM, Rules: capCfg, CheckInterval: time.Hour}, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -85,7 +85,7 @@ func TestKernelServiceNft(t *testing.T) {
 	}
 	inPlace("tables programmed at start")
 	sh(t, "nft", "delete", "table", "inet", NftNatTable)
-	clock.tick <- time.Now()
+	clock.AdvanceToNext(t)
 	inPlace("tables rebuilt on the next check")
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

@@ -16,12 +16,6 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// manualClock fires After only when the test says so.
-type manualClock struct{ tick chan time.Time }
-
-func (c *manualClock) Now() time.Time                       { return time.Unix(1700000000, 0) }
-func (c *manualClock) After(time.Duration) <-chan time.Time { return c.tick }
-
 func TestConfigValidate(t *testing.T) {
 	cfg := Config{Mode: Mode(7), Rules: DefaultRules()}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
@@ -96,7 +90,7 @@ func TestKernelServiceVM(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
-	clock := &manualClock{tick: make(chan time.Time)}
+	clock := testkit.NewManualClock()
 	cfg := Config{Mode: VM, Rules: sidecarConfig(false, ""), CheckInterval: time.Hour}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -136,7 +130,7 @@ func TestKernelServiceVM(t *testing.T) {
 	}
 	// The next check re-applies. Health stays Ready throughout (the
 	// reporter drops the repeat), so watch the rules themselves.
-	clock.tick <- time.Now()
+	clock.AdvanceToNext(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		m, err := a.Missing(rs)
