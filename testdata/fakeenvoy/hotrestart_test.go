@@ -224,6 +224,9 @@ func TestHotRestartNoConnectionRefusedAcrossEpochs(t *testing.T) {
 		for _, port := range []int{f.http, f.capture} {
 			cur.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", port))
 		}
+		if admin := fmt.Sprintf("tcp://127.0.0.1:%d", f.admin); strings.Contains(cur.log.String(), admin) {
+			t.Errorf("epoch %d asked for the admin socket %s: Envoy's child binds its own\n%s", n, admin, cur.log)
+		}
 		info := f.serverInfo(t, n)
 		if info["hot_restart_version"] != hotRestartVersion {
 			t.Errorf("epoch %d hot_restart_version = %v", n, info["hot_restart_version"])
@@ -405,7 +408,49 @@ func TestHotRestartFailures(t *testing.T) {
 		if boundUnixSocket(t, fmt.Sprintf("_%d@", f.base*10+1)) {
 			t.Fatalf("with --disable-hot-restart, a hot restart socket is bound")
 		}
+		for flag, want := range map[string]string{"--hot-restart-version": hotRestartVersion, "--disable-hot-restart": "disabled"} {
+			out, err := exec.Command(f.bin, "-c", f.boot, "--hot-restart-version", flag).CombinedOutput()
+			if err != nil || !strings.HasSuffix(string(out), want) {
+				t.Errorf("--hot-restart-version %s: %v, %q; want %s", flag, err, out, want)
+			}
+		}
 	})
+}
+
+// A listener the parent does not have (the new epoch's bootstrap added it)
+// is bound afresh; the others are the parent's (#25).
+func TestHotRestartNewListenerBoundAfresh(t *testing.T) {
+	t.Parallel()
+	f := newHRFixture(t)
+	f.start(t, 0, nil)
+	f.serverInfo(t, 0)
+	extra := testkit.FreePort(t)
+	var boot map[string]any
+	raw, err := os.ReadFile(f.boot)
+	if err == nil {
+		err = json.Unmarshal(raw, &boot)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := boot["static_resources"].(map[string]any)["listeners"].([]any)
+	l := map[string]any{"name": "extra", "address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": extra}},
+		"filter_chains": ls[0].(map[string]any)["filter_chains"]}
+	boot["static_resources"].(map[string]any)["listeners"] = append(ls, l)
+	if raw, err = json.Marshal(boot); err != nil {
+		t.Fatal(err)
+	}
+	f.boot = filepath.Join(t.TempDir(), "bootstrap-extra.json")
+	testkit.WriteFile(t, f.boot, raw)
+	p1 := f.start(t, 1, nil)
+	f.serverInfo(t, 1)
+	p1.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", f.http))
+	if code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", extra)); code != 200 {
+		t.Fatalf("the new listener, routed to the admin's /ready: %d\n%s", code, p1.log)
+	}
+	if strings.Contains(p1.log.String(), fmt.Sprintf("tcp://127.0.0.1:%d from parent", extra)) {
+		t.Fatalf("a socket the parent never had came from it\n%s", p1.log)
+	}
 }
 
 func wantAbort(t *testing.T, st *os.ProcessState, p *epochProc) {
