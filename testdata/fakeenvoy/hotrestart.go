@@ -187,10 +187,11 @@ func (h *hotRestart) bind(o *options, role string) (*net.UnixConn, error) {
 	return c, nil
 }
 
+// close closes the sockets. The shared memory stays mapped until the
+// process exits: a goroutine may still clear the flag.
 func (h *hotRestart) close() {
 	h.asChild.Close()
 	h.asParent.Close()
-	h.shm.detach()
 }
 
 // send is Envoy's sendHotRestartMessage: one datagram, retried while the

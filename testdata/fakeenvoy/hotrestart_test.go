@@ -122,6 +122,16 @@ func (f *hrFixture) start(t *testing.T, n int, env []string, extra ...string) *e
 	return p
 }
 
+// killedEpoch0 runs epoch 0 until LIVE, then SIGKILLs it: a parent gone,
+// its shared memory left behind.
+func (f *hrFixture) killedEpoch0(t *testing.T) {
+	t.Helper()
+	p := f.start(t, 0, nil)
+	f.serverInfo(t, 0)
+	p.cmd.Process.Kill()
+	p.wait(t, "epoch 0 after SIGKILL")
+}
+
 // wait returns how the process ended; the test fails if it does not.
 func (p *epochProc) wait(t *testing.T, what string) *os.ProcessState {
 	t.Helper()
@@ -260,10 +270,7 @@ func TestHotRestartFailures(t *testing.T) {
 	t.Run("parent gone", func(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
-		p0 := f.start(t, 0, nil)
-		f.serverInfo(t, 0)
-		p0.cmd.Process.Kill()
-		p0.wait(t, "epoch 0 after SIGKILL")
+		f.killedEpoch0(t)
 		p1 := f.start(t, 1, fastRetry)
 		wantAbort(t, p1.wait(t, "epoch 1 without a parent"), p1)
 		testkit.Contains(t, "epoch 1's log", p1.log.String(), "hot restart sendmsg() connection refused, retrying",
@@ -275,10 +282,7 @@ func TestHotRestartFailures(t *testing.T) {
 	t.Run("parent gone, skip", func(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
-		p0 := f.start(t, 0, nil)
-		f.serverInfo(t, 0)
-		p0.cmd.Process.Kill()
-		p0.wait(t, "epoch 0 after SIGKILL")
+		f.killedEpoch0(t)
 		p1 := f.start(t, 1, fastRetry, "--skip-hot-restart-on-no-parent")
 		f.serverInfo(t, 1)
 		p1.log.WaitLine(t, "hot restart sendmsg() connection refused, falling back to regular restart")
@@ -462,8 +466,10 @@ func wantAbort(t *testing.T, st *os.ProcessState, p *epochProc) {
 
 // boundUnixSocket: a unix socket whose name (as /proc/net/unix shows it:
 // '@' for the abstract namespace's NUL and the padding) contains name.
+// The thread's own view: /proc/net is the main thread's, which another
+// test of this package may have moved into a network namespace.
 func boundUnixSocket(t *testing.T, name string) bool {
-	raw, err := os.ReadFile("/proc/net/unix")
+	raw, err := os.ReadFile("/proc/thread-self/net/unix")
 	if err != nil {
 		t.Fatal(err)
 	}
