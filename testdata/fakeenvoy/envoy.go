@@ -38,8 +38,10 @@ type envoy struct {
 	hr *hotRestart
 	// firstStarted is when epoch 0 started (uptime_all_epochs).
 	firstStarted time.Time
-	// live is closed when init completes (xds.live).
-	live chan struct{}
+	// live is closed once init has completed (xds.live) and the listeners
+	// it brought are open (announceLive).
+	live     chan struct{}
+	liveOnce sync.Once
 
 	mu           sync.Mutex
 	healthFailed bool
@@ -93,6 +95,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	}
 	e.reconcileRelays()
 	e.startInit()
+	e.announceLive()
 	e.startXDS(ctx)
 	if e.hr != nil {
 		go e.takeOver(ctx)
@@ -121,6 +124,20 @@ func (e *envoy) flushParentStats(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// announceLive closes e.live once init has completed. It is called where
+// the listeners of the update that completed it are already open, so that a
+// child has taken every socket it needs from its parent before it tells the
+// parent to drain (Envoy's listeners take theirs when LDS adds them, before
+// init completes).
+func (e *envoy) announceLive() {
+	e.mu.Lock()
+	live := e.xds.live
+	e.mu.Unlock()
+	if live {
+		e.liveOnce.Do(func() { close(e.live) })
 	}
 }
 
