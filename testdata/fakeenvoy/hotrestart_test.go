@@ -15,7 +15,16 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // The stand-in, built once for every hot restart test.
@@ -475,3 +484,58 @@ func boundUnixSocket(t *testing.T, name string) bool {
 	}
 	return strings.Contains(string(raw), name)
 }
+
+// Istio's capture listeners come over LDS: a child takes their sockets from
+// its parent too (when LDS adds them, before its init completes and it tells
+// the parent to drain), so a client is never refused (#25).
+func TestHotRestartTakesLDSListenersFromTheParent(t *testing.T) {
+	t.Parallel()
+	f := &hrFixture{bin: standInBinary(t), base: uniqueBaseID(t), admin: testkit.FreePort(t), capture: testkit.FreePort(t)}
+	dir := testkit.ShortTempDir(t, "fe-hr")
+	x, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + filepath.Join(dir, "XDS")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.Close)
+	capture := &listenerv3.Listener{Name: "virtualOutbound", UseOriginalDst: wrapperspb.Bool(true),
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(f.capture)}}}}}
+	if err := x.SetResources("v1", map[resource.Type][]types.Resource{
+		resource.ClusterType:  {&clusterv3.Cluster{Name: "passthrough", ConnectTimeout: durationpb.New(time.Second)}},
+		resource.ListenerType: {capture},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.boot = filepath.Join(dir, "bootstrap.json")
+	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(hrADSBootstrap, f.admin, filepath.Join(dir, "XDS"))))
+
+	p0 := f.start(t, 0, nil)
+	f.serverInfo(t, 0)
+	d := startDialer(fmt.Sprintf("127.0.0.1:%d", f.capture))
+	defer d.halt()
+	p1 := f.start(t, 1, nil)
+	if st := p0.wait(t, "epoch 0 after its child took over"); !st.Success() {
+		t.Fatalf("epoch 0: %v\n%s", st, p0.log)
+	}
+	p1.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", f.capture))
+	f.serverInfo(t, 1)
+	d.halt()
+	if d.refused.Load() != 0 || d.ok.Load() == 0 {
+		t.Fatalf("across a hot restart: %d connections accepted, %d refused, %d other errors (last: %v); want none refused",
+			d.ok.Load(), d.refused.Load(), d.othr.Load(), d.lastErr.Load())
+	}
+}
+
+// hrADSBootstrap: the admin, and CDS and LDS over ADS on the xds-grpc pipe.
+const hrADSBootstrap = `{
+  "node": {"id": "sidecar~127.0.0.1~app.default~default.svc.cluster.local", "cluster": "app.default"},
+  "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": %d}}},
+  "dynamic_resources": {
+    "lds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+    "cds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+    "ads_config": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}
+  },
+  "static_resources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+    "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
+      {"address": {"pipe": {"path": %q}}}}]}]}}]}
+}`
