@@ -86,6 +86,9 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	}
 	e.adminAddr = ln.Addr().String()
 	e.adminSrv = e.serve(ln, "admin", e.adminMux(exit))
+	e.mu.Lock()
+	e.setStatLocked("server.hot_restart_epoch", e.opts.restartEpoch)
+	e.mu.Unlock()
 
 	if e.hr != nil {
 		go e.hr.serveChild(e)

@@ -21,7 +21,8 @@ import (
 // (source/server/hot_restart_impl.cc, hot_restarting_base.cc,
 // hot_restarting_child.cc, hot_restarting_parent.cc, options_impl.cc,
 // server.cc, drain_manager_impl.cc), so that an agent restarting Envoy by
-// epochs is tested against Envoy's rules. Without --disable-hot-restart:
+// epochs is tested against Envoy's rules. Without --disable-hot-restart
+// (with it, none of this: no socket, no shared memory, the epoch ignored):
 //
 //   - Sockets. Every process binds two unix datagram sockets, as a child and
 //     as a parent: <socket-path>_child_<id> and <socket-path>_parent_<id>,
@@ -43,24 +44,35 @@ import (
 //     that finds the flag already set fails: "previous envoy process is still
 //     initializing", exit 1. As in Envoy, a process that dies before its
 //     init completes leaves the flag set: every later epoch of this base id
-//     then fails the same way until an epoch 0 starts afresh.
+//     then fails the same way until an epoch 0 starts afresh. Sockets and
+//     shared memory are taken before the bootstrap is read (so a bootstrap
+//     that does not load leaves the flag set too); --mode validate takes
+//     neither.
 //   - Epoch N > 0, the child of epoch N-1. After its bootstrap is loaded it
 //     asks the parent to shut its admin down (the reply carries the first
 //     epoch's start time: uptime_all_epochs); then it binds its own admin.
 //     For every listener it binds (static HTTP listeners, capture listeners
-//     from the bootstrap or LDS; not the admin, as in Envoy) it asks the
-//     parent for the socket by address ("tcp://0.0.0.0:15001", "tcp://[::]:15001")
+//     from the bootstrap or LDS; not the admin, as in Envoy), when it opens
+//     it (at start, or at the LDS update that adds it), it asks the parent
+//     for the socket by address ("tcp://0.0.0.0:15001", "tcp://[::]:15001")
 //     and receives the parent's listening fd by SCM_RIGHTS: the same socket
 //     keeps accepting, so no connection is refused during the overlap; an
 //     address the parent does not have is bound afresh. Once initialised
 //     (its /ready would say LIVE: init done, FAKE_ENVOY_NEVER_READY and
-//     FAKE_ENVOY_READY_AFTER honoured) it tells the parent to drain its
-//     listeners and, --parent-shutdown-time-s later (default 900), to
-//     terminate.
+//     FAKE_ENVOY_READY_AFTER honoured), its listeners open, it tells the
+//     parent to drain its listeners and, --parent-shutdown-time-s later
+//     (default 900), to terminate. Its /server_info has
+//     "hot_restart_version": "11.104" ("disabled" with
+//     --disable-hot-restart), "command_line_options" with "restart_epoch"
+//     (a number), "base_id" (a string), "parent_shutdown_time", "drain_time",
+//     "disable_hot_restart", "socket_path", and "uptime_all_epochs" counted
+//     from epoch 0's start ("uptime_current_epoch" from its own).
 //   - The parent. On shutdown_admin it closes its admin listener (so during
 //     the overlap only the newest epoch answers on the admin port, as in
 //     Envoy); on drain_listeners it stops accepting on every listener
-//     (connections already accepted carry on), its state turns DRAINING; on
+//     (connections already accepted carry on; those still in the kernel's
+//     queue are the child's), its state turns DRAINING (in its stats: its
+//     admin is closed already); on
 //     terminate it logs "shutting down due to child request" and sends
 //     itself SIGTERM, so it exits 0 (or not at all with
 //     FAKE_ENVOY_IGNORE_SIGTERM, as an Envoy stuck in shutdown).
@@ -76,9 +88,11 @@ import (
 //     listener's socket. With --skip-hot-restart-on-no-parent the child
 //     first sends test_connection; refused, it logs "hot restart sendmsg()
 //     connection refused, falling back to regular restart" and starts as an
-//     epoch 0 would (keeping its epoch number and sockets).
-//   - The child asks PR_SET_PDEATHSIG=SIGTERM, as Envoy: when the process
-//     that started it dies, it gets SIGTERM.
+//     epoch 0 would (keeping its epoch number and sockets). The other way
+//     round too: a parent whose reply is refused (its child died in the
+//     middle of an exchange) aborts.
+//   - Every process asks PR_SET_PDEATHSIG=SIGTERM, as Envoy: when the
+//     thread that started it exits, it gets SIGTERM.
 //
 // Simplified: messages are Envoy's framing (an 8-byte big-endian length,
 // then the body, one datagram each) with a JSON body naming Envoy's
