@@ -359,3 +359,26 @@ const hrADSBootstrap = `{
     "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
       {"address": {"pipe": {"path": %q}}}}]}]}}]}
 }`
+
+// --socket-path without '@' is a path on disk, as in Envoy: the sockets are
+// files with --socket-mode, and hot restart works through them (#25).
+func TestHotRestartSocketPathOnDisk(t *testing.T) {
+	t.Parallel()
+	f := newHRFixture(t)
+	path := filepath.Join(testkit.ShortTempDir(t, "fe-hr"), "hr")
+	flags := []string{"--socket-path", path, "--socket-mode", "640"}
+	p0 := f.start(t, 0, nil, flags...)
+	f.serverInfo(t, 0)
+	for _, role := range []string{"child", "parent"} {
+		name := fmt.Sprintf("%s_%s_%d", path, role, f.base*10)
+		if st, err := os.Stat(name); err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o640 {
+			t.Fatalf("%s: %v, %v; want a socket with mode 0640", name, st, err)
+		}
+	}
+	p1 := f.start(t, 1, nil, flags...)
+	if st := p0.wait(t, "epoch 0 after its child took over"); !st.Success() {
+		t.Fatalf("epoch 0: %v\n%s", st, p0.log)
+	}
+	p1.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", f.http))
+	f.serverInfo(t, 1)
+}
