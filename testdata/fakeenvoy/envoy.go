@@ -107,7 +107,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	return nil
 }
 
-// flushParentStats is the parent half of Envoy's stats flush: every
+// flushParentStats is the hot restart part of Envoy's stats flush: every
 // stats_flush_interval (5s by default) a child asks its parent for stats,
 // until it has told it to terminate. A parent gone meanwhile is noticed
 // there (hotrestart.go).
