@@ -198,8 +198,16 @@ func (e *envoy) takeOver(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		e.hr.terminateParent()
+		e.hr.terminateParent("warning: shutting down parent after drain")
 	case <-ctx.Done():
+	}
+}
+
+// terminateParent is Envoy's shutdown with a parent still running: the
+// parent is told to terminate first.
+func (e *envoy) terminateParent() {
+	if e.hr != nil {
+		e.hr.terminateParent("shutting down server instance: terminating parent")
 	}
 }
 

@@ -61,15 +61,19 @@ import (
 //     (its /ready would say LIVE: init done, FAKE_ENVOY_NEVER_READY and
 //     FAKE_ENVOY_READY_AFTER honoured), its listeners open, it tells the
 //     parent to drain its listeners and, --parent-shutdown-time-s later
-//     (default 900), to terminate. Its /server_info has
+//     (default 900), to terminate. It also terminates its parent first
+//     when it shuts down itself (SIGTERM, SIGINT, /quitquitquit), as
+//     Envoy's InstanceImpl::shutdown: SIGTERM to the newest epoch ends both.
+//     Its /server_info has
 //     "hot_restart_version": "11.104" ("disabled" with
 //     --disable-hot-restart), "command_line_options" with "restart_epoch"
 //     (a number), "base_id" (a string), "parent_shutdown_time", "drain_time",
 //     "disable_hot_restart", "socket_path", and "uptime_all_epochs" counted
 //     from epoch 0's start ("uptime_current_epoch" from its own).
-//   - The parent. On shutdown_admin it closes its admin listener (so during
-//     the overlap only the newest epoch answers on the admin port, as in
-//     Envoy); on drain_listeners it stops accepting on every listener
+//   - The parent. On shutdown_admin it stops its stats flushes, closes its
+//     admin listener (so during the overlap only the newest epoch answers on
+//     the admin port, as in Envoy) and terminates its own parent if that one
+//     still runs ("terminating parent process"); on drain_listeners it stops accepting on every listener
 //     (connections already accepted carry on; those still in the kernel's
 //     queue are the child's), its state turns DRAINING (in its stats: its
 //     admin is closed already); on
@@ -141,6 +145,7 @@ type hotRestart struct {
 
 	mu               sync.Mutex // one exchange with the parent at a time
 	parentTerminated bool       // no parent, or told to terminate: nothing more is sent
+	statsStopped     bool       // a child shut this process's admin down: no more stats flushes
 }
 
 var errHotRestart = errors.New("hot restart")
@@ -334,7 +339,7 @@ func (h *hotRestart) parentListener(addr string) (net.Listener, error) {
 func (h *hotRestart) parentStats() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.parentTerminated {
+	if h.parentTerminated || h.statsStopped {
 		return false
 	}
 	if _, _, err := h.exchange(hrMessage{Request: "stats"}); err != nil {
@@ -354,16 +359,19 @@ func (h *hotRestart) initialized() {
 	h.shm.initialized()
 }
 
-// terminateParent tells the parent to exit; nothing more is sent to it.
-func (h *hotRestart) terminateParent() {
+// terminateParent tells the parent to exit (why: Envoy's log line);
+// nothing more is sent to it. Envoy sends it after the parent shutdown
+// time, when it gets a child of its own, and when it shuts down itself
+// (SIGTERM, /quitquitquit): a parent already gone then makes it abort.
+func (h *hotRestart) terminateParent(why string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.parentTerminated {
 		return
 	}
+	log.Printf("%s", why)
 	send(h.asChild, h.parentAddr, hrMessage{Request: "terminate"}, nil, h.retryDelay, false)
 	h.parentTerminated = true
-	log.Printf("shutting down parent after drain")
 }
 
 // parentSide is what the parent half needs of the stand-in.
@@ -389,7 +397,16 @@ func (h *hotRestart) serveChild(p parentSide) {
 		reply := func(r hrMessage, oob []byte) { send(h.asParent, h.childAddr, r, oob, h.retryDelay, false) }
 		switch m.Request {
 		case "shutdown_admin":
-			reply(hrMessage{Reply: m.Request, OriginalStartTimeUnixSeconds: p.shutdownAdmin().Unix()}, nil)
+			// Envoy's InstanceImpl::shutdownAdmin: no more stats flushes,
+			// the admin closed, and a parent of its own still running is
+			// terminated (so at most two epochs outlive a third's start).
+			log.Printf("warning: shutting down admin due to child startup")
+			h.mu.Lock()
+			h.statsStopped = true
+			h.mu.Unlock()
+			first := p.shutdownAdmin()
+			h.terminateParent("warning: terminating parent process")
+			reply(hrMessage{Reply: m.Request, OriginalStartTimeUnixSeconds: first.Unix()}, nil)
 		case "pass_listen_socket":
 			h.passListenSocket(p.listenerFor(m.Address), reply)
 		case "stats":

@@ -384,3 +384,37 @@ func TestHotRestartSocketPathOnDisk(t *testing.T) {
 	p1.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", f.http))
 	f.serverInfo(t, 1)
 }
+
+// As Envoy: a process that gets a child terminates its own parent if that
+// one still runs (so a third epoch ends the first), and SIGTERM to the
+// newest epoch ends its parent too, both exiting 0 (#25).
+func TestHotRestartOlderEpochsEnd(t *testing.T) {
+	t.Parallel()
+	f := newHRFixture(t)
+	long := []string{"--parent-shutdown-time-s", "600"}
+	p0 := f.start(t, 0, nil, long...)
+	f.serverInfo(t, 0)
+	p1 := f.start(t, 1, nil, long...)
+	p0.log.WaitLine(t, "draining listeners")
+	f.serverInfo(t, 1)
+
+	p2 := f.start(t, 2, nil, long...)
+	if st := p0.wait(t, "epoch 0 once epoch 2 started"); !st.Success() {
+		t.Fatalf("epoch 0: %v, want exit 0\n%s", st, p0.log)
+	}
+	p1.log.WaitLine(t, "shutting down admin due to child startup")
+	p1.log.WaitLine(t, "terminating parent process")
+	p1.log.WaitLine(t, "draining listeners")
+	f.serverInfo(t, 2)
+	if !p1.running() {
+		t.Fatalf("epoch 1 ended before its parent shutdown time\n%s", p1.log)
+	}
+
+	p2.cmd.Process.Signal(syscall.SIGTERM)
+	for n, p := range []*epochProc{p1, p2} {
+		if st := p.wait(t, fmt.Sprintf("epoch %d after SIGTERM to epoch 2", n+1)); !st.Success() {
+			t.Fatalf("epoch %d: %v, want exit 0\n%s", n+1, st, p.log)
+		}
+	}
+	p1.log.WaitLine(t, "shutting down due to child request")
+}
