@@ -137,11 +137,11 @@ type hrMessage struct {
 // hotRestart is one process's half of the protocol: a child of epoch-1 and
 // the parent of epoch+1.
 type hotRestart struct {
-	baseID, scaledBaseID, epoch int
-	retryDelay                  time.Duration
-	asChild, asParent           *net.UnixConn
-	parentAddr, childAddr       *net.UnixAddr
-	shm                         *sharedMemory
+	scaledBaseID          int
+	retryDelay            time.Duration
+	asChild, asParent     *net.UnixConn
+	parentAddr, childAddr *net.UnixAddr
+	shm                   *sharedMemory
 
 	mu               sync.Mutex // one exchange with the parent at a time
 	parentTerminated bool       // no parent, or told to terminate: nothing more is sent
@@ -163,8 +163,7 @@ func socketName(path, role string, scaledBaseID, epoch int) string {
 // newHotRestart binds this epoch's sockets and attaches the shared memory,
 // in Envoy's order (child socket, parent socket, shared memory).
 func newHotRestart(o *options, k knobs) (*hotRestart, error) {
-	h := &hotRestart{baseID: o.baseID, scaledBaseID: o.baseID * 10, epoch: o.restartEpoch,
-		retryDelay: k.hotRestartRetryDelay, parentTerminated: o.restartEpoch == 0}
+	h := &hotRestart{scaledBaseID: o.baseID * 10, retryDelay: k.hotRestartRetryDelay, parentTerminated: o.restartEpoch == 0}
 	if o.restartEpoch > 0 {
 		h.parentAddr = &net.UnixAddr{Net: "unixgram", Name: socketName(o.socketPath, "parent", h.scaledBaseID, o.restartEpoch-1)}
 	}
