@@ -113,6 +113,7 @@ func initialFetchTimeout(cs *corev3.ConfigSource) time.Duration {
 }
 
 func (e *envoy) fetchTimedOut(typeURL string) {
+	defer e.announceLive()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
