@@ -1,16 +1,19 @@
 package xdsproxy
 
-import "github.com/meshagent/meshagent/messages"
+import (
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+)
 
 // The proxy's state (proxyState) has one owner: a goroutine that Serve runs
 // for as long as it does, and the only one that reads or writes the state
-// (#26). The others send it messages over one channel: each message is a
-// function the owner runs with the state, and the methods below are the
-// whole set, so that nothing else reaches it. A stream's own part of the
-// state (its protocol tracker, its stall watch: streamState) is reached the
-// same way. Messages that change something are posted (the sender goes on;
-// the channel's order is the order they apply in), those that need an
-// answer wait for it.
+// (#26). The others send it messages over one channel, and the methods
+// below are the whole set, so that nothing else reaches it. A stream's own
+// part of the state (its protocol tracker, its stall watch: streamState) is
+// reached the same way. Messages that change something are posted (the
+// sender goes on; the channel's order is the order they apply in), those
+// that need an answer wait for it.
 //
 // The owner never waits for anyone: it publishes to sinks, reports health,
 // logs, and queues requests on a stream (which never blocks), so a stream
@@ -25,13 +28,61 @@ const ownerBacklog = 64
 type owner struct {
 	state  *proxyState
 	clock  messages.Clock
-	events chan func(*proxyState)
+	events chan message
 	quit   chan struct{} // closed by stop
 	done   chan struct{} // closed when run returns
 }
 
+// message is one message to the owner. Those a stream sends for every
+// request, response and Send are plain values of a kind, so that the push
+// path allocates nothing for them; the others carry a function to run.
+type message struct {
+	kind msgKind
+	do   func(*proxyState) // msgDo
+	// The stream's messages: which stream, when it happened, and what.
+	st      proxyStream
+	now     time.Time
+	typeURL string // msgSendStart (the type asked for, if any), msgAnswered
+	f       *frame // msgSending
+	req     any    // msgObserved: Envoy's request, the stream's R
+	record  bool   // msgObserved
+}
+
+type msgKind uint8
+
+const (
+	msgDo        msgKind = iota
+	msgObserved          // Envoy sent req (stream.observed)
+	msgSending           // response f is on its way to Envoy
+	msgSendStart         // a request is about to be sent upstream
+	msgSendDone          // and was
+	msgAnswered          // a response of typeURL arrived
+)
+
+// apply runs m on the state.
+func (m *message) apply(s *proxyState) {
+	switch m.kind {
+	case msgDo:
+		m.do(s)
+	case msgObserved:
+		m.st.observe(s, m.now, m.req, m.record)
+	case msgSending:
+		m.st.tracked(s, m.now, m.f)
+	case msgSendStart:
+		w := m.st.stall()
+		if m.typeURL != "" {
+			w.asked(m.now, m.typeURL)
+		}
+		w.sendStart(m.now)
+	case msgSendDone:
+		m.st.stall().sendDone(m.now)
+	case msgAnswered:
+		m.st.stall().answered(m.now, m.typeURL)
+	}
+}
+
 func newOwner(state *proxyState, clock messages.Clock) *owner {
-	return &owner{state: state, clock: clock, events: make(chan func(*proxyState), ownerBacklog),
+	return &owner{state: state, clock: clock, events: make(chan message, ownerBacklog),
 		quit: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -43,13 +94,13 @@ func (o *owner) run() {
 	s.current, s.currentPeer, s.stopping = nil, peerCred{}, false
 	for {
 		select {
-		case f := <-o.events:
-			f(s)
+		case m := <-o.events:
+			m.apply(s)
 		case <-o.quit:
 			for {
 				select {
-				case f := <-o.events:
-					f(s)
+				case m := <-o.events:
+					m.apply(s)
 				default:
 					return
 				}
@@ -65,14 +116,17 @@ func (o *owner) stop() {
 	<-o.done
 }
 
-// post hands f to the owner. After stop (a gRPC handler that outlived
+// send hands m to the owner. After stop (a gRPC handler that outlived
 // Serve, which gRPC allows) it does nothing.
-func (o *owner) post(f func(*proxyState)) {
+func (o *owner) send(m message) {
 	select {
-	case o.events <- f:
+	case o.events <- m:
 	case <-o.done:
 	}
 }
+
+// post hands f to the owner, to run.
+func (o *owner) post(f func(*proxyState)) { o.send(message{kind: msgDo, do: f}) }
 
 // ask runs f on the owner and waits for it; false if the owner has
 // stopped and f did not run.
@@ -102,6 +156,10 @@ type proxyStream interface {
 	// redial ends the stream's upstream so that it is dialled afresh
 	// (roots.go).
 	redial()
+	// observe, tracked and stall apply the stream's messages.
+	observe(s *proxyState, now time.Time, req any, record bool)
+	tracked(s *proxyState, now time.Time, f *frame)
+	stall() *stallWatch
 }
 
 // register makes st, opened by p, the active stream, and the status
@@ -261,19 +319,21 @@ type streamState[R request] struct {
 // observed: Envoy sent req. The tracker learns its subscriptions and ACKs
 // (feeding the cache when record is set), and the status the ACK or NACK.
 func (st *stream[R]) observed(req R, record bool) {
-	now := st.own.clock.Now()
-	st.own.post(func(s *proxyState) {
-		info := st.owned.tr.observe(req, record, s.cache)
-		if info.acked {
-			s.ack(now, info.typeURL, info.version)
-		}
-		if info.nack != "" {
-			nonce := req.GetResponseNonce()
-			version := s.nacked(now, info.typeURL, nonce, info.nack)
-			st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "version", version,
-				"nonce", nonce, "error", info.nack)
-		}
-	})
+	st.own.send(message{kind: msgObserved, st: st, now: st.own.clock.Now(), req: req, record: record})
+}
+
+func (st *stream[R]) observe(s *proxyState, now time.Time, r any, record bool) {
+	req := r.(R)
+	info := st.owned.tr.observe(req, record, s.cache)
+	if info.acked {
+		s.ack(now, info.typeURL, info.version)
+	}
+	if info.nack != "" {
+		nonce := req.GetResponseNonce()
+		version := s.nacked(now, info.typeURL, nonce, info.nack)
+		st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "version", version,
+			"nonce", nonce, "error", info.nack)
+	}
 }
 
 // sendInitial queues the agent's own requests after Envoy's first LDS
@@ -310,11 +370,12 @@ func (st *stream[R]) health(h messages.WorkloadHealth) {
 
 // sending: response f is on its way to Envoy.
 func (st *stream[R]) sending(f *frame) {
-	now := st.own.clock.Now()
-	st.own.post(func(s *proxyState) {
-		st.owned.tr.sending(f, s.cache)
-		s.sent(now, f)
-	})
+	st.own.send(message{kind: msgSending, st: st, now: st.own.clock.Now(), f: f})
+}
+
+func (st *stream[R]) tracked(s *proxyState, now time.Time, f *frame) {
+	st.owned.tr.sending(f, s.cache)
+	s.sent(now, f)
 }
 
 // probeRequest is Envoy's first request, as a fresh subscription.
@@ -344,31 +405,25 @@ func (st *stream[R]) answer(req R) []*frame {
 // sendStart: a request is about to be sent upstream; asked, when Envoy's
 // request needs an answer, names its type.
 func (st *stream[R]) sendStart(asked string) {
-	now := st.own.clock.Now()
-	st.own.post(func(*proxyState) {
-		if asked != "" {
-			st.owned.stall.asked(now, asked)
-		}
-		st.owned.stall.sendStart(now)
-	})
+	st.own.send(message{kind: msgSendStart, st: st, now: st.own.clock.Now(), typeURL: asked})
 }
 
 func (st *stream[R]) sendDone() {
-	now := st.own.clock.Now()
-	st.own.post(func(*proxyState) { st.owned.stall.sendDone(now) })
+	st.own.send(message{kind: msgSendDone, st: st, now: st.own.clock.Now()})
 }
 
 // answered: a response of typeURL arrived.
 func (st *stream[R]) answered(typeURL string) {
-	now := st.own.clock.Now()
-	st.own.post(func(*proxyState) { st.owned.stall.answered(now, typeURL) })
+	st.own.send(message{kind: msgAnswered, st: st, now: st.own.clock.Now(), typeURL: typeURL})
 }
+
+func (st *stream[R]) stall() *stallWatch { return st.owned.stall }
 
 // stalled is the stall error when requests have waited too long;
 // delivering: responses wait for Envoy.
 func (st *stream[R]) stalled(delivering bool) error {
 	now := st.own.clock.Now()
 	var err error
-	st.own.ask(func(*proxyState) { err = st.owned.stall.stalled(now, delivering) })
+	st.own.ask(func(*proxyState) { err = st.stall().stalled(now, delivering) })
 	return err
 }
