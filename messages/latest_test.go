@@ -111,6 +111,25 @@ func TestStreamOverflowDropsOldestAndCounts(t *testing.T) {
 	}
 }
 
+// TrySend refuses past the bound, and neither drops nor counts.
+func TestStreamTrySendRefusesPastTheBound(t *testing.T) {
+	s := NewStream[int](2, func(uint64) { t.Error("TrySend reported a drop") })
+	for i := 0; i < 2; i++ {
+		if !s.TrySend(i) {
+			t.Fatalf("TrySend(%d) refused under the bound", i)
+		}
+	}
+	if s.TrySend(2) {
+		t.Fatal("TrySend accepted past the bound")
+	}
+	if got := s.Take(); len(got) != 2 || got[0] != 0 || got[1] != 1 || s.Dropped() != 0 {
+		t.Fatalf("Take = %v, dropped %d; want [0 1], 0", got, s.Dropped())
+	}
+	if !s.TrySend(3) {
+		t.Fatal("TrySend refused once the consumer took what waited")
+	}
+}
+
 func TestStreamConcurrentSendersLoseNothing(t *testing.T) {
 	s := NewStream[int](100000, nil)
 	const senders, each = 8, 1000

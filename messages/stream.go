@@ -51,6 +51,25 @@ func (s *Stream[T]) Send(v T) {
 	}
 }
 
+// TrySend queues v unless the stream already holds its bound of unread
+// events; then it queues nothing, drops nothing and reports false. It is for
+// a consumer that must not lose an event and ends instead, as the XDS proxy
+// ends a stream whose requests pile up (a lost xDS request would leave Envoy
+// and the control plane out of step for good; #26). It never blocks.
+func (s *Stream[T]) TrySend(v T) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) >= s.bound {
+		return false
+	}
+	s.queue = append(s.queue, v)
+	select {
+	case s.ready <- struct{}{}:
+	default:
+	}
+	return true
+}
+
 // Ready is signalled when events are waiting. After a receive from Ready,
 // call Take.
 func (s *Stream[T]) Ready() <-chan struct{} { return s.ready }

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"sync"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -26,14 +25,15 @@ type deltaSub struct {
 	initial map[string]string
 }
 
-// delta tracks a Delta stream: subscriptions, and the responses forwarded
-// and not acknowledged yet. Each ACK applies its response to the type's
-// cached resource set.
-type delta struct {
-	svc *Service
-	id  uint64
+// delta is the Delta protocol (ADS's DeltaAggregatedResources).
+type delta struct{}
 
-	mu      sync.Mutex
+// deltaTracker tracks a Delta stream: subscriptions, and the responses
+// forwarded and not acknowledged yet. Each ACK applies its response to the
+// type's cached resource set. It has no lock: the proxy's state owner keeps
+// it (owner.go), and hands it the cache it feeds and reads.
+type deltaTracker struct {
+	id      uint64 // the stream's, for the cache's nonces
 	record  bool
 	first   *discoveryv3.DeltaDiscoveryRequest
 	subs    map[string]*deltaSub
@@ -44,24 +44,24 @@ type delta struct {
 	nonces  int
 }
 
-func newDelta(s *Service, id uint64) *delta {
-	return &delta{svc: s, id: id, subs: map[string]*deltaSub{}, pending: map[string][]*frame{},
+func (delta) newTracker(id uint64) tracker[*discoveryv3.DeltaDiscoveryRequest] {
+	return &deltaTracker{id: id, subs: map[string]*deltaSub{}, pending: map[string][]*frame{},
 		started: map[string]bool{}, served: map[string]bool{}}
 }
 
-func (*delta) mode() cacheMode { return modeDelta }
-func (*delta) method() string  { return methodDelta }
+func (delta) mode() cacheMode { return modeDelta }
+func (delta) method() string  { return methodDelta }
 
-func (*delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
+func (delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return new(discoveryv3.DeltaDiscoveryRequest)
 }
 
 // agentRequest has no version: a Delta request carries none.
-func (*delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *discoveryv3.DeltaDiscoveryRequest {
+func (delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *discoveryv3.DeltaDiscoveryRequest {
 	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (*delta) agentResource(f *frame) (*anypb.Any, string, error) {
+func (delta) agentResource(f *frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
 	if err := proto.Unmarshal(f.b, &r); err != nil {
 		return nil, f.version, err
@@ -77,9 +77,7 @@ func (*delta) agentResource(f *frame) (*anypb.Any, string, error) {
 	return res.GetResource(), version, nil
 }
 
-func (x *delta) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool) reqInfo {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
 		x.record = record
@@ -126,9 +124,9 @@ func (x *delta) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool) req
 			if record {
 				if !x.started[t] {
 					x.started[t] = true
-					x.svc.lkg.startDelta(t, sub.initial)
+					cache.startDelta(t, sub.initial)
 				}
-				x.svc.lkg.applyDelta(t, f)
+				cache.applyDelta(t, f)
 			}
 		}
 		break
@@ -136,14 +134,12 @@ func (x *delta) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool) req
 	return info
 }
 
-func (x *delta) sending(f *frame) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *deltaTracker) sending(f *frame, cache *lkg) {
 	list := append(x.pending[f.typeURL], f)
 	if len(list) > maxPendingDelta {
 		list = list[1:]
 		if x.record {
-			x.svc.lkg.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
+			cache.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
 		}
 	}
 	x.pending[f.typeURL] = list
@@ -151,14 +147,12 @@ func (x *delta) sending(f *frame) {
 
 // awaitsAnswer: a wildcard subscription that acknowledges nothing (see
 // sotw.awaitsAnswer).
-func (*delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
+func (delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
 	sub := req.GetResourceNamesSubscribe()
 	return req.GetResponseNonce() == "" && (len(sub) == 0 || slices.Contains(sub, "*"))
 }
 
-func (x *delta) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	r := proto.Clone(x.first).(*discoveryv3.DeltaDiscoveryRequest)
 	// A fresh subscription: a control plane answers it even when nothing
 	// changed.
@@ -166,12 +160,10 @@ func (x *delta) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return r
 }
 
-func (x *delta) replay() []*frame {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *deltaTracker) replay(cache *lkg) []*frame {
 	var out []*frame
 	for _, t := range x.order {
-		out = append(out, x.answerFirst(t)...)
+		out = append(out, x.answerFirst(cache, t)...)
 	}
 	return out
 }
@@ -179,17 +171,15 @@ func (x *delta) replay() []*frame {
 // answer serves a request from the cache: the whole subscription the
 // first time a type is asked for, then what each new subscription adds.
 // ACKs and NACKs of what was served are consumed.
-func (x *delta) answer(req *discoveryv3.DeltaDiscoveryRequest) []*frame {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg) []*frame {
 	t := req.GetTypeUrl()
 	if !x.served[t] {
-		return x.answerFirst(t)
+		return x.answerFirst(cache, t)
 	}
 	if len(req.GetResourceNamesSubscribe()) == 0 || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := x.svc.lkg.getDelta(t)
+	res, version, ok := cache.getDelta(t)
 	if !ok {
 		return nil
 	}
@@ -205,12 +195,12 @@ func (x *delta) answer(req *discoveryv3.DeltaDiscoveryRequest) []*frame {
 	return []*frame{x.cachedFrame(t, version, pick)}
 }
 
-func (x *delta) answerFirst(t string) []*frame {
+func (x *deltaTracker) answerFirst(cache *lkg, t string) []*frame {
 	sub := x.subs[t]
 	if sub == nil || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := x.svc.lkg.getDelta(t)
+	res, version, ok := cache.getDelta(t)
 	if !ok {
 		return nil
 	}
@@ -231,7 +221,7 @@ func (x *delta) answerFirst(t string) []*frame {
 	return []*frame{x.cachedFrame(t, version, pick)}
 }
 
-func (x *delta) cachedFrame(t, version string, resources [][]byte) *frame {
+func (x *deltaTracker) cachedFrame(t, version string, resources [][]byte) *frame {
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
 	return &frame{b: deltaResponse(t, version, nonce, resources), typeURL: t, nonce: nonce, version: version, resources: len(resources)}

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -113,17 +115,65 @@ func (s *silentControlPlane) StreamAggregatedResources(st discoveryv3.Aggregated
 
 func startSilent(t *testing.T) (*silentControlPlane, string) {
 	t.Helper()
+	s := &silentControlPlane{got: make(chan struct{}, 1)}
+	return s, startADS(t, s)
+}
+
+// startADS serves cp on a loopback port and returns its address.
+func startADS(t *testing.T, cp discoveryv3.AggregatedDiscoveryServiceServer) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &silentControlPlane{got: make(chan struct{}, 1)}
 	gs := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, s)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, cp)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
 	t.Cleanup(func() { gs.Stop(); <-done })
-	return s, lis.Addr().String()
+	return lis.Addr().String()
+}
+
+// deafControlPlane accepts a stream and never reads it.
+type deafControlPlane struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+}
+
+func (deafControlPlane) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	<-st.Context().Done()
+	return nil
+}
+
+// Envoy's requests wait for a control plane that does not read them in a
+// queue that never blocks the proxy's reader (istio/istio#39209) and never
+// drops one (a lost ACK or subscription would leave Envoy and the control
+// plane out of step); past requestQueue the stream ends with
+// ResourceExhausted instead, and Envoy reconnects to restate them (#26:
+// the queue grew without bound).
+func TestRequestQueueBoundEndsStream(t *testing.T) {
+	p, _ := stallProxy(t, startADS(t, deafControlPlane{}))
+	st := openADS(t, p.cfg.SocketPath)
+	// Large requests, so that gRPC's flow-control windows toward the
+	// control plane fill after a few hundred and the rest wait in the
+	// proxy.
+	req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: testNode}, TypeUrl: resource.EndpointType,
+		ResourceNames: []string{strings.Repeat("x", 4<<10)}}
+	const most = 20 * requestQueue
+	sent := 0
+	for ; sent < most; sent++ {
+		if err := st.Send(req); err != nil {
+			break
+		}
+	}
+	if sent == most {
+		t.Fatalf("the stream is still open after %d requests the control plane did not read", most)
+	}
+	_, err := st.Recv()
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("stream ended with %v after %d requests, want ResourceExhausted", err, sent)
+	}
+	testkit.Contains(t, "end status", status.Convert(err).Message(), "requests wait for the control plane")
+	testkit.Contains(t, "logs", p.logs.String(), "too many requests wait for the control plane")
 }
 
 // A control plane that keeps the stream open and answers nothing

@@ -77,8 +77,8 @@ func FuzzAgentResponse(f *testing.F) {
 		if fr.scan() != nil {
 			return // the codec refuses it before any handler
 		}
-		consumeAll(t, s, names, newDelta(s, 1).agentResource, fr)
-		consumeAll(t, s, names, newSotW(s, 1).agentResource, fr)
+		consumeAll(t, s, names, delta{}.agentResource, fr)
+		consumeAll(t, s, names, sotw{}.agentResource, fr)
 	})
 }
 

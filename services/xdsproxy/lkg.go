@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"maps"
 	"sort"
-	"sync"
 )
 
 // The last-known-good configuration: what Envoy last acknowledged, per type
@@ -66,12 +65,12 @@ type deltaEntry struct {
 	incomplete bool
 }
 
-// lkg is the last-known-good configuration. Safe for concurrent use.
+// lkg is the last-known-good configuration. It has no lock: it is part of
+// the proxy's state, which one goroutine owns (owner.go).
 type lkg struct {
 	log *slog.Logger
 	max int64
 
-	mu       sync.Mutex
 	mode     cacheMode
 	sotw     map[string]sotwEntry
 	delta    map[string]*deltaEntry
@@ -79,14 +78,16 @@ type lkg struct {
 	size     int64
 	disabled string // why caching stopped for good (too large)
 	gen      uint64 // moves with every change; the writer persists when it did
-	wake     chan struct{}
+	// wake is signalled after a change, for the writer; made with the
+	// cache and never replaced.
+	wake chan struct{}
 }
 
 func newLKG(max int64, log *slog.Logger) *lkg {
 	return &lkg{log: log, max: max, sotw: map[string]sotwEntry{}, delta: map[string]*deltaEntry{}, wake: make(chan struct{}, 1)}
 }
 
-// changed records a change under c.mu and wakes the writer.
+// changed records a change and wakes the writer.
 func (c *lkg) changed() {
 	c.gen++
 	select {
@@ -117,8 +118,6 @@ func (c *lkg) namesSize() int64 {
 // putNames records the name table the agent accepted (b: the serialized
 // NameTable).
 func (c *lkg) putNames(b []byte, version string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.disabled != "" {
 		return
 	}
@@ -141,8 +140,6 @@ func (c *lkg) checkSize() {
 
 // putSotW records a State of the World response Envoy ACKed.
 func (c *lkg) putSotW(typeURL string, b []byte, version string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.disabled != "" {
 		return
 	}
@@ -159,8 +156,6 @@ func (c *lkg) putSotW(typeURL string, b []byte, version string) {
 // holds what Envoy holds, and is incomplete if Envoy had something it
 // never saw.
 func (c *lkg) startDelta(typeURL string, initial map[string]string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.disabled != "" {
 		return
 	}
@@ -183,8 +178,6 @@ func (c *lkg) startDelta(typeURL string, initial map[string]string) {
 // applyDelta records a Delta response Envoy ACKed.
 func (c *lkg) applyDelta(typeURL string, f *frame) {
 	parts, err := splitDelta(f.b)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.disabled != "" {
 		return
 	}
@@ -221,7 +214,7 @@ func (c *lkg) applyDelta(typeURL string, f *frame) {
 }
 
 // deltaSet returns typeURL's Delta set, created empty if there is none,
-// with the cache switched to Delta. Called under c.mu.
+// with the cache switched to Delta.
 func (c *lkg) deltaSet(typeURL string) *deltaEntry {
 	c.setMode(modeDelta)
 	e := c.delta[typeURL]
@@ -233,7 +226,7 @@ func (c *lkg) deltaSet(typeURL string) *deltaEntry {
 }
 
 // removeRes drops resource name from e, if there, and its bytes from both
-// sizes. Called under c.mu.
+// sizes.
 func (c *lkg) removeRes(e *deltaEntry, name string) {
 	if old, ok := e.res[name]; ok {
 		e.size -= int64(len(old.b))
@@ -245,8 +238,6 @@ func (c *lkg) removeRes(e *deltaEntry, name string) {
 // dropDelta marks a type's Delta set incomplete (a response Envoy ACKed
 // could not be tracked).
 func (c *lkg) dropDelta(typeURL, why string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if e := c.delta[typeURL]; e != nil && c.mode == modeDelta {
 		c.markIncomplete(typeURL, e, why)
 		c.changed()
@@ -263,8 +254,6 @@ func (c *lkg) markIncomplete(typeURL string, e *deltaEntry, why string) {
 // servable reports whether the cache holds something to serve on a stream
 // of protocol m, and which types.
 func (c *lkg) servable(m cacheMode) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.mode != m || c.disabled != "" {
 		return nil
 	}
@@ -287,8 +276,6 @@ func (c *lkg) servable(m cacheMode) []string {
 
 // getSotW returns the cached response of typeURL.
 func (c *lkg) getSotW(typeURL string) (sotwEntry, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.mode != modeSotW || c.disabled != "" {
 		return sotwEntry{}, false
 	}
@@ -299,8 +286,6 @@ func (c *lkg) getSotW(typeURL string) (sotwEntry, bool) {
 // getDelta returns a copy of the cached set of typeURL (the raw resources
 // are shared: they are never modified).
 func (c *lkg) getDelta(typeURL string) (map[string]deltaRes, string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.mode != modeDelta || c.disabled != "" {
 		return nil, "", false
 	}
@@ -328,8 +313,6 @@ type deltaSnapshot struct {
 }
 
 func (c *lkg) snapshot() cacheSnapshot {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	s := cacheSnapshot{mode: c.mode, gen: c.gen, disabled: c.disabled != ""}
 	if s.disabled {
 		return s
@@ -346,8 +329,6 @@ func (c *lkg) snapshot() cacheSnapshot {
 
 // restore fills an empty cache from a snapshot read from the file.
 func (c *lkg) restore(s cacheSnapshot) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.size > 0 || c.disabled != "" {
 		return // what this process recorded is newer
 	}

@@ -13,8 +13,10 @@ import (
 
 // What the control plane sent and what Envoy said of it (issue 22): a
 // rejected version shows as NACKED with Envoy's error and the rejected
-// version, is counted and logged once; a later version ACKed makes the
-// type SYNCED again.
+// version, each NACK is counted and logged once; a later version ACKed
+// makes the type SYNCED again. The control plane (go-control-plane)
+// answers each NACK with the rejected version again, which the client
+// NACKs again, until v3: how many NACKs there were is known only then.
 func TestNACKShownUntilALaterVersionIsACKed(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
 		cp, p, _ := clientAtV1(t, delta)
@@ -33,23 +35,24 @@ func TestNACKShownUntilALaterVersionIsACKed(t *testing.T) {
 		}
 		st = p.waitState(t, "the NACK of cds v2", func(s messages.XDSState) bool { return s.Types[clusterType].NACK != nil })
 		n := st.Types[clusterType].NACK
-		if n.Version != "v2" || !strings.Contains(n.Error, "has no name") || st.Types[clusterType].NACKs != 1 {
-			t.Fatalf("NACK %+v (%d); want v2 with the client's error, counted once", n, st.Types[clusterType].NACKs)
+		if n.Version != "v2" || !strings.Contains(n.Error, "has no name") || st.Types[clusterType].NACKs < 1 {
+			t.Fatalf("NACK %+v (%d); want v2 with the client's error, counted", n, st.Types[clusterType].NACKs)
 		}
 		if v := st.Verdict(clusterType, n.At, 0); v != messages.VerdictNACKed {
 			t.Fatalf("verdict %s; want NACKED", v)
-		}
-		if got := p.metric(t, "xds_proxy_nacks_total", clusterType); got != 1 {
-			t.Errorf("xds_proxy_nacks_total{cds} = %v; want 1", got)
-		}
-		if strings.Count(p.logs.String(), "Envoy rejected a configuration (NACK)") != 1 {
-			t.Errorf("the NACK is not logged exactly once:\n%s", p.logs)
 		}
 
 		snapshot(t, cp, "v3", 3)
 		st = p.waitState(t, "cds v3 ACKed", func(s messages.XDSState) bool { return s.Types[clusterType].ACKedVersion == "v3" })
 		if v := st.Verdict(clusterType, st.Types[clusterType].SentAt, 0); v != messages.VerdictSynced || st.Types[clusterType].NACK != nil {
 			t.Fatalf("verdict %s, NACK %+v after v3 was ACKed; want SYNCED and no NACK", v, st.Types[clusterType].NACK)
+		}
+		nacks := st.Types[clusterType].NACKs
+		if got := p.metric(t, "xds_proxy_nacks_total", clusterType); got != float64(nacks) {
+			t.Errorf("xds_proxy_nacks_total{cds} = %v; want %d, the NACKs the state counts", got, nacks)
+		}
+		if got := strings.Count(p.logs.String(), "Envoy rejected a configuration (NACK)"); got != nacks {
+			t.Errorf("%d NACKs logged, want %d (each once):\n%s", got, nacks, p.logs)
 		}
 	})
 }

@@ -38,17 +38,17 @@ func (st *stream[R]) canServeCache() bool {
 	case <-st.ended:
 		return false
 	}
-	return s.records(st.node) && len(s.lkg.servable(st.fl.mode())) > 0
+	return s.records(st.node) && len(st.own.servable(st.pr.mode())) > 0
 }
 
 // serveCache serves the cache on this stream until the control plane is
 // back, Envoy leaves, or the stream is ended.
 func (st *stream[R]) serveCache(cause error) error {
 	s := st.svc
-	s.status.failed(cause, true)
+	st.own.failed(cause, true)
 	st.log.Warn("serving cached configuration to Envoy: control plane unreachable",
-		"address", s.cfg.DiscoveryAddress, "types", s.lkg.servable(st.fl.mode()), "error", s.describe(cause))
-	for _, f := range st.fl.replay() {
+		"address", s.cfg.DiscoveryAddress, "types", st.own.servable(st.pr.mode()), "error", s.cfg.describe(cause))
+	for _, f := range st.replay() {
 		if err := st.sendCached(f); err != nil {
 			return envoyError(err)
 		}
@@ -61,12 +61,12 @@ func (st *stream[R]) serveCache(cause error) error {
 
 	for {
 		select {
-		case <-st.queue.ready:
-			for _, o := range st.queue.take() {
+		case <-st.requests.Ready():
+			for _, o := range st.requests.Take() {
 				if o.agent {
 					continue // NDS and the others wait for the control plane
 				}
-				for _, f := range st.fl.answer(o.req) {
+				for _, f := range st.answer(o.req) {
 					if err := st.sendCached(f); err != nil {
 						return envoyError(err)
 					}
@@ -89,7 +89,7 @@ func (st *stream[R]) sendCached(f *frame) error {
 	st.svc.m.messages.WithLabelValues(label, dirCache).Inc()
 	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(len(f.b)))
 	st.log.Debug("served from the cache", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce)
-	st.svc.status.sent(f)
+	st.own.sentCached(f)
 	return st.down.SendMsg(f)
 }
 
@@ -123,14 +123,14 @@ func (st *stream[R]) probe(ctx context.Context, back chan<- struct{}) {
 		}
 		err := st.probeOnce(ctx)
 		if err == nil {
-			s.status.connected()
+			st.own.connected()
 			close(back)
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		s.status.probeFailed(err)
+		st.own.probeFailed(err)
 		st.log.Debug("control plane still unreachable", "attempt", attempt, "delay", delay, "error", err)
 		delay = s.cfg.nextProbeDelay(delay, s.clock.Now().Sub(began))
 	}
@@ -153,14 +153,14 @@ var errNoAnswer = errors.New("the control plane accepted the stream but did not 
 // opens and then refuses the token is not back).
 func (st *stream[R]) probeOnce(ctx context.Context) error {
 	s := st.svc
-	up, err := s.openUpstream(ctx, st.fl.method())
+	up, err := s.openUpstream(ctx, st.pr.method())
 	if err != nil {
 		s.m.istiodFailures.Inc()
 		return err
 	}
 	got := make(chan error, 1)
 	go func() {
-		if err := up.stream.SendMsg(st.fl.probeRequest()); err != nil && !errors.Is(err, io.EOF) {
+		if err := up.stream.SendMsg(st.probeRequest()); err != nil && !errors.Is(err, io.EOF) {
 			got <- err
 			return
 		}

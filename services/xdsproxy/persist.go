@@ -17,11 +17,9 @@ const cacheWriteDelay = time.Second
 
 // loadCache reads the cache file once per Service: a restarted Serve keeps
 // what it recorded in memory, which is newer.
-func (s *Service) loadCache() {
-	s.mu.Lock()
+func (s *Service) loadCache(own *owner) {
 	loaded := s.cacheLoaded
 	s.cacheLoaded = true
-	s.mu.Unlock()
 	if loaded || !s.cfg.OfflineCache || s.cfg.CacheFile == "" {
 		return
 	}
@@ -42,9 +40,9 @@ func (s *Service) loadCache() {
 	if snap.mode == modeNone && snap.names == nil {
 		return
 	}
-	s.lkg.restore(snap)
+	types := own.restore(snap)
 	s.log.Info("loaded the cached xDS configuration", "file", s.cfg.CacheFile, "written", h.written.Format(time.RFC3339),
-		"protocol", snap.mode, "types", s.lkg.servable(snap.mode), "name_table", snap.names != nil)
+		"protocol", snap.mode, "types", types, "name_table", snap.names != nil)
 	s.publishCachedNames(snap.names)
 }
 
@@ -67,18 +65,18 @@ func (s *Service) publishCachedNames(e *namesEntry) {
 
 // writeCache persists the cache after changes, coalesced, and once more
 // when ctx ends (after the streams have).
-func (s *Service) writeCache(ctx context.Context) {
-	written := s.lkg.snapshot().gen
+func (s *Service) writeCache(ctx context.Context, own *owner) {
+	written := own.cacheSnapshot().gen
 	for {
 		select {
-		case <-s.lkg.wake:
+		case <-own.cacheChanged():
 			select {
 			case <-s.clock.After(cacheWriteDelay):
 			case <-ctx.Done():
 			}
 		case <-ctx.Done():
 		}
-		written = s.persist(written)
+		written = s.persist(own, written)
 		if ctx.Err() != nil {
 			return
 		}
@@ -87,8 +85,8 @@ func (s *Service) writeCache(ctx context.Context) {
 
 // persist writes the cache if it changed since generation last; it
 // returns the generation now on disk.
-func (s *Service) persist(last uint64) uint64 {
-	snap := s.lkg.snapshot()
+func (s *Service) persist(own *owner, last uint64) uint64 {
+	snap := own.cacheSnapshot()
 	if snap.gen == last {
 		return last
 	}

@@ -32,7 +32,7 @@ func (st *stream[R]) logPushDiff(f *frame) {
 	if st.diff == nil {
 		st.diff = &pushDiff{held: map[string]map[string][32]byte{}}
 	}
-	added, removed, changed, err := st.diff.apply(f, st.fl.mode() == modeDelta)
+	added, removed, changed, err := st.diff.apply(f, st.pr.mode() == modeDelta)
 	if err != nil {
 		st.log.Debug("push diff: response not decoded", "type_url", f.typeURL, "error", err)
 		return

@@ -35,12 +35,12 @@ func (s *Service) rootsBaseline() (roots []byte, seen bool) {
 
 // watchRoots redials the control plane each time the bundle's roots differ
 // from the last ones seen; the first bundle to arrive is not a change.
-func (s *Service) watchRoots(ctx context.Context, last []byte, seen bool) {
+func (s *Service) watchRoots(ctx context.Context, own *owner, last []byte, seen bool) {
 	for {
 		b, ok, changed := s.in.Certs.Watch()
 		if ok {
 			if seen && !bytes.Equal(b.RootsPEM, last) {
-				s.redial(reasonRootsChanged, b.Version)
+				own.redial(reasonRootsChanged, b.Version)
 			}
 			last, seen = b.RootsPEM, true
 		}
@@ -50,19 +50,4 @@ func (s *Service) watchRoots(ctx context.Context, last []byte, seen bool) {
 			return
 		}
 	}
-}
-
-// redial ends the active stream's upstream so that the next one dials
-// afresh; without an active stream, the next one will anyway.
-func (s *Service) redial(reason, version string) {
-	s.mu.Lock()
-	cur := s.current
-	s.mu.Unlock()
-	if cur == nil {
-		s.log.Info("no stream open; the next one dials the control plane afresh", "reason", reason, "bundle_version", version)
-		return
-	}
-	s.log.Info("ending the upstream stream to redial the control plane; Envoy reconnects and resynchronises",
-		"reason", reason, "bundle_version", version, "address", s.cfg.DiscoveryAddress)
-	cur.redial()
 }

@@ -55,17 +55,16 @@ type Service struct {
 	log    *slog.Logger
 	m      *metrics
 	codec  rawCodec
-	lkg    *lkg
-	status *upstreamStatus
+	// state is what the streams share; while Serve runs, its owner
+	// goroutine alone touches it (owner.go), and it carries over to the
+	// next run.
+	state *proxyState
 
 	streamIDs   atomic.Uint64 // for logs and cache nonces; never reset
 	maxInflight atomic.Int64  // the most responses ever held at once by one stream
 
-	mu          sync.Mutex
-	current     proxyStream // the one active Envoy stream
-	currentPeer peerCred    // who opened it (socket.go)
-	stopping    bool
-	lastHealth  *messages.WorkloadHealth
+	// cacheLoaded: the cache file was read (once per Service). Serve's
+	// own, and Serve never runs twice at once.
 	cacheLoaded bool
 
 	// wg counts the goroutines of a Serve run that outlive a stream's
@@ -73,13 +72,11 @@ type Service struct {
 	wg sync.WaitGroup
 }
 
-// proxyStream is what the service knows of a stream of either protocol.
-type proxyStream interface {
-	end(err error)
-	health(h messages.WorkloadHealth)
-	// redial ends the stream's upstream so that it is dialled afresh
-	// (roots.go).
-	redial()
+// server is one run of Serve as its gRPC handlers see it: the service, and
+// the owner of its state for this run.
+type server struct {
+	svc *Service
+	own *owner
 }
 
 // New returns the XDS proxy; an error for a bad Config or metrics that
@@ -112,8 +109,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 			ErrBadConfig, cfg.Roots, cfg.ClientCertificate)
 	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
-	s.lkg = newLKG(cfg.CacheMaxBytes, rt.Log)
-	s.status = newUpstreamStatus(s)
+	s.state = newProxyState(cfg, rt.Log, s.m, rt.Health, out.State)
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
 	}
@@ -125,7 +121,7 @@ func (s *Service) String() string { return Name }
 
 // Serve listens on the XDS socket and proxies until ctx is done; then it
 // ends every stream, stops the server, writes the cache and returns once
-// every goroutine it started has.
+// every goroutine it started has, the state's owner last.
 func (s *Service) Serve(ctx context.Context) error {
 	s.health.Report(messages.Starting, "opening the XDS socket")
 	if s.cfg.GRPCBootstrap.Path != "" {
@@ -133,18 +129,18 @@ func (s *Service) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	s.loadCache()
+	own := newOwner(s.state, s.clock)
+	go own.run()
+	defer own.stop()
+	s.loadCache(own)
 	lis, err := s.listen()
 	if err != nil {
 		return err
 	}
 	defer uds.Remove(s.cfg.SocketPath)
 
-	s.mu.Lock()
-	s.stopping = false
-	s.mu.Unlock()
 	srv := grpc.NewServer(s.serverOptions()...)
-	srv.RegisterService(&adsServiceDesc, s)
+	srv.RegisterService(&adsServiceDesc, &server{svc: s, own: own})
 	reflection.Register(srv)
 	runCtx, cancel := context.WithCancel(ctx)
 	var bg sync.WaitGroup
@@ -152,22 +148,22 @@ func (s *Service) Serve(ctx context.Context) error {
 		// The baseline is read before any stream can dial (#26).
 		roots, seen := s.rootsBaseline()
 		bg.Add(1)
-		go func() { defer bg.Done(); s.watchRoots(runCtx, roots, seen) }()
+		go func() { defer bg.Done(); s.watchRoots(runCtx, own, roots, seen) }()
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
 	if s.cfg.HealthUpdates && s.in.Workload != nil {
 		bg.Add(1)
-		go func() { defer bg.Done(); s.watchWorkload(runCtx) }()
+		go func() { defer bg.Done(); s.watchWorkload(runCtx, own) }()
 	}
 	if s.cfg.OfflineCache && s.cfg.CacheFile != "" {
 		bg.Add(1)
-		go func() { defer bg.Done(); s.writeCache(runCtx) }()
+		go func() { defer bg.Done(); s.writeCache(runCtx, own) }()
 	}
 	s.log.Info("XDS proxy listening", "socket", s.cfg.SocketPath, "upstream", s.cfg.DiscoveryAddress,
-		"tls", !s.cfg.Plaintext, "roots", s.rootsDescription(), "nds", s.cfg.NDS, "offline_cache", s.cfg.OfflineCache)
-	s.status.idle()
+		"tls", !s.cfg.Plaintext, "roots", s.cfg.rootsDescription(), "nds", s.cfg.NDS, "offline_cache", s.cfg.OfflineCache)
+	own.idle()
 
 	select {
 	case <-ctx.Done():
@@ -175,7 +171,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	case e := <-served:
 		err = fmt.Errorf("serve XDS on %s: %w", s.cfg.SocketPath, e)
 	}
-	s.shutdown(srv)
+	s.shutdown(srv, own)
 	if errors.Is(err, ctx.Err()) {
 		<-served
 	}
@@ -187,56 +183,10 @@ func (s *Service) Serve(ctx context.Context) error {
 
 // shutdown ends the active stream, stops the server (gracefully, within
 // StopTimeout) and waits for the streams' goroutines.
-func (s *Service) shutdown(srv *grpc.Server) {
-	s.mu.Lock()
-	s.stopping = true
-	cur := s.current
-	s.mu.Unlock()
-	if cur != nil {
-		cur.end(errShuttingDown)
-	}
+func (s *Service) shutdown(srv *grpc.Server, own *owner) {
+	own.shutdown()
 	grpcstop.Within(srv, s.clock.After(s.cfg.StopTimeout))
 	s.wg.Wait()
-}
-
-// register makes st, opened by p, the active stream; a newer stream
-// replaces the older one (Istio keeps one connection: "registered
-// overlapping stream"), if it comes from the same uid (mayReplace).
-func (s *Service) register(st proxyStream, p peerCred) error {
-	s.mu.Lock()
-	if s.stopping {
-		s.mu.Unlock()
-		return errShuttingDown
-	}
-	old, oldPeer := s.current, s.currentPeer
-	if old != nil {
-		if err := mayReplace(oldPeer, p); err != nil {
-			s.mu.Unlock()
-			s.log.Warn("refused a stream on the XDS socket: it would replace Envoy's",
-				"open_pid", oldPeer.pid, "open_uid", oldPeer.uid, "new_pid", p.pid, "new_uid", p.uid)
-			return err
-		}
-	}
-	s.current, s.currentPeer = st, p
-	s.mu.Unlock()
-	if old != nil {
-		s.log.Info("a newer Envoy stream replaces the open one",
-			"open_pid", oldPeer.pid, "open_uid", oldPeer.uid, "new_pid", p.pid, "new_uid", p.uid)
-		old.end(nil)
-	}
-	return nil
-}
-
-func (s *Service) unregister(st proxyStream) {
-	s.mu.Lock()
-	last := s.current == st
-	if last {
-		s.current = nil
-	}
-	s.mu.Unlock()
-	if last {
-		s.status.idle()
-	}
 }
 
 // records reports whether the cache takes this node's configuration.
@@ -257,19 +207,14 @@ func (s *Service) noteInflight(n int64) {
 // watchWorkload reports each transition of the workload's health to the
 // active stream, and keeps the last one for the next (Istio resends it
 // on every new upstream stream).
-func (s *Service) watchWorkload(ctx context.Context) {
+func (s *Service) watchWorkload(ctx context.Context, own *owner) {
 	var last *messages.WorkloadHealth
 	for {
 		h, ok, changed := s.in.Workload.Watch()
 		if ok && (last == nil || last.Healthy != h.Healthy) {
 			last = &h
 			s.log.Info("workload health changed; reporting it to the control plane", "healthy", h.Healthy, "reason", h.Reason)
-			s.mu.Lock()
-			s.lastHealth = last
-			if s.current != nil {
-				s.current.health(h)
-			}
-			s.mu.Unlock()
+			own.workloadHealth(h)
 		}
 		select {
 		case <-changed:
@@ -320,7 +265,7 @@ var adsServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName: "StreamAggregatedResources",
 			Handler: func(srv any, ss grpc.ServerStream) error {
-				return serveStream[*discoveryv3.DiscoveryRequest](srv.(*Service), newSotW, ss)
+				return serveStream[*discoveryv3.DiscoveryRequest](srv.(*server), sotw{}, ss)
 			},
 			ServerStreams: true, ClientStreams: true,
 		},
@@ -328,7 +273,7 @@ var adsServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName: "DeltaAggregatedResources",
 			Handler: func(srv any, ss grpc.ServerStream) error {
-				return serveStream[*discoveryv3.DeltaDiscoveryRequest](srv.(*Service), newDelta, ss)
+				return serveStream[*discoveryv3.DeltaDiscoveryRequest](srv.(*server), delta{}, ss)
 			},
 			ServerStreams: true, ClientStreams: true,
 		},

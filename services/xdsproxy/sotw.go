@@ -2,7 +2,6 @@ package xdsproxy
 
 import (
 	"slices"
-	"sync"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -10,14 +9,16 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// sotw tracks a State of the World stream: per type, the names Envoy asked
-// for and the response it has not acknowledged yet. An ACK makes that
-// response the type's last-known-good.
-type sotw struct {
-	svc *Service
-	id  uint64
+// sotw is the State of the World protocol (ADS's
+// StreamAggregatedResources).
+type sotw struct{}
 
-	mu      sync.Mutex
+// sotwTracker tracks a State of the World stream: per type, the names Envoy
+// asked for and the response it has not acknowledged yet. An ACK makes that
+// response the type's last-known-good. It has no lock: the proxy's state
+// owner keeps it (owner.go), and hands it the cache it feeds and reads.
+type sotwTracker struct {
+	id      uint64 // the stream's, for the cache's nonces
 	first   *discoveryv3.DiscoveryRequest
 	names   map[string][]string // type → the names of Envoy's latest request
 	order   []string            // types in the order Envoy first asked
@@ -26,20 +27,20 @@ type sotw struct {
 	nonces  int
 }
 
-func newSotW(s *Service, id uint64) *sotw {
-	return &sotw{svc: s, id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{}}
+func (sotw) newTracker(id uint64) tracker[*discoveryv3.DiscoveryRequest] {
+	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{}}
 }
 
-func (*sotw) mode() cacheMode { return modeSotW }
-func (*sotw) method() string  { return methodSotW }
+func (sotw) mode() cacheMode { return modeSotW }
+func (sotw) method() string  { return methodSotW }
 
-func (*sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
+func (sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
 
-func (*sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
+func (sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
 	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: version, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (*sotw) agentResource(f *frame) (*anypb.Any, string, error) {
+func (sotw) agentResource(f *frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DiscoveryResponse
 	if err := proto.Unmarshal(f.b, &r); err != nil {
 		return nil, f.version, err
@@ -51,9 +52,7 @@ func (*sotw) agentResource(f *frame) (*anypb.Any, string, error) {
 	return r.GetResources()[0], r.GetVersionInfo(), nil
 }
 
-func (x *sotw) observe(req *discoveryv3.DiscoveryRequest, record bool) reqInfo {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	}
@@ -68,63 +67,55 @@ func (x *sotw) observe(req *discoveryv3.DiscoveryRequest, record bool) reqInfo {
 		if info.nack == "" {
 			info.acked, info.version = true, p.version
 			if record {
-				x.svc.lkg.putSotW(t, p.b, p.version)
+				cache.putSotW(t, p.b, p.version)
 			}
 		}
 	}
 	return info
 }
 
-func (x *sotw) sending(f *frame) {
-	x.mu.Lock()
+func (x *sotwTracker) sending(f *frame, _ *lkg) {
 	x.pending[f.typeURL] = f
-	x.mu.Unlock()
 }
 
 // awaitsAnswer: a wildcard request that acknowledges nothing. Istio's
 // control plane answers every such request on a new stream, whatever
 // version Envoy holds; a request naming resources may go unanswered when
 // they do not exist.
-func (*sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
+func (sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
 	names := req.GetResourceNames()
 	return req.GetResponseNonce() == "" && (len(names) == 0 || slices.Contains(names, "*"))
 }
 
-func (x *sotw) probeRequest() *discoveryv3.DiscoveryRequest {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {
 	r := proto.Clone(x.first).(*discoveryv3.DiscoveryRequest)
 	r.VersionInfo, r.ResponseNonce, r.ErrorDetail = "", "", nil
 	return r
 }
 
-func (x *sotw) replay() []*frame {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *sotwTracker) replay(cache *lkg) []*frame {
 	var out []*frame
 	for _, t := range x.order {
-		out = append(out, x.answerType(t, x.names[t])...)
+		out = append(out, x.answerType(cache, t, x.names[t])...)
 	}
 	return out
 }
 
 // answer serves a request from the cache, unless it only acknowledges
 // what was served (same names).
-func (x *sotw) answer(req *discoveryv3.DiscoveryRequest) []*frame {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg) []*frame {
 	t := req.GetTypeUrl()
 	if prev, ok := x.served[t]; ok && slices.Equal(prev, req.GetResourceNames()) {
 		return nil
 	}
-	return x.answerType(t, req.GetResourceNames())
+	return x.answerType(cache, t, req.GetResourceNames())
 }
 
-func (x *sotw) answerType(t string, names []string) []*frame {
+func (x *sotwTracker) answerType(cache *lkg, t string, names []string) []*frame {
 	if !forwardable(t) {
 		return nil
 	}
-	e, ok := x.svc.lkg.getSotW(t)
+	e, ok := cache.getSotW(t)
 	if !ok {
 		return nil
 	}

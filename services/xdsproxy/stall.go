@@ -3,13 +3,10 @@ package xdsproxy
 import (
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/meshagent/meshagent/messages"
 )
 
 // A control plane can keep a stream open and answer nothing: the
@@ -30,77 +27,66 @@ import (
 // version (go-control-plane does not) would see such a stream renewed
 // every StallTimeout while it is quiet: noisy, harmless.
 
+// stallWatch is one stream's stall tracking. It has no lock: the proxy's
+// state owner keeps it (owner.go), and each event carries the time it
+// happened at.
 type stallWatch struct {
-	clock   messages.Clock
-	timeout time.Duration
-	// delivering reports whether responses wait for Envoy: then the
-	// control plane has answered, and a blocked Send is Envoy's slowness
-	// reaching it through flow control, not a stall.
-	delivering func() bool
-
-	mu       sync.Mutex
+	timeout  time.Duration
 	last     time.Time // the control plane's last sign of life
 	awaiting map[string]bool
 	sending  bool
 }
 
-func newStallWatch(clock messages.Clock, timeout time.Duration, delivering func() bool) *stallWatch {
-	return &stallWatch{clock: clock, timeout: timeout, delivering: delivering, last: clock.Now(), awaiting: map[string]bool{}}
+func newStallWatch(timeout time.Duration, now time.Time) *stallWatch {
+	return &stallWatch{timeout: timeout, last: now, awaiting: map[string]bool{}}
 }
 
 // asked: Envoy's request for typeURL, which needs an answer, is about to
 // be sent.
-func (w *stallWatch) asked(typeURL string) {
-	w.mu.Lock()
-	w.startWaiting()
+func (w *stallWatch) asked(now time.Time, typeURL string) {
+	w.startWaiting(now)
 	w.awaiting[typeURL] = true
-	w.mu.Unlock()
 }
 
 // startWaiting: a quiet time with nothing waiting is no silence of the
 // control plane; the clock starts when something begins to wait.
-func (w *stallWatch) startWaiting() {
+func (w *stallWatch) startWaiting(now time.Time) {
 	if len(w.awaiting) == 0 && !w.sending {
-		w.last = w.clock.Now()
+		w.last = now
 	}
 }
 
 // sendStart, sendDone bracket a Send to the control plane; a finished
 // Send is a sign of life (it was read, or fit its flow-control window).
-func (w *stallWatch) sendStart() {
-	w.mu.Lock()
-	w.startWaiting()
+func (w *stallWatch) sendStart(now time.Time) {
+	w.startWaiting(now)
 	w.sending = true
-	w.mu.Unlock()
 }
 
-func (w *stallWatch) sendDone() {
-	w.mu.Lock()
+func (w *stallWatch) sendDone(now time.Time) {
 	w.sending = false
-	w.last = w.clock.Now()
-	w.mu.Unlock()
+	w.last = now
 }
 
 // answered: a response of typeURL arrived.
-func (w *stallWatch) answered(typeURL string) {
-	w.mu.Lock()
+func (w *stallWatch) answered(now time.Time, typeURL string) {
 	delete(w.awaiting, typeURL)
-	w.last = w.clock.Now()
-	w.mu.Unlock()
+	w.last = now
 }
 
 // stalled returns the stall error when requests have waited too long.
-func (w *stallWatch) stalled() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// delivering says whether responses wait for Envoy: then the control plane
+// has answered, and a blocked Send is Envoy's slowness reaching it through
+// flow control, not a stall.
+func (w *stallWatch) stalled(now time.Time, delivering bool) error {
 	if len(w.awaiting) == 0 && !w.sending {
 		return nil
 	}
-	if w.delivering() {
-		w.last = w.clock.Now()
+	if delivering {
+		w.last = now
 		return nil
 	}
-	idle := w.clock.Now().Sub(w.last)
+	idle := now.Sub(w.last)
 	if idle < w.timeout {
 		return nil
 	}
@@ -112,17 +98,18 @@ func (w *stallWatch) stalled() error {
 	return &stallError{idle: idle, types: types, sending: w.sending}
 }
 
-// watch checks every quarter of the timeout until done is closed, and
-// returns the stall error, or nil when done.
-func (w *stallWatch) watch(done <-chan struct{}) error {
-	every := w.timeout / 4
+// watchStall asks the owner every quarter of the timeout whether the
+// stream stalled, until done is closed; it returns the stall error, or nil
+// when done.
+func (st *stream[R]) watchStall(done <-chan struct{}) error {
+	every := st.svc.cfg.StallTimeout / 4
 	for {
 		select {
 		case <-done:
 			return nil
-		case <-w.clock.After(every):
+		case <-st.svc.clock.After(every):
 		}
-		if err := w.stalled(); err != nil {
+		if err := st.stalled(st.inflight.Load() > 0); err != nil {
 			return err
 		}
 	}

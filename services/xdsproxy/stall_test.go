@@ -15,48 +15,46 @@ import (
 // never while answers wait for Envoy.
 func TestStallRule(t *testing.T) {
 	clock := testkit.NewManualClock()
-	delivering := false
-	w := newStallWatch(clock, time.Minute, func() bool { return delivering })
+	w := newStallWatch(time.Minute, clock.Now())
+	stalled := func(delivering bool) error { return w.stalled(clock.Now(), delivering) }
 
 	clock.Advance(time.Hour)
-	if err := w.stalled(); err != nil {
+	if err := stalled(false); err != nil {
 		t.Fatalf("stalled with nothing waiting: %v", err)
 	}
-	w.asked(clusterType)
-	if err := w.stalled(); err != nil {
+	w.asked(clock.Now(), clusterType)
+	if err := stalled(false); err != nil {
 		t.Fatalf("stalled at once: %v", err)
 	}
 	// asked does not reset the clock: the last sign of life is old.
-	w.sendStart()
-	w.sendDone()
+	w.sendStart(clock.Now())
+	w.sendDone(clock.Now())
 	clock.Advance(59 * time.Second)
-	if err := w.stalled(); err != nil {
+	if err := stalled(false); err != nil {
 		t.Fatalf("stalled before the timeout: %v", err)
 	}
 	clock.Advance(time.Second)
 	var stall *stallError
-	if err := w.stalled(); !errors.As(err, &stall) || len(stall.types) != 1 || stall.types[0] != clusterType {
+	if err := stalled(false); !errors.As(err, &stall) || len(stall.types) != 1 || stall.types[0] != clusterType {
 		t.Fatalf("stalled() = %v, want a stall on CDS", err)
 	}
 
-	delivering = true
-	if err := w.stalled(); err != nil {
+	if err := stalled(true); err != nil {
 		t.Fatalf("a slow Envoy counted as a stall: %v", err)
 	}
-	delivering = false
 	clock.Advance(30 * time.Second)
-	if err := w.stalled(); err != nil {
+	if err := stalled(false); err != nil {
 		t.Fatalf("delivering did not count as a sign of life: %v", err)
 	}
 
-	w.answered(clusterType)
+	w.answered(clock.Now(), clusterType)
 	clock.Advance(time.Hour)
-	if err := w.stalled(); err != nil {
+	if err := stalled(false); err != nil {
 		t.Fatalf("stalled with every request answered: %v", err)
 	}
-	w.sendStart()
+	w.sendStart(clock.Now())
 	clock.Advance(time.Minute)
-	if err := w.stalled(); !errors.As(err, &stall) || !stall.sending {
+	if err := stalled(false); !errors.As(err, &stall) || !stall.sending {
 		t.Fatalf("a Send blocked for the timeout: %v, want a stall", err)
 	}
 	testkit.Contains(t, "stall message", stall.Error(), "cannot be sent", "57064")
@@ -65,7 +63,7 @@ func TestStallRule(t *testing.T) {
 // Which requests a control plane must answer: wildcard subscriptions that
 // acknowledge nothing; never ACKs, never requests naming resources.
 func TestAwaitsAnswer(t *testing.T) {
-	s, d := newSotW(nil, 1), newDelta(nil, 1)
+	s, d := sotw{}, delta{}
 	for _, tc := range []struct {
 		req  *discoveryv3.DiscoveryRequest
 		want bool

@@ -3,9 +3,9 @@ package xdsproxy
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -13,6 +13,33 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 )
+
+// proxyState is everything the proxy knows that more than one goroutine
+// needs: the control plane's status, the last-known-good configuration, the
+// workload's last health, and which Envoy stream is the active one. It has
+// no lock: one goroutine owns it (owner.go), and every other goroutine asks
+// that one, as services/sds/store.go does (#26: there were seven mutexes,
+// one guarding four unrelated fields). It outlives a Serve: the cache, the
+// status and the last health carry over to the next run.
+type proxyState struct {
+	log    *slog.Logger
+	m      *metrics
+	health *messages.Reporter
+	out    messages.Sink[messages.XDSState]
+	cfg    Config // for describe and the address in messages
+
+	status upstreamStatus
+	cache  *lkg
+	// lastHealth is the workload's last health, resent on every new
+	// upstream stream (Istio does).
+	lastHealth *messages.WorkloadHealth
+
+	// The run's Envoy streams: current is the active one, opened by
+	// currentPeer; stopping refuses new ones while Serve shuts down.
+	current     proxyStream
+	currentPeer peerCred
+	stopping    bool
+}
 
 // upstreamStatus is what the proxy says about its control plane: XDSState
 // for the status server, and its own Health.
@@ -26,9 +53,6 @@ import (
 // this one; the reason is what an operator reads in /healthz/ready's body
 // and /debug/tree.
 type upstreamStatus struct {
-	svc *Service
-
-	mu    sync.Mutex
 	state messages.XDSState
 	// failing: the last attempt to use the control plane failed, and no
 	// stream has worked since; unreachableSince is when that began.
@@ -37,12 +61,16 @@ type upstreamStatus struct {
 	servingCache     bool
 }
 
-func newUpstreamStatus(s *Service) *upstreamStatus {
-	return &upstreamStatus{svc: s, state: messages.XDSState{Address: s.cfg.DiscoveryAddress, LastACK: map[string]string{},
-		Types: map[string]messages.XDSTypeState{}}}
+func newProxyState(cfg Config, log *slog.Logger, m *metrics, health *messages.Reporter, out messages.Sink[messages.XDSState]) *proxyState {
+	return &proxyState{
+		log: log, m: m, health: health, out: out, cfg: cfg,
+		status: upstreamStatus{state: messages.XDSState{Address: cfg.DiscoveryAddress, LastACK: map[string]string{},
+			Types: map[string]messages.XDSTypeState{}}},
+		cache: newLKG(cfg.CacheMaxBytes, log),
+	}
 }
 
-// set changes the upstream state and publishes.
+// set changes the upstream state; the caller publishes.
 func (u *upstreamStatus) set(up messages.XDSUpstream, since time.Time) {
 	if u.state.Upstream != up || u.state.Since.IsZero() {
 		u.state.Upstream, u.state.Since = up, since
@@ -51,180 +79,170 @@ func (u *upstreamStatus) set(up messages.XDSUpstream, since time.Time) {
 
 // idle: no stream from Envoy. A failing control plane stays down: the
 // next Envoy stream will find it so.
-func (u *upstreamStatus) idle() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.leaveCache()
+func (p *proxyState) idle(now time.Time) {
+	u := &p.status
+	p.leaveCache()
 	if u.failing {
 		u.set(messages.XDSDown, u.unreachableSince)
 	} else {
-		u.set(messages.XDSIdle, u.svc.clock.Now())
+		u.set(messages.XDSIdle, now)
 	}
-	u.publish()
+	p.publish()
 }
 
 // connecting: an Envoy stream opened and the upstream one is being set
 // up. While the control plane is failing, the state stays what it is
 // (down, or serving the cache) until a stream works: Envoy retries
 // several times a second, and the state would flap with it.
-func (u *upstreamStatus) connecting() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.failing {
+func (p *proxyState) connecting(now time.Time) {
+	if p.status.failing {
 		return
 	}
-	u.set(messages.XDSConnecting, u.svc.clock.Now())
-	u.publish()
+	p.status.set(messages.XDSConnecting, now)
+	p.publish()
 }
 
 // connected: the control plane answered on the stream.
-func (u *upstreamStatus) connected() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (p *proxyState) connected(now time.Time) {
+	u := &p.status
 	if u.failing {
-		u.svc.log.Info("control plane reachable again", "address", u.svc.cfg.DiscoveryAddress,
-			"unreachable_for", u.svc.clock.Now().Sub(u.unreachableSince).Round(time.Millisecond))
+		p.log.Info("control plane reachable again", "address", p.cfg.DiscoveryAddress,
+			"unreachable_for", now.Sub(u.unreachableSince).Round(time.Millisecond))
 	}
 	u.failing, u.unreachableSince = false, time.Time{}
-	u.leaveCache()
-	u.set(messages.XDSConnected, u.svc.clock.Now())
-	u.publish()
+	p.leaveCache()
+	u.set(messages.XDSConnected, now)
+	p.publish()
 }
 
 // failed: the control plane could not be reached, refused the stream, or
 // dropped it. cached says whether Envoy is being served the cache.
-func (u *upstreamStatus) failed(err error, cached bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	now := u.svc.clock.Now()
+func (p *proxyState) failed(now time.Time, err error, cached bool) {
+	u := &p.status
 	if !u.failing {
 		u.failing, u.unreachableSince = true, now
 	}
-	u.state.LastError = u.svc.describe(err)
+	u.state.LastError = p.cfg.describe(err)
 	if cached {
 		if !u.servingCache {
 			u.servingCache = true
-			u.svc.m.servingCache.Set(1)
-			u.svc.log.Warn("serving cached configuration, control plane unreachable",
-				"address", u.svc.cfg.DiscoveryAddress, "since", u.unreachableSince.Format(time.RFC3339), "error", u.state.LastError)
+			p.m.servingCache.Set(1)
+			p.log.Warn("serving cached configuration, control plane unreachable",
+				"address", p.cfg.DiscoveryAddress, "since", u.unreachableSince.Format(time.RFC3339), "error", u.state.LastError)
 		}
 		u.set(messages.XDSServingCache, u.unreachableSince)
 	} else {
-		u.leaveCache()
+		p.leaveCache()
 		u.set(messages.XDSDown, u.unreachableSince)
 	}
-	u.publish()
+	p.publish()
 }
 
 // probeFailed: a new attempt failed while the cache is served.
-func (u *upstreamStatus) probeFailed(err error) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if d := u.svc.describe(err); d != u.state.LastError {
-		u.state.LastError = d
-		u.publish()
+func (p *proxyState) probeFailed(err error) {
+	if d := p.cfg.describe(err); d != p.status.state.LastError {
+		p.status.state.LastError = d
+		p.publish()
 	}
 }
 
-func (u *upstreamStatus) leaveCache() {
-	if u.servingCache {
-		u.servingCache = false
-		u.svc.m.servingCache.Set(0)
+func (p *proxyState) leaveCache() {
+	if p.status.servingCache {
+		p.status.servingCache = false
+		p.m.servingCache.Set(0)
 	}
 }
 
 // ack records the version Envoy acknowledged for a type. An ACK of the
 // last response sent ends a NACK's reign: Envoy took a later version.
-func (u *upstreamStatus) ack(typeURL, version string) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (p *proxyState) ack(now time.Time, typeURL, version string) {
+	u := &p.status
 	t, known := u.state.Types[typeURL]
 	cleared := false
 	if t.NACK != nil && version == t.SentVersion && version != t.NACK.Version {
 		t.NACK, cleared = nil, true
 	}
 	if known && (t.ACKedVersion != version || cleared) {
-		t.ACKedVersion, t.ACKedAt = version, u.svc.clock.Now()
+		t.ACKedVersion, t.ACKedAt = version, now
 		u.state.Types[typeURL] = t
 	}
 	if v, ok := u.state.LastACK[typeURL]; ok && v == version && !cleared {
 		return
 	}
 	u.state.LastACK[typeURL] = version
-	u.publishState()
+	p.publishState()
 }
 
 // sent records a response on its way to Envoy (issue 22: what the control
 // plane last sent, for proxy-status).
-func (u *upstreamStatus) sent(f *frame) {
+func (p *proxyState) sent(now time.Time, f *frame) {
 	if typeLabel(f.typeURL) == "other" {
 		return // a type URL nobody knows must not grow the state
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	t := u.state.Types[f.typeURL]
-	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.version, f.nonce, f.resources, u.svc.clock.Now()
-	u.state.Types[f.typeURL] = t
-	u.publishState()
+	t := p.status.state.Types[f.typeURL]
+	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.version, f.nonce, f.resources, now
+	p.status.state.Types[f.typeURL] = t
+	p.publishState()
 }
 
 // nacked records Envoy's rejection of the response with nonce, and
 // returns the rejected version when it is the last one sent ("" if not
-// known). Each NACK is logged once by the stream and counted here.
-func (u *upstreamStatus) nacked(typeURL, nonce, msg string) string {
+// known). Each NACK is logged once by the caller and counted here.
+func (p *proxyState) nacked(now time.Time, typeURL, nonce, msg string) string {
 	if typeLabel(typeURL) == "other" {
 		return ""
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	t := u.state.Types[typeURL]
-	n := &messages.XDSNack{Nonce: nonce, Error: msg, At: u.svc.clock.Now()}
+	t := p.status.state.Types[typeURL]
+	n := &messages.XDSNack{Nonce: nonce, Error: msg, At: now}
 	if nonce != "" && nonce == t.SentNonce {
 		n.Version = t.SentVersion
 	}
 	t.NACK = n
 	t.NACKs++
-	u.state.Types[typeURL] = t
-	u.svc.m.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
-	u.publishState()
+	p.status.state.Types[typeURL] = t
+	p.m.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
+	p.publishState()
 	return n.Version
 }
 
-// publish sends XDSState and the matching Health, under u.mu.
-func (u *upstreamStatus) publish() {
-	u.publishState()
+// publish sends XDSState and the matching Health.
+func (p *proxyState) publish() {
+	u := &p.status
+	p.publishState()
 	if !u.failing {
-		u.svc.health.Report(messages.Ready, "")
+		p.health.Report(messages.Ready, "")
 		return
 	}
 	since := u.unreachableSince.Format(time.RFC3339)
 	if u.servingCache {
-		u.svc.health.Report(messages.Degraded, fmt.Sprintf("serving cached configuration, control plane %s unreachable since %s: %s",
-			u.svc.cfg.DiscoveryAddress, since, u.state.LastError))
+		p.health.Report(messages.Degraded, fmt.Sprintf("serving cached configuration, control plane %s unreachable since %s: %s",
+			p.cfg.DiscoveryAddress, since, u.state.LastError))
 		return
 	}
-	u.svc.health.Report(messages.Degraded, fmt.Sprintf("control plane %s unreachable since %s: %s",
-		u.svc.cfg.DiscoveryAddress, since, u.state.LastError))
+	p.health.Report(messages.Degraded, fmt.Sprintf("control plane %s unreachable since %s: %s",
+		p.cfg.DiscoveryAddress, since, u.state.LastError))
 }
 
-func (u *upstreamStatus) publishState() {
-	st := u.state
-	st.LastACK = maps.Clone(u.state.LastACK)
-	st.Types = make(map[string]messages.XDSTypeState, len(u.state.Types))
-	for k, t := range u.state.Types {
+// publishState sends a copy of XDSState: the status server keeps it while
+// the owner goes on changing its own.
+func (p *proxyState) publishState() {
+	st := p.status.state
+	st.LastACK = maps.Clone(p.status.state.LastACK)
+	st.Types = make(map[string]messages.XDSTypeState, len(p.status.state.Types))
+	for k, t := range p.status.state.Types {
 		if t.NACK != nil {
 			n := *t.NACK
 			t.NACK = &n
 		}
 		st.Types[k] = t
 	}
-	u.svc.out.State.Send(st)
+	p.out.Send(st)
 }
 
 // describe turns an upstream error into what an operator needs to read:
 // the two mistakes that look alike from afar, a refused token and an
 // unverifiable certificate, say so and name the file to check.
-func (s *Service) describe(err error) string {
+func (c Config) describe(err error) string {
 	if err == nil {
 		return ""
 	}
@@ -237,12 +255,12 @@ func (s *Service) describe(err error) string {
 	switch {
 	case st.Code() == codes.Unauthenticated || st.Code() == codes.PermissionDenied:
 		tok := "no token file configured"
-		if s.cfg.TokenFile != "" {
-			tok = "token from " + s.cfg.TokenFile
+		if c.TokenFile != "" {
+			tok = "token from " + c.TokenFile
 		}
 		return fmt.Sprintf("control plane rejected the agent's credentials (%s): %s: %s", tok, st.Code(), msg)
 	case strings.Contains(msg, "authentication handshake failed"):
-		return fmt.Sprintf("TLS handshake with the control plane failed (roots: %s, server name %q): %s", s.rootsDescription(), s.cfg.serverName(), msg)
+		return fmt.Sprintf("TLS handshake with the control plane failed (roots: %s, server name %q): %s", c.rootsDescription(), c.serverName(), msg)
 	case st.Code() == codes.Unknown:
 		return err.Error()
 	}
@@ -250,14 +268,14 @@ func (s *Service) describe(err error) string {
 }
 
 // rootsDescription names where the roots came from, for errors.
-func (s *Service) rootsDescription() string {
-	switch s.cfg.Roots {
+func (c Config) rootsDescription() string {
+	switch c.Roots {
 	case RootsFile:
-		return s.cfg.RootCAFile
+		return c.RootCAFile
 	case RootsSystem:
 		return "system roots (XDS_ROOT_CA=SYSTEM)"
 	case RootsCertBundle:
 		return "the file-mounted certificates' roots"
 	}
-	return s.cfg.Roots.String()
+	return c.Roots.String()
 }

@@ -7,22 +7,18 @@ import (
 	"sync"
 	"sync/atomic"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/messages"
 )
 
 // One Envoy stream and its control plane stream. Five goroutines:
 //
-//	reader     Envoy → queue (unbounded: it never blocks, istio/istio#39209)
-//	sender     queue → control plane
+//	reader     Envoy → requests (never blocks, istio/istio#39209)
+//	sender     requests → control plane
 //	receiver   control plane → responses (bounded: responseQueue)
 //	responder  responses → Envoy, or to the agent for its own types
 //	watchdog   ends a stalled stream (stall.go)
@@ -30,6 +26,9 @@ import (
 // and the handler's own, which waits for the first of them to fail, then
 // either returns (Envoy reconnects, as with Istio) or, when the control
 // plane could not be reached at all, serves the cache (offline.go).
+//
+// What they learn (subscriptions, ACKs, NACKs, the stall watch, the status)
+// they tell the proxy's state owner (owner.go), which keeps it.
 
 // responseQueue is how many responses wait between the control plane and
 // Envoy. With the one the receiver holds and the one being sent, at most
@@ -37,75 +36,25 @@ import (
 // control plane down (gRPC flow control) instead of growing a buffer.
 const responseQueue = 1
 
-// request is Envoy's request in either protocol.
-type request interface {
-	*discoveryv3.DiscoveryRequest | *discoveryv3.DeltaDiscoveryRequest
-	proto.Message
-	GetTypeUrl() string
-	GetResponseNonce() string
-	GetErrorDetail() *rpcstatus.Status
-	GetNode() *corev3.Node
-}
+// requestQueue bounds the requests waiting for the control plane (Envoy's,
+// and the agent's own). The queue must never block its writer: Envoy's
+// requests are read only by the goroutine that queues them, and if that
+// goroutine waited for the control plane while the control plane waited
+// for Envoy to read its pushes, both sides would be blocked in Send for
+// ever (istio/istio#39209; Istio's queue is unbounded). Nor may it drop
+// one, as messages.Stream's Send does: a lost subscription or ACK leaves
+// Envoy and the control plane out of step with nothing to bring them back.
+// So past the bound the stream ends (errRequestQueueFull), and Envoy
+// reconnects and restates what it wants on a new one (#26). Envoy sends
+// about one request per response it takes, and at most responseQueue+2
+// responses are in the proxy, so a working stream holds a handful; the
+// bound is there for a client that writes without reading while the
+// control plane does not read, which the stall watch would catch only
+// after StallTimeout.
+const requestQueue = messages.DefaultStreamBound
 
-// nackOf is the message of a request's error_detail, which makes it a
-// NACK: never empty then, so that "" means no NACK.
-func nackOf[R request](req R) string {
-	d := req.GetErrorDetail()
-	if d == nil {
-		return ""
-	}
-	if d.GetMessage() == "" {
-		return "rejected without a message"
-	}
-	return d.GetMessage()
-}
-
-// internalError is the error_detail of the agent's own requests (a NACK
-// of an agent type, Istio's report of an unhealthy workload): code
-// Internal, as Istio's agent sends.
-func internalError(msg string) *rpcstatus.Status {
-	return &rpcstatus.Status{Code: int32(codes.Internal), Message: msg}
-}
-
-// reqInfo is what the proxy learns from one of Envoy's requests.
-type reqInfo struct {
-	typeURL string
-	// acked: it acknowledges a response forwarded on this stream, whose
-	// version is version.
-	acked   bool
-	version string
-	// nack is the error_detail's message when Envoy rejected a response.
-	nack string
-}
-
-// flavor is what differs between State of the World (sotw.go) and Delta
-// (delta.go). observe runs on the reader, sending on the responder;
-// replay and answer on the handler, in cache mode only.
-type flavor[R request] interface {
-	mode() cacheMode
-	method() string
-	newRequest() R
-	// agentRequest is a request of the agent's own: a subscription, an
-	// ACK or NACK of an agent type (consumeAgent), a health report
-	// (healthRequest). version is the one the agent last accepted, sent
-	// where the protocol has one.
-	agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) R
-	// agentResource decodes a response of an agent type: its first
-	// resource and version (errEmptyResource when it has none).
-	agentResource(f *frame) (*anypb.Any, string, error)
-	// observe tracks Envoy's subscriptions and ACKs (feeding the cache when
-	// record is set); sending tracks a response about to reach Envoy.
-	observe(req R, record bool) reqInfo
-	sending(f *frame)
-	// awaitsAnswer: a control plane must answer req (the stall rule).
-	awaitsAnswer(req R) bool
-	// probeRequest is Envoy's first request, as a fresh subscription.
-	probeRequest() R
-	// replay answers, from the cache, every type Envoy asked for so far;
-	// answer answers one more request.
-	replay() []*frame
-	answer(req R) []*frame
-}
+var errRequestQueueFull = status.Errorf(codes.ResourceExhausted,
+	"more than %d requests wait for the control plane: ending the stream, reconnect to restate them", requestQueue)
 
 // outgoing is a request on its way to the control plane.
 type outgoing[R request] struct {
@@ -115,12 +64,17 @@ type outgoing[R request] struct {
 
 type stream[R request] struct {
 	svc  *Service
-	fl   flavor[R]
+	own  *owner
+	pr   protocol[R]
 	id   uint64
 	log  *slog.Logger
 	down grpc.ServerStream
 
-	queue *queue[outgoing[R]]
+	// owned is the stream's part of the proxy's state: the owner's alone.
+	owned streamState[R]
+
+	// requests wait here for the control plane (requestQueue).
+	requests *messages.Stream[outgoing[R]]
 	// diff is what the stream last sent Envoy, for the debug log of each
 	// push (pushdiff.go); nil until debug logging asks for it.
 	diff *pushDiff
@@ -139,9 +93,6 @@ type stream[R request] struct {
 	// (roots.go); one pending request is enough.
 	redialed chan struct{}
 
-	// initialSent: the agent's own requests went out after Envoy's first
-	// LDS request (guarded by svc.mu).
-	initialSent bool
 	// inflight counts responses received and not yet sent or consumed.
 	inflight atomic.Int64
 	// agentVersions: per agent type, the version last accepted
@@ -152,30 +103,30 @@ type stream[R request] struct {
 var errShuttingDown = status.Error(codes.Unavailable, "the agent's XDS proxy is shutting down")
 
 // serveStream is the body of both ADS handlers (adsServiceDesc): a new
-// stream, numbered, with the protocol newFlavor makes.
-func serveStream[R request, F flavor[R]](s *Service, newFlavor func(*Service, uint64) F, down grpc.ServerStream) error {
+// stream of Serve's run sv, numbered, in protocol pr.
+func serveStream[R request](sv *server, pr protocol[R], down grpc.ServerStream) error {
+	s := sv.svc
 	id := s.streamIDs.Add(1)
-	fl := newFlavor(s, id)
 	st := &stream[R]{
-		svc: s, fl: fl, id: id, down: down,
-		log:           s.log.With("stream", id, "protocol", fl.mode().String()),
-		queue:         newQueue[outgoing[R]](),
+		svc: s, own: sv.own, pr: pr, id: id, down: down,
+		log:           s.log.With("stream", id, "protocol", pr.mode().String()),
+		owned:         streamState[R]{tr: pr.newTracker(id), stall: newStallWatch(s.cfg.StallTimeout, s.clock.Now())},
+		requests:      messages.NewStream[outgoing[R]](requestQueue, nil),
 		firstReq:      make(chan struct{}),
 		readDone:      make(chan struct{}),
 		ended:         make(chan struct{}),
 		redialed:      make(chan struct{}, 1),
 		agentVersions: map[string]string{},
 	}
-	if err := s.register(st, peerOf(down.Context())); err != nil {
+	if err := sv.own.register(st, peerOf(down.Context())); err != nil {
 		return err
 	}
-	defer s.unregister(st)
+	defer sv.own.unregister(st)
 	st.log.Debug("Envoy stream opened")
 	// The reader outlives the handler by a moment (gRPC ends RecvMsg
 	// when the handler returns); Serve waits for it.
 	s.wg.Add(1)
 	go st.read()
-	s.status.connecting()
 	err := st.run()
 	st.log.Debug("Envoy stream closed", "error", err)
 	return err
@@ -202,12 +153,16 @@ func (st *stream[R]) redial() {
 	}
 }
 
-// health queues a health report, if the agent's first requests went out
-// (the control plane learns the node from Envoy's first; Istio waits for
-// the first LDS request). Called under svc.mu.
-func (st *stream[R]) health(h messages.WorkloadHealth) {
-	if st.initialSent {
-		st.queue.put(outgoing[R]{req: st.healthRequest(h), agent: true})
+// enqueue queues a request for the control plane; past requestQueue it
+// ends the stream instead (requestQueue says why). It never blocks.
+func (st *stream[R]) enqueue(o outgoing[R]) {
+	if !st.requests.TrySend(o) {
+		select {
+		case <-st.ended:
+		default:
+			st.log.Warn("ending the stream: too many requests wait for the control plane", "max", requestQueue)
+		}
+		st.end(errRequestQueueFull)
 	}
 }
 
@@ -218,11 +173,11 @@ func (st *stream[R]) healthRequest(h messages.WorkloadHealth) R {
 	if !h.Healthy {
 		detail = internalError(h.Reason)
 	}
-	return st.fl.agentRequest(healthInfoType, "", "", detail)
+	return st.pr.agentRequest(healthInfoType, "", "", detail)
 }
 
 // read forwards Envoy's requests to the queue, never blocking on the
-// control plane.
+// control plane, and tells the owner what they say.
 func (st *stream[R]) read() {
 	s := st.svc
 	defer s.wg.Done()
@@ -230,7 +185,7 @@ func (st *stream[R]) read() {
 	record := false
 	first := true
 	for {
-		req := st.fl.newRequest()
+		req := st.pr.newRequest()
 		if err := st.down.RecvMsg(req); err != nil {
 			if status.Code(err) == codes.ResourceExhausted {
 				st.log.Warn("refused a request on the XDS socket: larger than the bound", "max_bytes", maxRequestSize, "error", err)
@@ -239,46 +194,20 @@ func (st *stream[R]) read() {
 			return
 		}
 		if first {
-			first = false
 			st.node = req.GetNode().GetId()
 			record = s.records(st.node)
+		}
+		st.observed(req, record)
+		if first {
+			// After the owner has it: whoever waits for the first
+			// request (canServeCache) then finds it tracked.
+			first = false
 			close(st.firstReq)
 		}
-		info := st.fl.observe(req, record)
-		if info.acked {
-			s.status.ack(info.typeURL, info.version)
-		}
-		if info.nack != "" {
-			nonce := req.GetResponseNonce()
-			version := s.status.nacked(info.typeURL, nonce, info.nack)
-			st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "version", version,
-				"nonce", nonce, "error", info.nack)
-		}
-		st.queue.put(outgoing[R]{req: req})
-		if info.typeURL == listenerType {
+		st.enqueue(outgoing[R]{req: req})
+		if req.GetTypeUrl() == listenerType {
 			st.sendInitial()
 		}
-	}
-}
-
-// sendInitial queues the agent's own requests after Envoy's first LDS
-// request, as Istio does: NDS, ProxyConfig, and the last health report.
-func (st *stream[R]) sendInitial() {
-	s := st.svc
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st.initialSent {
-		return
-	}
-	st.initialSent = true
-	if s.cfg.NDS {
-		st.queue.put(outgoing[R]{req: st.fl.agentRequest(nameTableType, "", "", nil), agent: true})
-	}
-	if s.cfg.ProxyConfigXDS {
-		st.queue.put(outgoing[R]{req: st.fl.agentRequest(proxyConfigType, "", "", nil), agent: true})
-	}
-	if s.cfg.HealthUpdates && s.lastHealth != nil {
-		st.queue.put(outgoing[R]{req: st.healthRequest(*s.lastHealth), agent: true})
 	}
 }
 
@@ -300,7 +229,7 @@ type liveEnd struct {
 // run connects upstream and proxies until one side ends.
 func (st *stream[R]) run() error {
 	s := st.svc
-	up, err := s.openUpstream(st.down.Context(), st.fl.method())
+	up, err := s.openUpstream(st.down.Context(), st.pr.method())
 	if err != nil {
 		s.m.istiodFailures.Inc()
 		return st.upstreamFailed(err)
@@ -326,7 +255,7 @@ func (st *stream[R]) run() error {
 			// unreachable: the cache may serve.
 			return st.upstreamFailed(end.err)
 		}
-		s.status.failed(end.err, false)
+		st.own.failed(end.err, false)
 		return end.err
 	}
 	s.m.istiodTerminations.WithLabelValues(terminationLabel(end.err)).Inc()
@@ -339,8 +268,8 @@ func (st *stream[R]) run() error {
 		st.log.Info("control plane ended the stream; Envoy reconnects", "error", end.err)
 		return envoyError(end.err)
 	}
-	st.log.Warn("control plane stream failed; ending Envoy's stream so that it reconnects", "error", s.describe(end.err))
-	s.status.failed(end.err, false)
+	st.log.Warn("control plane stream failed; ending Envoy's stream so that it reconnects", "error", s.cfg.describe(end.err))
+	st.own.failed(end.err, false)
 	return envoyError(end.err)
 }
 
@@ -353,8 +282,8 @@ func (st *stream[R]) upstreamFailed(err error) error {
 	if st.canServeCache() {
 		return st.serveCache(err)
 	}
-	st.log.Warn("cannot reach the control plane; ending Envoy's stream so that it retries", "address", s.cfg.DiscoveryAddress, "error", s.describe(err))
-	s.status.failed(err, false)
+	st.log.Warn("cannot reach the control plane; ending Envoy's stream so that it retries", "address", s.cfg.DiscoveryAddress, "error", s.cfg.describe(err))
+	st.own.failed(err, false)
 	return envoyError(err)
 }
 
@@ -368,17 +297,19 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 	upErr := make(chan error, 2)
 	downErr := make(chan error, 1)
 	stallErr := make(chan error, 1)
+	// Responses wait in a channel, not a queue: the receiver must block
+	// when it is full, so that gRPC's flow control slows the control plane
+	// down to Envoy's pace.
 	resps := make(chan *frame, responseQueue)
-	watch := newStallWatch(s.clock, s.cfg.StallTimeout, func() bool { return st.inflight.Load() > 0 })
 	var answered atomic.Bool
 
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); st.sendUpstream(up, watch, done, upErr) }()
-	go func() { defer wg.Done(); st.receiveUpstream(up, watch, &answered, resps, done, upErr) }()
+	go func() { defer wg.Done(); st.sendUpstream(up, done, upErr) }()
+	go func() { defer wg.Done(); st.receiveUpstream(up, &answered, resps, done, upErr) }()
 	go func() {
 		defer wg.Done()
-		if err := watch.watch(done); err != nil {
+		if err := st.watchStall(done); err != nil {
 			stallErr <- err
 		}
 	}()
@@ -407,24 +338,25 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 	return end
 }
 
-func (st *stream[R]) sendUpstream(up *upstream, watch *stallWatch, done <-chan struct{}, upErr chan<- error) {
+func (st *stream[R]) sendUpstream(up *upstream, done <-chan struct{}, upErr chan<- error) {
 	s := st.svc
 	for {
 		select {
-		case <-st.queue.ready:
+		case <-st.requests.Ready():
 		case <-done:
 			return
 		}
-		for _, o := range st.queue.take() {
+		for _, o := range st.requests.Take() {
 			t := o.req.GetTypeUrl()
-			if !o.agent && st.fl.awaitsAnswer(o.req) {
-				watch.asked(t)
+			asked := ""
+			if !o.agent && st.pr.awaitsAnswer(o.req) {
+				asked = t
 			}
 			s.m.requests.Inc()
 			s.m.messages.WithLabelValues(typeLabel(t), dirRequest).Inc()
-			watch.sendStart()
+			st.sendStart(asked)
 			err := up.stream.SendMsg(o.req)
-			watch.sendDone()
+			st.sendDone()
 			if err != nil {
 				// io.EOF: the stream is over, and the receiver reads why.
 				if !errors.Is(err, io.EOF) {
@@ -436,7 +368,7 @@ func (st *stream[R]) sendUpstream(up *upstream, watch *stallWatch, done <-chan s
 	}
 }
 
-func (st *stream[R]) receiveUpstream(up *upstream, watch *stallWatch, answered *atomic.Bool,
+func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
 	resps chan<- *frame, done <-chan struct{}, upErr chan<- error,
 ) {
 	s := st.svc
@@ -446,10 +378,10 @@ func (st *stream[R]) receiveUpstream(up *upstream, watch *stallWatch, answered *
 			upErr <- err
 			return
 		}
-		watch.answered(f.typeURL)
+		st.answered(f.typeURL)
 		if !answered.Swap(true) {
 			st.log.Info("connected to the control plane", "address", s.cfg.DiscoveryAddress)
-			s.status.connected()
+			st.own.connected()
 		}
 		s.m.responses.Inc()
 		label := typeLabel(f.typeURL)
@@ -492,8 +424,7 @@ func (st *stream[R]) handleResponse(f *frame) error {
 		st.log.Error("not forwarding a response of a type Envoy does not know", "type_url", f.typeURL)
 		return nil
 	}
-	st.fl.sending(f)
-	st.svc.status.sent(f)
+	st.sending(f)
 	st.logPushDiff(f)
 	return st.down.SendMsg(f)
 }
@@ -512,14 +443,14 @@ func (st *stream[R]) records() bool {
 // consumeAgent applies a response of an agent type and ACKs or NACKs it
 // upstream; it never reaches Envoy.
 func (st *stream[R]) consumeAgent(f *frame) {
-	res, version, err := st.fl.agentResource(f)
+	res, version, err := st.pr.agentResource(f)
 	switch {
 	case errors.Is(err, errEmptyResource):
 		err = nil
 	case err == nil:
 		err = st.svc.consume(f.typeURL, res, version)
 		if err == nil && f.typeURL == nameTableType && st.records() {
-			st.svc.lkg.putNames(res.GetValue(), version)
+			st.own.putNames(res.GetValue(), version)
 		}
 	}
 	// The reply ACKs (no error detail) or NACKs the response, with the
@@ -527,11 +458,11 @@ func (st *stream[R]) consumeAgent(f *frame) {
 	var reply R
 	if err != nil {
 		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.typeURL, "version", version, "nonce", f.nonce, "error", err)
-		reply = st.fl.agentRequest(f.typeURL, st.agentVersions[f.typeURL], f.nonce, internalError(err.Error()))
+		reply = st.pr.agentRequest(f.typeURL, st.agentVersions[f.typeURL], f.nonce, internalError(err.Error()))
 	} else {
 		st.agentVersions[f.typeURL] = f.version
-		st.svc.status.ack(f.typeURL, f.version)
-		reply = st.fl.agentRequest(f.typeURL, f.version, f.nonce, nil)
+		st.own.ack(f.typeURL, f.version)
+		reply = st.pr.agentRequest(f.typeURL, f.version, f.nonce, nil)
 	}
-	st.queue.put(outgoing[R]{req: reply, agent: true})
+	st.enqueue(outgoing[R]{req: reply, agent: true})
 }
