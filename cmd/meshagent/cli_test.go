@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -9,8 +10,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -155,4 +158,21 @@ func TestStartErrorsNameTheCauseOnce(t *testing.T) {
 			t.Errorf("%q: %d lines, want the one error:\n%s", c.args, lines, stderr)
 		}
 	}
+}
+
+// configureOnHost runs a command line (proxy, standalone, vm) on host up to
+// the agent it would start, and returns that agent's configuration, or nil
+// with the exit code and what the command wrote.
+func configureOnHost(host config.Host, args ...string) (*config.Agent, int, string) {
+	var out bytes.Buffer
+	var built *config.Agent
+	code := execute(&cliContext{args: args, host: host, stdout: &out, stderr: &out,
+		startAgent: func(cfg *config.Agent, _ *prometheus.Registry, _ *slog.Logger) error {
+			built = cfg
+			return nil
+		}})
+	if code != 0 || built == nil {
+		return nil, max(code, 1), out.String()
+	}
+	return built, 0, out.String()
 }

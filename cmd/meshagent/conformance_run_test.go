@@ -29,6 +29,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -231,12 +232,12 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		addrs = append(addrs, netip.MustParsePrefix(a))
 	}
 	addrs = append(addrs, netip.MustParsePrefix("fe80::1/64")) // eth0's link-local address
-	host := hostInputs{
-		env:            mapEnvironment(env),
-		euid:           0,
-		interfaceAddrs: func() ([]netip.Prefix, error) { return addrs, nil },
-		lookupUID:      func(string) (string, error) { return "", errors.New("no users here") },
-		resolvConf:     filepath.Join(root, "resolv.conf"),
+	host := config.Host{
+		Env:            config.MapEnvironment(env),
+		EUID:           0,
+		InterfaceAddrs: func() ([]netip.Prefix, error) { return addrs, nil },
+		LookupUID:      func(string) (string, error) { return "", errors.New("no users here") },
+		ResolvConf:     filepath.Join(root, "resolv.conf"),
 	}
 	out := confOutput{norm: normalizer{root: root, envoy: "<envoy>"}}
 	// The proxy command's arguments; relative paths are the agent's
@@ -249,12 +250,12 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		t.Fatal(err)
 	}
 	defer func() { _ = os.Chdir(wd) }()
-	cfg, err := parseOnHost(t, host, append(c.command(root)[1:], "--root", root)...)
-	if err != nil {
-		out.Outcome, out.ExitCode, out.log = outcomeFailed, 2, err.Error()
+	cfg, code, output := configureOnHost(host, append(c.command(root), "--root", root)...)
+	if cfg == nil {
+		out.Outcome, out.ExitCode, out.log = outcomeFailed, code, output
 		return out
 	}
-	ec := cfg.tree.Envoy
+	ec := cfg.Tree.Envoy
 	if ec == nil {
 		out.Outcome, out.log = outcomeRunning, "no Envoy (DISABLE_ENVOY)"
 		return out

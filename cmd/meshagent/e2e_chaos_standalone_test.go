@@ -167,7 +167,7 @@ type chaosRun struct {
 // chaos service, the generation's external address).
 func (c *chaosRun) writeMesh() {
 	c.t.Helper()
-	writeFile(c.t, c.mesh, fmt.Sprintf(`domain: cluster.local
+	testkit.WriteFile(c.t, c.mesh, []byte(fmt.Sprintf(`domain: cluster.local
 services:
   - name: reviews
     namespace: default
@@ -186,7 +186,7 @@ services:
 externalNames:
   - host: api.example.com
     ips: [%s]
-`, c.chaosService(), c.chaosVIP(), c.externalIP()))
+`, c.chaosService(), c.chaosVIP(), c.externalIP())))
 }
 
 func (c *chaosRun) chaosService() string { return fmt.Sprintf("chaos-%d", c.meshGen) }

@@ -27,9 +27,9 @@ func TestAgentChaos(t *testing.T) {
 	rounds := testkit.ChaosRounds(8, 200, 8)
 	dir := t.TempDir()
 	table := filepath.Join(dir, "names.json")
-	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)
+	testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`))
 	resolv := filepath.Join(dir, "resolv.conf")
-	writeFile(t, resolv, "nameserver 127.0.0.1\noptions port:1\n")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\n"))
 	p := startAgent(t, []string{fmt.Sprintf("DNS_PROXY_ADDR=127.0.0.1:%d", freePort(t))},
 		"--name-table", table, "--resolv-conf", resolv, "--chaos", "--envoy-restarts", "1000",
 		// Kills every moment would grow the backoff to its 30s cap.
@@ -147,7 +147,7 @@ func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certific
 	t.Helper()
 	dir := filepath.Join(p.root, "etc/certs")
 	for _, f := range []string{"cert-chain.pem", "key.pem"} {
-		writeFile(t, filepath.Join(dir, f), "-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+		testkit.WriteFile(t, filepath.Join(dir, f), []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"))
 	}
 	// Past the file debounce (100 ms): nothing new is pushed, and the agent
 	// stays ready on the last good certificate.
@@ -168,7 +168,7 @@ func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certific
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeFile(t, filepath.Join(dir, f), string(b))
+		testkit.WriteFile(t, filepath.Join(dir, f), []byte(string(b)))
 	}
 	want := readCertificate(t, filepath.Join(dir, "cert-chain.pem"))
 	for {

@@ -17,9 +17,9 @@ import (
 func TestAgentDNSFromNameTable(t *testing.T) {
 	dir := t.TempDir()
 	table := filepath.Join(dir, "names.json")
-	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
+	testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`))
 	resolv := filepath.Join(dir, "resolv.conf")
-	writeFile(t, resolv, "nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n"))
 	dnsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	p := startAgent(t, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv, "--chaos")
 	p.waitStatus(t, "/healthz/ready", 200)
@@ -53,7 +53,7 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 	}
 
 	// A new table file is picked up without a restart.
-	writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.8"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`)
+	testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.8"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`))
 	testkit.WaitFor(t, "the table reloaded", func() bool { ips, _ := ask("reviews"); return len(ips) == 1 && ips[0] == "10.0.0.8" })
 
 	// Kill the DNS proxy: the tree restarts it and it answers again.

@@ -39,7 +39,7 @@ func TestAgentRestartDuringOutageTurnsReadyWithDNS(t *testing.T) {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	resolv := filepath.Join(root, "resolv.conf")
-	writeFile(t, resolv, "nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n"))
 	ports := freePorts(t, 5)
 	dnsAddr := fmt.Sprintf("127.0.0.1:%d", ports[4])
 	agent := func() *agentProcess {

@@ -208,12 +208,12 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 	}
 	dir := t.TempDir()
 	resolv := filepath.Join(dir, "resolv.conf")
-	writeFile(t, resolv, upstream.ResolvConf())
+	testkit.WriteFile(t, resolv, []byte(upstream.ResolvConf()))
 	env := []string{"DNS_PROXY_ADDR=" + a.dnsAddr}
 	args := []string{"--resolv-conf", resolv}
 	if tableFile {
 		table := filepath.Join(dir, "names.json")
-		writeFile(t, table, `{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`)
+		testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`))
 		args = append(args, "--name-table", table)
 	} else {
 		env = append(env, "ISTIO_META_DNS_CAPTURE=true")

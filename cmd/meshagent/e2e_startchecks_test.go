@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -89,7 +90,7 @@ func TestBadIdentityAndBootstrapVariablesAreConfigurationErrors(t *testing.T) {
 
 func TestEnvoyBinaryIsCheckedAtStart(t *testing.T) {
 	notExec := filepath.Join(t.TempDir(), "envoy")
-	writeFile(t, notExec, "#!/bin/sh\n")
+	testkit.WriteFile(t, notExec, []byte("#!/bin/sh\n"))
 	for _, c := range []struct {
 		binary string
 		want   string
@@ -125,7 +126,7 @@ func TestSecondAgentOnTheSameRootIsRefused(t *testing.T) {
 		t.Fatalf("second agent on the root: exit %d, want 2; log:\n%s", code, second.stderr.String())
 	}
 	testkit.Contains(t, "the second agent's error", second.stderr.String(), "another agent runs on this root",
-		fmt.Sprintf("pid %d", first.cmd.Process.Pid), filepath.Join(first.root, configPathDir, rootLockFile))
+		fmt.Sprintf("pid %d", first.cmd.Process.Pid), filepath.Join(first.root, config.ConfigPathDir, rootLockFile))
 	first.waitStatus(t, "/healthz/ready", 200) // undisturbed
 	// The lock goes with its agent: the next one on the root starts.
 	first.stopWith(t, syscall.SIGTERM)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -192,14 +193,14 @@ func TestVMOnboardingUnderSystemd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRootFile(t, root, "usr/local/bin/envoy", string(bin))
+	testkit.WriteFile(t, config.Rooted(root, "usr/local/bin/envoy"), bin)
 	if err := os.Chmod(envoyCopy, 0o755); err != nil {
 		t.Fatal(err)
 	}
 
 	// The VM bundle (istioctl x workload entry configure), Istio's paths.
 	caRoot := pki.NewRoot(t, "vm test root")
-	writeRootFile(t, root, clusterEnvFile, `# istioctl x workload entry configure
+	testkit.WriteFile(t, config.Rooted(root, config.ClusterEnvFile), []byte(`# istioctl x workload entry configure
 CANONICAL_REVISION='latest'
 CANONICAL_SERVICE='vm-app'
 ISTIO_INBOUND_PORTS='*'
@@ -214,10 +215,10 @@ TRUST_DOMAIN='cluster.local'
 PILOT_ADDRESS='10.99.0.2:15010'
 ISTIO_CP_AUTH='NONE'
 CA_ADDR='127.0.0.1:15012'
-`)
-	writeRootFile(t, root, meshConfigFile, fmt.Sprintf("defaultConfig:\n  binaryPath: %s\n  terminationDrainDuration: 1s\n", envoyCopy))
-	writeRootFile(t, root, vmCertsDir+"/root-cert.pem", string(caRoot.CertPEM))
-	writeRootFile(t, root, tokenFile, "vm-token")
+`))
+	testkit.WriteFile(t, config.Rooted(root, config.MeshConfigFile), []byte(fmt.Sprintf("defaultConfig:\n  binaryPath: %s\n  terminationDrainDuration: 1s\n", envoyCopy)))
+	testkit.WriteFile(t, config.Rooted(root, config.VMCertsDir+"/root-cert.pem"), caRoot.CertPEM)
+	testkit.WriteFile(t, config.Rooted(root, config.TokenFile), []byte("vm-token"))
 	// The control plane is across a veth: the agent's connection to it
 	// leaves through the capture rules. (The CA serves on loopback only,
 	// which the rules never capture.)
@@ -268,7 +269,7 @@ CA_ADDR='127.0.0.1:15012'
 	}
 	// The certificate came from the CA, over TLS verified with the VM's
 	// root: written where istio-start.sh's OUTPUT_CERTS points.
-	if _, err := os.Stat(rooted(root, vmCertsDir+"/cert-chain.pem")); err != nil {
+	if _, err := os.Stat(config.Rooted(root, config.VMCertsDir+"/cert-chain.pem")); err != nil {
 		t.Fatalf("no certificate from the CA in OUTPUT_CERTS: %v", err)
 	}
 
@@ -299,12 +300,12 @@ CA_ADDR='127.0.0.1:15012'
 	// (`vm clean`) removes them, unless ISTIO_CUSTOM_IP_TABLES=true says
 	// they are not ours.
 	netnsRun(t, ns, agentBinary, "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-b", "*")
-	writeRootFile(t, root, sidecarEnvFile, "ISTIO_CUSTOM_IP_TABLES='true'\n")
+	testkit.WriteFile(t, config.Rooted(root, config.SidecarEnvFile), []byte("ISTIO_CUSTOM_IP_TABLES='true'\n"))
 	netnsRun(t, ns, agentBinary, "vm", "clean", "--root", root)
 	if after := netnsRun(t, ns, "iptables-save"); !strings.Contains(after, "ISTIO_OUTPUT") {
 		t.Fatalf("vm clean removed rules despite ISTIO_CUSTOM_IP_TABLES=true:\n%s", after)
 	}
-	if err := os.Remove(rooted(root, sidecarEnvFile)); err != nil {
+	if err := os.Remove(config.Rooted(root, config.SidecarEnvFile)); err != nil {
 		t.Fatal(err)
 	}
 	netnsRun(t, ns, agentBinary, "vm", "clean", "--root", root)

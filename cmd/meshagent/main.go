@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -44,8 +47,20 @@ func calledAs(argv0 string) string {
 type cliContext struct {
 	name           string // what help and errors call the command; "" is meshagent
 	args           []string
-	host           hostInputs
+	host           config.Host
 	stdout, stderr io.Writer
+	// startAgent runs an agent command's built configuration (nil:
+	// runAgent). Tests that check what a command line configures take the
+	// configuration here instead of running it.
+	startAgent func(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error
+}
+
+// start runs the agent a command built.
+func (cli *cliContext) start(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
+	if cli.startAgent != nil {
+		return cli.startAgent(cfg, reg, log)
+	}
+	return runAgent(cfg, reg, log)
 }
 
 // execute runs cli's command line and returns the exit code.

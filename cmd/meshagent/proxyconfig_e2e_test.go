@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -35,7 +36,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, mesh, string(sample))
+	testkit.WriteFile(t, mesh, []byte(string(sample)))
 	// A certificate that does not rotate while the test compares it.
 	p := startStandalone(t, mesh, "", "--cert-lifetime", "1h")
 	p.waitStatus(t, "/healthz/ready", 200)

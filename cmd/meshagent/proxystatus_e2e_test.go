@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // proxy-status on a running `meshagent standalone` with the stand-in Envoy
@@ -21,7 +23,7 @@ func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	mesh := t.TempDir() + "/mesh.yaml"
-	writeFile(t, mesh, string(sample))
+	testkit.WriteFile(t, mesh, []byte(string(sample)))
 	p := startStandalone(t, mesh, "")
 	p.waitStatus(t, "/healthz/ready", 200)
 
@@ -46,7 +48,7 @@ func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
 
 	// A service whose cluster the stand-in rejects, as Envoy rejects a
 	// cluster it cannot load.
-	writeFile(t, mesh, strings.Replace(string(sample), "\nexternalNames:", `
+	testkit.WriteFile(t, mesh, []byte(strings.Replace(string(sample), "\nexternalNames:", `
   - name: rejected-svc
     namespace: default
     vip: 10.96.0.99
@@ -54,13 +56,13 @@ func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
       - port: 9080
         protocol: http
         endpoints: []
-`+"\nexternalNames:", 1))
+`+"\nexternalNames:", 1)))
 	waitUntil(t, "cds NACKED", cdsRow("NACKED"), status)
 	rejected := "outbound|9080||rejected-svc.default.svc.cluster.local"
 	if out := status(); !strings.Contains(out, rejected) || !strings.Contains(out, "rejected by FAKE_ENVOY_REJECT_NAME") {
 		t.Errorf("proxy-status does not show Envoy's error naming %s:\n%s", rejected, out)
 	}
-	writeFile(t, mesh, string(sample))
+	testkit.WriteFile(t, mesh, []byte(string(sample)))
 	waitUntil(t, "cds SYNCED after a push Envoy takes", cdsRow("SYNCED"), status)
 
 	// The control plane held down, Envoy restarted: it is served the cache.

@@ -24,14 +24,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"golang.org/x/sys/unix"
 )
 
 // rootLockFile is the lock's name in configPath.
 const rootLockFile = "meshagent.lock"
-
-// errRootLocked: another agent holds the root's lock.
-var errRootLocked = errors.New("another agent runs on this root")
 
 // lockRoot takes the lock in dir (created if missing) and writes this
 // process's PID into it. The returned Closer releases it. A lock another
@@ -50,7 +48,7 @@ func lockRoot(dir string) (io.Closer, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		defer f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s holds the lock %s", errRootLocked, lockHolder(f), path)
+			return nil, fmt.Errorf("%w: %s holds the lock %s", config.ErrRootLocked, lockHolder(f), path)
 		}
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}

@@ -48,7 +48,7 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, mesh, string(sample))
+	testkit.WriteFile(t, mesh, []byte(string(sample)))
 	upstream := startUpstreamResolver(t)
 	p := startStandalone(t, mesh, upstream, "--cert-lifetime", "10s")
 
@@ -103,7 +103,7 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 	details := "  - name: details\n    namespace: default\n    vip: 10.96.0.12\n    ports:\n" +
 		"      - port: 9080\n        protocol: http\n        endpoints: [127.0.0.1:19083]\n\n"
 	edited := strings.Replace(string(sample), "externalNames:", details+"externalNames:", 1)
-	writeFile(t, mesh, edited)
+	testkit.WriteFile(t, mesh, []byte(edited))
 	p.waitConfigDump(t, "outbound|9080||details.default.svc.cluster.local")
 	p.waitDNS(t, "details.default.svc.cluster.local", "10.96.0.12")
 
@@ -111,7 +111,7 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 	// agent stays ready, and the control plane's line in /debug/tree says
 	// why.
 	bad := strings.Replace(edited, "vip: 10.96.0.12", "vip: 10.96.0.300", 1)
-	writeFile(t, mesh, bad)
+	testkit.WriteFile(t, mesh, []byte(bad))
 	// The control plane names the line of the service that is wrong.
 	badLine := fmt.Sprintf("line %d", 1+strings.Count(bad[:strings.Index(bad, "- name: details")], "\n"))
 	p.waitTreeLine(t, "── controlplane", "rejected")
@@ -148,13 +148,13 @@ func TestStandaloneRunsTheSampleMesh(t *testing.T) {
 // port 53; "" forwards to a loopback address where nothing answers).
 func startStandalone(t *testing.T, mesh, upstream string, args ...string) *standaloneProcess {
 	t.Helper()
-	root := testRoot(t)
+	root := testkit.ShortTempDir(t, "ma")
 	if upstream == "" {
 		upstream = "127.0.0.1"
 		t.Log("no resolver of the test's own: names outside the mesh are not checked")
 	}
 	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	writeFile(t, resolv, "nameserver "+upstream+"\nsearch default.svc.cluster.local svc.cluster.local cluster.local\n")
+	testkit.WriteFile(t, resolv, []byte("nameserver "+upstream+"\nsearch default.svc.cluster.local svc.cluster.local cluster.local\n"))
 	ports := freePorts(t, 7)
 	status, admin, envoyStatus, prom, dnsPort, cp, ca := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
 	cmd := exec.Command(agentBinary, append([]string{"standalone", "--root", root, "--mesh", mesh, "--chaos",

@@ -1,4 +1,4 @@
-package main
+package config
 
 // The configuration pipeline of `proxy`, in one function: the flags, the
 // environment, the host and the files under --root go in, every service's
@@ -8,7 +8,7 @@ package main
 //	                │
 //	environment, host, files ──► buildAgentConfig
 //	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
-//	                │   the root's lock, one agent per root (rootlock.go)
+//	                │   the root's lock, one agent per root (Host.LockRoot: cmd's rootlock.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
 //	                │   Istio's names and paths from istio.go
 //	                ▼
@@ -38,58 +38,65 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/nametable"
 	"github.com/meshagent/meshagent/tree"
 )
 
 // agentInputs is everything a `proxy` run is configured from.
-type agentInputs struct {
-	flags *proxyFlags
-	args  []string // positional: the proxy type
-	logs  logOptions
-	host  hostInputs
+type Inputs struct {
+	Flags *ProxyFlags
+	Args  []string // positional: the proxy type
+	// LogLevel and LogAsJSON are Istio's --log_output_level and
+	// --log_as_json: the level is checked with the other values, and Envoy
+	// logs as JSON when the agent does.
+	LogLevel  string
+	LogAsJSON bool
+	// Version is the agent's version: Envoy's node metadata, the start log.
+	Version string
+	Host    Host
 	// gatherer is the metrics registry the status server serves.
-	gatherer prometheus.Gatherer
+	Gatherer prometheus.Gatherer
 	// problems holds the bad values found so far (the flags'); the build
 	// adds its own and reports them all. Nil: none yet.
-	problems *problems
+	Problems *Problems
 	// log receives warnings while building (unknown ProxyConfig fields).
-	log *slog.Logger
+	Log *slog.Logger
 	// standalone is what `meshagent standalone` adds (standaloneconfig.go):
 	// a ProxyConfig layer under the user's and the embedded peers. Nil for
 	// `proxy`.
 	standalone *standaloneLayer
 	// envoyRunAs, when not nil, is the uid/gid Envoy runs as (`meshagent
 	// vm`); the agent's sockets are then chowned to it.
-	envoyRunAs *envoy.Credential
+	EnvoyRunAs *envoy.Credential
 	// noCapture leaves iptables alone: no capture service
 	// (ISTIO_CUSTOM_IP_TABLES=true on a VM).
-	noCapture bool
+	NoCapture bool
 }
 
 // agentConfig is the agent as built: the tree's config, and what the start
 // log line shows besides it.
-type agentConfig struct {
-	proxyType string
-	root      string
-	proxy     *meshconfig.ProxyConfig
-	tree      tree.Config
-	// lock is the root's lock (rootlock.go), held while the agent runs;
+type Agent struct {
+	ProxyType string
+	Root      string
+	Proxy     *meshconfig.ProxyConfig
+	Tree      tree.Config
+	// Version is the agent's version, as built.
+	Version string
+	// lock is the root's lock (Host.LockRoot), held while the agent runs;
 	// nil when none was taken.
 	lock io.Closer
-	// env is the environment the config was built from (standalone's and a
+	// Env is the environment the config was built from (standalone's and a
 	// VM's are layered on the process's): its Reads are what the start read.
-	env *config.Reader
-	// gogc is GOGC as the operator set it (even empty); nil: the agent
-	// sets its own GC target (memory.go).
-	gogc *string
+	Env *Reader
+	// GOGC is GOGC as the operator set it (even empty); nil: the agent
+	// sets its own GC target (cmd's memory.go).
+	GOGC *string
 }
 
-// release drops the root's lock: at exit, or when the run stops before
+// Release drops the root's lock: at exit, or when the run stops before
 // the tree starts (in-process tests run many commands on one root).
-func (c *agentConfig) release() {
+func (c *Agent) Release() {
 	if c != nil && c.lock != nil {
 		c.lock.Close()
 		c.lock = nil
@@ -124,98 +131,98 @@ type sharedVars struct {
 
 func readSharedVars(r envReader) sharedVars {
 	return sharedVars{
-		provCert:           envVar(r, "PROV_CERT", "", config.ParseString),
-		outputCerts:        envVar(r, "OUTPUT_CERTS", "", config.ParseString),
-		istiodSAN:          envVar(r, "ISTIOD_SAN", "", config.ParseString),
-		clusterID:          envVar(r, "ISTIO_META_CLUSTER_ID", "", config.ParseString),
-		workloadSocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, config.ParseString),
+		provCert:           envVar(r, "PROV_CERT", "", ParseString),
+		outputCerts:        envVar(r, "OUTPUT_CERTS", "", ParseString),
+		istiodSAN:          envVar(r, "ISTIOD_SAN", "", ParseString),
+		clusterID:          envVar(r, "ISTIO_META_CLUSTER_ID", "", ParseString),
+		workloadSocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, ParseString),
 	}
 }
 
 // buildAgentConfig turns the inputs into every service's config, validated.
 // Every bad value — of a flag, a variable, a file, a service's config — is
 // in the error, each naming where it came from and the value.
-func buildAgentConfig(in agentInputs) (*agentConfig, error) {
-	p := in.problems
+func Build(in Inputs) (*Agent, error) {
+	p := in.Problems
 	if p == nil {
-		p = &problems{}
+		p = &Problems{}
 	}
-	r := envReader{env: in.host.env, problems: p}
-	f := in.flags
-	c := &agentConfig{proxyType: "sidecar", root: checkRoot(f.root, p), env: in.host.env}
-	if v, ok := in.host.env.Lookup("GOGC"); ok {
-		c.gogc = &v
+	r := envReader{Env: in.Host.Env, Problems: p}
+	f := in.Flags
+	c := &Agent{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
+	if v, ok := in.Host.Env.Lookup("GOGC"); ok {
+		c.GOGC = &v
 	}
-	if len(in.args) > 0 {
-		c.proxyType = in.args[0]
+	if len(in.Args) > 0 {
+		c.ProxyType = in.Args[0]
 	}
 	switch {
-	case len(in.args) > 1:
-		p.addf("proxy: %q: want at most one argument, the proxy type", in.args)
-	case c.proxyType != "sidecar" && c.proxyType != "router" && c.proxyType != "waypoint":
-		p.addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", config.QuoteValue(c.proxyType))
+	case len(in.Args) > 1:
+		p.Addf("proxy: %q: want at most one argument, the proxy type", in.Args)
+	case c.ProxyType != "sidecar" && c.ProxyType != "router" && c.ProxyType != "waypoint":
+		p.Addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", QuoteValue(c.ProxyType))
 		// Reported once: the rest of the build goes on as a sidecar, so
 		// that the bootstrap's check does not say it again (#21).
-		c.proxyType = "sidecar"
+		c.ProxyType = "sidecar"
 	}
-	if _, err := parseLogLevel(in.logs.outputLevel); err != nil {
-		p.add(err)
+	if _, err := ParseLogLevel(in.LogLevel); err != nil {
+		p.Add(err)
 	}
 	if f.stsPort != 0 {
-		p.addf("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
+		p.Addf("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
 	}
 	if f.restartMaxDelay < 100*time.Millisecond {
-		p.addf("--restart-max-delay %s: must be at least 100ms (the first restart's delay)", f.restartMaxDelay)
+		p.Addf("--restart-max-delay %s: must be at least 100ms (the first restart's delay)", f.restartMaxDelay)
 	}
 	if f.envoyRestartWindow <= 0 {
-		p.addf("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
+		p.Addf("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
 	}
-	if c.root == "" {
-		return nil, p.err() // nothing under it can be read
+	if c.Root == "" {
+		return nil, p.Err() // nothing under it can be read
 	}
 
-	pod := podConfig(r, f, in.host)
-	meshFile := meshConfigFile
+	pod := podConfig(r, f, in.Host)
+	meshFile := MeshConfigFile
 	if f.meshConfig != nil {
 		meshFile = *f.meshConfig
 	}
 	pc, err := loadProxyConfig(proxyConfigSources{
 		injected:        in.standalone.proxyConfigLayer(),
-		meshConfigFile:  rooted(c.root, meshFile),
+		meshConfigFile:  Rooted(c.Root, meshFile),
 		meshConfigFlag:  f.meshConfig,
-		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", config.ParseString),
-		annotationsFile: rooted(c.root, podAnnotationsFile),
-	}, in.log)
+		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", ParseString),
+		annotationsFile: Rooted(c.Root, podAnnotationsFile),
+	}, in.Log)
 	if err != nil {
-		p.add(err)
-		return nil, p.err() // every service's config depends on it
+		p.Add(err)
+		return nil, p.Err() // every service's config depends on it
 	}
-	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", config.ParseCount), f.concurrency, in.log)
+	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", ParseCount), f.concurrency, in.Log)
 	if err := validateProxyConfig(pc); err != nil {
-		p.addf("invalid proxy configuration: %w", err)
-		return nil, p.err()
+		p.Addf("invalid proxy configuration: %w", err)
+		return nil, p.Err()
 	}
-	c.proxy = pc
+	c.Proxy = pc
 	// Before anything looks at the sockets under the root: a second agent
 	// would take the first one's SDS socket for an external SDS server.
-	if in.host.lockRoot != nil {
-		lock, err := in.host.lockRoot(rooted(c.root, pc.ConfigPath))
+	if in.Host.LockRoot != nil {
+		lock, err := in.Host.LockRoot(Rooted(c.Root, pc.ConfigPath))
 		switch {
-		case errors.Is(err, errRootLocked):
-			p.addf("--root %s: %w; stop it, or give this agent a --root of its own", c.root, err)
-			return nil, p.err()
+		case errors.Is(err, ErrRootLocked):
+			p.Addf("--root %s: %w; stop it, or give this agent a --root of its own", c.Root, err)
+			return nil, p.Err()
 		case err != nil:
 			// A configPath the agent cannot write fails later with its
 			// own message (the bootstrap, the XDS socket).
-			in.log.Warn("cannot take the one-agent-per-root lock; a second agent on this root would not be detected", "error", err)
+			in.Log.Warn("cannot take the one-agent-per-root lock; a second agent on this root would not be detected", "error", err)
 		}
 		c.lock = lock
 	}
 
-	dns := dnsConfig(r, f, pod, c.proxyType)
+	dns := dnsConfig(r, f, pod, c.ProxyType)
 	shared := readSharedVars(r)
-	certsCfg, sdsCfg := identityConfig(r, c.root, pod, shared, pc)
-	sdsSocket := rooted(c.root, workloadIdentityDir+"/"+workloadSocketFile)
+	certsCfg, sdsCfg := identityConfig(r, c.Root, pod, shared, pc)
+	sdsSocket := Rooted(c.Root, workloadIdentityDir+"/"+workloadSocketFile)
 	filesSDSSocket := ""
 	if sdsCfg != nil {
 		sdsSocket = sdsCfg.EnvoySocketPath()
@@ -223,9 +230,9 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 			filesSDSSocket = sdsCfg.FilesSocketPath
 		}
 	}
-	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
-		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
-		lookPath: in.host.lookPath})
+	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{Root: c.Root, ProxyType: c.ProxyType, Flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
+		pod: pod, Proxy: pc, dns: dns, shared: shared, EUID: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		LookPath: in.Host.LookPath})
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
@@ -233,27 +240,27 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 			sdsCfg.SocketOwner.UID, sdsCfg.SocketOwner.GID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
 		}
 	}
-	c.tree = tree.Config{
+	c.Tree = tree.Config{
 		Certs:   certsCfg,
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
-		Capture: captureConfig(r, f, in.host, in.log),
-		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
+		Capture: captureConfig(r, f, in.Host, in.Log),
+		XDS: xdsConfig(r, xdsInputs{Root: c.Root, Proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
-		DNS: dns.proxy,
+		DNS: dns.Proxy,
 	}
 	if f.nameTable != "" {
-		c.tree.NameTable = &nametable.Config{File: f.nameTable}
+		c.Tree.NameTable = &nametable.Config{File: f.nameTable}
 	}
-	if in.noCapture {
-		c.tree.Capture = nil
+	if in.NoCapture {
+		c.Tree.Capture = nil
 	}
-	c.tree.Status = statusConfig(r, statusInputs{proxyType: c.proxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.tree.Envoy, gatherer: in.gatherer})
-	c.tree.ControlPlane, c.tree.CA = in.standalone.peers(c.root, certsCfg)
-	treePolicies(&c.tree, f, pc)
-	p.add(c.tree.Validate())
-	if err := p.err(); err != nil {
-		c.release()
+	c.Tree.Status = statusConfig(r, statusInputs{ProxyType: c.ProxyType, Flags: f, instanceIP: pod.instanceIP, Proxy: pc, envoy: c.Tree.Envoy, Gatherer: in.Gatherer})
+	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, certsCfg)
+	treePolicies(&c.Tree, f, pc)
+	p.Add(c.Tree.Validate())
+	if err := p.Err(); err != nil {
+		c.Release()
 		return nil, err
 	}
 	return c, nil
@@ -261,19 +268,19 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 
 // checkRoot returns --root (MESHAGENT_ROOT) as an absolute path to a
 // directory, or "" after reporting why it is not one.
-func checkRoot(root string, p *problems) string {
+func CheckRoot(root string, p *Problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.addf("--root %s: %v", config.QuoteValue(root), err)
+		p.Addf("--root %s: %v", QuoteValue(root), err)
 		return ""
 	}
 	switch st, err := os.Stat(abs); {
 	case errors.Is(err, fs.ErrNotExist):
-		p.addf("--root %s: %s does not exist", config.QuoteValue(root), abs)
+		p.Addf("--root %s: %s does not exist", QuoteValue(root), abs)
 	case err != nil:
-		p.addf("--root %s: %v", config.QuoteValue(root), err)
+		p.Addf("--root %s: %v", QuoteValue(root), err)
 	case !st.IsDir():
-		p.addf("--root %s: %s is not a directory", config.QuoteValue(root), abs)
+		p.Addf("--root %s: %s is not a directory", QuoteValue(root), abs)
 	default:
 		return abs
 	}
@@ -283,21 +290,21 @@ func checkRoot(root string, p *problems) string {
 // podConfig is the workload's identity from Istio's environment, and its
 // IPs: INSTANCE_IP first, then the host's private addresses (Istio's
 // getDNSDomain and IP discovery).
-func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
+func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 	pod := podInfo{
-		name:           envVar(r, "POD_NAME", "", config.ParseString),
-		namespace:      envVar(r, "POD_NAMESPACE", "", config.ParseDNSLabel),
-		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", config.ParseDNSSubdomain),
+		name:           envVar(r, "POD_NAME", "", ParseString),
+		namespace:      envVar(r, "POD_NAMESPACE", "", ParseDNSLabel),
+		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", ParseDNSSubdomain),
 		domain:         f.domain,
 	}
 	if pod.domain == "" {
 		pod.domain = pod.namespace + ".svc.cluster.local"
 	}
-	if v, ok := r.env.Text("INSTANCE_IP"); ok {
+	if v, ok := r.Env.Text("INSTANCE_IP"); ok {
 		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", config.QuoteValue(v), config.QuoteValue(s))
+				r.Problems.Addf("INSTANCE_IP=%s: %s is not an IP address", QuoteValue(v), QuoteValue(s))
 				continue
 			}
 			if i == 0 {
@@ -306,19 +313,19 @@ func podConfig(r envReader, f *proxyFlags, host hostInputs) podInfo {
 			pod.nodeIPs = append(pod.nodeIPs, ip.String())
 		}
 	}
-	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.problems)
+	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.Problems)
 	return pod
 }
 
 // appendHostIPs adds the host's addresses not already in ips, as Istio's
 // agent lists them (GetPrivateIPs, despite its name: every address but
 // loopback, link-local and unspecified ones); with none, 127.0.0.1 and ::1.
-func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
+func appendHostIPs(ips []string, host Host, p *Problems) []string {
 	var found []string
-	if host.interfaceAddrs != nil {
-		addrs, err := host.interfaceAddrs()
+	if host.InterfaceAddrs != nil {
+		addrs, err := host.InterfaceAddrs()
 		if err != nil {
-			p.addf("listing the host's addresses: %v", err)
+			p.Addf("listing the host's addresses: %v", err)
 			return ips
 		}
 		for _, a := range addrs {
@@ -343,7 +350,7 @@ func appendHostIPs(ips []string, host hostInputs, p *problems) []string {
 // treePolicies sets the restart policies and stop timeouts: the drain
 // bound and the stop timeout cover terminationDrainDuration plus Envoy's
 // SIGTERM-to-SIGKILL grace.
-func treePolicies(tc *tree.Config, f *proxyFlags, pc *meshconfig.ProxyConfig) {
+func treePolicies(tc *tree.Config, f *ProxyFlags, pc *meshconfig.ProxyConfig) {
 	tc.DefaultPolicy, tc.EnvoyPolicy = tree.DefaultPolicy(), tree.DefaultPolicy()
 	tc.DefaultPolicy.MaxDelay, tc.EnvoyPolicy.MaxDelay = f.restartMaxDelay, f.restartMaxDelay
 	tc.EnvoyPolicy.GiveUp = &tree.GiveUp{Restarts: f.envoyRestarts, Window: f.envoyRestartWindow}
@@ -351,3 +358,6 @@ func treePolicies(tc *tree.Config, f *proxyFlags, pc *meshconfig.ProxyConfig) {
 	tc.DrainTimeout = drain + drainStopMargin
 	tc.StopTimeout = max(serviceStopTimeout, drain+envoyStopMargin)
 }
+
+// errRootLocked: another agent holds the root's lock.
+var ErrRootLocked = errors.New("another agent runs on this root")

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ func TestPipelineUsesIstiosNamesAndPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := cfg.tree
+	tc := cfg.Tree
 	e, b := tc.Envoy, tc.Envoy.Bootstrap
 	for _, c := range []struct {
 		what      string
@@ -43,7 +43,7 @@ func TestPipelineUsesIstiosNamesAndPaths(t *testing.T) {
 		{"envoy status port", b.EnvoyStatusPort, 15021},
 		{"envoy prometheus port", b.EnvoyPrometheusPort, 15090},
 		{"domain", b.Domain, "shop.svc.cluster.local"},
-		{"istio version", b.IstioVersion, currentVersion().Version},
+		{"istio version", b.IstioVersion, testVersion},
 		{"ca root", tc.Certs.CARootFile, filepath.Join(root, "var/run/secrets/istio/root-cert.pem")},
 		{"token", tc.Certs.TokenFile, filepath.Join(root, "var/run/secrets/tokens/istio-token")},
 		{"ca address", tc.Certs.CAAddr, "istiod.istio-system.svc:15012"},
@@ -96,7 +96,7 @@ func TestEnvoyStatusAndPrometheusPorts(t *testing.T) {
 		t.Errorf("metadata ENVOY_STATUS_PORT %v, ENVOY_PROMETHEUS_PORT %v; want the numbers 25021 and 25090",
 			md["ENVOY_STATUS_PORT"], md["ENVOY_PROMETHEUS_PORT"])
 	}
-	ex := cfg.tree.Envoy.ExcludedListeners
+	ex := cfg.Tree.Envoy.ExcludedListeners
 	if !slices.Contains(ex, "0.0.0.0_25021") || !slices.Contains(ex, "0.0.0.0_25090") || slices.Contains(ex, "0.0.0.0_15021") {
 		t.Errorf("excluded listeners %v, want the configured ports' only", ex)
 	}
@@ -109,8 +109,8 @@ func TestEnvoyStatusAndPrometheusPorts(t *testing.T) {
 func TestConcurrency(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		env  map[string]string
-		args []string
+		Env  map[string]string
+		Args []string
 		want string // "" = no --concurrency
 	}{
 		{"nothing set", nil, nil, ""},
@@ -121,7 +121,7 @@ func TestConcurrency(t *testing.T) {
 		{"legacy flag 0 changes nothing", map[string]string{"ISTIO_CPU_LIMIT": "4"}, []string{"--concurrency", "0"}, "4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseForTest(t, tc.env, append([]string{"--root", testRoot(t)}, tc.args...)...)
+			cfg, err := parseForTest(t, tc.Env, append([]string{"--root", testRoot(t)}, tc.Args...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,7 +131,7 @@ func TestConcurrency(t *testing.T) {
 			}
 			// Istio sets ProxyConfig.concurrency itself, so that the node's
 			// PROXY_CONFIG shows what Envoy runs with.
-			if got := cfg.proxy.GetConcurrency(); tc.want != "" && (got == nil || strconv.Itoa(int(got.GetValue())) != tc.want) {
+			if got := cfg.Proxy.GetConcurrency(); tc.want != "" && (got == nil || strconv.Itoa(int(got.GetValue())) != tc.want) {
 				t.Errorf("ProxyConfig.concurrency = %v, want %s", got, tc.want)
 			}
 		})
@@ -142,22 +142,22 @@ func TestConcurrency(t *testing.T) {
 // METADATA_DISCOVERY, which Istio does not).
 func TestPeerMetadataDiscoveryIsReadUnderIstiosName(t *testing.T) {
 	for _, tc := range []struct {
-		env  map[string]string
+		Env  map[string]string
 		want string
 	}{
 		{map[string]string{"PEER_METADATA_DISCOVERY": "true"}, `"METADATA_DISCOVERY": "true"`},
 		{map[string]string{"METADATA_DISCOVERY": "true"}, `"METADATA_DISCOVERY": "false"`},
 	} {
-		cfg, err := parseForTest(t, tc.env, "--root", testRoot(t))
+		cfg, err := parseForTest(t, tc.Env, "--root", testRoot(t))
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, data, _ := writeEnvoyBootstrap(t, cfg)
 		if !strings.Contains(data, tc.want) {
-			t.Errorf("%v: bootstrap lacks %s", tc.env, tc.want)
+			t.Errorf("%v: bootstrap lacks %s", tc.Env, tc.want)
 		}
-		if ext := strings.Contains(data, `"name": "metadata_discovery"`); ext != (tc.env["PEER_METADATA_DISCOVERY"] == "true") {
-			t.Errorf("%v: metadata_discovery extension present: %v", tc.env, ext)
+		if ext := strings.Contains(data, `"name": "metadata_discovery"`); ext != (tc.Env["PEER_METADATA_DISCOVERY"] == "true") {
+			t.Errorf("%v: metadata_discovery extension present: %v", tc.Env, ext)
 		}
 	}
 }
@@ -169,7 +169,7 @@ func TestMetricsLocalhostOnlyComesFromProxyMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.tree.Envoy.Bootstrap.MetricsLocalhostOnly {
+	if !cfg.Tree.Envoy.Bootstrap.MetricsLocalhostOnly {
 		t.Error("proxyMetadata METRICS_LOCALHOST_ACCESS_ONLY=true did not reach the bootstrap")
 	}
 }
@@ -182,7 +182,7 @@ func TestMinimumDrainDurationZeroIsZero(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cfg.tree.Envoy.MinimumDrainDuration; got != want {
+		if got := cfg.Tree.Envoy.MinimumDrainDuration; got != want {
 			t.Errorf("MINIMUM_DRAIN_DURATION=%s: %v, want %v", value, got, want)
 		}
 	}
@@ -196,7 +196,7 @@ func TestDrainQueryByProxyType(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cfg.tree.Envoy.DrainQuery; got != want {
+		if got := cfg.Tree.Envoy.DrainQuery; got != want {
 			t.Errorf("proxy %s: drain query %q, want %q", proxyType, got, want)
 		}
 	}
@@ -209,16 +209,16 @@ func TestHostInputsAreExplicit(t *testing.T) {
 	env := map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": "127.0.0.1:53", "POD_NAMESPACE": "shop"}
 	for euid, wantRunAs := range map[int]bool{0: true, 1337: false} {
 		host := testHost(t, env)
-		host.euid = euid
+		host.EUID = euid
 		cfg, err := parseOnHost(t, host, "--root", testRoot(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cfg.tree.Envoy.RunAs != nil; got != wantRunAs {
+		if got := cfg.Tree.Envoy.RunAs != nil; got != wantRunAs {
 			t.Errorf("euid %d: Envoy runs as 1337: %v, want %v", euid, got, wantRunAs)
 		}
-		if !slices.Contains(cfg.tree.Envoy.Env, "DNS_PROXY_ADDR=127.0.0.1:53") || len(cfg.tree.Envoy.Env) != len(env) {
-			t.Errorf("Envoy's environment %v is not the given one", cfg.tree.Envoy.Env)
+		if !slices.Contains(cfg.Tree.Envoy.Env, "DNS_PROXY_ADDR=127.0.0.1:53") || len(cfg.Tree.Envoy.Env) != len(env) {
+			t.Errorf("Envoy's environment %v is not the given one", cfg.Tree.Envoy.Env)
 		}
 	}
 }
@@ -230,16 +230,16 @@ func TestPipelineValidatesEveryService(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "SECRET_GRACE_PERIOD_RATIO") || !strings.Contains(err.Error(), "1.5") {
 		t.Errorf("certs: err = %v, want one naming SECRET_GRACE_PERIOD_RATIO and 1.5", err)
 	}
-	f, host := &proxyFlags{}, testHost(t, nil)
-	s := newSettings(pflag.NewFlagSet("proxy", pflag.ContinueOnError))
-	bindProxyFlags(s, f)
-	f.root = testRoot(t)
-	_, err = buildAgentConfig(agentInputs{flags: f, host: host, log: quietLog()}) // no metrics gatherer
+	f, host := &ProxyFlags{}, testHost(t, nil)
+	s := NewSettings(pflag.NewFlagSet("proxy", pflag.ContinueOnError))
+	BindProxyFlags(s, f)
+	f.Root = testRoot(t)
+	_, err = Build(Inputs{Flags: f, Host: host, Log: quietLog()}) // no metrics gatherer
 	if err == nil || !strings.Contains(err.Error(), "status") || !strings.Contains(err.Error(), "gatherer") {
 		t.Errorf("status: err = %v, want the status server's validation error", err)
 	}
-	cfg, err := buildAgentConfig(agentInputs{flags: f, host: host, gatherer: prometheus.NewRegistry(), log: quietLog()})
-	if err != nil || cfg.tree.Status == nil {
+	cfg, err := Build(Inputs{Flags: f, Host: host, Gatherer: prometheus.NewRegistry(), Log: quietLog()})
+	if err != nil || cfg.Tree.Status == nil {
 		t.Fatalf("with a gatherer: %v", err)
 	}
 }

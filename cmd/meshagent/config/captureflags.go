@@ -1,11 +1,10 @@
-package main
+package config
 
 import (
 	"strings"
 
 	"github.com/spf13/pflag"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/capture"
 )
 
@@ -14,8 +13,8 @@ import (
 // environment (Istio's pkg/flag.BindEnv), some with Istio's aliases; the
 // command line wins. `istio-iptables`, `clean-iptables` and the capture
 // service of `proxy` all read them through here.
-type captureSettings struct {
-	s   *settings
+type CaptureSettings struct {
+	s   *Settings
 	cfg capture.Config
 	// proxyUID and proxyGID stay nil when not given: their defaults are
 	// computed (the uid of $ENVOY_USER; the uid list).
@@ -23,22 +22,22 @@ type captureSettings struct {
 	probePort          int
 }
 
-func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
-	c := &captureSettings{s: newSettings(fs)}
+func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
+	c := &CaptureSettings{s: NewSettings(fs)}
 	d, cfg, s := capture.Default(), &c.cfg, c.s
 	str := func(p *string, name, short, def, usage string, env ...string) {
-		flagVar(s, p, def, config.ParseString, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
+		FlagVar(s, p, def, ParseString, FlagSpec{name: name, short: short, Env: append([]string{envName(name)}, env...), usage: usage})
 	}
 	boolean := func(p *bool, name, short, usage string, env ...string) {
-		flagVar(s, p, false, config.ParseBool, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
+		FlagVar(s, p, false, ParseBool, FlagSpec{name: name, short: short, Env: append([]string{envName(name)}, env...), usage: usage})
 	}
 	// --envoy-port has no env binding in Istio (ENVOY_PORT is not read).
-	flagVar(s, &cfg.ProxyPort, d.ProxyPort, config.ParseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
+	FlagVar(s, &cfg.ProxyPort, d.ProxyPort, ParseString, FlagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
 	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", d.InboundCapturePort, "Port to which all inbound TCP traffic is redirected")
 	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", d.InboundTunnelPort, "Envoy's HBONE tunnel port (never captured)")
-	optionalFlagVar(s, &c.proxyUID, config.ParseString, flagSpec{name: "proxy-uid", short: "u", env: []string{"PROXY_UID"},
+	OptionalFlagVar(s, &c.proxyUID, ParseString, FlagSpec{name: "proxy-uid", short: "u", Env: []string{"PROXY_UID"},
 		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + d.ProxyUID + ")"})
-	optionalFlagVar(s, &c.proxyGID, config.ParseString, flagSpec{name: "proxy-gid", short: "g", env: []string{"PROXY_GID"},
+	OptionalFlagVar(s, &c.proxyGID, ParseString, FlagSpec{name: "proxy-gid", short: "g", Env: []string{"PROXY_GID"},
 		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"})
 	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "", "Inbound interception mode: REDIRECT or TPROXY")
 	str(&cfg.InboundTProxyMark, "istio-inbound-tproxy-mark", "t", d.InboundTProxyMark, "Packet mark used by TPROXY mode")
@@ -52,8 +51,8 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	str(&cfg.OutboundPortsExclude, "istio-local-outbound-ports-exclude", "o", "", "Outbound ports never captured")
 	str(&cfg.RerouteVirtualInterfaces, "kube-virt-interfaces", "k", "", "Virtual interfaces whose inbound traffic is treated as outbound")
 	boolean(&cfg.DryRun, "dry-run", "n", "Print the rules; change nothing")
-	flagVar(s, &c.probePort, int(d.IptablesProbePort), config.ParsePort, flagSpec{name: "iptables-probe-port", env: []string{"IPTABLES_PROBE_PORT"}, usage: "Port the validation probe dials"})
-	flagVar(s, &cfg.ProbeTimeout, d.ProbeTimeout, config.ParseDuration, flagSpec{name: "probe-timeout", env: []string{"PROBE_TIMEOUT"}, usage: "Validation probe timeout"})
+	FlagVar(s, &c.probePort, int(d.IptablesProbePort), ParsePort, FlagSpec{name: "iptables-probe-port", Env: []string{"IPTABLES_PROBE_PORT"}, usage: "Port the validation probe dials"})
+	FlagVar(s, &cfg.ProbeTimeout, d.ProbeTimeout, ParseDuration, FlagSpec{name: "probe-timeout", Env: []string{"PROBE_TIMEOUT"}, usage: "Validation probe timeout"})
 	boolean(&cfg.SkipRuleApply, "skip-rule-apply", "", "Do not program rules (validate only)")
 	boolean(&cfg.RunValidation, "run-validation", "", "Check with a probe connection that capture works")
 	boolean(&cfg.RedirectDNS, "redirect-dns", "", "Redirect DNS to the agent's DNS proxy (15053)", "ISTIO_META_DNS_CAPTURE")
@@ -75,16 +74,16 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 // 1337), the GID default (the UIDs), and the environment-only settings
 // ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE] and ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR.
 // Every bad value, of a flag or a variable, is in the error.
-func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
-	r := envReader{env: host.env, problems: c.s.problems}
-	_ = c.s.resolve(host.env)
+func (c *CaptureSettings) Config(host Host) (capture.Config, error) {
+	r := envReader{Env: host.Env, Problems: c.s.Problems}
+	_ = c.s.Resolve(host.Env)
 	cfg := c.cfg
 	cfg.IptablesProbePort = uint16(c.probePort)
 	cfg.ProxyUID = capture.Default().ProxyUID
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
-	} else if host.lookupUID != nil {
-		if uid, err := host.lookupUID(envVar(r, "ENVOY_USER", "istio-proxy", config.ParseString)); err == nil {
+	} else if host.LookupUID != nil {
+		if uid, err := host.LookupUID(envVar(r, "ENVOY_USER", "istio-proxy", ParseString)); err == nil {
 			cfg.ProxyUID = uid
 		}
 	}
@@ -92,10 +91,10 @@ func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
 	if c.proxyGID != nil && *c.proxyGID != "" {
 		cfg.ProxyGID = *c.proxyGID
 	}
-	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, config.ParseString)
-	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", config.ParseString)
-	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, config.ParseString)
-	return cfg, c.s.problems.err()
+	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, ParseString)
+	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", ParseString)
+	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, ParseString)
+	return cfg, c.s.Problems.Err()
 }
 
 // envName is Istio's env binding of an istio-iptables flag.

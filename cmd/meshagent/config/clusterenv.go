@@ -1,4 +1,4 @@
-package main
+package config
 
 // Istio's VM bundle carries its settings as shell variable files that
 // istio-start.sh sources (`set -a; . cluster.env`): cluster.env, written by
@@ -16,8 +16,6 @@ import (
 	"io/fs"
 	"regexp"
 	"strings"
-
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // envFileName is a shell variable name.
@@ -64,17 +62,17 @@ func parseEnvLine(line string) (string, string, error) {
 	line = strings.TrimPrefix(line, "export ")
 	key, raw, ok := strings.Cut(line, "=")
 	if !ok {
-		return "", "", fmt.Errorf("%s: want KEY=VALUE", config.QuoteValue(line))
+		return "", "", fmt.Errorf("%s: want KEY=VALUE", QuoteValue(line))
 	}
 	if !envFileName.MatchString(key) {
-		return "", "", fmt.Errorf("%s is not a variable name", config.QuoteValue(key))
+		return "", "", fmt.Errorf("%s is not a variable name", QuoteValue(key))
 	}
 	value, rest, err := unquoteEnvValue(raw)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w", key, err)
 	}
 	if rest = strings.TrimSpace(rest); rest != "" && !strings.HasPrefix(rest, "#") {
-		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, config.QuoteValue(rest))
+		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, QuoteValue(rest))
 	}
 	return key, value, nil
 }
@@ -103,7 +101,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 					b.WriteByte(c)
 				}
 			case '$', '`':
-				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", config.QuoteValue(raw))
+				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", QuoteValue(raw))
 			default:
 				b.WriteByte(c)
 			}
@@ -112,7 +110,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 	}
 	value, rest, _ = strings.Cut(raw, " ")
 	if strings.ContainsAny(value, "$`'\"\\;|&<>(){}") {
-		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", config.QuoteValue(value))
+		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", QuoteValue(value))
 	}
 	return value, rest, nil
 }

@@ -1,16 +1,15 @@
-package main
+package config
 
 import (
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/dnsproxy"
 )
 
 // dnsSettings are the DNS proxy's config and the address other services
 // need to know.
 type dnsSettings struct {
-	proxy *dnsproxy.Config // nil: the DNS proxy is off
+	Proxy *dnsproxy.Config // nil: the DNS proxy is off
 	addr  string           // DNS_PROXY_ADDR, else localhost:15053
 	// given is DNS_PROXY_ADDR as set ("" when unset): Istio's agent copies
 	// it into Envoy's node metadata whether or not its DNS proxy runs.
@@ -18,26 +17,26 @@ type dnsSettings struct {
 }
 
 // enabled says whether the DNS proxy runs.
-func (d dnsSettings) enabled() bool { return d.proxy != nil }
+func (d dnsSettings) enabled() bool { return d.Proxy != nil }
 
 // dnsConfig is the DNS proxy's config from Istio's variables: on with
 // ISTIO_META_DNS_CAPTURE (sidecars only, as Istio) or
 // ISTIO_META_ENABLE_DNS_SERVER, or when --name-table is given.
-func dnsConfig(r envReader, f *proxyFlags, pod podInfo, proxyType string) dnsSettings {
-	capture := envVar(r, "ISTIO_META_DNS_CAPTURE", false, config.ParseBool)
-	server := envVar(r, "ISTIO_META_ENABLE_DNS_SERVER", false, config.ParseBool)
-	given := envVar(r, "DNS_PROXY_ADDR", "", config.ParseString)
+func dnsConfig(r envReader, f *ProxyFlags, pod podInfo, proxyType string) dnsSettings {
+	capture := envVar(r, "ISTIO_META_DNS_CAPTURE", false, ParseBool)
+	server := envVar(r, "ISTIO_META_ENABLE_DNS_SERVER", false, ParseBool)
+	given := envVar(r, "DNS_PROXY_ADDR", "", ParseString)
 	d := dnsSettings{addr: nonEmpty(given, dnsProxyAddr), given: given}
 	cfg := &dnsproxy.Config{
 		Listen:          d.addr,
-		ResolvConf:      f.resolvConf,
+		ResolvConf:      f.ResolvConf,
 		Namespace:       pod.namespace,
 		Domain:          pod.domain,
-		ForwardTimeout:  envVar(r, "DNS_FORWARD_TIMEOUT", 5*time.Second, config.ParseDuration), // Istio's dnsClient.DefaultUpstreamTimeout
-		ForwardParallel: envVar(r, "DNS_FORWARD_PARALLEL", false, config.ParseBool),
+		ForwardTimeout:  envVar(r, "DNS_FORWARD_TIMEOUT", 5*time.Second, ParseDuration), // Istio's dnsClient.DefaultUpstreamTimeout
+		ForwardParallel: envVar(r, "DNS_FORWARD_PARALLEL", false, ParseBool),
 	}
 	if capture && proxyType == "sidecar" || server || f.nameTable != "" {
-		d.proxy = cfg
+		d.Proxy = cfg
 	}
 	return d
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -17,14 +17,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// logEffectiveConfig logs, once at start, what every service runs with
+// LogEffective logs, once at start, what every service runs with
 // (kuma-dp's "effective configuration"), secrets redacted: a first line
 // with the agent's type, root and version, then one line per part (the
 // ProxyConfig, each service's config, the tree's own settings), each as
 // nested attributes rather than one escaped JSON value, so that a text log
 // reads `part=envoy AdminAddr=127.0.0.1:15000 ...` and a JSON log gets
 // objects (issue 22: it was one 10 KB line of escaped JSON).
-func logEffectiveConfig(log *slog.Logger, cfg *agentConfig) {
+func LogEffective(log *slog.Logger, cfg *Agent) {
 	parts := effectiveParts(cfg)
 	log.Info("effective configuration", "type", parts["type"], "root", parts["root"], "version", parts["version"])
 	log.Info("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
@@ -89,7 +89,7 @@ func configValue(v any) any {
 }
 
 // effectiveConfig is the configuration as one JSON value, secrets redacted.
-func effectiveConfig(cfg *agentConfig) jsonValue {
+func effectiveConfig(cfg *Agent) jsonValue {
 	js, err := json.Marshal(effectiveParts(cfg))
 	if err != nil {
 		return jsonValue(fmt.Sprintf("%q", err.Error()))
@@ -98,13 +98,13 @@ func effectiveConfig(cfg *agentConfig) jsonValue {
 }
 
 // effectiveParts is the configuration as JSON-ready values.
-func effectiveParts(cfg *agentConfig) map[string]any {
+func effectiveParts(cfg *Agent) map[string]any {
 	return map[string]any{
-		"type":        cfg.proxyType,
-		"root":        cfg.root,
-		"version":     currentVersion().Version,
-		"proxyConfig": describe(reflect.ValueOf(cfg.proxy), "proxyConfig"),
-		"tree":        describe(reflect.ValueOf(cfg.tree), ""),
+		"type":        cfg.ProxyType,
+		"root":        cfg.Root,
+		"version":     cfg.Version,
+		"proxyConfig": describe(reflect.ValueOf(cfg.Proxy), "proxyConfig"),
+		"tree":        describe(reflect.ValueOf(cfg.Tree), ""),
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"net/netip"
@@ -20,7 +20,7 @@ func TestEffectiveConfigLogReadsAsText(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testkit.LogBuffer
-	logEffectiveConfig(logs.Logger(), cfg)
+	LogEffective(logs.Logger(), cfg)
 	text := logs.String()
 	if strings.Contains(text, "s3cr3t") {
 		t.Fatalf("a secret was logged:\n%s", text)

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"errors"
@@ -13,7 +13,6 @@ import (
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 )
@@ -21,15 +20,16 @@ import (
 // envoyInputs are what the envoy service's config is built from besides
 // the environment.
 type envoyInputs struct {
-	root      string
-	proxyType string
-	flags     *proxyFlags
+	Root      string
+	ProxyType string
+	Flags     *ProxyFlags
 	logAsJSON bool
+	version   string // the agent's: ISTIO_VERSION in the node metadata
 	pod       podInfo
-	proxy     *meshconfig.ProxyConfig
+	Proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
 	shared    sharedVars
-	euid      int
+	EUID      int
 	// runAs, when not nil, is the uid/gid Envoy runs as whatever else
 	// (`meshagent vm`: Istio's istio-proxy user).
 	runAs *envoy.Credential
@@ -42,7 +42,7 @@ type envoyInputs struct {
 	filesSDSSocket string
 	// lookPath finds an executable (exec.LookPath); nil skips the check of
 	// ProxyConfig's binaryPath (tests without an Envoy).
-	lookPath func(string) (string, error)
+	LookPath func(string) (string, error)
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
@@ -51,75 +51,75 @@ type envoyInputs struct {
 // bootstrap config is always returned: the XDS proxy and the gRPC bootstrap
 // announce the same node.
 func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
-	pc := in.proxy
-	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, config.ParseBool)
+	pc := in.Proxy
+	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, ParseBool)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
-	env := r.env.All()
+	env := r.Env.All()
 	b := &envoy.BootstrapConfig{
-		ProxyType:       in.proxyType,
+		ProxyType:       in.ProxyType,
 		PodName:         in.pod.name,
 		PodNamespace:    in.pod.namespace,
 		ServiceAccount:  in.pod.serviceAccount,
 		InstanceIPs:     in.pod.nodeIPs,
 		Domain:          in.pod.domain,
-		IstioVersion:    currentVersion().Version,
+		IstioVersion:    in.version,
 		Proxy:           pc,
 		Env:             env,
-		LabelsFile:      rooted(in.root, podLabelsFile),
-		AnnotationsFile: rooted(in.root, podAnnotationsFile),
-		ConfigPath:      rooted(in.root, pc.ConfigPath),
-		XDSSocket:       rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)),
+		LabelsFile:      Rooted(in.Root, podLabelsFile),
+		AnnotationsFile: Rooted(in.Root, podAnnotationsFile),
+		ConfigPath:      Rooted(in.Root, pc.ConfigPath),
+		XDSSocket:       Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsSocketName)),
 		SDSSocket:       in.sdsSocket,
 		FilesSDSSocket:  in.filesSDSSocket,
 		AdminPort:       int(pc.ProxyAdminPort),
 		StatusPort:      int(pc.StatusPort),
-		OutlierLogPath:  in.flags.outlierLogPath,
+		OutlierLogPath:  in.Flags.outlierLogPath,
 		LogAsJSON:       in.logAsJSON,
 
-		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", envoyStatusPort, config.ParsePort),
-		EnvoyPrometheusPort:         envVar(r, "ENVOY_PROMETHEUS_PORT", envoyPrometheusPort, config.ParsePort),
-		IstioBootstrap:              envVar(r, "ISTIO_BOOTSTRAP", "", config.ParseString),
-		OverrideFile:                envVar(r, "ISTIO_BOOTSTRAP_OVERRIDE", "", config.ParseString),
-		HostIP:                      envVar(r, "HOST_IP", "", config.ParseString),
-		DeltaXDS:                    envVar(r, "ISTIO_DELTA_XDS", true, config.ParseBool),
-		DualStack:                   envVar(r, "ISTIO_DUAL_STACK", false, config.ParseBool),
-		ExitOnZeroActiveConnections: envVar(r, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, config.ParseBool),
-		MetadataDiscovery:           optionalEnvVar(r, "PEER_METADATA_DISCOVERY", config.ParseBool),
+		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", EnvoyStatusPort, ParsePort),
+		EnvoyPrometheusPort:         envVar(r, "ENVOY_PROMETHEUS_PORT", EnvoyPrometheusPort, ParsePort),
+		IstioBootstrap:              envVar(r, "ISTIO_BOOTSTRAP", "", ParseString),
+		OverrideFile:                envVar(r, "ISTIO_BOOTSTRAP_OVERRIDE", "", ParseString),
+		HostIP:                      envVar(r, "HOST_IP", "", ParseString),
+		DeltaXDS:                    envVar(r, "ISTIO_DELTA_XDS", true, ParseBool),
+		DualStack:                   envVar(r, "ISTIO_DUAL_STACK", false, ParseBool),
+		ExitOnZeroActiveConnections: envVar(r, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, ParseBool),
+		MetadataDiscovery:           optionalEnvVar(r, "PEER_METADATA_DISCOVERY", ParseBool),
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
-		CredentialSocketExists: sds.SocketLive(rooted(in.root, credentialSocket)),
+		CredentialSocketExists: sds.SocketLive(Rooted(in.Root, credentialSocket)),
 		// Istio's agent copies DNS_PROXY_ADDR into the node metadata as set,
 		// whether or not its DNS proxy runs.
 		DNSProxyAddr:               in.dns.given,
 		SkipDeprecatedLogs:         skipDeprecatedLogs,
 		WorkloadIdentitySocketFile: in.shared.workloadSocketFile,
-		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, config.ParsePortOrOff),
-		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, config.ParsePortOrOff),
-		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, config.ParseBool),
-		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", config.ParseString),
-		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, config.ParseBool),
+		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, ParsePortOrOff),
+		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, ParsePortOrOff),
+		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, ParseBool),
+		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", ParseString),
+		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, ParseBool),
 		Platform:                   platform(r),
 	}
-	if in.flags.serviceCluster != nil {
-		b.ServiceCluster = *in.flags.serviceCluster
+	if in.Flags.serviceCluster != nil {
+		b.ServiceCluster = *in.Flags.serviceCluster
 	}
 	// As Istio's agent: --templateFile becomes ProxyConfig's template path
 	// (and so shows in the PROXY_CONFIG metadata), unless a custom config
 	// file replaces the bootstrap altogether.
-	if in.flags.templateFile != "" && pc.CustomConfigFile == "" {
-		pc.ProxyBootstrapTemplatePath = in.flags.templateFile
+	if in.Flags.templateFile != "" && pc.CustomConfigFile == "" {
+		pc.ProxyBootstrapTemplatePath = in.Flags.templateFile
 	}
 	args := envoy.ArgsConfig{
 		DrainDuration:      pc.GetDrainDuration().AsDuration(),
 		FileFlushInterval:  time.Second, // Istio's when ProxyConfig.fileFlushInterval is unset
 		FileFlushMinSizeKB: int(pc.GetFileFlushMinSizeKb()),
-		LogLevel:           in.flags.proxyLogLevel,
-		ComponentLogLevel:  in.flags.proxyComponentLogLevel,
+		LogLevel:           in.Flags.proxyLogLevel,
+		ComponentLogLevel:  in.Flags.proxyComponentLogLevel,
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
 		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
-		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, config.ParseBool),
+		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, ParseBool),
 	}
 	if d := pc.GetFileFlushInterval(); d != nil {
 		args.FileFlushInterval = d.AsDuration()
@@ -127,19 +127,19 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	// MINIMUM_DRAIN_DURATION=0 means no minimum: only an unset variable
 	// takes Istio's default.
 	minimumDrain := minimumDrainDuration
-	if d := optionalEnvVar(r, "MINIMUM_DRAIN_DURATION", config.ParseDuration); d != nil {
+	if d := optionalEnvVar(r, "MINIMUM_DRAIN_DURATION", ParseDuration); d != nil {
 		minimumDrain = *d
 	}
-	if envVar(r, "DISABLE_ENVOY", false, config.ParseBool) {
+	if envVar(r, "DISABLE_ENVOY", false, ParseBool) {
 		return nil, b
 	}
 	// What Envoy is started from is checked now: a missing file was found
 	// only after six failed starts, in a message naming Envoy (#21).
-	if in.lookPath != nil {
-		checkEnvoyBinary(r.problems, pc.BinaryPath, in.lookPath)
+	if in.LookPath != nil {
+		checkEnvoyBinary(r.Problems, pc.BinaryPath, in.LookPath)
 	}
 	if b.IstioBootstrap != "" {
-		checkRegularFile(r.problems, "ISTIO_BOOTSTRAP", b.IstioBootstrap)
+		checkRegularFile(r.Problems, "ISTIO_BOOTSTRAP", b.IstioBootstrap)
 	}
 
 	adminHost := "127.0.0.1"
@@ -151,7 +151,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Bootstrap:                   b,
 		Args:                        args,
 		AdminAddr:                   net.JoinHostPort(adminHost, strconv.Itoa(int(pc.ProxyAdminPort))),
-		DrainQuery:                  drainQuery(in.proxyType),
+		DrainQuery:                  drainQuery(in.ProxyType),
 		TerminationDrainDuration:    pc.GetTerminationDrainDuration().AsDuration(),
 		MinimumDrainDuration:        minimumDrain,
 		ExitOnZeroActiveConnections: b.ExitOnZeroActiveConnections,
@@ -161,14 +161,14 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Env:                         env,
 		// Crash records (issue 22) beside the bootstrap, in the directory
 		// Istio's injector mounts writable (istio-envoy, an emptyDir).
-		CrashDir: rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
+		CrashDir: Rooted(in.Root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
 	}
 	// Istio runs Envoy as 1337 only when the agent is root and the DNS
 	// proxy takes port 53 (otherwise the container already runs as 1337).
 	switch {
 	case in.runAs != nil:
 		cfg.RunAs = in.runAs
-	case in.euid == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53"):
+	case in.EUID == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53"):
 		cfg.RunAs = &envoy.Credential{UID: proxyUID, GID: proxyUID}
 	}
 	return cfg, b
@@ -178,7 +178,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 const envoyCrashDir = "envoy-crashes"
 
 // checkEnvoyBinary reports a binaryPath that names no executable file.
-func checkEnvoyBinary(p *problems, path string, lookPath func(string) (string, error)) {
+func checkEnvoyBinary(p *Problems, path string, lookPath func(string) (string, error)) {
 	_, err := lookPath(path)
 	var why string
 	switch {
@@ -193,20 +193,20 @@ func checkEnvoyBinary(p *problems, path string, lookPath func(string) (string, e
 	default:
 		why = err.Error()
 	}
-	p.addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
-		config.QuoteValue(path), why)
+	p.Addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
+		QuoteValue(path), why)
 }
 
 // checkRegularFile reports a variable that does not name a readable
 // regular file, through the one check cmd makes of a file someone else
 // named (openConfigFile: stat first, so a FIFO cannot block the start).
-func checkRegularFile(p *problems, name, path string) {
+func checkRegularFile(p *Problems, name, path string) {
 	f, err := openConfigFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		p.addf("%s=%s: no such file", name, config.QuoteValue(path))
+		p.Addf("%s=%s: no such file", name, QuoteValue(path))
 	case err != nil:
-		p.addf("%s=%s: %v", name, config.QuoteValue(path), err)
+		p.Addf("%s=%s: %v", name, QuoteValue(path), err)
 	default:
 		f.Close()
 	}
@@ -229,8 +229,8 @@ func drainQuery(proxyType string) string {
 // and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
 // Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
 func platform(r envReader) envoy.Platform {
-	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", config.ParseString))
-	gcpMeta := envVar(r, "GCP_METADATA", "", config.ParseString)
+	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", ParseString))
+	gcpMeta := envVar(r, "GCP_METADATA", "", ParseString)
 	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
 		return envoy.Platform{}
 	}
@@ -239,10 +239,10 @@ func platform(r envReader) envoy.Platform {
 		md["gcp_project"], md["gcp_project_number"], md["gcp_gke_cluster_name"], md["gcp_location"] = parts[0], parts[1], parts[2], parts[3]
 		md["gcp_gke_cluster_url"] = fmt.Sprintf("https://container.googleapis.com/v1/projects/%s/locations/%s/clusters/%s", parts[0], parts[3], parts[2])
 	}
-	if q := envVar(r, "GCP_QUOTA_PROJECT", "", config.ParseString); q != "" {
+	if q := envVar(r, "GCP_QUOTA_PROJECT", "", ParseString); q != "" {
 		md["gcp_quota_project"] = q
 	}
-	zone := envVar(r, "GCP_ZONE", "", config.ParseString)
+	zone := envVar(r, "GCP_ZONE", "", ParseString)
 	if zone != "" {
 		md["gcp_zone"] = zone
 	}

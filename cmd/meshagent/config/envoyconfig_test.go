@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"errors"
@@ -18,20 +18,20 @@ import (
 
 // testHost is a host filled by hand: the given environment, a non-root
 // agent, one private address, no users, an empty resolv.conf.
-func testHost(t *testing.T, env map[string]string) hostInputs {
+func testHost(t *testing.T, env map[string]string) Host {
 	t.Helper()
 	resolv := filepath.Join(t.TempDir(), "resolv.conf")
 	if err := os.WriteFile(resolv, []byte("nameserver 10.96.0.10\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return hostInputs{
-		env:  mapEnvironment(env),
-		euid: 1337,
-		interfaceAddrs: func() ([]netip.Prefix, error) {
+	return Host{
+		Env:  MapEnvironment(env),
+		EUID: 1337,
+		InterfaceAddrs: func() ([]netip.Prefix, error) {
 			return []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("10.9.8.7/24")}, nil
 		},
-		lookupUID:  func(string) (string, error) { return "", errors.New("no such user") },
-		resolvConf: resolv,
+		LookupUID:  func(string) (string, error) { return "", errors.New("no such user") },
+		ResolvConf: resolv,
 	}
 }
 
@@ -45,42 +45,59 @@ func testRoot(t *testing.T) string {
 
 // parseForTest runs a proxy command line and environment through the
 // configuration pipeline, as the proxy command does, on testHost.
-func parseForTest(t *testing.T, env map[string]string, args ...string) (*agentConfig, error) {
+func parseForTest(t *testing.T, env map[string]string, args ...string) (*Agent, error) {
 	t.Helper()
 	return parseOnHost(t, testHost(t, env), args...)
 }
 
-func parseOnHost(t *testing.T, host hostInputs, args ...string) (*agentConfig, error) {
+func parseOnHost(t *testing.T, host Host, args ...string) (*Agent, error) {
 	t.Helper()
 	return parseWith(t, host, nil, args...)
 }
 
 // parseWith is parseOnHost with what a command other than proxy adds to
 // the inputs (adjust: nil for none).
-func parseWith(t *testing.T, host hostInputs, adjust func(*agentInputs), args ...string) (*agentConfig, error) {
+func parseWith(t *testing.T, host Host, adjust func(*Inputs), args ...string) (*Agent, error) {
 	t.Helper()
-	logs, f := &logOptions{}, &proxyFlags{}
+	f := &ProxyFlags{}
 	cmd := &cobra.Command{Use: "proxy"}
-	addLogFlags(cmd.Flags(), logs)
-	s := newSettings(cmd.Flags())
-	bindProxyFlags(s, f)
+	logs := addTestLogFlags(cmd)
+	s := NewSettings(cmd.Flags())
+	BindProxyFlags(s, f)
 	if err := cmd.ParseFlags(args); err != nil {
 		return nil, err
 	}
-	_ = s.resolve(host.env)
-	in := agentInputs{flags: f, args: cmd.Flags().Args(), logs: *logs, host: host,
-		gatherer: prometheus.NewRegistry(), problems: s.problems, log: quietLog()}
+	_ = s.Resolve(host.Env)
+	in := Inputs{Flags: f, Args: cmd.Flags().Args(), LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: host,
+		Gatherer: prometheus.NewRegistry(), Problems: s.Problems, Log: quietLog()}
 	if adjust != nil {
 		adjust(&in)
 	}
-	return buildAgentConfig(in)
+	return Build(in)
+}
+
+// testVersion is the agent's version in the configuration tests.
+const testVersion = "1.2.3-test"
+
+// testLogFlags are Istio's logging flags as the commands define them (cmd's
+// logging.go): the configuration checks the level and passes on JSON.
+type testLogFlags struct {
+	level  *string
+	asJSON *bool
+}
+
+func addTestLogFlags(cmd *cobra.Command) testLogFlags {
+	return testLogFlags{
+		level:  cmd.Flags().String("log_output_level", "default:info", ""),
+		asJSON: cmd.Flags().Bool("log_as_json", false, ""),
+	}
 }
 
 // writeEnvoyBootstrap writes the bootstrap the envoy service would write
 // before starting Envoy, and returns it with Envoy's command line.
-func writeEnvoyBootstrap(t *testing.T, cfg *agentConfig) (envoy.Bootstrap, string, []string) {
+func writeEnvoyBootstrap(t *testing.T, cfg *Agent) (envoy.Bootstrap, string, []string) {
 	t.Helper()
-	ec := cfg.tree.Envoy
+	ec := cfg.Tree.Envoy
 	if ec == nil || ec.Bootstrap == nil {
 		t.Fatal("no envoy config")
 	}
@@ -115,7 +132,7 @@ func TestEnvoyConfigFromEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cfg.tree.Envoy.Bootstrap.Validate(); err != nil {
+	if err := cfg.Tree.Envoy.Bootstrap.Validate(); err != nil {
 		t.Fatalf("bootstrap config from env does not validate: %v", err)
 	}
 	b, data, args := writeEnvoyBootstrap(t, cfg)

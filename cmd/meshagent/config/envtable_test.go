@@ -1,7 +1,6 @@
-package main
+package config
 
 import (
-	"bytes"
 	"maps"
 	"os"
 	"path/filepath"
@@ -11,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
-
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // fullEnv sets the variables whose reads depend on others (CA_ADDR unset
@@ -30,7 +27,7 @@ func fullEnv() map[string]string {
 // readByCaptureToo are the variables istio-iptables' settings read as
 // aliases of their own (--redirect-dns, --dual-stack) besides the DNS
 // proxy's and Envoy's configs: two readers by design, one report of a bad
-// value (config.Value).
+// value (Value).
 var readByCaptureToo = map[string]bool{"ISTIO_DUAL_STACK": true, "ISTIO_META_DNS_CAPTURE": true}
 
 // One start of the proxy command (flags resolved, then buildAgentConfig)
@@ -44,7 +41,7 @@ func TestEachVariableReadOnce(t *testing.T) {
 			if _, err := parseOnHost(t, host, "--root", testRoot(t)); err != nil {
 				t.Fatal(err)
 			}
-			checkReadOnce(t, host.env.Reads())
+			checkReadOnce(t, host.Env.Reads())
 		})
 	}
 }
@@ -56,7 +53,7 @@ func TestStandaloneReadsEachVariableOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReadOnce(t, cfg.env.Reads())
+	checkReadOnce(t, cfg.Env.Reads())
 }
 
 // checkReadOnce: one start read each variable at most once (but the
@@ -70,8 +67,8 @@ func checkReadOnce(t *testing.T, reads map[string]int) {
 		if n := reads[name]; n > 1 && !readByCaptureToo[name] {
 			t.Errorf("%s read %d times in one start", name, n)
 		}
-		if _, ok := config.Find(name); !ok {
-			t.Errorf("%s read, but not in config.Env", name)
+		if _, ok := Find(name); !ok {
+			t.Errorf("%s read, but not in Env", name)
 		}
 	}
 }
@@ -79,40 +76,23 @@ func checkReadOnce(t *testing.T, reads map[string]int) {
 // istio-iptables' flags read their variables through the same reader, and
 // each is in the table.
 func TestCaptureVariablesInTable(t *testing.T) {
-	cmd := bindCaptureSettings(pflag.NewFlagSet("istio-iptables", pflag.ContinueOnError))
-	host := hostInputs{env: mapEnvironment(nil)}
-	if _, err := cmd.config(host); err != nil {
+	cmd := BindCaptureSettings(pflag.NewFlagSet("istio-iptables", pflag.ContinueOnError))
+	host := Host{Env: MapEnvironment(nil)}
+	if _, err := cmd.Config(host); err != nil {
 		t.Fatal(err)
 	}
-	for name := range host.env.Reads() {
-		if _, ok := config.Find(name); !ok {
-			t.Errorf("%s read, but not in config.Env", name)
-		}
-	}
-}
-
-// `meshagent help env` prints the table, sorted, one line a variable.
-func TestHelpEnv(t *testing.T) {
-	var out bytes.Buffer
-	if code := execute(&cliContext{args: []string{"help", "env"}, host: hostInputs{env: mapEnvironment(nil)}, stdout: &out, stderr: &out}); code != 0 {
-		t.Fatalf("help env: exit %d: %s", code, out.String())
-	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != len(config.Env)+1 {
-		t.Errorf("help env: %d lines, want a header and %d variables", len(lines), len(config.Env))
-	}
-	for _, want := range []string{"PROV_CERT", "ISTIO_META_*", "localhost:15053"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("help env lacks %q:\n%s", want, out.String())
+	for name := range host.Env.Reads() {
+		if _, ok := Find(name); !ok {
+			t.Errorf("%s read, but not in Env", name)
 		}
 	}
 }
 
 // Every variable docs/reference.md names in its environment table is in
-// config.Env; the table's variables the docs do not name are listed, so
+// Env; the table's variables the docs do not name are listed, so
 // that the docs can be completed.
 func TestEnvTableMatchesReference(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/reference.md")
+	doc, err := os.ReadFile("../../../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,8 +110,8 @@ func TestEnvTableMatchesReference(t *testing.T) {
 		if m[2] == "[_EXCLUDE]" {
 			named[m[1]+"_EXCLUDE"] = true
 		}
-		if _, ok := config.Find(m[1]); !ok {
-			t.Errorf("docs/reference.md names %s, not in config.Env", m[1])
+		if _, ok := Find(m[1]); !ok {
+			t.Errorf("docs/reference.md names %s, not in Env", m[1])
 		}
 	}
 	// The proxy's and standalone's flag tables name their variables too.
@@ -139,24 +119,29 @@ func TestEnvTableMatchesReference(t *testing.T) {
 		named[m[1]] = true
 	}
 	var missing []string
-	for _, v := range config.Sorted() {
+	for _, v := range Sorted() {
 		if !named[v.Name] {
 			missing = append(missing, v.Name)
 		}
 	}
 	if len(missing) > 0 {
-		t.Logf("in config.Env but not named in docs/reference.md (%d): %s", len(missing), strings.Join(missing, " "))
+		t.Logf("in Env but not named in docs/reference.md (%d): %s", len(missing), strings.Join(missing, " "))
 	}
 }
 
 // Every variable name the commands' sources read (envVar, optionalEnvVar,
 // a flag's env binding, the reader's Text, Lookup and Prefixed, a VM's
-// istio-start.sh variables) is in config.Env: the paths no test start
+// istio-start.sh variables) is in Env: the paths no test start
 // takes (standalone, vm) are checked by their text.
 func TestSourcesReadOnlyTableVariables(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	// This package's sources, and the commands' (which should read none).
+	var files []string
+	for _, pattern := range []string{"*.go", "../*.go"} {
+		matched, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, matched...)
 	}
 	// The last form is a str flag's binding: str(&f.root, ..., "MESHAGENT_ROOT").
 	read := regexp.MustCompile(`(?m)(?:envVar\(r, |optionalEnvVar\(r, |env: \[\]string\{|\.Text\(|\.Lookup\(|\.Prefixed\(|vars\[|get\(|setDefault\()"([A-Z][A-Z0-9_]+)"|, "([A-Z][A-Z0-9_]+)"\)$`)
@@ -175,8 +160,8 @@ func TestSourcesReadOnlyTableVariables(t *testing.T) {
 				continue // a word, not a variable ("SYSTEM", "ECDSA", "TPROXY")
 			}
 			found++
-			if _, ok := config.Find(name); !ok {
-				t.Errorf("%s reads %s, not in config.Env", f, name)
+			if _, ok := Find(name); !ok {
+				t.Errorf("%s reads %s, not in Env", f, name)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 // The one way a setting is read: the command line, else its environment
 // variable, else its default (consul-dataplane's cmd/consul-dataplane/
@@ -15,63 +15,61 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // mapEnvironment is a reader of an environment made of a map: tests, and
 // the layers built on the process environment (the VM's cluster.env).
-func mapEnvironment(m map[string]string) *config.Reader { return config.NewReader(config.FromMap(m)) }
+func MapEnvironment(m map[string]string) *Reader { return NewReader(FromMap(m)) }
 
 // problems collects bad values, each naming where it came from (a flag, an
 // environment variable, a file) and the value.
-type problems struct{ errs []error }
+type Problems struct{ errs []error }
 
-func (p *problems) add(err error) {
+func (p *Problems) Add(err error) {
 	if err != nil {
 		p.errs = append(p.errs, err)
 	}
 }
 
-func (p *problems) addf(format string, args ...any) { p.add(fmt.Errorf(format, args...)) }
+func (p *Problems) Addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
 
 // err is every problem, joined; nil if there was none.
-func (p *problems) err() error { return errors.Join(p.errs...) }
+func (p *Problems) Err() error { return errors.Join(p.errs...) }
 
 // flagSpec names a flag and the environment variables that stand in for it
 // when it is not given (the first one set wins).
-type flagSpec struct {
+type FlagSpec struct {
 	name, short string
-	env         []string
+	Env         []string
 	usage       string
 }
 
 // settings are the flags of one command, bound to their environment
 // variables. Define them with flagVar and optionalFlagVar, parse the
 // command line, then call resolve with the environment.
-type settings struct {
+type Settings struct {
 	fs       *pflag.FlagSet
-	problems *problems
+	Problems *Problems
 	// fromEnv sets the flags that were not given from their variables.
-	fromEnv []func(*config.Reader)
+	fromEnv []func(*Reader)
 }
 
-func newSettings(fs *pflag.FlagSet) *settings {
-	return &settings{fs: fs, problems: &problems{}}
+func NewSettings(fs *pflag.FlagSet) *Settings {
+	return &Settings{fs: fs, Problems: &Problems{}}
 }
 
 // resolve applies the environment to every flag the command line did not
 // give, and returns every bad value, of flags and variables alike.
-func (s *settings) resolve(env *config.Reader) error {
+func (s *Settings) Resolve(env *Reader) error {
 	for _, apply := range s.fromEnv {
 		apply(env)
 	}
-	return s.problems.err()
+	return s.Problems.Err()
 }
 
 // flagVar defines a flag whose value is the command line's, else the first
 // of spec.env that is set, else def. The variables are named in --help.
-func flagVar[T any](s *settings, p *T, def T, parse config.Parser[T], spec flagSpec) {
+func FlagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec FlagSpec) {
 	*p = def
 	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse)
 }
@@ -79,29 +77,29 @@ func flagVar[T any](s *settings, p *T, def T, parse config.Parser[T], spec flagS
 // optionalFlagVar defines a flag whose value stays nil unless the command
 // line or one of spec.env gives it: "not set" is visible, and differs from
 // a zero (consul-dataplane's pointer fields).
-func optionalFlagVar[T any](s *settings, p **T, parse config.Parser[T], spec flagSpec) {
+func OptionalFlagVar[T any](s *Settings, p **T, parse Parser[T], spec FlagSpec) {
 	*p = nil
 	defineFlag(s, spec, "", func(v T) { *p = &v }, parse)
 }
 
-func defineFlag[T any](s *settings, spec flagSpec, defText string, set func(T), parse config.Parser[T]) {
+func defineFlag[T any](s *Settings, spec FlagSpec, defText string, set func(T), parse Parser[T]) {
 	usage := spec.usage
-	if len(spec.env) > 0 {
-		usage += " (env " + strings.Join(spec.env, ", ") + ")"
+	if len(spec.Env) > 0 {
+		usage += " (env " + strings.Join(spec.Env, ", ") + ")"
 	}
-	v := &flagValue[T]{name: spec.name, text: defText, set: set, parse: parse, problems: s.problems}
+	v := &flagValue[T]{name: spec.name, text: defText, set: set, parse: parse, Problems: s.Problems}
 	f := s.fs.VarPF(v, spec.name, spec.short, usage)
 	if v.Type() == "bool" {
 		f.NoOptDefVal = "true" // --chaos alone means true, as a pflag bool
 	}
-	s.fromEnv = append(s.fromEnv, func(env *config.Reader) {
+	s.fromEnv = append(s.fromEnv, func(env *Reader) {
 		if s.fs.Changed(spec.name) {
 			return
 		}
-		for _, name := range spec.env {
-			val, ok, err := config.Value(env, name, parse)
+		for _, name := range spec.Env {
+			val, ok, err := Value(env, name, parse)
 			if err != nil {
-				s.problems.add(err)
+				s.Problems.Add(err)
 				return
 			}
 			if ok {
@@ -119,8 +117,8 @@ type flagValue[T any] struct {
 	name     string
 	text     string
 	set      func(T)
-	parse    config.Parser[T]
-	problems *problems
+	parse    Parser[T]
+	Problems *Problems
 }
 
 func (v *flagValue[T]) String() string { return v.text }
@@ -129,7 +127,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.problems.addf("--%s %s: %v", v.name, config.QuoteValue(text), err)
+		v.Problems.Addf("--%s %s: %v", v.name, QuoteValue(text), err)
 		return nil
 	}
 	v.set(val)
@@ -154,12 +152,12 @@ func (v *flagValue[T]) Type() string {
 
 // envReader reads environment-only settings, collecting bad values.
 type envReader struct {
-	env      *config.Reader
-	problems *problems
+	Env      *Reader
+	Problems *Problems
 }
 
 // envVar is the variable's value, else def.
-func envVar[T any](r envReader, name string, def T, parse config.Parser[T]) T {
+func envVar[T any](r envReader, name string, def T, parse Parser[T]) T {
 	if v := optionalEnvVar(r, name, parse); v != nil {
 		return *v
 	}
@@ -168,9 +166,9 @@ func envVar[T any](r envReader, name string, def T, parse config.Parser[T]) T {
 
 // optionalEnvVar is the variable's value, or nil when it is not set (or
 // not valid: then the problem is collected).
-func optionalEnvVar[T any](r envReader, name string, parse config.Parser[T]) *T {
-	v, ok, err := config.Value(r.env, name, parse)
-	r.problems.add(err)
+func optionalEnvVar[T any](r envReader, name string, parse Parser[T]) *T {
+	v, ok, err := Value(r.Env, name, parse)
+	r.Problems.Add(err)
 	if !ok {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -20,13 +19,13 @@ type testSettings struct {
 	name     string
 }
 
-func bindTestSettings(fs *pflag.FlagSet) (*settings, *testSettings) {
-	s, v := newSettings(fs), &testSettings{}
-	flagVar(s, &v.port, 15000, config.ParsePort, flagSpec{name: "port", env: []string{"PORT"}, usage: "a port"})
-	flagVar(s, &v.wait, 5*time.Second, config.ParseDuration, flagSpec{name: "wait", env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
-	flagVar(s, &v.on, false, config.ParseBool, flagSpec{name: "on", short: "o", env: []string{"ON"}, usage: "a switch"})
-	optionalFlagVar(s, &v.optional, config.ParseCount, flagSpec{name: "optional", env: []string{"OPTIONAL"}, usage: "maybe a count"})
-	flagVar(s, &v.name, "x", config.ParseString, flagSpec{name: "name", usage: "no variable"})
+func bindTestSettings(fs *pflag.FlagSet) (*Settings, *testSettings) {
+	s, v := NewSettings(fs), &testSettings{}
+	FlagVar(s, &v.port, 15000, ParsePort, FlagSpec{name: "port", Env: []string{"PORT"}, usage: "a port"})
+	FlagVar(s, &v.wait, 5*time.Second, ParseDuration, FlagSpec{name: "wait", Env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
+	FlagVar(s, &v.on, false, ParseBool, FlagSpec{name: "on", short: "o", Env: []string{"ON"}, usage: "a switch"})
+	OptionalFlagVar(s, &v.optional, ParseCount, FlagSpec{name: "optional", Env: []string{"OPTIONAL"}, usage: "maybe a count"})
+	FlagVar(s, &v.name, "x", ParseString, FlagSpec{name: "name", usage: "no variable"})
 	return s, v
 }
 
@@ -34,8 +33,8 @@ func bindTestSettings(fs *pflag.FlagSet) (*settings, *testSettings) {
 func TestFlagElseEnvElseDefault(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		args []string
-		env  map[string]string
+		Args []string
+		Env  map[string]string
 		want testSettings
 	}{
 		{"defaults", nil, nil, testSettings{port: 15000, wait: 5 * time.Second, name: "x"}},
@@ -50,10 +49,10 @@ func TestFlagElseEnvElseDefault(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 			s, got := bindTestSettings(fs)
-			if err := fs.Parse(tc.args); err != nil {
+			if err := fs.Parse(tc.Args); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.resolve(mapEnvironment(tc.env)); err != nil {
+			if err := s.Resolve(MapEnvironment(tc.Env)); err != nil {
 				t.Fatal(err)
 			}
 			if got.port != tc.want.port || got.wait != tc.want.wait || got.on != tc.want.on || got.name != tc.want.name ||
@@ -72,7 +71,7 @@ func TestBadSettingsAreReportedTogether(t *testing.T) {
 	if err := fs.Parse([]string{"--port", "0", "--optional", "-3"}); err != nil {
 		t.Fatalf("a bad value stopped the parse: %v", err)
 	}
-	err := s.resolve(mapEnvironment(map[string]string{"PORT": "x", "WAIT": "soon", "ON": "perhaps"}))
+	err := s.Resolve(MapEnvironment(map[string]string{"PORT": "x", "WAIT": "soon", "ON": "perhaps"}))
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -96,19 +95,19 @@ func TestHelpNamesTheVariables(t *testing.T) {
 }
 
 func TestEnvVar(t *testing.T) {
-	p := &problems{}
-	r := envReader{env: mapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
-	if got := envVar(r, "N", 1, config.ParseCount); got != 3 {
+	p := &Problems{}
+	r := envReader{Env: MapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), Problems: p}
+	if got := envVar(r, "N", 1, ParseCount); got != 3 {
 		t.Errorf("N = %d", got)
 	}
-	if got := envVar(r, "EMPTY", 1, config.ParseCount); got != 1 {
+	if got := envVar(r, "EMPTY", 1, ParseCount); got != 1 {
 		t.Errorf("EMPTY = %d, want the default", got)
 	}
-	if got := optionalEnvVar(r, "UNSET", config.ParseCount); got != nil {
+	if got := optionalEnvVar(r, "UNSET", ParseCount); got != nil {
 		t.Errorf("UNSET = %v, want nil", *got)
 	}
-	if got := envVar(r, "BAD", 1, config.ParseCount); got != 1 || p.err() == nil || !strings.Contains(p.err().Error(), `BAD="x"`) {
-		t.Errorf("BAD = %d, problems %v", got, p.err())
+	if got := envVar(r, "BAD", 1, ParseCount); got != 1 || p.Err() == nil || !strings.Contains(p.Err().Error(), `BAD="x"`) {
+		t.Errorf("BAD = %d, problems %v", got, p.Err())
 	}
 }
 

@@ -1,92 +1,42 @@
-package main
+package config
 
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"os/user"
 	"syscall"
-
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // hostInputs is everything the configuration reads from the host besides
 // flags and files under --root: production fills it from the real host
-// (realHost), tests by hand. Nothing below cmd reads the host itself.
-type hostInputs struct {
-	// env is the process environment, read by config.Env's names, each read
+// (cmd's realHost), tests by hand. The builders read the host only
+// through it.
+type Host struct {
+	// env is the process environment, read by Env's names, each read
 	// counted (#26).
-	env *config.Reader
+	Env *Reader
 	// euid is the agent's effective uid (Envoy runs as 1337 only when the
 	// agent is root and DNS is served on :53, as in Istio).
-	euid int
+	EUID int
 	// interfaceAddrs lists the host's addresses in interface order: the
 	// node's IPs after INSTANCE_IP, and istio-iptables' IPv6 decision.
-	interfaceAddrs func() ([]netip.Prefix, error)
+	InterfaceAddrs func() ([]netip.Prefix, error)
 	// lookupUID resolves a user name ($ENVOY_USER, istio-iptables' default
 	// --proxy-uid).
-	lookupUID func(name string) (string, error)
+	LookupUID func(name string) (string, error)
 	// hostname is the host's name (a VM's POD_NAME by default, as
 	// istio-start.sh's `hostname -s`).
-	hostname func() (string, error)
+	Hostname func() (string, error)
 	// lookPath finds an executable: Envoy's binaryPath is checked at start
 	// with it (nil: not checked).
-	lookPath func(string) (string, error)
-	// lockRoot takes the one-agent-per-root lock in a directory (rootlock.go);
+	LookPath func(string) (string, error)
+	// lockRoot takes the one-agent-per-root lock in a directory (cmd's rootlock.go);
 	// nil: no lock (tests that build configs without running them).
-	lockRoot func(dir string) (io.Closer, error)
+	LockRoot func(dir string) (io.Closer, error)
 	// resolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
-	resolvConf string
-}
-
-// realHost reads the host the agent runs on.
-func realHost() hostInputs {
-	return hostInputs{
-		env:            config.NewReader(config.Process()),
-		euid:           os.Geteuid(),
-		interfaceAddrs: interfaceAddrs,
-		resolvConf:     resolvConfFile,
-		lookPath:       exec.LookPath,
-		lockRoot:       lockRoot,
-		hostname:       os.Hostname,
-		lookupUID: func(name string) (string, error) {
-			u, err := user.Lookup(name)
-			if err != nil {
-				return "", err
-			}
-			return u.Uid, nil
-		},
-	}
-}
-
-// interfaceAddrs is net.InterfaceAddrs as prefixes, IPv4 unmapped.
-func interfaceAddrs() ([]netip.Prefix, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok {
-			continue
-		}
-		ones, bits := n.Mask.Size()
-		ip = ip.Unmap()
-		if ip.Is4() && bits == 128 {
-			ones -= 96
-		}
-		out = append(out, netip.PrefixFrom(ip, ones))
-	}
-	return out, nil
+	ResolvConf string
 }
 
 // maxConfigFile bounds a configuration file the agent reads on someone

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"path/filepath"
@@ -32,7 +32,7 @@ func TestExternalSDSServerGetsFilesCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.tree.Certs != nil {
+	if cfg.Tree.Certs != nil {
 		t.Error("a CA client is configured although an external SDS server serves the identity")
 	}
 	_, data, _ = writeEnvoyBootstrap(t, cfg)
@@ -50,14 +50,14 @@ func TestIstiodSANNamesTheCAAtTheDiscoveryAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cfg.tree.Certs.CAServerName; got != "istiod.istio-system.svc" {
+	if got := cfg.Tree.Certs.CAServerName; got != "istiod.istio-system.svc" {
 		t.Errorf("CA at the discovery address: server name %q, want ISTIOD_SAN's", got)
 	}
 	env["CA_ADDR"] = "10.0.0.9:15012"
 	if cfg, err = parseForTest(t, env, "--root", testRoot(t)); err != nil {
 		t.Fatal(err)
 	}
-	if got := cfg.tree.Certs.CAServerName; got != "" {
+	if got := cfg.Tree.Certs.CAServerName; got != "" {
 		t.Errorf("explicit CA_ADDR: server name %q, want none (its host)", got)
 	}
 }
@@ -68,19 +68,19 @@ func TestIstiodSANNamesTheCAAtTheDiscoveryAddress(t *testing.T) {
 func TestCARootIsIstios(t *testing.T) {
 	root := testRoot(t)
 	for _, c := range []struct {
-		env  map[string]string
+		Env  map[string]string
 		want string
 	}{
 		{nil, "var/run/secrets/istio/root-cert.pem"},
 		{map[string]string{"PROV_CERT": "/etc/certs"}, "etc/certs/root-cert.pem"},
 		{map[string]string{"PROV_CERT": "/etc/certs", "CA_ROOT_CA": "/ca/root.pem"}, "ca/root.pem"},
 	} {
-		cfg, err := parseForTest(t, c.env, "--root", root)
+		cfg, err := parseForTest(t, c.Env, "--root", root)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := filepath.Join(root, c.want); cfg.tree.Certs.CARootFile != want {
-			t.Errorf("%v: CA root %s, want %s", c.env, cfg.tree.Certs.CARootFile, want)
+		if want := filepath.Join(root, c.want); cfg.Tree.Certs.CARootFile != want {
+			t.Errorf("%v: CA root %s, want %s", c.Env, cfg.Tree.Certs.CARootFile, want)
 		}
 	}
 }

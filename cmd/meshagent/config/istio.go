@@ -1,4 +1,4 @@
-package main
+package config
 
 // Istio's names, defaults and paths, in one place: every port, every path
 // under --root, the Envoy binary and the drain durations the agent uses come
@@ -18,19 +18,19 @@ import (
 
 // Ports.
 const (
-	adminPort           = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
+	AdminPort           = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
 	agentStatusPort     = 15020 // ProxyConfig.statusPort: the agent's status server
-	envoyStatusPort     = 15021 // ENVOY_STATUS_PORT: Envoy's listener forwarding /healthz/ready to the agent
-	envoyPrometheusPort = 15090 // ENVOY_PROMETHEUS_PORT: Envoy's /stats/prometheus listener
+	EnvoyStatusPort     = 15021 // ENVOY_STATUS_PORT: Envoy's listener forwarding /healthz/ready to the agent
+	EnvoyPrometheusPort = 15090 // ENVOY_PROMETHEUS_PORT: Envoy's /stats/prometheus listener
 	dnsProxyAddr        = "localhost:15053"
 )
 
 // Paths, relative to --root ("/" in production), in Istio's spelling.
 const (
-	configPathDir         = "./etc/istio/proxy"                     // ProxyConfig.configPath: bootstrap, XDS socket
+	ConfigPathDir         = "./etc/istio/proxy"                     // ProxyConfig.configPath: bootstrap, XDS socket
 	xdsSocketName         = "XDS"                                   // <configPath>/XDS: the xDS unix socket
 	grpcBootstrapFile     = "./etc/istio/proxy/grpc-bootstrap.json" // GRPC_XDS_BOOTSTRAP
-	meshConfigFile        = "./etc/istio/config/mesh"               // --meshConfig
+	MeshConfigFile        = "./etc/istio/config/mesh"               // --meshConfig
 	podLabelsFile         = "./etc/istio/pod/labels"                // Downward API
 	podAnnotationsFile    = "./etc/istio/pod/annotations"
 	workloadIdentityDir   = "./var/run/secrets/workload-spiffe-uds"         // SDS socket directory
@@ -42,18 +42,18 @@ const (
 	workloadCredsDir      = "./var/run/secrets/workload-spiffe-credentials" // file-mounted certificates (SPIFFE layout)
 	caRootCertFile        = "./var/run/secrets/istio/root-cert.pem"         // the control plane CA's root (configmap istio-ca-root-cert)
 	caCRLFile             = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
-	tokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
-	clusterEnvFile        = "./var/lib/istio/envoy/cluster.env"             // a VM's settings (istioctl x workload entry configure)
-	sidecarEnvFile        = "./var/lib/istio/envoy/sidecar.env"             // a VM's optional local settings
-	vmCertsDir            = "/etc/certs"                                    // a VM's PROV_CERT and OUTPUT_CERTS (istio-start.sh), under --root
-	envoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
-	resolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
+	TokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
+	ClusterEnvFile        = "./var/lib/istio/envoy/cluster.env"             // a VM's settings (istioctl x workload entry configure)
+	SidecarEnvFile        = "./var/lib/istio/envoy/sidecar.env"             // a VM's optional local settings
+	VMCertsDir            = "/etc/certs"                                    // a VM's PROV_CERT and OUTPUT_CERTS (istio-start.sh), under --root
+	EnvoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
+	ResolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
 )
 
 // Drain and stop durations: Istio's, then meshagent's own.
 const (
-	drainDuration            = 45 * time.Second // ProxyConfig.drainDuration ⇒ --drain-time-s
-	terminationDrainDuration = 5 * time.Second  // ProxyConfig.terminationDrainDuration
+	DrainDuration            = 45 * time.Second // ProxyConfig.drainDuration ⇒ --drain-time-s
+	TerminationDrainDuration = 5 * time.Second  // ProxyConfig.terminationDrainDuration
 	minimumDrainDuration     = 5 * time.Second  // MINIMUM_DRAIN_DURATION
 
 	// Not Istio's: how long the tree waits for services to stop, and for
@@ -82,18 +82,18 @@ const (
 // count comes from ISTIO_CPU_LIMIT or Envoy's own (one per CPU).
 func defaultProxyConfig() *meshconfig.ProxyConfig {
 	return &meshconfig.ProxyConfig{
-		ConfigPath:               configPathDir,
+		ConfigPath:               ConfigPathDir,
 		ClusterName:              &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
-		DrainDuration:            durationpb.New(drainDuration),
-		TerminationDrainDuration: durationpb.New(terminationDrainDuration),
-		ProxyAdminPort:           adminPort,
+		DrainDuration:            durationpb.New(DrainDuration),
+		TerminationDrainDuration: durationpb.New(TerminationDrainDuration),
+		ProxyAdminPort:           AdminPort,
 		ControlPlaneAuthPolicy:   meshconfig.AuthenticationPolicy_MUTUAL_TLS,
 		DiscoveryAddress:         "istiod.istio-system.svc:15012",
-		BinaryPath:               envoyBinaryPath,
+		BinaryPath:               EnvoyBinaryPath,
 		StatNameLength:           189,
 		StatusPort:               agentStatusPort,
 	}
 }
 
 // rooted places an Istio path under the agent's root.
-func rooted(root, path string) string { return filepath.Join(root, path) }
+func Rooted(root, path string) string { return filepath.Join(root, path) }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"encoding/json"
@@ -16,7 +16,6 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 )
 
@@ -71,7 +70,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 			}
 		}
 	} else if errors.Is(err, fs.ErrNotExist) && src.meshConfigFlag != nil {
-		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist", config.QuoteValue(*src.meshConfigFlag), src.meshConfigFile)
+		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist", QuoteValue(*src.meshConfigFlag), src.meshConfigFile)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("mesh config file: %w", err)
 	}
@@ -247,9 +246,9 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 		errs = append(errs, errors.New("ProxyConfig configPath is empty"))
 	}
 	if _, port, err := net.SplitHostPort(pc.DiscoveryAddress); err != nil {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", config.QuoteValue(pc.DiscoveryAddress), err))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", QuoteValue(pc.DiscoveryAddress), err))
 	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", config.QuoteValue(pc.DiscoveryAddress), config.QuoteValue(port)))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", QuoteValue(pc.DiscoveryAddress), QuoteValue(port)))
 	}
 	if d := pc.GetDrainDuration(); d != nil && d.AsDuration() <= 0 {
 		errs = append(errs, fmt.Errorf("ProxyConfig drainDuration %s must be positive", d.AsDuration()))

@@ -1,26 +1,17 @@
-package main
+package config
 
 import (
 	"bytes"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func TestProxyConfigDefaultsAreIstios(t *testing.T) {
 	dir := t.TempDir()
@@ -46,7 +37,7 @@ func TestProxyConfigDefaultsAreIstios(t *testing.T) {
 func TestProxyConfigLayering(t *testing.T) {
 	dir := t.TempDir()
 	mesh := filepath.Join(dir, "mesh")
-	writeFile(t, mesh, `
+	testkit.WriteFile(t, mesh, []byte(`
 trustDomain: example.org
 defaultConfig:
   statusPort: 16020
@@ -55,12 +46,12 @@ defaultConfig:
   proxyMetadata:
     A: mesh
     B: mesh
-`)
+`))
 	ann := filepath.Join(dir, "annotations")
-	writeFile(t, ann, `proxy.istio.io/config="proxyAdminPort: 18000\nproxyMetadata:\n  B: annotation\n"
+	testkit.WriteFile(t, ann, []byte(`proxy.istio.io/config="proxyAdminPort: 18000\nproxyMetadata:\n  B: annotation\n"
 sidecar.istio.io/discoveryAddress="istiod.other:15012"
 other="x"
-`)
+`))
 	pc, err := loadProxyConfig(proxyConfigSources{
 		meshConfigFile:  mesh,
 		proxyConfigEnv:  `{"proxy_admin_port": 17000, "terminationDrainDuration": "2s", "proxyMetadata": {"C": "env"}}`,
@@ -111,9 +102,9 @@ func TestProxyConfigExplicitZero(t *testing.T) {
 func TestProxyConfigBadInput(t *testing.T) {
 	dir := t.TempDir()
 	badMesh := filepath.Join(dir, "badmesh")
-	writeFile(t, badMesh, "defaultConfig: [unclosed")
+	testkit.WriteFile(t, badMesh, []byte("defaultConfig: [unclosed"))
 	badAnn := filepath.Join(dir, "badann")
-	writeFile(t, badAnn, "proxy.istio.io/config=\"statusPort: notanumber\"\n")
+	testkit.WriteFile(t, badAnn, []byte("proxy.istio.io/config=\"statusPort: notanumber\"\n"))
 	cases := []struct {
 		name string
 		src  proxyConfigSources

@@ -1,4 +1,4 @@
-package main
+package config
 
 // What `meshagent standalone` adds to the agent's configuration: the two
 // embedded peers a pod would find in its cluster (services/controlplane for
@@ -27,7 +27,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/controlplane"
@@ -38,37 +37,37 @@ import (
 const (
 	standaloneCADir        = "./var/lib/meshagent/ca"
 	standaloneCertLifetime = time.Minute // short, so that a rotation shows within a minute
-	standaloneToken        = "meshagent-standalone\n"
+	StandaloneToken        = "meshagent-standalone\n"
 	standaloneEnvoyName    = "envoy"
 	standaloneStandInName  = "fakeenvoy" // the stand-in Envoy, as `make run` builds it next to meshagent
 )
 
 // standaloneFlags are `standalone`'s flags besides `proxy`'s.
-type standaloneFlags struct {
+type StandaloneFlags struct {
 	mesh               string
 	certLifetime       time.Duration
 	controlPlaneListen string
 	caListen           string
 }
 
-func bindStandaloneFlags(s *settings, f *standaloneFlags) {
+func BindStandaloneFlags(s *Settings, f *StandaloneFlags) {
 	// --mesh has no default: a path relative to wherever the command runs
 	// would find the sample only from the source tree, and fail elsewhere
 	// with a confusing "no such file". `make run` passes the sample.
-	flagVar(s, &f.mesh, "", config.ParseString, flagSpec{name: "mesh", env: []string{"MESHAGENT_MESH"},
+	FlagVar(s, &f.mesh, "", ParseString, FlagSpec{name: "mesh", Env: []string{"MESHAGENT_MESH"},
 		usage: "Mesh YAML the embedded control plane serves (required; a sample: testdata/standalone/mesh.yaml), reloaded when it changes"})
-	flagVar(s, &f.certLifetime, standaloneCertLifetime, config.ParseDuration, flagSpec{name: "cert-lifetime", env: []string{"MESHAGENT_CERT_LIFETIME"},
+	FlagVar(s, &f.certLifetime, standaloneCertLifetime, ParseDuration, FlagSpec{name: "cert-lifetime", Env: []string{"MESHAGENT_CERT_LIFETIME"},
 		usage: "Lifetime of the workload certificates the embedded CA signs; the agent renews at half of it"})
-	flagVar(s, &f.controlPlaneListen, controlplane.DefaultListen, config.ParseString, flagSpec{name: "controlplane-listen", env: []string{"MESHAGENT_CONTROLPLANE_LISTEN"},
+	FlagVar(s, &f.controlPlaneListen, controlplane.DefaultListen, ParseString, FlagSpec{name: "controlplane-listen", Env: []string{"MESHAGENT_CONTROLPLANE_LISTEN"},
 		usage: "Loopback address of the embedded control plane (plaintext xDS, NDS); the agent's discoveryAddress"})
-	flagVar(s, &f.caListen, ca.DefaultListen, config.ParseString, flagSpec{name: "ca-listen", env: []string{"MESHAGENT_CA_LISTEN"},
+	FlagVar(s, &f.caListen, ca.DefaultListen, ParseString, FlagSpec{name: "ca-listen", Env: []string{"MESHAGENT_CA_LISTEN"},
 		usage: "Loopback address of the embedded CA (Istio's IstioCertificateService over TLS); the agent's CA_ADDR"})
 }
 
 // standaloneEnv is what an injector would put in the pod's environment:
 // the workload's identity, the CA and its root, DNS capture. The user's
 // environment wins over each of them.
-func standaloneEnv(f *standaloneFlags) map[string]string {
+func standaloneEnv(f *StandaloneFlags) map[string]string {
 	return map[string]string{
 		"POD_NAME":               "standalone-0",
 		"POD_NAMESPACE":          "default",
@@ -110,7 +109,7 @@ func (l *standaloneLayer) peers(root string, agentCerts *certs.Config) (*control
 		cp.Listen = l.cpListen
 		cpc = &cp
 	}
-	c := ca.DefaultConfig(rooted(root, standaloneCADir))
+	c := ca.DefaultConfig(Rooted(root, standaloneCADir))
 	c.Listen = l.caListen
 	c.CertLifetime = l.certLifetime
 	if agentCerts != nil {
@@ -121,73 +120,73 @@ func (l *standaloneLayer) peers(root string, agentCerts *certs.Config) (*control
 
 // standaloneInputs are everything a `standalone` run is configured from:
 // proxy's inputs, standalone's flags, and where Envoy may be found.
-type standaloneInputs struct {
-	agent agentInputs
-	flags *standaloneFlags
+type StandaloneInputs struct {
+	Inputs Inputs
+	Flags  *StandaloneFlags
 	// lookPath is exec.LookPath (tests give their own).
-	lookPath func(string) (string, error)
+	LookPath func(string) (string, error)
 	// selfDir is the directory of the running meshagent binary, where
 	// `make run` builds the stand-in Envoy.
-	selfDir string
+	SelfDir string
 }
 
 // envoyChoice is the Envoy standalone runs, and why: said once in the log.
-type envoyChoice struct {
-	path, why string
+type EnvoyChoice struct {
+	Path, Why string
 }
 
 // buildStandaloneConfig is buildAgentConfig with standalone's settings and
 // peers, then the checks that the agent really uses them.
-func buildStandaloneConfig(in standaloneInputs) (*agentConfig, envoyChoice, error) {
-	p := in.agent.problems
+func BuildStandalone(in StandaloneInputs) (*Agent, EnvoyChoice, error) {
+	p := in.Inputs.Problems
 	if p == nil {
-		p = &problems{}
+		p = &Problems{}
 	}
-	f := in.flags
+	f := in.Flags
 	layer := &standaloneLayer{meshFile: meshFile(f.mesh, p), certLifetime: f.certLifetime, cpListen: f.controlPlaneListen, caListen: f.caListen}
 	if f.certLifetime <= 0 {
-		p.addf("--cert-lifetime %s: must be positive", f.certLifetime)
+		p.Addf("--cert-lifetime %s: must be positive", f.certLifetime)
 	}
-	envoy := findEnvoy(in.lookPath, in.selfDir)
+	envoy := findEnvoy(in.LookPath, in.SelfDir)
 	pcLayer := map[string]any{"discoveryAddress": f.controlPlaneListen, "controlPlaneAuthPolicy": "NONE"}
-	if envoy.path != "" {
-		pcLayer["binaryPath"] = envoy.path
+	if envoy.Path != "" {
+		pcLayer["binaryPath"] = envoy.Path
 	}
 	js, err := json.Marshal(pcLayer)
 	if err != nil {
-		return nil, envoyChoice{}, err
+		return nil, EnvoyChoice{}, err
 	}
 	layer.proxyConfig = string(js)
 
-	ai := in.agent
-	ai.problems = p
+	ai := in.Inputs
+	ai.Problems = p
 	ai.standalone = layer
-	ai.host.env = withDefaults(ai.host.env, standaloneEnv(f))
+	ai.Host.Env = withDefaults(ai.Host.Env, standaloneEnv(f))
 	// Standalone finds its Envoy and says why it has none (below); the
 	// generic check would name only Istio's path.
-	lookPath := ai.host.lookPath
-	ai.host.lookPath = nil
-	cfg, err := buildAgentConfig(ai)
+	lookPath := ai.Host.LookPath
+	ai.Host.LookPath = nil
+	cfg, err := Build(ai)
 	if err != nil {
-		return nil, envoyChoice{}, err
+		return nil, EnvoyChoice{}, err
 	}
 
-	if c := cfg.tree.Certs; c == nil || c.Source != certs.SourceCA || c.Roots != certs.RootsWithCertificate {
-		p.addf("standalone: the agent's certificate must come from the embedded CA, but %s", whyNotCA(c, cfg.root))
+	if c := cfg.Tree.Certs; c == nil || c.Source != certs.SourceCA || c.Roots != certs.RootsWithCertificate {
+		p.Addf("standalone: the agent's certificate must come from the embedded CA, but %s", whyNotCA(c, cfg.Root))
 	}
 	switch {
-	case envoy.path != "" && cfg.proxy.BinaryPath == envoy.path: // ours
-	case envoy.path == "" && cfg.proxy.BinaryPath == envoyBinaryPath: // nobody named one, and there is none
-		p.addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.why)
+	case envoy.Path != "" && cfg.Proxy.BinaryPath == envoy.Path: // ours
+	case envoy.Path == "" && cfg.Proxy.BinaryPath == EnvoyBinaryPath: // nobody named one, and there is none
+		p.Addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.Why)
 	default:
-		envoy = envoyChoice{path: cfg.proxy.BinaryPath, why: "binaryPath is set in the configuration (PROXY_CONFIG, the mesh config file or an annotation)"}
-		if lookPath != nil && cfg.tree.Envoy != nil {
-			checkEnvoyBinary(p, cfg.proxy.BinaryPath, lookPath)
+		envoy = EnvoyChoice{Path: cfg.Proxy.BinaryPath, Why: "binaryPath is set in the configuration (PROXY_CONFIG, the mesh config file or an annotation)"}
+		if lookPath != nil && cfg.Tree.Envoy != nil {
+			checkEnvoyBinary(p, cfg.Proxy.BinaryPath, lookPath)
 		}
 	}
-	if err := p.err(); err != nil {
-		cfg.release()
-		return nil, envoyChoice{}, err
+	if err := p.Err(); err != nil {
+		cfg.Release()
+		return nil, EnvoyChoice{}, err
 	}
 	return cfg, envoy, nil
 }
@@ -195,20 +194,20 @@ func buildStandaloneConfig(in standaloneInputs) (*agentConfig, envoyChoice, erro
 // meshFile is --mesh as an absolute path, after reporting why it is not a
 // file if it is not one. Its content is the control plane's to judge: a bad
 // file is reported by its health and fixed while the agent runs.
-func meshFile(path string, p *problems) string {
+func meshFile(path string, p *Problems) string {
 	if path == "" {
-		p.addf("--mesh (MESHAGENT_MESH) is required: the mesh YAML the embedded control plane serves (a sample is testdata/standalone/mesh.yaml in meshagent's source)")
+		p.Addf("--mesh (MESHAGENT_MESH) is required: the mesh YAML the embedded control plane serves (a sample is testdata/standalone/mesh.yaml in meshagent's source)")
 		return ""
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.addf("--mesh %s: %v", config.QuoteValue(path), err)
+		p.Addf("--mesh %s: %v", QuoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.addf("--mesh %s: %v", config.QuoteValue(path), err)
+		p.Addf("--mesh %s: %v", QuoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.addf("--mesh %s: not a regular file", config.QuoteValue(path))
+		p.Addf("--mesh %s: not a regular file", QuoteValue(path))
 	}
 	return abs
 }
@@ -216,27 +215,27 @@ func meshFile(path string, p *problems) string {
 // findEnvoy is the Envoy standalone runs unless the configuration names
 // one: Istio's binaryPath if it is installed there, else `envoy` on PATH,
 // else the stand-in beside this binary; path is "" when there is none.
-func findEnvoy(lookPath func(string) (string, error), selfDir string) envoyChoice {
-	if p, err := lookPath(envoyBinaryPath); err == nil {
-		return envoyChoice{path: p, why: "Istio's binaryPath " + envoyBinaryPath + " is installed"}
+func findEnvoy(lookPath func(string) (string, error), selfDir string) EnvoyChoice {
+	if p, err := lookPath(EnvoyBinaryPath); err == nil {
+		return EnvoyChoice{Path: p, Why: "Istio's binaryPath " + EnvoyBinaryPath + " is installed"}
 	}
 	if p, err := lookPath(standaloneEnvoyName); err == nil {
 		if abs, err := filepath.Abs(p); err == nil {
 			p = abs
 		}
-		return envoyChoice{path: p, why: "envoy found on PATH (none at " + envoyBinaryPath + ")"}
+		return EnvoyChoice{Path: p, Why: "envoy found on PATH (none at " + EnvoyBinaryPath + ")"}
 	}
-	none := "no envoy at " + envoyBinaryPath + " nor on PATH"
+	none := "no envoy at " + EnvoyBinaryPath + " nor on PATH"
 	if selfDir != "" {
 		standIn := filepath.Join(selfDir, standaloneStandInName)
 		if p, err := lookPath(standIn); err == nil {
-			return envoyChoice{path: p, why: none + ": running the stand-in Envoy (testdata/fakeenvoy), a test tool that " +
+			return EnvoyChoice{Path: p, Why: none + ": running the stand-in Envoy (testdata/fakeenvoy), a test tool that " +
 				"speaks xDS and SDS and serves the admin API, /config_dump included, and relays captured TCP to its original " +
 				"destination (no TLS, routing or load balancing)"}
 		}
 		none += ", no stand-in at " + standIn
 	}
-	return envoyChoice{why: none}
+	return EnvoyChoice{Why: none}
 }
 
 // whyNotCA says why the agent's certificate would not come from the CA.
@@ -245,15 +244,15 @@ func whyNotCA(c *certs.Config, root string) string {
 		return "the certificate provider is off (PILOT_CERT_PROVIDER=none, or an external SDS server answers on its socket)"
 	}
 	return fmt.Sprintf("file-mounted certificates under --root would be used (source %s, roots %s): remove %s and %s",
-		c.Source, c.Roots, rooted(root, etcCertsDir), rooted(root, workloadCredsDir))
+		c.Source, c.Roots, Rooted(root, etcCertsDir), Rooted(root, workloadCredsDir))
 }
 
 // withDefaults is env with defaults for the variables it does not set (an
 // empty value counts as unset, as everywhere): a new reader over env's
 // source, so that the configuration's reads are counted once, on it.
-func withDefaults(env *config.Reader, defaults map[string]string) *config.Reader {
+func withDefaults(env *Reader, defaults map[string]string) *Reader {
 	src := env.Source()
-	return config.NewReader(config.Environment{
+	return NewReader(Environment{
 		Lookup: func(name string) (string, bool) {
 			if v, ok := src.Get(name); ok {
 				return v, true

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/status"
 )
@@ -14,17 +13,17 @@ import (
 // statusInputs are what the status server's config is built from besides
 // the environment.
 type statusInputs struct {
-	proxyType string
+	ProxyType string
 	// instanceIP is the pod's IP the probes go to (podInfo.instanceIP).
 	instanceIP string
-	flags      *proxyFlags
-	proxy      *meshconfig.ProxyConfig
+	Flags      *ProxyFlags
+	Proxy      *meshconfig.ProxyConfig
 	// envoy is the envoy service's config, nil with DISABLE_ENVOY: Envoy's
 	// metrics are merged from the port its bootstrap gives its Prometheus
 	// listener (ENVOY_PROMETHEUS_PORT, read once, there).
 	envoy *envoy.Config
 	// gatherer is the agent's metrics registry.
-	gatherer prometheus.Gatherer
+	Gatherer prometheus.Gatherer
 }
 
 // statusConfig is the status server on ProxyConfig.statusPort (all
@@ -33,15 +32,15 @@ type statusInputs struct {
 // options.NewStatusServerOptions); nil when the port is 0, and then, as in
 // Istio, none of its variables is read.
 func statusConfig(r envReader, in statusInputs) *status.Config {
-	pc := in.proxy
+	pc := in.Proxy
 	if pc.StatusPort == 0 {
 		return nil
 	}
 	return &status.Config{
 		Addr:      fmt.Sprintf(":%d", pc.StatusPort),
-		Chaos:     in.flags.chaos,
-		Profiling: in.flags.profiling,
-		Gatherer:  in.gatherer,
+		Chaos:     in.Flags.chaos,
+		Profiling: in.Flags.profiling,
+		Gatherer:  in.Gatherer,
 		Probes:    probeConfig(r, pc, in.instanceIP),
 		Metrics:   metricsConfig(r, in),
 	}
@@ -50,19 +49,19 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 // probeConfig is the rewriting of the application's probes kubelet sends
 // to /app-health/... and /app-lifecycle/..., and the VM's readiness probe.
 func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) status.ProbeConfig {
-	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", config.ParseString))
-	r.problems.add(err) // names the variable, and the probe's path
+	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", ParseString))
+	r.Problems.Add(err) // names the variable, and the probe's path
 	workload, err := status.NewWorkloadProbe(pc.GetReadinessProbe())
-	r.problems.add(err) // names ProxyConfig.readinessProbe
+	r.Problems.Add(err) // names ProxyConfig.readinessProbe
 	host := instanceIP
-	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, config.ParseBool) {
+	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, ParseBool) {
 		host = "localhost"
 	}
 	return status.ProbeConfig{
 		App:          app,
 		Host:         host,
-		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, config.ParseBool),
-		KeepAlive:    envVar(r, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, config.ParseBool),
+		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, ParseBool),
+		KeepAlive:    envVar(r, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, ParseBool),
 		Workload:     workload,
 	}
 }
@@ -73,19 +72,19 @@ func metricsConfig(r envReader, in statusInputs) status.MetricsConfig {
 	m := status.MetricsConfig{
 		// The agent's endpoint; Envoy's :15090 listener reads the same name
 		// from proxyMetadata (envoyConfig), as Istio's bootstrap does.
-		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, config.ParseBool),
+		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, ParseBool),
 	}
-	merge := envVar(r, "PILOT_AGENT_MERGE_ENVOY_STATS", true, config.ParseBool)
+	merge := envVar(r, "PILOT_AGENT_MERGE_ENVOY_STATS", true, ParseBool)
 	if merge && in.envoy != nil && in.envoy.Bootstrap != nil {
 		m.EnvoyPort = in.envoy.Bootstrap.EnvoyPrometheusPort
 	}
 	// Istio reads the application's scrape configuration for sidecars
 	// only: 15020 is exposed in gateways' Services, and an application
 	// endpoint there would be served to the world.
-	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", config.ParseString)
-	if in.proxyType == "sidecar" {
-		app, err := status.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
-		r.problems.add(err) // names the variable
+	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", ParseString)
+	if in.ProxyType == "sidecar" {
+		app, err := status.ParsePrometheusAnnotations(annotations, int(in.Proxy.StatusPort), int(in.Proxy.ProxyAdminPort))
+		r.Problems.Add(err) // names the variable
 		m.App = app
 	}
 	return m

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"reflect"
@@ -17,8 +17,8 @@ func TestStatusConfigFromIstiosEnvironment(t *testing.T) {
 	const vmProbe = `{"readinessProbe":{"tcpSocket":{"port":7070},"periodSeconds":5}}`
 	for _, tc := range []struct {
 		name  string
-		env   map[string]string
-		args  []string
+		Env   map[string]string
+		Args  []string
 		check func(t *testing.T, c *status.Config)
 	}{
 		{"nothing set: Istio's defaults", nil, nil, func(t *testing.T, c *status.Config) {
@@ -92,14 +92,14 @@ func TestStatusConfigFromIstiosEnvironment(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseForTest(t, tc.env, append([]string{"--root", testRoot(t)}, tc.args...)...)
+			cfg, err := parseForTest(t, tc.Env, append([]string{"--root", testRoot(t)}, tc.Args...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.tree.Status == nil {
+			if cfg.Tree.Status == nil {
 				t.Fatal("no status server")
 			}
-			tc.check(t, cfg.tree.Status)
+			tc.check(t, cfg.Tree.Status)
 		})
 	}
 }
@@ -108,7 +108,7 @@ func TestStatusConfigFromIstiosEnvironment(t *testing.T) {
 // code 2), each named with its variable, all of them in one run.
 func TestStatusConfigRejectsBadValues(t *testing.T) {
 	for _, tc := range []struct {
-		env  map[string]string
+		Env  map[string]string
 		want []string // in the error
 	}{
 		{map[string]string{"ISTIO_KUBE_APP_PROBERS": `{"/healthz":{"tcpSocket":{"port":8080}}}`}, []string{"ISTIO_KUBE_APP_PROBERS", `"/healthz"`}},
@@ -125,14 +125,14 @@ func TestStatusConfigRejectsBadValues(t *testing.T) {
 		{map[string]string{"PROXY_CONFIG": `{"statusPort":25020}`, "ISTIO_PROMETHEUS_ANNOTATIONS": `{"port":"25020"}`}, []string{"ISTIO_PROMETHEUS_ANNOTATIONS", "25020"}},
 		{map[string]string{"ISTIO_PROMETHEUS_ANNOTATIONS": `{"port":`}, []string{"ISTIO_PROMETHEUS_ANNOTATIONS"}},
 	} {
-		_, err := parseForTest(t, tc.env, "--root", testRoot(t))
+		_, err := parseForTest(t, tc.Env, "--root", testRoot(t))
 		if err == nil {
-			t.Errorf("%v: accepted", tc.env)
+			t.Errorf("%v: accepted", tc.Env)
 			continue
 		}
 		for _, w := range tc.want {
 			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%v: error %q does not name %s", tc.env, err, w)
+				t.Errorf("%v: error %q does not name %s", tc.Env, err, w)
 			}
 		}
 	}
@@ -164,7 +164,7 @@ func TestNoStatusServerWithStatusPortZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.tree.Status != nil {
-		t.Fatalf("status server with statusPort 0: %+v", cfg.tree.Status)
+	if cfg.Tree.Status != nil {
+		t.Fatalf("status server with statusPort 0: %+v", cfg.Tree.Status)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"os"
@@ -6,7 +6,6 @@ import (
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/xdsproxy"
@@ -15,8 +14,8 @@ import (
 // xdsInputs are what the XDS proxy's config is built from besides the
 // environment.
 type xdsInputs struct {
-	root  string
-	proxy *meshconfig.ProxyConfig
+	Root  string
+	Proxy *meshconfig.ProxyConfig
 	// bootstrap is Envoy's bootstrap config: the proxy caches what that
 	// node acknowledged, and the gRPC bootstrap announces the same node.
 	bootstrap *envoy.BootstrapConfig
@@ -38,44 +37,44 @@ type xdsInputs struct {
 // bootstrap names, the upstream with Istio's choice of roots, the agent's
 // own types, and ours: the last-known-good cache.
 func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
-	pc := in.proxy
-	c := xdsproxy.NewConfig(rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)))
+	pc := in.Proxy
+	c := xdsproxy.NewConfig(Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsSocketName)))
 	if in.envoyUID >= 0 {
 		c.SocketOwner.UID, c.SocketOwner.GID = in.envoyUID, in.envoyGID
 	}
-	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, config.ParseDuration)
-	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, config.ParseDuration)
+	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, ParseDuration)
+	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, ParseDuration)
 
 	c.DiscoveryAddress = pc.DiscoveryAddress
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
 	c.ServerName = in.shared.istiodSAN
 	c.ClientCertificate = in.shared.provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
-	c.TokenFile = rooted(in.root, tokenFile)
+	c.TokenFile = Rooted(in.Root, TokenFile)
 	c.ClusterID = in.shared.clusterID
-	c.Headers = r.env.Prefixed("XDS_HEADER_")
+	c.Headers = r.Env.Prefixed("XDS_HEADER_")
 
 	c.NDS = in.nds
-	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, config.ParseBool)
+	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, ParseBool)
 	c.HealthUpdates = pc.GetReadinessProbe() != nil
 
-	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, config.ParseBool)
+	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, ParseBool)
 	b := in.bootstrap
 	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
-		c.CacheFile = rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
+		c.CacheFile = Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
-	c.GRPCBootstrap.Path = rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, config.ParseString))
+	c.GRPCBootstrap.Path = Rooted(in.Root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, ParseString))
 	node, err := b.Node()
 	if err != nil {
-		r.problems.addf("the node proxyless gRPC clients announce: %v", err)
+		r.Problems.Addf("the node proxyless gRPC clients announce: %v", err)
 	}
 	c.GRPCBootstrap.Node = node
 	if out := in.shared.outputCerts; out != "" {
 		// The certificate provider gRPC's xDS client reads: the files the
 		// agent writes (Istio points it at OUTPUT_CERTS too).
-		dir := rooted(in.root, out)
+		dir := Rooted(in.Root, out)
 		c.GRPCBootstrap.CertFile = filepath.Join(dir, certs.CertChainFileName)
 		c.GRPCBootstrap.KeyFile = filepath.Join(dir, certs.KeyFileName)
 		c.GRPCBootstrap.CAFile = filepath.Join(dir, certs.RootCertFileName)
@@ -88,23 +87,23 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 // mounted ./etc/certs/root-cert.pem, PROV_CERT's root, the file-mounted
 // certificates' roots, else the CA root Kubernetes mounts.
 func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, string) {
-	switch v := envVar(r, "XDS_ROOT_CA", "", config.ParseString); v {
+	switch v := envVar(r, "XDS_ROOT_CA", "", ParseString); v {
 	case "SYSTEM":
 		return xdsproxy.RootsSystem, ""
 	case "":
 	default:
-		return xdsproxy.RootsFile, rooted(in.root, v)
+		return xdsproxy.RootsFile, Rooted(in.Root, v)
 	}
-	if etcRoot := rooted(in.root, filepath.Join(etcCertsDir, certs.RootCertFileName)); fileExists(etcRoot) {
+	if etcRoot := Rooted(in.Root, filepath.Join(etcCertsDir, certs.RootCertFileName)); fileExists(etcRoot) {
 		return xdsproxy.RootsFile, etcRoot
 	}
 	if prov := in.shared.provCert; prov != "" {
-		return xdsproxy.RootsFile, rooted(in.root, filepath.Join(prov, certs.RootCertFileName))
+		return xdsproxy.RootsFile, Rooted(in.Root, filepath.Join(prov, certs.RootCertFileName))
 	}
 	if in.certs != nil && in.certs.Source == certs.SourceFiles {
 		return xdsproxy.RootsCertBundle, ""
 	}
-	return xdsproxy.RootsFile, rooted(in.root, caRootCertFile)
+	return xdsproxy.RootsFile, Rooted(in.Root, caRootCertFile)
 }
 
 func fileExists(path string) bool {
