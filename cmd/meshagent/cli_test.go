@@ -2,15 +2,15 @@ package main
 
 import (
 	"bytes"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
@@ -167,7 +167,7 @@ func configureOnHost(host config.Host, args ...string) (*config.Agent, int, stri
 	var out bytes.Buffer
 	var built *config.Agent
 	code := execute(&cliContext{args: args, host: host, stdout: &out, stderr: &out,
-		startAgent: func(cfg *config.Agent, _ *prometheus.Registry, _ *slog.Logger) error {
+		startAgent: func(cfg *config.Agent) error {
 			built = cfg
 			return nil
 		}})
@@ -175,4 +175,19 @@ func configureOnHost(host config.Host, args ...string) (*config.Agent, int, stri
 		return nil, max(code, 1), out.String()
 	}
 	return built, 0, out.String()
+}
+
+// A service's config that breaks the service's own rules stops the start
+// as any bad value does: exit 2, the variable and the value named, once
+// (#26: the check is the service's New, no longer a second one in cmd).
+func TestServiceConfigErrorsAreUsageErrors(t *testing.T) {
+	root := testkit.ShortTempDir(t, "ma")
+	resolv := filepath.Join(root, "resolv.conf")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\n"))
+	host := config.Host{Env: config.MapEnvironment(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "1.5"}), EUID: 1337, ResolvConf: resolv,
+		InterfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{netip.MustParsePrefix("10.9.8.7/24")}, nil }}
+	cfg, code, out := configureOnHost(host, "proxy", "--root", root)
+	if cfg != nil || code != 2 || strings.Count(out, "SECRET_GRACE_PERIOD_RATIO") != 1 || !strings.Contains(out, "1.5") {
+		t.Errorf("SECRET_GRACE_PERIOD_RATIO=1.5: exit %d, output:\n%s\nwant exit 2 naming the variable and the value once", code, out)
+	}
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -238,6 +239,8 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		InterfaceAddrs: func() ([]netip.Prefix, error) { return addrs, nil },
 		LookupUID:      func(string) (string, error) { return "", errors.New("no users here") },
 		ResolvConf:     filepath.Join(root, "resolv.conf"),
+		FileExists:     fileExists,
+		SocketLive:     sds.SocketLive,
 	}
 	out := confOutput{norm: normalizer{root: root, envoy: "<envoy>"}}
 	// The proxy command's arguments; relative paths are the agent's

@@ -8,6 +8,7 @@ import (
 	"os/user"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/services/sds"
 )
 
 // realHost reads the host the agent runs on.
@@ -20,6 +21,8 @@ func realHost() config.Host {
 		LookPath:       exec.LookPath,
 		LockRoot:       lockRoot,
 		Hostname:       os.Hostname,
+		FileExists:     fileExists,
+		SocketLive:     sds.SocketLive,
 		LookupUID: func(name string) (string, error) {
 			u, err := user.Lookup(name)
 			if err != nil {
@@ -54,4 +57,11 @@ func interfaceAddrs() ([]netip.Prefix, error) {
 		out = append(out, netip.PrefixFrom(ip, ones))
 	}
 	return out, nil
+}
+
+// fileExists is the host's probe of a file the configuration's choices
+// follow (config.Host.FileExists).
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

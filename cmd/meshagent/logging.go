@@ -49,7 +49,7 @@ func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
 
 // startRun is how an agent command's run begins: its logger, and its
 // settings resolved from env. Bad log options give a plain text logger
-// meanwhile; the configuration's checks (buildAgentConfig) report them
+// meanwhile; the configuration's checks (config.Build) report them
 // with the other bad values, which stay in s.problems.
 func startRun(s *config.Settings, env *config.Reader, logs logOptions, w io.Writer) *slog.Logger {
 	log, err := newLogger(logs, w)

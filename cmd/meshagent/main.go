@@ -49,18 +49,22 @@ type cliContext struct {
 	args           []string
 	host           config.Host
 	stdout, stderr io.Writer
-	// startAgent runs an agent command's built configuration (nil:
-	// runAgent). Tests that check what a command line configures take the
-	// configuration here instead of running it.
-	startAgent func(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error
+	// startAgent, when set, takes an agent command's configuration once its
+	// tree is built (its services' configs validated), instead of running
+	// it: tests that check what a command line configures.
+	startAgent func(cfg *config.Agent) error
 }
 
-// start runs the agent a command built.
+// start builds the tree of the agent a command configured, and runs it.
 func (cli *cliContext) start(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
-	if cli.startAgent != nil {
-		return cli.startAgent(cfg, reg, log)
+	agent, ch, err := buildTree(cfg, reg, log)
+	if err != nil {
+		return err
 	}
-	return runAgent(cfg, reg, log)
+	if cli.startAgent != nil {
+		return cli.startAgent(cfg)
+	}
+	return runAgent(cfg, agent, ch, reg, log)
 }
 
 // execute runs cli's command line and returns the exit code.

@@ -52,23 +52,31 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 	return cmd
 }
 
-// runAgent builds the tree and runs it until a signal, /quitquitquit or a
-// give-up. SIGTERM/SIGINT drain gracefully; a second signal stops at once;
-// a third exits on the spot. SIGHUP is logged and ignored (hupNote).
-func runAgent(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
-	if err := checkPorts(listenPorts(cfg)); err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(cfg.GOGC, log)
+// buildTree builds the agent's tree from its configuration. The services'
+// configs are checked here, once, by their New (#26: cmd checked them
+// while building the configuration and New again): a bad one is a usage
+// error like any bad value, and names its variable.
+func buildTree(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
 	agent, ch, err := tree.Build(cfg.Tree, reg, log, tree.Process{
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.
 		OnFirstReady: func() { releaseStartupMemory(log) },
 	})
 	if err != nil {
-		return err
+		return nil, nil, &exitError{code: 2, err: err}
 	}
+	return agent, ch, nil
+}
+
+// runAgent runs the built tree until a signal, /quitquitquit or a give-up.
+// SIGTERM/SIGINT drain gracefully; a second signal stops at once; a third
+// exits on the spot. SIGHUP is logged and ignored (hupNote).
+func runAgent(cfg *config.Agent, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, log *slog.Logger) error {
+	if err := checkPorts(listenPorts(cfg)); err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	setSidecarGC(cfg.GOGC, log)
 	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.ProxyType, "root", cfg.Root,
 		"envoy", describeEnvoy(cfg.Proxy.BinaryPath))
 	config.LogEffective(log, cfg)
@@ -106,7 +114,7 @@ func runAgent(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) err
 			}
 		}
 	}()
-	err = agent.Run(context.Background())
+	err := agent.Run(context.Background())
 	close(stopSignals)
 	<-signalsDone
 

@@ -2,22 +2,24 @@ package config
 
 // The configuration pipeline of `proxy`, in one function: the flags, the
 // environment, the host and the files under --root go in, every service's
-// config comes out as one validated tree.Config.
+// config comes out as one tree.Config.
 //
 //	flags ──► settings (flag, else env, else default; flagenv.go)
 //	                │
-//	environment, host, files ──► buildAgentConfig
+//	environment, Host, files ──► Build
 //	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
 //	                │   the root's lock, one agent per root (Host.LockRoot: cmd's rootlock.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
 //	                │   Istio's names and paths from istio.go
 //	                ▼
-//	tree.Config ──► Validate (every service, once) ──► ports tried (portcheck.go, runAgent)
-//	            ──► logged once (effective.go) ──► tree.Build
+//	tree.Config ──► (cmd) tree.Build: each service's New validates its config, the only check of it (#26)
+//	            ──► ports tried (cmd's portcheck.go) ──► logged once (effective.go) ──► run
 //
-// Every bad input stops the agent here, exit 2, naming the flag, variable,
-// file or port and the value (#21): never a run that fails later, or for
-// a reason it does not name.
+// Every bad input stops the agent before it runs, exit 2, naming the flag,
+// variable, file or port and the value (#21): never a run that fails
+// later, or for a reason it does not name. The builders check what only
+// they can name (a flag, a variable, a layer of the ProxyConfig); a
+// service's own rules are its New's, and its errors name the variable too.
 //
 // A setting is added in the builder of the service that uses it (the flag
 // or variable, its default and its mapping, on one line or two) and in the
@@ -139,9 +141,11 @@ func readSharedVars(r envReader) sharedVars {
 	}
 }
 
-// buildAgentConfig turns the inputs into every service's config, validated.
-// Every bad value — of a flag, a variable, a file, a service's config — is
-// in the error, each naming where it came from and the value.
+// Build turns the inputs into every service's config. Every bad value it
+// finds — of a flag, a variable, a file — is in the error, each naming where
+// it came from and the value. The services' configs are not validated here:
+// their New does that, once, when cmd builds the tree (#26: each was
+// checked here and again in New).
 func Build(in Inputs) (*Agent, error) {
 	p := in.Problems
 	if p == nil {
@@ -221,7 +225,7 @@ func Build(in Inputs) (*Agent, error) {
 
 	dns := dnsConfig(r, f, pod, c.ProxyType)
 	shared := readSharedVars(r)
-	certsCfg, sdsCfg := identityConfig(r, c.Root, pod, shared, pc)
+	certsCfg, sdsCfg := identityConfig(r, in.Host, c.Root, pod, shared, pc)
 	sdsSocket := Rooted(c.Root, workloadIdentityDir+"/"+workloadSocketFile)
 	filesSDSSocket := ""
 	if sdsCfg != nil {
@@ -230,7 +234,7 @@ func Build(in Inputs) (*Agent, error) {
 			filesSDSSocket = sdsCfg.FilesSocketPath
 		}
 	}
-	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{Root: c.Root, ProxyType: c.ProxyType, Flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
+	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{host: in.Host, Root: c.Root, ProxyType: c.ProxyType, Flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
 		pod: pod, Proxy: pc, dns: dns, shared: shared, EUID: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
 		LookPath: in.Host.LookPath})
 	envoyUID, envoyGID := -1, -1
@@ -245,7 +249,7 @@ func Build(in Inputs) (*Agent, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.Host, in.Log),
-		XDS: xdsConfig(r, xdsInputs{Root: c.Root, Proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
+		XDS: xdsConfig(r, xdsInputs{host: in.Host, Root: c.Root, Proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS: dns.Proxy,
 	}
@@ -258,7 +262,6 @@ func Build(in Inputs) (*Agent, error) {
 	c.Tree.Status = statusConfig(r, statusInputs{ProxyType: c.ProxyType, Flags: f, instanceIP: pod.instanceIP, Proxy: pc, envoy: c.Tree.Envoy, Gatherer: in.Gatherer})
 	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, certsCfg)
 	treePolicies(&c.Tree, f, pc)
-	p.Add(c.Tree.Validate())
 	if err := p.Err(); err != nil {
 		c.Release()
 		return nil, err

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 )
 
@@ -223,24 +222,55 @@ func TestHostInputsAreExplicit(t *testing.T) {
 	}
 }
 
-// Every service's Validate runs in the pipeline, the status server's
-// included, and its error names the variable and the value.
-func TestPipelineValidatesEveryService(t *testing.T) {
-	_, err := parseForTest(t, map[string]string{"SECRET_GRACE_PERIOD_RATIO": "1.5"}, "--root", testRoot(t))
-	if err == nil || !strings.Contains(err.Error(), "SECRET_GRACE_PERIOD_RATIO") || !strings.Contains(err.Error(), "1.5") {
-		t.Errorf("certs: err = %v, want one naming SECRET_GRACE_PERIOD_RATIO and 1.5", err)
+// What is mounted or listening under the root is the host's to say
+// (Host.FileExists, Host.SocketLive), not something a builder stats or dials
+// (#26): a probe that says so decides the control plane's roots, an
+// external SDS server and the credential socket, with nothing on disk.
+func TestBuildersProbeThroughHost(t *testing.T) {
+	root := testRoot(t)
+	host := testHost(t, nil)
+	var probed []string
+	host.FileExists = func(p string) bool {
+		probed = append(probed, p)
+		return p == filepath.Join(root, "etc/certs/root-cert.pem")
+	}
+	host.SocketLive = func(p string) bool { probed = append(probed, p); return true }
+	cfg, err := parseOnHost(t, host, "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Tree.XDS.RootCAFile, filepath.Join(root, "etc/certs/root-cert.pem"); got != want {
+		t.Errorf("control plane roots from %s, want the mounted %s (FileExists)", got, want)
+	}
+	if cfg.Tree.Certs != nil || cfg.Tree.SDS == nil || cfg.Tree.SDS.FilesSocketPath == "" {
+		t.Errorf("an SDS server answers (SocketLive): certs %v, sds %+v; want no CA client, our SDS for files only", cfg.Tree.Certs, cfg.Tree.SDS)
+	}
+	if !cfg.Tree.Envoy.Bootstrap.CredentialSocketExists {
+		t.Error("the credential socket answers (SocketLive), but the bootstrap has no credential cluster")
+	}
+	if len(probed) < 3 {
+		t.Errorf("probes asked: %q; want the roots, the SDS socket and the credential socket", probed)
+	}
+}
+
+// The pipeline leaves each service's own rules to its New, which checks
+// them once, when cmd builds the tree (#26: they were checked here and
+// again in New). cmd's TestServiceConfigErrorsAreUsageErrors: such an error
+// still stops the start, exit 2, naming the variable.
+func TestBuildLeavesServiceChecksToNew(t *testing.T) {
+	cfg, err := parseForTest(t, map[string]string{"SECRET_GRACE_PERIOD_RATIO": "1.5"}, "--root", testRoot(t))
+	if err != nil {
+		t.Fatalf("SECRET_GRACE_PERIOD_RATIO=1.5 (a certs rule, not a parse error): %v", err)
+	}
+	if cfg.Tree.Certs.GraceRatio != 1.5 {
+		t.Errorf("GraceRatio = %v, want 1.5 for certs.New to judge", cfg.Tree.Certs.GraceRatio)
 	}
 	f, host := &ProxyFlags{}, testHost(t, nil)
 	s := NewSettings(pflag.NewFlagSet("proxy", pflag.ContinueOnError))
 	BindProxyFlags(s, f)
 	f.Root = testRoot(t)
-	_, err = Build(Inputs{Flags: f, Host: host, Log: quietLog()}) // no metrics gatherer
-	if err == nil || !strings.Contains(err.Error(), "status") || !strings.Contains(err.Error(), "gatherer") {
-		t.Errorf("status: err = %v, want the status server's validation error", err)
-	}
-	cfg, err := Build(Inputs{Flags: f, Host: host, Gatherer: prometheus.NewRegistry(), Log: quietLog()})
-	if err != nil || cfg.Tree.Status == nil {
-		t.Fatalf("with a gatherer: %v", err)
+	if _, err := Build(Inputs{Flags: f, Host: host, Log: quietLog()}); err != nil { // no metrics gatherer: status.New's to say
+		t.Errorf("no gatherer: %v", err)
 	}
 }
 

@@ -14,12 +14,12 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
-	"github.com/meshagent/meshagent/services/sds"
 )
 
 // envoyInputs are what the envoy service's config is built from besides
 // the environment.
 type envoyInputs struct {
+	host      Host // the credential socket's probe
 	Root      string
 	ProxyType string
 	Flags     *ProxyFlags
@@ -88,7 +88,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
-		CredentialSocketExists: sds.SocketLive(Rooted(in.Root, credentialSocket)),
+		CredentialSocketExists: in.host.socketLive(Rooted(in.Root, credentialSocket)),
 		// Istio's agent copies DNS_PROXY_ADDR into the node metadata as set,
 		// whether or not its DNS proxy runs.
 		DNSProxyAddr:               in.dns.given,

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -30,7 +31,11 @@ func testHost(t *testing.T, env map[string]string) Host {
 		InterfaceAddrs: func() ([]netip.Prefix, error) {
 			return []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("10.9.8.7/24")}, nil
 		},
-		LookupUID:  func(string) (string, error) { return "", errors.New("no such user") },
+		LookupUID: func(string) (string, error) { return "", errors.New("no such user") },
+		// The real probes: the tests mount files and serve sockets under
+		// their root.
+		FileExists: func(p string) bool { _, err := os.Stat(p); return err == nil },
+		SocketLive: sds.SocketLive,
 		ResolvConf: resolv,
 	}
 }

@@ -30,7 +30,7 @@ func fullEnv() map[string]string {
 // value (Value).
 var readByCaptureToo = map[string]bool{"ISTIO_DUAL_STACK": true, "ISTIO_META_DNS_CAPTURE": true}
 
-// One start of the proxy command (flags resolved, then buildAgentConfig)
+// One start of the proxy command (flags resolved, then Build)
 // reads each variable at most once, and only variables of the table (#26:
 // PROV_CERT was read three times, INSTANCE_IP parsed twice, and a bad
 // value of a variable read twice was reported twice).

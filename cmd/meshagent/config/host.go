@@ -34,6 +34,13 @@ type Host struct {
 	// lockRoot takes the one-agent-per-root lock in a directory (cmd's rootlock.go);
 	// nil: no lock (tests that build configs without running them).
 	LockRoot func(dir string) (io.Closer, error)
+	// FileExists and SocketLive probe a path: Istio's choices follow what
+	// is mounted (a ./etc/certs root for the control plane's roots; an
+	// external SDS server answering on its socket, a credential socket).
+	// The builders probe nothing themselves (#26). Nil: nothing exists,
+	// nothing answers.
+	FileExists func(path string) bool
+	SocketLive func(path string) bool
 	// resolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
 	ResolvConf string
@@ -78,3 +85,6 @@ func readConfigFile(path string) ([]byte, error) {
 	defer f.Close()
 	return io.ReadAll(f)
 }
+
+func (h Host) fileExists(path string) bool { return h.FileExists != nil && h.FileExists(path) }
+func (h Host) socketLive(path string) bool { return h.SocketLive != nil && h.SocketLive(path) }

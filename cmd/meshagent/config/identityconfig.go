@@ -13,7 +13,7 @@ import (
 // identityConfig is the certs and sds services' configs, from Istio's
 // variables and paths. Both are nil with PILOT_CERT_PROVIDER=none and no
 // mounted certificates: no certificate source, nothing for SDS to serve.
-func identityConfig(r envReader, root string, pod podInfo, shared sharedVars, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
+func identityConfig(r envReader, host Host, root string, pod podInfo, shared sharedVars, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
 	cc := certs.DefaultConfig()
 	provider := envVar(r, "PILOT_CERT_PROVIDER", "istiod", ParseString)
 	switch provider {
@@ -87,7 +87,7 @@ func identityConfig(r envReader, root string, pod podInfo, shared sharedVars, pc
 	if envVar(r, "PILOT_ENABLE_CA_CRL", true, ParseBool) {
 		sc.CRLFile = Rooted(root, caCRLFile)
 	}
-	if cc.Source == certs.SourceCA && sds.SocketLive(sc.EnvoySocketPath()) {
+	if cc.Source == certs.SourceCA && host.socketLive(sc.EnvoySocketPath()) {
 		// An external SDS server (SPIRE's agent) serves the workload
 		// identity: as Istio, no CA client; our SDS serves files only.
 		return nil, &sc

@@ -4,7 +4,7 @@ package config
 // embedded peers a pod would find in its cluster (services/controlplane for
 // istiod's xDS, services/ca for istiod's CA), and the settings Istio's
 // sidecar injector would give a pod so that the agent uses them. It goes
-// through the same buildAgentConfig as `proxy`, as one more input, never a
+// through the same Build as `proxy`, as one more input, never a
 // second pipeline. Precedence, highest first:
 //
 //	flags                                   (--root, --chaos, --resolv-conf, ... and standalone's own)
@@ -79,7 +79,7 @@ func standaloneEnv(f *StandaloneFlags) map[string]string {
 	}
 }
 
-// standaloneLayer is standalone's part of buildAgentConfig's inputs. Its
+// standaloneLayer is standalone's part of Build's inputs. Its
 // methods are nil-safe: `proxy` has none.
 type standaloneLayer struct {
 	// proxyConfig lies under the user's ProxyConfig layers.
@@ -135,7 +135,7 @@ type EnvoyChoice struct {
 	Path, Why string
 }
 
-// buildStandaloneConfig is buildAgentConfig with standalone's settings and
+// BuildStandalone is Build with standalone's settings and
 // peers, then the checks that the agent really uses them.
 func BuildStandalone(in StandaloneInputs) (*Agent, EnvoyChoice, error) {
 	p := in.Inputs.Problems

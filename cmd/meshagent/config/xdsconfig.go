@@ -1,7 +1,6 @@
 package config
 
 import (
-	"os"
 	"path/filepath"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -14,6 +13,7 @@ import (
 // xdsInputs are what the XDS proxy's config is built from besides the
 // environment.
 type xdsInputs struct {
+	host  Host // the probe of a mounted ./etc/certs root
 	Root  string
 	Proxy *meshconfig.ProxyConfig
 	// bootstrap is Envoy's bootstrap config: the proxy caches what that
@@ -94,7 +94,7 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 	default:
 		return xdsproxy.RootsFile, Rooted(in.Root, v)
 	}
-	if etcRoot := Rooted(in.Root, filepath.Join(etcCertsDir, certs.RootCertFileName)); fileExists(etcRoot) {
+	if etcRoot := Rooted(in.Root, filepath.Join(etcCertsDir, certs.RootCertFileName)); in.host.fileExists(etcRoot) {
 		return xdsproxy.RootsFile, etcRoot
 	}
 	if prov := in.shared.provCert; prov != "" {
@@ -104,9 +104,4 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 		return xdsproxy.RootsCertBundle, ""
 	}
 	return xdsproxy.RootsFile, Rooted(in.Root, caRootCertFile)
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
