@@ -45,7 +45,7 @@ import (
 	"github.com/meshagent/meshagent/tree"
 )
 
-// agentInputs is everything a `proxy` run is configured from.
+// Inputs is everything a `proxy` run is configured from.
 type Inputs struct {
 	Flags *ProxyFlags
 	Args  []string // positional: the proxy type
@@ -57,18 +57,18 @@ type Inputs struct {
 	// Version is the agent's version: Envoy's node metadata, the start log.
 	Version string
 	Host    Host
-	// gatherer is the metrics registry the status server serves.
+	// Gatherer is the metrics registry the status server serves.
 	Gatherer prometheus.Gatherer
-	// problems holds the bad values found so far (the flags'); the build
+	// Problems holds the bad values found so far (the flags'); the build
 	// adds its own and reports them all. Nil: none yet.
 	Problems *Problems
-	// log receives warnings while building (unknown ProxyConfig fields).
+	// Log receives warnings while building (unknown ProxyConfig fields).
 	Log *slog.Logger
 	// standalone is what `meshagent standalone` adds (standaloneconfig.go):
 	// a ProxyConfig layer under the user's and the embedded peers. Nil for
 	// `proxy`.
 	standalone *standaloneLayer
-	// envoyRunAs, when not nil, is the uid/gid Envoy runs as (`meshagent
+	// EnvoyRunAs, when not nil, is the uid/gid Envoy runs as (`meshagent
 	// vm`); the agent's sockets are then chowned to it.
 	EnvoyRunAs *envoy.Credential
 	// noCapture leaves iptables alone: no capture service
@@ -76,7 +76,7 @@ type Inputs struct {
 	NoCapture bool
 }
 
-// agentConfig is the agent as built: the tree's config, and what the start
+// Agent is the agent as built: the tree's config, and what the start
 // log line shows besides it.
 type Agent struct {
 	ProxyType string
@@ -151,7 +151,7 @@ func Build(in Inputs) (*Agent, error) {
 	if p == nil {
 		p = &Problems{}
 	}
-	r := envReader{Env: in.Host.Env, Problems: p}
+	r := envReader{env: in.Host.Env, problems: p}
 	f := in.Flags
 	c := &Agent{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
 	if v, ok := in.Host.Env.Lookup("GOGC"); ok {
@@ -234,9 +234,9 @@ func Build(in Inputs) (*Agent, error) {
 			filesSDSSocket = sdsCfg.FilesSocketPath
 		}
 	}
-	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{host: in.Host, Root: c.Root, ProxyType: c.ProxyType, Flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
-		pod: pod, Proxy: pc, dns: dns, shared: shared, EUID: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
-		LookPath: in.Host.LookPath})
+	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{host: in.Host, root: c.Root, proxyType: c.ProxyType, flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
+		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		lookPath: in.Host.LookPath})
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)
@@ -249,9 +249,9 @@ func Build(in Inputs) (*Agent, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.Host, in.Log),
-		XDS: xdsConfig(r, xdsInputs{host: in.Host, Root: c.Root, Proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
+		XDS: xdsConfig(r, xdsInputs{host: in.Host, root: c.Root, proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
-		DNS: dns.Proxy,
+		DNS: dns.proxy,
 	}
 	if f.nameTable != "" {
 		c.Tree.NameTable = &nametable.Config{File: f.nameTable}
@@ -259,7 +259,7 @@ func Build(in Inputs) (*Agent, error) {
 	if in.NoCapture {
 		c.Tree.Capture = nil
 	}
-	c.Tree.Status = statusConfig(r, statusInputs{ProxyType: c.ProxyType, Flags: f, instanceIP: pod.instanceIP, Proxy: pc, envoy: c.Tree.Envoy, Gatherer: in.Gatherer})
+	c.Tree.Status = statusConfig(r, statusInputs{proxyType: c.ProxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.Tree.Envoy, gatherer: in.Gatherer})
 	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, certsCfg)
 	treePolicies(&c.Tree, f, pc)
 	if err := p.Err(); err != nil {
@@ -269,7 +269,7 @@ func Build(in Inputs) (*Agent, error) {
 	return c, nil
 }
 
-// checkRoot returns --root (MESHAGENT_ROOT) as an absolute path to a
+// CheckRoot returns --root (MESHAGENT_ROOT) as an absolute path to a
 // directory, or "" after reporting why it is not one.
 func CheckRoot(root string, p *Problems) string {
 	abs, err := filepath.Abs(root)
@@ -303,11 +303,11 @@ func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 	if pod.domain == "" {
 		pod.domain = pod.namespace + ".svc.cluster.local"
 	}
-	if v, ok := r.Env.Text("INSTANCE_IP"); ok {
+	if v, ok := r.env.Text("INSTANCE_IP"); ok {
 		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.Problems.Addf("INSTANCE_IP=%s: %s is not an IP address", QuoteValue(v), QuoteValue(s))
+				r.problems.Addf("INSTANCE_IP=%s: %s is not an IP address", QuoteValue(v), QuoteValue(s))
 				continue
 			}
 			if i == 0 {
@@ -316,7 +316,7 @@ func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 			pod.nodeIPs = append(pod.nodeIPs, ip.String())
 		}
 	}
-	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.Problems)
+	pod.nodeIPs = appendHostIPs(pod.nodeIPs, host, r.problems)
 	return pod
 }
 
@@ -362,5 +362,5 @@ func treePolicies(tc *tree.Config, f *ProxyFlags, pc *meshconfig.ProxyConfig) {
 	tc.StopTimeout = max(serviceStopTimeout, drain+envoyStopMargin)
 }
 
-// errRootLocked: another agent holds the root's lock.
+// ErrRootLocked: another agent holds the root's lock.
 var ErrRootLocked = errors.New("another agent runs on this root")

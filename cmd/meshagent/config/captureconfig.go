@@ -25,11 +25,11 @@ func captureConfig(r envReader, f *ProxyFlags, host Host, log *slog.Logger) *cap
 	// readers in a start; a bad value is reported once, by the first).
 	cfg, err := Settings.Config(host)
 	if err != nil {
-		r.Problems.Addf("capture settings: %w", err)
+		r.problems.Addf("capture settings: %w", err)
 		return nil
 	}
 	if err := FillHostInputs(&cfg, host, log); err != nil {
-		r.Problems.Addf("capture settings: %w", err)
+		r.problems.Addf("capture settings: %w", err)
 		return nil
 	}
 	sc := &capture.ServiceConfig{Mode: capture.Sidecar, Capture: cfg, CheckInterval: f.captureInterval}
@@ -39,7 +39,7 @@ func captureConfig(r envReader, f *ProxyFlags, host Host, log *slog.Logger) *cap
 	return sc
 }
 
-// fillHostInputs reads the host's addresses (IPv6 or not) and DNS servers
+// FillHostInputs reads the host's addresses (IPv6 or not) and DNS servers
 // into cfg. Istio exits 1 when the host has no usable address; a namespace
 // with no address yet (a bare "unshare -n") is a normal place to run, so we
 // go on with IPv4 only, loudly.

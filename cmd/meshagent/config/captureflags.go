@@ -8,7 +8,7 @@ import (
 	"github.com/meshagent/meshagent/services/capture"
 )
 
-// captureSettings are istio-iptables' flags bound to a capture.Config: every
+// CaptureSettings are istio-iptables' flags bound to a capture.Config: every
 // flag but --envoy-port also reads UPPER(name, '-'→'_') from the
 // environment (Istio's pkg/flag.BindEnv), some with Istio's aliases; the
 // command line wins. `istio-iptables`, `clean-iptables` and the capture
@@ -75,7 +75,7 @@ func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 // ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE] and ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR.
 // Every bad value, of a flag or a variable, is in the error.
 func (c *CaptureSettings) Config(host Host) (capture.Config, error) {
-	r := envReader{Env: host.Env, Problems: c.s.Problems}
+	r := envReader{env: host.Env, problems: c.s.Problems}
 	_ = c.s.Resolve(host.Env)
 	cfg := c.cfg
 	cfg.IptablesProbePort = uint16(c.probePort)

@@ -20,16 +20,16 @@ import (
 // the environment.
 type envoyInputs struct {
 	host      Host // the credential socket's probe
-	Root      string
-	ProxyType string
-	Flags     *ProxyFlags
+	root      string
+	proxyType string
+	flags     *ProxyFlags
 	logAsJSON bool
 	version   string // the agent's: ISTIO_VERSION in the node metadata
 	pod       podInfo
-	Proxy     *meshconfig.ProxyConfig
+	proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
 	shared    sharedVars
-	EUID      int
+	euid      int
 	// runAs, when not nil, is the uid/gid Envoy runs as whatever else
 	// (`meshagent vm`: Istio's istio-proxy user).
 	runAs *envoy.Credential
@@ -42,7 +42,7 @@ type envoyInputs struct {
 	filesSDSSocket string
 	// lookPath finds an executable (exec.LookPath); nil skips the check of
 	// ProxyConfig's binaryPath (tests without an Envoy).
-	LookPath func(string) (string, error)
+	lookPath func(string) (string, error)
 }
 
 // envoyConfig is the envoy service's config: Envoy's bootstrap and command
@@ -51,12 +51,12 @@ type envoyInputs struct {
 // bootstrap config is always returned: the XDS proxy and the gRPC bootstrap
 // announce the same node.
 func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
-	pc := in.Proxy
+	pc := in.proxy
 	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, ParseBool)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
-	env := r.Env.All()
+	env := r.env.All()
 	b := &envoy.BootstrapConfig{
-		ProxyType:       in.ProxyType,
+		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
 		PodNamespace:    in.pod.namespace,
 		ServiceAccount:  in.pod.serviceAccount,
@@ -65,15 +65,15 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		IstioVersion:    in.version,
 		Proxy:           pc,
 		Env:             env,
-		LabelsFile:      Rooted(in.Root, podLabelsFile),
-		AnnotationsFile: Rooted(in.Root, podAnnotationsFile),
-		ConfigPath:      Rooted(in.Root, pc.ConfigPath),
-		XDSSocket:       Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsSocketName)),
+		LabelsFile:      Rooted(in.root, podLabelsFile),
+		AnnotationsFile: Rooted(in.root, podAnnotationsFile),
+		ConfigPath:      Rooted(in.root, pc.ConfigPath),
+		XDSSocket:       Rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)),
 		SDSSocket:       in.sdsSocket,
 		FilesSDSSocket:  in.filesSDSSocket,
 		AdminPort:       int(pc.ProxyAdminPort),
 		StatusPort:      int(pc.StatusPort),
-		OutlierLogPath:  in.Flags.outlierLogPath,
+		OutlierLogPath:  in.flags.outlierLogPath,
 		LogAsJSON:       in.logAsJSON,
 
 		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", EnvoyStatusPort, ParsePort),
@@ -88,7 +88,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
-		CredentialSocketExists: in.host.socketLive(Rooted(in.Root, credentialSocket)),
+		CredentialSocketExists: in.host.socketLive(Rooted(in.root, credentialSocket)),
 		// Istio's agent copies DNS_PROXY_ADDR into the node metadata as set,
 		// whether or not its DNS proxy runs.
 		DNSProxyAddr:               in.dns.given,
@@ -101,21 +101,21 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, ParseBool),
 		Platform:                   platform(r),
 	}
-	if in.Flags.serviceCluster != nil {
-		b.ServiceCluster = *in.Flags.serviceCluster
+	if in.flags.serviceCluster != nil {
+		b.ServiceCluster = *in.flags.serviceCluster
 	}
 	// As Istio's agent: --templateFile becomes ProxyConfig's template path
 	// (and so shows in the PROXY_CONFIG metadata), unless a custom config
 	// file replaces the bootstrap altogether.
-	if in.Flags.templateFile != "" && pc.CustomConfigFile == "" {
-		pc.ProxyBootstrapTemplatePath = in.Flags.templateFile
+	if in.flags.templateFile != "" && pc.CustomConfigFile == "" {
+		pc.ProxyBootstrapTemplatePath = in.flags.templateFile
 	}
 	args := envoy.ArgsConfig{
 		DrainDuration:      pc.GetDrainDuration().AsDuration(),
 		FileFlushInterval:  time.Second, // Istio's when ProxyConfig.fileFlushInterval is unset
 		FileFlushMinSizeKB: int(pc.GetFileFlushMinSizeKb()),
-		LogLevel:           in.Flags.proxyLogLevel,
-		ComponentLogLevel:  in.Flags.proxyComponentLogLevel,
+		LogLevel:           in.flags.proxyLogLevel,
+		ComponentLogLevel:  in.flags.proxyComponentLogLevel,
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
 		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
@@ -135,11 +135,11 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 	}
 	// What Envoy is started from is checked now: a missing file was found
 	// only after six failed starts, in a message naming Envoy (#21).
-	if in.LookPath != nil {
-		checkEnvoyBinary(r.Problems, pc.BinaryPath, in.LookPath)
+	if in.lookPath != nil {
+		checkEnvoyBinary(r.problems, pc.BinaryPath, in.lookPath)
 	}
 	if b.IstioBootstrap != "" {
-		checkRegularFile(r.Problems, "ISTIO_BOOTSTRAP", b.IstioBootstrap)
+		checkRegularFile(r.problems, "ISTIO_BOOTSTRAP", b.IstioBootstrap)
 	}
 
 	adminHost := "127.0.0.1"
@@ -151,7 +151,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Bootstrap:                   b,
 		Args:                        args,
 		AdminAddr:                   net.JoinHostPort(adminHost, strconv.Itoa(int(pc.ProxyAdminPort))),
-		DrainQuery:                  drainQuery(in.ProxyType),
+		DrainQuery:                  drainQuery(in.proxyType),
 		TerminationDrainDuration:    pc.GetTerminationDrainDuration().AsDuration(),
 		MinimumDrainDuration:        minimumDrain,
 		ExitOnZeroActiveConnections: b.ExitOnZeroActiveConnections,
@@ -161,14 +161,14 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		Env:                         env,
 		// Crash records (issue 22) beside the bootstrap, in the directory
 		// Istio's injector mounts writable (istio-envoy, an emptyDir).
-		CrashDir: Rooted(in.Root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
+		CrashDir: Rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),
 	}
 	// Istio runs Envoy as 1337 only when the agent is root and the DNS
 	// proxy takes port 53 (otherwise the container already runs as 1337).
 	switch {
 	case in.runAs != nil:
 		cfg.RunAs = in.runAs
-	case in.EUID == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53"):
+	case in.euid == 0 && in.dns.enabled() && strings.HasSuffix(in.dns.addr, ":53"):
 		cfg.RunAs = &envoy.Credential{UID: proxyUID, GID: proxyUID}
 	}
 	return cfg, b

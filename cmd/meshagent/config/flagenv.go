@@ -17,11 +17,11 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// mapEnvironment is a reader of an environment made of a map: tests, and
+// MapEnvironment is a reader of an environment made of a map: tests, and
 // the layers built on the process environment (the VM's cluster.env).
 func MapEnvironment(m map[string]string) *Reader { return NewReader(FromMap(m)) }
 
-// problems collects bad values, each naming where it came from (a flag, an
+// Problems collects bad values, each naming where it came from (a flag, an
 // environment variable, a file) and the value.
 type Problems struct{ errs []error }
 
@@ -36,7 +36,7 @@ func (p *Problems) Addf(format string, args ...any) { p.Add(fmt.Errorf(format, a
 // err is every problem, joined; nil if there was none.
 func (p *Problems) Err() error { return errors.Join(p.errs...) }
 
-// flagSpec names a flag and the environment variables that stand in for it
+// FlagSpec names a flag and the environment variables that stand in for it
 // when it is not given (the first one set wins).
 type FlagSpec struct {
 	name, short string
@@ -44,7 +44,7 @@ type FlagSpec struct {
 	usage       string
 }
 
-// settings are the flags of one command, bound to their environment
+// Settings are the flags of one command, bound to their environment
 // variables. Define them with flagVar and optionalFlagVar, parse the
 // command line, then call resolve with the environment.
 type Settings struct {
@@ -67,14 +67,14 @@ func (s *Settings) Resolve(env *Reader) error {
 	return s.Problems.Err()
 }
 
-// flagVar defines a flag whose value is the command line's, else the first
+// FlagVar defines a flag whose value is the command line's, else the first
 // of spec.env that is set, else def. The variables are named in --help.
 func FlagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec FlagSpec) {
 	*p = def
 	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse)
 }
 
-// optionalFlagVar defines a flag whose value stays nil unless the command
+// OptionalFlagVar defines a flag whose value stays nil unless the command
 // line or one of spec.env gives it: "not set" is visible, and differs from
 // a zero (consul-dataplane's pointer fields).
 func OptionalFlagVar[T any](s *Settings, p **T, parse Parser[T], spec FlagSpec) {
@@ -87,7 +87,7 @@ func defineFlag[T any](s *Settings, spec FlagSpec, defText string, set func(T), 
 	if len(spec.Env) > 0 {
 		usage += " (env " + strings.Join(spec.Env, ", ") + ")"
 	}
-	v := &flagValue[T]{name: spec.name, text: defText, set: set, parse: parse, Problems: s.Problems}
+	v := &flagValue[T]{name: spec.name, text: defText, set: set, parse: parse, problems: s.Problems}
 	f := s.fs.VarPF(v, spec.name, spec.short, usage)
 	if v.Type() == "bool" {
 		f.NoOptDefVal = "true" // --chaos alone means true, as a pflag bool
@@ -118,7 +118,7 @@ type flagValue[T any] struct {
 	text     string
 	set      func(T)
 	parse    Parser[T]
-	Problems *Problems
+	problems *Problems
 }
 
 func (v *flagValue[T]) String() string { return v.text }
@@ -127,7 +127,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.Problems.Addf("--%s %s: %v", v.name, QuoteValue(text), err)
+		v.problems.Addf("--%s %s: %v", v.name, QuoteValue(text), err)
 		return nil
 	}
 	v.set(val)
@@ -152,8 +152,8 @@ func (v *flagValue[T]) Type() string {
 
 // envReader reads environment-only settings, collecting bad values.
 type envReader struct {
-	Env      *Reader
-	Problems *Problems
+	env      *Reader
+	problems *Problems
 }
 
 // envVar is the variable's value, else def.
@@ -167,8 +167,8 @@ func envVar[T any](r envReader, name string, def T, parse Parser[T]) T {
 // optionalEnvVar is the variable's value, or nil when it is not set (or
 // not valid: then the problem is collected).
 func optionalEnvVar[T any](r envReader, name string, parse Parser[T]) *T {
-	v, ok, err := Value(r.Env, name, parse)
-	r.Problems.Add(err)
+	v, ok, err := Value(r.env, name, parse)
+	r.problems.Add(err)
 	if !ok {
 		return nil
 	}

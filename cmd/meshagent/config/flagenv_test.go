@@ -96,7 +96,7 @@ func TestHelpNamesTheVariables(t *testing.T) {
 
 func TestEnvVar(t *testing.T) {
 	p := &Problems{}
-	r := envReader{Env: MapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), Problems: p}
+	r := envReader{env: MapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
 	if got := envVar(r, "N", 1, ParseCount); got != 3 {
 		t.Errorf("N = %d", got)
 	}

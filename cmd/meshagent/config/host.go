@@ -8,30 +8,30 @@ import (
 	"syscall"
 )
 
-// hostInputs is everything the configuration reads from the host besides
+// Host is everything the configuration reads from the host besides
 // flags and files under --root: production fills it from the real host
 // (cmd's realHost), tests by hand. The builders read the host only
 // through it.
 type Host struct {
-	// env is the process environment, read by Env's names, each read
+	// Env is the process environment, read by Env's names, each read
 	// counted (#26).
 	Env *Reader
-	// euid is the agent's effective uid (Envoy runs as 1337 only when the
+	// EUID is the agent's effective uid (Envoy runs as 1337 only when the
 	// agent is root and DNS is served on :53, as in Istio).
 	EUID int
-	// interfaceAddrs lists the host's addresses in interface order: the
+	// InterfaceAddrs lists the host's addresses in interface order: the
 	// node's IPs after INSTANCE_IP, and istio-iptables' IPv6 decision.
 	InterfaceAddrs func() ([]netip.Prefix, error)
-	// lookupUID resolves a user name ($ENVOY_USER, istio-iptables' default
+	// LookupUID resolves a user name ($ENVOY_USER, istio-iptables' default
 	// --proxy-uid).
 	LookupUID func(name string) (string, error)
-	// hostname is the host's name (a VM's POD_NAME by default, as
+	// Hostname is the host's name (a VM's POD_NAME by default, as
 	// istio-start.sh's `hostname -s`).
 	Hostname func() (string, error)
-	// lookPath finds an executable: Envoy's binaryPath is checked at start
+	// LookPath finds an executable: Envoy's binaryPath is checked at start
 	// with it (nil: not checked).
 	LookPath func(string) (string, error)
-	// lockRoot takes the one-agent-per-root lock in a directory (cmd's rootlock.go);
+	// LockRoot takes the one-agent-per-root lock in a directory (cmd's rootlock.go);
 	// nil: no lock (tests that build configs without running them).
 	LockRoot func(dir string) (io.Closer, error)
 	// FileExists and SocketLive probe a path: Istio's choices follow what
@@ -41,7 +41,7 @@ type Host struct {
 	// nothing answers.
 	FileExists func(path string) bool
 	SocketLive func(path string) bool
-	// resolvConf is the resolver config istio-iptables reads its DNS
+	// ResolvConf is the resolver config istio-iptables reads its DNS
 	// servers from (the DNS proxy's is the --resolv-conf flag).
 	ResolvConf string
 }

@@ -20,7 +20,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	case "istiod", "kubernetes", "custom", "none":
 	default:
 		if !strings.HasPrefix(provider, "k8s.io/") {
-			r.Problems.Addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", QuoteValue(provider))
+			r.problems.Addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", QuoteValue(provider))
 		}
 	}
 	if caAddr := optionalEnvVar(r, "CA_ADDR", ParseString); caAddr != nil {
@@ -53,7 +53,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	cc.FileDebounce = envVar(r, "FILE_DEBOUNCE_DURATION", cc.FileDebounce, ParseDuration)
 	cc.ClusterID = shared.clusterID
 	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", ParseString)
-	cc.CAHeaders = r.Env.Prefixed("CA_HEADER_")
+	cc.CAHeaders = r.env.Prefixed("CA_HEADER_")
 	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, ParseTrustDomain)
 	cc.Namespace = nonEmpty(pod.namespace, cc.Namespace)
 	cc.ServiceAccount = nonEmpty(pod.serviceAccount, cc.ServiceAccount)
@@ -68,7 +68,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	cc.PKCS8Key = envVar(r, "PKCS8_KEY", false, ParseBool)
 	if out := shared.outputCerts; out != "" {
 		cc.OutputCertsDir = Rooted(root, out)
-		if _, onKubernetes := r.Env.Text("KUBERNETES_SERVICE_HOST"); onKubernetes {
+		if _, onKubernetes := r.env.Text("KUBERNETES_SERVICE_HOST"); onKubernetes {
 			cc.OutputFileMode = 0o644 // Istio: readable by the app container
 		}
 	}

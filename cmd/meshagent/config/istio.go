@@ -95,5 +95,5 @@ func defaultProxyConfig() *meshconfig.ProxyConfig {
 	}
 }
 
-// rooted places an Istio path under the agent's root.
+// Rooted places an Istio path under the agent's root.
 func Rooted(root, path string) string { return filepath.Join(root, path) }

@@ -149,7 +149,7 @@ func QuoteValue(s string) string {
 	return fmt.Sprintf("%s…%s (%d bytes)", strconv.Quote(s[:maxShownValue-tail]), strconv.Quote(s[len(s)-tail:]), len(s))
 }
 
-// parseLogLevel takes the level of the "default" scope (or of a bare level).
+// ParseLogLevel takes the level of the "default" scope (or of a bare level).
 // Istio's levels: debug, info, warn, error, fatal, none.
 func ParseLogLevel(spec string) (slog.Level, error) {
 	level := "info"

@@ -2,7 +2,7 @@ package config
 
 import "time"
 
-// proxyFlags are the `proxy` command's flags: Istio's pilot-agent flags
+// ProxyFlags are the `proxy` command's flags: Istio's pilot-agent flags
 // plus meshagent's own. A pointer stays nil when the flag was not given,
 // where that differs from any value.
 type ProxyFlags struct {
@@ -22,7 +22,7 @@ type ProxyFlags struct {
 	Capture            bool
 	captureInterval    time.Duration
 	nameTable          string
-	ResolvConf         string
+	resolvConf         string
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
 	restartMaxDelay    time.Duration
@@ -47,7 +47,7 @@ func BindProxyFlags(s *Settings, f *ProxyFlags) {
 
 	str(&f.Root, "root", "/", "Directory under which every agent file path lives; / in production, a temp dir in tests", "MESHAGENT_ROOT")
 	str(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
-	str(&f.ResolvConf, "resolv-conf", ResolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
+	str(&f.resolvConf, "resolv-conf", ResolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
 	FlagVar(s, &f.Capture, false, ParseBool, FlagSpec{name: "capture", Env: []string{"MESHAGENT_CAPTURE"},
 		usage: "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop; without it the agent only verifies rules an init container applied"})
 	FlagVar(s, &f.captureInterval, 30*time.Second, ParseDuration, FlagSpec{name: "capture-check-interval", Env: []string{"MESHAGENT_CAPTURE_CHECK_INTERVAL"},

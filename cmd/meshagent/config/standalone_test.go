@@ -17,8 +17,8 @@ import (
 // standaloneHost is where the standalone configuration tests find Envoy:
 // only the stand-in, in the directory of a meshagent binary.
 type standaloneHost struct {
-	Host    Host
-	SelfDir string
+	host    Host
+	selfDir string
 	// installed are the executables lookPath finds, by name or path.
 	installed map[string]string
 }
@@ -33,7 +33,7 @@ func (h standaloneHost) LookPath(name string) (string, error) {
 func newStandaloneHost(t *testing.T, env map[string]string) standaloneHost {
 	selfDir := t.TempDir()
 	standIn := filepath.Join(selfDir, "fakeenvoy")
-	return standaloneHost{Host: testHost(t, env), SelfDir: selfDir, installed: map[string]string{standIn: standIn}}
+	return standaloneHost{host: testHost(t, env), selfDir: selfDir, installed: map[string]string{standIn: standIn}}
 }
 
 // parseStandalone runs a standalone command line through the pipeline, as
@@ -49,10 +49,10 @@ func parseStandalone(t *testing.T, h standaloneHost, args ...string) (*Agent, En
 	if err := cmd.ParseFlags(args); err != nil {
 		return nil, EnvoyChoice{}, err
 	}
-	_ = s.Resolve(h.Host.Env)
+	_ = s.Resolve(h.host.Env)
 	return BuildStandalone(StandaloneInputs{
-		Inputs: Inputs{Flags: f, LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: h.Host, Gatherer: prometheus.NewRegistry(), Problems: s.Problems, Log: quietLog()},
-		Flags:  sf, LookPath: h.LookPath, SelfDir: h.SelfDir,
+		Inputs: Inputs{Flags: f, LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: h.host, Gatherer: prometheus.NewRegistry(), Problems: s.Problems, Log: quietLog()},
+		Flags:  sf, LookPath: h.LookPath, SelfDir: h.selfDir,
 	})
 }
 
@@ -99,7 +99,7 @@ func TestStandaloneWiresTheAgentToItsPeers(t *testing.T) {
 		{"SPIFFE ID", tc.Certs.SpiffeID(), "spiffe://cluster.local/ns/default/sa/default"},
 		{"pod name", tc.Envoy.Bootstrap.PodName, "standalone-0"},
 		{"node IP", tc.Envoy.Bootstrap.InstanceIPs[0], "127.0.0.1"},
-		{"envoy", tc.Envoy.BinaryPath, filepath.Join(h.SelfDir, "fakeenvoy")},
+		{"envoy", tc.Envoy.BinaryPath, filepath.Join(h.selfDir, "fakeenvoy")},
 		{"envoy as logged", envoy.Path, tc.Envoy.BinaryPath},
 	} {
 		if c.got != c.want {
@@ -159,7 +159,7 @@ func TestStandaloneUserSettingsWin(t *testing.T) {
 // how to get one.
 func TestStandaloneFindsEnvoy(t *testing.T) {
 	h := newStandaloneHost(t, nil)
-	standIn := filepath.Join(h.SelfDir, "fakeenvoy")
+	standIn := filepath.Join(h.selfDir, "fakeenvoy")
 	for _, c := range []struct {
 		installed map[string]string
 		want, Why string
@@ -169,7 +169,7 @@ func TestStandaloneFindsEnvoy(t *testing.T) {
 		{map[string]string{standIn: standIn}, standIn, "stand-in"},
 	} {
 		h.installed = c.installed
-		got := findEnvoy(h.LookPath, h.SelfDir)
+		got := findEnvoy(h.LookPath, h.selfDir)
 		if got.Path != c.want || !strings.Contains(got.Why, c.Why) {
 			t.Errorf("with %v: %+v, want %s (%s)", c.installed, got, c.want, c.Why)
 		}

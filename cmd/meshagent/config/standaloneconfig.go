@@ -42,7 +42,7 @@ const (
 	standaloneStandInName  = "fakeenvoy" // the stand-in Envoy, as `make run` builds it next to meshagent
 )
 
-// standaloneFlags are `standalone`'s flags besides `proxy`'s.
+// StandaloneFlags are `standalone`'s flags besides `proxy`'s.
 type StandaloneFlags struct {
 	mesh               string
 	certLifetime       time.Duration
@@ -118,19 +118,19 @@ func (l *standaloneLayer) peers(root string, agentCerts *certs.Config) (*control
 	return cpc, &c
 }
 
-// standaloneInputs are everything a `standalone` run is configured from:
+// StandaloneInputs are everything a `standalone` run is configured from:
 // proxy's inputs, standalone's flags, and where Envoy may be found.
 type StandaloneInputs struct {
 	Inputs Inputs
 	Flags  *StandaloneFlags
-	// lookPath is exec.LookPath (tests give their own).
+	// LookPath is exec.LookPath (tests give their own).
 	LookPath func(string) (string, error)
-	// selfDir is the directory of the running meshagent binary, where
+	// SelfDir is the directory of the running meshagent binary, where
 	// `make run` builds the stand-in Envoy.
 	SelfDir string
 }
 
-// envoyChoice is the Envoy standalone runs, and why: said once in the log.
+// EnvoyChoice is the Envoy standalone runs, and why: said once in the log.
 type EnvoyChoice struct {
 	Path, Why string
 }

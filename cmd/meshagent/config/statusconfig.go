@@ -13,17 +13,17 @@ import (
 // statusInputs are what the status server's config is built from besides
 // the environment.
 type statusInputs struct {
-	ProxyType string
+	proxyType string
 	// instanceIP is the pod's IP the probes go to (podInfo.instanceIP).
 	instanceIP string
-	Flags      *ProxyFlags
-	Proxy      *meshconfig.ProxyConfig
+	flags      *ProxyFlags
+	proxy      *meshconfig.ProxyConfig
 	// envoy is the envoy service's config, nil with DISABLE_ENVOY: Envoy's
 	// metrics are merged from the port its bootstrap gives its Prometheus
 	// listener (ENVOY_PROMETHEUS_PORT, read once, there).
 	envoy *envoy.Config
 	// gatherer is the agent's metrics registry.
-	Gatherer prometheus.Gatherer
+	gatherer prometheus.Gatherer
 }
 
 // statusConfig is the status server on ProxyConfig.statusPort (all
@@ -32,15 +32,15 @@ type statusInputs struct {
 // options.NewStatusServerOptions); nil when the port is 0, and then, as in
 // Istio, none of its variables is read.
 func statusConfig(r envReader, in statusInputs) *status.Config {
-	pc := in.Proxy
+	pc := in.proxy
 	if pc.StatusPort == 0 {
 		return nil
 	}
 	return &status.Config{
 		Addr:      fmt.Sprintf(":%d", pc.StatusPort),
-		Chaos:     in.Flags.chaos,
-		Profiling: in.Flags.profiling,
-		Gatherer:  in.Gatherer,
+		Chaos:     in.flags.chaos,
+		Profiling: in.flags.profiling,
+		Gatherer:  in.gatherer,
 		Probes:    probeConfig(r, pc, in.instanceIP),
 		Metrics:   metricsConfig(r, in),
 	}
@@ -50,9 +50,9 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 // to /app-health/... and /app-lifecycle/..., and the VM's readiness probe.
 func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) status.ProbeConfig {
 	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", ParseString))
-	r.Problems.Add(err) // names the variable, and the probe's path
+	r.problems.Add(err) // names the variable, and the probe's path
 	workload, err := status.NewWorkloadProbe(pc.GetReadinessProbe())
-	r.Problems.Add(err) // names ProxyConfig.readinessProbe
+	r.problems.Add(err) // names ProxyConfig.readinessProbe
 	host := instanceIP
 	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, ParseBool) {
 		host = "localhost"
@@ -82,9 +82,9 @@ func metricsConfig(r envReader, in statusInputs) status.MetricsConfig {
 	// only: 15020 is exposed in gateways' Services, and an application
 	// endpoint there would be served to the world.
 	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", ParseString)
-	if in.ProxyType == "sidecar" {
-		app, err := status.ParsePrometheusAnnotations(annotations, int(in.Proxy.StatusPort), int(in.Proxy.ProxyAdminPort))
-		r.Problems.Add(err) // names the variable
+	if in.proxyType == "sidecar" {
+		app, err := status.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
+		r.problems.Add(err) // names the variable
 		m.App = app
 	}
 	return m

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// vmFlags are what `vm` adds to `proxy`'s flags: where the bundle's files are.
+// VMFlags are what `vm` adds to `proxy`'s flags: where the bundle's files are.
 type VMFlags struct {
 	clusterEnv, sidecarEnv string
 }
@@ -115,7 +115,7 @@ func ReadVM(root string, f *VMFlags, host Host, p *Problems) (VM, error) {
 	if err != nil {
 		return VM{}, err
 	}
-	r := envReader{Env: env, Problems: p}
+	r := envReader{env: env, problems: p}
 	return VM{Env: env, ClusterEnv: Rooted(root, f.clusterEnv),
 		CustomIPTables: envVar(r, "ISTIO_CUSTOM_IP_TABLES", false, ParseBool)}, nil
 }

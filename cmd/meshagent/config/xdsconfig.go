@@ -14,8 +14,8 @@ import (
 // environment.
 type xdsInputs struct {
 	host  Host // the probe of a mounted ./etc/certs root
-	Root  string
-	Proxy *meshconfig.ProxyConfig
+	root  string
+	proxy *meshconfig.ProxyConfig
 	// bootstrap is Envoy's bootstrap config: the proxy caches what that
 	// node acknowledged, and the gRPC bootstrap announces the same node.
 	bootstrap *envoy.BootstrapConfig
@@ -37,8 +37,8 @@ type xdsInputs struct {
 // bootstrap names, the upstream with Istio's choice of roots, the agent's
 // own types, and ours: the last-known-good cache.
 func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
-	pc := in.Proxy
-	c := xdsproxy.NewConfig(Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsSocketName)))
+	pc := in.proxy
+	c := xdsproxy.NewConfig(Rooted(in.root, filepath.Join(pc.ConfigPath, xdsSocketName)))
 	if in.envoyUID >= 0 {
 		c.SocketOwner.UID, c.SocketOwner.GID = in.envoyUID, in.envoyGID
 	}
@@ -50,9 +50,9 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
 	c.ServerName = in.shared.istiodSAN
 	c.ClientCertificate = in.shared.provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
-	c.TokenFile = Rooted(in.Root, TokenFile)
+	c.TokenFile = Rooted(in.root, TokenFile)
 	c.ClusterID = in.shared.clusterID
-	c.Headers = r.Env.Prefixed("XDS_HEADER_")
+	c.Headers = r.env.Prefixed("XDS_HEADER_")
 
 	c.NDS = in.nds
 	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, ParseBool)
@@ -62,19 +62,19 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	b := in.bootstrap
 	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
-		c.CacheFile = Rooted(in.Root, filepath.Join(pc.ConfigPath, xdsCacheFile))
+		c.CacheFile = Rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
-	c.GRPCBootstrap.Path = Rooted(in.Root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, ParseString))
+	c.GRPCBootstrap.Path = Rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, ParseString))
 	node, err := b.Node()
 	if err != nil {
-		r.Problems.Addf("the node proxyless gRPC clients announce: %v", err)
+		r.problems.Addf("the node proxyless gRPC clients announce: %v", err)
 	}
 	c.GRPCBootstrap.Node = node
 	if out := in.shared.outputCerts; out != "" {
 		// The certificate provider gRPC's xDS client reads: the files the
 		// agent writes (Istio points it at OUTPUT_CERTS too).
-		dir := Rooted(in.Root, out)
+		dir := Rooted(in.root, out)
 		c.GRPCBootstrap.CertFile = filepath.Join(dir, certs.CertChainFileName)
 		c.GRPCBootstrap.KeyFile = filepath.Join(dir, certs.KeyFileName)
 		c.GRPCBootstrap.CAFile = filepath.Join(dir, certs.RootCertFileName)
@@ -92,16 +92,16 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 		return xdsproxy.RootsSystem, ""
 	case "":
 	default:
-		return xdsproxy.RootsFile, Rooted(in.Root, v)
+		return xdsproxy.RootsFile, Rooted(in.root, v)
 	}
-	if etcRoot := Rooted(in.Root, filepath.Join(etcCertsDir, certs.RootCertFileName)); in.host.fileExists(etcRoot) {
+	if etcRoot := Rooted(in.root, filepath.Join(etcCertsDir, certs.RootCertFileName)); in.host.fileExists(etcRoot) {
 		return xdsproxy.RootsFile, etcRoot
 	}
 	if prov := in.shared.provCert; prov != "" {
-		return xdsproxy.RootsFile, Rooted(in.Root, filepath.Join(prov, certs.RootCertFileName))
+		return xdsproxy.RootsFile, Rooted(in.root, filepath.Join(prov, certs.RootCertFileName))
 	}
 	if in.certs != nil && in.certs.Source == certs.SourceFiles {
 		return xdsproxy.RootsCertBundle, ""
 	}
-	return xdsproxy.RootsFile, Rooted(in.Root, caRootCertFile)
+	return xdsproxy.RootsFile, Rooted(in.root, caRootCertFile)
 }
