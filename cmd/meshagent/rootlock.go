@@ -28,9 +28,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rootLockFile is the lock's name in configPath.
-const rootLockFile = "meshagent.lock"
-
 // lockRoot takes the lock in dir (created if missing) and writes this
 // process's PID into it. The returned Closer releases it. A lock another
 // process holds is errRootLocked, naming that process's PID.
@@ -38,7 +35,7 @@ func lockRoot(dir string) (io.Closer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, rootLockFile)
+	path := filepath.Join(dir, config.RootLockFile)
 	// O_CLOEXEC (os.OpenFile's default): Envoy and other children must not
 	// inherit the lock and keep it after the agent is gone.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)

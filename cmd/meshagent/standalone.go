@@ -16,7 +16,7 @@ import (
 // newStandaloneCommand is `meshagent standalone`: `proxy`'s whole tree, in
 // its production shape, plus an embedded control plane and CA in the same
 // process, so that the agent does its real job on a machine with no
-// cluster (standaloneconfig.go says how they are wired).
+// cluster (config/standaloneconfig.go says how they are wired).
 func newStandaloneCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 	f, sf := &config.ProxyFlags{}, &config.StandaloneFlags{}
 	cmd := &cobra.Command{

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +41,7 @@ func TestVMUnitVerifies(t *testing.T) {
 	}
 	// systemd-analyze checks that ExecStart's binary exists: point the
 	// unit at the binary under test.
-	text := strings.ReplaceAll(string(unit), "/usr/local/bin/meshagent", agentBinary)
+	text := strings.ReplaceAll(string(unit), "/usr/local/bin/meshagent", e2ekit.AgentBinary)
 	if err := os.WriteFile(filepath.Join(dir, "meshagent.service"), []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,8 @@
-package main
+package conformance
 
 // The cases of the differential conformance suite: the same inputs given to
 // Istio's pilot-agent and to meshagent. A case is plain data (it is stored
-// with Istio's recorded output in testdata/conformance/<name>.json, so that
+// with Istio's recorded output in testdata/<name>.json, so that
 // `make test` replays it without Istio's binary or source).
 
 import (
@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -73,13 +74,6 @@ var baseEnv = map[string]string{
 	"INSTANCE_IP":        "10.44.0.12",
 	"SERVICE_ACCOUNT":    "default",
 }
-
-// istioTemplatePath is where Istio's agent looks for its bootstrap template
-// (pkg/bootstrap DefaultCfgDir); the proxyv2 image ships it there.
-const istioTemplatePath = "var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
-
-// istioTemplateSource is Istio's template in its source.
-const istioTemplateSource = "tools/packaging/common/envoy_bootstrap.json"
 
 // command is the command line after the binary; "<root>" in an argument
 // is the agent's own directory.
@@ -141,7 +135,7 @@ func (c confCase) addrs() []string {
 func (c confCase) writeInputs(root, istioSrc string) error {
 	files := map[string]string{}
 	if istioSrc != "" {
-		files[istioTemplatePath] = "@istio:" + istioTemplateSource
+		files[e2ekit.IstioTemplatePath] = "@istio:" + e2ekit.IstioTemplateSource
 	}
 	if c.Mesh != "" {
 		files["etc/istio/config/mesh"] = c.Mesh
@@ -205,27 +199,27 @@ func conformanceCases(istioSrc string) ([]confCase, error) {
 // (pkg/bootstrap/instance_test.go TestGolden): a testdata/<base>.proxycfg
 // with that test's environment and annotations.
 type istioGoldenInput struct {
-	base, proxyCfg string // proxyCfg: the .proxycfg read, when not base's
+	Base, proxyCfg string // proxyCfg: the .proxycfg read, when not base's
 	env            map[string]string
 	annotations    map[string]string
 }
 
 var istioGoldenInputs = []istioGoldenInput{
-	{base: "xdsproxy"},
-	{base: "auth"},
-	{base: "authsds"},
-	{base: "default"},
-	{base: "ambient", env: map[string]string{"ISTIO_META_ENABLE_HBONE": "true"}},
-	{base: "explicit_internal_address"},
-	{base: "running", env: runningEnv, annotations: map[string]string{"istio.io/insecurepath": `{"paths":["/metrics","/live"]}`}},
-	{base: "runningsds", env: runningEnv, annotations: map[string]string{"istio.io/insecurepath": `{"paths":["/metrics","/live"]}`}},
-	{base: "tracing_lightstep"},
-	{base: "tracing_zipkin"},
-	{base: "tracing_datadog"},
-	{base: "metrics_no_statsd"},
-	{base: "tracing_none"},
-	{base: "all"},
-	{base: "stats_inclusion", annotations: map[string]string{
+	{Base: "xdsproxy"},
+	{Base: "auth"},
+	{Base: "authsds"},
+	{Base: "default"},
+	{Base: "ambient", env: map[string]string{"ISTIO_META_ENABLE_HBONE": "true"}},
+	{Base: "explicit_internal_address"},
+	{Base: "running", env: runningEnv, annotations: map[string]string{"istio.io/insecurepath": `{"paths":["/metrics","/live"]}`}},
+	{Base: "runningsds", env: runningEnv, annotations: map[string]string{"istio.io/insecurepath": `{"paths":["/metrics","/live"]}`}},
+	{Base: "tracing_lightstep"},
+	{Base: "tracing_zipkin"},
+	{Base: "tracing_datadog"},
+	{Base: "metrics_no_statsd"},
+	{Base: "tracing_none"},
+	{Base: "all"},
+	{Base: "stats_inclusion", annotations: map[string]string{
 		"sidecar.istio.io/statsInclusionPrefixes": "prefix1,prefix2,http.{pod_ip}_",
 		"sidecar.istio.io/statsInclusionSuffixes": "suffix1,suffix2,upstream_rq_1xx,upstream_rq_2xx,upstream_rq_3xx,upstream_rq_4xx,upstream_rq_5xx," +
 			"upstream_rq_time,upstream_cx_tx_bytes_total,upstream_cx_rx_bytes_total,upstream_cx_total," +
@@ -235,18 +229,18 @@ var istioGoldenInputs = []istioGoldenInput{
 		"sidecar.istio.io/extraStatTags":         "dlp_status,dlp_error",
 		"sidecar.istio.io/statsHistogramBuckets": `{"istio":[1,5,10,50,100,500,1000,5000,10000],"envoy":[1,5,10,25,50,100,250,500,1000,2500,5000,10000]}`,
 	}},
-	{base: "tracing_tls"},
-	{base: "tracing_tls_custom_sni"},
-	{base: "lrs", env: map[string]string{"COMPLIANCE_POLICY": "fips-140-2", "ISTIO_META_LOAD_STATS_CONFIG_JSON": `{"api_type": "GRPC", "transport_api_version": "V3"}`}},
-	{base: "stats_flush_interval", annotations: map[string]string{"sidecar.istio.io/statsFlushInterval": "10s"}},
-	{base: "stats_eviction_interval", annotations: map[string]string{"sidecar.istio.io/statsEvictionInterval": "10s"}},
-	{base: "invalid_stats_eviction_interval", annotations: map[string]string{"sidecar.istio.io/statsEvictionInterval": "11s"}},
-	{base: "stats_interval", annotations: map[string]string{"sidecar.istio.io/statsFlushInterval": "10s", "sidecar.istio.io/statsEvictionInterval": "20s"}},
-	{base: "global_downstream_max_connections_meta", env: map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "10000"}},
-	{base: "global_downstream_max_connections_runtime"},
-	{base: "global_downstream_max_connections_both", env: map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"}},
-	{base: "stats_compression"},
-	{base: "secure_metrics", proxyCfg: "default", env: map[string]string{"ENVOY_SECURE_METRICS_PORT": "15091", "ENVOY_SECURE_MERGED_METRICS_PORT": "15092"}},
+	{Base: "tracing_tls"},
+	{Base: "tracing_tls_custom_sni"},
+	{Base: "lrs", env: map[string]string{"COMPLIANCE_POLICY": "fips-140-2", "ISTIO_META_LOAD_STATS_CONFIG_JSON": `{"api_type": "GRPC", "transport_api_version": "V3"}`}},
+	{Base: "stats_flush_interval", annotations: map[string]string{"sidecar.istio.io/statsFlushInterval": "10s"}},
+	{Base: "stats_eviction_interval", annotations: map[string]string{"sidecar.istio.io/statsEvictionInterval": "10s"}},
+	{Base: "invalid_stats_eviction_interval", annotations: map[string]string{"sidecar.istio.io/statsEvictionInterval": "11s"}},
+	{Base: "stats_interval", annotations: map[string]string{"sidecar.istio.io/statsFlushInterval": "10s", "sidecar.istio.io/statsEvictionInterval": "20s"}},
+	{Base: "global_downstream_max_connections_meta", env: map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "10000"}},
+	{Base: "global_downstream_max_connections_runtime"},
+	{Base: "global_downstream_max_connections_both", env: map[string]string{"ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"}},
+	{Base: "stats_compression"},
+	{Base: "secure_metrics", proxyCfg: "default", env: map[string]string{"ENVOY_SECURE_METRICS_PORT": "15091", "ENVOY_SECURE_MERGED_METRICS_PORT": "15092"}},
 }
 
 var runningEnv = map[string]string{
@@ -274,7 +268,7 @@ func istioGoldenCases(istioSrc string) ([]confCase, error) {
 	for _, in := range istioGoldenInputs {
 		name := in.proxyCfg
 		if name == "" {
-			name = in.base
+			name = in.Base
 		}
 		text, err := os.ReadFile(filepath.Join(istioSrc, "pkg/bootstrap/testdata", name+".proxycfg"))
 		if err != nil {
@@ -313,7 +307,7 @@ func istioGoldenCases(istioSrc string) ([]confCase, error) {
 		}
 		maps.Copy(env, in.env)
 		cases = append(cases, confCase{
-			Name:        "istio-golden-" + strings.ReplaceAll(in.base, "_", "-"),
+			Name:        "istio-golden-" + strings.ReplaceAll(in.Base, "_", "-"),
 			Kind:        kindBootstrap,
 			Command:     []string{"proxy", "sidecar", "--outlierLogPath", "/dev/stdout"},
 			Env:         env,
@@ -457,12 +451,12 @@ trustDomain: example.org
 		}),
 		boot("istio-template", "ISTIO_BOOTSTRAP: Istio's own envoy_bootstrap.json rendered by each agent", confCase{
 			Env:         map[string]string{"ISTIO_BOOTSTRAP": "<root>/etc/istio/bootstrap/envoy_bootstrap.json", "ISTIO_META_DNS_CAPTURE": "true"},
-			Files:       map[string]string{"etc/istio/bootstrap/envoy_bootstrap.json": "@istio:" + istioTemplateSource},
+			Files:       map[string]string{"etc/istio/bootstrap/envoy_bootstrap.json": "@istio:" + e2ekit.IstioTemplateSource},
 			Annotations: map[string]string{"sidecar.istio.io/extraStatTags": "x_tag", "sidecar.istio.io/statsHistogramBuckets": `{"istio":[1,5]}`},
 		}),
 		boot("template-file-flag", "--templateFile with Istio's own template, a YAML-free JSON template", confCase{
 			Command: []string{"proxy", "sidecar", "--templateFile", "<root>/etc/istio/bootstrap/tmpl.json"},
-			Files:   map[string]string{"etc/istio/bootstrap/tmpl.json": "@istio:" + istioTemplateSource},
+			Files:   map[string]string{"etc/istio/bootstrap/tmpl.json": "@istio:" + e2ekit.IstioTemplateSource},
 		}),
 		boot("custom-config-file", "ProxyConfig.customConfigFile: passed to Envoy unchanged", confCase{
 			ProxyConfig: `{"customConfigFile":"./etc/istio/custom/envoy.json"}`,

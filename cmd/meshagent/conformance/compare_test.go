@@ -1,4 +1,4 @@
-package main
+package conformance
 
 // How the differential conformance suite compares two agents' output: the
 // Envoy command line argument by argument, the bootstrap parsed as
@@ -100,7 +100,7 @@ func (d fieldDiff) String() string {
 // directory, ./etc/istio/proxy/XDS; ours: under --root, /tmp/x/etc/istio/proxy/XDS),
 // and each was given its own path to the stand-in Envoy.
 type normalizer struct {
-	root  string // the agent's --root or working directory
+	Root  string // the agent's --root or working directory
 	envoy string // the stand-in Envoy's path as the agent was given it
 }
 
@@ -111,8 +111,8 @@ func (n normalizer) value(s string) string {
 	if n.envoy != "" && s == n.envoy {
 		return "<envoy>"
 	}
-	if n.root != "" && strings.HasPrefix(s, n.root+"/") {
-		return path.Clean(s[len(n.root)+1:])
+	if n.Root != "" && strings.HasPrefix(s, n.Root+"/") {
+		return path.Clean(s[len(n.Root)+1:])
 	}
 	if strings.HasPrefix(s, "./") {
 		return path.Clean(s)

@@ -1,4 +1,4 @@
-package main
+package conformance
 
 // The differential conformance suite against Istio's own agent.
 //
@@ -7,7 +7,7 @@ package main
 // that records its command line and bootstrap; the two are compared
 // (conformance_compare_test.go), meshagent's in-process pipeline is checked
 // against its binary, and Istio's output against the golden checked in
-// under testdata/conformance. `make conformance-update`
+// under testdata. `make conformance-update`
 // (MESHAGENT_CONFORMANCE=update) rewrites the goldens from the run.
 //
 // `make test`: every golden's case is replayed through meshagent alone and
@@ -29,9 +29,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 )
 
-const goldenDir = "testdata/conformance"
+const goldenDir = "testdata"
 
 // confGolden is a golden file: the case and Istio's output on it.
 type confGolden struct {
@@ -234,9 +236,9 @@ func conformanceGolden(t *testing.T) []caseResult {
 	if len(goldens) == 0 {
 		t.Fatalf("no goldens in %s: run make conformance-update", goldenDir)
 	}
-	istioSrc, _ := istioSource() // optional here
+	istioSrc, _ := e2ekit.IstioSource() // optional here
 	checkGoldensMatchCases(t, goldens, istioSrc)
-	netns, why := canUseNetns()
+	netns, why := e2ekit.CanUseNetns()
 	var results []caseResult
 	for _, g := range goldens {
 		c := g.Case
@@ -245,7 +247,7 @@ func conformanceGolden(t *testing.T) []caseResult {
 				t.Skip("reads Istio's bootstrap template: set MESHAGENT_ISTIO_SRC")
 			}
 			istio := g.Istio
-			istio.norm = normalizer{root: "<root>", envoy: "<envoy>"}
+			istio.norm = normalizer{Root: "<root>", envoy: "<envoy>"}
 			var ours confOutput
 			switch c.Kind {
 			case kindBootstrap:
@@ -254,9 +256,9 @@ func conformanceGolden(t *testing.T) []caseResult {
 				if istio.Outcome == outcomeStarted && c.isProxy() && !netns {
 					t.Skipf("runs the agent with Istio's ports: %s", why)
 				}
-				ours = runAgentCase(t, c, agentBinary, true, netns && c.isProxy(), istioSrc)
+				ours = runAgentCase(t, c, e2ekit.AgentBinary, true, netns && c.isProxy(), istioSrc)
 			case kindStatus:
-				ours = runStatusCase(t, c, agentBinary, true, istioSrc)
+				ours = runStatusCase(t, c, e2ekit.AgentBinary, true, istioSrc)
 			}
 			r := compareOutputs(c, istio, ours)
 			if !r.equal() && ours.log != "" {
@@ -271,15 +273,15 @@ func conformanceGolden(t *testing.T) []caseResult {
 
 // conformanceLive runs both agents on every case.
 func conformanceLive(t *testing.T, update bool) []caseResult {
-	istioAgent, err := istioAgentBinary()
+	istioAgent, err := e2ekit.IstioAgentBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	istioSrc, err := istioSource()
+	istioSrc, err := e2ekit.IstioSource()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, why := canUseNetns(); !ok {
+	if ok, why := e2ekit.CanUseNetns(); !ok {
 		t.Fatalf("the live suite %s", why)
 	}
 	cases, err := conformanceCases(istioSrc)
@@ -301,14 +303,14 @@ func conformanceLive(t *testing.T, update bool) []caseResult {
 			switch c.Kind {
 			case kindBootstrap, kindExit:
 				istio = runAgentCase(t, c, istioAgent, false, c.isProxy(), istioSrc)
-				ours = runAgentCase(t, c, agentBinary, true, c.isProxy(), istioSrc)
+				ours = runAgentCase(t, c, e2ekit.AgentBinary, true, c.isProxy(), istioSrc)
 			case kindStatus:
 				istio = runStatusCase(t, c, istioAgent, false, istioSrc)
-				ours = runStatusCase(t, c, agentBinary, true, istioSrc)
+				ours = runStatusCase(t, c, e2ekit.AgentBinary, true, istioSrc)
 			}
 			r := compareOutputs(c, istio, ours)
 			if !r.equal() {
-				t.Logf("Istio's agent's output:\n%s\nmeshagent's output:\n%s", tail(istio.log, 40), tail(ours.log, 40))
+				t.Logf("Istio's agent's output:\n%s\nmeshagent's output:\n%s", e2ekit.Tail(istio.log, 40), e2ekit.Tail(ours.log, 40))
 			}
 			report(t, r)
 			results = append(results, r)
@@ -334,7 +336,7 @@ func conformanceLive(t *testing.T, update bool) []caseResult {
 				t.Errorf("no golden for case %s: run make conformance-update", c.Name)
 				return
 			}
-			old.Istio.norm = normalizer{root: "<root>", envoy: "<envoy>"}
+			old.Istio.norm = normalizer{Root: "<root>", envoy: "<envoy>"}
 			g.Istio.norm = old.Istio.norm
 			if same := compareOutputs(c, old.Istio, g.Istio); !same.equal() || jsonText(old.Case) != jsonText(c) {
 				t.Errorf("the golden of %s is not what Istio's agent does now: run make conformance-update", c.Name)
@@ -352,7 +354,7 @@ func conformanceLive(t *testing.T, update bool) []caseResult {
 func goldenOutput(o confOutput) confOutput {
 	replace := func(s string) string {
 		s = strings.ReplaceAll(s, o.norm.envoy, "<envoy>")
-		return strings.ReplaceAll(s, o.norm.root, "<root>")
+		return strings.ReplaceAll(s, o.norm.Root, "<root>")
 	}
 	g := confOutput{Outcome: o.Outcome, ExitCode: o.ExitCode, Status: o.Status}
 	for _, a := range o.Args {
@@ -445,12 +447,4 @@ func needsIstioSource(c confCase) bool {
 		}
 	}
 	return false
-}
-
-func tail(s string, lines int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > lines {
-		l = l[len(l)-lines:]
-	}
-	return strings.Join(l, "\n")
 }

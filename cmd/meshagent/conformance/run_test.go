@@ -1,4 +1,4 @@
-package main
+package conformance
 
 // How the differential conformance suite runs an agent on a case: Istio's
 // pilot-agent or meshagent, for real, each in its own network and mount
@@ -14,12 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,12 +27,15 @@ import (
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/tree"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // confOutput is what one agent did with a case.
@@ -89,7 +92,7 @@ type liveEnv struct {
 // directory for the stand-in Envoy (Envoy may run as 1337).
 func prepareRoot(t *testing.T, c confCase, root, istioSrc string) (record string) {
 	t.Helper()
-	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "conformance").CombinedOutput(); err != nil {
+	if out, err := exec.Command(e2ekit.DevcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "conformance").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	if err := c.writeInputs(root, istioSrc); err != nil {
@@ -128,11 +131,6 @@ ip link set eth0 up
 mount --bind "$resolv" /etc/resolv.conf
 exec "$@"`
 
-// canUseNetns says whether runs can have their own namespaces (root, unshare, ip).
-func canUseNetns() (bool, string) {
-	return testkit.CanRoot("network namespaces", "unshare", "ip", "mount")
-}
-
 // runAgentCase runs one agent binary on a bootstrap or exit case and
 // returns what it did: it started Envoy (the record appears; the agent is
 // then killed) or it exited. ours adds --root to `proxy`.
@@ -140,7 +138,7 @@ func runAgentCase(t *testing.T, c confCase, binary string, ours, netns bool, ist
 	t.Helper()
 	root := testkit.ShortTempDir(t, "cf")
 	record := prepareRoot(t, c, root, istioSrc)
-	env := c.environment(root, envoyBinary)
+	env := c.environment(root, e2ekit.EnvoyBinary)
 	env["FAKE_ENVOY_RECORD"] = record
 	env["FAKE_ENVOY_RECORD_EXIT"] = "0"
 	env["PATH"] = os.Getenv("PATH")
@@ -162,7 +160,7 @@ func runAgentCase(t *testing.T, c confCase, binary string, ours, netns bool, ist
 	}
 	cmd, log, exited := startCase(t, root, env, name, argv...)
 
-	out := confOutput{norm: normalizer{root: root, envoy: envoyBinary}}
+	out := confOutput{norm: normalizer{Root: root, envoy: e2ekit.EnvoyBinary}}
 	argsFile := filepath.Join(record, "args.json")
 	deadline := time.After(30 * time.Second)
 wait:
@@ -239,10 +237,10 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		InterfaceAddrs: func() ([]netip.Prefix, error) { return addrs, nil },
 		LookupUID:      func(string) (string, error) { return "", errors.New("no users here") },
 		ResolvConf:     filepath.Join(root, "resolv.conf"),
-		FileExists:     fileExists,
+		FileExists:     func(p string) bool { _, err := os.Stat(p); return err == nil },
 		SocketLive:     sds.SocketLive,
 	}
-	out := confOutput{norm: normalizer{root: root, envoy: "<envoy>"}}
+	out := confOutput{norm: normalizer{Root: root, envoy: "<envoy>"}}
 	// The proxy command's arguments; relative paths are the agent's
 	// working directory's, as in a live run.
 	wd, err := os.Getwd()
@@ -253,9 +251,9 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		t.Fatal(err)
 	}
 	defer func() { _ = os.Chdir(wd) }()
-	cfg, code, output := configureOnHost(host, append(c.command(root), "--root", root)...)
-	if cfg == nil {
-		out.Outcome, out.ExitCode, out.log = outcomeFailed, code, output
+	cfg, err := configure(host, append(c.command(root)[1:], "--root", root))
+	if err != nil {
+		out.Outcome, out.ExitCode, out.log = outcomeFailed, 2, err.Error()
 		return out
 	}
 	ec := cfg.Tree.Envoy
@@ -300,11 +298,11 @@ func runStatusCase(t *testing.T, c confCase, binary string, ours bool, istioSrc 
 	t.Helper()
 	root := testkit.ShortTempDir(t, "cs")
 	record := prepareRoot(t, c, root, istioSrc)
-	ports := freePorts(t, 5)
+	ports := e2ekit.FreePorts(t, 5)
 	status, admin, envoyStatus, envoyProm, xds := ports[0], ports[1], ports[2], ports[3], ports[4]
 	c.ProxyConfig = fmt.Sprintf(`{"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:%d","controlPlaneAuthPolicy":"NONE","terminationDrainDuration":"1s"}`,
 		status, admin, xds)
-	env := c.environment(root, envoyBinary)
+	env := c.environment(root, e2ekit.EnvoyBinary)
 	env["ENVOY_STATUS_PORT"] = strconv.Itoa(envoyStatus)
 	env["ENVOY_PROMETHEUS_PORT"] = strconv.Itoa(envoyProm)
 	env["FAKE_ENVOY_RECORD"] = record
@@ -399,36 +397,35 @@ func envList(env map[string]string) []string {
 	return out
 }
 
-// istioAgentBinary is Istio's pilot-agent: MESHAGENT_ISTIO_AGENT, or where
-// the peers' build.sh leaves it.
-func istioAgentBinary() (string, error) {
-	p := os.Getenv("MESHAGENT_ISTIO_AGENT")
-	if p == "" {
-		home, _ := os.UserHomeDir()
-		p = filepath.Join(home, ".cache", "meshagent-peers", "pilot-agent")
+// configure runs a `proxy` command line (its arguments after "proxy")
+// through the configuration on host as `meshagent proxy` does
+// (cmd/meshagent/proxy.go), through package config's API: the command's
+// flags and Istio's logging flags (unknown ones tolerated), the
+// environment, config.Build, then the services' own checks (tree.Build,
+// which runs nothing). A bad value gives the error the binary prints
+// before it exits 2.
+func configure(host config.Host, args []string) (*config.Agent, error) {
+	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+	fs.ParseErrorsWhitelist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	f := &config.ProxyFlags{}
+	s := config.NewSettings(fs)
+	config.BindProxyFlags(s, f)
+	level := fs.String("log_output_level", "default:info", "")
+	asJSON := fs.Bool("log_as_json", false, "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
 	}
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("Istio's pilot-agent: %w (set MESHAGENT_ISTIO_AGENT, or `make conformance` builds it)", err)
+	_ = s.Resolve(host.Env) // bad values stay in s.Problems, reported by Build
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := prometheus.NewRegistry()
+	cfg, err := config.Build(config.Inputs{Flags: f, Args: fs.Args(), LogLevel: *level, LogAsJSON: *asJSON,
+		Version: e2ekit.E2EVersion, Host: host, Gatherer: reg, Problems: s.Problems, Log: log})
+	if err != nil {
+		return nil, err
 	}
-	return p, nil
-}
-
-// istioSourceVersion is the Istio module the peer agent is built from
-// (shared/peers/istio-agent/go.mod).
-const istioSourceVersion = "istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad"
-
-// istioSource is Istio's source: MESHAGENT_ISTIO_SRC, or the module cache.
-func istioSource() (string, error) {
-	p := os.Getenv("MESHAGENT_ISTIO_SRC")
-	if p == "" {
-		out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "env", "GOMODCACHE").Output()
-		if err != nil {
-			return "", err
-		}
-		p = filepath.Join(strings.TrimSpace(string(out)), istioSourceVersion)
+	if _, _, err := tree.Build(cfg.Tree, reg, log, tree.Process{}); err != nil {
+		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(p, istioTemplateSource)); err != nil {
-		return "", fmt.Errorf("Istio's source: %w (set MESHAGENT_ISTIO_SRC)", err)
-	}
-	return p, nil
+	return cfg, nil
 }

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 )
 
 // BenchmarkAgentExecToEnvoyStarted is a whole-process figure: exec of
@@ -20,11 +22,11 @@ import (
 // is what the agent adds before Envoy runs.
 func BenchmarkAgentExecToEnvoyStarted(b *testing.B) {
 	root := b.TempDir()
-	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs")).CombinedOutput(); err != nil {
+	if out, err := exec.Command(e2ekit.DevcertsBinary, "-out", filepath.Join(root, "etc/certs")).CombinedOutput(); err != nil {
 		b.Fatalf("devcerts: %v %s", err, out)
 	}
 	for i := 0; i < b.N; i++ {
-		cmd := exec.Command(agentBinary, "proxy", "--root", root)
+		cmd := exec.Command(e2ekit.AgentBinary, "proxy", "--root", root)
 		cmd.Env = append(os.Environ(), benchAgentEnv(b)...)
 		waitForLine(b, cmd, "started: admin on")
 	}
@@ -32,17 +34,17 @@ func BenchmarkAgentExecToEnvoyStarted(b *testing.B) {
 
 func BenchmarkExecEnvoyDirect(b *testing.B) {
 	root := b.TempDir()
-	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs")).CombinedOutput(); err != nil {
+	if out, err := exec.Command(e2ekit.DevcertsBinary, "-out", filepath.Join(root, "etc/certs")).CombinedOutput(); err != nil {
 		b.Fatalf("devcerts: %v %s", err, out)
 	}
 	// One agent run writes the bootstrap the baseline reuses.
-	cmd := exec.Command(agentBinary, "proxy", "--root", root)
+	cmd := exec.Command(e2ekit.AgentBinary, "proxy", "--root", root)
 	cmd.Env = append(os.Environ(), benchAgentEnv(b)...)
 	waitForLine(b, cmd, `msg="envoy started"`)
 	bootstrap := filepath.Join(root, "etc/istio/proxy/envoy-rev.json")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		envoy := exec.Command(envoyBinary, "-c", bootstrap, "--disable-hot-restart")
+		envoy := exec.Command(e2ekit.EnvoyBinary, "-c", bootstrap, "--disable-hot-restart")
 		waitForLine(b, envoy, "started: admin on")
 	}
 }
@@ -57,7 +59,7 @@ func benchAgentEnv(b *testing.B) []string {
 		return ln.Addr().(*net.TCPAddr).Port
 	}
 	return []string{
-		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q}`, free(), free(), envoyBinary),
+		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q}`, free(), free(), e2ekit.EnvoyBinary),
 		fmt.Sprintf("ENVOY_STATUS_PORT=%d", free()), fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", free()),
 		"POD_NAME=bench-0", "POD_NAMESPACE=default", "INSTANCE_IP=127.0.0.1",
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -42,18 +43,18 @@ func netnsRun(t *testing.T, ns string, args ...string) string {
 func TestVMModeAppliesAndRemovesCapture(t *testing.T) {
 	ns := needNetns(t)
 	before := netnsRun(t, ns, "iptables-save")
-	p := startAgentIn(t, ns, []string{
+	p := e2ekit.StartAgentIn(t, ns, []string{
 		"ISTIO_INBOUND_PORTS=*", "ISTIO_SERVICE_CIDR=*", "ISTIO_LOCAL_EXCLUDE_PORTS=22,15090,15021,15020",
 	}, "--capture")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		out, _ := exec.Command("ip", "netns", "exec", ns, agentBinary, "wait", "--url", p.base+"/healthz/ready",
+		out, _ := exec.Command("ip", "netns", "exec", ns, e2ekit.AgentBinary, "wait", "--url", p.Base+"/healthz/ready",
 			"--timeoutSeconds", "1", "--periodMillis", "50").CombinedOutput()
 		if strings.Contains(string(out), "Envoy is ready!") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("agent in netns never ready: %s\n%s", out, p.stderr.String())
+			t.Fatalf("agent in netns never ready: %s\n%s", out, p.Stderr.String())
 		}
 	}
 	rules := netnsRun(t, ns, "iptables-save", "-t", "nat")
@@ -63,7 +64,7 @@ func TestVMModeAppliesAndRemovesCapture(t *testing.T) {
 			t.Fatalf("capture rules lack %q:\n%s", want, rules)
 		}
 	}
-	p.stopWith(t, syscall.SIGTERM)
+	p.StopWith(t, syscall.SIGTERM)
 	after := netnsRun(t, ns, "iptables-save")
 	if strings.Contains(after, "ISTIO") {
 		t.Fatalf("rules left after stop:\n%s\n(before:\n%s)", after, before)

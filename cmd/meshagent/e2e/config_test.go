@@ -1,7 +1,6 @@
-package main
+package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -10,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -19,9 +19,9 @@ import (
 // `proxy --someUnknownFlag` runs, as Istio's pilot-agent does, and says
 // which flag it ignored.
 func TestUnknownFlagIsIgnoredWithAWarning(t *testing.T) {
-	p := startAgent(t, nil, "--someUnknownFlag")
-	p.waitStatus(t, "/healthz/ready", 200)
-	log := p.stderr.String()
+	p := e2ekit.StartAgent(t, nil, "--someUnknownFlag")
+	p.WaitStatus(t, "/healthz/ready", 200)
+	log := p.Stderr.String()
 	if !strings.Contains(log, "ignoring unknown flags") || !strings.Contains(log, "--someUnknownFlag") {
 		t.Fatalf("no warning naming --someUnknownFlag:\n%s", log)
 	}
@@ -30,10 +30,10 @@ func TestUnknownFlagIsIgnoredWithAWarning(t *testing.T) {
 // Envoy's readiness listener is on ENVOY_STATUS_PORT (startAgent picks a
 // free one) and forwards to the agent: kubelet's probe works on it.
 func TestEnvoyStatusPortServesReadiness(t *testing.T) {
-	p := startAgent(t, nil)
-	p.waitStatus(t, "/healthz/ready", 200)
-	url := fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", p.envoyStatusPort)
-	resp, err := httpClient().Get(url)
+	p := e2ekit.StartAgent(t, nil)
+	p.WaitStatus(t, "/healthz/ready", 200)
+	url := fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", p.EnvoyStatusPort)
+	resp, err := e2ekit.HTTPClient().Get(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}
@@ -46,31 +46,31 @@ func TestEnvoyStatusPortServesReadiness(t *testing.T) {
 // The version the binary is built with (`make build` passes it with
 // -ldflags) is what `version` prints and what Envoy's node metadata says.
 func TestVersionComesFromTheBuild(t *testing.T) {
-	out, err := exec.Command(agentBinary, "version", "-s").Output()
-	if err != nil || strings.TrimSpace(string(out)) != e2eVersion {
-		t.Fatalf("version -s = %q, %v; want %s", out, err, e2eVersion)
+	out, err := exec.Command(e2ekit.AgentBinary, "version", "-s").Output()
+	if err != nil || strings.TrimSpace(string(out)) != e2ekit.E2EVersion {
+		t.Fatalf("version -s = %q, %v; want %s", out, err, e2ekit.E2EVersion)
 	}
-	p := startAgent(t, nil)
-	p.waitStatus(t, "/healthz/ready", 200)
+	p := e2ekit.StartAgent(t, nil)
+	p.WaitStatus(t, "/healthz/ready", 200)
 	var info struct {
 		Node struct {
 			Metadata map[string]any `json:"metadata"`
 		} `json:"node"`
 	}
-	p.adminJSON(t, "/server_info", &info)
-	if got := info.Node.Metadata["ISTIO_VERSION"]; got != e2eVersion {
-		t.Fatalf("node metadata ISTIO_VERSION = %v, want %s", got, e2eVersion)
+	p.AdminJSON(t, "/server_info", &info)
+	if got := info.Node.Metadata["ISTIO_VERSION"]; got != e2ekit.E2EVersion {
+		t.Fatalf("node metadata ISTIO_VERSION = %v, want %s", got, e2ekit.E2EVersion)
 	}
 }
 
 // POST /drain (Istio's preStop for native sidecars) drains and keeps Envoy
 // running: Istio adds skip_exit to the query.
 func TestPostDrainAddsSkipExit(t *testing.T) {
-	p := startAgent(t, nil)
-	p.waitStatus(t, "/healthz/ready", 200)
-	p.post(t, "/drain")
+	p := e2ekit.StartAgent(t, nil)
+	p.WaitStatus(t, "/healthz/ready", 200)
+	p.Post(t, "/drain")
 	var drains []string
-	testkit.WaitFor(t, "Envoy to see a drain", func() bool { p.adminJSON(t, "/fake/drains", &drains); return len(drains) > 0 })
+	testkit.WaitFor(t, "Envoy to see a drain", func() bool { p.AdminJSON(t, "/fake/drains", &drains); return len(drains) > 0 })
 	if !slices.Equal(drains, []string{"inboundonly&graceful&skip_exit"}) {
 		t.Fatalf("Envoy saw drains %q, want [inboundonly&graceful&skip_exit]", drains)
 	}
@@ -79,25 +79,11 @@ func TestPostDrainAddsSkipExit(t *testing.T) {
 // A gateway (`proxy router`) drains every listener on SIGTERM, not only
 // the inbound ones.
 func TestGatewayDrainsEveryListener(t *testing.T) {
-	p := startAgent(t, nil, "router")
-	p.waitStatus(t, "/healthz/ready", 200)
-	log := p.stopWith(t, syscall.SIGTERM)
+	p := e2ekit.StartAgent(t, nil, "router")
+	p.WaitStatus(t, "/healthz/ready", 200)
+	log := p.StopWith(t, syscall.SIGTERM)
 	if !strings.Contains(log, "drain_listeners?graceful\n") || strings.Contains(log, "inboundonly") {
 		t.Fatalf("the gateway's Envoy did not see exactly drain_listeners?graceful:\n%s", log)
-	}
-}
-
-// adminJSON decodes the answer of Envoy's admin API at path.
-func (p *agentProcess) adminJSON(t *testing.T, path string, v any) {
-	t.Helper()
-	url := fmt.Sprintf("http://127.0.0.1:%d%s", p.adminPort, path)
-	resp, err := httpClient().Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("GET %s: %v", url, err)
 	}
 }
 
@@ -108,7 +94,7 @@ func TestMakeBuildStampsTheVersion(t *testing.T) {
 		t.Skip("needs make")
 	}
 	cmd := exec.Command("make", "-n", "build")
-	cmd.Dir = "../.."
+	cmd.Dir = "../../.." // the repository
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("make -n build: %v\n%s", err, out)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/miekg/dns"
 )
 
 // The DNS proxy in the whole agent: fed by --name-table, readiness waits
@@ -20,9 +20,9 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 	testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"], "registry": "Kubernetes", "shortname": "reviews", "namespace": "e2e"}}}`))
 	resolv := filepath.Join(dir, "resolv.conf")
 	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n"))
-	dnsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	p := startAgent(t, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv, "--chaos")
-	p.waitStatus(t, "/healthz/ready", 200)
+	dnsAddr := fmt.Sprintf("127.0.0.1:%d", e2ekit.FreePort(t))
+	p := e2ekit.StartAgent(t, []string{"DNS_PROXY_ADDR=" + dnsAddr}, "--name-table", table, "--resolv-conf", resolv, "--chaos")
+	p.WaitStatus(t, "/healthz/ready", 200)
 
 	ask := func(name string) ([]string, error) {
 		c := &dns.Client{Timeout: 2 * time.Second}
@@ -48,7 +48,7 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 	}
 
 	// /debug/ndsz shows the table with the names the proxy generated.
-	if code, body := p.get("/debug/ndsz"); code != 200 || !strings.Contains(body, "reviews.e2e.svc.cluster.local") || !strings.Contains(body, "10.0.0.7") {
+	if code, body := p.Get("/debug/ndsz"); code != 200 || !strings.Contains(body, "reviews.e2e.svc.cluster.local") || !strings.Contains(body, "10.0.0.7") {
 		t.Fatalf("/debug/ndsz = %d %s", code, body)
 	}
 
@@ -57,22 +57,13 @@ func TestAgentDNSFromNameTable(t *testing.T) {
 	testkit.WaitFor(t, "the table reloaded", func() bool { ips, _ := ask("reviews"); return len(ips) == 1 && ips[0] == "10.0.0.8" })
 
 	// Kill the DNS proxy: the tree restarts it and it answers again.
-	if code, _ := postTo(p.base + "/debug/chaos/kill?service=dns"); code != 200 {
+	if code, _ := e2ekit.PostTo(p.Base + "/debug/chaos/kill?service=dns"); code != 200 {
 		t.Fatalf("chaos kill = %d", code)
 	}
-	p.waitLog(t, "dns restart", func(log string) bool { return strings.Contains(log, `msg="service failed; restarting" service=dns`) })
+	p.WaitLog(t, "dns restart", func(log string) bool { return strings.Contains(log, `msg="service failed; restarting" service=dns`) })
 	testkit.WaitFor(t, "the DNS proxy back after the kill", func() bool {
 		ips, _ := ask("reviews.e2e.svc.cluster.local")
 		return len(ips) == 1 && ips[0] == "10.0.0.8"
 	})
-	p.waitStatus(t, "/healthz/ready", 200)
-}
-
-func postTo(url string) (int, error) {
-	resp, err := httpClient().Post(url, "text/plain", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	p.WaitStatus(t, "/healthz/ready", 200)
 }

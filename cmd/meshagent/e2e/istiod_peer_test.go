@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // The parts of TestIstiodEndToEnd that are Istio's: the istiod peer
 // (../shared/peers/istiod: Istio's own istiod without Kubernetes, and
@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 )
@@ -55,7 +56,7 @@ const (
 // `make test` skipped it without a word).
 func istiodPeerPaths(t *testing.T) (bin, run string) {
 	t.Helper()
-	if ok, why := canUseNetns(); !ok {
+	if ok, why := e2ekit.CanUseNetns(); !ok {
 		t.Skip(why + ": istiod and the agents use fixed ports, so the test runs in its own network namespace")
 	}
 	bin = os.Getenv("MESHAGENT_ISTIOD_DIR")
@@ -73,9 +74,9 @@ func istiodPeerPaths(t *testing.T) (bin, run string) {
 	}
 	candidates := []string{os.Getenv("MESHAGENT_ISTIOD_RUN")}
 	if os.Getenv("MESHAGENT_ISTIOD_RUN") == "" {
-		// cmd/meshagent of a checkout beside shared/ (/work/main), or of
+		// cmd/meshagent/e2e of a checkout beside shared/ (/work/main), or of
 		// a worktree one level deeper (/work/wt/x).
-		candidates = []string{"../../../shared/peers/istiod/run", "../../../../shared/peers/istiod/run"}
+		candidates = []string{"../../../../shared/peers/istiod/run", "../../../../../shared/peers/istiod/run"}
 	}
 	for _, c := range candidates {
 		if fi, err := os.Stat(filepath.Join(c, "start-istiod-local.sh")); err == nil && !fi.IsDir() {
@@ -93,7 +94,7 @@ func istiodPeerPaths(t *testing.T) (bin, run string) {
 // and reports whether it passed. The caller returns after it.
 func rerunInNamespace(t *testing.T) {
 	t.Helper()
-	if ok, why := canUseNetns(); !ok {
+	if ok, why := e2ekit.CanUseNetns(); !ok {
 		t.Skip(why + ": istiod and the agents use fixed ports, so the test runs in its own network namespace")
 	}
 	dir := t.TempDir()
@@ -104,7 +105,7 @@ func rerunInNamespace(t *testing.T) {
 	script := `set -e; ip link set lo up; mount --bind "$0" /etc/resolv.conf; exec "$@"`
 	cmd := exec.Command("unshare", "--net", "--mount", "--", "sh", "-c", script, resolv,
 		os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1", "-test.timeout=10m")
-	cmd.Env = append(os.Environ(), istiodNetnsEnv+"="+resolv, e2eBinDirEnv+"="+filepath.Dir(agentBinary))
+	cmd.Env = append(os.Environ(), istiodNetnsEnv+"="+resolv, e2ekit.E2EBinDirEnv+"="+filepath.Dir(e2ekit.AgentBinary))
 	out, err := cmd.CombinedOutput()
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		t.Log(line)
@@ -140,12 +141,12 @@ func startIstiodPeer(t *testing.T, bin, run string) *istiodPeer {
 	}
 	t.Cleanup(func() { _ = jwt.Process.Kill(); _ = jwt.Wait() })
 	testkit.WaitFor(t, "jwtlocal's JWKS on 127.0.0.1:18090", func() bool { return dialable("127.0.0.1:18090") })
-	p.start(t)
+	p.Start(t)
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(p.dir, "istiod.log"))
-			t.Logf("istiod log (tail):\n%s", tail(string(b), 60))
+			t.Logf("istiod log (tail):\n%s", e2ekit.Tail(string(b), 60))
 		}
 	})
 	return p
@@ -153,7 +154,7 @@ func startIstiodPeer(t *testing.T, bin, run string) *istiodPeer {
 
 // start runs start-istiod-local.sh and waits until istiod serves xDS (its
 // TLS port is open and the plaintext one answers a probe).
-func (p *istiodPeer) start(t *testing.T) {
+func (p *istiodPeer) Start(t *testing.T) {
 	t.Helper()
 	p.sh(t, "./start-istiod-local.sh")
 	testkit.WaitFor(t, "istiod's ports 15010 and 15012", func() bool {
@@ -206,12 +207,12 @@ func (p *istiodPeer) pushed(t *testing.T) map[string][]string {
 	var dump struct {
 		Configs []map[string]json.RawMessage `json:"configs"`
 	}
-	code, body := httpGet(istiodDebug + "/debug/config_dump?proxyID=" + istiodProxyID)
+	code, body := e2ekit.HTTPGet(istiodDebug + "/debug/config_dump?proxyID=" + istiodProxyID)
 	if code != http.StatusOK {
 		return nil // not connected (yet, or any more)
 	}
 	if err := json.Unmarshal([]byte(body), &dump); err != nil {
-		t.Fatalf("istiod's config_dump: %v\n%s", err, tail(body, 20))
+		t.Fatalf("istiod's config_dump: %v\n%s", err, e2ekit.Tail(body, 20))
 	}
 	out := map[string][]string{}
 	for _, c := range dump.Configs { // protojson: camelCase names
@@ -337,9 +338,9 @@ func dialable(addr string) bool {
 // mustGet is the body of a 200 answer to GET url.
 func mustGet(t *testing.T, url string) string {
 	t.Helper()
-	code, body := httpGet(url)
+	code, body := e2ekit.HTTPGet(url)
 	if code != http.StatusOK {
-		t.Fatalf("GET %s: %d\n%s", url, code, tail(body, 20))
+		t.Fatalf("GET %s: %d\n%s", url, code, e2ekit.Tail(body, 20))
 	}
 	return body
 }
@@ -359,7 +360,7 @@ func shortLines(s string, n int) string {
 // syncedProxies are the proxies istiod's /debug/syncz lists, each with the
 // types it has ACKed ("cluster_acked" and the like, non-empty).
 func syncedProxies() map[string][]string {
-	code, body := httpGet(istiodDebug + "/debug/syncz")
+	code, body := e2ekit.HTTPGet(istiodDebug + "/debug/syncz")
 	var entries []map[string]any
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &entries) != nil {
 		return nil

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"crypto/x509"
@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/miekg/dns"
 )
 
 // meshagent against Istio's own istiod (../shared/peers/istiod), exactly
@@ -103,7 +103,7 @@ func TestIstiodEndToEnd(t *testing.T) {
 	if os.Getenv(istiodNetnsEnv) == "" {
 		detail := "meshagent against Istio's istiod, Istio's agent beside it when built"
 		testkit.E2ESummary(t, "istiod end-to-end (TestIstiodEndToEnd)", &detail)
-		if ok, why := canUseNetns(); !ok {
+		if ok, why := e2ekit.CanUseNetns(); !ok {
 			detail = why
 			t.Skip(why + ": istiod and the agents use fixed ports, so the test runs in its own network namespace")
 		}
@@ -114,21 +114,21 @@ func TestIstiodEndToEnd(t *testing.T) {
 	bin, run := istiodPeerPaths(t)
 	peer := startIstiodPeer(t, bin, run)
 	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
-		return exec.Command(agentBinary, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
+		return exec.Command(e2ekit.AgentBinary, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
 	}}}
-	istio, istioMissing := istioAgentBinary()
+	istio, istioMissing := e2ekit.IstioAgentBinary()
 	var istioSrc string
 	if istioMissing == nil {
-		istioSrc, istioMissing = istioSource() // its bootstrap template
+		istioSrc, istioMissing = e2ekit.IstioSource() // its bootstrap template
 	}
 	if istioMissing == nil {
-		template, err := os.ReadFile(filepath.Join(istioSrc, istioTemplateSource))
+		template, err := os.ReadFile(filepath.Join(istioSrc, e2ekit.IstioTemplateSource))
 		if err != nil {
 			t.Fatal(err)
 		}
 		agents = append(agents, istiodAgent{name: "istio", command: func(string) *exec.Cmd {
 			return exec.Command(istio, "proxy", "sidecar", "--domain", "ns.svc.cluster.local")
-		}, files: map[string][]byte{istioTemplatePath: template}})
+		}, files: map[string][]byte{e2ekit.IstioTemplatePath: template}})
 	}
 	runs := map[string]*istiodRun{}
 	for i, a := range agents {
@@ -137,7 +137,7 @@ func TestIstiodEndToEnd(t *testing.T) {
 			// started, without the ServiceEntry the test adds.
 			peer.stop(t)
 			_ = os.Remove(filepath.Join(peer.dir, "config", "added.yaml"))
-			peer.start(t)
+			peer.Start(t)
 		}
 		ok := t.Run(a.name, func(t *testing.T) { runs[a.name] = runAgainstIstiod(t, peer, a) })
 		if !ok {
@@ -182,7 +182,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + root,
 		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15012","statusPort":15020,"proxyAdminPort":15000,`+
-			`"binaryPath":%q,"terminationDrainDuration":"1s"}`, envoyBinary),
+			`"binaryPath":%q,"terminationDrainDuration":"1s"}`, e2ekit.EnvoyBinary),
 		// The CA is the discovery address (no CA_ADDR): istiod's
 		// certificate names istiod.istio-system.svc and localhost, no IP,
 		// and Istio checks ISTIOD_SAN for the CA only then.
@@ -198,23 +198,23 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &agentProcess{cmd: cmd, base: "http://127.0.0.1:15020", stderr: log, exited: make(chan error, 1), root: root, adminPort: 15000}
-	go func() { p.exited <- cmd.Wait() }()
+	p := &e2ekit.AgentProcess{Cmd: cmd, Base: "http://127.0.0.1:15020", Stderr: log, Exited: make(chan error, 1), Root: root, AdminPort: 15000}
+	go func() { p.Exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-p.exited:
+		case <-p.Exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-p.exited
+			<-p.Exited
 		}
 		if t.Failed() || os.Getenv("MESHAGENT_ISTIOD_LOGS") != "" {
-			t.Logf("%s log (tail):\n%s", a.name, shortLines(tail(log.String(), 80), 400))
+			t.Logf("%s log (tail):\n%s", a.name, shortLines(e2ekit.Tail(log.String(), 80), 400))
 		}
 		// Both agents use the same fixed ports: the next one waits for them.
 		testkit.WaitFor(t, "the agent's ports to close", func() bool { return !dialable("127.0.0.1:15020") && !dialable("127.0.0.1:15000") })
 	})
-	p.waitStatus(t, "/healthz/ready", 200)
+	p.WaitStatus(t, "/healthz/ready", 200)
 	r.ready = time.Since(start)
 	envoy := standIn{admin: "http://127.0.0.1:15000"}
 
@@ -263,7 +263,7 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	peer.stop(t)
 	down := time.Now()
 	for time.Since(down) < 2*time.Second {
-		if code, body := p.get("/healthz/ready"); code != 200 {
+		if code, body := p.Get("/healthz/ready"); code != 200 {
 			t.Fatalf("/healthz/ready %d %q while istiod is down, want 200 (Envoy holds its configuration)", code, body)
 		}
 		if got := askDNS(t, "backend.example.internal.", dns.TypeA); got != "NOERROR aa [240.240.0.10]" {
@@ -272,14 +272,14 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 		time.Sleep(100 * time.Millisecond)
 	}
 	restarted := time.Now()
-	peer.start(t)
+	peer.Start(t)
 	testkit.WaitFor(t, "the agent to reconnect to the restarted istiod", istiodSees)
 	r.reconnect = time.Since(restarted)
 	if held := waitConverged(t, peer, envoy); !reflect.DeepEqual(held, r.held) {
 		t.Fatalf("after istiod's restart Envoy holds\n%v\nbefore\n%v", held, r.held)
 	}
 	checkACKed(t, envoy)
-	p.waitStatus(t, "/healthz/ready", 200)
+	p.WaitStatus(t, "/healthz/ready", 200)
 	return r
 }
 

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+	"github.com/miekg/dns"
 )
 
 // An agent restarted while its control plane is down turns ready with DNS
@@ -35,24 +35,24 @@ func TestAgentRestartDuringOutageTurnsReadyWithDNS(t *testing.T) {
 	}
 	// A short root: the agent's unix socket paths are limited to 107 bytes.
 	root := testkit.ShortTempDir(t, "outage")
-	if out, err := exec.Command(devcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
+	if out, err := exec.Command(e2ekit.DevcertsBinary, "-out", filepath.Join(root, "etc/certs"), "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	resolv := filepath.Join(root, "resolv.conf")
 	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\nsearch e2e.svc.cluster.local svc.cluster.local cluster.local\n"))
-	ports := freePorts(t, 5)
+	ports := e2ekit.FreePorts(t, 5)
 	dnsAddr := fmt.Sprintf("127.0.0.1:%d", ports[4])
-	agent := func() *agentProcess {
-		cmd := exec.Command(agentBinary, "proxy", "--root", root, "--resolv-conf", resolv)
+	agent := func() *e2ekit.AgentProcess {
+		cmd := exec.Command(e2ekit.AgentBinary, "proxy", "--root", root, "--resolv-conf", resolv)
 		cmd.Env = append(os.Environ(),
 			fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":"1s",`+
-				`"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE"}`, ports[0], ports[1], envoyBinary, cp.Addr()),
+				`"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE"}`, ports[0], ports[1], e2ekit.EnvoyBinary, cp.Addr()),
 			fmt.Sprintf("ENVOY_STATUS_PORT=%d", ports[2]), fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", ports[3]),
 			"ISTIO_META_DNS_CAPTURE=true", "DNS_PROXY_ADDR="+dnsAddr,
 			"POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default")
-		p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), stderr: &testkit.LogBuffer{},
-			exited: make(chan error, 1), root: root, adminPort: ports[1], envoyStatusPort: ports[2], promPort: ports[3]}
-		p.start(t)
+		p := &e2ekit.AgentProcess{Cmd: cmd, Base: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), Stderr: &testkit.LogBuffer{},
+			Exited: make(chan error, 1), Root: root, AdminPort: ports[1], EnvoyStatusPort: ports[2], PromPort: ports[3]}
+		p.Start(t)
 		return p
 	}
 	askReviews := func() string {
@@ -69,19 +69,19 @@ func TestAgentRestartDuringOutageTurnsReadyWithDNS(t *testing.T) {
 	}
 
 	first := agent()
-	first.waitStatus(t, "/healthz/ready", 200)
+	first.WaitStatus(t, "/healthz/ready", 200)
 	if got := askReviews(); got != "10.0.0.7" {
 		t.Fatalf("DNS with the control plane up: %s, want 10.0.0.7", got)
 	}
-	first.stopWith(t, syscall.SIGTERM)
+	first.StopWith(t, syscall.SIGTERM)
 
 	cp.Stop()
 	second := agent()
-	second.waitStatus(t, "/healthz/ready", 200)
+	second.WaitStatus(t, "/healthz/ready", 200)
 	if got := askReviews(); got != "10.0.0.7" {
 		t.Fatalf("DNS during the outage: %s, want 10.0.0.7 from the cached table", got)
 	}
-	log := second.stderr.String()
+	log := second.Stderr.String()
 	for _, want := range []string{"published the cached DNS name table", "serving cached configuration to Envoy"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("agent log lacks %q", want)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -16,12 +16,12 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // `meshagent proxy-config` against the sample mesh pushed by the embedded
@@ -32,17 +32,17 @@ import (
 // resources; `pilot-agent proxy-config` is the same command.
 func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	mesh := filepath.Join(t.TempDir(), "mesh.yaml")
-	sample, err := os.ReadFile("../../testdata/standalone/mesh.yaml")
+	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	testkit.WriteFile(t, mesh, []byte(string(sample)))
 	// A certificate that does not rotate while the test compares it.
-	p := startStandalone(t, mesh, "", "--cert-lifetime", "1h")
-	p.waitStatus(t, "/healthz/ready", 200)
-	p.waitConfigDump(t, "outbound|9080||reviews.default.svc.cluster.local", "outbound|7070||ratings.default.svc.cluster.local")
-	workload := nextCertificate(t, watchSDSCertificates(t, filepath.Join(p.root, "var/run/secrets/workload-spiffe-uds/socket")), "certificate")
-	admin := fmt.Sprintf("127.0.0.1:%d", p.adminPort)
+	p := e2ekit.StartStandalone(t, mesh, "", "--cert-lifetime", "1h")
+	p.WaitStatus(t, "/healthz/ready", 200)
+	p.WaitConfigDump(t, "outbound|9080||reviews.default.svc.cluster.local", "outbound|7070||ratings.default.svc.cluster.local")
+	workload := e2ekit.NextCertificate(t, e2ekit.WatchSDSCertificates(t, filepath.Join(p.Root, "var/run/secrets/workload-spiffe-uds/socket")), "certificate")
+	admin := fmt.Sprintf("127.0.0.1:%d", p.AdminPort)
 
 	tables := checkProxyConfigTables(t, admin)
 	for kind, want := range map[string][]string{
@@ -51,7 +51,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		"route":    {"9080 ratings.default.svc.cluster.local:9080 ratings, ratings.default + 1 more... /*"},
 		"endpoint": {"127.0.0.1:19081 HEALTHY OK outbound|9080||ratings.default.svc.cluster.local", "127.0.0.1:17070 HEALTHY OK outbound|7070||ratings.default.svc.cluster.local"},
 		"secret": {fmt.Sprintf("default Cert Chain ACTIVE true %s", workload.SerialNumber.Text(16)),
-			"ROOTCA CA ACTIVE true " + readCertificate(t, filepath.Join(p.root, "var/lib/meshagent/ca/root-cert.pem")).SerialNumber.Text(16)},
+			"ROOTCA CA ACTIVE true " + e2ekit.ReadCertificate(t, filepath.Join(p.Root, "var/lib/meshagent/ca/root-cert.pem")).SerialNumber.Text(16)},
 	} {
 		for _, w := range want {
 			if !slices.ContainsFunc(tables[kind], func(row []string) bool { return strings.HasPrefix(strings.Join(row, " "), w) }) {
@@ -61,13 +61,13 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	}
 
 	// Filters, as istioctl's.
-	if rows := proxyConfigRows(t, agentBinary, "cluster", "--admin", admin, "--fqdn", "ratings", "--port", "9080", "--direction", "outbound"); len(rows) != 1 ||
+	if rows := proxyConfigRows(t, e2ekit.AgentBinary, "cluster", "--admin", admin, "--fqdn", "ratings", "--port", "9080", "--direction", "outbound"); len(rows) != 1 ||
 		rows[0][0] != "ratings.default.svc.cluster.local" {
 		t.Errorf("cluster --fqdn ratings --port 9080 --direction outbound: %v", rows)
 	}
 
 	// -o json is the resources themselves.
-	out, err := exec.Command(agentBinary, "proxy-config", "cluster", "--admin", admin, "--fqdn", "reviews", "-o", "json").Output()
+	out, err := exec.Command(e2ekit.AgentBinary, "proxy-config", "cluster", "--admin", admin, "--fqdn", "reviews", "-o", "json").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	}
 
 	// proxy-status names the same certificate, and the name table from NDS.
-	status, err := exec.Command(agentBinary, "proxy-status", "--addr", strings.TrimPrefix(p.base, "http://")).CombinedOutput()
+	status, err := exec.Command(e2ekit.AgentBinary, "proxy-status", "--addr", strings.TrimPrefix(p.Base, "http://")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("proxy-status: %v\n%s", err, status)
 	}
@@ -89,7 +89,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	}
 
 	// The status page shows the same agent.
-	page := mustGet(t, p.base+"/debug/")
+	page := mustGet(t, p.Base+"/debug/")
 	for _, want := range []string{"controlplane", "certs", "envoy", ">SYNCED<", pki.WorkloadID, "names</b> (NDS)"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("/debug/ lacks %q", want)
@@ -98,7 +98,7 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 
 	// Installed as Istio's agent, the same command.
 	pilotAgent := filepath.Join(t.TempDir(), "pilot-agent")
-	if err := os.Symlink(agentBinary, pilotAgent); err != nil {
+	if err := os.Symlink(e2ekit.AgentBinary, pilotAgent); err != nil {
 		t.Fatal(err)
 	}
 	if rows := proxyConfigRows(t, pilotAgent, "secret", "--admin", admin); len(rows) != len(tables["secret"]) {
@@ -120,7 +120,7 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 	}
 	tables := map[string][][]string{}
 	for _, kind := range []string{"cluster", "listener", "route", "endpoint", "secret"} {
-		tables[kind] = proxyConfigRows(t, agentBinary, kind, "--admin", admin)
+		tables[kind] = proxyConfigRows(t, e2ekit.AgentBinary, kind, "--admin", admin)
 	}
 	column := func(kind string, i int) []string {
 		var out []string

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -18,17 +19,17 @@ import (
 // control plane is back.
 func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
 	t.Setenv("FAKE_ENVOY_REJECT_NAME", "rejected-svc") // the agent passes its environment to Envoy
-	sample, err := os.ReadFile("../../testdata/standalone/mesh.yaml")
+	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	mesh := t.TempDir() + "/mesh.yaml"
 	testkit.WriteFile(t, mesh, []byte(string(sample)))
-	p := startStandalone(t, mesh, "")
-	p.waitStatus(t, "/healthz/ready", 200)
+	p := e2ekit.StartStandalone(t, mesh, "")
+	p.WaitStatus(t, "/healthz/ready", 200)
 
 	status := func() string {
-		out, err := exec.Command(agentBinary, "proxy-status", "--addr", strings.TrimPrefix(p.base, "http://")).CombinedOutput()
+		out, err := exec.Command(e2ekit.AgentBinary, "proxy-status", "--addr", strings.TrimPrefix(p.Base, "http://")).CombinedOutput()
 		if err != nil {
 			return fmt.Sprintf("proxy-status: %v: %s", err, out)
 		}
@@ -44,7 +45,7 @@ func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
 			return false
 		}
 	}
-	waitUntil(t, "cds SYNCED", cdsRow("SYNCED"), status)
+	e2ekit.WaitUntil(t, "cds SYNCED", cdsRow("SYNCED"), status)
 
 	// A service whose cluster the stand-in rejects, as Envoy rejects a
 	// cluster it cannot load.
@@ -57,22 +58,22 @@ func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
         protocol: http
         endpoints: []
 `+"\nexternalNames:", 1)))
-	waitUntil(t, "cds NACKED", cdsRow("NACKED"), status)
+	e2ekit.WaitUntil(t, "cds NACKED", cdsRow("NACKED"), status)
 	rejected := "outbound|9080||rejected-svc.default.svc.cluster.local"
 	if out := status(); !strings.Contains(out, rejected) || !strings.Contains(out, "rejected by FAKE_ENVOY_REJECT_NAME") {
 		t.Errorf("proxy-status does not show Envoy's error naming %s:\n%s", rejected, out)
 	}
 	testkit.WriteFile(t, mesh, []byte(string(sample)))
-	waitUntil(t, "cds SYNCED after a push Envoy takes", cdsRow("SYNCED"), status)
+	e2ekit.WaitUntil(t, "cds SYNCED after a push Envoy takes", cdsRow("SYNCED"), status)
 
 	// The control plane held down, Envoy restarted: it is served the cache.
-	if code, body := p.post(t, "/debug/chaos/kill?service=controlplane&for=8s"); code != 200 {
+	if code, body := p.Post(t, "/debug/chaos/kill?service=controlplane&for=8s"); code != 200 {
 		t.Fatalf("chaos kill: %d %s", code, body)
 	}
-	pids := p.envoyPIDs()
+	pids := p.EnvoyPIDs()
 	if err := syscall.Kill(pids[len(pids)-1], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "cds SERVING CACHE", cdsRow("SERVING CACHE"), status)
-	waitUntil(t, "cds SYNCED once the control plane is back", cdsRow("SYNCED"), status)
+	e2ekit.WaitUntil(t, "cds SERVING CACHE", cdsRow("SERVING CACHE"), status)
+	e2ekit.WaitUntil(t, "cds SYNCED once the control plane is back", cdsRow("SYNCED"), status)
 }

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+	"github.com/miekg/dns"
 )
 
 // A trust-root rotation restarts nothing it does not concern (#26). The
@@ -39,7 +39,7 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 		t.Errorf("the DNS proxy is at %q in the tree, want names/dns: a group of its own", got)
 	}
 
-	load := startDNSLoad(a.dnsAddr, 500, map[string]string{
+	load := startDNSLoad(a.DNSAddr, 500, map[string]string{
 		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from the name table
 		"www.upstream.test.":             "192.0.2.77", // forwarded
 	})
@@ -79,10 +79,10 @@ func TestAgentRootRotationLosesNoDNSQuery(t *testing.T) {
 			t.Errorf("%s was restarted by the rotations: %d restarts, was %d", name, got, b.Restarts)
 		}
 	}
-	if got := strings.Count(p.stderr.String(), `reason="trust roots changed"`); got != rotations {
+	if got := strings.Count(p.Stderr.String(), `reason="trust roots changed"`); got != rotations {
 		t.Errorf("the XDS proxy logged %d redials for new roots, want %d", got, rotations)
 	}
-	p.waitStatus(t, "/healthz/ready", 200)
+	p.WaitStatus(t, "/healthz/ready", 200)
 }
 
 // The other events a running agent lives through lose no DNS query either
@@ -94,7 +94,7 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 	a := startDNSAgent(t, false)
 	p, cp := a.p, a.cp
 	before := treeNodes(t, p)
-	load := startDNSLoad(a.dnsAddr, 500, map[string]string{
+	load := startDNSLoad(a.DNSAddr, 500, map[string]string{
 		"reviews.e2e.svc.cluster.local.": "10.0.0.7",   // from NDS
 		"www.upstream.test.":             "192.0.2.77", // forwarded
 	})
@@ -108,11 +108,11 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 		do   func()
 	}{
 		{"certificate renewal", func() {
-			published := strings.Count(p.stderr.String(), "published workload certificate")
-			chain, key := a.root.Workload(t, 24*time.Hour)
+			published := strings.Count(p.Stderr.String(), "published workload certificate")
+			chain, key := a.Root.Workload(t, 24*time.Hour)
 			testkit.ReplaceFile(t, filepath.Join(a.certDir, "key.pem"), key)
 			testkit.ReplaceFile(t, filepath.Join(a.certDir, "cert-chain.pem"), chain)
-			p.waitLog(t, "the renewed certificate published", func(log string) bool {
+			p.WaitLog(t, "the renewed certificate published", func(log string) bool {
 				return strings.Count(log, "published workload certificate") > published
 			})
 		}},
@@ -124,7 +124,7 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 			}
 			testkit.WaitFor(t, "the new name answered", func() bool {
 				c := &dns.Client{Timeout: time.Second}
-				r, _, err := c.Exchange(new(dns.Msg).SetQuestion("ratings.e2e.svc.cluster.local.", dns.TypeA), a.dnsAddr)
+				r, _, err := c.Exchange(new(dns.Msg).SetQuestion("ratings.e2e.svc.cluster.local.", dns.TypeA), a.DNSAddr)
 				return err == nil && answersA(r, "10.0.0.8")
 			})
 		}},
@@ -138,12 +138,12 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 			}
 		}},
 		{"Envoy restart", func() {
-			pids := p.envoyPIDs()
+			pids := p.EnvoyPIDs()
 			if err := syscall.Kill(pids[len(pids)-1], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			p.waitLog(t, "a new Envoy", func(string) bool { return len(p.envoyPIDs()) > len(pids) })
-			p.waitStatus(t, "/healthz/ready", 200)
+			p.WaitLog(t, "a new Envoy", func(string) bool { return len(p.EnvoyPIDs()) > len(pids) })
+			p.WaitStatus(t, "/healthz/ready", 200)
 		}},
 	}
 	for _, e := range events {
@@ -179,13 +179,13 @@ func TestAgentEventsLoseNoDNSQuery(t *testing.T) {
 // loopback; reviews.e2e.svc.cluster.local is 10.0.0.7 in its name table,
 // from a --name-table file (nametable) or from the control plane (NDS).
 type dnsAgent struct {
-	p          *agentProcess
+	p          *e2ekit.AgentProcess
 	cp         *xdsserver.Server
 	serverCert *pki.ServerCert // the control plane's, reissued by a new root
-	root       *pki.CA         // the root the agent was started with
+	Root       *pki.CA         // the root the agent was started with
 	certDir    string          // the file-mounted certificates
 	upstream   *testkit.StubResolver
-	dnsAddr    string
+	DNSAddr    string
 }
 
 func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
@@ -194,8 +194,8 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 	if upstream == nil {
 		t.Skip(why)
 	}
-	a := &dnsAgent{root: pki.NewRoot(t, "mesh-root-0"), upstream: upstream, dnsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	a.serverCert = pki.NewServerCert(t, a.root, "127.0.0.1")
+	a := &dnsAgent{Root: pki.NewRoot(t, "mesh-root-0"), upstream: upstream, DNSAddr: fmt.Sprintf("127.0.0.1:%d", e2ekit.FreePort(t))}
+	a.serverCert = pki.NewServerCert(t, a.Root, "127.0.0.1")
 	cp, err := xdsserver.Start(xdsserver.Options{TLS: a.serverCert.TLS()})
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +209,7 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 	dir := t.TempDir()
 	resolv := filepath.Join(dir, "resolv.conf")
 	testkit.WriteFile(t, resolv, []byte(upstream.ResolvConf()))
-	env := []string{"DNS_PROXY_ADDR=" + a.dnsAddr}
+	env := []string{"DNS_PROXY_ADDR=" + a.DNSAddr}
 	args := []string{"--resolv-conf", resolv}
 	if tableFile {
 		table := filepath.Join(dir, "names.json")
@@ -218,14 +218,14 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 	} else {
 		env = append(env, "ISTIO_META_DNS_CAPTURE=true")
 	}
-	a.p = startAgentWith(t, agentOptions{controlPlane: cp, certs: func(d string) {
+	a.p = e2ekit.StartAgentWith(t, e2ekit.AgentOptions{ControlPlane: cp, Certs: func(d string) {
 		a.certDir = d
-		chain, key := a.root.Workload(t, 24*time.Hour)
+		chain, key := a.Root.Workload(t, 24*time.Hour)
 		testkit.WriteFile(t, filepath.Join(d, "cert-chain.pem"), chain)
 		testkit.WriteFile(t, filepath.Join(d, "key.pem"), key)
-		testkit.WriteFile(t, filepath.Join(d, "root-cert.pem"), a.root.CertPEM)
+		testkit.WriteFile(t, filepath.Join(d, "root-cert.pem"), a.Root.CertPEM)
 	}}, env, args...)
-	a.p.waitStatus(t, "/healthz/ready", 200)
+	a.p.WaitStatus(t, "/healthz/ready", 200)
 	return a
 }
 
@@ -234,9 +234,9 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 func upstreamStreams(s xdsserver.Stats) int { return s.Streams + s.DeltaStreams }
 
 // treeNodes are the nodes of the agent's /debug/tree, by name.
-func treeNodes(t *testing.T, p *agentProcess) map[string]messages.ServiceInfo {
+func treeNodes(t *testing.T, p *e2ekit.AgentProcess) map[string]messages.ServiceInfo {
 	t.Helper()
-	body := p.waitStatus(t, "/debug/tree?format=json", 200)
+	body := p.WaitStatus(t, "/debug/tree?format=json", 200)
 	var tree struct {
 		Services []messages.ServiceInfo `json:"services"`
 	}

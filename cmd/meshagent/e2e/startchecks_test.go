@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -23,21 +24,21 @@ import (
 // startBareAgent runs `meshagent proxy` on root with no certificate
 // provider and the stand-in Envoy, every port free, then env and args:
 // what it takes to get as far as the start checks, and to run past them.
-func startBareAgent(t *testing.T, root string, env []string, args ...string) *agentProcess {
+func startBareAgent(t *testing.T, root string, env []string, args ...string) *e2ekit.AgentProcess {
 	t.Helper()
-	ports := freePorts(t, 4)
+	ports := e2ekit.FreePorts(t, 4)
 	status, admin, envoyStatus, prom := ports[0], ports[1], ports[2], ports[3]
-	cmd := exec.Command(agentBinary, append([]string{"proxy", "--root", root}, args...)...)
+	cmd := exec.Command(e2ekit.AgentBinary, append([]string{"proxy", "--root", root}, args...)...)
 	cmd.Env = append(os.Environ(), append([]string{
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"terminationDrainDuration":"0s"}`,
-			status, admin, envoyBinary),
+			status, admin, e2ekit.EnvoyBinary),
 		fmt.Sprintf("ENVOY_STATUS_PORT=%d", envoyStatus),
 		fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", prom),
 		"PILOT_CERT_PROVIDER=none", "POD_NAME=app-0", "POD_NAMESPACE=e2e", "INSTANCE_IP=127.0.0.1",
 	}, env...)...)
-	p := &agentProcess{cmd: cmd, base: fmt.Sprintf("http://127.0.0.1:%d", status), stderr: &testkit.LogBuffer{},
-		exited: make(chan error, 1), root: root, adminPort: admin, envoyStatusPort: envoyStatus, promPort: prom}
-	p.start(t)
+	p := &e2ekit.AgentProcess{Cmd: cmd, Base: fmt.Sprintf("http://127.0.0.1:%d", status), Stderr: &testkit.LogBuffer{},
+		Exited: make(chan error, 1), Root: root, AdminPort: admin, EnvoyStatusPort: envoyStatus, PromPort: prom}
+	p.Start(t)
 	return p
 }
 
@@ -46,10 +47,10 @@ func startBareAgent(t *testing.T, root string, env []string, args ...string) *ag
 func configError(t *testing.T, env []string, args []string, want ...string) string {
 	t.Helper()
 	p := startBareAgent(t, t.TempDir(), env, args...)
-	code := p.waitExit(t)
-	log := p.stderr.String()
-	if code != 2 || len(p.envoyPIDs()) > 0 {
-		t.Fatalf("env %q args %q: exit %d with %d Envoy starts, want exit 2 before any start; log:\n%s", short(env), args, code, len(p.envoyPIDs()), tail(log, 20))
+	code := p.WaitExit(t)
+	log := p.Stderr.String()
+	if code != 2 || len(p.EnvoyPIDs()) > 0 {
+		t.Fatalf("env %q args %q: exit %d with %d Envoy starts, want exit 2 before any start; log:\n%s", short(env), args, code, len(p.EnvoyPIDs()), e2ekit.Tail(log, 20))
 	}
 	testkit.Contains(t, "the error", log, want...)
 	return log
@@ -98,15 +99,15 @@ func TestEnvoyBinaryIsCheckedAtStart(t *testing.T) {
 		{"/nonexistent/envoy", "does not exist"},
 		{notExec, "is not executable"},
 	} {
-		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":%q}`, freePort(t), c.binary)
+		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":%q}`, e2ekit.FreePort(t), c.binary)
 		configError(t, []string{pc}, nil, "binaryPath", strconv.Quote(c.binary), c.want, "DISABLE_ENVOY")
 	}
 	// Without Envoy (proxyless gRPC) the binary is not needed.
-	port := freePort(t)
+	port := e2ekit.FreePort(t)
 	p := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true",
 		fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":"/nonexistent/envoy"}`, port)})
-	p.base = fmt.Sprintf("http://127.0.0.1:%d", port)
-	p.waitStatus(t, "/healthz/ready", 200)
+	p.Base = fmt.Sprintf("http://127.0.0.1:%d", port)
+	p.WaitStatus(t, "/healthz/ready", 200)
 }
 
 // Istio's default mesh config file may be missing (then Istio's defaults
@@ -120,18 +121,18 @@ func TestExplicitMeshConfigMustExist(t *testing.T) {
 // SDS server.
 func TestSecondAgentOnTheSameRootIsRefused(t *testing.T) {
 	first := startBareAgent(t, t.TempDir(), []string{"DISABLE_ENVOY=true"})
-	first.waitStatus(t, "/healthz/ready", 200)
-	second := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
-	if code := second.waitExit(t); code != 2 {
-		t.Fatalf("second agent on the root: exit %d, want 2; log:\n%s", code, second.stderr.String())
+	first.WaitStatus(t, "/healthz/ready", 200)
+	second := startBareAgent(t, first.Root, []string{"DISABLE_ENVOY=true"})
+	if code := second.WaitExit(t); code != 2 {
+		t.Fatalf("second agent on the root: exit %d, want 2; log:\n%s", code, second.Stderr.String())
 	}
-	testkit.Contains(t, "the second agent's error", second.stderr.String(), "another agent runs on this root",
-		fmt.Sprintf("pid %d", first.cmd.Process.Pid), filepath.Join(first.root, config.ConfigPathDir, rootLockFile))
-	first.waitStatus(t, "/healthz/ready", 200) // undisturbed
+	testkit.Contains(t, "the second agent's error", second.Stderr.String(), "another agent runs on this root",
+		fmt.Sprintf("pid %d", first.Cmd.Process.Pid), filepath.Join(first.Root, config.ConfigPathDir, config.RootLockFile))
+	first.WaitStatus(t, "/healthz/ready", 200) // undisturbed
 	// The lock goes with its agent: the next one on the root starts.
-	first.stopWith(t, syscall.SIGTERM)
-	third := startBareAgent(t, first.root, []string{"DISABLE_ENVOY=true"})
-	third.waitStatus(t, "/healthz/ready", 200)
+	first.StopWith(t, syscall.SIGTERM)
+	third := startBareAgent(t, first.Root, []string{"DISABLE_ENVOY=true"})
+	third.WaitStatus(t, "/healthz/ready", 200)
 }
 
 // A port the agent or its Envoy would bind, held by another process, is
@@ -140,12 +141,12 @@ func TestBusyPortIsNamedWithItsHolder(t *testing.T) {
 	holder := fmt.Sprintf("pid %d", os.Getpid())
 	t.Run("status", func(t *testing.T) {
 		ln := listenTCP(t, "")
-		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":%q}`, ln, envoyBinary)
+		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"binaryPath":%q}`, ln, e2ekit.EnvoyBinary)
 		configError(t, []string{pc}, nil, fmt.Sprintf(":%d/tcp", ln), "status server (ProxyConfig statusPort)", "in use", holder)
 	})
 	t.Run("envoy admin", func(t *testing.T) {
 		ln := listenTCP(t, "127.0.0.1")
-		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q}`, freePort(t), ln, envoyBinary)
+		pc := fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q}`, e2ekit.FreePort(t), ln, e2ekit.EnvoyBinary)
 		configError(t, []string{pc}, nil, fmt.Sprintf("127.0.0.1:%d/tcp", ln), "Envoy's admin API (ProxyConfig proxyAdminPort)", holder)
 	})
 	t.Run("envoy readiness", func(t *testing.T) {
@@ -178,28 +179,28 @@ func listenTCP(t *testing.T, host string) int {
 // SIGHUP (systemd's `reload`) is logged and ignored: the agent stays up and
 // ready, with the same Envoy.
 func TestSIGHUPIsLoggedAndIgnored(t *testing.T) {
-	p := startAgent(t, nil)
-	p.waitStatus(t, "/healthz/ready", 200)
-	before := p.envoyPIDs()
+	p := e2ekit.StartAgent(t, nil)
+	p.WaitStatus(t, "/healthz/ready", 200)
+	before := p.EnvoyPIDs()
 	if len(before) != 1 {
 		t.Fatalf("Envoy starts before SIGHUP: %v", before)
 	}
 	for n := 1; n <= 2; n++ { // one at a time: the kernel merges pending signals
-		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		p.waitLog(t, fmt.Sprintf("SIGHUP log line %d", n), func(log string) bool {
+		p.WaitLog(t, fmt.Sprintf("SIGHUP log line %d", n), func(log string) bool {
 			return strings.Count(log, "SIGHUP: nothing to reload; ignored") == n
 		})
 	}
-	p.waitStatus(t, "/healthz/ready", 200)
-	after := p.envoyPIDs()
+	p.WaitStatus(t, "/healthz/ready", 200)
+	after := p.EnvoyPIDs()
 	if len(after) != 1 || after[0] != before[0] || !alive(before[0]) {
 		t.Fatalf("Envoy after SIGHUP: %v, want the same pid %d alive", after, before[0])
 	}
-	if log := p.stderr.String(); strings.Contains(log, "draining") {
+	if log := p.Stderr.String(); strings.Contains(log, "draining") {
 		t.Fatalf("SIGHUP started a drain:\n%s", log)
 	}
 	// SIGHUP did not count as a first stop signal: one SIGTERM drains.
-	p.stopWith(t, syscall.SIGTERM)
+	p.StopWith(t, syscall.SIGTERM)
 }

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"crypto/x509"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -30,14 +31,14 @@ func TestAgentChaos(t *testing.T) {
 	testkit.WriteFile(t, table, []byte(`{"table": {"reviews.e2e.svc.cluster.local": {"ips": ["10.0.0.7"]}}}`))
 	resolv := filepath.Join(dir, "resolv.conf")
 	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\noptions port:1\n"))
-	p := startAgent(t, []string{fmt.Sprintf("DNS_PROXY_ADDR=127.0.0.1:%d", freePort(t))},
+	p := e2ekit.StartAgent(t, []string{fmt.Sprintf("DNS_PROXY_ADDR=127.0.0.1:%d", e2ekit.FreePort(t))},
 		"--name-table", table, "--resolv-conf", resolv, "--chaos", "--envoy-restarts", "1000",
 		// Kills every moment would grow the backoff to its 30s cap.
 		"--restart-max-delay", "500ms")
-	p.waitStatus(t, "/healthz/ready", 200)
+	p.WaitStatus(t, "/healthz/ready", 200)
 
-	certs := watchSDSCertificates(t, filepath.Join(p.root, "var/run/secrets/workload-spiffe-uds/socket"))
-	latest := nextCertificate(t, certs, "certificate")
+	certs := e2ekit.WatchSDSCertificates(t, filepath.Join(p.Root, "var/run/secrets/workload-spiffe-uds/socket"))
+	latest := e2ekit.NextCertificate(t, certs, "certificate")
 
 	targets := []string{"certs", "sds", "dns", "nametable", "names", "envoy", "status", "identity", "xds", "envoy-process", "cert-files"}
 	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
@@ -57,7 +58,7 @@ func TestAgentChaos(t *testing.T) {
 		}
 		before := restarts(t, p, service)
 		if victim == "envoy-process" {
-			pids := p.envoyPIDs()
+			pids := p.EnvoyPIDs()
 			latest := -1
 			for epoch := range pids {
 				latest = max(latest, epoch)
@@ -65,7 +66,7 @@ func TestAgentChaos(t *testing.T) {
 			if err := syscall.Kill(pids[latest], syscall.SIGKILL); err != nil {
 				t.Fatalf("round %d: kill envoy %d: %v", round, pids[latest], err)
 			}
-		} else if code, err := postTo(p.base + "/debug/chaos/kill?service=" + victim); err != nil || code != 200 {
+		} else if code, err := e2ekit.PostTo(p.Base + "/debug/chaos/kill?service=" + victim); err != nil || code != 200 {
 			t.Fatalf("round %d: kill %s = %d %v", round, victim, code, err)
 		}
 		// The kill has landed once the tree counted the restart.
@@ -83,12 +84,12 @@ func TestAgentChaos(t *testing.T) {
 
 // restarts reads meshagent_service_restarts_total{service} from the agent
 // (retrying while the status server itself restarts).
-func restarts(t *testing.T, p *agentProcess, service string) float64 {
+func restarts(t *testing.T, p *e2ekit.AgentProcess, service string) float64 {
 	t.Helper()
 	want := fmt.Sprintf(`istio_agent_meshagent_service_restarts_total{service=%q} `, service)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if code, body := p.get("/stats/prometheus"); code == 200 {
+		if code, body := p.Get("/stats/prometheus"); code == 200 {
 			for _, line := range strings.Split(body, "\n") {
 				if v, ok := strings.CutPrefix(line, want); ok {
 					f, _ := strconv.ParseFloat(v, 64)
@@ -107,11 +108,11 @@ func restarts(t *testing.T, p *agentProcess, service string) float64 {
 // waitHealed waits until every node of the tree is up and the agent is
 // ready. The status server itself may be among the killed, so errors are
 // retried.
-func waitHealed(t *testing.T, p *agentProcess) {
+func waitHealed(t *testing.T, p *e2ekit.AgentProcess) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if code, body := p.get("/debug/tree?format=json"); code == 200 {
+		if code, body := p.Get("/debug/tree?format=json"); code == 200 {
 			var tree struct {
 				Ready    bool                   `json:"ready"`
 				Services []messages.ServiceInfo `json:"services"`
@@ -121,7 +122,7 @@ func waitHealed(t *testing.T, p *agentProcess) {
 			}
 		}
 		if time.Now().After(deadline) {
-			_, body := p.get("/debug/tree")
+			_, body := p.Get("/debug/tree")
 			t.Fatalf("agent did not heal:\n%s", body)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -143,9 +144,9 @@ func allUp(services []messages.ServiceInfo) bool {
 // set, then with a good new one: the corrupt set is never served (the agent
 // keeps the last good certificate and stays ready), and the new one reaches
 // the SDS client. It returns the certificate the client holds.
-func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certificate, latest *x509.Certificate) *x509.Certificate {
+func replaceCertFiles(t *testing.T, p *e2ekit.AgentProcess, certs <-chan *x509.Certificate, latest *x509.Certificate) *x509.Certificate {
 	t.Helper()
-	dir := filepath.Join(p.root, "etc/certs")
+	dir := filepath.Join(p.Root, "etc/certs")
 	for _, f := range []string{"cert-chain.pem", "key.pem"} {
 		testkit.WriteFile(t, filepath.Join(dir, f), []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"))
 	}
@@ -156,11 +157,11 @@ func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certific
 		t.Fatalf("a certificate (serial %x) was pushed after the files were corrupted", c.SerialNumber)
 	case <-time.After(500 * time.Millisecond):
 	}
-	if code, body := p.get("/healthz/ready"); code != 200 {
+	if code, body := p.Get("/healthz/ready"); code != 200 {
 		t.Fatalf("with corrupt certificate files: ready = %d %s, want 200 on the last good certificate", code, body)
 	}
 	fresh := t.TempDir()
-	if out, err := exec.Command(devcertsBinary, "-out", fresh, "-namespace", "e2e").CombinedOutput(); err != nil {
+	if out, err := exec.Command(e2ekit.DevcertsBinary, "-out", fresh, "-namespace", "e2e").CombinedOutput(); err != nil {
 		t.Fatalf("devcerts: %v\n%s", err, out)
 	}
 	for _, f := range []string{"root-cert.pem", "key.pem", "cert-chain.pem"} {
@@ -170,9 +171,9 @@ func replaceCertFiles(t *testing.T, p *agentProcess, certs <-chan *x509.Certific
 		}
 		testkit.WriteFile(t, filepath.Join(dir, f), []byte(string(b)))
 	}
-	want := readCertificate(t, filepath.Join(dir, "cert-chain.pem"))
+	want := e2ekit.ReadCertificate(t, filepath.Join(dir, "cert-chain.pem"))
 	for {
-		got := nextCertificate(t, certs, "the good certificate after the corrupt set")
+		got := e2ekit.NextCertificate(t, certs, "the good certificate after the corrupt set")
 		if got.SerialNumber.Cmp(want.SerialNumber) == 0 {
 			return got
 		}

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"crypto/x509"
@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/miekg/dns"
 )
 
 // TestStandaloneChaos is the chaos suite of issue 10 on the real
@@ -48,17 +48,17 @@ func TestStandaloneChaos(t *testing.T) {
 
 	c := &chaosRun{t: t, mesh: filepath.Join(t.TempDir(), "mesh.yaml"), counts: map[string]int{}, worstBy: map[string]time.Duration{}}
 	c.writeMesh()
-	upstream := startUpstreamResolver(t)
-	c.p = startStandalone(t, c.mesh, upstream,
+	upstream := e2ekit.StartUpstreamResolver(t)
+	c.p = e2ekit.StartStandalone(t, c.mesh, upstream,
 		// Short certificates, so that a CA outage spans a renewal.
 		"--cert-lifetime", "8s",
 		// Kills every moment would grow the backoff to its 30s cap.
 		"--restart-max-delay", "500ms",
 		"--envoy-restarts", strconv.Itoa(envoyGiveUp), "--envoy-restart-window", envoyWindow.String())
-	c.p.waitStatus(t, "/healthz/ready", 200)
-	waitHealed(t, c.p.agentProcess)
-	c.caRoot = readCertificate(t, filepath.Join(c.p.root, "var/lib/meshagent/ca/root-cert.pem"))
-	c.certs = watchSDSCertificates(t, filepath.Join(c.p.root, "var/run/secrets/workload-spiffe-uds/socket"))
+	c.p.WaitStatus(t, "/healthz/ready", 200)
+	waitHealed(t, c.p.AgentProcess)
+	c.caRoot = e2ekit.ReadCertificate(t, filepath.Join(c.p.Root, "var/lib/meshagent/ca/root-cert.pem"))
+	c.Certs = e2ekit.WatchSDSCertificates(t, filepath.Join(c.p.Root, "var/run/secrets/workload-spiffe-uds/socket"))
 	c.check("start")
 	goroutines0, fds0 := c.goroutines(), c.fds()
 
@@ -80,7 +80,7 @@ func TestStandaloneChaos(t *testing.T) {
 		f := faults[rng.IntN(len(faults))]
 		c.round, c.rng, c.victim = round, rng, ""
 		c.counts[f.name]++
-		logMark := c.p.stderr.Len()
+		logMark := c.p.Stderr.Len()
 		f.inject()
 		start := time.Now()
 		c.check(fmt.Sprintf("round %d (%s)", round, f.name))
@@ -92,7 +92,7 @@ func TestStandaloneChaos(t *testing.T) {
 		if took > slowRound {
 			// Not a failure: the log says where the time went.
 			t.Logf("round %d (%s %s, after %s) took %s back to ready; the agent's log since the fault:\n%s",
-				round, f.name, c.victim, previous, took.Round(time.Millisecond), c.p.stderr.String()[logMark:])
+				round, f.name, c.victim, previous, took.Round(time.Millisecond), c.p.Stderr.String()[logMark:])
 		}
 		c.rounds++
 		previous = strings.TrimSpace(f.name + " " + c.victim)
@@ -141,10 +141,10 @@ const slowRound = 3 * time.Second
 // chaosRun is one chaos suite's agent and what the suite expects of it.
 type chaosRun struct {
 	t      *testing.T
-	p      *standaloneProcess
+	p      *e2ekit.StandaloneProcess
 	mesh   string
 	caRoot *x509.Certificate
-	certs  <-chan *x509.Certificate
+	Certs  <-chan *x509.Certificate
 	latest *x509.Certificate // the newest certificate pushed over SDS
 
 	// The newest mesh: a service chaos-<meshGen> and api.example.com at
@@ -216,12 +216,12 @@ func (c *chaosRun) killService() {
 	if victim == "envoy" {
 		c.envoyBudget()
 	}
-	before := restarts(c.t, c.p.agentProcess, victim)
-	if code, err := postTo(c.p.base + "/debug/chaos/kill?service=" + victim); err != nil || code != 200 {
+	before := restarts(c.t, c.p.AgentProcess, victim)
+	if code, err := e2ekit.PostTo(c.p.Base + "/debug/chaos/kill?service=" + victim); err != nil || code != 200 {
 		c.t.Fatalf("round %d: kill %s = %d %v", c.round, victim, code, err)
 	}
-	waitUntil(c.t, fmt.Sprintf("round %d: %s restarted", c.round, victim), func() bool {
-		return restarts(c.t, c.p.agentProcess, victim) > before
+	e2ekit.WaitUntil(c.t, fmt.Sprintf("round %d: %s restarted", c.round, victim), func() bool {
+		return restarts(c.t, c.p.AgentProcess, victim) > before
 	})
 }
 
@@ -233,8 +233,8 @@ func (c *chaosRun) killEnvoy() {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		c.t.Fatalf("round %d: kill envoy %d: %v", c.round, old, err)
 	}
-	waitUntil(c.t, fmt.Sprintf("round %d: a new Envoy", c.round), func() bool {
-		pids := c.envoyPIDs()
+	e2ekit.WaitUntil(c.t, fmt.Sprintf("round %d: a new Envoy", c.round), func() bool {
+		pids := c.EnvoyPIDs()
 		return len(pids) == 1 && pids[0] != old
 	})
 }
@@ -246,23 +246,23 @@ func (c *chaosRun) killEnvoy() {
 func (c *chaosRun) controlPlaneDown() {
 	c.t.Helper()
 	const hold = 5 * time.Second
-	if code, err := postTo(fmt.Sprintf("%s/debug/chaos/kill?service=controlplane&for=%s", c.p.base, hold)); err != nil || code != 200 {
+	if code, err := e2ekit.PostTo(fmt.Sprintf("%s/debug/chaos/kill?service=controlplane&for=%s", c.p.Base, hold)); err != nil || code != 200 {
 		c.t.Fatalf("round %d: hold the control plane down = %d %v", c.round, code, err)
 	}
-	waitUntil(c.t, fmt.Sprintf("round %d: the XDS proxy sees the control plane gone", c.round), func() bool {
-		_, tree := c.p.get("/debug/tree")
+	e2ekit.WaitUntil(c.t, fmt.Sprintf("round %d: the XDS proxy sees the control plane gone", c.round), func() bool {
+		_, tree := c.p.Get("/debug/tree")
 		return strings.Contains(tree, "serving cached configuration") || strings.Contains(tree, "unreachable")
 	})
 	c.killEnvoy()
-	c.p.waitStatus(c.t, "/healthz/ready", 200)
-	if _, tree := c.p.get("/debug/tree"); strings.Contains(tree, "serving cached configuration") {
+	c.p.WaitStatus(c.t, "/healthz/ready", 200)
+	if _, tree := c.p.Get("/debug/tree"); strings.Contains(tree, "serving cached configuration") {
 		c.cacheSeen++
 	}
 	// Back: the xDS client is connected again.
-	waitUntil(c.t, fmt.Sprintf("round %d: the control plane back", c.round), func() bool {
-		_, tree := c.p.get("/debug/tree")
+	e2ekit.WaitUntil(c.t, fmt.Sprintf("round %d: the control plane back", c.round), func() bool {
+		_, tree := c.p.Get("/debug/tree")
 		return strings.Contains(tree, "xds upstream: connected")
-	}, func() string { _, tree := c.p.get("/debug/tree"); return tree })
+	}, func() string { _, tree := c.p.Get("/debug/tree"); return tree })
 }
 
 // newMesh replaces the chaos service with a new one (a new cluster in
@@ -275,7 +275,7 @@ func (c *chaosRun) newMesh() {
 // caDown holds the CA down across a certificate renewal.
 func (c *chaosRun) caDown() {
 	c.t.Helper()
-	if code, err := postTo(c.p.base + "/debug/chaos/kill?service=ca&for=5s"); err != nil || code != 200 {
+	if code, err := e2ekit.PostTo(c.p.Base + "/debug/chaos/kill?service=ca&for=5s"); err != nil || code != 200 {
 		c.t.Fatalf("round %d: hold the CA down = %d %v", c.round, code, err)
 	}
 	time.Sleep(5 * time.Second)
@@ -291,7 +291,7 @@ func (c *chaosRun) newNames() {
 // forwarded ones, without waiting for answers.
 func (c *chaosRun) floodDNS() {
 	c.t.Helper()
-	floodDNS(c.t, c.p.dnsAddr, []string{"reviews.default.svc.cluster.local.", "api.example.com.", "nowhere.upstream.test."}, 50, 40)
+	floodDNS(c.t, c.p.DNSAddr, []string{"reviews.default.svc.cluster.local.", "api.example.com.", "nowhere.upstream.test."}, 50, 40)
 }
 
 // envoyBudget keeps the suite's own Envoy failures under the give-up
@@ -318,22 +318,22 @@ func (c *chaosRun) envoyBudget() {
 func (c *chaosRun) check(when string) {
 	c.t.Helper()
 	select {
-	case err := <-c.p.exited:
-		c.p.exited <- err
+	case err := <-c.p.Exited:
+		c.p.Exited <- err
 		c.t.Fatalf("%s: the agent exited (%v) before its give-up limit was passed", when, err)
 	default:
 	}
-	waitHealed(c.t, c.p.agentProcess)
-	if pids := c.envoyPIDs(); len(pids) != 1 {
+	waitHealed(c.t, c.p.AgentProcess)
+	if pids := c.EnvoyPIDs(); len(pids) != 1 {
 		c.t.Fatalf("%s: %d Envoys running (%v), want exactly one", when, len(pids), pids)
 	}
 	// xDS: Envoy holds the newest mesh; DNS answers from the newest table.
-	c.p.waitConfigDump(c.t, "outbound|9080||"+c.chaosService()+".default.svc.cluster.local")
-	c.p.waitDNS(c.t, c.chaosService()+".default.svc.cluster.local", c.chaosVIP())
-	c.p.waitDNS(c.t, "api.example.com", c.externalIP())
+	c.p.WaitConfigDump(c.t, "outbound|9080||"+c.chaosService()+".default.svc.cluster.local")
+	c.p.WaitDNS(c.t, c.chaosService()+".default.svc.cluster.local", c.chaosVIP())
+	c.p.WaitDNS(c.t, "api.example.com", c.externalIP())
 	// SDS: the client holds the agent's newest certificate, valid, from
 	// the CA.
-	waitUntil(c.t, when+": the SDS client holds the agent's certificate", func() bool {
+	e2ekit.WaitUntil(c.t, when+": the SDS client holds the agent's certificate", func() bool {
 		c.drainCertificates()
 		expiry, ok := c.certExpiry()
 		now := time.Now()
@@ -359,27 +359,27 @@ func (c *chaosRun) passGiveUp() string {
 	time.Sleep(envoyWindow + 500*time.Millisecond)
 	for kill := 1; kill <= envoyGiveUp+1; kill++ {
 		select {
-		case err := <-c.p.exited:
-			c.p.exited <- err
+		case err := <-c.p.Exited:
+			c.p.Exited <- err
 			c.t.Fatalf("the agent exited after %d kills (%v), before its limit of %d was passed", kill-1, err, envoyGiveUp)
 		default:
 		}
 		var pids []int
-		waitUntil(c.t, "an Envoy to kill", func() bool { pids = c.envoyPIDs(); return len(pids) == 1 })
+		e2ekit.WaitUntil(c.t, "an Envoy to kill", func() bool { pids = c.EnvoyPIDs(); return len(pids) == 1 })
 		_ = syscall.Kill(pids[0], syscall.SIGKILL)
-		waitUntil(c.t, "Envoy's restart or the agent's exit", func() bool {
+		e2ekit.WaitUntil(c.t, "Envoy's restart or the agent's exit", func() bool {
 			select {
-			case err := <-c.p.exited:
-				c.p.exited <- err
+			case err := <-c.p.Exited:
+				c.p.Exited <- err
 				return true
 			default:
 			}
-			now := c.envoyPIDs()
+			now := c.EnvoyPIDs()
 			return len(now) == 1 && now[0] != pids[0]
 		})
 	}
-	code := c.p.waitExit(c.t)
-	log := c.p.stderr.String()
+	code := c.p.WaitExit(c.t)
+	log := c.p.Stderr.String()
 	if code == 0 || !strings.Contains(log, "envoy failed") || !strings.Contains(log, "giving up") {
 		c.t.Fatalf("after passing Envoy's give-up limit: exit %d, log without \"envoy failed ... giving up\"", code)
 	}
@@ -393,7 +393,7 @@ func (c *chaosRun) tree() (tree struct {
 	Services []messages.ServiceInfo `json:"services"`
 }) {
 	c.t.Helper()
-	_, body := c.p.get("/debug/tree?format=json")
+	_, body := c.p.Get("/debug/tree?format=json")
 	if err := json.Unmarshal([]byte(body), &tree); err != nil {
 		c.t.Fatalf("/debug/tree: %v: %s", err, body)
 	}
@@ -401,11 +401,11 @@ func (c *chaosRun) tree() (tree struct {
 }
 
 // envoyPIDs are the agent's live children that are Envoy.
-func (c *chaosRun) envoyPIDs() []int {
+func (c *chaosRun) EnvoyPIDs() []int {
 	var out []int
-	for _, pid := range childPIDs(c.t, c.p.cmd.Process.Pid) {
+	for _, pid := range e2ekit.ChildPIDs(c.t, c.p.Cmd.Process.Pid) {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if strings.TrimSpace(string(comm)) == filepath.Base(envoyBinary) && !testkit.IsZombie(pid) {
+		if strings.TrimSpace(string(comm)) == filepath.Base(e2ekit.EnvoyBinary) && !testkit.IsZombie(pid) {
 			out = append(out, pid)
 		}
 	}
@@ -415,7 +415,7 @@ func (c *chaosRun) envoyPIDs() []int {
 func (c *chaosRun) envoyPID() int {
 	c.t.Helper()
 	var pids []int
-	waitUntil(c.t, "one Envoy", func() bool { pids = c.envoyPIDs(); return len(pids) == 1 })
+	e2ekit.WaitUntil(c.t, "one Envoy", func() bool { pids = c.EnvoyPIDs(); return len(pids) == 1 })
 	return pids[0]
 }
 
@@ -423,7 +423,7 @@ func (c *chaosRun) envoyPID() int {
 func (c *chaosRun) drainCertificates() {
 	for {
 		select {
-		case cert := <-c.certs:
+		case cert := <-c.Certs:
 			c.latest = cert
 		default:
 			return
@@ -433,7 +433,7 @@ func (c *chaosRun) drainCertificates() {
 
 // certExpiry is the agent's istio_agent_cert_expiry_seconds.
 func (c *chaosRun) certExpiry() (time.Duration, bool) {
-	code, body := c.p.get("/stats/prometheus")
+	code, body := c.p.Get("/stats/prometheus")
 	if code != 200 {
 		return 0, false
 	}
@@ -449,7 +449,7 @@ func (c *chaosRun) certExpiry() (time.Duration, bool) {
 // goroutines is the agent's goroutine count (pprof's total).
 func (c *chaosRun) goroutines() int {
 	c.t.Helper()
-	_, body := c.p.get("/debug/pprof/goroutine?debug=1")
+	_, body := c.p.Get("/debug/pprof/goroutine?debug=1")
 	var n int
 	if _, err := fmt.Sscanf(body, "goroutine profile: total %d", &n); err != nil {
 		c.t.Fatalf("goroutine profile: %v: %.80s", err, body)
@@ -459,7 +459,7 @@ func (c *chaosRun) goroutines() int {
 
 // fds is the number of the agent's open file descriptors.
 func (c *chaosRun) fds() int {
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", c.p.cmd.Process.Pid))
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", c.p.Cmd.Process.Pid))
 	if err != nil {
 		c.t.Fatal(err)
 	}

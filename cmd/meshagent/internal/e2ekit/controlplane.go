@@ -1,4 +1,4 @@
-package main
+package e2ekit
 
 import (
 	"fmt"
@@ -17,16 +17,16 @@ import (
 // Envoy turns ready only once its clusters and listeners have arrived, as a
 // real Envoy does.
 
-// xdsHelperEnv makes the test binary a control plane listening on the
+// XDSHelperEnv makes the test binary a control plane listening on the
 // variable's address until it is signalled: the agent in a network
 // namespace reaches its control plane on that namespace's loopback.
-const xdsHelperEnv = "MESHAGENT_XDS_HELPER"
+const XDSHelperEnv = "MESHAGENT_XDS_HELPER"
 
-// startControlPlane serves xdsserver.SmallMesh("v1", "e2e") on a free loopback port
+// StartControlPlane serves xdsserver.SmallMesh("v1", "e2e") on a free loopback port
 // until the test ends.
-func startControlPlane(t *testing.T) *xdsserver.Server {
+func StartControlPlane(t *testing.T) *xdsserver.Server {
 	t.Helper()
-	cp, err := serveMesh("127.0.0.1:0")
+	cp, err := ServeMesh("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func startControlPlane(t *testing.T) *xdsserver.Server {
 	return cp
 }
 
-func serveMesh(addr string) (*xdsserver.Server, error) {
+func ServeMesh(addr string) (*xdsserver.Server, error) {
 	cp, err := xdsserver.Start(xdsserver.Options{Addr: addr})
 	if err != nil {
 		return nil, err
@@ -47,16 +47,16 @@ func serveMesh(addr string) (*xdsserver.Server, error) {
 	return cp, nil
 }
 
-// startControlPlaneIn runs a control plane on addr inside the network
+// StartControlPlaneIn runs a control plane on addr inside the network
 // namespace ns (the test binary in helper mode).
-func startControlPlaneIn(t *testing.T, ns, addr string) {
+func StartControlPlaneIn(t *testing.T, ns, addr string) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns, self)
-	cmd.Env = append(os.Environ(), xdsHelperEnv+"="+addr)
+	cmd.Env = append(os.Environ(), XDSHelperEnv+"="+addr)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -64,9 +64,9 @@ func startControlPlaneIn(t *testing.T, ns, addr string) {
 	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 }
 
-// runXDSHelper is the test binary as a control plane (xdsHelperEnv).
-func runXDSHelper(addr string) int {
-	cp, err := serveMesh(addr)
+// RunXDSHelper is the test binary as a control plane (xdsHelperEnv).
+func RunXDSHelper(addr string) int {
+	cp, err := ServeMesh(addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "control plane helper:", err)
 		return 1
