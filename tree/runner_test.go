@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,38 +14,10 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// skewClock is the real clock moved forward by Skip, and records every
-// delay asked of After (which then fires at once): the test sees exactly
-// which waits the runner chose, without waiting them out.
-type skewClock struct {
-	offset atomic.Int64
-	mu     sync.Mutex
-	waits  []time.Duration
-}
-
-func (c *skewClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
-
-func (c *skewClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	c.waits = append(c.waits, d)
-	c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	ch <- c.Now()
-	return ch
-}
-
-func (c *skewClock) Skip(d time.Duration) { c.offset.Add(int64(d)) }
-
-func (c *skewClock) Waits() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]time.Duration(nil), c.waits...)
-}
-
 // scriptedFailures fails every run; its third run first lasts past the
 // policy's healthy period (on the skewed clock).
 type scriptedFailures struct {
-	clock   *skewClock
+	clock   *testkit.RecordingClock
 	healthy time.Duration
 	runs    atomic.Int32
 }
@@ -65,7 +36,7 @@ func (s *scriptedFailures) Serve(context.Context) error {
 // BaseDelay), and so on. Five runs: fail, fail, healthy then fail, fail,
 // then the give-up limit.
 func TestFirstRestartImmediateThenPaced(t *testing.T) {
-	clock := &skewClock{}
+	clock := &testkit.RecordingClock{}
 	p := DefaultPolicy()
 	p.GiveUp = &GiveUp{Restarts: 4, Window: time.Hour}
 	svc := &scriptedFailures{clock: clock, healthy: p.HealthyAfter}
@@ -195,11 +166,11 @@ func TestGroupRebuildDoesNotRepeatAChildsBackoff(t *testing.T) {
 }
 
 // runBlocking runs, until the end of the test, a tree of the nodes made
-// around one blockingService on a skewClock; waitRun waits for the
+// around one blockingService on a RecordingClock; waitRun waits for the
 // service's run number want to start.
-func runBlocking(t *testing.T, nodes func(*blockingService) []Node) (ch *Channels, clock *skewClock, waitRun func(want int32)) {
+func runBlocking(t *testing.T, nodes func(*blockingService) []Node) (ch *Channels, clock *testkit.RecordingClock, waitRun func(want int32)) {
 	t.Helper()
-	clock = &skewClock{}
+	clock = &testkit.RecordingClock{}
 	svc := &blockingService{started: make(chan int32, 4)}
 	ch = NewChannels(nil)
 	a, err := New(ch, nodes(svc), prometheus.NewRegistry(), testkit.TestLogger(t), Options{Clock: clock})

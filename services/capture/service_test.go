@@ -16,24 +16,18 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// manualClock fires After only when the test says so.
-type manualClock struct{ tick chan time.Time }
-
-func (c *manualClock) Now() time.Time                       { return time.Unix(1700000000, 0) }
-func (c *manualClock) After(time.Duration) <-chan time.Time { return c.tick }
-
-func TestServiceConfigValidate(t *testing.T) {
-	cfg := ServiceConfig{Mode: Mode(7), Capture: Default()}
+func TestConfigValidate(t *testing.T) {
+	cfg := Config{Mode: Mode(7), Rules: DefaultRules()}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
 		t.Errorf("bad mode: %v", err)
 	}
-	cfg = ServiceConfig{Mode: VM, Capture: Default()}
-	cfg.Capture.ProxyPort = "x"
+	cfg = Config{Mode: VM, Rules: DefaultRules()}
+	cfg.Rules.ProxyPort = "x"
 	if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
 		t.Errorf("New with bad config: %v", err)
 	}
-	s, err := New(ServiceConfig{Capture: Default()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	s, err := New(Config{Rules: DefaultRules()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +44,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
-	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
+	cfg := Config{Mode: Sidecar, Rules: sidecarConfig(false, "")}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
@@ -63,7 +57,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Apply(Build(cfg.Capture), false); err != nil {
+	if err := a.Apply(Build(cfg.Rules), false); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
@@ -96,8 +90,8 @@ func TestKernelServiceVM(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
-	clock := &manualClock{tick: make(chan time.Time)}
-	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), CheckInterval: time.Hour}
+	clock := testkit.NewManualClock()
+	cfg := Config{Mode: VM, Rules: sidecarConfig(false, ""), CheckInterval: time.Hour}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -125,7 +119,7 @@ func TestKernelServiceVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := Build(cfg.Capture)
+	rs := Build(cfg.Rules)
 	if m, err := a.Missing(rs); err != nil || len(m) > 0 {
 		t.Fatalf("after start missing %v (%v)", m, err)
 	}
@@ -136,7 +130,7 @@ func TestKernelServiceVM(t *testing.T) {
 	}
 	// The next check re-applies. Health stays Ready throughout (the
 	// reporter drops the repeat), so watch the rules themselves.
-	clock.tick <- time.Now()
+	clock.AdvanceToNext(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		m, err := a.Missing(rs)
@@ -182,7 +176,7 @@ func TestKernelServiceSidecarUnprivileged(t *testing.T) {
 }
 
 // mustNew is New for a config the test knows is good.
-func mustNew(t testing.TB, cfg ServiceConfig, rt messages.Runtime) *Service {
+func mustNew(t testing.TB, cfg Config, rt messages.Runtime) *Service {
 	t.Helper()
 	svc, err := New(cfg, Inputs{}, Outputs{}, rt)
 	if err != nil {

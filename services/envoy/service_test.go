@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -576,7 +575,7 @@ func TestGatewayDrainQuery(t *testing.T) {
 // default.
 func TestMinimumDrainDurationZero(t *testing.T) {
 	skipIfReal(t)
-	clock := &recordingClock{}
+	clock := &testkit.RecordingClock{Wait: true}
 	h := newHarnessWithClock(t, []string{"FAKE_ENVOY_ACTIVE_CONNECTIONS=0"}, func(c *Config) {
 		c.ExitOnZeroActiveConnections = true
 		c.MinimumDrainDuration = 0
@@ -588,29 +587,9 @@ func TestMinimumDrainDurationZero(t *testing.T) {
 	if !strings.Contains(h.logs.String(), "no more active connections") {
 		t.Fatalf("the drain did not end on zero connections:\n%s", h.logs)
 	}
-	if waits := clock.waits(); !slices.Contains(waits, 0) || slices.Contains(waits, 5*time.Second) {
+	if waits := clock.Waits(); !slices.Contains(waits, 0) || slices.Contains(waits, 5*time.Second) {
 		t.Fatalf("waits asked of the clock: %v; want the first connection check at once (0), no 5s default", waits)
 	}
-}
-
-// recordingClock is the system clock, remembering every wait asked of it.
-type recordingClock struct {
-	messages.SystemClock
-	mu    sync.Mutex
-	after []time.Duration
-}
-
-func (c *recordingClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	c.after = append(c.after, d)
-	c.mu.Unlock()
-	return c.SystemClock.After(d)
-}
-
-func (c *recordingClock) waits() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.after)
 }
 
 // Readiness is Istio's: not ready, saying why, until Envoy has received its

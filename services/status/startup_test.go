@@ -2,7 +2,6 @@ package status
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,34 +11,12 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// setClock is a clock whose time the test sets; After is the real one's
-// (nothing in these tests waits on it).
-type setClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *setClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *setClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
-func (c *setClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
 // startup_duration_seconds is Istio's: served as
 // istio_agent_startup_duration_seconds, absent until the agent is first
 // ready, then the time from the status server's construction (the agent's
 // start) to that moment, and never recorded again.
 func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
-	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	clock := &setClock{now: start}
+	clock := testkit.NewManualClock() // nothing in this test waits on it: After would never fire
 	f := newFixture(Config{Gatherer: prometheus.NewRegistry()}) // the channels
 	reg := prometheus.NewRegistry()
 	svc, err := New(Config{Addr: "127.0.0.1:0", Required: []string{"sds"}, Gatherer: reg}, f.svc.in, f.svc.out,
@@ -62,7 +39,7 @@ func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
 		testkit.WaitFor(t, fmt.Sprintf("readiness %d", want), func() bool { c, _ := get(t, base+"/healthz/ready"); return c == want })
 	}
 
-	clock.set(start.Add(2500 * time.Millisecond))
+	clock.Advance(2500 * time.Millisecond)
 	ready(503)
 	if v, ok := startup(); ok {
 		t.Fatalf("not ready yet, but startup_duration_seconds = %v", v)
@@ -73,7 +50,7 @@ func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
 		t.Fatalf("at the first readiness: startup_duration_seconds = %v (present %v), want 2.5", v, ok)
 	}
 
-	clock.set(start.Add(time.Minute))
+	clock.Advance(time.Minute)
 	f.health.Send(messages.Health{Service: "sds", State: messages.Failed, Reason: "socket gone"})
 	ready(503)
 	f.health.Send(messages.Health{Service: "sds", State: messages.Ready})

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -63,6 +64,36 @@ func (c *ManualClock) Advance(d time.Duration) {
 	c.waiters = kept
 }
 
+// AdvanceToNext waits (up to Timeout) until something waits on the clock,
+// then moves the clock to the earliest waiter's time, firing it: "the next
+// tick", for a test that wants one more round of a periodic loop.
+func (c *ManualClock) AdvanceToNext(t testing.TB) {
+	t.Helper()
+	deadline := time.NewTimer(Timeout)
+	defer deadline.Stop()
+	for {
+		n, added := c.Pending()
+		if n > 0 {
+			break
+		}
+		select {
+		case <-added:
+		case <-deadline.C:
+			t.Fatal("nothing waits on the clock")
+		}
+	}
+	c.mu.Lock()
+	next := c.waiters[0].at
+	for _, w := range c.waiters[1:] {
+		if w.at.Before(next) {
+			next = w.at
+		}
+	}
+	d := next.Sub(c.now)
+	c.mu.Unlock()
+	c.Advance(d)
+}
+
 // Pending is how many waiters wait, and a channel closed when the next
 // one is added.
 func (c *ManualClock) Pending() (int, <-chan struct{}) {
@@ -115,3 +146,41 @@ type FrozenClock struct{ At time.Time }
 
 func (c FrozenClock) Now() time.Time                         { return c.At }
 func (c FrozenClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// RecordingClock is the real clock moved forward by Skip, recording every
+// wait asked of After: a test sees exactly which waits the code under test
+// chose (a restart policy's backoff, a first check at once). With Wait
+// false, After fires at once, so the test does not wait them out; with Wait
+// true, After is the system's.
+type RecordingClock struct {
+	Wait   bool
+	offset atomic.Int64
+	mu     sync.Mutex
+	waits  []time.Duration
+}
+
+// Now is the real time plus every Skip.
+func (c *RecordingClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// After records d; it fires at once unless Wait.
+func (c *RecordingClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	c.waits = append(c.waits, d)
+	c.mu.Unlock()
+	if c.Wait {
+		return time.After(d)
+	}
+	ch := make(chan time.Time, 1)
+	ch <- c.Now()
+	return ch
+}
+
+// Skip moves Now forward by d.
+func (c *RecordingClock) Skip(d time.Duration) { c.offset.Add(int64(d)) }
+
+// Waits are the durations asked of After, in order.
+func (c *RecordingClock) Waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
+}

@@ -249,7 +249,7 @@ func Build(in Inputs) (*Agent, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.Host, in.Log),
-		XDS: xdsConfig(r, xdsInputs{host: in.Host, root: c.Root, proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
+		XDS: xdsConfig(r, xdsInputs{host: in.Host, root: c.Root, proxy: pc, envoyBootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS: dns.proxy,
 	}

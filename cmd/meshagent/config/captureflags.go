@@ -8,14 +8,14 @@ import (
 	"github.com/meshagent/meshagent/services/capture"
 )
 
-// CaptureSettings are istio-iptables' flags bound to a capture.Config: every
+// CaptureSettings are istio-iptables' flags bound to a capture.RulesConfig: every
 // flag but --envoy-port also reads UPPER(name, '-'→'_') from the
 // environment (Istio's pkg/flag.BindEnv), some with Istio's aliases; the
 // command line wins. `istio-iptables`, `clean-iptables` and the capture
 // service of `proxy` all read them through here.
 type CaptureSettings struct {
 	s   *Settings
-	cfg capture.Config
+	cfg capture.RulesConfig
 	// proxyUID and proxyGID stay nil when not given: their defaults are
 	// computed (the uid of $ENVOY_USER; the uid list).
 	proxyUID, proxyGID *string
@@ -24,7 +24,7 @@ type CaptureSettings struct {
 
 func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 	c := &CaptureSettings{s: NewSettings(fs)}
-	d, cfg, s := capture.Default(), &c.cfg, c.s
+	d, cfg, s := capture.DefaultRules(), &c.cfg, c.s
 	str := func(p *string, name, short, def, usage string, env ...string) {
 		FlagVar(s, p, def, ParseString, FlagSpec{name: name, short: short, Env: append([]string{envName(name)}, env...), usage: usage})
 	}
@@ -74,12 +74,12 @@ func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 // 1337), the GID default (the UIDs), and the environment-only settings
 // ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE] and ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR.
 // Every bad value, of a flag or a variable, is in the error.
-func (c *CaptureSettings) Config(host Host) (capture.Config, error) {
+func (c *CaptureSettings) Config(host Host) (capture.RulesConfig, error) {
 	r := envReader{env: host.Env, problems: c.s.Problems}
 	_ = c.s.Resolve(host.Env)
 	cfg := c.cfg
 	cfg.IptablesProbePort = uint16(c.probePort)
-	cfg.ProxyUID = capture.Default().ProxyUID
+	cfg.ProxyUID = capture.DefaultRules().ProxyUID
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
 	} else if host.LookupUID != nil {
@@ -91,9 +91,9 @@ func (c *CaptureSettings) Config(host Host) (capture.Config, error) {
 	if c.proxyGID != nil && *c.proxyGID != "" {
 		cfg.ProxyGID = *c.proxyGID
 	}
-	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, ParseString)
+	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.DefaultRules().OwnerGroupsInclude, ParseString)
 	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", ParseString)
-	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, ParseString)
+	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.DefaultRules().HostIPv4LoopbackCidr, ParseString)
 	return cfg, c.s.Problems.Err()
 }
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
@@ -50,12 +52,12 @@ type envoyInputs struct {
 // variables. The config is nil with DISABLE_ENVOY (proxyless gRPC); the
 // bootstrap config is always returned: the XDS proxy and the gRPC bootstrap
 // announce the same node.
-func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
+func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config) {
 	pc := in.proxy
 	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, ParseBool)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
 	env := r.env.All()
-	b := &envoy.BootstrapConfig{
+	b := &bootstrap.Config{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
 		PodNamespace:    in.pod.namespace,
@@ -117,7 +119,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		LogLevel:           in.flags.proxyLogLevel,
 		ComponentLogLevel:  in.flags.proxyComponentLogLevel,
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
-		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
+		IPv6:               bootstrap.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
 		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, ParseBool),
 	}
@@ -228,11 +230,11 @@ func drainQuery(proxyType string) string {
 // (PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_LOCATION), GCP_QUOTA_PROJECT
 // and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
 // Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
-func platform(r envReader) envoy.Platform {
+func platform(r envReader) bootstrap.Platform {
 	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", ParseString))
 	gcpMeta := envVar(r, "GCP_METADATA", "", ParseString)
 	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
-		return envoy.Platform{}
+		return bootstrap.Platform{}
 	}
 	md := map[string]string{}
 	if parts := strings.Split(gcpMeta, "|"); len(parts) == 4 {
@@ -246,5 +248,5 @@ func platform(r envReader) envoy.Platform {
 	if zone != "" {
 		md["gcp_zone"] = zone
 	}
-	return envoy.Platform{Metadata: md, Zone: zone}
+	return bootstrap.Platform{Metadata: md, Zone: zone}
 }

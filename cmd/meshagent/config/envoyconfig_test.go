@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
@@ -100,13 +102,13 @@ func addTestLogFlags(cmd *cobra.Command) testLogFlags {
 
 // writeEnvoyBootstrap writes the bootstrap the envoy service would write
 // before starting Envoy, and returns it with Envoy's command line.
-func writeEnvoyBootstrap(t *testing.T, cfg *Agent) (envoy.Bootstrap, string, []string) {
+func writeEnvoyBootstrap(t *testing.T, cfg *Agent) (bootstrap.File, string, []string) {
 	t.Helper()
 	ec := cfg.Tree.Envoy
 	if ec == nil || ec.Bootstrap == nil {
 		t.Fatal("no envoy config")
 	}
-	b, err := envoy.WriteBootstrap(*ec.Bootstrap)
+	b, err := bootstrap.Write(*ec.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
-
-	"github.com/meshagent/meshagent/services/envoy"
 )
 
 // Annotation keys Istio's agent reads from the pod's annotations file.
@@ -82,7 +82,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 		}
 	}
 
-	annotations, err := envoy.ReadDownwardAPI(src.annotationsFile)
+	annotations, err := bootstrap.ReadDownwardAPI(src.annotationsFile)
 	if err != nil {
 		return nil, err
 	}

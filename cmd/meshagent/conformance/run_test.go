@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
@@ -262,7 +264,7 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		return out
 	}
 	// As the envoy service does before each start.
-	b, err := envoy.WriteBootstrap(*ec.Bootstrap)
+	b, err := bootstrap.Write(*ec.Bootstrap)
 	if err != nil {
 		out.Outcome, out.ExitCode, out.log = outcomeFailed, 1, err.Error()
 		return out
@@ -280,7 +282,7 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 	if !needsIstioSource(c) {
 		// The comparison with Istio's output reads both leniently (Istio's template may name
 		// fields our Envoy types lack); ours must also load strictly, as a built-in bootstrap
-		// is built as plain JSON (services/envoy/bootstrap_json.go).
+		// is built as plain JSON (services/envoy/bootstrap/json.go).
 		strict := &bootstrapv3.Bootstrap{}
 		if err := protojson.Unmarshal(data, strict); err != nil {
 			t.Fatalf("our bootstrap does not load strictly into Envoy's Bootstrap: %v", err)

@@ -32,6 +32,10 @@ import (
 // `make build` sets it.
 const E2EVersion = "1.99.0-e2e"
 
+// InitBinaryName is the small init the image ships beside the agent
+// (cmd/meshagent-init; cmd/meshagent's reaper.go runs it as PID 1).
+const InitBinaryName = "meshagent-init"
+
 // The binaries the end-to-end tests run: the agent, the Envoy it starts
 // (the stand-in, or MESHAGENT_TEST_ENVOY), and the dev certificate writer.
 var AgentBinary, EnvoyBinary, DevcertsBinary string
@@ -320,7 +324,9 @@ func Main(m *testing.M) {
 	AgentBinary = filepath.Join(dir, "meshagent")
 	EnvoyBinary = filepath.Join(dir, "fakeenvoy")
 	DevcertsBinary = filepath.Join(dir, "devcerts")
-	for bin, pkg := range map[string]string{AgentBinary: module + "/cmd/meshagent", EnvoyBinary: module + "/testdata/fakeenvoy", DevcertsBinary: module + "/testdata/devcerts"} {
+	initBinary := filepath.Join(dir, InitBinaryName) // beside the agent, as `make build` and the image put it
+	for bin, pkg := range map[string]string{AgentBinary: module + "/cmd/meshagent", initBinary: module + "/cmd/meshagent-init",
+		EnvoyBinary: module + "/testdata/fakeenvoy", DevcertsBinary: module + "/testdata/devcerts"} {
 		build := exec.Command("go", "build", "-o", bin, pkg)
 		if bin == AgentBinary { // as `make build` does
 			build.Args = []string{"go", "build", "-ldflags", "-X main.buildVersion=" + E2EVersion, "-o", bin, pkg}
