@@ -40,7 +40,7 @@ IMAGE_TAG        ?= localhost/meshagent-proxyv2:dev
 IMAGE_TAR        ?= $(BIN)/meshagent-proxyv2-image.tar
 ISTIO_IMAGE_TAG  ?= localhost/istio-proxyv2:oracle
 ISTIO_IMAGE_TAR  ?= $(BIN)/istio-proxyv2-image.tar
-ISTIO_MODULE     := $(shell sed -n 's/^const istioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/conformance_run_test.go)
+ISTIO_MODULE     := $(shell sed -n 's/^const IstioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/internal/e2ekit/istio.go)
 ISTIO_SRC        ?= $(shell $(GO) env GOMODCACHE)/$(ISTIO_MODULE)
 ISTIO_TEMPLATE   := $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json
 STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy; relays captured TCP to its original destination, no TLS, routing or load balancing
@@ -64,7 +64,7 @@ fakeenvoy-static:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/fakeenvoy-static ./testdata/fakeenvoy
 
 istio-template:
-	@test -n "$(ISTIO_MODULE)" || { echo "no istioSourceVersion in cmd/meshagent/conformance_run_test.go"; exit 1; }
+	@test -n "$(ISTIO_MODULE)" || { echo "no IstioSourceVersion in cmd/meshagent/internal/e2ekit/istio.go"; exit 1; }
 	@test -f $(ISTIO_TEMPLATE) || $(GO) mod download $(ISTIO_MODULE)
 
 # Runs `meshagent standalone` in the foreground with every file under
@@ -135,7 +135,7 @@ bench: bench-tree bench-capture bench-envoy bench-identity bench-dns bench-rss b
 bench-tree:
 	$(GO) test -run '^$$' -bench . -benchtime 20000x ./messages
 	$(GO) test -run '^$$' -bench 'Restart(ThroughRunner|BareSuture)' -benchtime 20000x ./tree
-	$(GO) test -run '^$$' -bench 'AgentExec|ExecEnvoyDirect' -benchtime 20x ./cmd/meshagent
+	$(GO) test -run '^$$' -bench 'AgentExec|ExecEnvoyDirect' -benchtime 20x ./cmd/meshagent/e2e
 
 bench-capture:
 	$(GO) test -run '^$$' -bench ApplySidecarRules -benchtime 30x ./services/capture
@@ -184,14 +184,14 @@ peer-istio-agent:
 # `make test` replays the checked-in goldens without Istio.
 conformance: peer-istio-agent
 	@mkdir -p .tmp
-	@MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=1 $(GO) test -count=1 -run 'Conformance' -v ./cmd/meshagent >.tmp/conformance.log 2>&1; \
+	@MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=1 $(GO) test -count=1 -run 'Conformance' -v ./cmd/meshagent ./cmd/meshagent/conformance >.tmp/conformance.log 2>&1; \
 	  rc=$$?; grep -E '^(conformance:|--- FAIL|FAIL|ok)' .tmp/conformance.log; [ $$rc -eq 0 ] || { echo "details: .tmp/conformance.log"; exit $$rc; }
 	@MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) $(GO) test -count=1 -run 'Differential' -v ./services/status >.tmp/differential.log 2>&1; \
 	  rc=$$?; grep -E '^(--- |FAIL|ok)' .tmp/differential.log; [ $$rc -eq 0 ] || { echo "details: .tmp/differential.log"; exit $$rc; }
 
-# Rewrites cmd/meshagent/testdata/conformance from Istio's agent.
+# Rewrites cmd/meshagent/conformance/testdata from Istio's agent.
 conformance-update: peer-istio-agent
-	MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=update $(GO) test -count=1 -run 'Conformance' ./cmd/meshagent
+	MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=update $(GO) test -count=1 -run 'Conformance' ./cmd/meshagent/conformance
 
 golden:
 	$(GO) test ./services/envoy/... -run Golden -update
@@ -221,8 +221,8 @@ e2e-istiod: peer-istio-agent
 	@test -x $(ISTIOD_PEER)/istiod-local || sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)
 	@mkdir -p .tmp
 	@MESHAGENT_ISTIOD_DIR=$(ISTIOD_PEER) MESHAGENT_ISTIOD_RUN=$(PEERS)/istiod/run MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) \
-	  $(GO) test -count=1 -run '^TestIstiodEndToEnd$$' -v ./cmd/meshagent >.tmp/e2e-istiod.log 2>&1; \
-	  rc=$$?; grep -E 'figure |differential:|no differential|--- (FAIL|SKIP)|^(FAIL|ok)' .tmp/e2e-istiod.log | sed 's/^.*e2e_istiod_test.go:[0-9]*: //'; \
+	  $(GO) test -count=1 -run '^TestIstiodEndToEnd$$' -v ./cmd/meshagent/e2e >.tmp/e2e-istiod.log 2>&1; \
+	  rc=$$?; grep -E 'figure |differential:|no differential|--- (FAIL|SKIP)|^(FAIL|ok)' .tmp/e2e-istiod.log | sed 's/^.*istiod_test.go:[0-9]*: //'; \
 	  [ $$rc -eq 0 ] || { echo "details: .tmp/e2e-istiod.log"; exit $$rc; }
 
 # Installs meshagent for a VM or bare-metal host, as Istio's VM package

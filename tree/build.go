@@ -23,9 +23,10 @@ import (
 	"github.com/meshagent/meshagent/services/xdsproxy"
 )
 
-// Config is the agent, as cmd parsed and validated it: one plain config
+// Config is the agent, as cmd's configuration built it: one plain config
 // per service (nil: the service is not part of this agent) and the
-// restart policies.
+// restart policies. Each service's New validates its config, once, in
+// Build (#26).
 type Config struct {
 	// Status is the status server's config; nil when statusPort is 0.
 	Status *status.Config
@@ -55,48 +56,6 @@ type Config struct {
 	StopTimeout time.Duration
 	// DrainTimeout bounds the graceful drain at shutdown.
 	DrainTimeout time.Duration
-}
-
-// Validate checks every service's config (those present) and the tree's
-// own settings, and returns every problem, each named by its service.
-func (c Config) Validate() error {
-	var errs []error
-	check := func(what string, err error) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", what, err))
-		}
-	}
-	check(status.Name, validate(c.Status))
-	check(certs.Name, validate(c.Certs))
-	check(sds.Name, validate(c.SDS))
-	check(envoy.Name, validate(c.Envoy))
-	check(capture.Name, validate(c.Capture))
-	check(dnsproxy.Name, validate(c.DNS))
-	check(nametable.Name, validate(c.NameTable))
-	check(xdsproxy.Name, validate(c.XDS))
-	check(controlplane.Name, validate(c.ControlPlane))
-	check(ca.Name, validate(c.CA))
-	check("restart policy", c.DefaultPolicy.Validate())
-	check("envoy restart policy", c.EnvoyPolicy.Validate())
-	if c.StopTimeout <= 0 {
-		check("tree", fmt.Errorf("StopTimeout %v must be positive", c.StopTimeout))
-	}
-	if c.DrainTimeout < 0 {
-		check("tree", fmt.Errorf("DrainTimeout %v is negative", c.DrainTimeout))
-	}
-	return errors.Join(errs...)
-}
-
-// validate is a service's config check, nil for a service left out (its
-// config nil).
-func validate[C any, P interface {
-	*C
-	Validate() error
-}](c P) error {
-	if c == nil {
-		return nil
-	}
-	return c.Validate()
 }
 
 // Process is what the process around the tree gives it: how to speak to

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -154,5 +157,37 @@ func TestStartErrorsNameTheCauseOnce(t *testing.T) {
 		if lines := strings.Count(strings.TrimSpace(stderr), "\n") + 1; lines != 1 {
 			t.Errorf("%q: %d lines, want the one error:\n%s", c.args, lines, stderr)
 		}
+	}
+}
+
+// configureOnHost runs a command line (proxy, standalone, vm) on host up to
+// the agent it would start, and returns that agent's configuration, or nil
+// with the exit code and what the command wrote.
+func configureOnHost(host config.Host, args ...string) (*config.Agent, int, string) {
+	var out bytes.Buffer
+	var built *config.Agent
+	code := execute(&cliContext{args: args, host: host, stdout: &out, stderr: &out,
+		startAgent: func(cfg *config.Agent) error {
+			built = cfg
+			return nil
+		}})
+	if code != 0 || built == nil {
+		return nil, max(code, 1), out.String()
+	}
+	return built, 0, out.String()
+}
+
+// A service's config that breaks the service's own rules stops the start
+// as any bad value does: exit 2, the variable and the value named, once
+// (#26: the check is the service's New, no longer a second one in cmd).
+func TestServiceConfigErrorsAreUsageErrors(t *testing.T) {
+	root := testkit.ShortTempDir(t, "ma")
+	resolv := filepath.Join(root, "resolv.conf")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\n"))
+	host := config.Host{Env: config.MapEnvironment(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "1.5"}), EUID: 1337, ResolvConf: resolv,
+		InterfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{netip.MustParsePrefix("10.9.8.7/24")}, nil }}
+	cfg, code, out := configureOnHost(host, "proxy", "--root", root)
+	if cfg != nil || code != 2 || strings.Count(out, "SECRET_GRACE_PERIOD_RATIO") != 1 || !strings.Contains(out, "1.5") {
+		t.Errorf("SECRET_GRACE_PERIOD_RATIO=1.5: exit %d, output:\n%s\nwant exit 2 naming the variable and the value once", code, out)
 	}
 }

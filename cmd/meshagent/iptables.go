@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/capture"
 )
 
@@ -16,7 +17,7 @@ import (
 // istio-iptables (pilot-agent istio-iptables) with the same flags, env
 // bindings, defaults and exit codes (2 for bad input here, 126 for a failed
 // --run-validation).
-func newIstioIptablesCommand(host hostInputs) *cobra.Command {
+func newIstioIptablesCommand(host config.Host) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "istio-iptables",
 		Short: "Program Istio-compatible iptables traffic capture for the sidecar",
@@ -38,10 +39,10 @@ transaction; --dry-run prints that transaction (nft -f input).`,
 // withCaptureSettings gives cmd istio-iptables' flags and env bindings, and
 // has it run run with the capture configuration they make; a bad one is a
 // usage error (exit 2).
-func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Command, capture.RulesConfig) error) *cobra.Command {
-	flags := bindCaptureSettings(cmd.Flags())
+func withCaptureSettings(cmd *cobra.Command, host config.Host, run func(*cobra.Command, capture.RulesConfig) error) *cobra.Command {
+	flags := config.BindCaptureSettings(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		cfg, err := flags.config(host)
+		cfg, err := flags.Config(host)
 		if err != nil {
 			return usageError("%s: %v", cmd.Name(), err)
 		}
@@ -50,7 +51,7 @@ func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Co
 	return cmd
 }
 
-func runIstioIptables(ctx context.Context, cfg capture.RulesConfig, host hostInputs, stdout, stderr io.Writer) error {
+func runIstioIptables(ctx context.Context, cfg capture.RulesConfig, host config.Host, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError("istio-iptables: %v", err)
 	}
@@ -66,8 +67,8 @@ func runIstioIptables(ctx context.Context, cfg capture.RulesConfig, host hostInp
 
 // programCapture is istio-iptables from the host inputs on, in the network
 // namespace the calling thread is in.
-func programCapture(ctx context.Context, cfg capture.RulesConfig, host hostInputs, stdout io.Writer, log *slog.Logger) error {
-	if err := fillHostInputs(&cfg, host, log); err != nil {
+func programCapture(ctx context.Context, cfg capture.RulesConfig, host config.Host, stdout io.Writer, log *slog.Logger) error {
+	if err := config.FillHostInputs(&cfg, host, log); err != nil {
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
 	if err := cfg.Validate(); err != nil { // DNS servers read from resolv.conf
@@ -166,7 +167,7 @@ func printRules(w io.Writer, rs capture.RuleSet) {
 // chains that jump nowhere (TPROXY marks, interface RETURNs) are removed
 // when they exactly match what those flags (in either interception mode)
 // would create. Nothing else is touched.
-func newCleanIptablesCommand(host hostInputs) *cobra.Command {
+func newCleanIptablesCommand(host config.Host) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "clean-iptables",
 		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6), and the istio-proxy-* nftables tables",
@@ -225,18 +226,4 @@ func cleanIptables(cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) 
 		return err
 	}
 	return applier.CleanState(known...)
-}
-
-// fillHostInputs reads the host's addresses (IPv6 or not) and DNS servers
-// into cfg. Istio exits 1 when the host has no usable address; a namespace
-// with no address yet (a bare "unshare -n") is a normal place to run, so we
-// go on with IPv4 only, loudly.
-func fillHostInputs(cfg *capture.RulesConfig, host hostInputs, log *slog.Logger) error {
-	in := capture.HostInputs{ResolvConf: host.resolvConf, InterfaceAddrs: host.interfaceAddrs}
-	err := cfg.FillHostInputs(in)
-	if err == nil || !errors.Is(err, capture.ErrNoLocalIP) {
-		return err
-	}
-	log.Warn("no non-loopback, non-link-local address found: programming IPv4 rules only", "error", err)
-	return cfg.FillDNSServers(in)
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -28,7 +29,7 @@ func runIptables(t *testing.T, env map[string]string, hostFamily string, nameser
 
 // iptablesHost is a host with env, one address of hostFamily and a
 // resolv.conf listing nameservers.
-func iptablesHost(t *testing.T, env map[string]string, hostFamily string, nameservers []string) hostInputs {
+func iptablesHost(t *testing.T, env map[string]string, hostFamily string, nameservers []string) config.Host {
 	t.Helper()
 	addr := netip.MustParsePrefix("192.0.2.10/24")
 	if hostFamily == "ipv6" {
@@ -42,11 +43,11 @@ func iptablesHost(t *testing.T, env map[string]string, hostFamily string, namese
 	if err := os.WriteFile(resolv, []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return hostInputs{
-		env:            mapEnvironment(env),
-		lookupUID:      func(string) (string, error) { return "", errors.New("no such user") },
-		resolvConf:     resolv,
-		interfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{addr}, nil },
+	return config.Host{
+		Env:            config.MapEnvironment(env),
+		LookupUID:      func(string) (string, error) { return "", errors.New("no such user") },
+		ResolvConf:     resolv,
+		InterfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{addr}, nil },
 	}
 }
 
@@ -160,7 +161,7 @@ func TestIstioIptablesEnvBinding(t *testing.T) {
 
 func TestIstioIptablesBadInput(t *testing.T) {
 	for _, tc := range []struct {
-		env  map[string]string
+		Env  map[string]string
 		args []string
 		want []string
 	}{
@@ -177,16 +178,16 @@ func TestIstioIptablesBadInput(t *testing.T) {
 		{nil, []string{"--probe-timeout", "soon"}, []string{"probe-timeout", "soon"}},
 	} {
 		// Not --dry-run: bad input must stop before anything is touched.
-		code, out, errOut := runIptables(t, tc.env, "ipv4", nil, append([]string{"istio-iptables"}, tc.args...)...)
+		code, out, errOut := runIptables(t, tc.Env, "ipv4", nil, append([]string{"istio-iptables"}, tc.args...)...)
 		if code != 2 {
-			t.Errorf("%v %v: exit %d, want 2 (stderr %q)", tc.env, tc.args, code, errOut)
+			t.Errorf("%v %v: exit %d, want 2 (stderr %q)", tc.Env, tc.args, code, errOut)
 		}
 		if out != "" {
 			t.Errorf("%v: printed %q", tc.args, out)
 		}
 		for _, w := range tc.want {
 			if !strings.Contains(errOut, w) {
-				t.Errorf("%v %v: error %q does not name %q", tc.env, tc.args, errOut, w)
+				t.Errorf("%v %v: error %q does not name %q", tc.Env, tc.args, errOut, w)
 			}
 		}
 	}
@@ -196,8 +197,8 @@ func TestIstioIptablesBadInput(t *testing.T) {
 // Istio exits 1; meshagent warns and programs IPv4 only.
 func TestIstioIptablesNoLocalIP(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	host := hostInputs{env: mapEnvironment(nil), resolvConf: "/nonexistent/resolv.conf",
-		interfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}, nil }}
+	host := config.Host{Env: config.MapEnvironment(nil), ResolvConf: "/nonexistent/resolv.conf",
+		InterfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}, nil }}
 	cmd := newIstioIptablesCommand(host)
 	cmd.SetOut(&stdout)
 	cmd.SetErr(&stderr)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 
 	"github.com/spf13/pflag"
 
@@ -38,7 +36,7 @@ func addLogFlags(pf *pflag.FlagSet, logs *logOptions) {
 // newLogger builds the agent's logger from --log_output_level (Istio's
 // "scope:level,scope:level" or a bare level) and --log_as_json.
 func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
-	level, err := parseLogLevel(o.outputLevel)
+	level, err := config.ParseLogLevel(o.outputLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -51,44 +49,13 @@ func newLogger(o logOptions, w io.Writer) (*slog.Logger, error) {
 
 // startRun is how an agent command's run begins: its logger, and its
 // settings resolved from env. Bad log options give a plain text logger
-// meanwhile; the configuration's checks (buildAgentConfig) report them
+// meanwhile; the configuration's checks (config.Build) report them
 // with the other bad values, which stay in s.problems.
-func startRun(s *settings, env *config.Reader, logs logOptions, w io.Writer) *slog.Logger {
+func startRun(s *config.Settings, env *config.Reader, logs logOptions, w io.Writer) *slog.Logger {
 	log, err := newLogger(logs, w)
 	if err != nil {
 		log = slog.New(slog.NewTextHandler(w, nil))
 	}
-	_ = s.resolve(env)
+	_ = s.Resolve(env)
 	return log
-}
-
-// parseLogLevel takes the level of the "default" scope (or of a bare level).
-// Istio's levels: debug, info, warn, error, fatal, none.
-func parseLogLevel(spec string) (slog.Level, error) {
-	level := "info"
-	for _, part := range strings.Split(spec, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		scope, lvl, scoped := strings.Cut(part, ":")
-		if !scoped {
-			level = scope
-		} else if scope == "default" {
-			level = lvl
-		}
-	}
-	switch level {
-	case "debug":
-		return slog.LevelDebug, nil
-	case "info":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error", "fatal":
-		return slog.LevelError, nil
-	case "none":
-		return slog.LevelError + 100, nil
-	}
-	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", config.QuoteValue(spec), config.QuoteValue(level))
 }

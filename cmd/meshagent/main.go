@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -44,8 +47,24 @@ func calledAs(argv0 string) string {
 type cliContext struct {
 	name           string // what help and errors call the command; "" is meshagent
 	args           []string
-	host           hostInputs
+	host           config.Host
 	stdout, stderr io.Writer
+	// startAgent, when set, takes an agent command's configuration once its
+	// tree is built (its services' configs validated), instead of running
+	// it: tests that check what a command line configures.
+	startAgent func(cfg *config.Agent) error
+}
+
+// start builds the tree of the agent a command configured, and runs it.
+func (cli *cliContext) start(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
+	agent, ch, err := buildTree(cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	if cli.startAgent != nil {
+		return cli.startAgent(cfg)
+	}
+	return runAgent(cfg, agent, ch, reg, log)
 }
 
 // execute runs cli's command line and returns the exit code.

@@ -20,7 +20,7 @@ import (
 const sidecarGCPercent = 50
 
 // setSidecarGC applies sidecarGCPercent unless the operator chose GOGC
-// (gogc: set, even empty, as read by buildAgentConfig; Go's runtime then
+// (gogc: set, even empty, as read by config.Build; Go's runtime then
 // applies it itself).
 func setSidecarGC(gogc *string, log *slog.Logger) {
 	if gogc != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,7 @@ func TestIstioIptablesNftApplyInNetns(t *testing.T) {
 // transaction it logs ("nftables rules programmed:") must equal our dry run.
 func TestIstioIptablesNftConformanceAgainstIstio(t *testing.T) {
 	testkit.RequireRoot(t, "Istio's agent applies nft rules even with --dry-run", "unshare", "ip", "nft")
-	agent, err := istioAgentBinary()
+	agent, err := e2ekit.IstioAgentBinary()
 	if err != nil {
 		t.Skip(err)
 	}

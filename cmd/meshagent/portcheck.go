@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // portUse is one port the agent or its Envoy binds, as it binds it.
@@ -29,9 +31,9 @@ type portUse struct {
 }
 
 // listenPorts are the ports cfg's services and its Envoy bind at start.
-func listenPorts(cfg *agentConfig) []portUse {
+func listenPorts(cfg *config.Agent) []portUse {
 	var uses []portUse
-	tc := cfg.tree
+	tc := cfg.Tree
 	if tc.Status != nil {
 		uses = append(uses, portUse{"tcp", tc.Status.Addr, "the agent's status server (ProxyConfig statusPort)"})
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -19,64 +18,8 @@ import (
 	"github.com/meshagent/meshagent/tree"
 )
 
-// proxyFlags are the `proxy` command's flags: Istio's pilot-agent flags
-// plus meshagent's own. A pointer stays nil when the flag was not given,
-// where that differs from any value.
-type proxyFlags struct {
-	// Istio's
-	domain                                string
-	meshConfig                            *string // nil: Istio's default path, which may be missing; given, it must exist
-	serviceCluster                        *string // wins over ProxyConfig's when given
-	proxyLogLevel, proxyComponentLogLevel string
-	templateFile, outlierLogPath          string
-	tokenManagerPlugin                    string
-	stsPort                               int
-	concurrency                           *int // legacy: overrides ProxyConfig.concurrency when given and not 0
-	profiling                             bool
-	// meshagent's
-	root               string
-	chaos              bool
-	capture            bool
-	captureInterval    time.Duration
-	nameTable          string
-	resolvConf         string
-	envoyRestarts      int
-	envoyRestartWindow time.Duration
-	restartMaxDelay    time.Duration
-}
-
-func bindProxyFlags(s *settings, f *proxyFlags) {
-	str := func(p *string, name, def, usage string, env ...string) {
-		flagVar(s, p, def, config.ParseString, flagSpec{name: name, env: env, usage: usage})
-	}
-	str(&f.domain, "domain", "", "DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local")
-	optionalFlagVar(s, &f.meshConfig, config.ParseString, flagSpec{name: "meshConfig",
-		usage: "File name for Istio mesh configuration (under --root; default " + meshConfigFile + "). If not specified and the default file does not exist, a default mesh will be used; a file named here must exist"})
-	optionalFlagVar(s, &f.serviceCluster, config.ParseString, flagSpec{name: "serviceCluster", usage: "Service cluster (default istio-proxy; given, it wins over ProxyConfig's)"})
-	str(&f.proxyLogLevel, "proxyLogLevel", "warning", "The log level used to start the Envoy proxy (choose from {trace, debug, info, warning, error, critical, off}). Level may also include one or more scopes, such as 'info,misc:error,upstream:debug'")
-	str(&f.proxyComponentLogLevel, "proxyComponentLogLevel", "", "The component log level used to start the Envoy proxy. Deprecated, use proxyLogLevel instead")
-	str(&f.templateFile, "templateFile", "", "Go template bootstrap config")
-	str(&f.outlierLogPath, "outlierLogPath", "", "The log path for outlier detection")
-	str(&f.tokenManagerPlugin, "tokenManagerPlugin", "GoogleTokenExchange", "Token provider specific plugin name (accepted for compatibility; meshagent has no STS server)")
-	flagVar(s, &f.stsPort, 0, config.ParseCount, flagSpec{name: "stsPort", usage: "HTTP Port on which to serve Security Token Service (STS). If zero, STS service will not be provided (meshagent: only 0 is supported)"})
-	optionalFlagVar(s, &f.concurrency, config.ParseCount, flagSpec{name: "concurrency", usage: "number of worker threads to run (legacy: prefer ProxyConfig.concurrency; 0 or unset leaves it alone)"})
-	flagVar(s, &f.profiling, true, config.ParseBool, flagSpec{name: "profiling", usage: "Enable profiling via web interface host:port/debug/pprof/ (loopback callers only)"})
-
-	str(&f.root, "root", "/", "Directory under which every agent file path lives; / in production, a temp dir in tests", "MESHAGENT_ROOT")
-	str(&f.nameTable, "name-table", "", "Serve DNS from this name table file (protojson of Istio's NDS NameTable), reloaded when it changes; turns the DNS proxy on")
-	str(&f.resolvConf, "resolv-conf", resolvConfFile, "resolv.conf whose nameservers the DNS proxy forwards to and whose search list it uses")
-	flagVar(s, &f.capture, false, config.ParseBool, flagSpec{name: "capture", env: []string{"MESHAGENT_CAPTURE"},
-		usage: "VM mode: apply the iptables capture rules from the ISTIO_* environment at start, re-apply them if flushed, remove them on stop; without it the agent only verifies rules an init container applied"})
-	flagVar(s, &f.captureInterval, 30*time.Second, config.ParseDuration, flagSpec{name: "capture-check-interval", env: []string{"MESHAGENT_CAPTURE_CHECK_INTERVAL"},
-		usage: "VM mode: how often the capture rules are checked and re-applied if someone flushed or changed them"})
-	flagVar(s, &f.chaos, false, config.ParseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
-	flagVar(s, &f.envoyRestarts, 5, config.ParseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
-	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, config.ParseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
-	flagVar(s, &f.restartMaxDelay, 30*time.Second, config.ParseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
-}
-
 func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
-	f := &proxyFlags{}
+	f := &config.ProxyFlags{}
 	cmd := &cobra.Command{
 		Use:   "proxy [sidecar|router|waypoint]",
 		Short: "Runs the sidecar agent: the supervision tree around Envoy",
@@ -85,8 +28,8 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		// They are named in a warning, never silently dropped.
 		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
 	}
-	s := newSettings(cmd.Flags())
-	bindProxyFlags(s, f)
+	s := config.NewSettings(cmd.Flags())
+	config.BindProxyFlags(s, f)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		log, err := newLogger(*logs, cmd.ErrOrStderr())
 		if err != nil { // reported with the other bad values below
@@ -95,40 +38,48 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		if unknown := unknownFlags(cmd.Flags(), cli.args); len(unknown) > 0 {
 			log.Warn("ignoring unknown flags, as Istio's pilot-agent does", "flags", unknown)
 		}
-		_ = s.resolve(cli.host.env) // bad values stay in s.problems, reported with the rest
+		_ = s.Resolve(cli.host.Env) // bad values stay in s.problems, reported with the rest
 		reg := prometheus.NewRegistry()
-		cfg, err := buildAgentConfig(agentInputs{
-			flags: f, args: args, logs: *logs, host: cli.host, gatherer: reg, problems: s.problems, log: log,
+		cfg, err := config.Build(config.Inputs{
+			Flags: f, Args: args, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log,
 		})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.release()
-		return runAgent(cfg, reg, log)
+		defer cfg.Release()
+		return cli.start(cfg, reg, log)
 	}
 	return cmd
 }
 
-// runAgent builds the tree and runs it until a signal, /quitquitquit or a
-// give-up. SIGTERM/SIGINT drain gracefully; a second signal stops at once;
-// a third exits on the spot. SIGHUP is logged and ignored (hupNote).
-func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) error {
-	if err := checkPorts(listenPorts(cfg)); err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(cfg.gogc, log)
-	agent, ch, err := tree.Build(cfg.tree, reg, log, tree.Process{
+// buildTree builds the agent's tree from its configuration. The services'
+// configs are checked here, once, by their New (#26: cmd checked them
+// while building the configuration and New again): a bad one is a usage
+// error like any bad value, and names its variable.
+func buildTree(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
+	agent, ch, err := tree.Build(cfg.Tree, reg, log, tree.Process{
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.
 		OnFirstReady: func() { releaseStartupMemory(log) },
 	})
 	if err != nil {
-		return err
+		return nil, nil, &exitError{code: 2, err: err}
 	}
-	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.proxyType, "root", cfg.root,
-		"envoy", describeEnvoy(cfg.proxy.BinaryPath))
-	logEffectiveConfig(log, cfg)
+	return agent, ch, nil
+}
+
+// runAgent runs the built tree until a signal, /quitquitquit or a give-up.
+// SIGTERM/SIGINT drain gracefully; a second signal stops at once; a third
+// exits on the spot. SIGHUP is logged and ignored (hupNote).
+func runAgent(cfg *config.Agent, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, log *slog.Logger) error {
+	if err := checkPorts(listenPorts(cfg)); err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	setSidecarGC(cfg.GOGC, log)
+	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.ProxyType, "root", cfg.Root,
+		"envoy", describeEnvoy(cfg.Proxy.BinaryPath))
+	config.LogEffective(log, cfg)
 
 	sigs := make(chan os.Signal, 3)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -163,7 +114,7 @@ func runAgent(cfg *agentConfig, reg *prometheus.Registry, log *slog.Logger) erro
 			}
 		}
 	}()
-	err = agent.Run(context.Background())
+	err := agent.Run(context.Background())
 	close(stopSignals)
 	<-signalsDone
 

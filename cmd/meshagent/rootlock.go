@@ -24,14 +24,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"golang.org/x/sys/unix"
 )
-
-// rootLockFile is the lock's name in configPath.
-const rootLockFile = "meshagent.lock"
-
-// errRootLocked: another agent holds the root's lock.
-var errRootLocked = errors.New("another agent runs on this root")
 
 // lockRoot takes the lock in dir (created if missing) and writes this
 // process's PID into it. The returned Closer releases it. A lock another
@@ -40,7 +35,7 @@ func lockRoot(dir string) (io.Closer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, rootLockFile)
+	path := filepath.Join(dir, config.RootLockFile)
 	// O_CLOEXEC (os.OpenFile's default): Envoy and other children must not
 	// inherit the lock and keep it after the agent is gone.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
@@ -50,7 +45,7 @@ func lockRoot(dir string) (io.Closer, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		defer f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s holds the lock %s", errRootLocked, lockHolder(f), path)
+			return nil, fmt.Errorf("%w: %s holds the lock %s", config.ErrRootLocked, lockHolder(f), path)
 		}
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
@@ -15,9 +16,9 @@ import (
 // newStandaloneCommand is `meshagent standalone`: `proxy`'s whole tree, in
 // its production shape, plus an embedded control plane and CA in the same
 // process, so that the agent does its real job on a machine with no
-// cluster (standaloneconfig.go says how they are wired).
+// cluster (config/standaloneconfig.go says how they are wired).
 func newStandaloneCommand(cli *cliContext, logs *logOptions) *cobra.Command {
-	f, sf := &proxyFlags{}, &standaloneFlags{}
+	f, sf := &config.ProxyFlags{}, &config.StandaloneFlags{}
 	cmd := &cobra.Command{
 		Use:   "standalone --mesh FILE",
 		Short: "Runs the agent with an embedded control plane and CA: a whole sidecar on one machine, no cluster",
@@ -38,29 +39,29 @@ Envoy is ProxyConfig's binaryPath if set, else Istio's /usr/local/bin/envoy, els
 else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log says which.`,
 		Args: cobra.NoArgs,
 	}
-	s := newSettings(cmd.Flags())
-	bindProxyFlags(s, f)
-	bindStandaloneFlags(s, sf)
+	s := config.NewSettings(cmd.Flags())
+	config.BindProxyFlags(s, f)
+	config.BindStandaloneFlags(s, sf)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		log := startRun(s, cli.host.env, *logs, cmd.ErrOrStderr())
+		log := startRun(s, cli.host.Env, *logs, cmd.ErrOrStderr())
 		reg := prometheus.NewRegistry()
 		selfDir := ""
 		if self, err := os.Executable(); err == nil {
 			selfDir = filepath.Dir(self)
 		}
-		cfg, envoy, err := buildStandaloneConfig(standaloneInputs{
-			agent: agentInputs{flags: f, logs: *logs, host: cli.host, gatherer: reg, problems: s.problems, log: log},
-			flags: sf, lookPath: exec.LookPath, selfDir: selfDir,
+		cfg, envoy, err := config.BuildStandalone(config.StandaloneInputs{
+			Inputs: config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log},
+			Flags:  sf, LookPath: exec.LookPath, SelfDir: selfDir,
 		})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.release()
-		if err := writeStandaloneToken(rooted(cfg.root, tokenFile)); err != nil {
+		defer cfg.Release()
+		if err := writeStandaloneToken(config.Rooted(cfg.Root, config.TokenFile)); err != nil {
 			return err
 		}
-		log.Info("envoy binary", "path", envoy.path, "why", envoy.why)
-		return runAgent(cfg, reg, log)
+		log.Info("envoy binary", "path", envoy.Path, "why", envoy.Why)
+		return cli.start(cfg, reg, log)
 	}
 	return cmd
 }
@@ -78,7 +79,7 @@ func writeStandaloneToken(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("token file: %w", err)
 	}
-	if err := os.WriteFile(path, []byte(standaloneToken), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(config.StandaloneToken), 0o600); err != nil {
 		return fmt.Errorf("token file: %w", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"strings"
 	"testing"
@@ -14,11 +15,11 @@ func TestDescribeEnvoyNamesTheStandIn(t *testing.T) {
 	if os.Getenv("MESHAGENT_TEST_ENVOY") != "" {
 		t.Skip("MESHAGENT_TEST_ENVOY replaces the stand-in built for this test")
 	}
-	if got := describeEnvoy(envoyBinary); !strings.HasPrefix(got, envoyBinary+" (the stand-in Envoy") {
+	if got := describeEnvoy(e2ekit.EnvoyBinary); !strings.HasPrefix(got, e2ekit.EnvoyBinary+" (the stand-in Envoy") {
 		t.Errorf("describeEnvoy(the stand-in) = %q, want its path and that it is the stand-in", got)
 	}
 	// Another Go binary (the agent) and a missing file are not the stand-in.
-	for _, p := range []string{agentBinary, "/nonexistent/envoy"} {
+	for _, p := range []string{e2ekit.AgentBinary, "/nonexistent/envoy"} {
 		if got := describeEnvoy(p); got != p {
 			t.Errorf("describeEnvoy(%s) = %q, want the path alone", p, got)
 		}

@@ -33,20 +33,8 @@ import (
 	"github.com/meshagent/meshagent/services/envoy"
 )
 
-// vmFlags are what `vm` adds to `proxy`'s flags: where the bundle's files are.
-type vmFlags struct {
-	clusterEnv, sidecarEnv string
-}
-
-func bindVMFlags(s *settings, f *vmFlags) {
-	flagVar(s, &f.clusterEnv, clusterEnvFile, config.ParseString, flagSpec{name: "cluster-env", env: []string{"ISTIO_CLUSTER_CONFIG"},
-		usage: "The VM bundle's cluster.env (under --root); required"})
-	flagVar(s, &f.sidecarEnv, sidecarEnvFile, config.ParseString, flagSpec{name: "sidecar-env", env: []string{"ISTIO_SIDECAR_CONFIG"},
-		usage: "Local settings read before cluster.env (under --root); optional"})
-}
-
 func newVMCommand(cli *cliContext, logs *logOptions) *cobra.Command {
-	f, vf := &proxyFlags{}, &vmFlags{}
+	f, vf := &config.ProxyFlags{}, &config.VMFlags{}
 	cmd := &cobra.Command{
 		Use:   "vm [clean]",
 		Short: "Runs the agent on a VM or bare-metal host, as Istio's istio-start.sh: cluster.env, capture as root, Envoy as istio-proxy",
@@ -71,129 +59,54 @@ rules' --gid-owner exception.
 			return nil
 		},
 	}
-	s := newSettings(cmd.Flags())
-	bindProxyFlags(s, f)
-	bindVMFlags(s, vf)
+	s := config.NewSettings(cmd.Flags())
+	config.BindProxyFlags(s, f)
+	config.BindVMFlags(s, vf)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		log := startRun(s, cli.host.env, *logs, cmd.ErrOrStderr())
-		root := checkRoot(f.root, s.problems)
+		log := startRun(s, cli.host.Env, *logs, cmd.ErrOrStderr())
+		root := config.CheckRoot(f.Root, s.Problems)
 		if root == "" {
-			return &exitError{code: 2, err: s.problems.err()}
+			return &exitError{code: 2, err: s.Problems.Err()}
 		}
 		host := cli.host
-		env, err := vmEnvironment(root, vf, host)
+		vm, err := config.ReadVM(root, vf, host, s.Problems)
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		host.env = env
-		r := envReader{env: env, problems: s.problems}
-		customIPTables := envVar(r, "ISTIO_CUSTOM_IP_TABLES", false, config.ParseBool)
+		host.Env = vm.Env
+		customIPTables := vm.CustomIPTables
 		user, err := vmProxyUser(host)
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
 		if len(args) == 1 {
-			if err := s.problems.err(); err != nil {
+			if err := s.Problems.Err(); err != nil {
 				return &exitError{code: 2, err: err}
 			}
 			return vmClean(customIPTables, host, cmd, log)
 		}
-		if host.euid != 0 {
+		if host.EUID != 0 {
 			return fmt.Errorf("vm: must run as root: it owns the capture rules and starts Envoy as uid %d", user.UID)
 		}
-		f.capture = !customIPTables
+		f.Capture = !customIPTables
 		reg := prometheus.NewRegistry()
-		cfg, err := buildAgentConfig(agentInputs{flags: f, logs: *logs, host: host, gatherer: reg, problems: s.problems, log: log,
-			envoyRunAs: user.envoy, noCapture: customIPTables})
+		cfg, err := config.Build(config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: host, Gatherer: reg, Problems: s.Problems, Log: log,
+			EnvoyRunAs: user.envoy, NoCapture: customIPTables})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.release()
+		defer cfg.Release()
 		if err := prepareProxyDirs(cfg, user); err != nil {
 			return err
 		}
 		if err := dropToProxyGroup(user.GID); err != nil {
 			return err
 		}
-		log.Info("vm mode", "cluster_env", rooted(root, vf.clusterEnv), "capture", !customIPTables,
+		log.Info("vm mode", "cluster_env", vm.ClusterEnv, "capture", !customIPTables,
 			"envoy_uid", user.envoyUID(), "agent_gid", user.GID)
-		return runAgent(cfg, reg, log)
+		return cli.start(cfg, reg, log)
 	}
 	return cmd
-}
-
-// vmEnvironment is the environment istio-start.sh gives pilot-agent: the
-// process's, then sidecar.env's, then cluster.env's variables (sourced
-// with set -a: the files win), then the script's defaults for what is
-// still unset. A missing cluster.env is an error naming it (the script
-// would go on without it and run a sidecar for namespace "default").
-func vmEnvironment(root string, f *vmFlags, host hostInputs) (*config.Reader, error) {
-	vars := map[string]string{}
-	for _, kv := range host.env.Source().All() {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	sidecar, err := readOptionalEnvFile(rooted(root, f.sidecarEnv))
-	if err != nil {
-		return nil, fmt.Errorf("sidecar.env: %w", err)
-	}
-	cluster, err := readEnvFile(rooted(root, f.clusterEnv))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("cluster.env: %s does not exist (--cluster-env, ISTIO_CLUSTER_CONFIG): "+
-			"copy the VM bundle's cluster.env there (istioctl x workload entry configure)", rooted(root, f.clusterEnv))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("cluster.env: %w", err)
-	}
-	for _, file := range []map[string]string{sidecar, cluster} {
-		for k, v := range file {
-			vars[k] = v
-		}
-	}
-	vmDefaults(vars, host)
-	return mapEnvironment(vars), nil
-}
-
-// vmDefaults sets what istio-start.sh derives, where vars leave it unset.
-func vmDefaults(vars map[string]string, host hostInputs) {
-	get := func(k, def string) string {
-		if v := vars[k]; v != "" {
-			return v
-		}
-		return def
-	}
-	setDefault := func(k, v string) { vars[k] = get(k, v) }
-
-	// The script starts pilot-agent with POD_NAMESPACE=${ISTIO_NAMESPACE:-default}.
-	vars["POD_NAMESPACE"] = get("ISTIO_NAMESPACE", get("POD_NAMESPACE", "default"))
-	if ip := vars["ISTIO_SVC_IP"]; ip != "" {
-		vars["INSTANCE_IP"] = ip
-	} // else the host's addresses, as the script's `hostname --all-ip-addresses`
-	if vars["POD_NAME"] == "" && host.hostname != nil {
-		if name, err := host.hostname(); err == nil {
-			vars["POD_NAME"], _, _ = strings.Cut(name, ".") // hostname -s
-		}
-	}
-	// CA_ADDR > PILOT_ADDRESS > ISTIO_PILOT_PORT > istiod's default.
-	systemNS := get("ISTIO_SYSTEM_NAMESPACE", "istio-system")
-	pilot := vars["PILOT_ADDRESS"]
-	if pilot == "" && vars["ISTIO_PILOT_PORT"] != "" {
-		pilot = "istiod." + systemNS + ".svc:" + vars["ISTIO_PILOT_PORT"]
-	}
-	if pilot != "" {
-		setDefault("CA_ADDR", pilot)
-	}
-	setDefault("CA_ADDR", "istiod."+systemNS+".svc:15012")
-	setDefault("PROV_CERT", vmCertsDir)
-	setDefault("OUTPUT_CERTS", vmCertsDir)
-	if vars["PROXY_CONFIG"] == "" {
-		pc := fmt.Sprintf("serviceCluster: %s\ncontrolPlaneAuthPolicy: %s\n", get("ISTIO_SERVICE", "rawvm"), get("ISTIO_CP_AUTH", "MUTUAL_TLS"))
-		if pilot != "" {
-			pc += "discoveryAddress: " + pilot + "\n"
-		}
-		vars["PROXY_CONFIG"] = pc
-	}
 }
 
 // proxyUser is who Envoy runs as, and the group the agent takes.
@@ -215,8 +128,8 @@ func (u proxyUser) envoyUID() int {
 // (istio-iptables' --proxy-uid/--proxy-gid defaults: the uid of
 // $ENVOY_USER, default istio-proxy, else 1337; the first of a list), so
 // that Envoy's traffic and the rules agree by construction.
-func vmProxyUser(host hostInputs) (proxyUser, error) {
-	cfg, err := bindCaptureSettings(pflag.NewFlagSet("vm", pflag.ContinueOnError)).config(host)
+func vmProxyUser(host config.Host) (proxyUser, error) {
+	cfg, err := config.BindCaptureSettings(pflag.NewFlagSet("vm", pflag.ContinueOnError)).Config(host)
 	if err != nil {
 		return proxyUser{}, fmt.Errorf("capture settings: %w", err)
 	}
@@ -246,16 +159,16 @@ func vmProxyUser(host hostInputs) (proxyUser, error) {
 // by the proxy's group and nobody else: root:<gid> 0750. The sockets
 // themselves are chowned by their services. Istio's VM package does the
 // same with chown -R istio-proxy at install time.
-func prepareProxyDirs(cfg *agentConfig, u proxyUser) error {
+func prepareProxyDirs(cfg *config.Agent, u proxyUser) error {
 	if u.envoy == nil {
 		return nil
 	}
-	dirs := []string{rooted(cfg.root, cfg.proxy.GetConfigPath())}
-	if cfg.tree.XDS != nil {
-		dirs = append(dirs, filepath.Dir(cfg.tree.XDS.SocketPath))
+	dirs := []string{config.Rooted(cfg.Root, cfg.Proxy.GetConfigPath())}
+	if cfg.Tree.XDS != nil {
+		dirs = append(dirs, filepath.Dir(cfg.Tree.XDS.SocketPath))
 	}
-	if cfg.tree.SDS != nil {
-		dirs = append(dirs, filepath.Dir(cfg.tree.SDS.SocketPath))
+	if cfg.Tree.SDS != nil {
+		dirs = append(dirs, filepath.Dir(cfg.Tree.SDS.SocketPath))
 	}
 	for _, d := range dirs {
 		// Parents as any system directory (/var/run/secrets may not exist
@@ -292,12 +205,12 @@ func dropToProxyGroup(gid int) error {
 
 // vmClean is `meshagent vm clean`: istio-start.sh's clean, the rules
 // removed unless ISTIO_CUSTOM_IP_TABLES=true.
-func vmClean(customIPTables bool, host hostInputs, cmd *cobra.Command, log *slog.Logger) error {
+func vmClean(customIPTables bool, host config.Host, cmd *cobra.Command, log *slog.Logger) error {
 	if customIPTables {
 		log.Info("ISTIO_CUSTOM_IP_TABLES=true: leaving iptables alone")
 		return nil
 	}
-	cfg, err := bindCaptureSettings(pflag.NewFlagSet("vm", pflag.ContinueOnError)).config(host)
+	cfg, err := config.BindCaptureSettings(pflag.NewFlagSet("vm", pflag.ContinueOnError)).Config(host)
 	if err != nil {
 		return usageError("vm clean: %v", err)
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // The record knob, for the differential conformance suite
-// (cmd/meshagent/conformance_test.go): FAKE_ENVOY_RECORD=DIR writes the
+// (cmd/meshagent/conformance): FAKE_ENVOY_RECORD=DIR writes the
 // command line the agent gave Envoy (DIR/args.json, without the binary) and
 // the bootstrap file it names (DIR/bootstrap.json or .yaml, as read) before
 // anything is checked, so that even a bootstrap Envoy would refuse is

@@ -1,7 +1,13 @@
 // Package config is the agent's configuration apart from its commands
-// (#26): the one table of every environment variable the agent reads, the
-// Reader through which each is read, and the parsers shared by flags and
-// variables.
+// (#26): the translation of Istio's flags, environment variables,
+// ProxyConfig layers, mesh config file, pod files and a VM's cluster.env
+// into the tree's Config (Build, BuildStandalone, ReadVM); the one table
+// of every environment variable the agent reads (Env), the Reader through
+// which each is read, and the parsers shared by flags and variables.
+//
+// It reads the host only through Host, which the commands fill (the
+// process environment, interfaces, users, executables, the root's lock),
+// and it runs nothing: cmd/meshagent builds the tree from its result.
 package config
 
 import (

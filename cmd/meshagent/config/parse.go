@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"regexp"
 	"strconv"
@@ -146,4 +147,35 @@ func QuoteValue(s string) string {
 	}
 	const tail = maxShownValue / 4
 	return fmt.Sprintf("%s…%s (%d bytes)", strconv.Quote(s[:maxShownValue-tail]), strconv.Quote(s[len(s)-tail:]), len(s))
+}
+
+// ParseLogLevel takes the level of the "default" scope (or of a bare level).
+// Istio's levels: debug, info, warn, error, fatal, none.
+func ParseLogLevel(spec string) (slog.Level, error) {
+	level := "info"
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		scope, lvl, scoped := strings.Cut(part, ":")
+		if !scoped {
+			level = scope
+		} else if scope == "default" {
+			level = lvl
+		}
+	}
+	switch level {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error", "fatal":
+		return slog.LevelError, nil
+	case "none":
+		return slog.LevelError + 100, nil
+	}
+	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", QuoteValue(spec), QuoteValue(level))
 }
