@@ -33,13 +33,16 @@ func (a *adminClient) closeIdle() { a.http.CloseIdleConnections() }
 
 // readinessStats are the stats Istio's readiness probe reads
 // (pilot-agent status/util/stats.go), in one request.
-const readinessStats = `/stats?usedonly&filter=^(server\.state|listener_manager\.workers_started|(cluster_manager\.cds|listener_manager\.lds)\.update_(success|rejected))$`
+const readinessStats = `/stats?usedonly&filter=^(server\.(state|hot_restart_epoch)|listener_manager\.workers_started|(cluster_manager\.cds|listener_manager\.lds)\.update_(success|rejected))$`
 
 // readiness is Envoy's readiness by Istio's rules: first its config must
 // have arrived (cds and lds update_success above 0), then the server must be
 // LIVE with its workers started. Not ready comes with Istio's reason, which
-// tells a config that never came from one that was rejected.
-func (a *adminClient) readiness(ctx context.Context) (ready bool, why string) {
+// tells a config that never came from one that was rejected. restartEpoch
+// is the hot restart epoch whose readiness is asked, -1 without hot
+// restart: the admin port is the old epoch's until the new one takes it,
+// and Envoy's server.hot_restart_epoch says whose answer it is (#25).
+func (a *adminClient) readiness(ctx context.Context, restartEpoch int) (ready bool, why string) {
 	body, code, err := a.do(ctx, http.MethodGet, readinessStats, 3*time.Second)
 	switch {
 	case err != nil:
@@ -56,6 +59,9 @@ func (a *adminClient) readiness(ctx context.Context) (ready bool, why string) {
 		if n, err := strconv.ParseUint(strings.TrimSpace(value), 10, 64); err == nil {
 			stats[strings.TrimSpace(name)] = n
 		}
+	}
+	if got, ok := stats["server.hot_restart_epoch"]; ok && restartEpoch >= 0 && got != uint64(restartEpoch) {
+		return false, fmt.Sprintf("admin API answered by hot restart epoch %d, not yet by %d", got, restartEpoch)
 	}
 	cdsOK, ldsOK := stats["cluster_manager.cds.update_success"], stats["listener_manager.lds.update_success"]
 	cdsNo, ldsNo := stats["cluster_manager.cds.update_rejected"], stats["listener_manager.lds.update_rejected"]
@@ -176,8 +182,37 @@ func (a *adminClient) do(ctx context.Context, method, path string, timeout time.
 
 // readiness is one verdict of the readiness poll.
 type readiness struct {
+	epoch int // the Envoy process asked about (child.epoch)
 	ready bool
 	why   string // Istio's reason when not ready
+}
+
+// poller is the readiness poll of one Envoy process.
+type poller struct {
+	out    chan readiness
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startPoller polls c's readiness until it is ready, ctx is done, or stop.
+func (s *Service) startPoller(ctx context.Context, c *child) *poller {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &poller{out: make(chan readiness, 1), cancel: cancel, done: make(chan struct{})}
+	restartEpoch := -1
+	if s.cfg.HotRestart != nil {
+		restartEpoch = c.restartEpoch
+	}
+	go func() {
+		defer close(p.done)
+		s.pollReady(ctx, p.out, c.epoch, restartEpoch)
+	}()
+	return p
+}
+
+// stop ends the poll and waits for it.
+func (p *poller) stop() {
+	p.cancel()
+	<-p.done
 }
 
 // pollReady polls Envoy's readiness until it is ready or ctx is done, and
@@ -185,11 +220,11 @@ type readiness struct {
 // not yet read is replaced by the newer one). Once ready it stops, as
 // Istio's probe does: a LIVE Envoy with started workers does not go back in
 // its lifetime (only a drain, which the service itself starts, changes it).
-func (s *Service) pollReady(ctx context.Context, out chan readiness) {
+func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, restartEpoch int) {
 	var last readiness
 	for {
-		ready, why := s.admin.readiness(ctx)
-		if now := (readiness{ready, why}); now != last {
+		ready, why := s.admin.readiness(ctx, restartEpoch)
+		if now := (readiness{epoch, ready, why}); now != last {
 			last = now
 			select { // replace an unread value
 			case <-out:
