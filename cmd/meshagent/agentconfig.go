@@ -179,13 +179,14 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 	if f.meshConfig != nil {
 		meshFile = *f.meshConfig
 	}
-	pc, err := loadProxyConfig(proxyConfigSources{
+	pcSources := proxyConfigSources{
 		injected:        in.standalone.proxyConfigLayer(),
 		meshConfigFile:  rooted(c.root, meshFile),
 		meshConfigFlag:  f.meshConfig,
 		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", config.ParseString),
 		annotationsFile: rooted(c.root, podAnnotationsFile),
-	}, in.log)
+	}
+	pc, err := loadProxyConfig(pcSources, in.log)
 	if err != nil {
 		p.add(err)
 		return nil, p.err() // every service's config depends on it
@@ -223,9 +224,13 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 			filesSDSSocket = sdsCfg.FilesSocketPath
 		}
 	}
-	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
+	envoyIn := envoyInputs{root: c.root, proxyType: c.proxyType, flags: f, logAsJSON: in.logs.asJSON,
 		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.host.euid, runAs: in.envoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
-		lookPath: in.host.lookPath})
+		lookPath: in.host.lookPath}
+	envoyCfg, bootstrap := envoyConfig(r, envoyIn)
+	if f.hotRestart && envoyCfg != nil {
+		envoyCfg.HotRestart = hotRestartConfig(in, pcSources, envoyIn, envoyCfg)
+	}
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)

@@ -42,6 +42,7 @@ type proxyFlags struct {
 	resolvConf         string
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
+	hotRestart         bool
 	restartMaxDelay    time.Duration
 }
 
@@ -72,6 +73,8 @@ func bindProxyFlags(s *settings, f *proxyFlags) {
 	flagVar(s, &f.chaos, false, config.ParseBool, flagSpec{name: "chaos", env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
 	flagVar(s, &f.envoyRestarts, 5, config.ParseCount, flagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
 	flagVar(s, &f.envoyRestartWindow, 5*time.Minute, config.ParseDuration, flagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
+	flagVar(s, &f.hotRestart, false, config.ParseBool, flagSpec{name: "hot-restart", env: []string{"MESHAGENT_HOT_RESTART"},
+		usage: "Apply a change of Envoy's bootstrap (mesh config file, ProxyConfig annotation, template) or of its binary by an Envoy hot restart, without refusing a connection; off: Istio's --disable-hot-restart"})
 	flagVar(s, &f.restartMaxDelay, 30*time.Second, config.ParseDuration, flagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
 }
 
