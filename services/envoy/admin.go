@@ -3,6 +3,7 @@ package envoy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,7 +34,7 @@ func (a *adminClient) closeIdle() { a.http.CloseIdleConnections() }
 
 // readinessStats are the stats Istio's readiness probe reads
 // (pilot-agent status/util/stats.go), in one request.
-const readinessStats = `/stats?usedonly&filter=^(server\.(state|hot_restart_epoch)|listener_manager\.workers_started|(cluster_manager\.cds|listener_manager\.lds)\.update_(success|rejected))$`
+const readinessStats = `/stats?usedonly&filter=^(server\.state|listener_manager\.workers_started|(cluster_manager\.cds|listener_manager\.lds)\.update_(success|rejected))$`
 
 // readiness is Envoy's readiness by Istio's rules: first its config must
 // have arrived (cds and lds update_success above 0), then the server must be
@@ -41,8 +42,17 @@ const readinessStats = `/stats?usedonly&filter=^(server\.(state|hot_restart_epoc
 // tells a config that never came from one that was rejected. restartEpoch
 // is the hot restart epoch whose readiness is asked, -1 without hot
 // restart: the admin port is the old epoch's until the new one takes it,
-// and Envoy's server.hot_restart_epoch says whose answer it is (#25).
+// and /server_info says whose answer it is (#25).
 func (a *adminClient) readiness(ctx context.Context, restartEpoch int) (ready bool, why string) {
+	if restartEpoch >= 0 {
+		got, err := a.restartEpoch(ctx)
+		switch {
+		case err != nil:
+			return false, "admin API not answering: " + err.Error()
+		case got != restartEpoch:
+			return false, fmt.Sprintf("admin API answered by hot restart epoch %d, not yet by %d", got, restartEpoch)
+		}
+	}
 	body, code, err := a.do(ctx, http.MethodGet, readinessStats, 3*time.Second)
 	switch {
 	case err != nil:
@@ -59,9 +69,6 @@ func (a *adminClient) readiness(ctx context.Context, restartEpoch int) (ready bo
 		if n, err := strconv.ParseUint(strings.TrimSpace(value), 10, 64); err == nil {
 			stats[strings.TrimSpace(name)] = n
 		}
-	}
-	if got, ok := stats["server.hot_restart_epoch"]; ok && restartEpoch >= 0 && got != uint64(restartEpoch) {
-		return false, fmt.Sprintf("admin API answered by hot restart epoch %d, not yet by %d", got, restartEpoch)
 	}
 	cdsOK, ldsOK := stats["cluster_manager.cds.update_success"], stats["listener_manager.lds.update_success"]
 	cdsNo, ldsNo := stats["cluster_manager.cds.update_rejected"], stats["listener_manager.lds.update_rejected"]
@@ -88,6 +95,30 @@ func (a *adminClient) readiness(ctx context.Context, restartEpoch int) (ready bo
 		return false, "workers have not yet started"
 	}
 	return true, ""
+}
+
+// restartEpoch is the --restart-epoch of the Envoy that answers on the
+// admin port (/server_info's command_line_options.restart_epoch).
+func (a *adminClient) restartEpoch(ctx context.Context) (int, error) {
+	body, code, err := a.do(ctx, http.MethodGet, "/server_info", 3*time.Second)
+	if err != nil {
+		return -1, err
+	}
+	if code != http.StatusOK {
+		return -1, fmt.Errorf("GET %s/server_info: %d", a.base, code)
+	}
+	var info struct {
+		CommandLineOptions struct {
+			RestartEpoch *int `json:"restart_epoch"`
+		} `json:"command_line_options"`
+	}
+	if err := json.Unmarshal([]byte(body), &info); err != nil {
+		return -1, fmt.Errorf("GET %s/server_info: %w", a.base, err)
+	}
+	if info.CommandLineOptions.RestartEpoch == nil {
+		return 0, nil // Envoy omits a zero in its proto JSON
+	}
+	return *info.CommandLineOptions.RestartEpoch, nil
 }
 
 // serverStateName is Envoy's name for a server.state value.

@@ -180,6 +180,10 @@ func (r *run) afterOverlap(ctx context.Context) {
 func (r *run) consider(ctx context.Context, reason string) {
 	s := r.s
 	log := s.log.With("old_epoch", r.child.restartEpoch, "reason", reason)
+	if s.hotBlocked != "" {
+		log.Error("hot restart refused; the running envoy keeps serving, and the change waits for its next start", "outcome", "refused", "why", s.hotBlocked)
+		return
+	}
 	cfg, err := s.cfg.HotRestart.Reload()
 	if err == nil {
 		hr := *s.cfg.HotRestart
@@ -310,6 +314,7 @@ func (r *run) nextFailed() {
 	if path := r.s.keepCrashRecord(next); path != "" {
 		msg += "; crash record " + path
 	}
+	r.s.hotBlocked = fmt.Sprintf("epoch %d (pid %d) died before it took over (%s), leaving Envoy's shared memory marked initializing", next.restartEpoch, next.pid, reason)
 	r.s.log.Error(msg, "outcome", "failed", "old_epoch", r.child.restartEpoch, "new_epoch", next.restartEpoch,
 		"pid", next.pid, "exit_code", code, "status", reason, "reason", r.hot.reason)
 	// The old Envoy was ready and still is: its poll is over.

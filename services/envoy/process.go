@@ -44,7 +44,9 @@ func (s *Service) start() (*child, error) {
 	}
 	if s.cfg.HotRestart != nil {
 		// A start without a live Envoy beside it is epoch 0: it has no
-		// parent, whatever came before (#25).
+		// parent, whatever came before, and starts Envoy's shared memory
+		// afresh (#25).
+		s.hotBlocked = ""
 		if s.gen, err = s.newGeneration(s.cfg, args); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
 		}

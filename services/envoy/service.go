@@ -223,6 +223,12 @@ type Service struct {
 	// on (nil otherwise); a hot restart replaces it, and cfg, when the new
 	// epoch takes over. Touched only by Serve's goroutine.
 	gen *generation
+	// hotBlocked says why Envoy refuses hot restarts until its next cold
+	// start ("" when it does not): an epoch that died before it took over
+	// left Envoy's shared memory marked INITIALIZING, and every later
+	// epoch of the base id fails on it ("previous envoy process is still
+	// initializing") until an epoch 0 starts afresh.
+	hotBlocked string
 }
 
 // New validates cfg, once (Serve does not check it again), and returns the
