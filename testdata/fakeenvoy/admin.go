@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -26,10 +27,31 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 		fmt.Fprintln(w, stateNames[st])
 	})
 	mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, _ *http.Request) {
+		hrVersion := hotRestartVersion
+		if e.hr == nil {
+			hrVersion = "disabled"
+		}
+		o := e.opts
 		writeJSON(w, map[string]any{
-			"version":              "fakeenvoy/0.0.0/Clean/RELEASE/BoringSSL",
-			"state":                stateNames[e.serverState()],
+			"version":             "fakeenvoy/0.0.0/Clean/RELEASE/BoringSSL",
+			"state":               stateNames[e.serverState()],
+			"hot_restart_version": hrVersion,
+			// Envoy's CommandLineOptions, as much as hot restart uses
+			// (base_id is a uint64: a string in JSON).
+			"command_line_options": map[string]any{
+				"base_id":              strconv.Itoa(o.baseID),
+				"restart_epoch":        o.restartEpoch,
+				"disable_hot_restart":  o.disableHotRestart,
+				"drain_time":           fmt.Sprintf("%ds", o.drainTimeS),
+				"parent_shutdown_time": fmt.Sprintf("%ds", o.parentShutdownTimeS),
+				"socket_path":          o.socketPath,
+				"socket_mode":          o.socketMode,
+				"mode":                 "Serve",
+				"config_path":          o.configPath,
+				"concurrency":          o.concurrency,
+			},
 			"uptime_current_epoch": fmt.Sprintf("%ds", int(time.Since(e.started).Seconds())),
+			"uptime_all_epochs":    fmt.Sprintf("%ds", int(time.Since(e.firstStarted).Seconds())),
 			"node":                 jsonRaw(mustProtoJSON(e.boot.GetNode())),
 		})
 	})

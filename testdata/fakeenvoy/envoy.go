@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,8 +29,17 @@ var stateNames = map[int]string{stateLive: "LIVE", stateDraining: "DRAINING", st
 type envoy struct {
 	boot      *bootstrapv3.Bootstrap
 	k         knobs
+	opts      *options
 	started   time.Time
 	adminAddr string
+	adminSrv  *http.Server
+
+	// Hot restart (hotrestart.go): nil with --disable-hot-restart.
+	hr *hotRestart
+	// firstStarted is when epoch 0 started (uptime_all_epochs).
+	firstStarted time.Time
+	// live is closed when init completes (xds.live).
+	live chan struct{}
 
 	mu           sync.Mutex
 	healthFailed bool
@@ -42,6 +53,10 @@ type envoy struct {
 	// stats are the counters and gauges written so far, by Envoy name:
 	// /stats?usedonly shows exactly these.
 	stats map[string]int
+	// bound: the listening sockets by listenKey, which a child may ask for;
+	// emptied when a child tells this process to drain (hotDraining).
+	bound       map[string]net.Listener
+	hotDraining bool
 
 	servers []*http.Server
 	relays  relays // the capture listeners (relay.go)
@@ -50,8 +65,10 @@ type envoy struct {
 }
 
 func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
-	return &envoy{boot: boot, k: k, started: time.Now(), active: map[string]int{}, received: map[string]map[string]heldResource{},
-		xds: newXDSConfig(), stats: map[string]int{}}
+	now := time.Now()
+	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}),
+		active: map[string]int{}, received: map[string]map[string]heldResource{},
+		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}}
 }
 
 // start opens the admin API and the static listeners and starts the xDS and
@@ -66,20 +83,116 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 		return fmt.Errorf("admin address %s: %w", addr, err)
 	}
 	e.adminAddr = ln.Addr().String()
-	e.serve(ln, "admin", e.adminMux(exit))
+	e.adminSrv = e.serve(ln, "admin", e.adminMux(exit))
 
+	if e.hr != nil {
+		go e.hr.serveChild(e)
+	}
 	if err := e.startListeners(); err != nil {
 		return err
 	}
 	e.reconcileRelays()
 	e.startInit()
 	e.startXDS(ctx)
+	if e.hr != nil {
+		go e.takeOver(ctx)
+	}
 	return nil
+}
+
+// listen is a listening socket for addr: the parent's own when it has one
+// (hot restart: the same socket keeps accepting), else a new one.
+func (e *envoy) listen(network, addr string) (net.Listener, error) {
+	key := listenKey(addr)
+	var ln net.Listener
+	if e.hr != nil {
+		var err error
+		if ln, err = e.hr.parentListener(key); err != nil {
+			return nil, err
+		}
+	}
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen(network, addr); err != nil {
+			return nil, err
+		}
+	}
+	e.mu.Lock()
+	e.bound[key] = ln
+	e.mu.Unlock()
+	return ln, nil
+}
+
+// forget drops a listener closed because the configuration no longer has it.
+func (e *envoy) forget(addr string) {
+	e.mu.Lock()
+	delete(e.bound, listenKey(addr))
+	e.mu.Unlock()
+}
+
+// takeOver is Envoy's end of start-up with a parent: once initialised
+// (what /ready would call LIVE), tell the parent to drain, and after
+// --parent-shutdown-time-s to terminate.
+func (e *envoy) takeOver(ctx context.Context) {
+	select {
+	case <-e.live:
+	case <-ctx.Done():
+		return
+	}
+	if e.k.neverReady {
+		return
+	}
+	if d := e.k.readyAfter - time.Since(e.started); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return
+		}
+	}
+	e.hr.initialized()
+	t := time.NewTimer(time.Duration(e.opts.parentShutdownTimeS) * time.Second)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		e.hr.terminateParent()
+	case <-ctx.Done():
+	}
+}
+
+// shutdownAdmin, listenerFor and drainListeners are the parent's side of
+// hot restart (parentSide).
+func (e *envoy) shutdownAdmin() time.Time {
+	if err := e.adminSrv.Close(); err != nil {
+		log.Printf("admin: %v", err)
+	}
+	log.Printf("admin listener closed: shut down by the child")
+	return e.firstStarted
+}
+
+func (e *envoy) listenerFor(key string) net.Listener {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.bound[listenKey(strings.TrimPrefix(key, "tcp://"))]
+}
+
+func (e *envoy) drainListeners() {
+	e.mu.Lock()
+	e.hotDraining = true
+	if e.drainStarted.IsZero() {
+		e.drainStarted = time.Now()
+	}
+	bound := e.bound
+	e.bound = map[string]net.Listener{}
+	e.mu.Unlock()
+	for _, ln := range bound {
+		ln.Close() // connections already accepted carry on
+	}
+	log.Printf("draining listeners: the child took over")
 }
 
 // serve runs an HTTP server on ln, counting its connections under the
 // listener stat name.
-func (e *envoy) serve(ln net.Listener, statName string, h http.Handler) {
+func (e *envoy) serve(ln net.Listener, statName string, h http.Handler) *http.Server {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ConnState: func(_ net.Conn, s http.ConnState) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -97,10 +210,11 @@ func (e *envoy) serve(ln net.Listener, statName string, h http.Handler) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed {
+		if err := srv.Serve(ln); err != nil && err != http.ErrServerClosed && !errors.Is(err, net.ErrClosed) {
 			log.Printf("listener %s: %v", statName, err)
 		}
 	}()
+	return srv
 }
 
 // shutdown closes everything, gracefully for a short while.
@@ -129,7 +243,7 @@ func (e *envoy) serverState() int {
 
 func (e *envoy) serverStateLocked() int {
 	switch {
-	case e.healthFailed:
+	case e.healthFailed || e.hotDraining:
 		return stateDraining
 	case !e.xds.live || e.k.neverReady || time.Since(e.started) < e.k.readyAfter:
 		return statePreInitializing

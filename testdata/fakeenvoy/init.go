@@ -142,6 +142,7 @@ func (e *envoy) advanceInitLocked() {
 	}
 	if x.clustersDone && x.listenersDone {
 		x.live = true
+		close(e.live)
 		e.setStatLocked("listener_manager.workers_started", 1)
 		e.setStatLocked("server.state", stateLive)
 	}

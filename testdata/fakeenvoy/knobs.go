@@ -26,10 +26,18 @@ type knobs struct {
 	// resource whose name contains S, naming it (as Envoy names the
 	// cluster or listener it could not load), and accepts the others.
 	rejectName string
+	// exitAtStart: FAKE_ENVOY_EXIT_AT_START=1 exits with exitCode right
+	// after the hot restart sockets and shared memory are taken, where
+	// Envoy fails on a bootstrap it cannot load (#25): before it has
+	// asked anything of its parent, with its INITIALIZING flag left set.
+	exitAtStart bool
+	// hotRestartRetryDelay: FAKE_ENVOY_HOT_RESTART_RETRY_DELAY, the pause
+	// between refused sends to a parent (Envoy's: 1s, 10 tries).
+	hotRestartRetryDelay time.Duration
 }
 
 func readKnobs() (knobs, error) {
-	k := knobs{exitCode: 1, drainTime: time.Second, activeConnections: -1}
+	k := knobs{exitCode: 1, drainTime: time.Second, activeConnections: -1, hotRestartRetryDelay: time.Second}
 	var err error
 	dur := func(name string, dst *time.Duration) {
 		if v := os.Getenv(name); v != "" && err == nil {
@@ -47,6 +55,7 @@ func readKnobs() (knobs, error) {
 	}
 	dur("FAKE_ENVOY_CRASH_AFTER", &k.crashAfter)
 	dur("FAKE_ENVOY_READY_AFTER", &k.readyAfter)
+	dur("FAKE_ENVOY_HOT_RESTART_RETRY_DELAY", &k.hotRestartRetryDelay)
 	num("FAKE_ENVOY_EXIT_CODE", &k.exitCode)
 	num("FAKE_ENVOY_ACTIVE_CONNECTIONS", &k.activeConnections)
 	if v := os.Getenv("FAKE_ENVOY_DRAIN_SECONDS"); v != "" && err == nil {
@@ -62,5 +71,6 @@ func readKnobs() (knobs, error) {
 	k.rejectName = os.Getenv("FAKE_ENVOY_REJECT_NAME")
 	k.neverReady = os.Getenv("FAKE_ENVOY_NEVER_READY") == "1"
 	k.ignoreSIGTERM = os.Getenv("FAKE_ENVOY_IGNORE_SIGTERM") == "1"
+	k.exitAtStart = os.Getenv("FAKE_ENVOY_EXIT_AT_START") == "1"
 	return k, err
 }

@@ -23,8 +23,12 @@
 // Environment knobs (see knobs.go): FAKE_ENVOY_CRASH_AFTER,
 // FAKE_ENVOY_EXIT_CODE, FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER,
 // FAKE_ENVOY_IGNORE_SIGTERM, FAKE_ENVOY_ACTIVE_CONNECTIONS,
-// FAKE_ENVOY_DRAIN_SECONDS, FAKE_ENVOY_REJECT, FAKE_ENVOY_REJECT_NAME; and FAKE_ENVOY_RECORD,
-// FAKE_ENVOY_RECORD_EXIT (record.go).
+// FAKE_ENVOY_DRAIN_SECONDS, FAKE_ENVOY_REJECT, FAKE_ENVOY_REJECT_NAME,
+// FAKE_ENVOY_EXIT_AT_START, FAKE_ENVOY_HOT_RESTART_RETRY_DELAY; and
+// FAKE_ENVOY_RECORD, FAKE_ENVOY_RECORD_EXIT (record.go).
+//
+// Without --disable-hot-restart it restarts by epochs as Envoy does:
+// hotrestart.go says what matches Envoy and what is simplified.
 package main
 
 import (
@@ -35,6 +39,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -52,6 +57,13 @@ type options struct {
 	skipDeprecatedLogs, enableCoreDump        bool
 	serviceCluster, serviceNode               string
 	baseID, restartEpoch                      int
+	// Hot restart (hotrestart.go, #25).
+	parentShutdownTimeS      int
+	mode                     string // serve or validate
+	socketPath               string
+	socketMode               uint32
+	skipHotRestartOnNoParent bool
+	hotRestartVersion        bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -80,8 +92,36 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.serviceNode, "service-node", "", "")
 	fs.IntVar(&o.baseID, "base-id", 0, "")
 	fs.IntVar(&o.restartEpoch, "restart-epoch", 0, "")
+	fs.IntVar(&o.parentShutdownTimeS, "parent-shutdown-time-s", 900, "")
+	fs.StringVar(&o.mode, "mode", "serve", "serve|validate")
+	fs.StringVar(&o.socketPath, "socket-path", "@envoy_domain_socket", "hot restart socket path")
+	socketMode := fs.String("socket-mode", "600", "hot restart socket file permission (octal)")
+	fs.BoolVar(&o.skipHotRestartOnNoParent, "skip-hot-restart-on-no-parent", false, "")
+	fs.BoolVar(&o.hotRestartVersion, "hot-restart-version", false, "")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	switch o.mode {
+	case "serve", "validate":
+	default:
+		return nil, fmt.Errorf("error: unknown mode '%s'", o.mode)
+	}
+	if o.baseID < 0 || o.restartEpoch < 0 || o.baseID > 0x0FFFFFFF {
+		return nil, fmt.Errorf("--base-id %d / --restart-epoch %d: want small non-negative numbers", o.baseID, o.restartEpoch)
+	}
+	// Envoy: an abstract socket has no mode.
+	if o.socketPath == "" {
+		return nil, fmt.Errorf("--socket-path: empty")
+	}
+	if o.socketPath[0] != '@' {
+		m, err := strconv.ParseUint(*socketMode, 8, 32)
+		if err != nil {
+			return nil, fmt.Errorf("error: invalid socket-mode '%s'", *socketMode)
+		}
+		o.socketMode = uint32(m)
+	}
+	if o.hotRestartVersion {
+		return o, nil
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -128,10 +168,39 @@ func run(args []string) int {
 		log.Printf("error: %v", err)
 		return 1
 	}
+	if opts.hotRestartVersion {
+		// Envoy prints it on stderr, without a newline, and exits 0.
+		fmt.Fprint(os.Stderr, map[bool]string{true: "disabled", false: hotRestartVersion}[opts.disableHotRestart])
+		return 0
+	}
 	k, err := readKnobs()
 	if err != nil {
 		log.Printf("error: %v", err)
 		return 1
+	}
+	if opts.mode == "validate" {
+		// Envoy's --mode validate binds nothing (no hot restart either).
+		if _, err := loadBootstrap(opts); err != nil {
+			log.Printf("error initializing configuration '%s': %v", opts.configPath, err)
+			return 1
+		}
+		fmt.Printf("configuration '%s' OK\n", opts.configPath)
+		return 0
+	}
+	// As Envoy: the hot restart sockets and shared memory are taken before
+	// the bootstrap is read, so that a bootstrap that does not load leaves
+	// this epoch's INITIALIZING flag set.
+	var hr *hotRestart
+	if !opts.disableHotRestart {
+		if hr, err = newHotRestart(opts, k); err != nil {
+			log.Printf("error: %v", err)
+			return 1
+		}
+		defer hr.close()
+	}
+	if k.exitAtStart {
+		log.Printf("exiting with code %d at start (FAKE_ENVOY_EXIT_AT_START)", k.exitCode)
+		return k.exitCode
 	}
 	boot, err := loadBootstrap(opts)
 	if err != nil {
@@ -146,6 +215,20 @@ func run(args []string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := newEnvoy(boot, k)
+	e.opts = opts
+	if hr != nil {
+		// Envoy asks its parent to shut its admin down before binding its
+		// own; the reply dates the first epoch.
+		e.hr = hr
+		first, err := hr.shutdownParentAdmin(opts.skipHotRestartOnNoParent)
+		if err != nil {
+			log.Printf("error: %v", err)
+			return 1
+		}
+		if !first.IsZero() {
+			e.firstStarted = first
+		}
+	}
 	exit := make(chan int, 1)
 	if err := e.start(ctx, exit); err != nil {
 		log.Printf("error: %v", err)

@@ -140,18 +140,22 @@ func (e *envoy) reconcileRelays() {
 		if !want[s] {
 			rl.close()
 			delete(r.open, s)
+			e.forget(s.addr)
 			log.Printf("relay %s on %s: closed (no longer in the configuration)", s.name, s.addr)
 		}
 	}
+	e.mu.Lock()
+	draining := e.hotDraining
+	e.mu.Unlock()
 	for s := range want {
-		if r.open[s] != nil {
-			continue
+		if r.open[s] != nil || draining {
+			continue // a parent that drains for its child opens nothing new
 		}
 		network := "tcp4"
 		if ip, err := netip.ParseAddr(s.host()); err == nil && ip.Is6() {
 			network = "tcp6"
 		}
-		ln, err := net.Listen(network, s.addr)
+		ln, err := e.listen(network, s.addr)
 		if err != nil {
 			log.Printf("relay %s: %v (not relaying on it)", s.name, err)
 			continue
