@@ -16,9 +16,11 @@ package envoy
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
@@ -30,6 +32,8 @@ import (
 type hotRun struct {
 	watch *filewatch.Watcher
 	dirs  []string // the watched directories
+	// stamp is the inputs' identity (inputStamp) when last looked at.
+	stamp string
 	// next is the new epoch until it takes over (nextGen: what it was
 	// started from, reason: the change that started it).
 	next    *child
@@ -131,6 +135,7 @@ func (r *run) watchInputs() error {
 		return fmt.Errorf("hot restart: %w", err)
 	}
 	r.hot.watch = w
+	r.hot.stamp = r.inputStamp()
 	r.s.log.Info("hot restart on: watching envoy's inputs", "dirs", r.hot.dirs, "base_id", hr.BaseID)
 	return nil
 }
@@ -149,11 +154,60 @@ func (r *run) rewatch() {
 	r.hot.watch.Add(dirs...)
 	r.hot.watch.Remove(r.hot.dirs...)
 	r.hot.dirs = dirs
+	r.hot.stamp = r.inputStamp()
+}
+
+// inputStamp identifies the inputs' files as they are now (each one's
+// size, time, inode and mode; "-" for one missing): a directory event that
+// leaves every input as it was (the agent's own write of the bootstrap in
+// a watched directory, another program's file beside Envoy's binary) is no
+// change, and does not render anything.
+func (r *run) inputStamp() string {
+	var b strings.Builder
+	for _, f := range append(slices.Clone(r.s.cfg.HotRestart.Watch), r.s.cfg.BinaryPath) {
+		if f == "" {
+			continue
+		}
+		b.WriteString(f)
+		if st, err := os.Stat(f); err == nil {
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+				fmt.Fprintf(&b, " %d %d %d %v\n", st.Size(), st.ModTime().UnixNano(), sys.Ino, st.Mode())
+				continue
+			}
+			fmt.Fprintf(&b, " %d %d %v\n", st.Size(), st.ModTime().UnixNano(), st.Mode())
+			continue
+		}
+		b.WriteString(" -\n")
+	}
+	return b.String()
+}
+
+// changedInputs names the inputs whose stamp line differs.
+func changedInputs(before, after string) []string {
+	old := map[string]bool{}
+	for l := range strings.SplitSeq(before, "\n") {
+		old[l] = true
+	}
+	var names []string
+	for l := range strings.SplitSeq(after, "\n") {
+		if l != "" && !old[l] {
+			name, _, _ := strings.Cut(l, " ")
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // inputsChanged looks at a change of the watched directories.
 func (r *run) inputsChanged(ctx context.Context, dirs []string) {
-	reason := "changed: " + strings.Join(dirs, ", ")
+	stamp := r.inputStamp()
+	files := changedInputs(r.hot.stamp, stamp)
+	if len(files) == 0 {
+		r.s.log.Debug("a watched directory changed, none of envoy's inputs", "dirs", dirs)
+		return
+	}
+	r.hot.stamp = stamp
+	reason := "changed: " + strings.Join(files, ", ")
 	switch {
 	case r.drain != notDrained:
 		r.s.log.Info("envoy's inputs changed while draining; no hot restart", "reason", reason)
