@@ -233,9 +233,12 @@ func (s *Service) startPoller(ctx context.Context, c *child) *poller {
 	if s.cfg.HotRestart != nil {
 		restartEpoch = c.restartEpoch
 	}
+	// The poll reads nothing of s that Serve's goroutine may change (a
+	// hot restart replaces s.cfg).
+	interval := s.cfg.ReadyPollInterval
 	go func() {
 		defer close(p.done)
-		s.pollReady(ctx, p.out, c.epoch, restartEpoch)
+		s.pollReady(ctx, p.out, c.epoch, restartEpoch, interval)
 	}()
 	return p
 }
@@ -251,7 +254,7 @@ func (p *poller) stop() {
 // not yet read is replaced by the newer one). Once ready it stops, as
 // Istio's probe does: a LIVE Envoy with started workers does not go back in
 // its lifetime (only a drain, which the service itself starts, changes it).
-func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, restartEpoch int) {
+func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, restartEpoch int, interval time.Duration) {
 	var last readiness
 	for {
 		ready, why := s.admin.readiness(ctx, restartEpoch)
@@ -269,7 +272,7 @@ func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, rest
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.ReadyPollInterval):
+		case <-s.clock.After(interval):
 		}
 	}
 }

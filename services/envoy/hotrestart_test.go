@@ -260,6 +260,10 @@ func TestHotRestartRefusesNoConnection(t *testing.T) {
 	}
 	final, _ := h.state.Get()
 	h.onlyServing(final)
+	// /debug/tree shows the envoy service's health reason: the epochs.
+	if !h.sawHealth(messages.Ready, "hot restart: epoch 9 (pid") || !h.sawHealth(messages.Ready, "epoch 10 (pid") {
+		t.Errorf("no health report named the overlap's epochs")
+	}
 	if got := h.logs.String(); strings.Count(got, "hot restart done: the old epoch exited") != restarts || strings.Contains(got, "with an error") {
 		t.Errorf("want %d old epochs exited 0:\n%s", restarts, got)
 	}
