@@ -96,8 +96,32 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	e.startXDS(ctx)
 	if e.hr != nil {
 		go e.takeOver(ctx)
+		go e.flushParentStats(ctx)
 	}
 	return nil
+}
+
+// flushParentStats is the parent half of Envoy's stats flush: every
+// stats_flush_interval (5s by default) a child asks its parent for stats,
+// until it has told it to terminate. A parent gone meanwhile is noticed
+// there (hotrestart.go).
+func (e *envoy) flushParentStats(ctx context.Context) {
+	interval := 5 * time.Second
+	if d := e.boot.GetStatsFlushInterval(); d != nil {
+		interval = d.AsDuration()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if !e.hr.parentStats() {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // listen is a listening socket for addr: the parent's own when it has one

@@ -70,8 +70,10 @@ import (
 //     shortens the second) and then aborts (SIGABRT) with "hot restart
 //     sendmsg() failed: returned -1, errno 111", as Envoy's RELEASE_ASSERT.
 //     This holds for every message: a parent SIGKILLed during the overlap
-//     makes the child abort when it next sends (drain, terminate, a new LDS
-//     listener's socket). With --skip-hot-restart-on-no-parent the child
+//     makes the child abort when it next sends: the stats request of its
+//     next stats flush (every stats_flush_interval, 5s by default, until it
+//     has told the parent to terminate), drain, terminate, or a new LDS
+//     listener's socket. With --skip-hot-restart-on-no-parent the child
 //     first sends test_connection; refused, it logs "hot restart sendmsg()
 //     connection refused, falling back to regular restart" and starts as an
 //     epoch 0 would (keeping its epoch number and sockets).
@@ -83,9 +85,11 @@ import (
 // HotRestartMessage fields instead of the protobuf; one socket per address
 // (no per-worker sockets, no reuse_port); no UDP forwarding socket (Envoy's
 // <socket-path>_udp_* pair is not bound); the child waits at most 30s for a
-// reply where Envoy can block for ever; and no stats cross epochs (no
-// stats request, no shared-memory stats, no hot_restart_generation): the
-// child's stats start from zero, where Envoy's child merges its parent's.
+// reply where Envoy can block for ever; and no stats cross epochs: the
+// child asks for its parent's stats at each flush as Envoy does, but the
+// reply carries none (no shared-memory stats, no hot_restart_generation):
+// the child's stats start from zero, where Envoy's child merges its
+// parent's.
 
 // hotRestartVersion is Envoy's: HOT_RESTART_VERSION.sizeof(SharedMemory).
 const hotRestartVersion = "11.104"
@@ -100,8 +104,8 @@ const (
 // hrMessage is one hot restart message, Envoy's HotRestartMessage flattened:
 // a request (Request) or a reply (Reply) of the named kind.
 type hrMessage struct {
-	Request string `json:"request,omitempty"` // shutdown_admin, pass_listen_socket, drain_listeners, terminate, test_connection
-	Reply   string `json:"reply,omitempty"`   // shutdown_admin, pass_listen_socket
+	Request string `json:"request,omitempty"` // shutdown_admin, pass_listen_socket, stats, drain_listeners, terminate, test_connection
+	Reply   string `json:"reply,omitempty"`   // shutdown_admin, pass_listen_socket, stats
 	// Address: pass_listen_socket's request ("tcp://ip:port").
 	Address string `json:"address,omitempty"`
 	// Fd: pass_listen_socket's reply, -1 when the parent has no such
@@ -310,6 +314,20 @@ func (h *hotRestart) parentListener(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
+// parentStats is a stats flush's request to the parent (its reply carries
+// no stats); false once there is no parent to ask.
+func (h *hotRestart) parentStats() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.parentTerminated {
+		return false
+	}
+	if _, _, err := h.exchange(hrMessage{Request: "stats"}); err != nil {
+		log.Printf("error: %v", err)
+	}
+	return true
+}
+
 // initialized is Envoy's drainParentListeners at workers started: the
 // parent stops accepting, and a next epoch may now start.
 func (h *hotRestart) initialized() {
@@ -359,6 +377,8 @@ func (h *hotRestart) serveChild(p parentSide) {
 			reply(hrMessage{Reply: m.Request, OriginalStartTimeUnixSeconds: p.shutdownAdmin().Unix()}, nil)
 		case "pass_listen_socket":
 			h.passListenSocket(p.listenerFor(m.Address), reply)
+		case "stats":
+			reply(hrMessage{Reply: m.Request}, nil)
 		case "drain_listeners":
 			p.drainListeners()
 		case "terminate":
