@@ -248,6 +248,11 @@ func (r *run) consider(ctx context.Context, reason string) {
 		err = cfg.Validate()
 		cfg = cfg.withDefaults()
 	}
+	if err == nil && cfg.AdminAddr != s.cfg.AdminAddr {
+		// The readiness poll and the drains follow the admin port given
+		// at start: a new epoch elsewhere would never be seen ready.
+		err = fmt.Errorf("envoy's admin address changed (%s to %s): it applies at envoy's next start", s.cfg.AdminAddr, cfg.AdminAddr)
+	}
 	if err != nil {
 		log.Error("hot restart: envoy's inputs do not make a configuration; envoy left alone", "error", err)
 		return

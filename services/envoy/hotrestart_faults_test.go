@@ -202,3 +202,20 @@ func TestHotRestartRefusedWithoutRoomForTwo(t *testing.T) {
 	}
 	h.onlyServing(first)
 }
+
+// A change of the admin address waits for Envoy's next start: the
+// readiness poll and the drains would not find a new epoch there.
+func TestHotRestartRefusesANewAdminAddress(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	h.run()
+	first := h.wait("epoch 0 ready", alone(0))
+	h.mu.Lock()
+	h.reload = func(c *Config) { c.AdminAddr = "127.0.0.1:1" }
+	h.mu.Unlock()
+	h.edit("v1")
+	h.logs.WaitLine(t, "hot restart: envoy's inputs do not make a configuration", "admin address changed")
+	if st, _ := h.state.Get(); st.PID != first.PID || !alone(0)(st) {
+		t.Fatalf("after a refused hot restart: %+v, want epoch 0 (pid %d) alone", st, first.PID)
+	}
+}

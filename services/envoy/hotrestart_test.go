@@ -58,6 +58,8 @@ type hotHarness struct {
 	// env is added to the environment of the Envoys a Reload starts.
 	mu  sync.Mutex
 	env []string
+	// reload, if set, changes the Config a Reload returns.
+	reload func(*Config)
 	// pids are every Envoy the test saw.
 	pids map[int]bool
 }
@@ -84,10 +86,15 @@ func newHotHarness(t *testing.T, on bool, env []string, mod func(*Config)) *hotH
 		base := *cfg
 		cfg.HotRestart = &HotRestartConfig{
 			BaseID: hotBaseID(t), ParentShutdownDuration: time.Second, Watch: []string{h.input}, Debounce: 50 * time.Millisecond,
+			// No memory cgroup: the machine's own limit is not the test's.
+			CgroupRoot: t.TempDir(),
 			Reload: func() (Config, error) {
 				c := base
 				h.mu.Lock()
 				c.Env = append(slices.Clone(base.Env), h.env...)
+				if h.reload != nil {
+					h.reload(&c)
+				}
 				h.mu.Unlock()
 				return c, nil
 			},
