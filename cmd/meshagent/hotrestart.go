@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
@@ -63,7 +64,9 @@ func hotRestartInputs(src proxyConfigSources, b *envoy.BootstrapConfig) []string
 	if pc := b.Proxy; pc != nil {
 		files = append(files, pc.GetProxyBootstrapTemplatePath(), pc.GetCustomConfigFile())
 	}
-	return files
+	files = slices.DeleteFunc(files, func(f string) bool { return f == "" })
+	slices.Sort(files)
+	return slices.Compact(files)
 }
 
 // baseID is Envoy's --base-id for the agent: stable across epochs and

@@ -64,6 +64,11 @@ type Service struct {
 	mu          sync.Mutex
 	current     proxyStream // the one active Envoy stream
 	currentPeer peerCred    // who opened it (socket.go)
+	// replacedPID is the process whose stream the current one replaced:
+	// during an Envoy hot restart (#25) the old epoch, which reconnects
+	// and would take the stream back, and the two would replace each
+	// other until the old one exits. 0: none.
+	replacedPID int32
 	stopping    bool
 	lastHealth  *messages.WorkloadHealth
 	cacheLoaded bool
@@ -210,6 +215,10 @@ func (s *Service) register(st proxyStream, p peerCred) error {
 	}
 	old, oldPeer := s.current, s.currentPeer
 	if old != nil {
+		if p.pid == s.replacedPID && p.pid != oldPeer.pid {
+			s.mu.Unlock()
+			return errReplaced(oldPeer, p)
+		}
 		if err := mayReplace(oldPeer, p); err != nil {
 			s.mu.Unlock()
 			s.log.Warn("refused a stream on the XDS socket: it would replace Envoy's",
@@ -218,6 +227,10 @@ func (s *Service) register(st proxyStream, p peerCred) error {
 		}
 	}
 	s.current, s.currentPeer = st, p
+	s.replacedPID = 0
+	if old != nil && oldPeer.pid != p.pid {
+		s.replacedPID = oldPeer.pid
+	}
 	s.mu.Unlock()
 	if old != nil {
 		s.log.Info("a newer Envoy stream replaces the open one",
@@ -231,7 +244,7 @@ func (s *Service) unregister(st proxyStream) {
 	s.mu.Lock()
 	last := s.current == st
 	if last {
-		s.current = nil
+		s.current, s.replacedPID = nil, 0
 	}
 	s.mu.Unlock()
 	if last {
