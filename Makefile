@@ -16,8 +16,11 @@ all: build
 
 # Static, as Istio builds its agent (common/scripts/gobuild.sh): no libc
 # mapped in (~2 MiB of RSS); net and os/user use their pure-Go versions.
+# meshagent-init is the small init the agent hands PID 1 to in a container
+# (cmd/meshagent/reaper.go); it is found beside the agent.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/meshagent ./cmd/meshagent
+	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/meshagent-init ./cmd/meshagent-init
 
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
@@ -46,7 +49,7 @@ IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_T
 
 .PHONY: image image-istio fakeenvoy-static istio-template
 image: build fakeenvoy-static istio-template
-	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
+	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent -init $(BIN)/meshagent-init $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
 	  -label io.meshagent.agent=meshagent -label org.opencontainers.image.version=$(VERSION) \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
 
@@ -138,7 +141,7 @@ bench-capture:
 	$(GO) test -run '^$$' -bench ApplySidecarRules -benchtime 30x ./services/capture
 
 bench-envoy: bench-restart
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./services/envoy/...
 
 # SIGKILL → next Envoy running through the tree, p50 and max over 20 kills,
 # beside a bare os/exec restart.
@@ -191,7 +194,7 @@ conformance-update: peer-istio-agent
 	MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) MESHAGENT_CONFORMANCE=update $(GO) test -count=1 -run 'Conformance' ./cmd/meshagent
 
 golden:
-	$(GO) test ./services/envoy -run Golden -update
+	$(GO) test ./services/envoy/... -run Golden -update
 
 # The chaos suites, long form: TestStandaloneChaos (CHAOS_ROUNDS rounds of
 # every fault kind on `meshagent standalone`; MESHAGENT_CHAOS_SEED replays a

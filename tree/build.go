@@ -35,7 +35,7 @@ type Config struct {
 	// Envoy runs Envoy; nil with DISABLE_ENVOY.
 	Envoy *envoy.Config
 	// Capture verifies (sidecar) or owns (VM) the iptables capture.
-	Capture *capture.ServiceConfig
+	Capture *capture.Config
 	// XDS is the XDS proxy between Envoy (or proxyless gRPC) and the
 	// control plane; it also brings NDS to the DNS proxy.
 	XDS *xdsproxy.Config

@@ -18,10 +18,10 @@ import (
 // once, each named by its service (#26): the capture service and the
 // embedded peers used to find theirs only in Serve, after the tree started.
 func TestBuildReportsEveryBadService(t *testing.T) {
-	bad := capture.Default()
+	bad := capture.DefaultRules()
 	bad.ProxyPort = "x"
 	cfg := Config{
-		Capture:      &capture.ServiceConfig{Mode: capture.VM, Capture: bad},
+		Capture:      &capture.Config{Mode: capture.VM, Rules: bad},
 		CA:           &ca.Config{},
 		ControlPlane: &controlplane.Config{Listen: "127.0.0.1:0"},
 		NameTable:    &nametable.Config{},

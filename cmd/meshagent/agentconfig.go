@@ -243,7 +243,7 @@ func buildAgentConfig(in agentInputs) (*agentConfig, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.host, in.log),
-		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, bootstrap: bootstrap, certs: certsCfg, shared: shared,
+		XDS: xdsConfig(r, xdsInputs{root: c.root, proxy: pc, envoyBootstrap: bootstrap, certs: certsCfg, shared: shared,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS: dns.proxy,
 	}

@@ -15,7 +15,7 @@ import (
 // bindings as `istio-iptables` with no flag given. With --capture
 // (MESHAGENT_CAPTURE, VM mode) the agent owns the rules: apply, reconcile,
 // remove on stop; otherwise it only verifies them.
-func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger) *capture.ServiceConfig {
+func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger) *capture.Config {
 	settings := bindCaptureSettings(pflag.NewFlagSet("capture", pflag.ContinueOnError))
 	// istio-iptables' settings read the environment as Istio's init
 	// container does: REDIRECT_DNS and DUAL_STACK fall back to
@@ -31,7 +31,7 @@ func captureConfig(r envReader, f *proxyFlags, host hostInputs, log *slog.Logger
 		r.problems.addf("capture settings: %w", err)
 		return nil
 	}
-	sc := &capture.ServiceConfig{Mode: capture.Sidecar, Capture: cfg, CheckInterval: f.captureInterval}
+	sc := &capture.Config{Mode: capture.Sidecar, Rules: cfg, CheckInterval: f.captureInterval}
 	if f.capture {
 		sc.Mode = capture.VM
 	}

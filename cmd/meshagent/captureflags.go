@@ -9,14 +9,14 @@ import (
 	"github.com/meshagent/meshagent/services/capture"
 )
 
-// captureSettings are istio-iptables' flags bound to a capture.Config: every
+// captureSettings are istio-iptables' flags bound to a capture.RulesConfig: every
 // flag but --envoy-port also reads UPPER(name, '-'→'_') from the
 // environment (Istio's pkg/flag.BindEnv), some with Istio's aliases; the
 // command line wins. `istio-iptables`, `clean-iptables` and the capture
 // service of `proxy` all read them through here.
 type captureSettings struct {
 	s   *settings
-	cfg capture.Config
+	cfg capture.RulesConfig
 	// proxyUID and proxyGID stay nil when not given: their defaults are
 	// computed (the uid of $ENVOY_USER; the uid list).
 	proxyUID, proxyGID *string
@@ -25,7 +25,7 @@ type captureSettings struct {
 
 func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 	c := &captureSettings{s: newSettings(fs)}
-	d, cfg, s := capture.Default(), &c.cfg, c.s
+	d, cfg, s := capture.DefaultRules(), &c.cfg, c.s
 	str := func(p *string, name, short, def, usage string, env ...string) {
 		flagVar(s, p, def, config.ParseString, flagSpec{name: name, short: short, env: append([]string{envName(name)}, env...), usage: usage})
 	}
@@ -75,12 +75,12 @@ func bindCaptureSettings(fs *pflag.FlagSet) *captureSettings {
 // 1337), the GID default (the UIDs), and the environment-only settings
 // ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE] and ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR.
 // Every bad value, of a flag or a variable, is in the error.
-func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
+func (c *captureSettings) config(host hostInputs) (capture.RulesConfig, error) {
 	r := envReader{env: host.env, problems: c.s.problems}
 	_ = c.s.resolve(host.env)
 	cfg := c.cfg
 	cfg.IptablesProbePort = uint16(c.probePort)
-	cfg.ProxyUID = capture.Default().ProxyUID
+	cfg.ProxyUID = capture.DefaultRules().ProxyUID
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
 	} else if host.lookupUID != nil {
@@ -92,9 +92,9 @@ func (c *captureSettings) config(host hostInputs) (capture.Config, error) {
 	if c.proxyGID != nil && *c.proxyGID != "" {
 		cfg.ProxyGID = *c.proxyGID
 	}
-	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.Default().OwnerGroupsInclude, config.ParseString)
+	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.DefaultRules().OwnerGroupsInclude, config.ParseString)
 	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", config.ParseString)
-	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.Default().HostIPv4LoopbackCidr, config.ParseString)
+	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.DefaultRules().HostIPv4LoopbackCidr, config.ParseString)
 	return cfg, c.s.problems.err()
 }
 

@@ -5,8 +5,8 @@ package main
 // envoy.config.bootstrap.v3.Bootstrap on both sides and compared field by
 // field, after the few normalizations below, minus the written-down list of
 // fields allowed to differ (conformanceAllowed, also in docs/conformance.md). The
-// typed_config types both bootstraps name are registered by services/envoy
-// (bootstrap_types.go), which parses user templates the same way.
+// typed_config types both bootstraps name are registered by the bootstrap package
+// (services/envoy/bootstrap/types.go), which parses user templates the same way.
 
 import (
 	"encoding/json"

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -260,7 +261,7 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		return out
 	}
 	// As the envoy service does before each start.
-	b, err := envoy.WriteBootstrap(*ec.Bootstrap)
+	b, err := bootstrap.Write(*ec.Bootstrap)
 	if err != nil {
 		out.Outcome, out.ExitCode, out.log = outcomeFailed, 1, err.Error()
 		return out
@@ -278,7 +279,7 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 	if !needsIstioSource(c) {
 		// The comparison with Istio's output reads both leniently (Istio's template may name
 		// fields our Envoy types lack); ours must also load strictly, as a built-in bootstrap
-		// is built as plain JSON (services/envoy/bootstrap_json.go).
+		// is built as plain JSON (services/envoy/bootstrap/json.go).
 		strict := &bootstrapv3.Bootstrap{}
 		if err := protojson.Unmarshal(data, strict); err != nil {
 			t.Fatalf("our bootstrap does not load strictly into Envoy's Bootstrap: %v", err)

@@ -64,7 +64,8 @@ func TestMain(m *testing.M) {
 	agentBinary = filepath.Join(dir, "meshagent")
 	envoyBinary = filepath.Join(dir, "fakeenvoy")
 	devcertsBinary = filepath.Join(dir, "devcerts")
-	for bin, pkg := range map[string]string{agentBinary: ".", envoyBinary: "../../testdata/fakeenvoy", devcertsBinary: "../../testdata/devcerts"} {
+	initBinary := filepath.Join(dir, leanInit) // beside the agent, as `make build` and the image put it
+	for bin, pkg := range map[string]string{agentBinary: ".", initBinary: "../meshagent-init", envoyBinary: "../../testdata/fakeenvoy", devcertsBinary: "../../testdata/devcerts"} {
 		build := exec.Command("go", "build", "-o", bin, pkg)
 		if bin == agentBinary { // as `make build` does
 			build.Args = []string{"go", "build", "-ldflags", "-X main.buildVersion=" + e2eVersion, "-o", bin, pkg}
@@ -329,18 +330,25 @@ func TestChaosIsOptIn(t *testing.T) {
 	}
 }
 
-// As PID 1 (a container without an init) the agent runs under its own
-// minimal init that forwards signals and passes the exit status through.
+// As PID 1 (a container without an init) the agent runs under a minimal
+// init that forwards signals and passes the exit status through: the small
+// meshagent-init beside it, or, where there is none, its own binary.
 func TestAgentAsPID1(t *testing.T) {
 	testkit.RequireRoot(t, "to create a PID namespace", "unshare")
-	out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "version", "-s").CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) == "" {
-		t.Fatalf("version as PID 1: %v %q", err, out)
+	alone := filepath.Join(t.TempDir(), "meshagent") // no meshagent-init beside this one
+	if err := os.Link(agentBinary, alone); err != nil {
+		t.Fatal(err)
 	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", agentBinary, "proxy", "--concurrency", "x")
-	err = cmd.Run()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
-		t.Fatalf("proxy --concurrency x as PID 1: %v, want exit 2", err)
+	for name, bin := range map[string]string{"with meshagent-init": agentBinary, "alone": alone} {
+		out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", bin, "version", "-s").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) == "" {
+			t.Fatalf("%s: version as PID 1: %v %q", name, err, out)
+		}
+		cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", bin, "proxy", "--concurrency", "x")
+		err = cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+			t.Fatalf("%s: proxy --concurrency x as PID 1: %v, want exit 2", name, err)
+		}
 	}
 }
 
@@ -371,6 +379,10 @@ func TestAgentAsPID1ReapsOrphans(t *testing.T) {
 		t.Fatalf("unshare children: %v", init)
 	}
 	pid1 := init[0]
+	// PID 1 is the small init, not a second copy of the agent (#24).
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid1)); strings.TrimSpace(string(comm)) != leanInit {
+		t.Fatalf("PID 1 is %q, want %s", strings.TrimSpace(string(comm)), leanInit)
+	}
 	// An orphan in the namespace: sh starts sleep and exits at once.
 	if out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid1), "-p", "sh", "-c", "sleep 0.2 & exit 0").CombinedOutput(); err != nil {
 		t.Fatalf("nsenter: %v %s", err, out)

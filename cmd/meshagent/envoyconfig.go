@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/sds"
 )
 
@@ -50,12 +51,12 @@ type envoyInputs struct {
 // variables. The config is nil with DISABLE_ENVOY (proxyless gRPC); the
 // bootstrap config is always returned: the XDS proxy and the gRPC bootstrap
 // announce the same node.
-func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapConfig) {
+func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config) {
 	pc := in.proxy
 	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, config.ParseBool)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
 	env := r.env.All()
-	b := &envoy.BootstrapConfig{
+	b := &bootstrap.Config{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
 		PodNamespace:    in.pod.namespace,
@@ -117,7 +118,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *envoy.BootstrapCo
 		LogLevel:           in.flags.proxyLogLevel,
 		ComponentLogLevel:  in.flags.proxyComponentLogLevel,
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
-		IPv6:               envoy.AllIPv6(in.pod.nodeIPs),
+		IPv6:               bootstrap.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
 		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, config.ParseBool),
 	}
@@ -228,11 +229,11 @@ func drainQuery(proxyType string) string {
 // (PROJECT_ID|PROJECT_NUMBER|CLUSTER_NAME|CLUSTER_LOCATION), GCP_QUOTA_PROJECT
 // and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
 // Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
-func platform(r envReader) envoy.Platform {
+func platform(r envReader) bootstrap.Platform {
 	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", config.ParseString))
 	gcpMeta := envVar(r, "GCP_METADATA", "", config.ParseString)
 	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
-		return envoy.Platform{}
+		return bootstrap.Platform{}
 	}
 	md := map[string]string{}
 	if parts := strings.Split(gcpMeta, "|"); len(parts) == 4 {
@@ -246,5 +247,5 @@ func platform(r envReader) envoy.Platform {
 	if zone != "" {
 		md["gcp_zone"] = zone
 	}
-	return envoy.Platform{Metadata: md, Zone: zone}
+	return bootstrap.Platform{Metadata: md, Zone: zone}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -78,13 +79,13 @@ func parseWith(t *testing.T, host hostInputs, adjust func(*agentInputs), args ..
 
 // writeEnvoyBootstrap writes the bootstrap the envoy service would write
 // before starting Envoy, and returns it with Envoy's command line.
-func writeEnvoyBootstrap(t *testing.T, cfg *agentConfig) (envoy.Bootstrap, string, []string) {
+func writeEnvoyBootstrap(t *testing.T, cfg *agentConfig) (bootstrap.File, string, []string) {
 	t.Helper()
 	ec := cfg.tree.Envoy
 	if ec == nil || ec.Bootstrap == nil {
 		t.Fatal("no envoy config")
 	}
-	b, err := envoy.WriteBootstrap(*ec.Bootstrap)
+	b, err := bootstrap.Write(*ec.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}

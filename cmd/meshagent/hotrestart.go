@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
 
 // hotRestartConfig is the envoy service's hot restart (--hot-restart,
@@ -55,7 +56,7 @@ func hotRestartConfig(in agentInputs, src proxyConfigSources, envoyIn envoyInput
 // hotRestartInputs are the files a bootstrap is made from: the mesh config
 // file and the pod's files, the template, the override; a custom config
 // file is Envoy's bootstrap itself.
-func hotRestartInputs(src proxyConfigSources, b *envoy.BootstrapConfig) []string {
+func hotRestartInputs(src proxyConfigSources, b *bootstrap.Config) []string {
 	files := []string{src.meshConfigFile, src.annotationsFile}
 	if b == nil {
 		return files
@@ -73,7 +74,7 @@ func hotRestartInputs(src proxyConfigSources, b *envoy.BootstrapConfig) []string
 // restarts of the agent, and different for two agents on one host (each
 // has its own configPath under its own root), whose hot-restart sockets
 // share the network namespace.
-func baseID(b *envoy.BootstrapConfig) int {
+func baseID(b *bootstrap.Config) int {
 	h := fnv.New32a()
 	if b != nil {
 		h.Write([]byte(b.ConfigPath))

@@ -30,7 +30,7 @@ iptables-restore input for IPv4 and IPv6 and changes nothing. With
 transaction; --dry-run prints that transaction (nft -f input).`,
 		Args: cobra.NoArgs,
 	}
-	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
+	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.RulesConfig) error {
 		return runIstioIptables(cmd.Context(), cfg, host, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	})
 }
@@ -38,7 +38,7 @@ transaction; --dry-run prints that transaction (nft -f input).`,
 // withCaptureSettings gives cmd istio-iptables' flags and env bindings, and
 // has it run run with the capture configuration they make; a bad one is a
 // usage error (exit 2).
-func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Command, capture.Config) error) *cobra.Command {
+func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Command, capture.RulesConfig) error) *cobra.Command {
 	flags := bindCaptureSettings(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := flags.config(host)
@@ -50,7 +50,7 @@ func withCaptureSettings(cmd *cobra.Command, host hostInputs, run func(*cobra.Co
 	return cmd
 }
 
-func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, stdout, stderr io.Writer) error {
+func runIstioIptables(ctx context.Context, cfg capture.RulesConfig, host hostInputs, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError("istio-iptables: %v", err)
 	}
@@ -66,7 +66,7 @@ func runIstioIptables(ctx context.Context, cfg capture.Config, host hostInputs, 
 
 // programCapture is istio-iptables from the host inputs on, in the network
 // namespace the calling thread is in.
-func programCapture(ctx context.Context, cfg capture.Config, host hostInputs, stdout io.Writer, log *slog.Logger) error {
+func programCapture(ctx context.Context, cfg capture.RulesConfig, host hostInputs, stdout io.Writer, log *slog.Logger) error {
 	if err := fillHostInputs(&cfg, host, log); err != nil {
 		return fmt.Errorf("istio-iptables: %w", err)
 	}
@@ -94,7 +94,7 @@ func programCapture(ctx context.Context, cfg capture.Config, host hostInputs, st
 // what the node already holds (capture.Residue.Choose), and logs why. A
 // --cleanup-only with neither flag on a node holding both sets is the
 // remedy for that state: it cleans both and returns "".
-func chooseBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) (capture.Backend, error) {
+func chooseBackend(ctx context.Context, cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) (capture.Backend, error) {
 	residue, err := capture.ProbeResidue(ctx, log)
 	if err != nil {
 		return "", fmt.Errorf("istio-iptables: %w", err)
@@ -113,7 +113,7 @@ func chooseBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, lo
 }
 
 // runIptablesBackend is istio-iptables with the iptables backend.
-func runIptablesBackend(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
+func runIptablesBackend(ctx context.Context, cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) error {
 	rules := capture.Build(cfg)
 	if cfg.DryRun {
 		printRules(stdout, rules)
@@ -133,7 +133,7 @@ func runIptablesBackend(ctx context.Context, cfg capture.Config, stdout io.Write
 
 // runValidation is --run-validation, for either backend: a probe connection
 // must be captured, else exit 126 as Istio's.
-func runValidation(ctx context.Context, cfg capture.Config, log *slog.Logger) error {
+func runValidation(ctx context.Context, cfg capture.RulesConfig, log *slog.Logger) error {
 	if !cfg.RunValidation || cfg.CleanupOnly {
 		return nil
 	}
@@ -172,7 +172,7 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 		Short: "Remove the ISTIO_* iptables chains and the jumps to them (IPv4 and IPv6), and the istio-proxy-* nftables tables",
 		Args:  cobra.NoArgs,
 	}
-	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.Config) error {
+	return withCaptureSettings(cmd, host, func(cmd *cobra.Command, cfg capture.RulesConfig) error {
 		if err := cfg.Validate(); err != nil {
 			return usageError("clean-iptables: %v", err)
 		}
@@ -202,7 +202,7 @@ func newCleanIptablesCommand(host hostInputs) *cobra.Command {
 // cleanIptables removes every ISTIO_* chain and jump, and the rules of
 // ours cfg (in either interception mode) puts in built-in chains; with
 // DryRun it prints what it would remove.
-func cleanIptables(cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
+func cleanIptables(cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) error {
 	var known []capture.RuleSet
 	for _, mode := range []string{"REDIRECT", "TPROXY"} {
 		c := cfg
@@ -231,7 +231,7 @@ func cleanIptables(cfg capture.Config, stdout io.Writer, log *slog.Logger) error
 // into cfg. Istio exits 1 when the host has no usable address; a namespace
 // with no address yet (a bare "unshare -n") is a normal place to run, so we
 // go on with IPv4 only, loudly.
-func fillHostInputs(cfg *capture.Config, host hostInputs, log *slog.Logger) error {
+func fillHostInputs(cfg *capture.RulesConfig, host hostInputs, log *slog.Logger) error {
 	in := capture.HostInputs{ResolvConf: host.resolvConf, InterfaceAddrs: host.interfaceAddrs}
 	err := cfg.FillHostInputs(in)
 	if err == nil || !errors.Is(err, capture.ErrNoLocalIP) {

@@ -5,7 +5,7 @@ package main
 // from here, and the services receive them as explicit values. Values are
 // those of Istio's pilot-agent (pkg/config/constants, pkg/security,
 // pilot/cmd/pilot-agent/options, pkg/config/mesh DefaultProxyConfig).
-// istio-iptables' own defaults live with its Config (capture.Default), the
+// istio-iptables' own defaults live with its RulesConfig (capture.DefaultRules), the
 // package that mirrors Istio's tools/common/config field for field.
 
 import (

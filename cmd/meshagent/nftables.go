@@ -14,7 +14,7 @@ import (
 // transaction (nft -f input, what Istio's backend logs as "nftables rules
 // programmed") and changes nothing; Istio's own nft backend ignores
 // --dry-run and applies.
-func runNativeNftables(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
+func runNativeNftables(ctx context.Context, cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) error {
 	rules := capture.BuildNft(cfg)
 	if cfg.DryRun {
 		if cfg.CleanupOnly {
@@ -39,7 +39,7 @@ func runNativeNftables(ctx context.Context, cfg capture.Config, stdout io.Writer
 // cleanNftables is clean-iptables --native-nftables: our three tables go,
 // in one transaction, and nothing else; with --dry-run it prints that
 // transaction.
-func cleanNftables(ctx context.Context, cfg capture.Config, stdout io.Writer, log *slog.Logger) error {
+func cleanNftables(ctx context.Context, cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) error {
 	if cfg.DryRun {
 		fmt.Fprint(stdout, capture.NftRemovalText())
 		return nil

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
-	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
 
 // Annotation keys Istio's agent reads from the pod's annotations file.
@@ -83,7 +83,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 		}
 	}
 
-	annotations, err := envoy.ReadDownwardAPI(src.annotationsFile)
+	annotations, err := bootstrap.ReadDownwardAPI(src.annotationsFile)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/services/status/appprobe"
+	"github.com/meshagent/meshagent/services/status/metricsmerge"
 )
 
 // statusInputs are what the status server's config is built from besides
@@ -49,16 +51,16 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 
 // probeConfig is the rewriting of the application's probes kubelet sends
 // to /app-health/... and /app-lifecycle/..., and the VM's readiness probe.
-func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) status.ProbeConfig {
-	app, err := status.ParseAppProbers(envVar(r, status.AppProbersEnv, "", config.ParseString))
+func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) appprobe.Config {
+	app, err := appprobe.ParseAppProbers(envVar(r, appprobe.AppProbersEnv, "", config.ParseString))
 	r.problems.add(err) // names the variable, and the probe's path
-	workload, err := status.NewWorkloadProbe(pc.GetReadinessProbe())
+	workload, err := appprobe.NewWorkloadProbe(pc.GetReadinessProbe())
 	r.problems.add(err) // names ProxyConfig.readinessProbe
 	host := instanceIP
 	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, config.ParseBool) {
 		host = "localhost"
 	}
-	return status.ProbeConfig{
+	return appprobe.Config{
 		App:          app,
 		Host:         host,
 		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, config.ParseBool),
@@ -69,8 +71,8 @@ func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) sta
 
 // metricsConfig is what /stats/prometheus merges after the agent's own
 // metrics: Envoy's and the application's.
-func metricsConfig(r envReader, in statusInputs) status.MetricsConfig {
-	m := status.MetricsConfig{
+func metricsConfig(r envReader, in statusInputs) metricsmerge.Config {
+	m := metricsmerge.Config{
 		// The agent's endpoint; Envoy's :15090 listener reads the same name
 		// from proxyMetadata (envoyConfig), as Istio's bootstrap does.
 		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, config.ParseBool),
@@ -82,9 +84,9 @@ func metricsConfig(r envReader, in statusInputs) status.MetricsConfig {
 	// Istio reads the application's scrape configuration for sidecars
 	// only: 15020 is exposed in gateways' Services, and an application
 	// endpoint there would be served to the world.
-	annotations := envVar(r, status.PrometheusAnnotationsEnv, "", config.ParseString)
+	annotations := envVar(r, metricsmerge.PrometheusAnnotationsEnv, "", config.ParseString)
 	if in.proxyType == "sidecar" {
-		app, err := status.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
+		app, err := metricsmerge.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
 		r.problems.add(err) // names the variable
 		m.App = app
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/status"
+	"github.com/meshagent/meshagent/services/status/appprobe"
+	"github.com/meshagent/meshagent/services/status/metricsmerge"
 )
 
 // The status server's settings from Istio's environment, through the whole
@@ -22,7 +24,7 @@ func TestStatusConfigFromIstiosEnvironment(t *testing.T) {
 		check func(t *testing.T, c *status.Config)
 	}{
 		{"nothing set: Istio's defaults", nil, nil, func(t *testing.T, c *status.Config) {
-			want := status.ProbeConfig{}
+			want := appprobe.Config{}
 			if !reflect.DeepEqual(c.Probes, want) {
 				t.Errorf("probes = %+v, want none, to localhost, HTTP/2 allowed, no keep-alive", c.Probes)
 			}
@@ -75,7 +77,7 @@ func TestStatusConfigFromIstiosEnvironment(t *testing.T) {
 		}},
 		{"application metrics, sidecar", map[string]string{"ISTIO_PROMETHEUS_ANNOTATIONS": `{"scrape":"true","path":"/stats","port":"9090"}`}, nil,
 			func(t *testing.T, c *status.Config) {
-				if want := []status.ScrapeTarget{{Port: 9090, Path: "/stats"}}; !reflect.DeepEqual(c.Metrics.App, want) {
+				if want := []metricsmerge.ScrapeTarget{{Port: 9090, Path: "/stats"}}; !reflect.DeepEqual(c.Metrics.App, want) {
 					t.Errorf("application targets %+v, want %+v", c.Metrics.App, want)
 				}
 			}},

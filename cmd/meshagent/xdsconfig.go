@@ -8,7 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/certs"
-	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy"
 )
 
@@ -17,9 +17,10 @@ import (
 type xdsInputs struct {
 	root  string
 	proxy *meshconfig.ProxyConfig
-	// bootstrap is Envoy's bootstrap config: the proxy caches what that
-	// node acknowledged, and the gRPC bootstrap announces the same node.
-	bootstrap *envoy.BootstrapConfig
+	// envoyBootstrap is Envoy's bootstrap config (not the gRPC bootstrap
+	// written for proxyless clients): the proxy caches what that node
+	// acknowledged, and the gRPC bootstrap announces the same node.
+	envoyBootstrap *bootstrap.Config
 	// certs is the certificate source (nil: none): file-mounted
 	// certificates give the control plane's roots and a client certificate.
 	certs *certs.Config
@@ -60,8 +61,8 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.HealthUpdates = pc.GetReadinessProbe() != nil
 
 	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, config.ParseBool)
-	b := in.bootstrap
-	c.NodeID = envoy.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
+	b := in.envoyBootstrap
+	c.NodeID = bootstrap.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
 		c.CacheFile = rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}

@@ -12,6 +12,9 @@ const (
 	// agentAlias is the same binary under our own name, so that a user who
 	// types "meshagent" in the container finds it and its help says so.
 	agentAlias = "/usr/local/bin/meshagent"
+	// initPath is meshagent's small init, beside the agent where the agent
+	// looks for it when it starts as PID 1 (cmd/meshagent-init, #24).
+	initPath = "/usr/local/bin/meshagent-init"
 	// envoyPath is where both agents look for Envoy (ProxyConfig binaryPath).
 	envoyPath = "/usr/local/bin/envoy"
 	// templatePath is Istio's bootstrap template; Istio's agent needs it

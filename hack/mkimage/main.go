@@ -38,9 +38,9 @@ import (
 
 // options are the tool's flags.
 type options struct {
-	agent, envoy, template string // host paths of what goes in
-	tag, out               string
-	labels, env            keyValues
+	agent, init, envoy, template string // host paths of what goes in (init: optional)
+	tag, out                     string
+	labels, env                  keyValues
 }
 
 // keyValues is a repeatable K=V flag.
@@ -62,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.agent, "agent", "", "the agent binary, installed as "+agentPath+" (required)")
+	fs.StringVar(&o.init, "init", "", "the agent's init (cmd/meshagent-init), installed as "+initPath+" (optional: Istio's agent has none)")
 	fs.StringVar(&o.envoy, "envoy", "", "the Envoy binary, installed as "+envoyPath+" (required)")
 	fs.StringVar(&o.template, "bootstrap-template", "", "Istio's envoy_bootstrap.json, installed as "+templatePath+" (required)")
 	fs.StringVar(&o.tag, "tag", "localhost/meshagent-proxyv2:dev", "the image's name:tag")
@@ -191,6 +192,11 @@ func proxyTree(o *options) (*tree, error) {
 		{templatePath, o.template, 0o644},
 	} {
 		if err := t.copyFile(f.dst, f.src, f.mode); err != nil {
+			return nil, err
+		}
+	}
+	if o.init != "" {
+		if err := t.copyFile(initPath, o.init, 0o755); err != nil {
 			return nil, err
 		}
 	}

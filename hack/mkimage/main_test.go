@@ -25,7 +25,8 @@ var built struct {
 	once               sync.Once
 	err                error
 	dir, out, stdout   string
-	agent, envoy, tmpl string
+	agent, init, envoy string
+	tmpl               string
 	opts               *options
 }
 
@@ -43,8 +44,8 @@ func image(t *testing.T) *options {
 		if built.err != nil {
 			return
 		}
-		built.agent, built.envoy = filepath.Join(built.dir, "meshagent"), filepath.Join(built.dir, "fakeenvoy")
-		for bin, pkg := range map[string]string{built.agent: "../../cmd/meshagent", built.envoy: "../../testdata/fakeenvoy"} {
+		built.agent, built.init, built.envoy = filepath.Join(built.dir, "meshagent"), filepath.Join(built.dir, "meshagent-init"), filepath.Join(built.dir, "fakeenvoy")
+		for bin, pkg := range map[string]string{built.agent: "../../cmd/meshagent", built.init: "../../cmd/meshagent-init", built.envoy: "../../testdata/fakeenvoy"} {
 			cmd := exec.Command("go", "build", "-o", bin, pkg)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
@@ -57,7 +58,7 @@ func image(t *testing.T) *options {
 			return
 		}
 		built.opts = &options{
-			agent: built.agent, envoy: built.envoy, template: built.tmpl,
+			agent: built.agent, init: built.init, envoy: built.envoy, template: built.tmpl,
 			tag: "localhost/meshagent-proxyv2:test", out: filepath.Join(built.dir, "out", "image.tar"),
 			labels: keyValues{"io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy", "org.opencontainers.image.version=v0-test"},
 			env:    keyValues{"ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-test"},
@@ -137,6 +138,7 @@ func TestImageFiles(t *testing.T) {
 		src  string // the same bytes as this file
 	}{
 		{"/usr/local/bin/pilot-agent", tar.TypeReg, 0o755, 0, o.agent},
+		{"/usr/local/bin/meshagent-init", tar.TypeReg, 0o755, 0, o.init},
 		{"/usr/local/bin/envoy", tar.TypeReg, 0o755, 0, o.envoy},
 		{"/var/lib/istio/envoy/envoy_bootstrap_tmpl.json", tar.TypeReg, 0o644, 0, o.template},
 		{"/tmp", tar.TypeDir, 0o1777, 0, ""},

@@ -31,7 +31,7 @@ func enterNetnsB(b *testing.B) {
 // of one iptables process per chain and rule, measured in the same run.
 func BenchmarkApplySidecarRules(b *testing.B) {
 	enterNetnsB(b)
-	cfg := Default()
+	cfg := DefaultRules()
 	cfg.InboundInterceptionMode = "REDIRECT"
 	cfg.OutboundIPRangesInclude = "*"
 	cfg.InboundPortsInclude = "*"
@@ -106,7 +106,7 @@ func BenchmarkApplySidecarRulesNft(b *testing.B) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		b.Skip("nft not installed (Debian package nftables)")
 	}
-	cfg := Default()
+	cfg := DefaultRules()
 	cfg.InboundInterceptionMode = "REDIRECT"
 	cfg.OutboundIPRangesInclude = "*"
 	cfg.InboundPortsInclude = "*"

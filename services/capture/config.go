@@ -16,9 +16,9 @@ import (
 	"time"
 )
 
-// Config mirrors Istio's tools/common/config.Config field for field (names
+// RulesConfig mirrors Istio's tools/common/config.Config field for field (names
 // as Istio's). String fields hold what the flag or env var held.
-type Config struct {
+type RulesConfig struct {
 	ProxyPort                string        // -p --envoy-port, default 15001
 	InboundCapturePort       string        // -z --inbound-capture-port, default 15006
 	InboundTunnelPort        string        // -e --inbound-tunnel-port, default 15008
@@ -63,8 +63,8 @@ type Config struct {
 // Default returns Istio's defaults (tools/istio-iptables/pkg/cmd/root.go and
 // tools/common/config). ProxyUID/ProxyGID default to 1337 here; the CLI
 // resolves $ENVOY_USER first.
-func Default() Config {
-	return Config{
+func DefaultRules() RulesConfig {
+	return RulesConfig{
 		ProxyPort:               "15001",
 		InboundCapturePort:      "15006",
 		InboundTunnelPort:       "15008",
@@ -90,7 +90,7 @@ const maxOwnerGroups = 64
 // its error. Stricter than Istio in two places, on purpose: unparsable CIDRs
 // (Istio skips them "for bug compatibility") and unknown interception modes
 // (Istio silently treats them as REDIRECT) are errors here.
-func (c Config) Validate() error {
+func (c RulesConfig) Validate() error {
 	var errs []error
 	bad := func(flag, value, why string) {
 		errs = append(errs, fmt.Errorf("%w: %s %q: %s", ErrInvalidConfig, flag, value, why))

@@ -51,9 +51,9 @@ func loadCases(t *testing.T) []conformanceCase {
 // servers included as the literal strings Istio's test wrote. The same cases
 // from their flags, environment and host inputs, through the CLI, are
 // cmd/meshagent's TestIstioIptablesConformanceCLI.
-func configFromCase(t *testing.T, c conformanceCase) Config {
+func configFromCase(t *testing.T, c conformanceCase) RulesConfig {
 	t.Helper()
-	cfg := Default()
+	cfg := DefaultRules()
 	cfg.IptablesProbePort, cfg.ProbeTimeout = 0, 0 // not part of Istio's test config
 	js, err := json.Marshal(c.Config)
 	if err != nil {

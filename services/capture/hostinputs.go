@@ -25,7 +25,7 @@ var ErrNoLocalIP = errors.New("no valid local IP address found")
 // that is not loopback or link-local; with DualStack, IPv6 if any such IPv6
 // address exists) and, with RedirectDNS but not CaptureAllDNS, the DNS
 // servers from resolv.conf, as istio-iptables does.
-func (c *Config) FillHostInputs(in HostInputs) error {
+func (c *RulesConfig) FillHostInputs(in HostInputs) error {
 	if in.InterfaceAddrs == nil {
 		return errors.New("list interface addresses: no source of addresses given")
 	}
@@ -43,7 +43,7 @@ func (c *Config) FillHostInputs(in HostInputs) error {
 
 // FillDNSServers sets the DNS servers from resolv.conf when RedirectDNS is
 // on and CaptureAllDNS off (the only case they are used).
-func (c *Config) FillDNSServers(in HostInputs) error {
+func (c *RulesConfig) FillDNSServers(in HostInputs) error {
 	if !c.RedirectDNS || c.CaptureAllDNS {
 		return nil
 	}

@@ -48,7 +48,7 @@ func runHelper() bool {
 		os.Exit(0)
 	case "sidecar":
 		health := messages.NewCell[messages.Health]()
-		svc, err := New(ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, nil))
+		svc, err := New(Config{Mode: Sidecar, Rules: sidecarConfig(false, "")}, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, nil))
 		if err == nil {
 			err = svc.Serve(context.Background())
 		}
@@ -352,8 +352,8 @@ func saveState(t *testing.T, v6 bool) SaveState {
 
 // sidecarConfig is the injector's init-container config plus DNS capture
 // and one excluded outbound port.
-func sidecarConfig(v6 bool, mode string) Config {
-	cfg := Default()
+func sidecarConfig(v6 bool, mode string) RulesConfig {
+	cfg := DefaultRules()
 	cfg.InboundInterceptionMode = mode
 	cfg.OutboundIPRangesInclude = "*"
 	cfg.InboundPortsInclude = "*"
@@ -378,7 +378,7 @@ func expect(t *testing.T, what, got, want string) {
 // step; state is what the kernel holds of ours, ordered, without counters.
 type trafficBackend struct {
 	name    string
-	execute func(t *testing.T, cfg Config) (Outcome, error)
+	execute func(t *testing.T, cfg RulesConfig) (Outcome, error)
 	state   func(t *testing.T) string
 }
 
@@ -390,7 +390,7 @@ func iptablesBackend(t *testing.T) trafficBackend {
 	t.Logf("backend %s", a.Backend())
 	return trafficBackend{
 		name: "iptables",
-		execute: func(t *testing.T, cfg Config) (Outcome, error) {
+		execute: func(t *testing.T, cfg RulesConfig) (Outcome, error) {
 			return Execute(cfg, Build(cfg), a, testkit.TestLogger(t))
 		},
 		state: func(t *testing.T) string {
@@ -407,7 +407,7 @@ func nftBackend(t *testing.T) trafficBackend {
 	}
 	return trafficBackend{
 		name: "nftables",
-		execute: func(t *testing.T, cfg Config) (Outcome, error) {
+		execute: func(t *testing.T, cfg RulesConfig) (Outcome, error) {
 			return ExecuteNft(context.Background(), cfg, BuildNft(cfg), a, testkit.TestLogger(t))
 		},
 		state: func(t *testing.T) string {

@@ -99,7 +99,7 @@ func (b *nftBuilder) insert6(table, chain string, pos int, parts ...string) {
 // a few orders are nft's own (one inet table holds both families, so the
 // IPv4 and IPv6 variants of a rule sit side by side). cfg should have passed
 // Validate.
-func BuildNft(cfg Config) NftRuleSet {
+func BuildNft(cfg RulesConfig) NftRuleSet {
 	b := &nftBuilder{rules: map[string][]knftables.Rule{}, ipv6: cfg.EnableIPv6}
 	nat, mangle := NftNatTable, NftMangleTable
 	tproxy := cfg.InboundInterceptionMode == "TPROXY"
@@ -211,7 +211,7 @@ func BuildNft(cfg Config) NftRuleSet {
 	return NftRuleSet{Rules: b.rules}
 }
 
-func buildNftInbound(b *nftBuilder, cfg Config, tproxy bool, lo4 string) {
+func buildNftInbound(b *nftBuilder, cfg RulesConfig, tproxy bool, lo4 string) {
 	if cfg.InboundPortsInclude == "" {
 		return
 	}
@@ -272,7 +272,7 @@ func nftOwnerRules(b *nftBuilder, match, id string, dnsFirst, dnsSecond, loopbac
 	b.append(NftNatTable, nftOutputChain, match, id, nftCounter, "return")
 }
 
-func buildNftDNS(b *nftBuilder, cfg Config, uids, gids []string) {
+func buildNftDNS(b *nftBuilder, cfg RulesConfig, uids, gids []string) {
 	nat, raw := NftNatTable, NftRawTable
 	all := cfg.CaptureAllDNS
 	redirect := []string{nftCounter, "redirect", "to", ":" + DNSListenerPort}
@@ -314,7 +314,7 @@ func buildNftDNS(b *nftBuilder, cfg Config, uids, gids []string) {
 	}
 }
 
-func buildNftTProxyMarks(b *nftBuilder, cfg Config, uids, gids []string, lo4 string) {
+func buildNftTProxyMarks(b *nftBuilder, cfg RulesConfig, uids, gids []string, lo4 string) {
 	mangle, mark := NftMangleTable, cfg.InboundTProxyMark
 	// Save the mark Envoy's original_src listener filter set as the connection's.
 	b.append(mangle, nftPrerouting, "meta l4proto tcp", "mark", mark, nftCounter, "ct mark set mark")

@@ -157,7 +157,7 @@ func ourNftTables(listing string) string {
 // reconcile: every apply is the atomic replace, and the outcome says what it
 // found (nothing: applied; the same rules: unchanged; other rules:
 // reconciled). --reconcile and --force-apply change nothing here.
-func ExecuteNft(ctx context.Context, cfg Config, rs NftRuleSet, a *NftApplier, log *slog.Logger) (Outcome, error) {
+func ExecuteNft(ctx context.Context, cfg RulesConfig, rs NftRuleSet, a *NftApplier, log *slog.Logger) (Outcome, error) {
 	if cfg.CleanupOnly {
 		return CleanedUp, errors.Join(a.Cleanup(ctx), a.routes.CleanupRouting(cfg))
 	}

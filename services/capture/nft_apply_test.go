@@ -17,8 +17,8 @@ func requireNft(t *testing.T) {
 	}
 }
 
-func nftConfig(mode string) Config {
-	cfg := Default()
+func nftConfig(mode string) RulesConfig {
+	cfg := DefaultRules()
 	cfg.InboundPortsInclude, cfg.OutboundIPRangesInclude = "*", "*"
 	cfg.InboundInterceptionMode = mode
 	cfg.EnableIPv6 = true
@@ -46,7 +46,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 	sh(t, "nft", "add table inet other; add chain inet other c; add rule inet other c counter accept")
 	foreign := sh(t, "nft", "-s", "list", "table", "inet", "other")
 
-	run := func(cfg Config, want Outcome) string {
+	run := func(cfg RulesConfig, want Outcome) string {
 		t.Helper()
 		got, err := ExecuteNft(ctx, cfg, BuildNft(cfg), a, log)
 		if err != nil {

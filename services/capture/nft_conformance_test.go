@@ -26,7 +26,7 @@ type nftCases struct {
 
 type nftCase struct {
 	name   string
-	cfg    Config
+	cfg    RulesConfig
 	golden string
 }
 
@@ -47,8 +47,8 @@ func loadNftCases(t *testing.T) []nftCase {
 	var out []nftCase
 	for _, c := range cs.Cases {
 		// Istio's constructTestConfig(): only the base fields, nothing of
-		// Default() beyond them; then the case's fields.
-		var cfg Config
+		// DefaultRules() beyond them; then the case's fields.
+		var cfg RulesConfig
 		for _, layer := range []map[string]any{cs.Base, c.Set} {
 			js, _ := json.Marshal(layer)
 			dec := json.NewDecoder(bytes.NewReader(js))

@@ -127,7 +127,7 @@ func splitRanges(list string) (v4, v6 familyRanges) {
 
 // Build produces the rules istio-iptables (run.go @8b6c97ac) produces for cfg,
 // in the same order. cfg should have passed Validate.
-func Build(cfg Config) RuleSet {
+func Build(cfg RulesConfig) RuleSet {
 	b := &builder{}
 	tproxy := cfg.InboundInterceptionMode == "TPROXY"
 	lo4 := cfg.HostIPv4LoopbackCidr
@@ -248,7 +248,7 @@ func Build(cfg Config) RuleSet {
 	return rs
 }
 
-func buildInbound(b *builder, cfg Config, tproxy bool, lo4, lo6 string) {
+func buildInbound(b *builder, cfg RulesConfig, tproxy bool, lo4, lo6 string) {
 	if cfg.InboundPortsInclude == "" {
 		return
 	}
@@ -308,14 +308,14 @@ func ownerRules(b *builder, match, id string, dnsFirst, dnsSecond, loopbackInclu
 
 // ownerGroupFilter is Istio's InterceptFilter: include "*" (or empty) means
 // "all groups except the exclude list"; otherwise only the listed groups.
-func ownerGroupFilter(cfg Config) (values []string, except bool) {
+func ownerGroupFilter(cfg RulesConfig) (values []string, except bool) {
 	if inc := strings.TrimSpace(cfg.OwnerGroupsInclude); inc == "*" || inc == "" {
 		return Split(cfg.OwnerGroupsExclude), true
 	}
 	return Split(cfg.OwnerGroupsInclude), false
 }
 
-func buildDNS(b *builder, cfg Config, uids, gids []string) {
+func buildDNS(b *builder, cfg RulesConfig, uids, gids []string) {
 	all := cfg.CaptureAllDNS
 	b.both("raw", "OUTPUT", "-j", ChainOutputDNS)
 	if all || len(cfg.DNSServersV4) > 0 {
@@ -368,7 +368,7 @@ func buildDNS(b *builder, cfg Config, uids, gids []string) {
 	}
 }
 
-func includeRules(b *builder, r familyRanges, cfg Config, appendRule func(table, chain string, params ...string), insertPrerouting func(params ...string)) {
+func includeRules(b *builder, r familyRanges, cfg RulesConfig, appendRule func(table, chain string, params ...string), insertPrerouting func(params ...string)) {
 	if r.wildcard {
 		appendRule("nat", ChainOutput, "-j", ChainRedirect)
 		for _, nic := range Split(cfg.RerouteVirtualInterfaces) {

@@ -31,7 +31,7 @@ func TestMultiportChunking(t *testing.T) {
 	}
 
 	// Through the builder: 16 excluded outbound ports = 2 tcp + 2 udp rules.
-	cfg := Default()
+	cfg := DefaultRules()
 	cfg.OutboundPortsExclude = strings.Join(ports[:16], ",")
 	n := 0
 	for _, r := range Build(cfg).V4 {
@@ -46,34 +46,34 @@ func TestMultiportChunking(t *testing.T) {
 
 func TestValidateNamesFlagAndValue(t *testing.T) {
 	for _, tc := range []struct {
-		mutate func(*Config)
+		mutate func(*RulesConfig)
 		want   []string
 	}{
-		{func(c *Config) { c.ProxyPort = "70000" }, []string{"--envoy-port", "70000"}},
-		{func(c *Config) { c.InboundCapturePort = "abc" }, []string{"--inbound-capture-port", "abc"}},
-		{func(c *Config) { c.InboundPortsInclude = "80,x" }, []string{"--istio-inbound-ports", "80,x"}},
-		{func(c *Config) { c.OutboundPortsExclude = "0" }, []string{"--istio-local-outbound-ports-exclude"}},
-		{func(c *Config) { c.OutboundIPRangesInclude = "10.0.0.0/33" }, []string{"--istio-service-cidr", "10.0.0.0/33"}},
-		{func(c *Config) { c.OutboundIPRangesExclude = "*" }, []string{"--istio-service-exclude-cidr", `"*"`}},
-		{func(c *Config) { c.OutboundIPRangesExclude = "bogus" }, []string{"--istio-service-exclude-cidr", "bogus"}},
-		{func(c *Config) { c.InboundInterceptionMode = "tproxy" }, []string{"--istio-inbound-interception-mode", "tproxy"}},
-		{func(c *Config) { c.ProxyUID = "istio" }, []string{"--proxy-uid", "istio"}},
-		{func(c *Config) { c.ProxyGID = "-1" }, []string{"--proxy-gid", "-1"}},
-		{func(c *Config) { c.ExcludeInterfaces = "eth0,averyveryverylongname" }, []string{"--istio-exclude-interfaces", "averyveryverylongname"}},
-		{func(c *Config) { c.RerouteVirtualInterfaces = "a/b" }, []string{"--kube-virt-interfaces", "a/b"}},
-		{func(c *Config) {
+		{func(c *RulesConfig) { c.ProxyPort = "70000" }, []string{"--envoy-port", "70000"}},
+		{func(c *RulesConfig) { c.InboundCapturePort = "abc" }, []string{"--inbound-capture-port", "abc"}},
+		{func(c *RulesConfig) { c.InboundPortsInclude = "80,x" }, []string{"--istio-inbound-ports", "80,x"}},
+		{func(c *RulesConfig) { c.OutboundPortsExclude = "0" }, []string{"--istio-local-outbound-ports-exclude"}},
+		{func(c *RulesConfig) { c.OutboundIPRangesInclude = "10.0.0.0/33" }, []string{"--istio-service-cidr", "10.0.0.0/33"}},
+		{func(c *RulesConfig) { c.OutboundIPRangesExclude = "*" }, []string{"--istio-service-exclude-cidr", `"*"`}},
+		{func(c *RulesConfig) { c.OutboundIPRangesExclude = "bogus" }, []string{"--istio-service-exclude-cidr", "bogus"}},
+		{func(c *RulesConfig) { c.InboundInterceptionMode = "tproxy" }, []string{"--istio-inbound-interception-mode", "tproxy"}},
+		{func(c *RulesConfig) { c.ProxyUID = "istio" }, []string{"--proxy-uid", "istio"}},
+		{func(c *RulesConfig) { c.ProxyGID = "-1" }, []string{"--proxy-gid", "-1"}},
+		{func(c *RulesConfig) { c.ExcludeInterfaces = "eth0,averyveryverylongname" }, []string{"--istio-exclude-interfaces", "averyveryverylongname"}},
+		{func(c *RulesConfig) { c.RerouteVirtualInterfaces = "a/b" }, []string{"--kube-virt-interfaces", "a/b"}},
+		{func(c *RulesConfig) {
 			var g []string
 			for i := range 65 {
 				g = append(g, strconv.Itoa(i+1000))
 			}
 			c.OwnerGroupsInclude = strings.Join(g, ",")
 		}, []string{"ISTIO_OUTBOUND_OWNER_GROUPS", "65 groups"}},
-		{func(c *Config) { c.HostIPv4LoopbackCidr = "10.0.0.1/32" }, []string{"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "10.0.0.1/32"}},
-		{func(c *Config) { c.HostIPv4LoopbackCidr = "127.0.0.1/7" }, []string{"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "mask"}},
-		{func(c *Config) { c.InboundTProxyMark = "x" }, []string{"--istio-inbound-tproxy-mark", "x"}},
-		{func(c *Config) { c.ForceIptablesBinary = "foo" }, []string{"--force-iptables-binary", "foo"}},
+		{func(c *RulesConfig) { c.HostIPv4LoopbackCidr = "10.0.0.1/32" }, []string{"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "10.0.0.1/32"}},
+		{func(c *RulesConfig) { c.HostIPv4LoopbackCidr = "127.0.0.1/7" }, []string{"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "mask"}},
+		{func(c *RulesConfig) { c.InboundTProxyMark = "x" }, []string{"--istio-inbound-tproxy-mark", "x"}},
+		{func(c *RulesConfig) { c.ForceIptablesBinary = "foo" }, []string{"--force-iptables-binary", "foo"}},
 	} {
-		cfg := Default()
+		cfg := DefaultRules()
 		tc.mutate(&cfg)
 		err := cfg.Validate()
 		if err == nil {
@@ -86,7 +86,7 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 			}
 		}
 	}
-	ok := Default()
+	ok := DefaultRules()
 	ok.InboundPortsInclude, ok.InboundPortsExclude, ok.OutboundIPRangesInclude = "*", "15090,15021,15020", "*"
 	if err := ok.Validate(); err != nil {
 		t.Errorf("default sidecar config rejected: %v", err)

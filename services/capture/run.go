@@ -22,7 +22,7 @@ const (
 // do nothing when our rules are already exactly there (unless ForceApply),
 // replace them when they drifted and Reconcile is set, otherwise try to
 // apply anyway (which fails on the existing chains, as Istio's does).
-func Execute(cfg Config, rs RuleSet, a *Applier, log *slog.Logger) (Outcome, error) {
+func Execute(cfg RulesConfig, rs RuleSet, a *Applier, log *slog.Logger) (Outcome, error) {
 	if cfg.CleanupOnly {
 		err := errors.Join(a.Cleanup(rs), a.CleanupRouting(cfg))
 		return CleanedUp, err

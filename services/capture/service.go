@@ -26,25 +26,26 @@ const (
 	VM
 )
 
-// ServiceConfig configures the capture service.
-type ServiceConfig struct {
+// Config configures the capture service, the face every service has (#26):
+// Config, Inputs, Outputs, New(cfg, in, out, rt).
+type Config struct {
 	Mode Mode
-	// Capture is the istio-iptables config (host inputs already filled:
-	// EnableIPv6, DNS servers).
-	Capture Config
+	// Rules is what the rules are built from: istio-iptables' config (host
+	// inputs already filled: EnableIPv6, DNS servers).
+	Rules RulesConfig
 	// CheckInterval is how often VM mode re-checks the rules (default 30s).
 	CheckInterval time.Duration
 }
 
 // Validate checks the config, naming the field and value.
-func (c ServiceConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Mode != Sidecar && c.Mode != VM {
 		return fmt.Errorf("%w: capture Mode %d: must be Sidecar or VM", ErrInvalidConfig, c.Mode)
 	}
 	if c.CheckInterval < 0 {
 		return fmt.Errorf("%w: capture CheckInterval %s: must not be negative", ErrInvalidConfig, c.CheckInterval)
 	}
-	return c.Capture.Validate()
+	return c.Rules.Validate()
 }
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -52,7 +53,7 @@ const Name = "capture"
 
 // Service checks (Sidecar) or owns (VM) the traffic capture rules.
 type Service struct {
-	cfg    ServiceConfig
+	cfg    Config
 	health *messages.Reporter
 	clock  messages.Clock
 	log    *slog.Logger
@@ -66,9 +67,8 @@ type Inputs struct{}
 type Outputs struct{}
 
 // New returns the capture service, or why cfg cannot work (the only check
-// of cfg). Its config is ServiceConfig, not Config: Config is the
-// istio-iptables rule set it carries.
-func New(cfg ServiceConfig, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+// of cfg).
+func New(cfg Config, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -90,8 +90,8 @@ func (s *Service) Serve(ctx context.Context) error {
 		return s.serveNftOr(ctx, err)
 	}
 	s.report(messages.Starting, "checking iptables capture rules")
-	rs := Build(s.cfg.Capture)
-	a, err := NewApplier(s.cfg.Capture.ForceIptablesBinary, s.cfg.Capture.EnableIPv6, s.log)
+	rs := Build(s.cfg.Rules)
+	a, err := NewApplier(s.cfg.Rules.ForceIptablesBinary, s.cfg.Rules.EnableIPv6, s.log)
 	if err != nil {
 		if s.cfg.Mode == Sidecar {
 			s.notVerified(err)
@@ -144,7 +144,7 @@ func (s *Service) notVerified(err error) {
 }
 
 func (s *Service) own(ctx context.Context, a *Applier, rs RuleSet) error {
-	cfg := s.cfg.Capture
+	cfg := s.cfg.Rules
 	cfg.Reconcile, cfg.CleanupOnly, cfg.ForceApply, cfg.DryRun = true, false, false, false
 	defer func() {
 		cleanup := cfg

@@ -16,7 +16,7 @@ import (
 // rules (a sidecar without CAP_NET_ADMIN) leaves the iptables check, which
 // reports it as not verified.
 func (s *Service) useNft(ctx context.Context) (bool, error) {
-	c := s.cfg.Capture
+	c := s.cfg.Rules
 	if c.NativeNftables || c.ForceIptablesBinary != "" {
 		return c.NativeNftables, nil
 	}
@@ -51,7 +51,7 @@ func (s *Service) serveNftOr(ctx context.Context, chooseErr error) error {
 // transaction), remove our tables when cancelled.
 func (s *Service) serveNft(ctx context.Context) error {
 	s.report(messages.Starting, "checking nftables capture rules")
-	rs := BuildNft(s.cfg.Capture)
+	rs := BuildNft(s.cfg.Rules)
 	a, err := NewNftApplier(s.log)
 	if err != nil {
 		if s.cfg.Mode == Sidecar {
@@ -72,7 +72,7 @@ func (s *Service) serveNft(ctx context.Context) error {
 		}
 		return suture.ErrDoNotRestart
 	}
-	cfg := s.cfg.Capture
+	cfg := s.cfg.Rules
 	cfg.CleanupOnly, cfg.DryRun = false, false
 	defer func() {
 		cleanup := cfg

@@ -33,7 +33,7 @@ func TestKernelServiceNft(t *testing.T) {
 	}
 
 	health := messages.NewCell[messages.Health]()
-	sidecar := mustNew(t, ServiceConfig{Mode: Sidecar, Capture: capCfg}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
+	sidecar := mustNew(t, Config{Mode: Sidecar, Rules: capCfg}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	check := func(what string, want messages.HealthState, reason string) {
 		t.Helper()
 		if err := sidecar.Serve(ctx); !errors.Is(err, suture.ErrDoNotRestart) {
@@ -51,7 +51,7 @@ func TestKernelServiceNft(t *testing.T) {
 	// With neither flag, the sidecar checks the backend the node holds.
 	detect := capCfg
 	detect.NativeNftables = false
-	sidecar = mustNew(t, ServiceConfig{Mode: Sidecar, Capture: detect}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
+	sidecar = mustNew(t, Config{Mode: Sidecar, Rules: detect}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	check("with tables, neither flag", messages.Ready, "nftables")
 	ipt, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {
@@ -64,7 +64,7 @@ func TestKernelServiceNft(t *testing.T) {
 	if err := ipt.CleanState(Build(detect)); err != nil {
 		t.Fatal(err)
 	}
-	sidecar = mustNew(t, ServiceConfig{Mode: Sidecar, Capture: capCfg}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
+	sidecar = mustNew(t, Config{Mode: Sidecar, Rules: capCfg}, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	sh(t, "nft", "flush", "chain", "inet", NftNatTable, nftOutputChain)
 	check("with a chain flushed", messages.Degraded, "istio-proxy-nat/istio-output has 0 rules")
 	if err := a.Cleanup(ctx); err != nil {
@@ -72,7 +72,7 @@ func TestKernelServiceNft(t *testing.T) {
 	}
 
 	clock := &manualClock{tick: make(chan time.Time)}
-	vm := mustNew(t, ServiceConfig{Mode: VM, Capture: capCfg, CheckInterval: time.Hour}, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
+	vm := mustNew(t, Config{Mode: VM, Rules: capCfg, CheckInterval: time.Hour}, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- vm.Serve(runCtx) }()

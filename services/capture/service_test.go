@@ -22,18 +22,18 @@ type manualClock struct{ tick chan time.Time }
 func (c *manualClock) Now() time.Time                       { return time.Unix(1700000000, 0) }
 func (c *manualClock) After(time.Duration) <-chan time.Time { return c.tick }
 
-func TestServiceConfigValidate(t *testing.T) {
-	cfg := ServiceConfig{Mode: Mode(7), Capture: Default()}
+func TestConfigValidate(t *testing.T) {
+	cfg := Config{Mode: Mode(7), Rules: DefaultRules()}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
 		t.Errorf("bad mode: %v", err)
 	}
-	cfg = ServiceConfig{Mode: VM, Capture: Default()}
-	cfg.Capture.ProxyPort = "x"
+	cfg = Config{Mode: VM, Rules: DefaultRules()}
+	cfg.Rules.ProxyPort = "x"
 	if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
 		t.Errorf("New with bad config: %v", err)
 	}
-	s, err := New(ServiceConfig{Capture: Default()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	s, err := New(Config{Rules: DefaultRules()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
-	cfg := ServiceConfig{Mode: Sidecar, Capture: sidecarConfig(false, "")}
+	cfg := Config{Mode: Sidecar, Rules: sidecarConfig(false, "")}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
@@ -63,7 +63,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Apply(Build(cfg.Capture), false); err != nil {
+	if err := a.Apply(Build(cfg.Rules), false); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
@@ -97,7 +97,7 @@ func TestKernelServiceVM(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	clock := &manualClock{tick: make(chan time.Time)}
-	cfg := ServiceConfig{Mode: VM, Capture: sidecarConfig(false, ""), CheckInterval: time.Hour}
+	cfg := Config{Mode: VM, Rules: sidecarConfig(false, ""), CheckInterval: time.Hour}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -125,7 +125,7 @@ func TestKernelServiceVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := Build(cfg.Capture)
+	rs := Build(cfg.Rules)
 	if m, err := a.Missing(rs); err != nil || len(m) > 0 {
 		t.Fatalf("after start missing %v (%v)", m, err)
 	}
@@ -182,7 +182,7 @@ func TestKernelServiceSidecarUnprivileged(t *testing.T) {
 }
 
 // mustNew is New for a config the test knows is good.
-func mustNew(t testing.TB, cfg ServiceConfig, rt messages.Runtime) *Service {
+func mustNew(t testing.TB, cfg Config, rt messages.Runtime) *Service {
 	t.Helper()
 	svc, err := New(cfg, Inputs{}, Outputs{}, rt)
 	if err != nil {

@@ -32,7 +32,7 @@ func (a *Applier) ipCommand(removing bool, args ...string) error {
 // route marked packets to the local host (ip rule fwmark MARK lookup TABLE;
 // ip route add local default dev lo table TABLE, both families), and with
 // IPv6 add ::6/128 to lo (the inbound passthrough source address).
-func (a *Applier) SetupRouting(cfg Config) error {
+func (a *Applier) SetupRouting(cfg RulesConfig) error {
 	if cfg.InboundInterceptionMode == "TPROXY" {
 		for _, fam := range a.routeFamilies(cfg) {
 			if err := a.ipCommand(false, fam, "rule", "add", "fwmark", cfg.InboundTProxyMark, "lookup", cfg.InboundTProxyRouteTable); err != nil {
@@ -53,7 +53,7 @@ func (a *Applier) SetupRouting(cfg Config) error {
 
 // CleanupRouting removes the TPROXY policy routing SetupRouting added (the
 // ::6 address stays, as with Istio).
-func (a *Applier) CleanupRouting(cfg Config) error {
+func (a *Applier) CleanupRouting(cfg RulesConfig) error {
 	if cfg.InboundInterceptionMode != "TPROXY" {
 		return nil
 	}
@@ -68,7 +68,7 @@ func (a *Applier) CleanupRouting(cfg Config) error {
 	return nil
 }
 
-func (a *Applier) routeFamilies(cfg Config) []string {
+func (a *Applier) routeFamilies(cfg RulesConfig) []string {
 	if cfg.EnableIPv6 {
 		return []string{"-4", "-6"}
 	}

@@ -20,7 +20,7 @@ var ErrValidation = errors.New("iptables validation failed: probe connection was
 // succeed once a redirected connection arrives whose original destination
 // port is the probe port. Run as the proxy UID, since only the proxy's
 // loopback calls are redirected to the inbound port.
-func ValidateCapture(ctx context.Context, cfg Config) error {
+func ValidateCapture(ctx context.Context, cfg RulesConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.ProbeTimeout)
 	defer cancel()
 	lo, dst := "127.0.0.1", "127.0.0.6"

@@ -1,11 +1,15 @@
 package envoy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+)
 
 // The counting rules of Istio's activeProxyConnections, on the kind of text
 // a sidecar's Envoy answers to /stats?usedonly&filter=downstream_cx_active$.
 func TestSumActiveConnections(t *testing.T) {
-	excluded := BootstrapConfig{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats()
+	excluded := bootstrap.Config{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats()
 	for _, tc := range []struct {
 		name  string
 		stats string

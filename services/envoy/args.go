@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
 
 // ArgsConfig is what Envoy's command line needs besides the bootstrap, filled by cmd with every
@@ -21,7 +23,7 @@ type ArgsConfig struct {
 }
 
 // CommandLine is Envoy's argument list (without the binary), in the order Istio's agent builds it.
-func CommandLine(a ArgsConfig, b Bootstrap) []string {
+func CommandLine(a ArgsConfig, b bootstrap.File) []string {
 	ipVersion := "v4"
 	if a.IPv6 {
 		ipVersion = "v6"

@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -8,11 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestCommandLine(t *testing.T) {
-	b := Bootstrap{Path: "./etc/istio/proxy/envoy-rev.json"}
+	b := bootstrap.File{Path: "./etc/istio/proxy/envoy-rev.json"}
 	base := []string{
 		"-c", "./etc/istio/proxy/envoy-rev.json",
 		"--drain-time-s", "45",
@@ -25,32 +27,32 @@ func TestCommandLine(t *testing.T) {
 	with := func(extra ...string) []string { return append(slices.Clone(base), extra...) }
 	for _, tc := range []struct {
 		name string
-		edit func(*ArgsConfig, *Bootstrap)
+		edit func(*ArgsConfig, *bootstrap.File)
 		want []string
 	}{
-		{"defaults", func(*ArgsConfig, *Bootstrap) {}, with("-l", "warning", "--skip-deprecated-logs")},
-		{"log level with components", func(a *ArgsConfig, _ *Bootstrap) {
+		{"defaults", func(*ArgsConfig, *bootstrap.File) {}, with("-l", "warning", "--skip-deprecated-logs")},
+		{"log level with components", func(a *ArgsConfig, _ *bootstrap.File) {
 			a.LogLevel, a.ComponentLogLevel = "info,misc:error", "ignored:debug"
 		}, with("-l", "info", "--component-log-level", "misc:error", "--skip-deprecated-logs")},
-		{"component level flag used without components", func(a *ArgsConfig, _ *Bootstrap) {
+		{"component level flag used without components", func(a *ArgsConfig, _ *bootstrap.File) {
 			a.LogLevel, a.ComponentLogLevel = "debug", "upstream:trace,http:info"
 		}, with("-l", "debug", "--component-log-level", "upstream:trace,http:info", "--skip-deprecated-logs")},
-		{"only components, bad entry dropped", func(a *ArgsConfig, _ *Bootstrap) {
+		{"only components, bad entry dropped", func(a *ArgsConfig, _ *bootstrap.File) {
 			a.LogLevel = "misc:error,a:b:c,upstream:debug"
 		}, with("--component-log-level", "misc:error,upstream:debug", "--skip-deprecated-logs")},
-		{"concurrency 0 omitted, skip-deprecated-logs off", func(a *ArgsConfig, _ *Bootstrap) {
+		{"concurrency 0 omitted, skip-deprecated-logs off", func(a *ArgsConfig, _ *bootstrap.File) {
 			a.Concurrency, a.SkipDeprecatedLogs, a.LogLevel = 0, false, ""
 		}, with()},
-		{"concurrency", func(a *ArgsConfig, _ *Bootstrap) { a.Concurrency = 4 },
+		{"concurrency", func(a *ArgsConfig, _ *bootstrap.File) { a.Concurrency = 4 },
 			with("-l", "warning", "--skip-deprecated-logs", "--concurrency", "4")},
-		{"ipv6, drain, flush", func(a *ArgsConfig, _ *Bootstrap) {
+		{"ipv6, drain, flush", func(a *ArgsConfig, _ *bootstrap.File) {
 			a.IPv6, a.DrainDuration, a.FileFlushInterval, a.FileFlushMinSizeKB = true, 90*time.Second+500*time.Millisecond, 250*time.Millisecond, 32
 		}, func() []string {
 			w := with("--file-flush-min-size-kb", "32", "-l", "warning", "--skip-deprecated-logs")
 			w[3], w[7], w[9] = "90", "v6", "250"
 			return w
 		}()},
-		{"everything, Istio's order", func(a *ArgsConfig, b *Bootstrap) {
+		{"everything, Istio's order", func(a *ArgsConfig, b *bootstrap.File) {
 			a.EnableCoreDump, a.Concurrency, a.LogLevel = true, 2, "info,misc:error"
 			b.ConfigYAML = `{"tracing":{}}`
 		}, with("-l", "info", "--component-log-level", "misc:error", "--skip-deprecated-logs", "--enable-core-dump",
@@ -66,19 +68,21 @@ func TestCommandLine(t *testing.T) {
 	}
 }
 
-// TestCommandLineGolden pins the full default command line with an override, as Envoy would be run.
+// updateGolden rewrites testdata/sidecar.args.golden: go test ./services/envoy -run Golden -update
+var updateGolden = flag.Bool("update", false, "rewrite testdata/sidecar.args.golden")
+
+// TestCommandLineGolden pins the full default command line with an override
+// (ISTIO_BOOTSTRAP_OVERRIDE as bootstrap.Write turns it into JSON), as Envoy
+// would be run.
 func TestCommandLineGolden(t *testing.T) {
-	c := testConfig(t)
-	c.OverrideFile, c.HostIP = filepath.Join(testdata, "override.yaml"), "10.128.0.5"
-	b, err := WriteBootstrap(c)
-	if err != nil {
-		t.Fatal(err)
+	b := bootstrap.File{
+		Path:       "./etc/istio/proxy/envoy-rev.json",
+		ConfigYAML: `{"tracing":{"http":{"name":"envoy.tracers.zipkin","typed_config":{"@type":"type.googleapis.com/envoy.config.trace.v3.ZipkinConfig","collector_cluster":"10.128.0.5:9411","collector_endpoint":"/api/v2/spans"}}}}`,
 	}
-	b.Path = "./etc/istio/proxy/envoy-rev.json" // the temp dir is not stable
 	a := istioArgs()
 	a.Concurrency = 2
 	got := strings.Join(CommandLine(a, b), "\n") + "\n"
-	golden := filepath.Join(testdata, "sidecar.args.golden")
+	golden := filepath.Join("testdata", "sidecar.args.golden")
 	if *updateGolden {
 		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
 			t.Fatal(err)

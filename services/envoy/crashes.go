@@ -9,8 +9,6 @@ package envoy
 // container and its logs go with the next restart's rotation).
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
 )
 
@@ -67,7 +66,7 @@ type CrashRecord struct {
 }
 
 // newCrashRecord describes the exit of c.
-func newCrashRecord(c *child, now time.Time, acked map[string]string, bootstrap *renderedBootstrap) CrashRecord {
+func newCrashRecord(c *child, now time.Time, acked map[string]string, boot *bootstrap.Rendered) CrashRecord {
 	code, reason := c.exitStatus()
 	rec := CrashRecord{
 		Time: now.UTC(), Epoch: c.epoch, PID: c.pid, ExitCode: code, Reason: reason,
@@ -79,9 +78,8 @@ func newCrashRecord(c *child, now time.Time, acked map[string]string, bootstrap 
 			rec.Signal = st.Signal().String()
 		}
 	}
-	if bootstrap != nil && bootstrap.data != nil {
-		sum := sha256.Sum256(bootstrap.data)
-		rec.BootstrapSHA256 = hex.EncodeToString(sum[:])
+	if boot != nil {
+		rec.BootstrapSHA256 = boot.SHA256()
 	}
 	return rec
 }

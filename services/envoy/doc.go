@@ -19,8 +19,12 @@
 // (hotrestart.go, epochs.go). A crash still ends the Serve call, and the
 // next one starts Envoy cold, as epoch 0.
 //
-// The bootstrap file and Envoy's command line are written by Config.Prepare
-// (see bootstrap.go and args.go in this package).
+// Before the first start the Service writes Envoy's bootstrap from
+// Config.Bootstrap with package bootstrap (services/envoy/bootstrap, which
+// builds it), and before each later start it writes the same bytes again;
+// Envoy's command line is CommandLine (args.go) of Config.Args. Config.Prepare
+// is not how a start is prepared: it is a hook for tests, which, when set,
+// replaces both and runs Envoy on a hand-made bootstrap.
 //
 // testdata/fakeenvoy is a stand-in Envoy used by the tests; with
 // MESHAGENT_TEST_ENVOY=/path/to/envoy the same tests run against a real one.

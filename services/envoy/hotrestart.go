@@ -33,6 +33,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/services/internal/cgroupmem"
 )
 
@@ -134,7 +136,7 @@ type generation struct {
 	boot       []byte
 	// rendered is the bootstrap as the service keeps it (nil with
 	// Config.Prepare).
-	rendered *renderedBootstrap
+	rendered *bootstrap.Rendered
 }
 
 // same reports whether g and o start the same Envoy.
@@ -168,7 +170,7 @@ func (s *Service) render(cfg Config) (*generation, error) {
 		return nil, err
 	}
 	var args []string
-	var rendered *renderedBootstrap
+	var rendered *bootstrap.Rendered
 	if cfg.Prepare != nil {
 		var err error
 		if args, err = cfg.Prepare(); err != nil {
@@ -179,7 +181,7 @@ func (s *Service) render(cfg Config) (*generation, error) {
 		if rendered, err = cfg.render(nil); err != nil {
 			return nil, err
 		}
-		args = CommandLine(cfg.Args, rendered.boot)
+		args = CommandLine(cfg.Args, rendered.File)
 	}
 	kept := s.bootstrap
 	s.bootstrap = rendered
@@ -193,10 +195,10 @@ func (s *Service) render(cfg Config) (*generation, error) {
 // Envoy after a crash must get the bootstrap that runs. A bootstrap that is
 // not ours (a custom config file) is left alone.
 func (s *Service) restore(g *generation) {
-	if g == nil || g.bootPath == "" || g.boot == nil || (g.rendered != nil && g.rendered.boot.Custom) {
+	if g == nil || g.bootPath == "" || g.boot == nil || (g.rendered != nil && g.rendered.Custom) {
 		return
 	}
-	if err := writeAtomic(g.bootPath, g.boot); err != nil {
+	if err := atomicfile.Write(g.bootPath, g.boot, 0o644); err != nil {
 		s.log.Warn("writing back the running envoy's bootstrap", "file", g.bootPath, "error", err)
 	}
 }

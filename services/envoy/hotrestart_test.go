@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 func TestHotRestartArgs(t *testing.T) {
 	hr := &HotRestartConfig{BaseID: 42, ParentShutdownDuration: time.Minute}
-	istio := CommandLine(istioArgs(), Bootstrap{Path: "/etc/istio/proxy/envoy-rev.json"})
+	istio := CommandLine(istioArgs(), bootstrap.File{Path: "/etc/istio/proxy/envoy-rev.json"})
 	got := hr.args(istio, 3)
 	if slices.Contains(got, "--disable-hot-restart") {
 		t.Fatalf("hot restart line keeps --disable-hot-restart: %q", got)
@@ -134,7 +136,7 @@ func hotPrepare(orig func() ([]string, error), input string, port int) ([]string
 	if err != nil {
 		return nil, err
 	}
-	return args, writeAtomic(path, out)
+	return args, atomicfile.Write(path, out, 0o644)
 }
 
 const probeListener = `{"name": "probe", "address": {"socketAddress": {"address": "127.0.0.1", "portValue": %d}},

@@ -15,6 +15,7 @@ import (
 	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
 
 // The service's own operational defaults. Istio's values (binary path,
@@ -65,9 +66,9 @@ type Config struct {
 	// BinaryPath is Envoy's executable (ProxyConfig.binaryPath).
 	BinaryPath string
 	// Bootstrap and Args are Envoy's bootstrap and command line: the
-	// bootstrap is rendered for the first start (WriteBootstrap) and
+	// bootstrap is rendered for the first start (bootstrap.Render) and
 	// written again from the same bytes before a restart (render.go).
-	Bootstrap *BootstrapConfig
+	Bootstrap *bootstrap.Config
 	Args      ArgsConfig
 	// Prepare, when set, replaces Bootstrap and Args: it writes a bootstrap
 	// and returns Envoy's arguments (everything after the binary). Tests
@@ -91,7 +92,7 @@ type Config struct {
 	ExitOnZeroActiveConnections bool
 	// ExcludedListeners are the listener stat names (as in
 	// "listener.<name>.downstream_cx_active") that do not count as active
-	// connections: the agent's own listeners (BootstrapConfig.AgentListenerStats).
+	// connections: the agent's own listeners (bootstrap.Config.AgentListenerStats).
 	ExcludedListeners []string
 	// KillGrace is how long Envoy has after SIGTERM before SIGKILL.
 	KillGrace time.Duration
@@ -180,7 +181,7 @@ func (s *Service) prepare() ([]string, error) {
 		return nil, err
 	}
 	s.bootstrap = r
-	return CommandLine(s.cfg.Args, r.boot), nil
+	return CommandLine(s.cfg.Args, r.File), nil
 }
 
 // Name is the service's name in logs, metrics, Health and /debug/tree.
@@ -218,7 +219,7 @@ type Service struct {
 	last  messages.EnvoyState
 	// bootstrap is the bootstrap as first rendered (nil before the first
 	// start); touched only by Serve's goroutine.
-	bootstrap *renderedBootstrap
+	bootstrap *bootstrap.Rendered
 	// gen is what the serving Envoy was started from, with hot restart
 	// on (nil otherwise); a hot restart replaces it, and cfg, when the new
 	// epoch takes over. Touched only by Serve's goroutine.

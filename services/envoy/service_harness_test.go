@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 
@@ -160,7 +161,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 		Prepare:                  func() ([]string, error) { return writeBootstrap(dir, port) },
 		AdminAddr:                h.admin,
 		DrainQuery:               "inboundonly&graceful",
-		ExcludedListeners:        BootstrapConfig{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats(),
+		ExcludedListeners:        bootstrap.Config{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats(),
 		TerminationDrainDuration: time.Second,
 		MinimumDrainDuration:     100 * time.Millisecond,
 		KillGrace:                2 * time.Second,

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/services/status/appprobe"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -206,8 +207,8 @@ func TestDifferentialAppProbes(t *testing.T) {
 	}
 	value := "{" + strings.Join(parts, ",") + "}"
 
-	istio := startIstioAgent(t, binary, "", AppProbersEnv+"="+value)
-	ours := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, value)}})
+	istio := startIstioAgent(t, binary, "", appprobe.AppProbersEnv+"="+value)
+	ours := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, value)}})
 	oursURL := ours.serve(t)
 
 	paths := make([]string, 0, len(probes)+6)
@@ -251,8 +252,8 @@ func TestDifferentialBadAppProbers(t *testing.T) {
 		"not JSON":   `{"/app-health/x/livez":`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, ourErr := ParseAppProbers(value)
-			exited, code, log := runIstioAgentToExit(t, binary, AppProbersEnv+"="+value)
+			_, ourErr := appprobe.ParseAppProbers(value)
+			exited, code, log := runIstioAgentToExit(t, binary, appprobe.AppProbersEnv+"="+value)
 			if !exited || code == 0 {
 				t.Errorf("Istio's agent accepted %s (exited %v, code %d)\n%s", value, exited, code, log)
 			}

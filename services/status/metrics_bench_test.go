@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/services/status/metricsmerge"
 )
 
 // The merged scrape's cost: 5,000 Envoy series and 1,000 application
@@ -148,8 +150,8 @@ func BenchmarkScrapeMergedFamilyByFamily(b *testing.B) { benchmarkScrape(b, true
 func benchmarkScrape(b *testing.B, shared bool) {
 	envoyPort, appPort := scaleSources(b, shared)
 	reg := prometheus.NewRegistry()
-	url := benchScrapeURL(b, Config{Gatherer: reg, Metrics: MetricsConfig{
-		EnvoyPort: envoyPort, App: []ScrapeTarget{{Port: appPort, Path: "/metrics"}},
+	url := benchScrapeURL(b, Config{Gatherer: reg, Metrics: metricsmerge.Config{
+		EnvoyPort: envoyPort, App: []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
 	}}) + "/stats/prometheus"
 	c := benchClient(b)
 	b.ReportAllocs()

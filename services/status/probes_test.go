@@ -1,7 +1,6 @@
 package status
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/meshagent/meshagent/services/status/appprobe"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -38,9 +38,9 @@ func newLoggedFixture(cfg Config, log *slog.Logger) *fixture {
 func infoLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 // probers builds ISTIO_KUBE_APP_PROBERS the way the injector would.
-func probers(t *testing.T, json string) AppProbers {
+func probers(t *testing.T, json string) appprobe.AppProbers {
 	t.Helper()
-	p, err := ParseAppProbers(json)
+	p, err := appprobe.ParseAppProbers(json)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestAppProbeHTTP(t *testing.T) {
 		}
 		json += fmt.Sprintf(`"/app-health/%s/livez": {"httpGet": {"path": "/%s", "port": %d}, "timeoutSeconds": 10}`, path, path, port)
 	}
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, json+"}")}})
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, json+"}")}})
 	base := f.serve(t)
 
 	code, body := getWithHeader(t, base+"/app-health/ok/livez", http.Header{"X-Kubelet-Header": {"kube-probe"}})
@@ -188,7 +188,7 @@ func TestAppProbeHTTPSAndHTTP2(t *testing.T) {
 		disable bool
 		want    int32
 	}{{false, 2}, {true, 1}} {
-		f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, json), DisableHTTP2: tc.disable}})
+		f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, json), DisableHTTP2: tc.disable}})
 		base := f.serve(t)
 		if code, body := get(t, base+"/app-health/web/readyz"); code != 200 {
 			t.Fatalf("https probe (DisableHTTP2=%v) = %d %q", tc.disable, code, body)
@@ -217,7 +217,7 @@ func TestAppProbeKeepAlive(t *testing.T) {
 		want      int32
 	}{{false, 3}, {true, 1}} {
 		conns.Store(0)
-		f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, json), KeepAlive: tc.keepAlive}})
+		f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, json), KeepAlive: tc.keepAlive}})
 		base := f.serve(t)
 		for range 3 {
 			if code, _ := get(t, base+"/app-health/web/livez"); code != 200 {
@@ -236,7 +236,7 @@ func TestAppProbeTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.AcceptAndClose(t, ln)
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/up/livez": {"tcpSocket": {"port": %d}},
 		"/app-health/down/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, ln.Addr().String()), closedPort(t)))}})
 	base := f.serve(t)
@@ -268,7 +268,7 @@ func startHealthServer(t *testing.T) int {
 
 func TestAppProbeGRPC(t *testing.T) {
 	port := startHealthServer(t)
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/all/livez": {"grpc": {"port": %[1]d}},
 		"/app-health/db/livez": {"grpc": {"port": %[1]d, "service": "db"}},
 		"/app-health/cache/livez": {"grpc": {"port": %[1]d, "service": "cache"}},
@@ -300,7 +300,7 @@ func TestSlowApplicationBlocksOnlyItsProbe(t *testing.T) {
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	defer unblock() // before app.Close, if the test fails early
 	port := portOf(t, app.URL)
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/slow/livez": {"httpGet": {"path": "/slow", "port": %[1]d}, "timeoutSeconds": 30},
 		"/app-health/fast/livez": {"httpGet": {"path": "/fast", "port": %[1]d}, "timeoutSeconds": 30}}`, port))}})
 	base := f.serve(t)
@@ -348,7 +348,7 @@ func TestAppProbeTimesOut(t *testing.T) {
 		}
 	}))
 	defer app.Close()
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(
 		`{"/app-health/web/livez": {"httpGet": {"path": "/", "port": %d}, "timeoutSeconds": 1}}`, portOf(t, app.URL)))}})
 	base := f.serve(t)
 	if code, _ := get(t, base+"/app-health/web/livez"); code != 500 {
@@ -386,7 +386,7 @@ func TestAppProbeComesFrom127006(t *testing.T) {
 		tcpPeer <- c.RemoteAddr().String()
 		c.Close()
 	}()
-	f := newFixture(Config{Probes: ProbeConfig{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
+	f := newFixture(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, fmt.Sprintf(`{
 		"/app-health/web/livez": {"httpGet": {"port": %d}},
 		"/app-health/web/readyz": {"tcpSocket": {"port": %d}}}`, portOf(t, app.URL), portOf(t, tcp.Addr().String())))}})
 	base := f.serve(t)
@@ -418,7 +418,7 @@ func TestAppProbeFallsBackWhenSourceCannotBeBound(t *testing.T) {
 	}
 	testkit.AcceptAndClose(t, app)
 	var logs testkit.LogBuffer
-	f := newLoggedFixture(Config{Probes: ProbeConfig{Host: "::1", App: probers(t, fmt.Sprintf(
+	f := newLoggedFixture(Config{Probes: appprobe.Config{Host: "::1", App: probers(t, fmt.Sprintf(
 		`{"/app-health/web/livez": {"tcpSocket": {"port": %d}}}`, portOf(t, app.Addr().String())))}}, infoLogger(&logs))
 	base := f.serve(t)
 	for range 3 {
@@ -428,16 +428,5 @@ func TestAppProbeFallsBackWhenSourceCannotBeBound(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "cannot send application probes from the capture-exempt source address"); n != 1 {
 		t.Fatalf("fallback logged %d times, want once:\n%s", n, logs.String())
-	}
-}
-
-// The prober alone, for a context that is already over: no probe is sent.
-func TestProbeHonoursCancelledContext(t *testing.T) {
-	p := newProber(ProbeConfig{}, slog.New(slog.DiscardHandler))
-	defer p.client.CloseIdleConnections()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if res := p.tcp(ctx, "127.0.0.1:"+strconv.Itoa(closedPort(t))); res.healthy() || res.code != 500 {
-		t.Fatalf("tcp probe with a cancelled context = %+v", res)
 	}
 }

@@ -41,8 +41,8 @@ func (s *Service) routeTable() []route {
 	rs := []route{
 		{"GET /healthz/ready", s.handleReady, false, true, "readiness: 200, or 503 naming every reason (kubelet, via Envoy's 15021)"},
 		// Any method, as Istio: kubelet's GET and lifecycle hooks.
-		{"/app-health/", s.handleAppProbe, false, true, "the application's rewritten probes: /app-health/<container>/{livez,readyz,startupz}"},
-		{"/app-lifecycle/", s.handleAppProbe, false, true, "the application's lifecycle hooks: /app-lifecycle/<container>/{prestopz,poststartz}"},
+		{"/app-health/", s.prober.ServeHTTP, false, true, "the application's rewritten probes: /app-health/<container>/{livez,readyz,startupz}"},
+		{"/app-lifecycle/", s.prober.ServeHTTP, false, true, "the application's lifecycle hooks: /app-lifecycle/<container>/{prestopz,poststartz}"},
 		{"GET /stats/prometheus", s.metrics.ServeHTTP, metricsLocal, true, "the agent's, Envoy's and the application's metrics, merged"},
 		{"GET /metrics", s.metrics.ServeHTTP, metricsLocal, true, "the same as /stats/prometheus"},
 		{"/quitquitquit", postOnly(s.handleQuit), true, true, "POST: stop now, without draining"},

@@ -1,6 +1,8 @@
 // Package status is the agent's status server on :15020: readiness for
 // kubelet (behind Envoy's 15021) or systemd, the supervision tree, the
 // agent's Prometheus metrics, /quitquitquit, pprof and the chaos endpoints.
+// Two of its endpoints are libraries of their own (#26): the merged metrics
+// (package metricsmerge) and the application's probes (package appprobe).
 package status
 
 import (
@@ -19,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/status/appprobe"
+	"github.com/meshagent/meshagent/services/status/metricsmerge"
 )
 
 // Config is the status server's configuration.
@@ -35,7 +39,7 @@ type Config struct {
 	// Profiling serves /debug/pprof/ to loopback callers (--profiling).
 	Profiling bool
 	// Gatherer is the agent's metrics registry, served on /stats/prometheus
-	// with Istio's istio_agent_ prefix (metrics.go).
+	// with Istio's istio_agent_ prefix (package metricsmerge).
 	Gatherer prometheus.Gatherer
 	// Debug are read-only debug pages other services offer, by path
 	// ("/debug/ndsz"), served to loopback callers only and listed on GET /
@@ -43,10 +47,11 @@ type Config struct {
 	// server never calls a service.
 	Debug map[string]DebugPage
 	// Probes: application probe rewriting and the VM readiness probe
-	// (probeconfig.go).
-	Probes ProbeConfig
-	// Metrics: what /stats/prometheus merges besides Gatherer (metricsconfig.go).
-	Metrics MetricsConfig
+	// (package appprobe).
+	Probes appprobe.Config
+	// Metrics: what /stats/prometheus merges besides Gatherer (package
+	// metricsmerge).
+	Metrics metricsmerge.Config
 }
 
 // Validate reports a configuration that cannot work.
@@ -111,8 +116,8 @@ type Service struct {
 	// view is the state loop's latest conclusion, read by HTTP handlers.
 	view atomic.Pointer[view]
 
-	prober   *prober
-	metrics  *mergedMetrics
+	prober   *appprobe.Prober
+	metrics  *metricsmerge.Handler
 	workload workloadVerdict // touched only by runWorkloadProbe
 
 	// startedAt is when the agent started, as near as the status server
@@ -142,9 +147,9 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
-	s.prober = newProber(cfg.Probes, rt.Log)
+	s.prober = appprobe.New(cfg.Probes, rt.Log)
 	var mm messages.Metrics
-	s.metrics = newMergedMetrics(cfg.Metrics, cfg.Gatherer, rt.Log, &mm)
+	s.metrics = metricsmerge.New(cfg.Metrics, cfg.Gatherer, rt.Log, &mm)
 	s.startedAt = rt.Clock.Now()
 	s.startup = mm.GaugeVec("startup_duration_seconds", "The time from the process starting to being marked ready.")
 	if err := rt.Register(mm.Collectors()...); err != nil {
@@ -314,4 +319,11 @@ func exitSuffix(st messages.EnvoyState) string {
 		return ""
 	}
 	return " (last exit: " + st.ExitReason + ")"
+}
+
+// closeIdleConnections ends the connections kept to the application and
+// the metrics sources once the server has stopped.
+func (s *Service) closeIdleConnections() {
+	s.prober.CloseIdleConnections()
+	s.metrics.CloseIdleConnections()
 }

@@ -1,7 +1,6 @@
 package status
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,46 +12,17 @@ import (
 	"testing"
 	"time"
 
-	networking "istio.io/api/networking/v1alpha3"
-
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/status/appprobe"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-func TestNewWorkloadProbeDefaultsAndChecks(t *testing.T) {
-	if wp, err := NewWorkloadProbe(nil); wp != nil || err != nil {
-		t.Fatalf("nil probe = %v, %v; want none", wp, err)
-	}
-	wp, err := NewWorkloadProbe(&networking.ReadinessProbe{HealthCheckMethod: &networking.ReadinessProbe_HttpGet{
-		HttpGet: &networking.HTTPHealthCheckConfig{Port: 8080, Scheme: "https"},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if wp.Period != 10*time.Second || wp.Timeout != time.Second || wp.SuccessThreshold != 1 || wp.FailureThreshold != 1 ||
-		wp.InitialDelay != 0 || wp.HTTPGet.Path != "/" || wp.HTTPGet.Scheme != "HTTPS" {
-		t.Fatalf("Istio's defaults not filled in: %+v %+v", wp, wp.HTTPGet)
-	}
-	for name, bad := range map[string]*networking.ReadinessProbe{
-		"no method":    {PeriodSeconds: 5},
-		"empty exec":   {HealthCheckMethod: &networking.ReadinessProbe_Exec{Exec: &networking.ExecHealthCheckConfig{}}},
-		"no tcp port":  {HealthCheckMethod: &networking.ReadinessProbe_TcpSocket{TcpSocket: &networking.TCPHealthCheckConfig{}}},
-		"bad scheme":   {HealthCheckMethod: &networking.ReadinessProbe_HttpGet{HttpGet: &networking.HTTPHealthCheckConfig{Port: 1, Scheme: "gopher"}}},
-		"grpc port":    {HealthCheckMethod: &networking.ReadinessProbe_Grpc{Grpc: &networking.GrpcHealthCheckConfig{Port: 70000}}},
-		"negative ttl": {TimeoutSeconds: -1, HealthCheckMethod: &networking.ReadinessProbe_TcpSocket{TcpSocket: &networking.TCPHealthCheckConfig{Port: 1}}},
-	} {
-		if _, err := NewWorkloadProbe(bad); !errors.Is(err, ErrInvalidWorkloadProbe) || !strings.Contains(err.Error(), "readinessProbe") {
-			t.Errorf("%s: %v; want ErrInvalidWorkloadProbe naming readinessProbe", name, err)
-		}
-	}
-}
-
 // workloadFixture runs the status service with a workload probe and records
 // what it sends.
-func workloadFixture(t *testing.T, wp *WorkloadProbe, requireEnvoy bool) (*fixture, *messages.Stream[messages.WorkloadHealth]) {
+func workloadFixture(t *testing.T, wp *appprobe.WorkloadProbe, requireEnvoy bool) (*fixture, *messages.Stream[messages.WorkloadHealth]) {
 	t.Helper()
 	sent := messages.NewStream[messages.WorkloadHealth](0, nil)
-	f := newFixture(Config{RequireEnvoy: requireEnvoy, Probes: ProbeConfig{Host: "127.0.0.1", Workload: wp}})
+	f := newFixture(Config{RequireEnvoy: requireEnvoy, Probes: appprobe.Config{Host: "127.0.0.1", Workload: wp}})
 	f.svc.out.WorkloadHealth = sent
 	f.serve(t)
 	return f, sent
@@ -90,8 +60,8 @@ func TestWorkloadProbeHTTPSendsTransitions(t *testing.T) {
 		}
 	}))
 	defer app.Close()
-	wp := &WorkloadProbe{
-		HTTPGet: &HTTPGetAction{Path: "/ready", Port: ProbePort(portOf(t, app.URL)), HTTPHeaders: []HTTPHeader{{Name: "X-Check", Value: "vm"}}},
+	wp := &appprobe.WorkloadProbe{
+		HTTPGet: &appprobe.HTTPGetAction{Path: "/ready", Port: appprobe.ProbePort(portOf(t, app.URL)), HTTPHeaders: []appprobe.HTTPHeader{{Name: "X-Check", Value: "vm"}}},
 		Period:  10 * time.Millisecond, Timeout: 5 * time.Second, SuccessThreshold: 1, FailureThreshold: 3,
 	}
 	_, sent := workloadFixture(t, wp, false)
@@ -138,8 +108,8 @@ func TestWorkloadProbeTCP(t *testing.T) {
 	}
 	port := portOf(t, ln.Addr().String())
 	testkit.AcceptAndClose(t, ln)
-	_, sent := workloadFixture(t, &WorkloadProbe{
-		TCPSocket: &TCPSocketAction{Port: ProbePort(port)},
+	_, sent := workloadFixture(t, &appprobe.WorkloadProbe{
+		TCPSocket: &appprobe.TCPSocketAction{Port: appprobe.ProbePort(port)},
 		Period:    10 * time.Millisecond, Timeout: time.Second, SuccessThreshold: 1, FailureThreshold: 1,
 	}, false)
 	var pending []messages.WorkloadHealth
@@ -156,7 +126,7 @@ func TestWorkloadProbeTCP(t *testing.T) {
 // unhealthy.
 func TestWorkloadProbeExec(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ready")
-	_, sent := workloadFixture(t, &WorkloadProbe{
+	_, sent := workloadFixture(t, &appprobe.WorkloadProbe{
 		Exec:   []string{"test", "-f", marker},
 		Period: 10 * time.Millisecond, Timeout: 5 * time.Second, SuccessThreshold: 2, FailureThreshold: 1,
 	}, false)
@@ -173,7 +143,7 @@ func TestWorkloadProbeExec(t *testing.T) {
 }
 
 func TestWorkloadProbeExecTimesOut(t *testing.T) {
-	_, sent := workloadFixture(t, &WorkloadProbe{
+	_, sent := workloadFixture(t, &appprobe.WorkloadProbe{
 		Exec:   []string{"sleep", "30"},
 		Period: 10 * time.Millisecond, Timeout: 100 * time.Millisecond, SuccessThreshold: 1, FailureThreshold: 1,
 	}, false)
@@ -188,8 +158,8 @@ func TestWorkloadProbeExecTimesOut(t *testing.T) {
 func TestWorkloadProbeWaitsForEnvoy(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	defer app.Close()
-	f, sent := workloadFixture(t, &WorkloadProbe{
-		HTTPGet: &HTTPGetAction{Path: "/", Port: ProbePort(portOf(t, app.URL))},
+	f, sent := workloadFixture(t, &appprobe.WorkloadProbe{
+		HTTPGet: &appprobe.HTTPGetAction{Path: "/", Port: appprobe.ProbePort(portOf(t, app.URL))},
 		Period:  10 * time.Millisecond, Timeout: time.Second, SuccessThreshold: 1, FailureThreshold: 1,
 	}, true)
 	var pending []messages.WorkloadHealth

@@ -195,7 +195,6 @@ var Env = []Var{
 
 	// The process.
 	{Name: "GOGC", Default: "50", Type: "count or off", Service: svcProcess, Doc: "Go's GC target; unset, the agent's own (50)"},
-	{Name: "MESHAGENT_REAPER_CHILD", Type: "string", Service: svcProcess, Doc: "ours, internal: set on the agent a PID-1 reaper started"},
 	{Name: "NOTIFY_SOCKET", Type: "path", Service: svcProcess, Doc: "systemd's readiness socket (read by go-systemd in tree)"},
 	{Name: "WATCHDOG_USEC", Type: "count", Service: svcProcess, Doc: "systemd's watchdog interval (read by go-systemd in tree)"},
 }

@@ -54,17 +54,24 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 		}
 		s.check(t, a, mode, "dns-proxy", func(t *testing.T) error { return s.dnsProxy(t, podA.name, podB.app) })
 		s.check(t, a, mode, "a-to-b-captured", func(t *testing.T) error { return s.aToB(t, podA.name, podB.name, podB.app) })
-		if mem, err := s.workingSet(t, podA.name, "istio-proxy"); err == nil {
+		if mem, stat, err := s.workingSet(t, podA.name, "istio-proxy"); err == nil {
 			s.figure(a, mode, "istio-proxy working set", mib(mem))
+			// What the working set is made of: anonymous memory, tmpfs
+			// (the Memory-medium emptyDir at /etc/istio/proxy) and the
+			// page cache the kernel counts as active.
+			s.figure(a, mode, "  anon / shmem / active file", mib(stat["total_rss"])+" / "+mib(stat["total_shmem"])+" / "+mib(stat["total_active_file"]))
+			s.logProxyDir(t, podA.name)
 		} else {
 			t.Logf("memory of %s: %v", podA.name, err)
 		}
 		// The working set counts the container's page cache too; the
 		// agent's own RSS says how much of it is the agent.
-		if rss, anon, err := s.processRSS(t, podA.name, "istio-proxy", "pilot-agent"); err == nil {
-			s.figure(a, mode, "pilot-agent RSS (anon)", mib(rss)+" ("+mib(anon)+")")
-		} else {
-			t.Logf("RSS of %s's agent: %v", podA.name, err)
+		for _, comm := range []string{"pilot-agent", "envoy"} {
+			if rss, anon, err := s.processRSS(t, podA.name, "istio-proxy", comm); err == nil {
+				s.figure(a, mode, comm+" RSS (anon)", mib(rss)+" ("+mib(anon)+")")
+			} else {
+				t.Logf("RSS of %s's %s: %v", podA.name, comm, err)
+			}
 		}
 		s.check(t, a, mode, "envoy-killed-restarted-in-place", func(t *testing.T) error { return s.envoyKilled(t, podA.name) })
 	}

@@ -189,34 +189,57 @@ func (s *suite) envoyPID(t *testing.T, pod string) (int, error) {
 }
 
 // workingSet is a container's memory as the kubelet reports it on cgroup
-// v1: memory.usage_in_bytes minus total_inactive_file.
-func (s *suite) workingSet(t *testing.T, pod, container string) (int64, error) {
+// v1: memory.usage_in_bytes minus total_inactive_file. stat is the cgroup's
+// memory.stat, for saying what the working set is made of (issue 24: the
+// gap between the two agents' containers is not in their RSS).
+func (s *suite) workingSet(t *testing.T, pod, container string) (ws int64, stat map[string]int64, err error) {
 	dir, err := s.containerCgroup(t, pod, container, "memory")
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	usage, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	u, err := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	stat, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	raw, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	for _, l := range strings.Split(string(stat), "\n") {
-		if v, ok := strings.CutPrefix(l, "total_inactive_file "); ok {
-			inactive, _ := strconv.ParseInt(v, 10, 64)
-			if inactive < u {
-				return u - inactive, nil
-			}
-			return 0, nil
+	stat = map[string]int64{}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok {
+			stat[k], _ = strconv.ParseInt(v, 10, 64)
 		}
 	}
-	return u, nil
+	return max(u-stat["total_inactive_file"], 0), stat, nil
+}
+
+// logProxyDir logs the files in istio-proxy's /etc/istio/proxy, the
+// injector's Memory-medium emptyDir: what is there is charged to the
+// container as shmem.
+func (s *suite) logProxyDir(t *testing.T, pod string) {
+	pid, err := s.containerPID(t, pod, "istio-proxy")
+	if err != nil {
+		t.Logf("%s: /etc/istio/proxy: %v", pod, err)
+		return
+	}
+	dir := fmt.Sprintf("/proc/%d/root/etc/istio/proxy", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Logf("%s: /etc/istio/proxy: %v", pod, err)
+		return
+	}
+	var files []string
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil {
+			files = append(files, fmt.Sprintf("%s %d", e.Name(), info.Size()))
+		}
+	}
+	t.Logf("%s: /etc/istio/proxy holds %s", pod, strings.Join(files, ", "))
 }
 
 // processRSS is the VmRSS and RssAnon (its own heap and stacks, without

@@ -1,0 +1,392 @@
+package metricsmerge
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/meshagent/meshagent/messages"
+)
+
+// agentMetricsPrefix is put before every family of the agent's registry,
+// as Istio's agent registers its own metrics, Go and process collectors
+// included (initializeMonitoring: WrapRegistererWithPrefix("istio_agent_")),
+// so dashboards built for Istio find them.
+const agentMetricsPrefix = "istio_agent_"
+
+// defaultScrapeTimeout bounds a scrape whose caller sent no
+// X-Prometheus-Scrape-Timeout-Seconds (Prometheus' default scrape_timeout).
+const defaultScrapeTimeout = 10 * time.Second
+
+// Failure kinds, the type label of scrape_failures_total (Istio's names).
+const (
+	failureEnvoy = "envoy"
+	failureApp   = "application"
+	failureAgent = "agent"
+)
+
+// Handler serves /stats/prometheus and /metrics: the agent's
+// registry, then Envoy's exposition, then the application's, parsed and
+// encoded again as one exposition in the format the caller asked for.
+// Sources are fetched concurrently within the scrape's timeout; a source
+// that fails is left out and counted, never failing the scrape (Istio's
+// rule: the application may be down, Envoy's metrics still matter).
+type Handler struct {
+	cfg    Config
+	agent  prometheus.Gatherer
+	client *http.Client
+	log    *slog.Logger
+
+	scrapes  prometheus.Counter
+	failures *prometheus.CounterVec
+
+	buffers sync.Pool // *bytes.Buffer: source bodies and the answer
+	gzips   sync.Pool // *gzip.Writer
+	// conflicts are the family names already logged as refused, so a
+	// conflict is logged once rather than on every scrape.
+	conflicts sync.Map
+}
+
+// New returns the merged endpoint serving the agent's registry agent and
+// cfg's sources; it makes its own metrics (scrapes_total,
+// scrape_failures_total, Istio's names) with mm, for the agent registry.
+func New(cfg Config, agent prometheus.Gatherer, log *slog.Logger, mm *messages.Metrics) *Handler {
+	if cfg.BodyLimit <= 0 {
+		cfg.BodyLimit = defaultMetricsBodyLimit
+	}
+	m := &Handler{
+		cfg:   cfg,
+		agent: agent,
+		// Sources are on localhost: no proxy from the environment, and
+		// connections kept between scrapes (Serve closes them).
+		client:   &http.Client{Transport: &http.Transport{Proxy: nil, IdleConnTimeout: time.Minute}},
+		log:      log,
+		scrapes:  mm.Counter("scrapes_total", "The total number of scrapes."),
+		failures: mm.CounterVec("scrape_failures_total", "The total number of failed scrapes.", "type"),
+	}
+	for _, kind := range []string{failureEnvoy, failureApp, failureAgent} {
+		m.failures.WithLabelValues(kind)
+	}
+	return m
+}
+
+// source is one endpoint a scrape merges.
+type source struct {
+	kind   string // failureEnvoy or failureApp
+	url    string
+	accept string
+}
+
+// sourceResult is what a source answered, or why it is left out.
+type sourceResult struct {
+	// raw is a text body that scanned clean; names are its families.
+	raw   *bytes.Buffer
+	names []string
+	// families is the parsed body, for OpenMetrics or a body that is not
+	// clean (or, later, when another source has one of its families).
+	families []*dto.MetricFamily
+	err      error
+}
+
+// CloseIdleConnections ends the connections kept to the sources between
+// scrapes, once the server serving m has stopped.
+func (m *Handler) CloseIdleConnections() { m.client.CloseIdleConnections() }
+
+// ServeHTTP answers one scrape.
+func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m.scrapes.Inc()
+	budget := scrapeBudget(r.Header)
+	ctx, cancel := context.WithTimeout(r.Context(), budget)
+	defer cancel()
+
+	sources := m.sources(r)
+	results := make([]sourceResult, len(sources))
+	var wg sync.WaitGroup
+	for i, src := range sources {
+		wg.Go(func() { results[i] = m.scrape(ctx, src, r.Header.Get("User-Agent"), budget) })
+	}
+	gathered, err := m.agent.Gather()
+	if err != nil {
+		// Gather returns what it could gather beside the error.
+		m.failed(failureAgent, err)
+	}
+	agent := prefixed(gathered)
+	wg.Wait()
+	defer func() {
+		for _, res := range results {
+			if res.raw != nil {
+				m.buffers.Put(res.raw)
+			}
+		}
+	}()
+	for i, res := range results {
+		if res.err != nil {
+			m.failed(sources[i].kind, res.err)
+		}
+	}
+
+	format := expfmt.NegotiateAccept(r.Header, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.FmtText)
+	out := m.buffer()
+	defer m.buffers.Put(out)
+	if format.FormatType() == expfmt.TypeTextPlain && passThrough(agent, results) {
+		// The common case: the text answer is the agent's families and
+		// the sources' bodies as they came, as Istio's is, after checking
+		// that this makes one valid exposition.
+		m.encode(out, format, agent)
+		for _, res := range results {
+			if res.raw != nil {
+				out.Write(res.raw.Bytes())
+				if !bytes.HasSuffix(res.raw.Bytes(), []byte("\n")) {
+					out.WriteByte('\n')
+				}
+			}
+		}
+	} else {
+		m.encode(out, format, m.merge(agent, sources, results))
+	}
+	m.send(w, r, format, out.Bytes())
+}
+
+// passThrough reports whether the sources can be written as they came:
+// each scanned clean, and no family is in two places.
+func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
+	names := make(map[string]bool, len(agent)+1024)
+	for _, f := range agent {
+		names[f.GetName()] = true
+	}
+	for _, res := range results {
+		if res.err != nil {
+			continue
+		}
+		if res.raw == nil {
+			return false
+		}
+		for _, n := range res.names {
+			if names[n] {
+				return false
+			}
+			names[n] = true
+		}
+	}
+	return true
+}
+
+// merge parses what is still raw and merges every family by name (see
+// familySet).
+func (m *Handler) merge(agent []*dto.MetricFamily, sources []source, results []sourceResult) []*dto.MetricFamily {
+	set := newFamilySet(len(agent) + 1024)
+	set.add(agent)
+	for i, res := range results {
+		if res.err != nil {
+			continue
+		}
+		fams := res.families
+		if res.raw != nil {
+			var err error
+			if fams, err = parseExposition(res.raw.Bytes(), "text/plain"); err != nil {
+				m.failed(sources[i].kind, err) // scanned, so not expected
+				continue
+			}
+		}
+		for _, name := range set.add(fams) {
+			if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
+				m.log.Warn("metric family left out of the merged metrics: another source has it with another type",
+					"family", name, "source", sources[i].kind)
+			}
+		}
+	}
+	return set.families()
+}
+
+// sources are Envoy's endpoint (with the caller's query, as Istio passes
+// ?usedonly or ?filter= on) and the application's.
+func (m *Handler) sources(r *http.Request) []source {
+	var out []source
+	if m.cfg.EnvoyPort > 0 {
+		url := "http://localhost:" + strconv.Itoa(m.cfg.EnvoyPort) + "/stats/prometheus"
+		if r.URL.RawQuery != "" {
+			url += "?" + r.URL.RawQuery
+		}
+		out = append(out, source{kind: failureEnvoy, url: url, accept: "text/plain;version=0.0.4"})
+	}
+	for _, t := range m.cfg.App {
+		out = append(out, source{
+			kind: failureApp,
+			url:  "http://localhost:" + strconv.Itoa(t.Port) + t.Path,
+			// Either is parsed; text first, as it is the format every
+			// client library serves.
+			accept: "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5",
+		})
+	}
+	return out
+}
+
+// scrape fetches and parses one source.
+func (m *Handler) scrape(ctx context.Context, src source, userAgent string, budget time.Duration) sourceResult {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.url, nil)
+	if err != nil {
+		return sourceResult{err: err}
+	}
+	req.Header.Set("Accept", src.accept)
+	// The source gets the time this scrape gives it, as Prometheus tells
+	// its targets.
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", strconv.FormatFloat(budget.Seconds(), 'f', 3, 64))
+	if userAgent != "" {
+		req.Header.Set("User-Agent", userAgent)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return sourceResult{err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return sourceResult{err: &sourceError{url: src.url, msg: "status " + resp.Status}}
+	}
+	buf := m.buffer()
+	if _, err := buf.ReadFrom(http.MaxBytesReader(nil, resp.Body, m.cfg.BodyLimit)); err != nil {
+		m.buffers.Put(buf)
+		return sourceResult{err: &sourceError{url: src.url, msg: "reading the answer", err: err}}
+	}
+	if ct := resp.Header.Get("Content-Type"); isOpenMetrics(ct) {
+		defer m.buffers.Put(buf)
+		fams, err := parseExposition(buf.Bytes(), ct)
+		if err != nil {
+			return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
+		}
+		return sourceResult{families: fams}
+	}
+	names, clean, err := scanExposition(buf.Bytes())
+	if err != nil {
+		m.buffers.Put(buf)
+		return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
+	}
+	if !clean {
+		defer m.buffers.Put(buf)
+		fams, err := parseExposition(buf.Bytes(), "text/plain")
+		if err != nil {
+			return sourceResult{err: &sourceError{url: src.url, msg: "parsing the answer", err: err}}
+		}
+		return sourceResult{families: fams}
+	}
+	return sourceResult{raw: buf, names: names}
+}
+
+type sourceError struct {
+	url, msg string
+	err      error
+}
+
+func (e *sourceError) Error() string {
+	if e.err == nil {
+		return e.url + ": " + e.msg
+	}
+	return e.url + ": " + e.msg + ": " + e.err.Error()
+}
+
+func (e *sourceError) Unwrap() error { return e.err }
+
+func (m *Handler) failed(kind string, err error) {
+	m.failures.WithLabelValues(kind).Inc()
+	m.log.Warn("metrics source failed; merged metrics go on without it", "type", kind, "error", err)
+}
+
+// encode writes the families in the format the caller accepts (text 0.0.4,
+// or OpenMetrics when asked), leaving out whole any family the encoder
+// refuses.
+func (m *Handler) encode(buf *bytes.Buffer, format expfmt.Format, fams []*dto.MetricFamily) {
+	enc := expfmt.NewEncoder(buf, format)
+	for _, f := range fams {
+		mark := buf.Len()
+		if err := enc.Encode(f); err != nil {
+			buf.Truncate(mark)
+			m.log.Debug("metric family left out: cannot be encoded", "family", f.GetName(), "error", err)
+		}
+	}
+	if c, ok := enc.(expfmt.Closer); ok {
+		_ = c.Close() // OpenMetrics' "# EOF"
+	}
+}
+
+// send answers with body, gzipped when the caller accepts it.
+func (m *Handler) send(w http.ResponseWriter, r *http.Request, format expfmt.Format, body []byte) {
+	w.Header().Set("Content-Type", string(format))
+	w.Header().Add("Vary", "Accept-Encoding")
+	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		_, _ = w.Write(body)
+		return
+	}
+	w.Header().Set("Content-Encoding", "gzip")
+	gz, _ := m.gzips.Get().(*gzip.Writer)
+	if gz == nil {
+		// The fastest level: a scrape is large and repetitive, so speed
+		// costs little in size, and the scrape's CPU is the agent's.
+		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+	} else {
+		gz.Reset(w)
+	}
+	_, _ = gz.Write(body)
+	_ = gz.Close()
+	m.gzips.Put(gz)
+}
+
+func (m *Handler) buffer() *bytes.Buffer {
+	if b, ok := m.buffers.Get().(*bytes.Buffer); ok {
+		b.Reset()
+		return b
+	}
+	return new(bytes.Buffer)
+}
+
+// prefixed renames the agent's families with Istio's prefix. The families
+// are copied, not changed: a Gatherer may hand out shared ones.
+func prefixed(fams []*dto.MetricFamily) []*dto.MetricFamily {
+	out := make([]*dto.MetricFamily, len(fams))
+	for i, f := range fams {
+		out[i] = &dto.MetricFamily{
+			Name: proto.String(agentMetricsPrefix + f.GetName()),
+			Help: f.Help, Type: f.Type, Unit: f.Unit, Metric: f.Metric,
+		}
+	}
+	return out
+}
+
+// scrapeBudget is how long the sources may take: the caller's
+// X-Prometheus-Scrape-Timeout-Seconds less a tenth, left to merge and
+// answer before the caller gives up.
+func scrapeBudget(h http.Header) time.Duration {
+	timeout := defaultScrapeTimeout
+	if v := h.Get("X-Prometheus-Scrape-Timeout-Seconds"); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 {
+			timeout = time.Duration(secs * float64(time.Second))
+		}
+	}
+	return timeout - timeout/10
+}
+
+// acceptsGzip reads an Accept-Encoding header: gzip, unless its q is 0.
+func acceptsGzip(header string) bool {
+	for part := range strings.SplitSeq(header, ",") {
+		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+			continue
+		}
+		q, found := strings.CutPrefix(strings.TrimSpace(params), "q=")
+		if !found {
+			return true
+		}
+		v, err := strconv.ParseFloat(q, 64)
+		return err == nil && v > 0
+	}
+	return false
+}
