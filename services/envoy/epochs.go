@@ -365,6 +365,11 @@ func (r *run) nextFailed() {
 	next.wait()
 	code, reason := next.exitStatus()
 	r.hot.next, r.hot.nextGen = nil, nil
+	// The poll asked the dead epoch; the old Envoy was ready and still
+	// is, and is not asked again: if the dead one had shut the old one's
+	// admin down (Envoy's child does it first), a poll would say the old
+	// one is not ready while it serves.
+	r.poll.stop()
 	r.s.restore(r.s.gen)
 	r.state.Overlap = messages.EnvoyProcess{}
 	r.publish()
@@ -376,7 +381,6 @@ func (r *run) nextFailed() {
 	r.s.hotBlocked = fmt.Sprintf("epoch %d (pid %d) died before it took over (%s), leaving Envoy's shared memory marked initializing", next.restartEpoch, next.pid, reason)
 	r.s.log.Error(msg, "outcome", "failed", "old_epoch", r.child.restartEpoch, "new_epoch", next.restartEpoch,
 		"pid", next.pid, "exit_code", code, "status", reason, "reason", r.hot.reason)
-	// The old Envoy was ready and still is: its poll is over.
 }
 
 // oldExitedFirst: the serving Envoy died while the new epoch starts. The
@@ -433,6 +437,7 @@ func (r *run) abandonHotRestart(why string) {
 	r.hot.pending = ""
 	if next := r.hot.next; next != nil {
 		r.s.log.Info("stopping the new epoch of a hot restart", "new_epoch", next.restartEpoch, "pid", next.pid, "reason", why)
+		r.poll.stop() // it asked the new epoch
 		next.terminate(r.s.cfg.KillGrace, r.s.clock, r.s.log)
 		r.hot.next, r.hot.nextGen = nil, nil
 		r.s.restore(r.s.gen)
