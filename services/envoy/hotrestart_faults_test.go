@@ -50,10 +50,7 @@ func TestHotRestartNewEpochCrashesAtStart(t *testing.T) {
 	if _, refused, _ := d.Counts(); refused != 0 {
 		t.Errorf("%d connections refused while the new epoch failed", refused)
 	}
-	if st, _ := h.state.Get(); st.PID != first.PID || !alone(0)(st) {
-		t.Fatalf("after a failed epoch: %+v, want epoch 0 (pid %d) alone", st, first.PID)
-	}
-	h.onlyServing(first)
+	h.stillAlone(first, "after a failed epoch")
 
 	h.setEnv()
 	h.edit("v2")
@@ -197,10 +194,7 @@ func TestHotRestartRefusedWithoutRoomForTwo(t *testing.T) {
 	first := h.wait("epoch 0 ready", alone(0))
 	h.edit("v1")
 	h.logs.WaitLine(t, "hot restart refused", "memory limit cannot hold two envoys", "8 MiB limit")
-	if st, _ := h.state.Get(); st.PID != first.PID || !alone(0)(st) {
-		t.Fatalf("after a refused hot restart: %+v, want epoch 0 (pid %d) alone", st, first.PID)
-	}
-	h.onlyServing(first)
+	h.stillAlone(first, "after a refused hot restart")
 }
 
 // A change of the admin address waits for Envoy's next start: the
@@ -215,7 +209,5 @@ func TestHotRestartRefusesANewAdminAddress(t *testing.T) {
 	h.mu.Unlock()
 	h.edit("v1")
 	h.logs.WaitLine(t, "hot restart: envoy's inputs do not make a configuration", "admin address changed")
-	if st, _ := h.state.Get(); st.PID != first.PID || !alone(0)(st) {
-		t.Fatalf("after a refused hot restart: %+v, want epoch 0 (pid %d) alone", st, first.PID)
-	}
+	h.stillAlone(first, "after a refused hot restart")
 }

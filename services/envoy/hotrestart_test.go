@@ -196,6 +196,16 @@ func (h *hotHarness) alive() []int {
 	return pids
 }
 
+// stillAlone fails the test unless first, epoch 0, is still the one
+// Envoy (after a hot restart that did not happen).
+func (h *hotHarness) stillAlone(first messages.EnvoyState, after string) {
+	h.t.Helper()
+	if st, _ := h.state.Get(); st.PID != first.PID || !alone(0)(st) {
+		h.t.Fatalf("%s: %+v, want epoch 0 (pid %d) alone", after, st, first.PID)
+	}
+	h.onlyServing(first)
+}
+
 // checkNoneLeft fails the test if an Envoy it saw still runs at its end
 // (after Serve returned: cleanups run last in, first out).
 func (h *hotHarness) checkNoneLeft() {
@@ -356,9 +366,7 @@ func TestHotRestartSameAndInvalidBootstrap(t *testing.T) {
 	h.logs.WaitLine(t, "envoy's inputs changed but not its bootstrap")
 	h.edit("invalid")
 	h.logs.WaitLine(t, "hot restart refused", "does not validate")
-	if st, _ := h.state.Get(); st.PID != first.PID || st.Overlap.PID != 0 || !alone(0)(st) {
-		t.Fatalf("after an invalid bootstrap: %+v, want epoch 0 (pid %d) alone", st, first.PID)
-	}
+	h.stillAlone(first, "after an invalid bootstrap")
 	if now, err := os.ReadFile(path); err != nil || string(now) != string(boot) {
 		t.Fatalf("after an invalid bootstrap the file is not the running envoy's again (%v):\n%s\nwant\n%s", err, now, boot)
 	}
