@@ -215,6 +215,9 @@ func (r *run) inputsChanged(ctx context.Context, dirs []string) {
 		// At most two epochs: the change waits for the overlap's end (or
 		// for the one Envoy to be ready), and is then read afresh.
 		r.s.log.Info("envoy's inputs changed during a hot restart or a start; looked at once it is over", "reason", reason)
+		if r.hot.pending != "" {
+			reason = r.hot.pending + "; " + reason
+		}
 		r.hot.pending = reason
 	default:
 		r.consider(ctx, reason)
