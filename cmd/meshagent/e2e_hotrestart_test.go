@@ -70,6 +70,11 @@ func TestHotRestartOnMeshConfigEdit(t *testing.T) {
 	if args := cmdline(t, pid); !strings.Contains(args, "--restart-epoch 1") || !strings.Contains(args, "--concurrency 2") {
 		t.Fatalf("epoch 1's command line: %s", args)
 	}
+	// /debug/tree shows both epochs while the old one drains (60s).
+	tree := p.waitStatus(t, "/debug/tree", 200)
+	if want := fmt.Sprintf("hot restart: epoch 1 (pid %d) serving, epoch 0 (pid %d) draining", pid, first); !strings.Contains(tree, want) {
+		t.Errorf("/debug/tree does not show the epochs (%s):\n%s", want, tree)
+	}
 	// The old epoch, draining, does not take the XDS stream back (#25).
 	if n := strings.Count(p.stderr.String(), "a newer Envoy stream replaces the open one"); n > 1 {
 		t.Errorf("the XDS stream changed hands %d times during the overlap, want once", n)
