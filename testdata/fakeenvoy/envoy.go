@@ -38,8 +38,10 @@ type envoy struct {
 	hr *hotRestart
 	// firstStarted is when epoch 0 started (uptime_all_epochs).
 	firstStarted time.Time
-	// live is closed when init completes (xds.live).
-	live chan struct{}
+	// live is closed once init has completed (xds.live) and the listeners
+	// it brought are open (announceLive).
+	live     chan struct{}
+	liveOnce sync.Once
 
 	mu           sync.Mutex
 	healthFailed bool
@@ -84,6 +86,9 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	}
 	e.adminAddr = ln.Addr().String()
 	e.adminSrv = e.serve(ln, "admin", e.adminMux(exit))
+	e.mu.Lock()
+	e.setStatLocked("server.hot_restart_epoch", e.opts.restartEpoch)
+	e.mu.Unlock()
 
 	if e.hr != nil {
 		go e.hr.serveChild(e)
@@ -93,6 +98,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	}
 	e.reconcileRelays()
 	e.startInit()
+	e.announceLive()
 	e.startXDS(ctx)
 	if e.hr != nil {
 		go e.takeOver(ctx)
@@ -101,7 +107,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	return nil
 }
 
-// flushParentStats is the parent half of Envoy's stats flush: every
+// flushParentStats is the hot restart part of Envoy's stats flush: every
 // stats_flush_interval (5s by default) a child asks its parent for stats,
 // until it has told it to terminate. A parent gone meanwhile is noticed
 // there (hotrestart.go).
@@ -121,6 +127,20 @@ func (e *envoy) flushParentStats(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// announceLive closes e.live once init has completed. It is called where
+// the listeners of the update that completed it are already open, so that a
+// child has taken every socket it needs from its parent before it tells the
+// parent to drain (Envoy's listeners take theirs when LDS adds them, before
+// init completes).
+func (e *envoy) announceLive() {
+	e.mu.Lock()
+	live := e.xds.live
+	e.mu.Unlock()
+	if live {
+		e.liveOnce.Do(func() { close(e.live) })
 	}
 }
 
@@ -178,8 +198,16 @@ func (e *envoy) takeOver(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		e.hr.terminateParent()
+		e.hr.terminateParent("warning: shutting down parent after drain")
 	case <-ctx.Done():
+	}
+}
+
+// terminateParent is Envoy's shutdown with a parent still running: the
+// parent is told to terminate first.
+func (e *envoy) terminateParent() {
+	if e.hr != nil {
+		e.hr.terminateParent("shutting down server instance: terminating parent")
 	}
 }
 

@@ -21,7 +21,8 @@ import (
 // (source/server/hot_restart_impl.cc, hot_restarting_base.cc,
 // hot_restarting_child.cc, hot_restarting_parent.cc, options_impl.cc,
 // server.cc, drain_manager_impl.cc), so that an agent restarting Envoy by
-// epochs is tested against Envoy's rules. Without --disable-hot-restart:
+// epochs is tested against Envoy's rules. Without --disable-hot-restart
+// (with it, none of this: no socket, no shared memory, the epoch ignored):
 //
 //   - Sockets. Every process binds two unix datagram sockets, as a child and
 //     as a parent: <socket-path>_child_<id> and <socket-path>_parent_<id>,
@@ -43,24 +44,39 @@ import (
 //     that finds the flag already set fails: "previous envoy process is still
 //     initializing", exit 1. As in Envoy, a process that dies before its
 //     init completes leaves the flag set: every later epoch of this base id
-//     then fails the same way until an epoch 0 starts afresh.
+//     then fails the same way until an epoch 0 starts afresh. Sockets and
+//     shared memory are taken before the bootstrap is read (so a bootstrap
+//     that does not load leaves the flag set too); --mode validate takes
+//     neither.
 //   - Epoch N > 0, the child of epoch N-1. After its bootstrap is loaded it
 //     asks the parent to shut its admin down (the reply carries the first
 //     epoch's start time: uptime_all_epochs); then it binds its own admin.
 //     For every listener it binds (static HTTP listeners, capture listeners
-//     from the bootstrap or LDS; not the admin, as in Envoy) it asks the
-//     parent for the socket by address ("tcp://0.0.0.0:15001", "tcp://[::]:15001")
+//     from the bootstrap or LDS; not the admin, as in Envoy), when it opens
+//     it (at start, or at the LDS update that adds it), it asks the parent
+//     for the socket by address ("tcp://0.0.0.0:15001", "tcp://[::]:15001")
 //     and receives the parent's listening fd by SCM_RIGHTS: the same socket
 //     keeps accepting, so no connection is refused during the overlap; an
 //     address the parent does not have is bound afresh. Once initialised
 //     (its /ready would say LIVE: init done, FAKE_ENVOY_NEVER_READY and
-//     FAKE_ENVOY_READY_AFTER honoured) it tells the parent to drain its
-//     listeners and, --parent-shutdown-time-s later (default 900), to
-//     terminate.
-//   - The parent. On shutdown_admin it closes its admin listener (so during
-//     the overlap only the newest epoch answers on the admin port, as in
-//     Envoy); on drain_listeners it stops accepting on every listener
-//     (connections already accepted carry on), its state turns DRAINING; on
+//     FAKE_ENVOY_READY_AFTER honoured), its listeners open, it tells the
+//     parent to drain its listeners and, --parent-shutdown-time-s later
+//     (default 900), to terminate. It also terminates its parent first
+//     when it shuts down itself (SIGTERM, SIGINT, /quitquitquit), as
+//     Envoy's InstanceImpl::shutdown: SIGTERM to the newest epoch ends both.
+//     Its /server_info has
+//     "hot_restart_version": "11.104" ("disabled" with
+//     --disable-hot-restart), "command_line_options" with "restart_epoch"
+//     (a number), "base_id" (a string), "parent_shutdown_time", "drain_time",
+//     "disable_hot_restart", "socket_path", and "uptime_all_epochs" counted
+//     from epoch 0's start ("uptime_current_epoch" from its own).
+//   - The parent. On shutdown_admin it stops its stats flushes, closes its
+//     admin listener (so during the overlap only the newest epoch answers on
+//     the admin port, as in Envoy) and terminates its own parent if that one
+//     still runs ("terminating parent process"); on drain_listeners it stops accepting on every listener
+//     (connections already accepted carry on; those still in the kernel's
+//     queue are the child's), its state turns DRAINING (in its stats: its
+//     admin is closed already); on
 //     terminate it logs "shutting down due to child request" and sends
 //     itself SIGTERM, so it exits 0 (or not at all with
 //     FAKE_ENVOY_IGNORE_SIGTERM, as an Envoy stuck in shutdown).
@@ -76,9 +92,11 @@ import (
 //     listener's socket. With --skip-hot-restart-on-no-parent the child
 //     first sends test_connection; refused, it logs "hot restart sendmsg()
 //     connection refused, falling back to regular restart" and starts as an
-//     epoch 0 would (keeping its epoch number and sockets).
-//   - The child asks PR_SET_PDEATHSIG=SIGTERM, as Envoy: when the process
-//     that started it dies, it gets SIGTERM.
+//     epoch 0 would (keeping its epoch number and sockets). The other way
+//     round too: a parent whose reply is refused (its child died in the
+//     middle of an exchange) aborts.
+//   - Every process asks PR_SET_PDEATHSIG=SIGTERM, as Envoy: when the
+//     thread that started it exits, it gets SIGTERM.
 //
 // Simplified: messages are Envoy's framing (an 8-byte big-endian length,
 // then the body, one datagram each) with a JSON body naming Envoy's
@@ -119,14 +137,15 @@ type hrMessage struct {
 // hotRestart is one process's half of the protocol: a child of epoch-1 and
 // the parent of epoch+1.
 type hotRestart struct {
-	baseID, scaledBaseID, epoch int
-	retryDelay                  time.Duration
-	asChild, asParent           *net.UnixConn
-	parentAddr, childAddr       *net.UnixAddr
-	shm                         *sharedMemory
+	scaledBaseID          int
+	retryDelay            time.Duration
+	asChild, asParent     *net.UnixConn
+	parentAddr, childAddr *net.UnixAddr
+	shm                   *sharedMemory
 
 	mu               sync.Mutex // one exchange with the parent at a time
 	parentTerminated bool       // no parent, or told to terminate: nothing more is sent
+	statsStopped     bool       // a child shut this process's admin down: no more stats flushes
 }
 
 var errHotRestart = errors.New("hot restart")
@@ -144,8 +163,7 @@ func socketName(path, role string, scaledBaseID, epoch int) string {
 // newHotRestart binds this epoch's sockets and attaches the shared memory,
 // in Envoy's order (child socket, parent socket, shared memory).
 func newHotRestart(o *options, k knobs) (*hotRestart, error) {
-	h := &hotRestart{baseID: o.baseID, scaledBaseID: o.baseID * 10, epoch: o.restartEpoch,
-		retryDelay: k.hotRestartRetryDelay, parentTerminated: o.restartEpoch == 0}
+	h := &hotRestart{scaledBaseID: o.baseID * 10, retryDelay: k.hotRestartRetryDelay, parentTerminated: o.restartEpoch == 0}
 	if o.restartEpoch > 0 {
 		h.parentAddr = &net.UnixAddr{Net: "unixgram", Name: socketName(o.socketPath, "parent", h.scaledBaseID, o.restartEpoch-1)}
 	}
@@ -187,10 +205,11 @@ func (h *hotRestart) bind(o *options, role string) (*net.UnixConn, error) {
 	return c, nil
 }
 
+// close closes the sockets. The shared memory stays mapped until the
+// process exits: a goroutine may still clear the flag.
 func (h *hotRestart) close() {
 	h.asChild.Close()
 	h.asParent.Close()
-	h.shm.detach()
 }
 
 // send is Envoy's sendHotRestartMessage: one datagram, retried while the
@@ -319,7 +338,7 @@ func (h *hotRestart) parentListener(addr string) (net.Listener, error) {
 func (h *hotRestart) parentStats() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.parentTerminated {
+	if h.parentTerminated || h.statsStopped {
 		return false
 	}
 	if _, _, err := h.exchange(hrMessage{Request: "stats"}); err != nil {
@@ -339,16 +358,19 @@ func (h *hotRestart) initialized() {
 	h.shm.initialized()
 }
 
-// terminateParent tells the parent to exit; nothing more is sent to it.
-func (h *hotRestart) terminateParent() {
+// terminateParent tells the parent to exit (why: Envoy's log line);
+// nothing more is sent to it. Envoy sends it after the parent shutdown
+// time, when it gets a child of its own, and when it shuts down itself
+// (SIGTERM, /quitquitquit): a parent already gone then makes it abort.
+func (h *hotRestart) terminateParent(why string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.parentTerminated {
 		return
 	}
+	log.Printf("%s", why)
 	send(h.asChild, h.parentAddr, hrMessage{Request: "terminate"}, nil, h.retryDelay, false)
 	h.parentTerminated = true
-	log.Printf("shutting down parent after drain")
 }
 
 // parentSide is what the parent half needs of the stand-in.
@@ -374,7 +396,16 @@ func (h *hotRestart) serveChild(p parentSide) {
 		reply := func(r hrMessage, oob []byte) { send(h.asParent, h.childAddr, r, oob, h.retryDelay, false) }
 		switch m.Request {
 		case "shutdown_admin":
-			reply(hrMessage{Reply: m.Request, OriginalStartTimeUnixSeconds: p.shutdownAdmin().Unix()}, nil)
+			// Envoy's InstanceImpl::shutdownAdmin: no more stats flushes,
+			// the admin closed, and a parent of its own still running is
+			// terminated (so at most two epochs outlive a third's start).
+			log.Printf("warning: shutting down admin due to child startup")
+			h.mu.Lock()
+			h.statsStopped = true
+			h.mu.Unlock()
+			first := p.shutdownAdmin()
+			h.terminateParent("warning: terminating parent process")
+			reply(hrMessage{Reply: m.Request, OriginalStartTimeUnixSeconds: first.Unix()}, nil)
 		case "pass_listen_socket":
 			h.passListenSocket(p.listenerFor(m.Address), reply)
 		case "stats":

@@ -113,6 +113,7 @@ func initialFetchTimeout(cs *corev3.ConfigSource) time.Duration {
 }
 
 func (e *envoy) fetchTimedOut(typeURL string) {
+	defer e.announceLive()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
@@ -142,7 +143,6 @@ func (e *envoy) advanceInitLocked() {
 	}
 	if x.clustersDone && x.listenersDone {
 		x.live = true
-		close(e.live)
 		e.setStatLocked("listener_manager.workers_started", 1)
 		e.setStatLocked("server.state", stateLive)
 	}

@@ -248,12 +248,14 @@ func run(args []string) int {
 				continue
 			}
 			log.Printf("caught %v, shutting down", s)
+			e.terminateParent()
 			e.shutdown()
 			return 0
 		case <-crash:
 			log.Printf("crashing with exit code %d (FAKE_ENVOY_CRASH_AFTER)", k.exitCode)
 			return k.exitCode
 		case code := <-exit:
+			e.terminateParent()
 			e.shutdown()
 			return code
 		}

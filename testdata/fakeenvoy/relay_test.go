@@ -73,7 +73,9 @@ func TestRelaysCapturedTrafficToTheOriginalDestination(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := testkit.NewLogBuffer(t)
-	envoy := exec.Command("nsenter", "--net=/run/netns/"+pod, "-S", "1337", "-G", "1337", bins.fakeenvoy, "-c", boot)
+	// --disable-hot-restart, as the agent runs it: the hot restart shared
+	// memory (/dev/shm, shared with the host) is no business of this test.
+	envoy := exec.Command("nsenter", "--net=/run/netns/"+pod, "-S", "1337", "-G", "1337", bins.fakeenvoy, "-c", boot, "--disable-hot-restart")
 	envoy.Stdout, envoy.Stderr = log, log
 	if err := envoy.Start(); err != nil {
 		t.Fatal(err)

@@ -253,6 +253,7 @@ func (e *envoy) applyOrNACK(u update) *statuspb.Status {
 		if u.typeURL == typeListener {
 			e.reconcileRelays()
 		}
+		e.announceLive()
 		return nil
 	}
 	log.Printf("rejecting %s version %s: %v", shortType[u.typeURL], u.version, err)
