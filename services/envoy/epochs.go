@@ -16,11 +16,9 @@ package envoy
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
@@ -157,27 +155,21 @@ func (r *run) rewatch() {
 	r.hot.stamp = r.inputStamp()
 }
 
-// inputStamp identifies the inputs' files as they are now (each one's
-// size, time, inode and mode; "-" for one missing): a directory event that
-// leaves every input as it was (the agent's own write of the bootstrap in
-// a watched directory, another program's file beside Envoy's binary) is no
-// change, and does not render anything.
+// inputStamp identifies the inputs' files as they are now (statFile; "-"
+// for one missing): a directory event that leaves every input as it was
+// (the agent's own write of the bootstrap in a watched directory, another
+// program's file beside Envoy's binary) is no change, and renders nothing.
 func (r *run) inputStamp() string {
 	var b strings.Builder
 	for _, f := range append(slices.Clone(r.s.cfg.HotRestart.Watch), r.s.cfg.BinaryPath) {
 		if f == "" {
 			continue
 		}
-		b.WriteString(f)
-		if st, err := os.Stat(f); err == nil {
-			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-				fmt.Fprintf(&b, " %d %d %d %v\n", st.Size(), st.ModTime().UnixNano(), sys.Ino, st.Mode())
-				continue
-			}
-			fmt.Fprintf(&b, " %d %d %v\n", st.Size(), st.ModTime().UnixNano(), st.Mode())
-			continue
+		if id, err := statFile(f); err == nil {
+			fmt.Fprintf(&b, "%s %v\n", f, id)
+		} else {
+			fmt.Fprintf(&b, "%s -\n", f)
 		}
-		b.WriteString(" -\n")
 	}
 	return b.String()
 }
@@ -266,30 +258,16 @@ func (r *run) consider(ctx context.Context, reason string) {
 		log.Error("hot restart: envoy's bootstrap does not render; envoy left alone", "error", err)
 		return
 	}
-	if g.same(s.gen) {
+	what := s.gen.changes(g, r.child.pid)
+	if len(what) == 0 {
 		log.Info("envoy's inputs changed but not its bootstrap, command line or binary; no hot restart")
 		return
 	}
-	log.Info("hot restart: validating the new bootstrap", "what", s.gen.diff(g), "binary", g.binary)
+	log.Info("hot restart: validating the new bootstrap", "what", strings.Join(what, ", "), "binary", g.binary)
 	vctx, cancel := context.WithCancel(ctx)
 	ch := make(chan validation, 1)
 	r.hot.validated, r.hot.stopValidate = ch, cancel
 	go func() { ch <- validation{gen: g, reason: reason, err: validateBootstrap(vctx, g)} }()
-}
-
-// diff names what differs between g and o, for the log.
-func (g *generation) diff(o *generation) string {
-	var what []string
-	if g.binary != o.binary || g.binaryHash != o.binaryHash {
-		what = append(what, "binary")
-	}
-	if g.bootPath != o.bootPath || string(g.boot) != string(o.boot) {
-		what = append(what, "bootstrap")
-	}
-	if !slices.Equal(g.args, o.args) {
-		what = append(what, "command line")
-	}
-	return strings.Join(what, ", ")
 }
 
 // validated goes on with a validated generation: the memory check, then
@@ -364,7 +342,7 @@ func (r *run) adopt(g *generation) {
 // nextFailed: the new epoch exited before it took over. The old one keeps
 // serving, and the next try is numbered after it again.
 func (r *run) nextFailed() {
-	next := r.hot.next
+	next, gen := r.hot.next, r.hot.nextGen
 	next.wait()
 	code, reason := next.exitStatus()
 	r.hot.next, r.hot.nextGen = nil, nil
@@ -378,7 +356,7 @@ func (r *run) nextFailed() {
 	r.publish()
 	r.s.setHealth(messages.Ready, "")
 	msg := "hot restart failed: the new epoch exited before taking over; the old one keeps serving"
-	if path := r.s.keepCrashRecord(next); path != "" {
+	if path := r.s.keepCrashRecord(next, gen.rendered); path != "" {
 		msg += "; crash record " + path
 	}
 	r.s.hotBlocked = fmt.Sprintf("epoch %d (pid %d) died before it took over (%s), leaving Envoy's shared memory marked initializing", next.restartEpoch, next.pid, reason)
@@ -393,7 +371,7 @@ func (r *run) oldExitedFirst() {
 	old, next := r.child, r.hot.next
 	old.wait()
 	code, reason := old.exitStatus()
-	r.s.keepCrashRecord(old)
+	r.s.keepCrashRecord(old, r.s.bootstrap)
 	r.s.log.Warn("the serving envoy exited during a hot restart; the new epoch carries on alone",
 		"old_epoch", old.restartEpoch, "old_pid", old.pid, "exit_code", code, "status", reason,
 		"new_epoch", next.restartEpoch, "pid", next.pid)

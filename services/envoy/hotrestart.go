@@ -31,6 +31,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
@@ -128,9 +129,10 @@ func (hr *HotRestartConfig) args(args []string, restartEpoch int) []string {
 type generation struct {
 	cfg    Config
 	binary string
-	// binaryHash is the SHA-256 of the binary's content: a new Envoy
-	// copied over the old path is a new binary.
-	binaryHash [sha256.Size]byte
+	// binaryFile is the binary's file as stat sees it: the same file is
+	// the same binary; another (a new Envoy renamed over the path, or the
+	// same one touched) is compared by content (sameBinary).
+	binaryFile fileID
 	args       []string
 	bootPath   string
 	boot       []byte
@@ -139,21 +141,70 @@ type generation struct {
 	rendered *bootstrap.Rendered
 }
 
-// same reports whether g and o start the same Envoy.
-func (g *generation) same(o *generation) bool {
-	return g.binary == o.binary && g.binaryHash == o.binaryHash && slices.Equal(g.args, o.args) &&
-		g.bootPath == o.bootPath && string(g.boot) == string(o.boot)
+// changes names what differs between the serving generation g, run by
+// process pid, and o; none when o starts the same Envoy.
+func (g *generation) changes(o *generation, pid int) []string {
+	var what []string
+	if !g.sameBinary(o, pid) {
+		what = append(what, "binary")
+	}
+	if g.bootPath != o.bootPath || string(g.boot) != string(o.boot) {
+		what = append(what, "bootstrap")
+	}
+	if !slices.Equal(g.args, o.args) {
+		what = append(what, "command line")
+	}
+	return what
+}
+
+// sameBinary says whether o's binary is the one g's Envoy (process pid)
+// runs: the same path and file, or, for another file at the path, the same
+// content as the running executable (/proc/<pid>/exe, which still reads
+// the old file after a new one was renamed over it). Hashing only then
+// keeps a cold start of Envoy from reading its whole binary (#25).
+func (g *generation) sameBinary(o *generation, pid int) bool {
+	if g.binary != o.binary {
+		return false
+	}
+	if g.binaryFile == o.binaryFile {
+		return true
+	}
+	running, err := hashFile(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return false // unreadable: a hot restart is the safe side
+	}
+	now, err := hashFile(o.binary)
+	return err == nil && now == running
+}
+
+// fileID identifies a file's version: a file replaced or written has
+// another.
+type fileID struct {
+	dev, ino   uint64
+	size, time int64
+}
+
+func statFile(path string) (fileID, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	id := fileID{size: st.Size(), time: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(sys.Dev), sys.Ino
+	}
+	return id, nil
 }
 
 // newGeneration reads what Envoy will be started from with cfg and args
 // (the bootstrap already written).
 func (s *Service) newGeneration(cfg Config, args []string) (*generation, error) {
 	g := &generation{cfg: cfg, binary: cfg.BinaryPath, args: args, rendered: s.bootstrap}
-	h, err := hashFile(cfg.BinaryPath)
+	id, err := statFile(cfg.BinaryPath)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBinary, err)
 	}
-	g.binaryHash = h
+	g.binaryFile = id
 	if g.bootPath = configPathArg(args); g.bootPath != "" {
 		if g.boot, err = os.ReadFile(g.bootPath); err != nil {
 			return nil, fmt.Errorf("read the bootstrap: %w", err)

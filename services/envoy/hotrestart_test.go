@@ -318,7 +318,7 @@ func TestColdRestartRefusesConnections(t *testing.T) {
 
 // A new Envoy binary installed over the old one (written beside it and
 // renamed into place, as a package manager does) is picked up by a hot
-// restart.
+// restart; the same binary installed again is not.
 func TestHotRestartNewBinary(t *testing.T) {
 	skipIfReal(t)
 	bin := filepath.Join(t.TempDir(), "envoy")
@@ -331,9 +331,19 @@ func TestHotRestartNewBinary(t *testing.T) {
 	}
 	h := newHotHarness(t, true, nil, func(cfg *Config) { cfg.BinaryPath = bin })
 	h.run()
-	h.wait("epoch 0 ready", alone(0))
-	// Trailing bytes change the file, not the program.
+	first := h.wait("epoch 0 ready", alone(0))
+	// The same content in a new file (a package reinstalled) is the same
+	// binary: compared with the running one's, no restart.
 	tmp := bin + ".new"
+	if err := os.WriteFile(tmp, old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		t.Fatal(err)
+	}
+	h.logs.WaitLine(t, "envoy's inputs changed but not its bootstrap, command line or binary")
+	h.stillAlone(first, "after the same binary was installed again")
+	// Trailing bytes change the file, not the program.
 	if err := os.WriteFile(tmp, append(old, "new build"...), 0o755); err != nil {
 		t.Fatal(err)
 	}

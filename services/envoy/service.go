@@ -448,16 +448,17 @@ func (r *run) exited() error {
 	}
 	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason)
 	health := err.Error()
-	if path := r.s.keepCrashRecord(r.child); path != "" {
+	if path := r.s.keepCrashRecord(r.child, r.s.bootstrap); path != "" {
 		health += "; crash record " + path
 	}
 	r.s.setHealth(messages.Failed, health)
 	return err
 }
 
-// keepCrashRecord writes the record of c's unexpected exit and returns its
-// path ("" when none is kept). Failing to write it is logged, never fatal.
-func (s *Service) keepCrashRecord(c *child) string {
+// keepCrashRecord writes the record of c's unexpected exit, started on
+// boot, and returns its path ("" when none is kept). Failing to write it is
+// logged, never fatal.
+func (s *Service) keepCrashRecord(c *child, boot *bootstrap.Rendered) string {
 	if s.cfg.CrashDir == "" {
 		return ""
 	}
@@ -467,7 +468,7 @@ func (s *Service) keepCrashRecord(c *child) string {
 			acked = maps.Clone(st.LastACK)
 		}
 	}
-	rec := newCrashRecord(c, s.clock.Now(), acked, s.bootstrap)
+	rec := newCrashRecord(c, s.clock.Now(), acked, boot)
 	path, err := writeCrashRecord(s.cfg.CrashDir, rec)
 	if err != nil {
 		s.log.Warn("keeping envoy's crash record", "dir", s.cfg.CrashDir, "error", err)
