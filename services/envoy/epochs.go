@@ -252,7 +252,7 @@ func (r *run) consider(ctx context.Context, reason string) {
 		log.Error("hot restart: envoy's inputs do not make a configuration; envoy left alone", "error", err)
 		return
 	}
-	g, err := s.render(cfg)
+	g, err := render(cfg)
 	if err != nil {
 		s.restore(s.gen)
 		log.Error("hot restart: envoy's bootstrap does not render; envoy left alone", "error", err)

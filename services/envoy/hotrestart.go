@@ -67,8 +67,9 @@ type HotRestartConfig struct {
 	// parent, so two agents in one network namespace need different ones.
 	BaseID int
 	// ParentShutdownDuration is --parent-shutdown-time-s: how long the old
-	// epoch lives after the new one has taken over (whole seconds, at
-	// least one more than the drain duration, as Envoy requires).
+	// epoch lives after the new one has taken over (whole seconds; longer
+	// than --drain-time-s, so that it drains before it is told to exit:
+	// Istio's old values were 45s and 60s).
 	ParentShutdownDuration time.Duration
 	// Watch are the files the bootstrap and Envoy's command line are made
 	// from: the mesh config file, the pod's annotations and labels, the
@@ -196,10 +197,10 @@ func statFile(path string) (fileID, error) {
 	return id, nil
 }
 
-// newGeneration reads what Envoy will be started from with cfg and args
-// (the bootstrap already written).
-func (s *Service) newGeneration(cfg Config, args []string) (*generation, error) {
-	g := &generation{cfg: cfg, binary: cfg.BinaryPath, args: args, rendered: s.bootstrap}
+// newGeneration reads what Envoy will be started from with cfg and args,
+// the bootstrap already written (rendered: nil with Config.Prepare).
+func newGeneration(cfg Config, args []string, rendered *bootstrap.Rendered) (*generation, error) {
+	g := &generation{cfg: cfg, binary: cfg.BinaryPath, args: args, rendered: rendered}
 	id, err := statFile(cfg.BinaryPath)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBinary, err)
@@ -216,7 +217,7 @@ func (s *Service) newGeneration(cfg Config, args []string) (*generation, error) 
 // render prepares cfg's bootstrap and command line from scratch (no kept
 // bytes: the point is to see the files as they are now) and returns the
 // generation; the bootstrap file is written in place.
-func (s *Service) render(cfg Config) (*generation, error) {
+func render(cfg Config) (*generation, error) {
 	if err := checkBinary(cfg.BinaryPath); err != nil {
 		return nil, err
 	}
@@ -234,11 +235,7 @@ func (s *Service) render(cfg Config) (*generation, error) {
 		}
 		args = CommandLine(cfg.Args, rendered.File)
 	}
-	kept := s.bootstrap
-	s.bootstrap = rendered
-	g, err := s.newGeneration(cfg, args)
-	s.bootstrap = kept
-	return g, err
+	return newGeneration(cfg, args, rendered)
 }
 
 // restore writes the bootstrap of g (the serving generation) back in place

@@ -47,7 +47,7 @@ func (s *Service) start() (*child, error) {
 		// parent, whatever came before, and starts Envoy's shared memory
 		// afresh (#25).
 		s.hotBlocked = ""
-		if s.gen, err = s.newGeneration(s.cfg, args); err != nil {
+		if s.gen, err = newGeneration(s.cfg, args, s.bootstrap); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
 		}
 	}
