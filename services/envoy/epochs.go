@@ -365,8 +365,9 @@ func (r *run) nextFailed() {
 }
 
 // oldExitedFirst: the serving Envoy died while the new epoch starts. The
-// new one carries on alone (it has its listening sockets already, or will
-// bind them), as the one Envoy.
+// new one carries on as the one Envoy; Envoy's child aborts when it next
+// asks its dead parent something (to drain, to terminate), and that exit
+// ends the Serve call as any crash does: the next start is cold, epoch 0.
 func (r *run) oldExitedFirst() {
 	old, next := r.child, r.hot.next
 	old.wait()
