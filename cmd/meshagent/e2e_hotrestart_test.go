@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -19,6 +20,10 @@ import (
 // epoch once (#25).
 func TestHotRestartOnMeshConfigEdit(t *testing.T) {
 	p := startAgent(t, []string{"MESHAGENT_HOT_RESTART=true"})
+	// Envoy leaves its hot restart shared memory behind (a pod's /dev/shm
+	// goes with the pod); the test's goes with the test.
+	base := baseID(&bootstrap.Config{ConfigPath: filepath.Join(p.root, "etc/istio/proxy")})
+	t.Cleanup(func() { os.Remove(fmt.Sprintf("/dev/shm/envoy_shared_memory_%d", base*10)) })
 	p.waitStatus(t, "/healthz/ready", 200)
 	// Istio's default mesh file, missing at start (a default mesh is used)
 	// and then written: its directory is watched from when it appears.
