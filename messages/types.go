@@ -174,6 +174,24 @@ type EnvoyState struct {
 	// NotReady says why a running Envoy is not ready yet, as its admin API
 	// tells ("config not received: cds updates 0, lds updates 0").
 	NotReady string
+	// RestartEpoch is Envoy's --restart-epoch: 0 without hot restart, and
+	// with it 0 for an Envoy that has no parent, one more than its
+	// parent's for a hot restart (#25).
+	RestartEpoch int
+	// Overlap is the other Envoy of a hot restart under way (#25); its PID
+	// is 0 when only one Envoy runs. The fields above describe the Envoy
+	// that serves: the old one while the new one (Overlap, EnvoyRunning)
+	// starts, then the new one while the old one (Overlap, EnvoyDraining)
+	// drains. Readiness therefore stays up through a hot restart.
+	Overlap EnvoyProcess
+}
+
+// EnvoyProcess is one Envoy process of a hot restart's overlap (#25).
+type EnvoyProcess struct {
+	Phase        EnvoyPhase
+	Epoch, PID   int
+	RestartEpoch int
+	Started      time.Time
 }
 
 // Drain asks the envoy service to drain Envoy. From status and the signal

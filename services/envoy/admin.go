@@ -3,6 +3,7 @@ package envoy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,8 +39,20 @@ const readinessStats = `/stats?usedonly&filter=^(server\.state|listener_manager\
 // readiness is Envoy's readiness by Istio's rules: first its config must
 // have arrived (cds and lds update_success above 0), then the server must be
 // LIVE with its workers started. Not ready comes with Istio's reason, which
-// tells a config that never came from one that was rejected.
-func (a *adminClient) readiness(ctx context.Context) (ready bool, why string) {
+// tells a config that never came from one that was rejected. restartEpoch
+// is the hot restart epoch whose readiness is asked, -1 without hot
+// restart: the admin port is the old epoch's until the new one takes it,
+// and /server_info says whose answer it is (#25).
+func (a *adminClient) readiness(ctx context.Context, restartEpoch int) (ready bool, why string) {
+	if restartEpoch >= 0 {
+		got, err := a.restartEpoch(ctx)
+		switch {
+		case err != nil:
+			return false, "admin API not answering: " + err.Error()
+		case got != restartEpoch:
+			return false, fmt.Sprintf("admin API answered by hot restart epoch %d, not yet by %d", got, restartEpoch)
+		}
+	}
 	body, code, err := a.do(ctx, http.MethodGet, readinessStats, 3*time.Second)
 	switch {
 	case err != nil:
@@ -82,6 +95,30 @@ func (a *adminClient) readiness(ctx context.Context) (ready bool, why string) {
 		return false, "workers have not yet started"
 	}
 	return true, ""
+}
+
+// restartEpoch is the --restart-epoch of the Envoy that answers on the
+// admin port (/server_info's command_line_options.restart_epoch).
+func (a *adminClient) restartEpoch(ctx context.Context) (int, error) {
+	body, code, err := a.do(ctx, http.MethodGet, "/server_info", 3*time.Second)
+	if err != nil {
+		return -1, err
+	}
+	if code != http.StatusOK {
+		return -1, fmt.Errorf("GET %s/server_info: %d", a.base, code)
+	}
+	var info struct {
+		CommandLineOptions struct {
+			RestartEpoch *int `json:"restart_epoch"`
+		} `json:"command_line_options"`
+	}
+	if err := json.Unmarshal([]byte(body), &info); err != nil {
+		return -1, fmt.Errorf("GET %s/server_info: %w", a.base, err)
+	}
+	if info.CommandLineOptions.RestartEpoch == nil {
+		return 0, nil // Envoy omits a zero in its proto JSON
+	}
+	return *info.CommandLineOptions.RestartEpoch, nil
 }
 
 // serverStateName is Envoy's name for a server.state value.
@@ -176,8 +213,40 @@ func (a *adminClient) do(ctx context.Context, method, path string, timeout time.
 
 // readiness is one verdict of the readiness poll.
 type readiness struct {
+	epoch int // the Envoy process asked about (child.epoch)
 	ready bool
 	why   string // Istio's reason when not ready
+}
+
+// poller is the readiness poll of one Envoy process.
+type poller struct {
+	out    chan readiness
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startPoller polls c's readiness until it is ready, ctx is done, or stop.
+func (s *Service) startPoller(ctx context.Context, c *child) *poller {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &poller{out: make(chan readiness, 1), cancel: cancel, done: make(chan struct{})}
+	restartEpoch := -1
+	if s.cfg.HotRestart != nil {
+		restartEpoch = c.restartEpoch
+	}
+	// The poll reads nothing of s that Serve's goroutine may change (a
+	// hot restart replaces s.cfg).
+	interval := s.cfg.ReadyPollInterval
+	go func() {
+		defer close(p.done)
+		s.pollReady(ctx, p.out, c.epoch, restartEpoch, interval)
+	}()
+	return p
+}
+
+// stop ends the poll and waits for it.
+func (p *poller) stop() {
+	p.cancel()
+	<-p.done
 }
 
 // pollReady polls Envoy's readiness until it is ready or ctx is done, and
@@ -185,11 +254,11 @@ type readiness struct {
 // not yet read is replaced by the newer one). Once ready it stops, as
 // Istio's probe does: a LIVE Envoy with started workers does not go back in
 // its lifetime (only a drain, which the service itself starts, changes it).
-func (s *Service) pollReady(ctx context.Context, out chan readiness) {
+func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, restartEpoch int, interval time.Duration) {
 	var last readiness
 	for {
-		ready, why := s.admin.readiness(ctx)
-		if now := (readiness{ready, why}); now != last {
+		ready, why := s.admin.readiness(ctx, restartEpoch)
+		if now := (readiness{epoch, ready, why}); now != last {
 			last = now
 			select { // replace an unread value
 			case <-out:
@@ -203,7 +272,7 @@ func (s *Service) pollReady(ctx context.Context, out chan readiness) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.ReadyPollInterval):
+		case <-s.clock.After(interval):
 		}
 	}
 }

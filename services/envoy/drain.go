@@ -41,6 +41,9 @@ type exitDrain struct {
 // run loop ends), or the error Serve must return.
 func (r *run) handleDrain(ctx context.Context, d messages.Drain) error {
 	log := r.s.log.With("reason", d.Reason, "exit", d.Exit, "immediate", d.Immediate)
+	// A hot restart not yet taken over is given up: what drains and stops
+	// is what serves (#25).
+	r.abandonHotRestart("drain: " + d.Reason)
 	switch {
 	case d.Immediate:
 		log.Info("stopping envoy without draining")

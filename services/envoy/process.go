@@ -17,10 +17,13 @@ import (
 
 // child is one running Envoy process.
 type child struct {
-	cmd     *exec.Cmd
-	pid     int
-	epoch   int
-	started time.Time
+	cmd   *exec.Cmd
+	pid   int
+	epoch int
+	// restartEpoch is Envoy's --restart-epoch (always 0 without hot
+	// restart, #25).
+	restartEpoch int
+	started      time.Time
 	// stderr keeps the end of Envoy's stderr for a crash record.
 	stderr *tailBuffer
 	// done is closed when the process has exited and been reaped; waitErr
@@ -29,8 +32,8 @@ type child struct {
 	waitErr error
 }
 
-// start prepares the bootstrap and arguments and starts Envoy. It never
-// leaves a process behind when it fails.
+// start prepares the bootstrap and arguments and starts Envoy with no
+// Envoy beside it. It never leaves a process behind when it fails.
 func (s *Service) start() (*child, error) {
 	if err := checkBinary(s.cfg.BinaryPath); err != nil {
 		return nil, err
@@ -39,18 +42,37 @@ func (s *Service) start() (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
 	}
-	cmd := exec.Command(s.cfg.BinaryPath, args...)
-	cmd.Env = s.cfg.Env
+	if s.cfg.HotRestart != nil {
+		// A start without a live Envoy beside it is epoch 0: it has no
+		// parent, whatever came before, and starts Envoy's shared memory
+		// afresh (#25).
+		s.hotBlocked = ""
+		if s.gen, err = newGeneration(s.cfg, args, s.bootstrap); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrPrepare, err)
+		}
+	}
+	return s.spawn(s.cfg, args, 0)
+}
+
+// spawn starts Envoy as cfg says, with args, as restart epoch restartEpoch
+// when hot restart is on (HotRestartConfig.args). It never leaves a process
+// behind when it fails.
+func (s *Service) spawn(cfg Config, args []string, restartEpoch int) (*child, error) {
+	if hr := cfg.HotRestart; hr != nil {
+		args = hr.args(args, restartEpoch)
+	}
+	cmd := exec.Command(cfg.BinaryPath, args...)
+	cmd.Env = cfg.Env
 	// Envoy's stderr goes where it always went and, through a pipe, into
 	// the tail a crash record keeps (crashes.go).
 	tail := newTailBuffer(StderrTailBytes)
-	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, io.MultiWriter(s.cfg.Stderr, tail)
+	cmd.Stdout, cmd.Stderr = cfg.Stdout, io.MultiWriter(cfg.Stderr, tail)
 	// Envoy gets its own process group, so that a signal sent to the
 	// agent's group (a terminal's ^C, say) does not reach it behind our
 	// back, and SIGKILL from the kernel when the thread that started it
 	// dies, so that a dead agent never leaves an Envoy holding the ports.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if c := s.cfg.RunAs; c != nil {
+	if c := cfg.RunAs; c != nil {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID}
 	}
 	// If Envoy's output is a pipe rather than a file, a grandchild holding
@@ -62,12 +84,12 @@ func (s *Service) start() (*child, error) {
 	// ends a thread whose goroutine exits while locked, which this one
 	// does not, so the thread lives as long as the agent.
 	runtime.LockOSThread()
-	err = cmd.Start()
+	err := cmd.Start()
 	runtime.UnlockOSThread()
 	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", s.cfg.BinaryPath, err)
+		return nil, fmt.Errorf("start %s: %w", cfg.BinaryPath, err)
 	}
-	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, started: s.clock.Now(), stderr: tail, done: make(chan struct{})}
+	c := &child{cmd: cmd, pid: cmd.Process.Pid, epoch: s.epoch, restartEpoch: restartEpoch, started: s.clock.Now(), stderr: tail, done: make(chan struct{})}
 	s.epoch++
 	go func() {
 		c.waitErr = cmd.Wait()

@@ -107,6 +107,9 @@ type Config struct {
 	// CrashDir is where a record of each unexpected exit is kept, the last
 	// MaxCrashRecords (crashes.go); empty keeps none.
 	CrashDir string
+	// HotRestart, when set, turns on Envoy hot restart (hotrestart.go,
+	// #25); nil keeps Istio's --disable-hot-restart.
+	HotRestart *HotRestartConfig
 }
 
 // withDefaults returns cfg with the operational defaults filled in.
@@ -154,6 +157,9 @@ func (cfg Config) Validate() error {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
+	}
+	if cfg.HotRestart != nil {
+		errs = append(errs, cfg.HotRestart.validate())
 	}
 	if cfg.Prepare == nil {
 		if cfg.Bootstrap == nil {
@@ -214,6 +220,16 @@ type Service struct {
 	// bootstrap is the bootstrap as first rendered (nil before the first
 	// start); touched only by Serve's goroutine.
 	bootstrap *bootstrap.Rendered
+	// gen is what the serving Envoy was started from, with hot restart
+	// on (nil otherwise); a hot restart replaces it, and cfg, when the new
+	// epoch takes over. Touched only by Serve's goroutine.
+	gen *generation
+	// hotBlocked says why Envoy refuses hot restarts until its next cold
+	// start ("" when it does not): an epoch that died before it took over
+	// left Envoy's shared memory marked INITIALIZING, and every later
+	// epoch of the base id fails on it ("previous envoy process is still
+	// initializing") until an epoch 0 starts afresh.
+	hotBlocked string
 }
 
 // New validates cfg, once (Serve does not check it again), and returns the
@@ -264,21 +280,20 @@ func (s *Service) Serve(ctx context.Context) error {
 	r.publish()
 	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
 
-	readyCtx, stopReady := context.WithCancel(ctx)
-	ready := make(chan readiness, 1)
-	pollerDone := make(chan struct{})
-	go func() {
-		defer close(pollerDone)
-		s.pollReady(readyCtx, ready)
-	}()
-	defer func() { stopReady(); <-pollerDone; s.admin.closeIdle() }()
+	r.poll = s.startPoller(ctx, child)
+	defer func() { r.poll.stop(); s.admin.closeIdle() }()
+	if err := r.watchInputs(); err != nil {
+		r.stop("cannot watch envoy's inputs")
+		return err
+	}
+	defer r.hot.close()
 
 	for _, d := range pending { // drains without Exit, asked before the start
 		if err := r.handleDrain(ctx, d); err != nil {
 			return err
 		}
 	}
-	return r.loop(ctx, ready)
+	return r.loop(ctx)
 }
 
 // takeDrains returns the waiting Drain commands, if there is a source.
@@ -291,8 +306,12 @@ func (s *Service) takeDrains() []messages.Drain {
 
 // run is the state of one Serve call.
 type run struct {
-	s     *Service
+	s *Service
+	// child is the Envoy that serves: during a hot restart, the old one
+	// until the new one has taken over (epochs.go).
 	child *child
+	poll  *poller // the readiness poll of the newest Envoy
+	hot   hotRun  // a hot restart under way, and the watch of the inputs
 	state messages.EnvoyState
 	// drain is how far Envoy is drained: a later exit or stop does not
 	// drain again; exit holds the exit drain under way.
@@ -305,15 +324,17 @@ func (r *run) publish() {
 	r.s.state.Send(r.state)
 }
 
-// ensureGone kills and reaps Envoy if it still runs: the last line of
-// defence when Serve unwinds by a path that did not stop it (a panic).
+// ensureGone kills and reaps every Envoy that still runs: the last line
+// of defence when Serve unwinds by a path that did not stop it (a panic).
 func (r *run) ensureGone() {
-	select {
-	case <-r.child.done:
-	default:
-		r.s.log.Error("envoy still running as Serve returns; killing it", "pid", r.child.pid)
-		_ = r.child.cmd.Process.Signal(syscall.SIGKILL)
-		<-r.child.done
+	for _, c := range r.children() {
+		select {
+		case <-c.done:
+		default:
+			r.s.log.Error("envoy still running as Serve returns; killing it", "pid", c.pid)
+			_ = c.cmd.Process.Signal(syscall.SIGKILL)
+			<-c.done
+		}
 	}
 }
 
@@ -321,10 +342,16 @@ func (r *run) ensureGone() {
 // and during an exit drain for its end: its deadline, or (with
 // ExitOnZeroActiveConnections) no connection left. One loop for every
 // drain state, so that each event has one answer, chosen by r.drain.
-func (r *run) loop(ctx context.Context, ready <-chan readiness) error {
+func (r *run) loop(ctx context.Context) error {
 	for {
 		select {
 		case <-r.child.done:
+			if r.hot.next != nil {
+				// The old epoch died while the new one starts: the new
+				// one carries on alone (epochs.go).
+				r.oldExitedFirst()
+				continue
+			}
 			if r.drain == exitDraining {
 				// Envoy left on its own during an exit drain: that is
 				// the drain's end, not a failure.
@@ -336,8 +363,25 @@ func (r *run) loop(ctx context.Context, ready <-chan readiness) error {
 		case <-ctx.Done():
 			r.stop("agent stopping")
 			return ctx.Err()
-		case v := <-ready:
+		case v := <-r.poll.out:
 			r.setReady(v)
+			r.afterOverlap(ctx) // a change that came while Envoy started
+		case <-r.hot.nextDone():
+			r.nextFailed()
+			r.afterOverlap(ctx)
+		case <-r.hot.parentDone():
+			r.parentExited()
+			r.afterOverlap(ctx)
+		case <-r.hot.parentDeadline:
+			r.parentOverdue()
+			r.afterOverlap(ctx)
+		case dirs := <-r.hot.changes():
+			r.inputsChanged(ctx, dirs)
+		case err := <-r.hot.watchFailed():
+			r.s.log.Error("watching envoy's inputs failed; hot restarts stop until envoy restarts", "error", err)
+			r.hot.close()
+		case v := <-r.hot.validated:
+			r.validated(ctx, v)
 		case <-r.drainReady():
 			for _, d := range r.s.takeDrains() {
 				if err := r.handleDrain(ctx, d); err != nil {
@@ -367,13 +411,17 @@ func (r *run) drainReady() <-chan struct{} {
 // until Envoy is ready, then Ready. A draining Envoy stays draining
 // whatever its admin API says.
 func (r *run) setReady(v readiness) {
-	if r.state.Phase == messages.EnvoyDraining {
+	if r.hot.next != nil {
+		r.nextReadiness(v)
+		return
+	}
+	if v.epoch != r.child.epoch || r.state.Phase == messages.EnvoyDraining {
 		return
 	}
 	if v.ready {
 		r.state.Phase, r.state.NotReady = messages.EnvoyReady, ""
 		r.publish()
-		r.s.setHealth(messages.Ready, "")
+		r.s.setHealth(messages.Ready, r.overlapNote())
 		return
 	}
 	if r.state.NotReady == v.why {
@@ -385,8 +433,11 @@ func (r *run) setReady(v readiness) {
 }
 
 // exited publishes Envoy's unexpected exit and returns the error for it.
+// An old epoch still draining beside it is stopped: it no longer listens,
+// and the next start is epoch 0 (#25).
 func (r *run) exited() error {
 	r.child.wait()
+	r.stopOthers("the serving envoy exited")
 	code, reason := r.child.exitStatus()
 	r.state.Phase = messages.EnvoyExited
 	r.state.ExitCode, r.state.ExitReason = code, reason
@@ -397,16 +448,17 @@ func (r *run) exited() error {
 	}
 	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason)
 	health := err.Error()
-	if path := r.s.keepCrashRecord(r.child); path != "" {
+	if path := r.s.keepCrashRecord(r.child, r.s.bootstrap); path != "" {
 		health += "; crash record " + path
 	}
 	r.s.setHealth(messages.Failed, health)
 	return err
 }
 
-// keepCrashRecord writes the record of c's unexpected exit and returns its
-// path ("" when none is kept). Failing to write it is logged, never fatal.
-func (s *Service) keepCrashRecord(c *child) string {
+// keepCrashRecord writes the record of c's unexpected exit, started on
+// boot, and returns its path ("" when none is kept). Failing to write it is
+// logged, never fatal.
+func (s *Service) keepCrashRecord(c *child, boot *bootstrap.Rendered) string {
 	if s.cfg.CrashDir == "" {
 		return ""
 	}
@@ -416,7 +468,7 @@ func (s *Service) keepCrashRecord(c *child) string {
 			acked = maps.Clone(st.LastACK)
 		}
 	}
-	rec := newCrashRecord(c, s.clock.Now(), acked, s.bootstrap)
+	rec := newCrashRecord(c, s.clock.Now(), acked, boot)
 	path, err := writeCrashRecord(s.cfg.CrashDir, rec)
 	if err != nil {
 		s.log.Warn("keeping envoy's crash record", "dir", s.cfg.CrashDir, "error", err)
@@ -430,7 +482,8 @@ func (s *Service) keepCrashRecord(c *child) string {
 // stop terminates Envoy (SIGTERM, SIGKILL after the grace period), waits for
 // it and publishes Stopped.
 func (r *run) stop(why string) {
-	r.s.log.Info("stopping envoy", "pid", r.child.pid, "reason", why)
+	r.stopOthers(why)
+	r.s.log.Info("stopping envoy", "pid", r.child.pid, "epoch", r.child.epoch, "reason", why)
 	r.child.terminate(r.s.cfg.KillGrace, r.s.clock, r.s.log)
 	code, reason := r.child.exitStatus()
 	r.state.Phase = messages.EnvoyStopped

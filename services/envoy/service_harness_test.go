@@ -125,7 +125,7 @@ func writeBootstrap(dir string, port int) ([]string, error) {
 type harness struct {
 	t      testing.TB
 	svc    *Service
-	state  *messages.Cell[messages.EnvoyState]
+	state  *testkit.Recorder[messages.EnvoyState] // every state published, in order
 	health *testkit.HealthRecorder
 	drain  *messages.Stream[messages.Drain]
 	admin  string
@@ -149,7 +149,7 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	port := testkit.FreePort(t)
 	h := &harness{
 		t:      t,
-		state:  messages.NewCell[messages.EnvoyState](),
+		state:  &testkit.Recorder[messages.EnvoyState]{},
 		health: &testkit.HealthRecorder{},
 		drain:  messages.NewStream[messages.Drain](0, nil),
 		admin:  fmt.Sprintf("127.0.0.1:%d", port),

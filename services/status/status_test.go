@@ -146,6 +146,27 @@ func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
 	})
 }
 
+// Readiness stays up through an Envoy hot restart (#25): the envoy service
+// publishes the serving Envoy at the top of EnvoyState and the other epoch
+// in Overlap, starting then draining, with a health reason naming both.
+func TestReadinessStaysUpThroughAHotRestart(t *testing.T) {
+	f := newFixture(Config{Required: []string{messages.EnvoyService}, RequireEnvoy: true})
+	base := f.serve(t)
+	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady, PID: 10})
+	f.health.Send(messages.Health{Service: messages.EnvoyService, State: messages.Ready, Reason: "hot restart: epoch 0 (pid 10) serving, epoch 1 (pid 11) starting"})
+	testkit.WaitFor(t, "ready", func() bool { c, _ := get(t, base+"/healthz/ready"); return c == 200 })
+	for _, st := range []messages.EnvoyState{
+		{Phase: messages.EnvoyReady, PID: 10, Overlap: messages.EnvoyProcess{Phase: messages.EnvoyRunning, PID: 11, RestartEpoch: 1}},
+		{Phase: messages.EnvoyReady, PID: 11, RestartEpoch: 1, Overlap: messages.EnvoyProcess{Phase: messages.EnvoyDraining, PID: 10}},
+		{Phase: messages.EnvoyReady, PID: 11, RestartEpoch: 1},
+	} {
+		f.envoy.Send(st) // a Cell: the next request reads it
+		if code, body := get(t, base+"/healthz/ready"); code != 200 {
+			t.Fatalf("during a hot restart (%+v): %d %q, want ready", st, code, body)
+		}
+	}
+}
+
 // The metrics endpoint serves valid Prometheus text, as promtool sees it.
 func TestMetricsPassPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")

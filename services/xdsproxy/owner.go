@@ -91,7 +91,7 @@ func (o *owner) run() {
 	defer close(o.done)
 	s := o.state
 	// What belongs to the last run's streams does not carry over.
-	s.current, s.currentPeer, s.stopping = nil, peerCred{}, false
+	s.current, s.currentPeer, s.replacedPID, s.stopping = nil, peerCred{}, 0, false
 	for {
 		select {
 		case m := <-o.events:
@@ -175,6 +175,10 @@ func (o *owner) register(st proxyStream, p peerCred) error {
 		}
 		old, oldPeer := s.current, s.currentPeer
 		if old != nil {
+			if p.pid == s.replacedPID && p.pid != oldPeer.pid {
+				err = errReplaced(oldPeer, p)
+				return
+			}
 			if err = mayReplace(oldPeer, p); err != nil {
 				s.log.Warn("refused a stream on the XDS socket: it would replace Envoy's",
 					"open_pid", oldPeer.pid, "open_uid", oldPeer.uid, "new_pid", p.pid, "new_uid", p.uid)
@@ -186,6 +190,10 @@ func (o *owner) register(st proxyStream, p peerCred) error {
 		}
 		err = nil
 		s.current, s.currentPeer = st, p
+		s.replacedPID = 0
+		if old != nil && oldPeer.pid != p.pid {
+			s.replacedPID = oldPeer.pid
+		}
 		s.connecting(now)
 	})
 	return err
@@ -196,7 +204,7 @@ func (o *owner) unregister(st proxyStream) {
 	now := o.clock.Now()
 	o.post(func(s *proxyState) {
 		if s.current == st {
-			s.current = nil
+			s.current, s.replacedPID = nil, 0
 			s.idle(now)
 		}
 	})

@@ -115,6 +115,13 @@ func peerOf(ctx context.Context) peerCred {
 	return peerCred{pid: -1, uid: ^uint32(0), gid: ^uint32(0)}
 }
 
+// errReplaced refuses the stream of newer, whose earlier stream current
+// replaced: an old Envoy epoch may not take the stream back (#25).
+func errReplaced(current, newer peerCred) error {
+	return status.Errorf(codes.Unavailable,
+		"the agent's XDS socket serves a newer Envoy (pid %d) than pid %d, whose stream it replaced", current.pid, newer.pid)
+}
+
 // mayReplace decides whether a stream of newer may replace the open
 // stream of current: only one of the same uid may.
 func mayReplace(current, newer peerCred) error {

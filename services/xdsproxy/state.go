@@ -38,6 +38,11 @@ type proxyState struct {
 	// currentPeer; stopping refuses new ones while Serve shuts down.
 	current     proxyStream
 	currentPeer peerCred
+	// replacedPID is the process whose stream the current one replaced:
+	// during an Envoy hot restart (#25) the old epoch reconnects and would
+	// take the stream back, and the two would replace each other until the
+	// old one exits. 0: none.
+	replacedPID int32
 	stopping    bool
 }
 

@@ -190,13 +190,14 @@ func Build(in Inputs) (*Agent, error) {
 	if f.meshConfig != nil {
 		meshFile = *f.meshConfig
 	}
-	pc, err := loadProxyConfig(proxyConfigSources{
+	pcSources := proxyConfigSources{
 		injected:        in.standalone.proxyConfigLayer(),
 		meshConfigFile:  Rooted(c.Root, meshFile),
 		meshConfigFlag:  f.meshConfig,
 		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", ParseString),
 		annotationsFile: Rooted(c.Root, podAnnotationsFile),
-	}, in.Log)
+	}
+	pc, err := loadProxyConfig(pcSources, in.Log)
 	if err != nil {
 		p.Add(err)
 		return nil, p.Err() // every service's config depends on it
@@ -234,9 +235,13 @@ func Build(in Inputs) (*Agent, error) {
 			filesSDSSocket = sdsCfg.FilesSocketPath
 		}
 	}
-	envoyCfg, bootstrap := envoyConfig(r, envoyInputs{host: in.Host, root: c.Root, proxyType: c.ProxyType, flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
+	envoyIn := envoyInputs{host: in.Host, root: c.Root, proxyType: c.ProxyType, flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
 		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
-		lookPath: in.Host.LookPath})
+		lookPath: in.Host.LookPath}
+	envoyCfg, bootstrap := envoyConfig(r, envoyIn)
+	if f.hotRestart && envoyCfg != nil {
+		envoyCfg.HotRestart = hotRestartConfig(in, pcSources, envoyIn, envoyCfg)
+	}
 	envoyUID, envoyGID := -1, -1
 	if envoyCfg != nil && envoyCfg.RunAs != nil {
 		envoyUID, envoyGID = int(envoyCfg.RunAs.UID), int(envoyCfg.RunAs.GID)

@@ -180,6 +180,7 @@ var Env = []Var{
 	{Name: "MESHAGENT_ROOT", Default: "/", Type: "path", Service: svcProcess, Doc: "ours: --root, the directory every agent path lives under"},
 	{Name: "MESHAGENT_CAPTURE", Default: "false", Type: "bool", Service: svcCapture, Doc: "ours: proxy --capture, the agent applies and keeps the capture rules (VM)"},
 	{Name: "MESHAGENT_CAPTURE_CHECK_INTERVAL", Default: "30s", Type: "duration", Service: svcCapture, Doc: "ours: proxy --capture-check-interval"},
+	{Name: "MESHAGENT_HOT_RESTART", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)"},
 	{Name: "MESHAGENT_CHAOS", Default: "false", Type: "bool", Service: svcStatus, Doc: "ours: proxy --chaos, POST /debug/chaos/kill on the status port"},
 	{Name: "MESHAGENT_MESH", Type: "path", Service: svcStandalone, Doc: "ours: standalone --mesh, the mesh the control plane serves"},
 	{Name: "MESHAGENT_CERT_LIFETIME", Default: "1m", Type: "duration", Service: svcStandalone, Doc: "ours: standalone --cert-lifetime"},

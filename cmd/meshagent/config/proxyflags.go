@@ -25,6 +25,7 @@ type ProxyFlags struct {
 	resolvConf         string
 	envoyRestarts      int
 	envoyRestartWindow time.Duration
+	hotRestart         bool
 	restartMaxDelay    time.Duration
 }
 
@@ -55,5 +56,7 @@ func BindProxyFlags(s *Settings, f *ProxyFlags) {
 	FlagVar(s, &f.chaos, false, ParseBool, FlagSpec{name: "chaos", Env: []string{"MESHAGENT_CHAOS"}, usage: "Enable POST /debug/chaos/kill?service=NAME on the status port, loopback only"})
 	FlagVar(s, &f.envoyRestarts, 5, ParseCount, FlagSpec{name: "envoy-restarts", usage: "Restarts of a failed Envoy allowed within --envoy-restart-window before the agent exits; 0 exits when Envoy exits, as Istio's agent does"})
 	FlagVar(s, &f.envoyRestartWindow, 5*time.Minute, ParseDuration, FlagSpec{name: "envoy-restart-window", usage: "Window for --envoy-restarts"})
+	FlagVar(s, &f.hotRestart, false, ParseBool, FlagSpec{name: "hot-restart", Env: []string{"MESHAGENT_HOT_RESTART"},
+		usage: "Apply a change of Envoy's bootstrap (mesh config file, ProxyConfig annotation, template) or of its binary by an Envoy hot restart, without refusing a connection; off: Istio's --disable-hot-restart"})
 	FlagVar(s, &f.restartMaxDelay, 30*time.Second, ParseDuration, FlagSpec{name: "restart-max-delay", usage: "Cap of the growing delay before a failed service is restarted (the first failure after a healthy run restarts at once)"})
 }

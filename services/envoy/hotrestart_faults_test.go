@@ -1,0 +1,213 @@
+package envoy
+
+// Faults during a hot restart (#25): afterwards one Envoy serves (none after
+// a drain), its epoch number is right, and no Envoy the test saw is left.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
+
+func starting(st messages.EnvoyState) bool {
+	return st.Overlap.PID != 0 && st.Overlap.Phase == messages.EnvoyRunning
+}
+
+func draining(st messages.EnvoyState) bool {
+	return st.Overlap.PID != 0 && st.Overlap.Phase == messages.EnvoyDraining
+}
+
+func kill(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A new epoch that dies at start is a failed epoch: the old Envoy keeps
+// serving (no connection refused), and since the dead one left Envoy's
+// shared memory marked initializing, the next change waits for Envoy's
+// next cold start, which is epoch 0; hot restarts then go on from it.
+func TestHotRestartNewEpochCrashesAtStart(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	h.run()
+	first := h.wait("epoch 0 ready", alone(0))
+	d := testkit.StartDialer(h.listen)
+	defer d.Stop()
+	h.setEnv("FAKE_ENVOY_EXIT_AT_START=1")
+	h.edit("v1")
+	h.logs.WaitLine(t, "hot restart failed: the new epoch exited before taking over", "old_epoch=0", "new_epoch=1")
+	d.Stop()
+	if _, refused, _ := d.Counts(); refused != 0 {
+		t.Errorf("%d connections refused while the new epoch failed", refused)
+	}
+	h.stillAlone(first, "after a failed epoch")
+
+	h.setEnv()
+	h.edit("v2")
+	h.logs.WaitLine(t, "hot restart refused", "marked initializing")
+
+	kill(t, first.PID) // the next start is cold
+	cold := h.wait("a cold epoch 0", func(st messages.EnvoyState) bool { return alone(0)(st) && st.PID != first.PID })
+	h.edit("v3")
+	st := h.wait("epoch 1 after the cold start", alone(1))
+	h.onlyServing(st)
+	if st.PID == cold.PID {
+		t.Fatal("epoch 1 has the cold epoch 0's pid")
+	}
+}
+
+// Changes during an overlap wait for its end, and then the files as they
+// are win: two edits while epoch 1 starts make one more epoch, 2, with the
+// last edit, never three Envoys.
+func TestHotRestartChangesDuringOverlap(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	h.run()
+	h.wait("epoch 0 ready", alone(0))
+	h.setEnv("FAKE_ENVOY_READY_AFTER=1s")
+	h.edit("v1")
+	h.wait("epoch 1 starting", starting)
+	h.edit("v2")
+	h.logs.WaitLine(t, "looked at once it is over", "input")
+	h.edit("v3")
+	st := h.wait("epoch 2 alone", alone(2))
+	h.onlyServing(st)
+	if len(h.pids) != 3 {
+		t.Errorf("envoys started: %v, want 3 (epochs 0, 1, 2)", h.pids)
+	}
+	boot, err := os.ReadFile(configPathArg(cmdline(t, st.PID)))
+	if err != nil || !strings.Contains(string(boot), `"EDIT":"v3"`) {
+		t.Fatalf("epoch 2's bootstrap (%v): want the last edit, v3:\n%s", err, boot)
+	}
+	for _, s := range h.state.All() {
+		if s.Overlap.PID != 0 && s.Overlap.PID == s.PID {
+			t.Errorf("state %+v names one envoy twice", s)
+		}
+	}
+}
+
+// SIGKILL of either Envoy during either half of the overlap: one Envoy
+// serves afterwards, numbered from its own start (a hot restart's child is
+// N+1, a cold start 0), and nothing else runs.
+func TestHotRestartKillDuringOverlap(t *testing.T) {
+	skipIfReal(t)
+	for _, tc := range []struct {
+		name   string
+		during func(messages.EnvoyState) bool
+		victim func(messages.EnvoyState) int
+		// after: the Envoy that serves at the end, given the old and the
+		// new one's pids.
+		after func(old, next int) func(messages.EnvoyState) bool
+	}{
+		{"new epoch while it starts", starting, func(st messages.EnvoyState) int { return st.Overlap.PID },
+			// A failed epoch: the old one serves on.
+			func(old, _ int) func(messages.EnvoyState) bool {
+				return func(st messages.EnvoyState) bool { return alone(0)(st) && st.PID == old }
+			}},
+		{"old epoch while the new one starts", starting, func(st messages.EnvoyState) int { return st.PID },
+			// Envoy's child aborts when its parent is gone as it asks it
+			// to drain: the agent starts a cold epoch 0.
+			coldStart},
+		{"old epoch while it drains", draining, func(st messages.EnvoyState) int { return st.Overlap.PID },
+			// The child aborts when it tells its dead parent to terminate.
+			coldStart},
+		{"new epoch while the old one drains", draining, func(st messages.EnvoyState) int { return st.PID },
+			// The drained old one listens no more: stopped, cold start.
+			coldStart},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHotHarness(t, true, nil, nil)
+			h.run()
+			first := h.wait("epoch 0 ready", alone(0))
+			h.setEnv("FAKE_ENVOY_READY_AFTER=500ms")
+			h.edit("v1")
+			st := h.wait("the overlap", tc.during)
+			next := st.Overlap.PID
+			if draining(st) {
+				next = st.PID
+			}
+			kill(t, tc.victim(st))
+			final := h.wait("one envoy serving", tc.after(first.PID, next))
+			h.onlyServing(final)
+		})
+	}
+}
+
+func coldStart(old, next int) func(messages.EnvoyState) bool {
+	return func(st messages.EnvoyState) bool { return alone(0)(st) && st.PID != old && st.PID != next }
+}
+
+// A drain (SIGTERM to the agent) during either half of the overlap drains
+// what serves and stops every Envoy.
+func TestHotRestartDrainDuringOverlap(t *testing.T) {
+	skipIfReal(t)
+	for _, tc := range []struct {
+		name   string
+		during func(messages.EnvoyState) bool
+	}{{"while the new epoch starts", starting}, {"while the old epoch drains", draining}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHotHarness(t, true, nil, nil)
+			done := h.supervise(context.Background())
+			h.wait("epoch 0 ready", alone(0))
+			h.setEnv("FAKE_ENVOY_READY_AFTER=500ms")
+			h.edit("v1")
+			h.wait("the overlap", tc.during)
+			h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+			if err := h.waitServe(done); !errors.Is(err, ErrDrained) {
+				t.Fatalf("Serve: %v, want ErrDrained", err)
+			}
+			if pids := h.alive(); len(pids) > 0 {
+				t.Fatalf("envoys still running after the drain: %v", pids)
+			}
+			if st, _ := h.state.Get(); st.Phase != messages.EnvoyStopped || st.Overlap.PID != 0 {
+				t.Fatalf("final state %+v: want stopped, no overlap", st)
+			}
+		})
+	}
+}
+
+// A container whose memory limit cannot hold a second Envoy beside the
+// running one gets no hot restart, and the log says why.
+func TestHotRestartRefusedWithoutRoomForTwo(t *testing.T) {
+	skipIfReal(t)
+	root := t.TempDir()
+	for name, data := range map[string]string{
+		"proc/self/cgroup":                 "0::/pod\n",
+		"sys/fs/cgroup/pod/memory.max":     fmt.Sprint(8 << 20),
+		"sys/fs/cgroup/pod/memory.current": fmt.Sprint(6 << 20),
+	} {
+		testkit.WriteFile(t, filepath.Join(root, name), []byte(data))
+	}
+	h := newHotHarness(t, true, nil, nil)
+	h.svc.cfg.HotRestart.CgroupRoot = root // before Serve: no race
+	h.run()
+	first := h.wait("epoch 0 ready", alone(0))
+	h.edit("v1")
+	h.logs.WaitLine(t, "hot restart refused", "memory limit cannot hold two envoys", "8 MiB limit")
+	h.stillAlone(first, "after a refused hot restart")
+}
+
+// A change of the admin address waits for Envoy's next start: the
+// readiness poll and the drains would not find a new epoch there.
+func TestHotRestartRefusesANewAdminAddress(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	h.run()
+	first := h.wait("epoch 0 ready", alone(0))
+	h.mu.Lock()
+	h.reload = func(c *Config) { c.AdminAddr = "127.0.0.1:1" }
+	h.mu.Unlock()
+	h.edit("v1")
+	h.logs.WaitLine(t, "hot restart: envoy's inputs do not make a configuration", "admin address changed")
+	h.stillAlone(first, "after a refused hot restart")
+}
