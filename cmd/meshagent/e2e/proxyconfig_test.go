@@ -18,7 +18,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
-	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -31,12 +30,7 @@ import (
 // Envoy got over SDS and the embedded CA's root; -o json lists the
 // resources; `pilot-agent proxy-config` is the same command.
 func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
-	mesh := filepath.Join(t.TempDir(), "mesh.yaml")
-	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WriteFile(t, mesh, []byte(string(sample)))
+	mesh, _ := sampleMesh(t)
 	// A certificate that does not rotate while the test compares it.
 	p := e2ekit.StartStandalone(t, mesh, "", "--cert-lifetime", "1h")
 	p.WaitStatus(t, "/healthz/ready", 200)
