@@ -13,7 +13,6 @@ import (
 	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -121,12 +120,7 @@ func (s *server) client(t *testing.T) sdsv3.SecretDiscoveryServiceClient {
 
 func clientAt(t *testing.T, path string) sdsv3.SecretDiscoveryServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return sdsv3.NewSecretDiscoveryServiceClient(conn)
+	return sdsv3.NewSecretDiscoveryServiceClient(testkit.DialPlain(t, "unix://"+path))
 }
 
 // sotw is an SDS stream as Envoy uses it.

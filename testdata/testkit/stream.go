@@ -5,7 +5,24 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
+
+// DialPlain is a plaintext gRPC client of target ("unix:///path" or
+// host:port), closed at the end of the test: how a test reaches the SDS,
+// XDS and control-plane servers it runs. opts add to the plaintext
+// credentials.
+func DialPlain(t testing.TB, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
 
 // Receiver reads the responses of a gRPC stream (or of anything with a
 // Recv) on a goroutine of its own, as Envoy's side of an xDS or SDS stream
