@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"context"
 	"path/filepath"
 	"testing"
 
@@ -85,12 +84,7 @@ type sotwClient struct {
 
 func openSotW(t *testing.T, conn *grpc.ClientConn) *sotwClient {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources)
 	return &sotwClient{stream: stream, resps: testkit.NewReceiver(t, cancel, stream.Recv),
 		pending: map[string][]*discovery.DiscoveryResponse{}}
 }

@@ -137,12 +137,7 @@ func (s *server) open(t *testing.T, names ...string) *sotw {
 
 func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names ...string) *sotw {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := client.StreamSecrets(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, client.StreamSecrets)
 	c := &sotw{stream: stream, cancel: cancel, resps: testkit.NewReceiver(t, cancel, stream.Recv)}
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: names})
 	return c
@@ -152,12 +147,7 @@ func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names .
 // which then reads it to its end so that the server's side is gone too.
 func (s *server) openDelta(t *testing.T) grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := s.client(t).DeltaSecrets(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, s.client(t).DeltaSecrets)
 	t.Cleanup(func() {
 		cancel()
 		for {

@@ -24,6 +24,20 @@ func DialPlain(t testing.TB, target string, opts ...grpc.DialOption) *grpc.Clien
 	return conn
 }
 
+// OpenStream opens a gRPC stream (open is a client's streaming method) on
+// a context of its own, which cancel ends; a stream that does not open
+// fails the test.
+func OpenStream[S any](t testing.TB, open func(context.Context, ...grpc.CallOption) (S, error)) (S, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := open(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return stream, cancel
+}
+
 // Receiver reads the responses of a gRPC stream (or of anything with a
 // Recv) on a goroutine of its own, as Envoy's side of an xDS or SDS stream
 // does: the test then waits for the next response with a bound, and sees
