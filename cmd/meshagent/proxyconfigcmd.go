@@ -100,15 +100,10 @@ func fetchConfigDump(admin string, withEDS bool) (*envoyadmin.Dump, error) {
 	if withEDS {
 		url += "?include_eds"
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
-	if err != nil {
-		return nil, fmt.Errorf("%w (is Envoy running, with its admin API at %s?)", err, admin)
-	}
-	defer resp.Body.Close()
 	// A real mesh's dump runs to tens of MiB; this bounds a runaway one.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	resp, body, err := getLocal(url, 256<<20, "Envoy running, with its admin API at "+admin)
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", url, err)
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)

@@ -73,14 +73,9 @@ func newProxyStatusCommand() *cobra.Command {
 // when it answers 404.
 func getStatusDoc(addr, path string) ([]byte, error) {
 	url := "http://" + addr + path
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+	resp, body, err := getLocal(url, 4<<20, "the agent running, with its status port at "+addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is the agent running, with its status port at %s?)", err, addr)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", url, err)
+		return nil, err
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
@@ -89,6 +84,22 @@ func getStatusDoc(addr, path string) ([]byte, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+}
+
+// getLocal is GET url on this pod's agent or Envoy, with at most limit
+// bytes of the body read (the response's body is closed); what names what
+// should answer there, for the error when nothing does.
+func getLocal(url string, limit int64, what string) (*http.Response, []byte, error) {
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (is %s?)", err, what)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", url, err)
+	}
+	return resp, body, nil
 }
 
 // writeProxyStatusJSON is /debug/xds, with the certificate and the name

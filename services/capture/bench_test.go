@@ -31,38 +31,23 @@ func enterNetnsB(b *testing.B) {
 // of one iptables process per chain and rule, measured in the same run.
 func BenchmarkApplySidecarRules(b *testing.B) {
 	enterNetnsB(b)
-	cfg := DefaultRules()
-	cfg.InboundInterceptionMode = "REDIRECT"
-	cfg.OutboundIPRangesInclude = "*"
-	cfg.InboundPortsInclude = "*"
-	cfg.InboundPortsExclude = "15090,15021,15020"
+	cfg := sidecarBenchRules()
 	rs := Build(cfg)
 	a, err := NewApplier("", false, testkit.TestLogger(b))
 	if err != nil {
 		b.Fatal(err)
 	}
-	var baseline time.Duration
 	var restoreExecs, baselineExecs int64
-	b.ResetTimer()
-	for range b.N {
+	cleanup := func() error { return a.Cleanup(rs) }
+	baseline := timeAgainst(b, func() error {
 		before := a.Execs()
-		if err := a.Apply(rs, false); err != nil {
-			b.Fatal(err)
-		}
+		err := a.Apply(rs, false)
 		restoreExecs += a.Execs() - before
-		b.StopTimer()
-		if err := a.Cleanup(rs); err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
+		return err
+	}, cleanup, func() error {
 		baselineExecs += applyRuleByRule(b, a.v4.binary, rs.V4)
-		baseline += time.Since(start)
-		if err := a.Cleanup(rs); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
+		return nil
+	}, cleanup)
 	restoreNs := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	baselineNs := float64(baseline.Nanoseconds()) / float64(b.N)
 	b.ReportMetric(baselineNs, "rule-by-rule-ns/op")
@@ -70,6 +55,45 @@ func BenchmarkApplySidecarRules(b *testing.B) {
 	b.ReportMetric(float64(restoreExecs)/float64(b.N), "restore-procs/op")
 	b.ReportMetric(float64(baselineExecs)/float64(b.N), "rule-by-rule-procs/op")
 	b.ReportMetric(float64(len(rs.V4)), "rules")
+}
+
+// timeAgainst runs b.N rounds of apply, timed by b, and of baseline, timed
+// here with b's timer stopped, undoing each before the next; it returns
+// baseline's total, and leaves b's timer stopped for the caller's metrics.
+func timeAgainst(b *testing.B, apply, undo, baseline, undoBaseline func() error) time.Duration {
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		if err := apply(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := undo(); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if err := baseline(); err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(start)
+		if err := undoBaseline(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	return total
+}
+
+// sidecarBenchRules is the typical sidecar both benchmarks apply: REDIRECT,
+// all outbound, all inbound but the agent's ports.
+func sidecarBenchRules() RulesConfig {
+	cfg := DefaultRules()
+	cfg.InboundInterceptionMode = "REDIRECT"
+	cfg.OutboundIPRangesInclude = "*"
+	cfg.InboundPortsInclude = "*"
+	cfg.InboundPortsExclude = "15090,15021,15020"
+	return cfg
 }
 
 // applyRuleByRule is the baseline: "iptables -t T -N C" per chain, then
@@ -106,11 +130,7 @@ func BenchmarkApplySidecarRulesNft(b *testing.B) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		b.Skip("nft not installed (Debian package nftables)")
 	}
-	cfg := DefaultRules()
-	cfg.InboundInterceptionMode = "REDIRECT"
-	cfg.OutboundIPRangesInclude = "*"
-	cfg.InboundPortsInclude = "*"
-	cfg.InboundPortsExclude = "15090,15021,15020"
+	cfg := sidecarBenchRules()
 	rs, ipt := BuildNft(cfg), Build(cfg)
 	log := testkit.TestLogger(b)
 	n, err := NewNftApplier(log)
@@ -122,30 +142,14 @@ func BenchmarkApplySidecarRulesNft(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	var restore time.Duration
 	var nftExecs int64
-	b.ResetTimer()
-	for range b.N {
+	restore := timeAgainst(b, func() error {
 		before := n.Execs()
-		if err := n.Apply(ctx, rs); err != nil {
-			b.Fatal(err)
-		}
+		err := n.Apply(ctx, rs)
 		nftExecs += n.Execs() - before
-		b.StopTimer()
-		if err := n.Cleanup(ctx); err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
-		if err := a.Apply(ipt, false); err != nil {
-			b.Fatal(err)
-		}
-		restore += time.Since(start)
-		if err := a.Cleanup(ipt); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
+		return err
+	}, func() error { return n.Cleanup(ctx) },
+		func() error { return a.Apply(ipt, false) }, func() error { return a.Cleanup(ipt) })
 	nftNs := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	restoreNs := float64(restore.Nanoseconds()) / float64(b.N)
 	b.ReportMetric(restoreNs, "iptables-restore-ns/op")

@@ -93,11 +93,7 @@ func (s *Service) Serve(ctx context.Context) error {
 	rs := Build(s.cfg.Rules)
 	a, err := NewApplier(s.cfg.Rules.ForceIptablesBinary, s.cfg.Rules.EnableIPv6, s.log)
 	if err != nil {
-		if s.cfg.Mode == Sidecar {
-			s.notVerified(err)
-			return suture.ErrDoNotRestart
-		}
-		return fmt.Errorf("capture: %w", err)
+		return s.noApplier(err)
 	}
 	if s.cfg.Mode == Sidecar {
 		s.checkOnce(a, rs)
@@ -119,14 +115,31 @@ func (s *Service) checkOnce(a *Applier, rs RuleSet) {
 		s.report(messages.Ready, "")
 		missing, err = a.MissingRules(rs)
 	}
+	s.verdict(missing, err, "")
+}
+
+// verdict reports a sidecar's check of its rules: not verified when they
+// could not be read, Degraded naming what is missing, else Ready with
+// reason. Both backends give it.
+func (s *Service) verdict(missing []string, err error, reason string) {
 	switch {
 	case err != nil:
 		s.notVerified(err)
 	case len(missing) > 0:
 		s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
 	default:
-		s.report(messages.Ready, "")
+		s.report(messages.Ready, reason)
 	}
+}
+
+// noApplier is Serve's end when neither backend's applier could be made:
+// in a sidecar a verdict (the rules are not verified), in a VM an error.
+func (s *Service) noApplier(err error) error {
+	if s.cfg.Mode == Sidecar {
+		s.notVerified(err)
+		return suture.ErrDoNotRestart
+	}
+	return fmt.Errorf("capture: %w", err)
 }
 
 // notVerified reports a sidecar whose rules could not be read. A sidecar

@@ -54,22 +54,12 @@ func (s *Service) serveNft(ctx context.Context) error {
 	rs := BuildNft(s.cfg.Rules)
 	a, err := NewNftApplier(s.log)
 	if err != nil {
-		if s.cfg.Mode == Sidecar {
-			s.notVerified(err)
-			return suture.ErrDoNotRestart
-		}
-		return fmt.Errorf("capture: %w", err)
+		return s.noApplier(err)
 	}
 	if s.cfg.Mode == Sidecar {
-		switch missing, err := a.Missing(ctx, rs); {
-		case err != nil:
-			s.notVerified(err)
-		case len(missing) > 0:
-			s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
-		default:
-			// The reason names the backend for /debug/tree.
-			s.report(messages.Ready, "nftables capture in place")
-		}
+		// The reason names the backend for /debug/tree.
+		missing, err := a.Missing(ctx, rs)
+		s.verdict(missing, err, "nftables capture in place")
 		return suture.ErrDoNotRestart
 	}
 	cfg := s.cfg.Rules

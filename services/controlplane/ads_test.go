@@ -184,12 +184,8 @@ func TestInPlaceWritesAndIdenticalRewrites(t *testing.T) {
 func TestDeltaStream(t *testing.T) {
 	sample := readSample(t)
 	s := startServer(t, withDetails(sample), messages.Ready, nil)
-	ctx, cancel := context.WithCancel(context.Background())
+	stream, cancel := testkit.OpenStream(t, discovery.NewAggregatedDiscoveryServiceClient(s.dial(t)).DeltaAggregatedResources)
 	defer cancel()
-	stream, err := discovery.NewAggregatedDiscoveryServiceClient(s.dial(t)).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	resps := testkit.NewReceiver(t, cancel, stream.Recv)
 	pending := map[string][]*discovery.DeltaDiscoveryResponse{}
 	next := func(typeURL string) *discovery.DeltaDiscoveryResponse {

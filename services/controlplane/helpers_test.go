@@ -1,14 +1,12 @@
 package controlplane
 
 import (
-	"context"
 	"path/filepath"
 	"testing"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -70,12 +68,7 @@ func (s *server) dial(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
 	if addr == "" {
 		t.Fatal("control plane is not listening")
 	}
-	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return testkit.DialPlain(t, addr, opts...)
 }
 
 var sidecarNode = &core.Node{Id: "sidecar~127.0.0.1~demo-0.default~default.svc.cluster.local", Cluster: "demo.default"}
@@ -91,12 +84,7 @@ type sotwClient struct {
 
 func openSotW(t *testing.T, conn *grpc.ClientConn) *sotwClient {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources)
 	return &sotwClient{stream: stream, resps: testkit.NewReceiver(t, cancel, stream.Recv),
 		pending: map[string][]*discovery.DiscoveryResponse{}}
 }

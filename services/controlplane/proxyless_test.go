@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and its balancers
@@ -111,12 +110,7 @@ func TestProxylessChild(t *testing.T) {
 	if target == "" {
 		t.Skip("runs only as the child of TestProxylessGRPCClientResolvesThroughTheControlPlane")
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := healthpb.NewHealthClient(conn)
+	client := healthpb.NewHealthClient(testkit.DialPlain(t, target))
 	for _, want := range []string{os.Getenv(childFirstEnv), os.Getenv(childSecondEnv)} {
 		deadline := time.Now().Add(testkit.Timeout)
 		for {

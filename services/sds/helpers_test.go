@@ -13,7 +13,6 @@ import (
 	sdsv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -121,12 +120,7 @@ func (s *server) client(t *testing.T) sdsv3.SecretDiscoveryServiceClient {
 
 func clientAt(t *testing.T, path string) sdsv3.SecretDiscoveryServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return sdsv3.NewSecretDiscoveryServiceClient(conn)
+	return sdsv3.NewSecretDiscoveryServiceClient(testkit.DialPlain(t, "unix://"+path))
 }
 
 // sotw is an SDS stream as Envoy uses it.
@@ -143,12 +137,7 @@ func (s *server) open(t *testing.T, names ...string) *sotw {
 
 func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names ...string) *sotw {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := client.StreamSecrets(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, client.StreamSecrets)
 	c := &sotw{stream: stream, cancel: cancel, resps: testkit.NewReceiver(t, cancel, stream.Recv)}
 	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNames: names})
 	return c
@@ -158,12 +147,7 @@ func openStream(t *testing.T, client sdsv3.SecretDiscoveryServiceClient, names .
 // which then reads it to its end so that the server's side is gone too.
 func (s *server) openDelta(t *testing.T) grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := s.client(t).DeltaSecrets(ctx)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	stream, cancel := testkit.OpenStream(t, s.client(t).DeltaSecrets)
 	t.Cleanup(func() {
 		cancel()
 		for {

@@ -16,13 +16,19 @@ import (
 
 // treeRequest sends GET path to the server's routes from remote.
 func treeRequest(s *Service, path, remote string, header http.Header) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodGet, path, nil)
+	return request(s.routes(), http.MethodGet, path, remote, header)
+}
+
+// request sends method path to h from remote, with header's fields: the
+// one way these tests call a handler.
+func request(h http.Handler, method, path, remote string, header http.Header) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, nil)
 	req.RemoteAddr = remote
 	for k, v := range header {
 		req.Header[k] = v
 	}
 	rec := httptest.NewRecorder()
-	s.routes().ServeHTTP(rec, req)
+	h.ServeHTTP(rec, req)
 	return rec
 }
 

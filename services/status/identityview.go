@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
 // The workload certificate and the DNS name table as an operator asks
@@ -83,14 +85,8 @@ func (s *Service) certReport() *CertReport {
 		at := b.RenewAt.UTC()
 		out.RenewAt = &at
 	}
-	for rest := b.RootsPEM; ; {
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type == "CERTIFICATE" {
-			out.RootSHA256 = append(out.RootSHA256, fingerprint(block.Bytes))
-		}
+	for der := range pemblock.Certificates(b.RootsPEM) {
+		out.RootSHA256 = append(out.RootSHA256, fingerprint(der))
 	}
 	return out
 }

@@ -2,7 +2,6 @@ package status
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -45,11 +44,7 @@ func TestIndexListsEveryEndpoint(t *testing.T) {
 		}
 	}
 	// What the index calls loopback-only is: a remote GET of /debug/tree is refused.
-	req := httptest.NewRequest(http.MethodGet, "/debug/tree", nil)
-	req.RemoteAddr = "192.0.2.10:40000"
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusForbidden {
+	if rec := request(h, http.MethodGet, "/debug/tree", "192.0.2.10:40000", nil); rec.Code != http.StatusForbidden {
 		t.Errorf("remote GET /debug/tree = %d, want 403", rec.Code)
 	}
 	// Only / itself: an unknown path is still a 404.

@@ -438,10 +438,7 @@ func TestMergedMetricsLocalhostOnly(t *testing.T) {
 		f := newFixture(Config{Gatherer: agentRegistry(), Metrics: metricsmerge.Config{LocalhostOnly: only}})
 		h := f.svc.routes()
 		for addr, local := range map[string]bool{"192.0.2.10:40000": false, "127.0.0.1:40000": true, "[::1]:40000": true} {
-			req := httptest.NewRequest(http.MethodGet, "/stats/prometheus", nil)
-			req.RemoteAddr = addr
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
+			rec := request(h, http.MethodGet, "/stats/prometheus", addr, nil)
 			want := http.StatusOK
 			if only && !local {
 				want = http.StatusForbidden

@@ -195,28 +195,17 @@ func TestDangerousEndpointsAreLoopbackOnly(t *testing.T) {
 	f := newFixture(Config{Chaos: true, Profiling: true, Gatherer: prometheus.NewRegistry()})
 	h := f.svc.routes()
 	for _, path := range []string{"/quitquitquit", "/drain", "/debug/chaos/kill?service=x", "/debug/pprof/"} {
-		req := httptest.NewRequest(http.MethodPost, path, nil)
-		req.RemoteAddr = "192.0.2.10:40000"
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		if rec.Code != http.StatusForbidden {
+		if rec := request(h, http.MethodPost, path, "192.0.2.10:40000", nil); rec.Code != http.StatusForbidden {
 			t.Errorf("POST %s from 192.0.2.10 = %d, want 403", path, rec.Code)
 		}
 	}
 	if got := f.stop.Take(); len(got) != 0 {
 		t.Fatalf("a refused quit still sent %v", got)
 	}
-	req := httptest.NewRequest(http.MethodGet, "/quitquitquit", nil)
-	req.RemoteAddr = "127.0.0.1:40000"
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusMethodNotAllowed {
+	if rec := request(h, http.MethodGet, "/quitquitquit", "127.0.0.1:40000", nil); rec.Code != http.StatusMethodNotAllowed {
 		t.Fatalf("GET /quitquitquit = %d, want 405", rec.Code)
 	}
-	req = httptest.NewRequest(http.MethodPost, "/drain", nil)
-	req.RemoteAddr = "[::1]:40000"
-	rec = httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
+	rec := request(h, http.MethodPost, "/drain", "[::1]:40000", nil)
 	if got := f.drain.Take(); rec.Code != 200 || len(got) != 1 || got[0].Exit {
 		t.Fatalf("POST /drain = %d, drains %+v; want one Drain without exit", rec.Code, got)
 	}
@@ -303,11 +292,7 @@ func TestChaosKillForADuration(t *testing.T) {
 
 // postFromLoopback is POST path to h from a loopback caller.
 func postFromLoopback(h http.Handler, path string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodPost, path, nil)
-	req.RemoteAddr = "127.0.0.1:1"
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
+	return request(h, http.MethodPost, path, "127.0.0.1:1", nil)
 }
 
 // New checks the config, once (issue 26): Serve never does again.

@@ -10,6 +10,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -83,7 +84,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		clusters.StaticClusters = append(clusters.StaticClusters,
 			&adminv3.ClustersConfigDump_StaticCluster{Cluster: mustAny(c), LastUpdated: started})
 	}
-	for _, name := range sortedNames(x.resources[typeCluster]) {
+	for _, name := range slices.Sorted(maps.Keys(x.resources[typeCluster])) {
 		clusters.DynamicActiveClusters = append(clusters.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{
 			VersionInfo: x.versionOf(typeCluster, name), Cluster: mustAny(x.resources[typeCluster][name]),
 			LastUpdated: timestamppb.New(x.updated[typeCluster][name]),
@@ -95,7 +96,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		listeners.StaticListeners = append(listeners.StaticListeners,
 			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
 	}
-	for _, name := range sortedNames(x.resources[typeListener]) {
+	for _, name := range slices.Sorted(maps.Keys(x.resources[typeListener])) {
 		listeners.DynamicListeners = append(listeners.DynamicListeners, &adminv3.ListenersConfigDump_DynamicListener{
 			Name: name,
 			ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{
@@ -106,7 +107,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 	}
 
 	routes := &adminv3.RoutesConfigDump{}
-	for _, name := range sortedNames(x.resources[typeRoute]) {
+	for _, name := range slices.Sorted(maps.Keys(x.resources[typeRoute])) {
 		routes.DynamicRouteConfigs = append(routes.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{
 			VersionInfo: x.versionOf(typeRoute, name), RouteConfig: mustAny(x.resources[typeRoute][name]),
 			LastUpdated: timestamppb.New(x.updated[typeRoute][name]),
@@ -119,7 +120,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 			Name: s.GetName(), Secret: mustAny(redactSecret(s)), LastUpdated: started})
 	}
 	held := e.received[typeSecret]
-	for _, name := range sortedNames(held) {
+	for _, name := range slices.Sorted(maps.Keys(held)) {
 		h := held[name]
 		secrets.DynamicActiveSecrets = append(secrets.DynamicActiveSecrets, &adminv3.SecretsConfigDump_DynamicSecret{
 			Name: name, VersionInfo: h.version, LastUpdated: timestamppb.New(h.updated), Secret: mustAny(redactSecret(h.msg)),
@@ -129,7 +130,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 	dumps := []proto.Message{&adminv3.BootstrapConfigDump{Bootstrap: e.boot, LastUpdated: started}, clusters}
 	if includeEDS {
 		endpoints := &adminv3.EndpointsConfigDump{}
-		for _, name := range sortedNames(x.resources[typeEndpoint]) {
+		for _, name := range slices.Sorted(maps.Keys(x.resources[typeEndpoint])) {
 			endpoints.DynamicEndpointConfigs = append(endpoints.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{
 				VersionInfo: x.versionOf(typeEndpoint, name), EndpointConfig: mustAny(x.resources[typeEndpoint][name]),
 				LastUpdated: timestamppb.New(x.updated[typeEndpoint][name]),
@@ -223,13 +224,4 @@ func mustAny(m proto.Message) *anypb.Any {
 		panic(err)
 	}
 	return a
-}
-
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }

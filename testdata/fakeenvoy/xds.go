@@ -107,32 +107,39 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 		subscribed[typeURL] = names
 		return stream.Send(req)
 	}
-	follow := func() error {
-		return e.follow(subscribed, func(t string, names []string) error { return request(t, names, nil) })
-	}
-	if err := request(typeCluster, nil, nil); err != nil {
+	ask := func(t string, names []string) error { return request(t, names, nil) }
+	return runADS(e, subscribed, ask, stream.Recv, func(resp *discoveryv3.DiscoveryResponse) error {
+		t := resp.GetTypeUrl()
+		nonces[t] = resp.GetNonce()
+		if _, ok := statPrefix[t]; !ok {
+			// Not one of Envoy's init types (an ECDS config, say): keep and ACK.
+			e.replaceAll(t, resp.GetVersionInfo(), resp.GetResources())
+			return request(t, subscribed[t], nil)
+		}
+		detail := e.applyOrNACK(update{typeURL: t, version: resp.GetVersionInfo(), sotw: true, added: resp.GetResources()})
+		return request(t, subscribed[t], detail)
+	})
+}
+
+// runADS is the loop both ADS variants run: ask for the clusters and what
+// the config held calls for, then hand each response to answer (which ACKs
+// or NACKs it) and ask for what the new config calls for, until the stream
+// ends. subscribed is what ask has asked for on this stream.
+func runADS[R any](e *envoy, subscribed map[string][]string, ask func(typeURL string, names []string) error,
+	recv func() (R, error), answer func(R) error) error {
+	follow := func() error { return e.follow(subscribed, ask) }
+	if err := ask(typeCluster, nil); err != nil {
 		return err
 	}
 	if err := follow(); err != nil {
 		return err
 	}
 	for {
-		resp, err := stream.Recv()
+		resp, err := recv()
 		if err != nil {
 			return err
 		}
-		t := resp.GetTypeUrl()
-		nonces[t] = resp.GetNonce()
-		if _, ok := statPrefix[t]; !ok {
-			// Not one of Envoy's init types (an ECDS config, say): keep and ACK.
-			e.replaceAll(t, resp.GetVersionInfo(), resp.GetResources())
-			if err := request(t, subscribed[t], nil); err != nil {
-				return err
-			}
-			continue
-		}
-		detail := e.applyOrNACK(update{typeURL: t, version: resp.GetVersionInfo(), sotw: true, added: resp.GetResources()})
-		if err := request(t, subscribed[t], detail); err != nil {
+		if err := answer(resp); err != nil {
 			return err
 		}
 		if err := follow(); err != nil {
@@ -180,18 +187,7 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 		subscribed[typeURL] = names
 		return send(req)
 	}
-	follow := func() error { return e.follow(subscribed, subscribe) }
-	if err := subscribe(typeCluster, nil); err != nil {
-		return err
-	}
-	if err := follow(); err != nil {
-		return err
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return err
-		}
+	return runADS(e, subscribed, subscribe, stream.Recv, func(resp *discoveryv3.DeltaDiscoveryResponse) error {
 		t := resp.GetTypeUrl()
 		u := update{typeURL: t, version: resp.GetSystemVersionInfo(), removed: resp.GetRemovedResources()}
 		for _, r := range resp.GetResources() {
@@ -209,13 +205,8 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 		} else {
 			req.ErrorDetail = e.applyOrNACK(u)
 		}
-		if err := send(req); err != nil {
-			return err
-		}
-		if err := follow(); err != nil {
-			return err
-		}
-	}
+		return send(req)
+	})
 }
 
 // follow sends, through ask, the subscriptions the current config calls

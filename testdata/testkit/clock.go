@@ -71,17 +71,7 @@ func (c *ManualClock) AdvanceToNext(t testing.TB) {
 	t.Helper()
 	deadline := time.NewTimer(Timeout)
 	defer deadline.Stop()
-	for {
-		n, added := c.Pending()
-		if n > 0 {
-			break
-		}
-		select {
-		case <-added:
-		case <-deadline.C:
-			t.Fatal("nothing waits on the clock")
-		}
-	}
+	c.awaitWaiter(t, deadline.C, nil)
 	c.mu.Lock()
 	next := c.waiters[0].at
 	for _, w := range c.waiters[1:] {
@@ -92,6 +82,26 @@ func (c *ManualClock) AdvanceToNext(t testing.TB) {
 	d := next.Sub(c.now)
 	c.mu.Unlock()
 	c.Advance(d)
+}
+
+// awaitWaiter blocks until something waits on the clock (false) or done
+// is closed (true; a nil done never is), failing t when deadline fires
+// first: the wait AdvanceToNext and AdvanceUntil share.
+func (c *ManualClock) awaitWaiter(t testing.TB, deadline <-chan time.Time, done <-chan struct{}) bool {
+	t.Helper()
+	for {
+		n, added := c.Pending()
+		if n > 0 {
+			return false
+		}
+		select {
+		case <-added:
+		case <-done:
+			return true
+		case <-deadline:
+			t.Fatal("nothing waits on the clock")
+		}
+	}
 }
 
 // Pending is how many waiters wait, and a channel closed when the next
@@ -111,18 +121,8 @@ func (c *ManualClock) AdvanceUntil(t testing.TB, step time.Duration, max int, do
 	deadline := time.NewTimer(Timeout)
 	defer deadline.Stop()
 	for i := 0; i < max; i++ {
-		for {
-			n, added := c.Pending()
-			if n > 0 {
-				break
-			}
-			select {
-			case <-added:
-			case <-done:
-				return true
-			case <-deadline.C:
-				t.Fatal("nothing waits on the clock")
-			}
+		if c.awaitWaiter(t, deadline.C, done) {
+			return true
 		}
 		select {
 		case <-done:

@@ -5,7 +5,38 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
+
+// DialPlain is a plaintext gRPC client of target ("unix:///path" or
+// host:port), closed at the end of the test: how a test reaches the SDS,
+// XDS and control-plane servers it runs. opts add to the plaintext
+// credentials.
+func DialPlain(t testing.TB, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// OpenStream opens a gRPC stream (open is a client's streaming method) on
+// a context of its own, which cancel ends; a stream that does not open
+// fails the test.
+func OpenStream[S any](t testing.TB, open func(context.Context, ...grpc.CallOption) (S, error)) (S, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := open(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return stream, cancel
+}
 
 // Receiver reads the responses of a gRPC stream (or of anything with a
 // Recv) on a goroutine of its own, as Envoy's side of an xDS or SDS stream

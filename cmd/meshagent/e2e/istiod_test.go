@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"maps"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/miekg/dns"
 )
 
@@ -292,17 +292,9 @@ func checkWorkloadCert(t *testing.T, d standInDump, rootFile string) string {
 		t.Fatal("Envoy has no workload certificate (SDS \"default\")")
 	}
 	chainPEM := secret.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
-	var chain []*x509.Certificate
-	for rest := chainPEM; ; {
-		var blk *pem.Block
-		if blk, rest = pem.Decode(rest); blk == nil {
-			break
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chain = append(chain, c)
+	chain, err := pki.ParseChain(chainPEM)
+	if err != nil {
+		t.Fatal(err)
 	}
 	rootPEM, err := os.ReadFile(rootFile)
 	if err != nil {

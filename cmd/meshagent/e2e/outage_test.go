@@ -21,15 +21,7 @@ import (
 // kept with it serves DNS (issue #21: readiness stayed 503 on "dns:
 // starting (DNS lookup table is not ready yet)" for the whole outage).
 func TestAgentRestartDuringOutageTurnsReadyWithDNS(t *testing.T) {
-	cp, err := xdsserver.Start(xdsserver.Options{Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Close)
-	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
-	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
-		t.Fatal(err)
-	}
+	cp := e2ekit.StartControlPlane(t)
 	if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.e2e.svc.cluster.local": "10.0.0.7"})); err != nil {
 		t.Fatal(err)
 	}

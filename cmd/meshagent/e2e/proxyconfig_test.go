@@ -18,7 +18,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
-	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -31,12 +30,7 @@ import (
 // Envoy got over SDS and the embedded CA's root; -o json lists the
 // resources; `pilot-agent proxy-config` is the same command.
 func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
-	mesh := filepath.Join(t.TempDir(), "mesh.yaml")
-	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WriteFile(t, mesh, []byte(string(sample)))
+	mesh, _ := sampleMesh(t)
 	// A certificate that does not rotate while the test compares it.
 	p := e2ekit.StartStandalone(t, mesh, "", "--cert-lifetime", "1h")
 	p.WaitStatus(t, "/healthz/ready", 200)
@@ -122,10 +116,16 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 	for _, kind := range []string{"cluster", "listener", "route", "endpoint", "secret"} {
 		tables[kind] = proxyConfigRows(t, e2ekit.AgentBinary, kind, "--admin", admin)
 	}
-	column := func(kind string, i int) []string {
+	// columns is each row of the kind's table as the cells cols, joined
+	// by a space.
+	columns := func(kind string, cols ...int) []string {
 		var out []string
 		for _, row := range tables[kind] {
-			out = append(out, row[i])
+			cells := make([]string, len(cols))
+			for i, c := range cols {
+				cells[i] = row[c]
+			}
+			out = append(out, strings.Join(cells, " "))
 		}
 		return out
 	}
@@ -166,7 +166,7 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 			chainPorts = append(chainPorts, strconv.Itoa(int(ln.GetAddress().GetSocketAddress().GetPortValue())))
 		}
 	}
-	sameSet(t, "listener", column("listener", 1), chainPorts)
+	sameSet(t, "listener", columns("listener", 1), chainPorts)
 
 	// Routes: route name and virtual host, per route.
 	var routes []string
@@ -183,11 +183,7 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 			}
 		}
 	}
-	var routeRows []string
-	for _, row := range tables["route"] {
-		routeRows = append(routeRows, row[0]+" "+row[1])
-	}
-	sameSet(t, "route", routeRows, routes)
+	sameSet(t, "route", columns("route", 0, 1), routes)
 
 	// Endpoints: address and cluster.
 	var endpoints []string
@@ -200,11 +196,7 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 			}
 		}
 	}
-	var endpointRows []string
-	for _, row := range tables["endpoint"] {
-		endpointRows = append(endpointRows, row[0]+" "+row[3])
-	}
-	sameSet(t, "endpoint", endpointRows, endpoints)
+	sameSet(t, "endpoint", columns("endpoint", 0, 3), endpoints)
 
 	// Secrets: the names, and each certificate's serial.
 	var secrets []string
@@ -220,11 +212,7 @@ func checkProxyConfigTables(t *testing.T, admin string) map[string][][]string {
 		}
 		secrets = append(secrets, s.GetName()+" "+serial)
 	}
-	var secretRows []string
-	for _, row := range tables["secret"] {
-		secretRows = append(secretRows, row[0]+" "+row[4])
-	}
-	sameSet(t, "secret", secretRows, secrets)
+	sameSet(t, "secret", columns("secret", 0, 4), secrets)
 	return tables
 }
 

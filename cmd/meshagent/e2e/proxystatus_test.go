@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -19,12 +18,7 @@ import (
 // control plane is back.
 func TestProxyStatusVerdictsOnTheStandIn(t *testing.T) {
 	t.Setenv("FAKE_ENVOY_REJECT_NAME", "rejected-svc") // the agent passes its environment to Envoy
-	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mesh := t.TempDir() + "/mesh.yaml"
-	testkit.WriteFile(t, mesh, []byte(string(sample)))
+	mesh, sample := sampleMesh(t)
 	p := e2ekit.StartStandalone(t, mesh, "")
 	p.WaitStatus(t, "/healthz/ready", 200)
 

@@ -17,6 +17,20 @@ import (
 // sample mesh, in a temp root, every port moved to a free one, and a
 // resolver of the test's own as the DNS proxy's upstream.
 
+// sampleMesh is a copy of testdata/standalone/mesh.yaml in a directory of
+// the test's own (the control plane watches the file's directory, and a
+// test may rewrite the file), and the sample's content.
+func sampleMesh(t *testing.T) (path string, sample []byte) {
+	t.Helper()
+	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mesh := filepath.Join(t.TempDir(), "mesh.yaml")
+	testkit.WriteFile(t, mesh, sample)
+	return mesh, sample
+}
+
 // The whole mesh on one machine: the agent comes to ready on its own, the
 // peers are in its tree, its certificate comes from the embedded CA over
 // its real CA client and rotates, Envoy holds the sample's clusters, DNS
@@ -24,12 +38,7 @@ import (
 // bad edit keeps the last good mesh and says why, a killed control plane
 // comes back, and Ctrl-C stops it all.
 func TestStandaloneRunsTheSampleMesh(t *testing.T) {
-	mesh := filepath.Join(t.TempDir(), "mesh.yaml")
-	sample, err := os.ReadFile("../../../testdata/standalone/mesh.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WriteFile(t, mesh, []byte(string(sample)))
+	mesh, sample := sampleMesh(t)
 	upstream := e2ekit.StartUpstreamResolver(t)
 	p := e2ekit.StartStandalone(t, mesh, upstream, "--cert-lifetime", "10s")
 

@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"strings"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // ListenerFilter keeps the listeners on Address (any of its addresses) and
@@ -27,18 +29,10 @@ type ListenerFilter struct {
 // ListenerTable is `proxy-config listener`: one row per filter chain (what it
 // matches, where it sends), listeners sorted by port then address.
 func (d *Dump) ListenerTable(f ListenerFilter) Table {
-	var listeners []*listenerv3.Listener
 	ld := d.Listeners()
-	for _, l := range ld.GetDynamicListeners() {
-		if l := unpack[*listenerv3.Listener](l.GetActiveState().GetListener()); l != nil {
-			listeners = append(listeners, l)
-		}
-	}
-	for _, l := range ld.GetStaticListeners() {
-		if l := unpack[*listenerv3.Listener](l.GetListener()); l != nil {
-			listeners = append(listeners, l)
-		}
-	}
+	listeners := append(unpackEach[*listenerv3.Listener](ld.GetDynamicListeners(), func(l *adminv3.ListenersConfigDump_DynamicListener) *anypb.Any {
+		return l.GetActiveState().GetListener()
+	}), unpackEach[*listenerv3.Listener](ld.GetStaticListeners(), (*adminv3.ListenersConfigDump_StaticListener).GetListener)...)
 	listeners = slices.DeleteFunc(listeners, func(l *listenerv3.Listener) bool {
 		return (f.Port != 0 && listenerPort(l) != f.Port) || (f.Address != "" && !slices.Contains(listenerAddresses(l), f.Address))
 	})

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 )
 
@@ -37,18 +38,9 @@ type RouteFilter struct{ Name string }
 // passthrough routes left out as Istio does; route tables sorted by name,
 // port numbers first and in numeric order.
 func (d *Dump) RouteTable(f RouteFilter) Table {
-	var rcs []*routev3.RouteConfiguration
 	rd := d.Routes()
-	for _, r := range rd.GetDynamicRouteConfigs() {
-		if rc := unpack[*routev3.RouteConfiguration](r.GetRouteConfig()); rc != nil {
-			rcs = append(rcs, rc)
-		}
-	}
-	for _, r := range rd.GetStaticRouteConfigs() {
-		if rc := unpack[*routev3.RouteConfiguration](r.GetRouteConfig()); rc != nil {
-			rcs = append(rcs, rc)
-		}
-	}
+	rcs := append(unpackEach[*routev3.RouteConfiguration](rd.GetDynamicRouteConfigs(), (*adminv3.RoutesConfigDump_DynamicRouteConfig).GetRouteConfig),
+		unpackEach[*routev3.RouteConfiguration](rd.GetStaticRouteConfigs(), (*adminv3.RoutesConfigDump_StaticRouteConfig).GetRouteConfig)...)
 	rcs = slices.DeleteFunc(rcs, func(rc *routev3.RouteConfiguration) bool { return f.Name != "" && rc.GetName() != f.Name })
 	slices.SortStableFunc(rcs, func(a, b *routev3.RouteConfiguration) int {
 		na, errA := strconv.Atoi(a.GetName())

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -38,6 +39,18 @@ const (
 	passthroughCluster = "PassthroughCluster"
 	blackHoleCluster   = "BlackHoleCluster"
 )
+
+// unpackEach is the T that get finds in each of a dump's entries, those
+// that cannot be read as a T left out.
+func unpackEach[T proto.Message, E any](entries []E, get func(E) *anypb.Any) []T {
+	var out []T
+	for _, e := range entries {
+		if m := unpack[T](get(e)); m.ProtoReflect().IsValid() { // false for the nil of a failed unpack
+			out = append(out, m)
+		}
+	}
+	return out
+}
 
 // unpack is the message an Any holds, nil when it cannot be read.
 func unpack[T proto.Message](a *anypb.Any) T {
@@ -85,18 +98,9 @@ func splitClusterName(name string) clusterKey {
 // ClusterTable is `proxy-config cluster`: dynamic then static clusters, sorted
 // by FQDN, subset, port, direction.
 func (d *Dump) ClusterTable(f ClusterFilter) Table {
-	var clusters []*clusterv3.Cluster
 	cd := d.Clusters()
-	for _, c := range cd.GetDynamicActiveClusters() {
-		if c := unpack[*clusterv3.Cluster](c.GetCluster()); c != nil {
-			clusters = append(clusters, c)
-		}
-	}
-	for _, c := range cd.GetStaticClusters() {
-		if c := unpack[*clusterv3.Cluster](c.GetCluster()); c != nil {
-			clusters = append(clusters, c)
-		}
-	}
+	clusters := append(unpackEach[*clusterv3.Cluster](cd.GetDynamicActiveClusters(), (*adminv3.ClustersConfigDump_DynamicCluster).GetCluster),
+		unpackEach[*clusterv3.Cluster](cd.GetStaticClusters(), (*adminv3.ClustersConfigDump_StaticCluster).GetCluster)...)
 	clusters = slices.DeleteFunc(clusters, func(c *clusterv3.Cluster) bool { return !f.keeps(c.GetName()) })
 	slices.SortStableFunc(clusters, func(a, b *clusterv3.Cluster) int {
 		ka, kb := splitClusterName(a.GetName()), splitClusterName(b.GetName())
@@ -152,18 +156,9 @@ type EndpointFilter struct {
 // with ?include_eds): one row per endpoint, sorted by cluster then address.
 // A config dump has no outlier detection state: OUTLIER CHECK is OK.
 func (d *Dump) EndpointTable(f EndpointFilter) Table {
-	var clas []*endpointv3.ClusterLoadAssignment
 	ed := d.Endpoints()
-	for _, e := range ed.GetDynamicEndpointConfigs() {
-		if cla := unpack[*endpointv3.ClusterLoadAssignment](e.GetEndpointConfig()); cla != nil {
-			clas = append(clas, cla)
-		}
-	}
-	for _, e := range ed.GetStaticEndpointConfigs() {
-		if cla := unpack[*endpointv3.ClusterLoadAssignment](e.GetEndpointConfig()); cla != nil {
-			clas = append(clas, cla)
-		}
-	}
+	clas := append(unpackEach[*endpointv3.ClusterLoadAssignment](ed.GetDynamicEndpointConfigs(), (*adminv3.EndpointsConfigDump_DynamicEndpointConfig).GetEndpointConfig),
+		unpackEach[*endpointv3.ClusterLoadAssignment](ed.GetStaticEndpointConfigs(), (*adminv3.EndpointsConfigDump_StaticEndpointConfig).GetEndpointConfig)...)
 	slices.SortStableFunc(clas, func(a, b *endpointv3.ClusterLoadAssignment) int {
 		return cmp.Compare(a.GetClusterName(), b.GetClusterName())
 	})

@@ -223,6 +223,26 @@ func ParseLeaf(t T, chainPEM []byte) *x509.Certificate {
 	return c
 }
 
+// ParseChain is every CERTIFICATE block of chainPEM, in order (other
+// blocks skipped), for a test that reads a chain someone else wrote.
+func ParseChain(chainPEM []byte) ([]*x509.Certificate, error) {
+	var chain []*x509.Certificate
+	for rest := chainPEM; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			return chain, nil
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, c)
+	}
+}
+
 func certPEM(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

@@ -78,3 +78,19 @@ func TestCRL(t *testing.T) {
 		t.Fatalf("CRL %v revokes %v", crl.Number, crl.RevokedCertificateEntries)
 	}
 }
+
+// A chain is its certificates in order; other blocks (a key) are skipped.
+func TestParseChain(t *testing.T) {
+	root := NewRoot(t, "test root")
+	leafPEM, keyPEM := root.Workload(t, time.Hour)
+	chain, err := ParseChain(append(append(append([]byte{}, leafPEM...), keyPEM...), certPEM(root.Cert.Raw)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chain) != 2 || !chain[0].Equal(ParseLeaf(t, leafPEM)) || !chain[1].Equal(root.Cert) {
+		t.Fatalf("chain = %d certificates, want the leaf then the root", len(chain))
+	}
+	if _, err := ParseChain(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")})); err == nil {
+		t.Error("a CERTIFICATE block that does not parse is not an error")
+	}
+}

@@ -6,7 +6,6 @@ package kube
 import (
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
+	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
 // runMode runs the checks on pods of one agent in one injection mode:
@@ -182,17 +182,9 @@ func (s *suite) certificate(t *testing.T, pod, sa string) error {
 		}
 		time.Sleep(time.Second)
 	}
-	var certs []*x509.Certificate
-	for rest := chain; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return err
-		}
-		certs = append(certs, c)
+	certs, err := pki.ParseChain(chain)
+	if err != nil {
+		return err
 	}
 	if len(certs) == 0 {
 		return fmt.Errorf("no certificate in the secret: %q", chain)
