@@ -113,23 +113,7 @@ func TestIstiodEndToEnd(t *testing.T) {
 	}
 	bin, run := istiodPeerPaths(t)
 	peer := startIstiodPeer(t, bin, run)
-	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
-		return exec.Command(agentBinary, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
-	}}}
-	istio, istioMissing := istioAgentBinary()
-	var istioSrc string
-	if istioMissing == nil {
-		istioSrc, istioMissing = istioSource() // its bootstrap template
-	}
-	if istioMissing == nil {
-		template, err := os.ReadFile(filepath.Join(istioSrc, istioTemplateSource))
-		if err != nil {
-			t.Fatal(err)
-		}
-		agents = append(agents, istiodAgent{name: "istio", command: func(string) *exec.Cmd {
-			return exec.Command(istio, "proxy", "sidecar", "--domain", "ns.svc.cluster.local")
-		}, files: map[string][]byte{istioTemplatePath: template}})
-	}
+	agents, istioMissing := istiodAgents(t, agentBinary)
 	runs := map[string]*istiodRun{}
 	for i, a := range agents {
 		if i > 0 {
@@ -156,64 +140,36 @@ func TestIstiodEndToEnd(t *testing.T) {
 	compareRuns(t, runs["meshagent"], runs["istio"])
 }
 
+// istiodAgents are the agents compared against istiod: meshagent (the
+// binary ours), and Istio's pilot-agent with its bootstrap template when
+// it is built (else why not).
+func istiodAgents(t *testing.T, ours string) ([]istiodAgent, error) {
+	t.Helper()
+	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
+		return exec.Command(ours, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
+	}}}
+	istio, istioMissing := istioAgentBinary()
+	var istioSrc string
+	if istioMissing == nil {
+		istioSrc, istioMissing = istioSource() // its bootstrap template
+	}
+	if istioMissing == nil {
+		template, err := os.ReadFile(filepath.Join(istioSrc, istioTemplateSource))
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, istiodAgent{name: "istio", command: func(string) *exec.Cmd {
+			return exec.Command(istio, "proxy", "sidecar", "--domain", "ns.svc.cluster.local")
+		}, files: map[string][]byte{istioTemplatePath: template}})
+	}
+	return agents, istioMissing
+}
+
 // runAgainstIstiod runs one agent as pod-0 in namespace ns against istiod
 // and checks the whole chain, then a config change and an istiod restart.
 func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun {
 	r := &istiodRun{dns: map[string]string{}}
-	root := testkit.ShortTempDir(t, "pod")
-	// The pod's files: the service-account token and the mesh's root,
-	// named relative to the pod directory (meshagent reads every path
-	// under --root; Istio's agent runs in it).
-	b, err := os.ReadFile(peer.token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WriteFile(t, filepath.Join(root, "var/run/secrets/tokens/istio-token"), b)
-	if b, err = os.ReadFile(peer.rootCert()); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WriteFile(t, filepath.Join(root, "mesh-root/root-cert.pem"), b)
-	for path, content := range a.files {
-		testkit.WriteFile(t, filepath.Join(root, path), content)
-	}
-
-	cmd := a.command(root)
-	cmd.Dir = root
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + root,
-		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15012","statusPort":15020,"proxyAdminPort":15000,`+
-			`"binaryPath":%q,"terminationDrainDuration":"1s"}`, envoyBinary),
-		// The CA is the discovery address (no CA_ADDR): istiod's
-		// certificate names istiod.istio-system.svc and localhost, no IP,
-		// and Istio checks ISTIOD_SAN for the CA only then.
-		"ISTIOD_SAN=istiod.istio-system.svc",
-		"XDS_ROOT_CA=./mesh-root/root-cert.pem", "CA_ROOT_CA=./mesh-root/root-cert.pem",
-		"JWT_POLICY=third-party-jwt",
-		"POD_NAME=pod-0", "POD_NAMESPACE=ns", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
-		"ISTIO_META_DNS_CAPTURE=true", "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_META_NAMESPACE=ns",
-	}
-	log := &testkit.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &agentProcess{cmd: cmd, base: "http://127.0.0.1:15020", stderr: log, exited: make(chan error, 1), root: root, adminPort: 15000}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() || os.Getenv("MESHAGENT_ISTIOD_LOGS") != "" {
-			t.Logf("%s log (tail):\n%s", a.name, shortLines(tail(log.String(), 80), 400))
-		}
-		// Both agents use the same fixed ports: the next one waits for them.
-		testkit.WaitFor(t, "the agent's ports to close", func() bool { return !dialable("127.0.0.1:15020") && !dialable("127.0.0.1:15000") })
-	})
+	p, start := launchAgainstIstiod(t, peer, a)
 	p.waitStatus(t, "/healthz/ready", 200)
 	r.ready = time.Since(start)
 	envoy := standIn{admin: "http://127.0.0.1:15000"}
@@ -281,6 +237,73 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 	checkACKed(t, envoy)
 	p.waitStatus(t, "/healthz/ready", 200)
 	return r
+}
+
+// launchAgainstIstiod starts one agent as pod-0 in namespace ns against
+// istiod, with the pod's files (the token, the mesh root, the agent's own
+// files) in a directory of its own; the agent is stopped when the test
+// ends. It returns the process and when it was started.
+func launchAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) (*agentProcess, time.Time) {
+	t.Helper()
+	root := testkit.ShortTempDir(t, "pod")
+	// The pod's files: the service-account token and the mesh's root,
+	// named relative to the pod directory (meshagent reads every path
+	// under --root; Istio's agent runs in it).
+	b, err := os.ReadFile(peer.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WriteFile(t, filepath.Join(root, "var/run/secrets/tokens/istio-token"), b)
+	if b, err = os.ReadFile(peer.rootCert()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WriteFile(t, filepath.Join(root, "mesh-root/root-cert.pem"), b)
+	for path, content := range a.files {
+		testkit.WriteFile(t, filepath.Join(root, path), content)
+	}
+
+	cmd := a.command(root)
+	cmd.Dir = root
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + root,
+		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15012","statusPort":15020,"proxyAdminPort":15000,`+
+			`"binaryPath":%q,"terminationDrainDuration":"1s"}`, envoyBinary),
+		// The CA is the discovery address (no CA_ADDR): istiod's
+		// certificate names istiod.istio-system.svc and localhost, no IP,
+		// and Istio checks ISTIOD_SAN for the CA only then.
+		"ISTIOD_SAN=istiod.istio-system.svc",
+		"XDS_ROOT_CA=./mesh-root/root-cert.pem", "CA_ROOT_CA=./mesh-root/root-cert.pem",
+		"JWT_POLICY=third-party-jwt",
+		"POD_NAME=pod-0", "POD_NAMESPACE=ns", "INSTANCE_IP=127.0.0.1", "SERVICE_ACCOUNT=default",
+		"ISTIO_META_DNS_CAPTURE=true", "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_META_NAMESPACE=ns",
+	}
+	log := &testkit.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &agentProcess{cmd: cmd, base: "http://127.0.0.1:15020", stderr: log, exited: make(chan error, 1), root: root, adminPort: 15000}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() || os.Getenv("MESHAGENT_ISTIOD_LOGS") != "" {
+			t.Logf("%s log (tail):\n%s", a.name, shortLines(tail(log.String(), 80), 400))
+		}
+		if dir := os.Getenv("MESHAGENT_ISTIOD_LOGS"); filepath.IsAbs(dir) {
+			// A directory: the whole log, for a trace of the start path.
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", a.name, cmd.Process.Pid)), []byte(log.String()), 0o644)
+		}
+		// Both agents use the same fixed ports: the next one waits for them.
+		testkit.WaitFor(t, "the agent's ports to close", func() bool { return !dialable("127.0.0.1:15020") && !dialable("127.0.0.1:15000") })
+	})
+	return p, start
 }
 
 // checkWorkloadCert finds the "default" secret Envoy got over SDS,
