@@ -55,6 +55,7 @@ func (s *Service) watchRoots(ctx context.Context, last []byte, seen bool) {
 // redial ends the active stream's upstream so that the next one dials
 // afresh; without an active stream, the next one will anyway.
 func (s *Service) redial(reason, version string) {
+	s.warm.drop() // made with the old roots
 	s.mu.Lock()
 	cur := s.current
 	s.mu.Unlock()

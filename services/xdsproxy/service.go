@@ -57,6 +57,7 @@ type Service struct {
 	codec  rawCodec
 	lkg    *lkg
 	status *upstreamStatus
+	warm   warmConn // a connection made ahead of its stream (warmconn.go)
 
 	streamIDs   atomic.Uint64 // for logs and cache nonces; never reset
 	maxInflight atomic.Int64  // the most responses ever held at once by one stream
@@ -154,6 +155,8 @@ func (s *Service) Serve(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); s.watchRoots(runCtx, roots, seen) }()
 	}
+	s.warmUp()
+	defer s.warm.drop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
