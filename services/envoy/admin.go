@@ -187,6 +187,7 @@ type readiness struct {
 // its lifetime (only a drain, which the service itself starts, changes it).
 func (s *Service) pollReady(ctx context.Context, out chan readiness) {
 	var last readiness
+	interval, began := s.cfg.ReadyPollInterval, s.clock.Now()
 	for {
 		ready, why := s.admin.readiness(ctx)
 		if now := (readiness{ready, why}); now != last {
@@ -203,7 +204,10 @@ func (s *Service) pollReady(ctx context.Context, out chan readiness) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.ReadyPollInterval):
+		case <-s.clock.After(interval):
+		}
+		if s.clock.Now().Sub(began) >= slowReadyPollAfter {
+			interval = max(interval, slowReadyPollInterval)
 		}
 	}
 }
