@@ -242,6 +242,16 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		for k in VmRSS RssAnon RssFile; do
 			record "proc-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/status")"
 		done
+		# What the agent's file RSS is (#24): its executable's pages
+		# (text, rodata, pclntab) against the rest (shared libraries:
+		# Istio's agent is linked dynamically).
+		record proc-exe-rss-mib "$v" "$(awk -v exe="$(readlink "/proc/$pid/exe")" '
+			/^[0-9a-f]+-[0-9a-f]+ / {cur = $6}
+			$1 == "Rss:" && cur == exe {s += $2}
+			END {printf "%.1f", s / 1024}' "/proc/$pid/smaps")"
+		for k in Private_Dirty Shared_Clean Private_Clean; do
+			record "smaps-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/smaps_rollup")"
+		done
 		# The copy this agent runs (its pages, charged to this cgroup).
 		bin=$work/mem-$v-$r/bin/meshagent
 		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
@@ -326,7 +336,9 @@ for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (t
                  ("cg-total_mapped_file-mib", "cgroup mapped file"),
                  ("ws-exec-mib", "working set after one more exec of the binary"),
                  ("cg-active-exec-mib", "cgroup active file after one more exec"),
-                 ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS")]:
+                 ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS"),
+                 ("proc-exe-rss-mib", "  of which its executable"), ("smaps-Private_Dirty-mib", "agent private dirty (smaps)"),
+                 ("smaps-Private_Clean-mib", "agent private clean (smaps)"), ("smaps-Shared_Clean-mib", "agent shared clean (smaps)")]:
     if not vals.get((f, "istio")): continue
     row(f"idle {label}, MiB (median [min–max] of {memr})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
