@@ -30,10 +30,6 @@ import (
 // build); MESHAGENT_BENCH_AGENT_ARGS adds arguments to its command line.
 const istiodBenchRoundsEnv = "MESHAGENT_ISTIOD_BENCH_ROUNDS"
 
-// pollFine is the benchmark's poll interval: well under the figures'
-// spread, and the same for both agents.
-const pollFine = 2 * time.Millisecond
-
 func TestIstiodStartReconnectBench(t *testing.T) {
 	rounds, _ := strconv.Atoi(os.Getenv(istiodBenchRoundsEnv))
 	if rounds <= 0 {
@@ -95,28 +91,16 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func startReconnect(t *testing.T, peer *istiodPeer, a istiodAgent) istiodTimes {
 	var r istiodTimes
 	p, start := launchAgainstIstiod(t, peer, a)
-	pollUntil(t, "/healthz/ready 200", func() bool { code, _ := p.get("/healthz/ready"); return code == 200 })
+	testkit.WaitFor(t, "/healthz/ready 200", func() bool { code, _ := p.get("/healthz/ready"); return code == 200 })
 	r.ready = time.Since(start)
-	pollUntil(t, "istiod to have the proxy synced", istiodSees)
+	testkit.WaitFor(t, "istiod to have the proxy synced", istiodSees)
 
 	peer.stop(t)
 	time.Sleep(2 * time.Second)
 	restarted := time.Now()
 	peer.start(t)
 	ports := time.Now()
-	pollUntil(t, "the agent to reconnect to the restarted istiod", istiodSees)
+	testkit.WaitFor(t, "the agent to reconnect to the restarted istiod", istiodSees)
 	r.reconnect, r.afterPorts = time.Since(restarted), time.Since(ports)
 	return r
-}
-
-// pollUntil is testkit.WaitFor at pollFine.
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(testkit.Timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", testkit.Timeout, what)
-		}
-		time.Sleep(pollFine)
-	}
 }
