@@ -117,13 +117,19 @@ func startSilent(t *testing.T) (*silentControlPlane, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveSilent(t, lis), lis.Addr().String()
+}
+
+// serveSilent serves a silent control plane on lis until the test ends.
+func serveSilent(t *testing.T, lis net.Listener) *silentControlPlane {
+	t.Helper()
 	s := &silentControlPlane{got: make(chan struct{}, 1)}
 	gs := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, s)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
 	t.Cleanup(func() { gs.Stop(); <-done })
-	return s, lis.Addr().String()
+	return s
 }
 
 // A control plane that keeps the stream open and answers nothing

@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
-
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -36,12 +33,7 @@ func TestConnectsAheadOfEnvoy(t *testing.T) {
 		t.Fatal(err)
 	}
 	counted := &countingListener{Listener: lis}
-	silent := &silentControlPlane{got: make(chan struct{}, 1)}
-	gs := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, silent)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(counted) }()
-	t.Cleanup(func() { gs.Stop(); <-done })
+	silent := serveSilent(t, counted)
 
 	p := startProxy(t, testConfig(tempRoot(t), lis.Addr().String()), proxyOpts{})
 	testkit.WaitFor(t, "a connection from the proxy before any Envoy", func() bool { return counted.accepted.Load() > 0 })
