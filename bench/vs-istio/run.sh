@@ -33,12 +33,21 @@
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
 #     XDS_ROUNDS, quartiles), small-update added latency, peak RSS; meshagent
 #     as shipped (GOGC=50) and with GOGC=100 and GOGC=100 + GOMEMLIMIT.
+#  4. Start and reconnect against Istio's istiod (PHASES=istiod, not in the
+#     default set: it needs the istiod peer, `make e2e-istiod`): the Go test
+#     TestIstiodStartReconnectBench (cmd/meshagent/e2e/istiod_bench_test.go)
+#     runs the shipped binary and Istio's agent on the same istiod, in a
+#     network namespace of its own, ISTIOD_ROUNDS rounds, the order rotated
+#     each round: start → /healthz/ready 200, and istiod killed, 2 s down,
+#     started again → istiod's syncz lists the proxy (from istiod's start,
+#     and from its ports open). Each round's ratio is printed under the table.
 # No DNS: both agents run with ISTIO_META_DNS_CAPTURE=false (Istio's default),
 # so nothing is forwarded anywhere. Every port is on loopback.
 set -euo pipefail
 
-# PHASES: which of start, mem, xds to run.
+# PHASES: which of start, mem, xds, istiod to run.
 PHASES=${PHASES:-start mem xds}
+ISTIOD_ROUNDS=${ISTIOD_ROUNDS:-5}
 IDLE=${IDLE:-60}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
 START_ROUNDS=${START_ROUNDS:-10}
@@ -233,6 +242,16 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		for k in VmRSS RssAnon RssFile; do
 			record "proc-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/status")"
 		done
+		# What the agent's file RSS is (#24): its executable's pages
+		# (text, rodata, pclntab) against the rest (shared libraries:
+		# Istio's agent is linked dynamically).
+		record proc-exe-rss-mib "$v" "$(awk -v exe="$(readlink "/proc/$pid/exe")" '
+			/^[0-9a-f]+-[0-9a-f]+ / {cur = $6}
+			$1 == "Rss:" && cur == exe {s += $2}
+			END {printf "%.1f", s / 1024}' "/proc/$pid/smaps")"
+		for k in Private_Dirty Shared_Clean Private_Clean; do
+			record "smaps-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/smaps_rollup")"
+		done
 		# The copy this agent runs (its pages, charged to this cgroup).
 		bin=$work/mem-$v-$r/bin/meshagent
 		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
@@ -261,10 +280,39 @@ timeout 1800 "$work/bin/xdsbench" -rounds "$XDS_ROUNDS" -small "$SMALL" -sizes "
 sample_load
 fi
 
+# 4. Start and reconnect against istiod (#24): the Go test's one line per
+# round, "istiod-bench round R: FIGURE OURS ISTIO RATIO ...", recorded
+# here and kept for the per-round ratios under the table.
+istiod_phase() {
+	echo "bench-vs-istio: start and reconnect against istiod, $ISTIOD_ROUNDS rounds..." >&2
+	MESHAGENT_ISTIOD_BENCH_ROUNDS=$ISTIOD_ROUNDS MESHAGENT_BENCH_AGENT="$work/bin/meshagent" \
+		MESHAGENT_ISTIO_AGENT="$work/bin/pilot-agent" go test -count=1 -timeout 30m \
+		-run '^TestIstiodStartReconnectBench$' -v ./cmd/meshagent/e2e >"$work/istiod.out" 2>&1 ||
+		{ echo "bench-vs-istio: the istiod benchmark failed:" >&2; tail -30 "$work/istiod.out" >&2; exit 1; }
+	grep -o 'istiod-bench round .*' "$work/istiod.out" >"$work/istiod.rounds" || true
+	if [ ! -s "$work/istiod.rounds" ]; then
+		echo "bench-vs-istio: the istiod benchmark measured nothing:" >&2
+		grep -E -- '--- SKIP|SKIP:|e2e_istiod' "$work/istiod.out" | tail -5 >&2
+		return 0
+	fi
+	local line f a b
+	while read -r line; do
+		set -- ${line#*: }
+		while [ $# -ge 4 ]; do
+			f=$1 a=$2 b=$3
+			record "istiod-$f" meshagent "$a"
+			record "istiod-$f" istio "$b"
+			shift 4
+		done
+	done <"$work/istiod.rounds"
+	sample_load
+}
+if has istiod; then istiod_phase; fi
+
 # The table.
-python3 - "$work/results" "$work/xds.tsv" "${loads[*]}" "$IDLE" "$MEM_ROUNDS" "$START_ROUNDS" "$XDS_ROUNDS" "$MEMLIMIT" <<'EOF'
+python3 - "$work/results" "$work/xds.tsv" "${loads[*]}" "$IDLE" "$MEM_ROUNDS" "$START_ROUNDS" "$XDS_ROUNDS" "$MEMLIMIT" "$work/istiod.rounds" <<'EOF'
 import os, statistics, sys
-res, xtsv, loads, idle, memr, startr, xr, memlimit = sys.argv[1:]
+res, xtsv, loads, idle, memr, startr, xr, memlimit, irounds = sys.argv[1:]
 vals = {}
 for line in open(res):
     f, v, x = line.split()
@@ -288,9 +336,18 @@ for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (t
                  ("cg-total_mapped_file-mib", "cgroup mapped file"),
                  ("ws-exec-mib", "working set after one more exec of the binary"),
                  ("cg-active-exec-mib", "cgroup active file after one more exec"),
-                 ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS")]:
+                 ("proc-VmRSS-mib", "agent RSS"), ("proc-RssAnon-mib", "agent anon"), ("proc-RssFile-mib", "agent file RSS"),
+                 ("proc-exe-rss-mib", "  of which its executable"), ("smaps-Private_Dirty-mib", "agent private dirty (smaps)"),
+                 ("smaps-Private_Clean-mib", "agent private clean (smaps)"), ("smaps-Shared_Clean-mib", "agent shared clean (smaps)")]:
     if not vals.get((f, "istio")): continue
     row(f"idle {label}, MiB (median [min–max] of {memr})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"))
+for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
+                 ("reconnect-ms", "istiod back after 2 s down → reconnected (from its start), ms"),
+                 ("reconnect-after-ports-ms", "  the same, from istiod's ports open, ms")]:
+    f = "istiod-" + f
+    if not vals.get((f, "istio")): continue
+    n = len(vals[(f, "istio")])
+    row(f"{label} (median [min–max] of {n})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"), "{:.0f}")
 x = {}
 for line in open(xtsv) if os.path.exists(xtsv) else []:
     f, t, m, p25, p75 = line.split("\t")
@@ -327,4 +384,11 @@ print(f"|{'-'*(w0+2)}|{'-'*(w1+2)}|{'-'*(w2+2)}|-------|")
 for r in rows:
     print(f"| {r[0]:<{w0}} | {r[1]:<{w1}} | {r[2]:<{w2}} | {r[3]:>5} |")
 print(f"\nload average (1 min) during the run: {loads}; idle {idle}s; ratio = meshagent / Istio's agent")
+if os.path.exists(irounds) and os.path.getsize(irounds):
+    per = {}
+    for line in open(irounds):
+        fs = line.split(": ", 1)[1].split()
+        for i in range(0, len(fs) - 3, 4):
+            per.setdefault(fs[i], []).append(fs[i + 3])
+    print("against istiod, meshagent / Istio's agent per round: " + "; ".join(f"{k} {' '.join(v)}" for k, v in per.items()))
 EOF

@@ -256,6 +256,7 @@ func (p *poller) stop() {
 // its lifetime (only a drain, which the service itself starts, changes it).
 func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, restartEpoch int, interval time.Duration) {
 	var last readiness
+	began := s.clock.Now()
 	for {
 		ready, why := s.admin.readiness(ctx, restartEpoch)
 		if now := (readiness{epoch, ready, why}); now != last {
@@ -273,6 +274,9 @@ func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, rest
 		case <-ctx.Done():
 			return
 		case <-s.clock.After(interval):
+		}
+		if s.clock.Now().Sub(began) >= slowReadyPollAfter {
+			interval = max(interval, slowReadyPollInterval)
 		}
 	}
 }

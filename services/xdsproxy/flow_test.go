@@ -126,12 +126,26 @@ func startADS(t *testing.T, cp discoveryv3.AggregatedDiscoveryServiceServer) str
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveADS(t, lis, cp)
+	return lis.Addr().String()
+}
+
+// serveSilent serves a silent control plane on lis until the test ends.
+func serveSilent(t *testing.T, lis net.Listener) *silentControlPlane {
+	t.Helper()
+	s := &silentControlPlane{got: make(chan struct{}, 1)}
+	serveADS(t, lis, s)
+	return s
+}
+
+// serveADS serves cp on lis until the test ends.
+func serveADS(t *testing.T, lis net.Listener, cp discoveryv3.AggregatedDiscoveryServiceServer) {
+	t.Helper()
 	gs := grpc.NewServer()
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, cp)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
 	t.Cleanup(func() { gs.Stop(); <-done })
-	return lis.Addr().String()
 }
 
 // deafControlPlane accepts a stream and never reads it.

@@ -40,6 +40,7 @@ func (s *Service) watchRoots(ctx context.Context, own *owner, last []byte, seen 
 		b, ok, changed := s.in.Certs.Watch()
 		if ok {
 			if seen && !bytes.Equal(b.RootsPEM, last) {
+				s.warm.drop() // made with the old roots
 				own.redial(reasonRootsChanged, b.Version)
 			}
 			last, seen = b.RootsPEM, true

@@ -59,6 +59,7 @@ type Service struct {
 	// goroutine alone touches it (owner.go), and it carries over to the
 	// next run.
 	state *proxyState
+	warm  warmConn // a connection made ahead of its stream (warmconn.go)
 
 	streamIDs   atomic.Uint64 // for logs and cache nonces; never reset
 	maxInflight atomic.Int64  // the most responses ever held at once by one stream
@@ -150,6 +151,8 @@ func (s *Service) Serve(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); s.watchRoots(runCtx, own, roots, seen) }()
 	}
+	s.warmUp()
+	defer s.warm.drop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 

@@ -50,17 +50,25 @@ func (u *upstream) close() {
 	_ = u.conn.Close()
 }
 
+// release ends the stream and returns its connection, open, for another.
+func (u *upstream) release() *grpc.ClientConn {
+	u.cancel()
+	return u.conn
+}
+
 // openUpstream connects and opens an ADS stream (method: methodSotW or
 // methodDelta), with the per-stream metadata: ClusterID, XDS_HEADER_*
 // headers, and the bearer token, read afresh.
 func (s *Service) openUpstream(ctx context.Context, method string) (*upstream, error) {
-	opts, err := s.dialOptions()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := grpc.NewClient(s.cfg.DiscoveryAddress, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("control plane address %q: %w", s.cfg.DiscoveryAddress, err)
+	conn := s.warm.take() // warmconn.go
+	if conn == nil {
+		opts, err := s.dialOptions()
+		if err != nil {
+			return nil, err
+		}
+		if conn, err = grpc.NewClient(s.cfg.DiscoveryAddress, opts...); err != nil {
+			return nil, fmt.Errorf("control plane address %q: %w", s.cfg.DiscoveryAddress, err)
+		}
 	}
 	md := metadata.MD{}
 	if s.cfg.ClusterID != "" {
@@ -142,6 +150,9 @@ func (s *Service) dialOptions() ([]grpc.DialOption, error) {
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.ForceCodecV2(s.codec)),
+		// Ours: a connection made ahead of its stream (warmconn.go) does
+		// not stay connected long without one.
+		grpc.WithIdleTimeout(warmIdle),
 	}, nil
 }
 

@@ -113,23 +113,7 @@ func TestIstiodEndToEnd(t *testing.T) {
 	}
 	bin, run := istiodPeerPaths(t)
 	peer := startIstiodPeer(t, bin, run)
-	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
-		return exec.Command(e2ekit.AgentBinary, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
-	}}}
-	istio, istioMissing := e2ekit.IstioAgentBinary()
-	var istioSrc string
-	if istioMissing == nil {
-		istioSrc, istioMissing = e2ekit.IstioSource() // its bootstrap template
-	}
-	if istioMissing == nil {
-		template, err := os.ReadFile(filepath.Join(istioSrc, e2ekit.IstioTemplateSource))
-		if err != nil {
-			t.Fatal(err)
-		}
-		agents = append(agents, istiodAgent{name: "istio", command: func(string) *exec.Cmd {
-			return exec.Command(istio, "proxy", "sidecar", "--domain", "ns.svc.cluster.local")
-		}, files: map[string][]byte{e2ekit.IstioTemplatePath: template}})
-	}
+	agents, istioMissing := istiodAgents(t, e2ekit.AgentBinary)
 	runs := map[string]*istiodRun{}
 	for i, a := range agents {
 		if i > 0 {
@@ -156,10 +140,37 @@ func TestIstiodEndToEnd(t *testing.T) {
 	compareRuns(t, runs["meshagent"], runs["istio"])
 }
 
-// runAgainstIstiod runs one agent as pod-0 in namespace ns against istiod
-// and checks the whole chain, then a config change and an istiod restart.
-func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun {
-	r := &istiodRun{dns: map[string]string{}}
+// istiodAgents are the agents compared against istiod: meshagent (the
+// binary ours), and Istio's pilot-agent with its bootstrap template when
+// it is built (else why not).
+func istiodAgents(t *testing.T, ours string) ([]istiodAgent, error) {
+	t.Helper()
+	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
+		return exec.Command(ours, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
+	}}}
+	istio, istioMissing := e2ekit.IstioAgentBinary()
+	var istioSrc string
+	if istioMissing == nil {
+		istioSrc, istioMissing = e2ekit.IstioSource() // its bootstrap template
+	}
+	if istioMissing == nil {
+		template, err := os.ReadFile(filepath.Join(istioSrc, e2ekit.IstioTemplateSource))
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, istiodAgent{name: "istio", command: func(string) *exec.Cmd {
+			return exec.Command(istio, "proxy", "sidecar", "--domain", "ns.svc.cluster.local")
+		}, files: map[string][]byte{e2ekit.IstioTemplatePath: template}})
+	}
+	return agents, istioMissing
+}
+
+// launchAgainstIstiod starts one agent as pod-0 in namespace ns against
+// istiod, with the pod's files (the token, the mesh root, the agent's own
+// files) in a directory of its own; the agent is stopped when the test
+// ends. It returns the process and when it was started.
+func launchAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) (*e2ekit.AgentProcess, time.Time) {
+	t.Helper()
 	root := testkit.ShortTempDir(t, "pod")
 	// The pod's files: the service-account token and the mesh's root,
 	// named relative to the pod directory (meshagent reads every path
@@ -211,9 +222,21 @@ func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun 
 		if t.Failed() || os.Getenv("MESHAGENT_ISTIOD_LOGS") != "" {
 			t.Logf("%s log (tail):\n%s", a.name, shortLines(e2ekit.Tail(log.String(), 80), 400))
 		}
+		if dir := os.Getenv("MESHAGENT_ISTIOD_LOGS"); filepath.IsAbs(dir) {
+			// A directory: the whole log, for a trace of the start path.
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", a.name, cmd.Process.Pid)), []byte(log.String()), 0o644)
+		}
 		// Both agents use the same fixed ports: the next one waits for them.
 		testkit.WaitFor(t, "the agent's ports to close", func() bool { return !dialable("127.0.0.1:15020") && !dialable("127.0.0.1:15000") })
 	})
+	return p, start
+}
+
+// runAgainstIstiod runs one agent as pod-0 in namespace ns against istiod
+// and checks the whole chain, then a config change and an istiod restart.
+func runAgainstIstiod(t *testing.T, peer *istiodPeer, a istiodAgent) *istiodRun {
+	r := &istiodRun{dns: map[string]string{}}
+	p, start := launchAgainstIstiod(t, peer, a)
 	p.WaitStatus(t, "/healthz/ready", 200)
 	r.ready = time.Since(start)
 	envoy := standIn{admin: "http://127.0.0.1:15000"}
