@@ -155,15 +155,16 @@ func (s *udpServer) read(c *net.UDPConn) error {
 		}
 		k := 0
 		for i := range in[:n] {
-			resp := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare)
-			if resp == nil {
-				continue
-			}
-			// PackBuffer uses the buffer when its length (not its
-			// capacity) is enough.
-			b, err := resp.PackBuffer(outBuf[k][:cap(outBuf[k])])
-			if err != nil {
-				continue
+			resp, b := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare, outBuf[k])
+			if b == nil {
+				if resp == nil {
+					continue
+				}
+				// PackBuffer uses the buffer when its length (not its
+				// capacity) is enough.
+				if b, err = resp.PackBuffer(outBuf[k][:cap(outBuf[k])]); err != nil {
+					continue
+				}
 			}
 			if cap(b) > cap(outBuf[k]) && cap(b) <= udpReadSize {
 				outBuf[k] = b[:0] // keep a grown buffer, within reason
@@ -193,39 +194,44 @@ func (s *udpServer) read(c *net.UDPConn) error {
 	}
 }
 
-// handle returns the answer to the query in pkt, to write now; nil when the
-// query is dropped or forwarded (then a goroutine writes the answer). It
-// filters as miekg's server does before its handler runs.
-func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg) *dns.Msg {
+// handle returns the answer to the query in pkt, to write now: a message,
+// or its bytes already written in buf (or a bigger slice); neither when the
+// query is dropped or forwarded (then the upstream's reader or a goroutine
+// writes the answer). It filters as miekg's server does before its handler
+// runs.
+func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg, buf []byte) (*dns.Msg, []byte) {
 	if len(pkt) < 12 {
-		return nil // not even a header: no answer, it could amplify
+		return nil, nil // not even a header: no answer, it could amplify
 	}
 	var hdr dns.MsgHdr
 	hdr.Id = binary.BigEndian.Uint16(pkt)
 	bits := binary.BigEndian.Uint16(pkt[2:])
 	if bits&0x8000 != 0 {
-		return nil // a response: never answer an answer
+		return nil, nil // a response: never answer an answer
 	}
 	hdr.Opcode = int(bits>>11) & 0xf
 	switch {
 	case hdr.Opcode != dns.OpcodeQuery && hdr.Opcode != dns.OpcodeNotify:
-		return headerReply(hdr, dns.RcodeNotImplemented)
+		return headerReply(hdr, dns.RcodeNotImplemented), nil
 	case binary.BigEndian.Uint16(pkt[4:]) != 1, binary.BigEndian.Uint16(pkt[6:]) > 1,
 		binary.BigEndian.Uint16(pkt[8:]) > 1, binary.BigEndian.Uint16(pkt[10:]) > 2:
-		return headerReply(hdr, dns.RcodeFormatError)
+		return headerReply(hdr, dns.RcodeFormatError), nil
 	}
 	req := *spare
 	*req = dns.Msg{}
 	if err := req.Unpack(pkt); err != nil {
-		return headerReply(hdr, dns.RcodeFormatError)
+		return headerReply(hdr, dns.RcodeFormatError), nil
+	}
+	if b, ok := s.h.answerWire(req, buf); ok {
+		return nil, b
 	}
 	resp, size, done := s.h.answerLocal(req, false)
 	if done {
-		return resp
+		return resp, nil
 	}
 	*spare = new(dns.Msg) // req goes on with the forward
 	if s.forwardAsync(c, addr, pkt, req, size) {
-		return nil
+		return nil, nil
 	}
 	s.wg.Add(1)
 	go func() {
@@ -233,7 +239,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dn
 		resp, raw := s.h.answerForwarded(req, false, size)
 		writeAnswer(c, addr, resp, raw)
 	}()
-	return nil
+	return nil, nil
 }
 
 // headerReply is the error answer to a query that could not be read past
