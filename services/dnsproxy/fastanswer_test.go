@@ -41,7 +41,7 @@ func TestAnswerWireIsPacked(t *testing.T) {
 		{"v6only.default.", dns.TypeA, wire}, // NODATA
 		{"foo.Wild.example.com.", dns.TypeA, wire},
 		{"external.example.com.", dns.TypeA, wire},
-		{"many.example.com.", dns.TypeA, fallback},                      // more addresses than it shuffles
+		{"many.example.com.", dns.TypeA, fallback},                        // more addresses than it shuffles
 		{"ratings.other.default.svc.cluster.local.", dns.TypeA, fallback}, // search expansion: CNAME
 		{"unknown.example.org.", dns.TypeA, fallback},
 		{"ratings.other.", dns.TypeMX, fallback},
