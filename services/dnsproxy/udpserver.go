@@ -140,6 +140,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 	// is packed before the next query is read, so one message serves them
 	// all; a forwarded query keeps its own.
 	spare := new(dns.Msg)
+	var fwd sendBatch // the forwarded queries of a read, written upstream together
 	for {
 		n, err := bc.ReadBatch(in, 0)
 		if err != nil {
@@ -155,7 +156,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 		}
 		k := 0
 		for i := range in[:n] {
-			resp, b := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare, outBuf[k])
+			resp, b := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare, outBuf[k], &fwd)
 			if b == nil {
 				if resp == nil {
 					continue
@@ -173,6 +174,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 			out[k].Addr = in[i].Addr
 			k++
 		}
+		fwd.flush()
 		for sent := 0; sent < k; {
 			m, err := bc.WriteBatch(out[sent:k], 0)
 			if err != nil {
@@ -199,7 +201,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 // query is dropped or forwarded (then the upstream's reader or a goroutine
 // writes the answer). It filters as miekg's server does before its handler
 // runs.
-func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg, buf []byte) (*dns.Msg, []byte) {
+func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg, buf []byte, fwd *sendBatch) (*dns.Msg, []byte) {
 	if len(pkt) < 12 {
 		return nil, nil // not even a header: no answer, it could amplify
 	}
@@ -230,7 +232,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dn
 		return resp, nil
 	}
 	*spare = new(dns.Msg) // req goes on with the forward
-	if s.forwardAsync(c, addr, pkt, req, size) {
+	if s.forwardAsync(c, addr, pkt, req, size, fwd) {
 		return nil, nil
 	}
 	s.wg.Add(1)
@@ -262,7 +264,7 @@ func headerReply(hdr dns.MsgHdr, rcode int) *dns.Msg {
 // nameserver; a truncated answer, to fetch over TCP; one too big for the
 // client) goes on in a goroutine, the slow way. False when the query must
 // take the slow way from the start (parallel nameservers, none at all).
-func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req *dns.Msg, size int) bool {
+func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req *dns.Msg, size int, fwd *sendBatch) bool {
 	f := s.h.fwd
 	if len(f.servers) == 0 || (f.parallel && len(f.servers) > 1) {
 		return false
@@ -277,12 +279,16 @@ func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req 
 	f.metrics.upstreamRequests.Inc()
 	s.wg.Add(1)
 	w := &waiter{q: q, deadline: start.Add(f.timeout)}
-	w.done = func(resp []byte, err error) {
+	w.done = func(resp []byte, err error, relay *relayBatch) {
 		defer s.wg.Done()
 		if err == nil && resp[2]&0x02 == 0 && len(resp) <= size {
 			f.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
 			binary.BigEndian.PutUint16(resp, req.Id)
-			_, _ = c.WriteTo(resp, addr)
+			if relay != nil {
+				relay.add(c, resp, addr) // written with the others of its read
+			} else {
+				_, _ = c.WriteTo(resp, addr)
+			}
 			return
 		}
 		if s.h.ctx.Err() != nil {
@@ -297,8 +303,9 @@ func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req 
 			s.finishForward(c, addr, req, query, q, size, start, resp, err)
 		}()
 	}
-	if _, err := u.udp[u.next.Add(1)%udpConnsPerUpstream].send(query, w); err != nil {
-		w.done(nil, err)
+	fwd.socket(u)
+	if err := fwd.add(query, w); err != nil {
+		w.done(nil, err, nil)
 	}
 	return true
 }
