@@ -382,8 +382,16 @@ if has dns; then
 			read -r host port <<<"${dns_port_of[$t]}"
 			for kind in local forwarded; do
 				out=$work/dns/$t-$kind-$r
+				pid=${dns_pid_of[$t]:-}
+				[ -n "$pid" ] && cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -q 100 >"$out.tput" 2>&1 || true
 				record "dns-qps-$kind" "$t" "$(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")"
+				# The agent's CPU per query answered: what it costs, whatever
+				# share of the 2 cores dnsperf and the others leave it.
+				if [ -n "$pid" ]; then
+					cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+					record "dns-cpu-us-$kind" "$t" "$(awk -v c=$((cpu1 - cpu0)) -v hz="$(getconf CLK_TCK)" '/Queries completed:/ {if ($3 > 0) printf "%.2f", c / hz * 1e6 / $3}' "$out.tput")"
+				fi
 				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -Q "$DNS_RATE" -v >"$out.lat" 2>&1 || true
 				# "> NOERROR name A 0.000123": latency in seconds, 5th field.
 				awk '/^> / {print $5}' "$out.lat" | sort -g >"$out.sorted"
@@ -478,6 +486,7 @@ def row(name, f, fmt="{:.0f}", a="meshagent", b="istio"):
 for kind, label in (("local", "mesh names"), ("forwarded", "forwarded names")):
     row(f"DNS {label}, saturation QPS (median of {dnsr})", f"dns-qps-{kind}")
     row(f"DNS {label}, p99 µs at {rate} qps", f"dns-p99-us-{kind}")
+    row(f"DNS {label}, agent CPU µs per query (saturation runs)", f"dns-cpu-us-{kind}", "{:.1f}")
     # Each agent against the upstream queried directly, in the same round.
     if vals.get((f"dns-qps-{kind}", "upstream")):
         u = med(f"dns-qps-{kind}", "upstream")

@@ -57,7 +57,7 @@ func TestAnswerWireIsPacked(t *testing.T) {
 				if err := req.Unpack(pkt); err != nil {
 					t.Fatal(err)
 				}
-				got, ok := h.answerWire(req, make([]byte, 0, 16))
+				got, ok := h.answerWire(req, pkt, make([]byte, 0, 16))
 				if c.want == fallback {
 					if ok {
 						t.Errorf("%s %s: answered on the wire, want the message path", c.name, dns.TypeToString[c.qtype])

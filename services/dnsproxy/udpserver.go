@@ -224,7 +224,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dn
 	if err := req.Unpack(pkt); err != nil {
 		return headerReply(hdr, dns.RcodeFormatError), nil
 	}
-	if b, ok := s.h.answerWire(req, buf); ok {
+	if b, ok := s.h.answerWire(req, pkt, buf); ok {
 		return nil, b
 	}
 	resp, size, done := s.h.answerLocal(req, false)
