@@ -464,25 +464,16 @@ if has names; then
 fi
 if has dns || has names; then xds=$xds_saved; fi
 
-# The rows of phases 4 and 5, for the table: "figure<TAB>meshagent<TAB>
-# Istio's<TAB>ratio" lines, the ratio of each round beside the medians'.
-python3 - "$work/results" "$DNS_ROUNDS" "$DNS_RATE" "$NAMES" "$NAMES_ROUNDS" >"$work/rows-dns.tsv" <<'PY'
-import statistics, sys
-res, dnsr, rate, names, namesr = sys.argv[1:]
-names = int(names)
-vals = {}
-for line in open(res):
-    f, v, x = line.split()
-    vals.setdefault((f, v), []).append(float(x))
-def med(f, v):
-    xs = vals.get((f, v))
-    return statistics.median(xs) if xs else None
+# The rows of phases 4 and 5, for the table: Python the table's script runs
+# with its vals, med and rows (each ratio with the ratio of every round).
+printf 'dnsr, rate, names, namesr = %s, %s, %s, %s\n' "$DNS_ROUNDS" "$DNS_RATE" "$NAMES" "$NAMES_ROUNDS" >"$work/rows-dns.py"
+cat >>"$work/rows-dns.py" <<'PY'
 def rounds(f, a, b):
     return ", ".join(f"{x / y:.2f}" for x, y in zip(vals.get((f, a), []), vals.get((f, b), [])) if y)
 def row(name, f, fmt="{:.0f}", a="meshagent", b="istio"):
     x, y = med(f, a), med(f, b)
     if x is None or y is None: return
-    print(f"{name}\t{fmt.format(x)}\t{fmt.format(y)}\t{x / y:.2f} (rounds: {rounds(f, a, b)})")
+    rows.append((name, fmt.format(x), fmt.format(y), f"{x / y:.2f} (rounds: {rounds(f, a, b)})"))
 for kind, label in (("local", "mesh names"), ("forwarded", "forwarded names")):
     row(f"DNS {label}, saturation QPS (median of {dnsr})", f"dns-qps-{kind}")
     row(f"DNS {label}, p99 µs at {rate} qps", f"dns-p99-us-{kind}")
@@ -491,15 +482,15 @@ for kind, label in (("local", "mesh names"), ("forwarded", "forwarded names")):
     if vals.get((f"dns-qps-{kind}", "upstream")):
         u = med(f"dns-qps-{kind}", "upstream")
         m, i = med(f"dns-qps-{kind}", "meshagent"), med(f"dns-qps-{kind}", "istio")
-        print(f"  {label} QPS / dnsmasq direct ({u:.0f} QPS)\t{m / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'meshagent', 'upstream')})\t"
-              f"{i / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'istio', 'upstream')})\t{m / i:.2f}")
+        rows.append((f"  {label} QPS / dnsmasq direct ({u:.0f} QPS)", f"{m / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'meshagent', 'upstream')})",
+                     f"{i / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'istio', 'upstream')})", f"{m / i:.2f}"))
 if vals.get((f"names-ws-mib-{names}", "istio")):
     for f, label in (("ws", "working set"), ("anon", "cgroup anon"), ("VmRSS", "agent RSS"), ("RssAnon", "agent anon")):
         row(f"{names} names: {label}, MiB (median of {namesr})", f"names-{f}-mib-{names}", "{:.1f}")
         a = [(x - y) * 1048576 / (names - 1) for x, y in zip(vals[(f"names-{f}-mib-{names}", "meshagent")], vals[(f"names-{f}-mib-1", "meshagent")])]
         b = [(x - y) * 1048576 / (names - 1) for x, y in zip(vals[(f"names-{f}-mib-{names}", "istio")], vals[(f"names-{f}-mib-1", "istio")])]
         ma, mb = statistics.median(a), statistics.median(b)
-        print(f"  {label} per name, bytes (vs a 1-name table)\t{ma:.0f}\t{mb:.0f}\t{ma / mb:.2f} (rounds: {', '.join(f'{x / y:.2f}' for x, y in zip(a, b))})")
+        rows.append((f"  {label} per name, bytes (vs a 1-name table)", f"{ma:.0f}", f"{mb:.0f}", f"{ma / mb:.2f} (rounds: {', '.join(f'{x / y:.2f}' for x, y in zip(a, b))})"))
     row(f"{names} names: cgroup peak, MiB", f"names-cgpeak-mib-{names}", "{:.1f}")
     row(f"{names} names: agent peak RSS (VmHWM), MiB", f"names-VmHWM-mib-{names}", "{:.1f}")
     row(f"{names} names: start → the last name answers, ms", f"names-load-ms-{names}")
@@ -567,9 +558,9 @@ for n in sizes:
     for t, label in names.items():
         a = x[(f, t)][0]
         rows.append((label or f"xDS peak RSS {n} clusters, MiB", f"{a:.1f}", f"{i:.1f}", f"{a/i:.2f}"))
-# Phases 4 and 5 (dns, names) bring their rows ready-made.
-extra = os.path.join(os.path.dirname(res), "rows-dns.tsv")
-rows += [tuple(l.rstrip("\n").split("\t")) for l in open(extra)] if os.path.exists(extra) else []
+# Phases 4 and 5 (dns, names) add their rows: their code is theirs, above.
+extra = os.path.join(os.path.dirname(res), "rows-dns.py")
+if os.path.exists(extra): exec(open(extra).read())
 w0 = max(len(r[0]) for r in rows); w1 = max(len(r[1]) for r in rows + [("", "meshagent")]); w2 = max(len(r[2]) for r in rows + [("", "", "Istio's agent")])
 print()
 print(f"| {'figure':<{w0}} | {'meshagent':<{w1}} | {'Istio' + chr(39) + 's agent':<{w2}} | ratio |")
