@@ -41,12 +41,15 @@
 #     each round: start → /healthz/ready 200, and istiod killed, 2 s down,
 #     started again → istiod's syncz lists the proxy (from istiod's start,
 #     and from its ports open). Each round's ratio is printed under the table.
-# No DNS: both agents run with ISTIO_META_DNS_CAPTURE=false (Istio's default),
-# so nothing is forwarded anywhere. Every port is on loopback.
+#  5, 6. DNS and a large name table (PHASES=dns, names): below, where they
+#     run. Elsewhere both agents run with ISTIO_META_DNS_CAPTURE=false
+#     (Istio's default), so nothing is forwarded anywhere. Every port is on
+#     loopback; the DNS proxies forward only to the dnsmasq this script
+#     starts on a loopback address.
 set -euo pipefail
 
-# PHASES: which of start, mem, xds, istiod to run.
-PHASES=${PHASES:-start mem xds}
+# PHASES: which of start, mem, xds, dns, names, istiod to run.
+PHASES=${PHASES:-start mem xds dns names}
 ISTIOD_ROUNDS=${ISTIOD_ROUNDS:-5}
 IDLE=${IDLE:-60}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
@@ -127,6 +130,11 @@ evict() {
 # launch VARIANT DIR CGROUP: start the agent of VARIANT (meshagent,
 # istio) in DIR, in its own process group (and CGROUP unless
 # empty); its pid in $agent_pid, its status port in $status_port.
+# launch_env (VAR=value...) overrides the environment of both;
+# meshagent_args are more flags for meshagent; istio_wrap is a command
+# Istio's agent runs under (the DNS phases: a mount namespace whose
+# /etc/resolv.conf names the bench's resolver).
+launch_env=() meshagent_args=() istio_wrap=()
 launch() {
 	local variant=$1 dir=$2 cg=$3
 	mkdir -p "$dir/root/etc" "$dir/root/var/lib/istio/envoy" "$dir/bin"
@@ -136,16 +144,16 @@ launch() {
 	local admin bin args=() env=()
 	admin=$(free_port)
 	case $variant in
-	istio) bin=$dir/bin/pilot-agent ;;
-	*) bin=$dir/bin/meshagent args=(--root "$dir/root") ;;
+	istio) bin=$dir/bin/pilot-agent env=("${istio_wrap[@]}") ;;
+	*) bin=$dir/bin/meshagent args=(--root "$dir/root" "${meshagent_args[@]}") ;;
 	esac
 	local join=":"
 	[ -n "$cg" ] && join="echo \$\$ >$cg/cgroup.procs"
-	(cd "$dir/root" && exec setsid sh -c "$join && exec \"\$@\"" sh env "${env[@]}" \
+	(cd "$dir/root" && exec setsid sh -c "$join && exec \"\$@\"" sh "${env[@]}" env \
 		PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status_port,\"proxyAdminPort\":$admin,\"binaryPath\":\"$dir/bin/fakeenvoy\"}" \
 		ENVOY_STATUS_PORT="$(free_port)" ENVOY_PROMETHEUS_PORT="$(free_port)" FILE_MOUNTED_CERTS=true CLOUD_PLATFORM=none \
 		POD_NAME=bench-0 POD_NAMESPACE=ns0 INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
-		ISTIO_META_DNS_CAPTURE=false ISTIO_META_DNS_AUTO_ALLOCATE=false \
+		ISTIO_META_DNS_CAPTURE=false ISTIO_META_DNS_AUTO_ALLOCATE=false "${launch_env[@]}" \
 		"$bin" proxy sidecar "${args[@]}") >"$dir/agent.log" 2>&1 &
 	agent_pid=$!
 	pids+=("$agent_pid")
@@ -309,6 +317,236 @@ istiod_phase() {
 }
 if has istiod; then istiod_phase; fi
 
+# 5. DNS (#24): both agents with DNS capture on (ISTIO_META_DNS_CAPTURE=true,
+# each DNS proxy on a port of its own, DNS_PROXY_ADDR), the same NDS table of
+# DNS_HOSTS names from a control plane of this phase, forwarding to a dnsmasq
+# this script starts on a loopback address (port 53: resolv.conf cannot name
+# a port): meshagent reads it with --resolv-conf, Istio's agent as its
+# /etc/resolv.conf in a mount namespace of its own. dnsperf against each
+# agent and against dnsmasq directly (the floor), mesh names and forwarded
+# names, taking turns (order rotated each round), DNS_ROUNDS rounds: the
+# saturation QPS (8 clients, 100 queries outstanding, DNS_DURATION s) and
+# the p99 latency at a fixed DNS_RATE queries/s.
+DNS_HOSTS=${DNS_HOSTS:-1000}
+DNS_ROUNDS=${DNS_ROUNDS:-3}
+DNS_DURATION=${DNS_DURATION:-5}
+DNS_RATE=${DNS_RATE:-10000}
+# 6. Names (#24): a table of NAMES names (and, for the baseline, of one) sent
+# over NDS to each agent by a control plane of its own, the agent in a cgroup
+# of its own: its working set, anon, RSS and peaks NAMES_IDLE s after the
+# table answers (memory per name = the difference / NAMES); then a swap to a
+# table whose every address changed: from the control plane's push to the
+# first answer with the new address (the control plane probes every 0.5 ms),
+# and the agent's CPU time and cgroup peak across it. NAMES_ROUNDS rounds.
+NAMES=${NAMES:-100000}
+NAMES_ROUNDS=${NAMES_ROUNDS:-2}
+NAMES_IDLE=${NAMES_IDLE:-10}
+
+# dns_wait PORT NAME: until the DNS server on 127.0.0.1:PORT answers NAME
+# with an address (bounded: 60 s).
+dns_wait() {
+	local end=$(($(now_ms) + 60000))
+	while [ "$(now_ms)" -lt $end ]; do
+		if dig +short +time=1 +tries=1 @127.0.0.1 -p "$1" "$2" A 2>/dev/null | grep -q '^[0-9]'; then return 0; fi
+		sleep 0.05
+	done
+	return 1
+}
+
+# dns_env PORT: what both agents of the DNS phases run with.
+dns_env() {
+	launch_env=(ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR="127.0.0.1:$1")
+	meshagent_args=(--resolv-conf "$work/dns/resolv.conf")
+	istio_wrap=(unshare -m sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$work/dns/resolv.conf")
+}
+
+# dns_start_cp NAMES FILE [PROBE]: a control plane serving NAMES names over
+# NDS (swaps on the lines written to FILE.in, a fifo held open on fd 7 while
+# it runs); its address in $xds, its pid in $cp_pid.
+dns_start_cp() {
+	rm -f "$2.in" "$2.out"
+	mkfifo "$2.in"
+	local probe=()
+	[ -n "${3:-}" ] && probe=(-probe "$3")
+	"$work/bin/controlplane" -namespace ns0 -names "$1" "${probe[@]}" <"$2.in" >"$2.out" &
+	cp_pid=$!
+	pids+=("$cp_pid")
+	exec 7>"$2.in"
+	local end=$(($(now_ms) + 30000))
+	until [ -s "$2.out" ] || [ "$(now_ms)" -gt $end ]; do sleep 0.05; done
+	xds=$(head -1 "$2.out")
+}
+
+dns_stop_cp() {
+	exec 7>&-
+	kill "$cp_pid" 2>/dev/null || true
+	wait "$cp_pid" 2>/dev/null || true
+}
+
+if has dns || has names; then
+	require bench-vs-istio "apt-get install -y dnsperf dnsmasq dnsutils util-linux" dnsperf dnsmasq dig unshare
+	mkdir -p "$work/dns"
+	up=$(bench_upstream)
+	pod_resolv_conf "$up" >"$work/dns/resolv.conf"
+	for ((i = 0; i < DNS_HOSTS; i++)); do echo "$(mesh_ip "$i") $(mesh_name "$i")"; done >"$work/dns/hosts"
+	for ((i = 0; i < DNS_HOSTS; i++)); do echo "$(mesh_name "$i") A"; done >"$work/dns/local.txt"
+	for ((i = 0; i < DNS_HOSTS; i++)); do echo "name$i.upstream.test A"; done >"$work/dns/forwarded.txt"
+	# The upstream: answers the mesh names from a hosts file (the floor for
+	# mesh names) and *.upstream.test itself; forwards nothing.
+	dnsmasq -k --conf-file=/dev/null --no-resolv --no-hosts --addn-hosts="$work/dns/hosts" --port=53 \
+		--listen-address="$up" --bind-interfaces --pid-file= --user=root \
+		--address=/upstream.test/192.0.2.77 --log-facility="$work/dns/dnsmasq.log" &
+	pids+=($!)
+	xds_saved=$xds
+fi
+
+if has dns; then
+	echo "bench-vs-istio: DNS, $DNS_HOSTS mesh names over NDS, $DNS_ROUNDS rounds of ${DNS_DURATION}s saturation + ${DNS_DURATION}s at $DNS_RATE qps..." >&2
+	dns_start_cp "$DNS_HOSTS" "$work/dns/cp"
+	declare -A dns_port_of dns_pid_of
+	dns_port_of[upstream]="$up 53"
+	for v in "${variants[@]}"; do
+		p=$(free_port)
+		dns_env "$p"
+		mkdir -p "$work/dns-$v/bin"
+		cp "$work/bin/fakeenvoy" "$work/dns-$v/bin/"
+		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$work/dns-$v/bin/"; else cp "$work/bin/meshagent" "$work/dns-$v/bin/"; fi
+		launch "$v" "$work/dns-$v" ""
+		dns_pid_of[$v]=$agent_pid
+		if ! wait_ready "$status_port" "$agent_pid" || ! dns_wait "$p" "$(mesh_name $((DNS_HOSTS - 1)))" ||
+			! dns_wait "$p" name0.upstream.test; then
+			echo "bench-vs-istio: $v's DNS proxy never answered:" >&2
+			tail -20 "$work/dns-$v/agent.log" >&2
+			exit 1
+		fi
+		dns_port_of[$v]="127.0.0.1 $p"
+	done
+	launch_env=() meshagent_args=() istio_wrap=()
+	targets=(upstream "${variants[@]}")
+	for ((r = 0; r < DNS_ROUNDS; r++)); do
+		n=${#targets[@]}
+		for ((i = 0; i < n; i++)); do
+			t=${targets[$(((i + r) % n))]}
+			read -r host port <<<"${dns_port_of[$t]}"
+			for kind in local forwarded; do
+				out=$work/dns/$t-$kind-$r
+				pid=${dns_pid_of[$t]:-}
+				[ -n "$pid" ] && cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -q 100 >"$out.tput" 2>&1 || true
+				record "dns-qps-$kind" "$t" "$(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")"
+				# The agent's CPU per query answered: what it costs, whatever
+				# share of the 2 cores dnsperf and the others leave it.
+				if [ -n "$pid" ]; then
+					cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+					record "dns-cpu-us-$kind" "$t" "$(awk -v c=$((cpu1 - cpu0)) -v hz="$(getconf CLK_TCK)" '/Queries completed:/ {if ($3 > 0) printf "%.2f", c / hz * 1e6 / $3}' "$out.tput")"
+				fi
+				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -Q "$DNS_RATE" -v >"$out.lat" 2>&1 || true
+				# "> NOERROR name A 0.000123": latency in seconds, 5th field.
+				awk '/^> / {print $5}' "$out.lat" | sort -g >"$out.sorted"
+				k=$((($(wc -l <"$out.sorted") * 99 + 99) / 100))
+				record "dns-p99-us-$kind" "$t" "$(awk -v k=$k 'NR == k {printf "%.1f", $1 * 1e6}' "$out.sorted")"
+				rm -f "$out.lat" "$out.sorted"
+			done
+		done
+		sample_load
+	done
+	for v in "${variants[@]}"; do stop "${dns_pid_of[$v]}"; done
+	dns_stop_cp
+fi
+
+if has names; then
+	echo "bench-vs-istio: names, $NAMES names over NDS, $NAMES_ROUNDS rounds (each agent in a cgroup, then a swap)..." >&2
+	for ((r = 0; r < NAMES_ROUNDS; r++)); do
+		for v in $(rotate $r); do
+			for n in 1 "$NAMES"; do
+				dir=$work/names-$v
+				mkdir -p "$dir/bin"
+				cp "$work/bin/fakeenvoy" "$dir/bin/"
+				if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$dir/bin/"; else cp "$work/bin/meshagent" "$dir/bin/"; fi
+				p=$(free_port)
+				dns_start_cp "$n" "$work/dns/names-cp" "127.0.0.1:$p"
+				dns_env "$p"
+				cg=$cgroot/meshagent-bench-$$-names-$v-$r-$n
+				mkdir "$cg"
+				cgroups+=("$cg")
+				echo 2G >"$cg/memory.limit_in_bytes"
+				t0=$(now_ms)
+				launch "$v" "$dir" "$cg"
+				launch_env=() meshagent_args=() istio_wrap=()
+				if ! wait_ready "$status_port" "$agent_pid" || ! dns_wait "$p" "$(mesh_name $((n - 1)))"; then
+					echo "bench-vs-istio: $v never answered from a table of $n names:" >&2
+					tail -20 "$dir/agent.log" >&2
+					exit 1
+				fi
+				record "names-load-ms-$n" "$v" $(($(now_ms) - t0))
+				sleep "$NAMES_IDLE"
+				usage=$(cat "$cg/memory.usage_in_bytes")
+				inactive=$(cgval "$cg" total_inactive_file)
+				record "names-ws-mib-$n" "$v" "$(awk -v u="$usage" -v i="$inactive" 'BEGIN {printf "%.2f", (u - i) / 1048576}')"
+				record "names-anon-mib-$n" "$v" "$(awk -v u="$(cgval "$cg" total_rss)" 'BEGIN {printf "%.2f", u / 1048576}')"
+				record "names-cgpeak-mib-$n" "$v" "$(awk -v u="$(cat "$cg/memory.max_usage_in_bytes")" 'BEGIN {printf "%.2f", u / 1048576}')"
+				for k in VmRSS RssAnon VmHWM; do
+					record "names-$k-mib-$n" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.2f", $2 / 1024}' "/proc/$agent_pid/status")"
+				done
+				if [ "$n" = "$NAMES" ]; then
+					echo 0 >"$cg/memory.max_usage_in_bytes" # the peak across the swap alone
+					cpu0=$(awk '{print $14 + $15}' "/proc/$agent_pid/stat")
+					echo swap >&7
+					end=$(($(now_ms) + 90000))
+					until grep -q '^swap-ms' "$work/dns/names-cp.out" || [ "$(now_ms)" -gt $end ]; do sleep 0.05; done
+					sleep 2 # what the swap leaves to do after the first new answer (the old table's garbage)
+					cpu1=$(awk '{print $14 + $15}' "/proc/$agent_pid/stat")
+					ms=$(awk '/^swap-ms/ {print $2}' "$work/dns/names-cp.out")
+					[ "$ms" = timeout ] || [ -z "$ms" ] && { echo "bench-vs-istio: $v never answered from the swapped table" >&2; exit 1; }
+					record names-swap-ms "$v" "$ms"
+					record names-swap-cpu-ms "$v" $(((cpu1 - cpu0) * 1000 / $(getconf CLK_TCK)))
+					record names-swap-cgpeak-mib "$v" "$(awk -v u="$(cat "$cg/memory.max_usage_in_bytes")" 'BEGIN {printf "%.2f", u / 1048576}')"
+				fi
+				stop "$agent_pid"
+				dns_stop_cp
+				rmdir "$cg" 2>/dev/null || true
+			done
+		done
+		sample_load
+	done
+fi
+if has dns || has names; then xds=$xds_saved; fi
+
+# The rows of phases 4 and 5, for the table: Python the table's script runs
+# with its vals, med and rows (each ratio with the ratio of every round).
+printf 'dnsr, rate, names, namesr = %s, %s, %s, %s\n' "$DNS_ROUNDS" "$DNS_RATE" "$NAMES" "$NAMES_ROUNDS" >"$work/rows-dns.py"
+cat >>"$work/rows-dns.py" <<'PY'
+def rounds(f, a, b):
+    return ", ".join(f"{x / y:.2f}" for x, y in zip(vals.get((f, a), []), vals.get((f, b), [])) if y)
+def row(name, f, fmt="{:.0f}", a="meshagent", b="istio"):
+    x, y = med(f, a), med(f, b)
+    if x is None or y is None: return
+    rows.append((name, fmt.format(x), fmt.format(y), f"{x / y:.2f} (rounds: {rounds(f, a, b)})"))
+for kind, label in (("local", "mesh names"), ("forwarded", "forwarded names")):
+    row(f"DNS {label}, saturation QPS (median of {dnsr})", f"dns-qps-{kind}")
+    row(f"DNS {label}, p99 µs at {rate} qps", f"dns-p99-us-{kind}")
+    row(f"DNS {label}, agent CPU µs per query (saturation runs)", f"dns-cpu-us-{kind}", "{:.1f}")
+    # Each agent against the upstream queried directly, in the same round.
+    if vals.get((f"dns-qps-{kind}", "upstream")):
+        u = med(f"dns-qps-{kind}", "upstream")
+        m, i = med(f"dns-qps-{kind}", "meshagent"), med(f"dns-qps-{kind}", "istio")
+        rows.append((f"  {label} QPS / dnsmasq direct ({u:.0f} QPS)", f"{m / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'meshagent', 'upstream')})",
+                     f"{i / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'istio', 'upstream')})", f"{m / i:.2f}"))
+if vals.get((f"names-ws-mib-{names}", "istio")):
+    for f, label in (("ws", "working set"), ("anon", "cgroup anon"), ("VmRSS", "agent RSS"), ("RssAnon", "agent anon")):
+        row(f"{names} names: {label}, MiB (median of {namesr})", f"names-{f}-mib-{names}", "{:.1f}")
+        a = [(x - y) * 1048576 / (names - 1) for x, y in zip(vals[(f"names-{f}-mib-{names}", "meshagent")], vals[(f"names-{f}-mib-1", "meshagent")])]
+        b = [(x - y) * 1048576 / (names - 1) for x, y in zip(vals[(f"names-{f}-mib-{names}", "istio")], vals[(f"names-{f}-mib-1", "istio")])]
+        ma, mb = statistics.median(a), statistics.median(b)
+        rows.append((f"  {label} per name, bytes (vs a 1-name table)", f"{ma:.0f}", f"{mb:.0f}", f"{ma / mb:.2f} (rounds: {', '.join(f'{x / y:.2f}' for x, y in zip(a, b))})"))
+    row(f"{names} names: cgroup peak, MiB", f"names-cgpeak-mib-{names}", "{:.1f}")
+    row(f"{names} names: agent peak RSS (VmHWM), MiB", f"names-VmHWM-mib-{names}", "{:.1f}")
+    row(f"{names} names: start → the last name answers, ms", f"names-load-ms-{names}")
+    row(f"{names} names: swap, push → first new answer, ms", "names-swap-ms", "{:.1f}")
+    row(f"{names} names: swap, agent CPU ms (to 2 s after)", "names-swap-cpu-ms")
+    row(f"{names} names: cgroup peak across the swap, MiB", "names-swap-cgpeak-mib", "{:.1f}")
+PY
+
 # The table.
 python3 - "$work/results" "$work/xds.tsv" "${loads[*]}" "$IDLE" "$MEM_ROUNDS" "$START_ROUNDS" "$XDS_ROUNDS" "$MEMLIMIT" "$work/istiod.rounds" <<'EOF'
 import os, statistics, sys
@@ -377,6 +615,9 @@ for n in sizes:
     for t, label in names.items():
         a = x[(f, t)][0]
         rows.append((label or f"xDS peak RSS {n} clusters, MiB", f"{a:.1f}", f"{i:.1f}", f"{a/i:.2f}"))
+# Phases 4 and 5 (dns, names) add their rows: their code is theirs, above.
+extra = os.path.join(os.path.dirname(res), "rows-dns.py")
+if os.path.exists(extra): exec(open(extra).read())
 w0 = max(len(r[0]) for r in rows); w1 = max(len(r[1]) for r in rows + [("", "meshagent")]); w2 = max(len(r[2]) for r in rows + [("", "", "Istio's agent")])
 print()
 print(f"| {'figure':<{w0}} | {'meshagent':<{w1}} | {'Istio' + chr(39) + 's agent':<{w2}} | ratio |")

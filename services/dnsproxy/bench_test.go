@@ -38,7 +38,7 @@ func BenchmarkLocalAnswer(b *testing.B) {
 	} {
 		pkt, _ := new(dns.Msg).SetQuestion(c.q, dns.TypeA).Pack()
 		tbl := h.table.Load()
-		e, _ := tbl.lookup(c.q)
+		recs := tbl.records(tbl.lookup(c.q), dns.TypeA, c.q)
 		for _, way := range []struct {
 			name   string
 			answer func(b *testing.B, req *dns.Msg) *dns.Msg
@@ -61,7 +61,7 @@ func BenchmarkLocalAnswer(b *testing.B) {
 			}},
 			{"floor-unpack-pack", func(_ *testing.B, req *dns.Msg) *dns.Msg {
 				req.Response = true
-				req.Answer = e.a
+				req.Answer = recs
 				return req
 			}},
 		} {
@@ -83,18 +83,10 @@ func BenchmarkLocalAnswer(b *testing.B) {
 // istioStyleRecords copies the records per query as Istio's lookupHost
 // does (dns.Copy of every CNAME and wildcard record, fresh slices).
 func istioStyleRecords(t *lookupTable, name string) []dns.RR {
-	e, wildcard := t.lookup(name)
 	var out []dns.RR
-	if e.cname != nil {
-		c := dns.Copy(e.cname)
-		c.Header().Name = name
-		out = append(out, c)
-	}
-	for _, r := range e.a {
-		if wildcard {
-			r = dns.Copy(r)
-			r.Header().Name = name
-		}
+	for _, r := range t.records(t.lookup(name), dns.TypeA, name) {
+		r = dns.Copy(r)
+		r.Header().Name = name
 		out = append(out, r)
 	}
 	return out

@@ -77,10 +77,10 @@ func (h *handler) answerLocal(req *dns.Msg, tcp bool) (resp *dns.Msg, size int, 
 	if q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA {
 		if t := h.table.Load(); t != nil {
 			name := strings.ToLower(q.Name) // no allocation when already lower case
-			if e, wildcard := t.lookup(name); e != nil {
+			if m := t.lookup(name); m.host != nil {
 				h.metrics.localAnswers.Inc()
 				resp := localReply(req, opt)
-				resp.Answer = records(e, q.Qtype, name, wildcard)
+				resp.Answer = t.records(m, q.Qtype, name)
 				if !tcp {
 					resp.Truncate(size)
 				}
@@ -119,61 +119,40 @@ func fitAnswer(req *dns.Msg, size int, raw []byte) (*dns.Msg, []byte) {
 	return resp, nil
 }
 
-// records returns the answer records of e for qtype: the prebuilt slice
-// itself when there is nothing to shuffle or rename, else a fresh slice.
-// A known name without records of the family is NODATA (empty, NOERROR),
-// never NXDOMAIN: clients asking A and AAAA in parallel would take an
-// NXDOMAIN for the whole name (istio/istio#31250).
-func records(e *entry, qtype uint16, name string, wildcard bool) []dns.RR {
-	recs := e.a
-	if qtype == dns.TypeAAAA {
-		recs = e.aaaa
-	}
-	if len(recs) == 0 {
+// records returns the answer records of m for qtype, made for this answer
+// (the table holds addresses, not records): a CNAME first for a search
+// expansion, then the addresses, named after the owner, shuffled. A known
+// name without records of the family is NODATA (empty, NOERROR), never
+// NXDOMAIN: clients asking A and AAAA in parallel would take an NXDOMAIN
+// for the whole name (istio/istio#31250).
+func (t *lookupTable) records(m match, qtype uint16, name string) []dns.RR {
+	n := m.host.count(qtype)
+	if n == 0 {
 		return nil
 	}
-	if !wildcard {
-		if e.cname == nil {
-			if len(recs) == 1 {
-				return recs
-			}
-			out := make([]dns.RR, len(recs))
-			copy(out, recs)
-			shuffle(out)
-			return out
+	first := 0
+	if m.cname {
+		first = 1
+	}
+	out := make([]dns.RR, first, first+n)
+	if m.cname {
+		out[0] = &dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: ttl}, Target: m.owner}
+	}
+	hdr := dns.RR_Header{Name: m.owner, Rrtype: qtype, Class: dns.ClassINET, Ttl: ttl}
+	if qtype == dns.TypeA {
+		recs := make([]dns.A, n)
+		for i := range recs {
+			recs[i] = dns.A{Hdr: hdr, A: t.v4(m.host, i)}
+			out = append(out, &recs[i])
 		}
-		out := make([]dns.RR, 0, 1+len(recs))
-		out = append(out, e.cname)
-		out = append(out, recs...)
-		shuffle(out[1:])
-		return out
-	}
-	// Wildcard: the records take the query's name; a search expansion of a
-	// wildcard points at the query minus the search domain.
-	out := make([]dns.RR, 0, 1+len(recs))
-	owner := name
-	if e.cname != nil && len(name) > len(e.searchSuffix) {
-		owner = name[:len(name)-len(e.searchSuffix)+1]
-		out = append(out, &dns.CNAME{Hdr: e.cname.Hdr, Target: owner})
-		out[0].Header().Name = name
-	}
-	for _, r := range recs {
-		switch r := r.(type) {
-		case *dns.A:
-			c := *r
-			c.Hdr.Name = owner
-			out = append(out, &c)
-		case *dns.AAAA:
-			c := *r
-			c.Hdr.Name = owner
-			out = append(out, &c)
-		}
-	}
-	if e.cname != nil {
-		shuffle(out[1:])
 	} else {
-		shuffle(out)
+		recs := make([]dns.AAAA, n)
+		for i := range recs {
+			recs[i] = dns.AAAA{Hdr: hdr, AAAA: t.v6(m.host, i)}
+			out = append(out, &recs[i])
+		}
 	}
+	shuffle(out[first:])
 	return out
 }
 

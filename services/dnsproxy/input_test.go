@@ -202,30 +202,34 @@ func TestBuildTable(t *testing.T) {
 	for _, name := range []string{"reviews.", "reviews.default.", "reviews.default.svc.", "reviews.default.svc.cluster.local.",
 		"reviews.alias.test.", "v6only.", "ratings.other.", "ratings.other.svc.", "remote.default.svc.cluster.remote.",
 		"external.example.com.", "many.example.com."} {
-		if e, ok := tb.names[name]; !ok || e.cname != nil {
-			t.Errorf("%s: not a host name", name)
+		if m := tb.lookup(name); m.host == nil || m.cname || m.owner != name {
+			t.Errorf("%s: not a host name: %+v", name, m)
 		}
 	}
 	for _, name := range []string{"ratings.", "remote.", "remote.default.", "ignored.example.com.", "noips.example.com."} {
-		if _, ok := tb.names[name]; ok {
+		if m := tb.lookup(name); m.host != nil {
 			t.Errorf("%s: should not be a name", name)
 		}
 	}
 	// Expansions: of every name, except when it is a real name.
-	if e := tb.names["reviews.default.default.svc.cluster.local."]; e == nil || e.cname == nil || e.cname.Target != "reviews.default." {
-		t.Errorf("expansion of reviews.default.: %+v", e)
+	if m := tb.lookup("reviews.default.default.svc.cluster.local."); m.host == nil || !m.cname || m.owner != "reviews.default." {
+		t.Errorf("expansion of reviews.default.: %+v", m)
 	}
-	if e := tb.names["reviews.default.svc.cluster.local."]; e.cname != nil {
+	if m := tb.lookup("reviews.default.svc.cluster.local."); m.cname {
 		t.Error("reviews. expanded over the real name")
 	}
-	if _, ok := tb.wildcards["wild.example.com.default.svc.cluster.local."]; !ok {
-		t.Error("no expansion of the wildcard")
+	if m := tb.lookup("a.wild.example.com.default.svc.cluster.local."); m.host == nil || !m.cname || m.owner != "a.wild.example.com." {
+		t.Errorf("no expansion of the wildcard: %+v", m)
+	}
+	// Not an expansion: the search domain must follow a whole label.
+	if m := tb.lookup("reviewsdefault.svc.cluster.local."); m.host != nil {
+		t.Errorf("reviewsdefault.svc.cluster.local. taken for an expansion: %+v", m)
 	}
 	// Without a search list: no expansions.
 	tb = buildTable(nt, "default", "default.svc.cluster.local", nil)
-	for name, e := range tb.names {
-		if e.cname != nil {
-			t.Errorf("expansion %s without a search list", name)
+	for _, name := range []string{"reviews.default.default.svc.cluster.local.", "a.wild.example.com.default.svc.cluster.local."} {
+		if m := tb.lookup(name); m.host != nil {
+			t.Errorf("expansion %s without a search list: %+v", name, m)
 		}
 	}
 }
@@ -237,8 +241,8 @@ func TestRealNameBeatsExpansion(t *testing.T) {
 	nt.Hosts["a.example"] = nt.Hosts["external.example.com"]
 	for i := 0; i < 20; i++ { // map order varies
 		tb := buildTable(nt, "default", "default.svc.cluster.local", []string{"default.svc.cluster.local"})
-		if e := tb.names["a.example.default.svc.cluster.local."]; e == nil || e.cname != nil {
-			t.Fatalf("real name replaced by an expansion: %+v", e)
+		if m := tb.lookup("a.example.default.svc.cluster.local."); m.host == nil || m.cname {
+			t.Fatalf("real name replaced by an expansion: %+v", m)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func (s *Service) NDSZ() http.Handler {
 			for _, ip := range ni.IPs {
 				e.IPs = append(e.IPs, ip.String())
 			}
-			names := altHosts(host, ni, t.namespace, pd, pdParts)
+			names := altHosts(nil, host, ni, t.namespace, pd, pdParts)
 			e.AltHosts = names[1:]
 			slices.Sort(e.AltHosts)
 			out.Table[host] = e

@@ -140,6 +140,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 	// is packed before the next query is read, so one message serves them
 	// all; a forwarded query keeps its own.
 	spare := new(dns.Msg)
+	var fwd sendBatch // the forwarded queries of a read, written upstream together
 	for {
 		n, err := bc.ReadBatch(in, 0)
 		if err != nil {
@@ -155,15 +156,16 @@ func (s *udpServer) read(c *net.UDPConn) error {
 		}
 		k := 0
 		for i := range in[:n] {
-			resp := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare)
-			if resp == nil {
-				continue
-			}
-			// PackBuffer uses the buffer when its length (not its
-			// capacity) is enough.
-			b, err := resp.PackBuffer(outBuf[k][:cap(outBuf[k])])
-			if err != nil {
-				continue
+			resp, b := s.handle(c, in[i].Buffers[0][:in[i].N], in[i].Addr, &spare, outBuf[k], &fwd)
+			if b == nil {
+				if resp == nil {
+					continue
+				}
+				// PackBuffer uses the buffer when its length (not its
+				// capacity) is enough.
+				if b, err = resp.PackBuffer(outBuf[k][:cap(outBuf[k])]); err != nil {
+					continue
+				}
 			}
 			if cap(b) > cap(outBuf[k]) && cap(b) <= udpReadSize {
 				outBuf[k] = b[:0] // keep a grown buffer, within reason
@@ -172,6 +174,7 @@ func (s *udpServer) read(c *net.UDPConn) error {
 			out[k].Addr = in[i].Addr
 			k++
 		}
+		fwd.flush()
 		for sent := 0; sent < k; {
 			m, err := bc.WriteBatch(out[sent:k], 0)
 			if err != nil {
@@ -193,39 +196,44 @@ func (s *udpServer) read(c *net.UDPConn) error {
 	}
 }
 
-// handle returns the answer to the query in pkt, to write now; nil when the
-// query is dropped or forwarded (then a goroutine writes the answer). It
-// filters as miekg's server does before its handler runs.
-func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg) *dns.Msg {
+// handle returns the answer to the query in pkt, to write now: a message,
+// or its bytes already written in buf (or a bigger slice); neither when the
+// query is dropped or forwarded (then the upstream's reader or a goroutine
+// writes the answer). It filters as miekg's server does before its handler
+// runs.
+func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dns.Msg, buf []byte, fwd *sendBatch) (*dns.Msg, []byte) {
 	if len(pkt) < 12 {
-		return nil // not even a header: no answer, it could amplify
+		return nil, nil // not even a header: no answer, it could amplify
 	}
 	var hdr dns.MsgHdr
 	hdr.Id = binary.BigEndian.Uint16(pkt)
 	bits := binary.BigEndian.Uint16(pkt[2:])
 	if bits&0x8000 != 0 {
-		return nil // a response: never answer an answer
+		return nil, nil // a response: never answer an answer
 	}
 	hdr.Opcode = int(bits>>11) & 0xf
 	switch {
 	case hdr.Opcode != dns.OpcodeQuery && hdr.Opcode != dns.OpcodeNotify:
-		return headerReply(hdr, dns.RcodeNotImplemented)
+		return headerReply(hdr, dns.RcodeNotImplemented), nil
 	case binary.BigEndian.Uint16(pkt[4:]) != 1, binary.BigEndian.Uint16(pkt[6:]) > 1,
 		binary.BigEndian.Uint16(pkt[8:]) > 1, binary.BigEndian.Uint16(pkt[10:]) > 2:
-		return headerReply(hdr, dns.RcodeFormatError)
+		return headerReply(hdr, dns.RcodeFormatError), nil
 	}
 	req := *spare
 	*req = dns.Msg{}
 	if err := req.Unpack(pkt); err != nil {
-		return headerReply(hdr, dns.RcodeFormatError)
+		return headerReply(hdr, dns.RcodeFormatError), nil
+	}
+	if b, ok := s.h.answerWire(req, pkt, buf); ok {
+		return nil, b
 	}
 	resp, size, done := s.h.answerLocal(req, false)
 	if done {
-		return resp
+		return resp, nil
 	}
 	*spare = new(dns.Msg) // req goes on with the forward
-	if s.forwardAsync(c, addr, pkt, req, size) {
-		return nil
+	if s.forwardAsync(c, addr, pkt, req, size, fwd) {
+		return nil, nil
 	}
 	s.wg.Add(1)
 	go func() {
@@ -233,7 +241,7 @@ func (s *udpServer) handle(c *net.UDPConn, pkt []byte, addr net.Addr, spare **dn
 		resp, raw := s.h.answerForwarded(req, false, size)
 		writeAnswer(c, addr, resp, raw)
 	}()
-	return nil
+	return nil, nil
 }
 
 // headerReply is the error answer to a query that could not be read past
@@ -256,7 +264,7 @@ func headerReply(hdr dns.MsgHdr, rcode int) *dns.Msg {
 // nameserver; a truncated answer, to fetch over TCP; one too big for the
 // client) goes on in a goroutine, the slow way. False when the query must
 // take the slow way from the start (parallel nameservers, none at all).
-func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req *dns.Msg, size int) bool {
+func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req *dns.Msg, size int, fwd *sendBatch) bool {
 	f := s.h.fwd
 	if len(f.servers) == 0 || (f.parallel && len(f.servers) > 1) {
 		return false
@@ -271,12 +279,16 @@ func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req 
 	f.metrics.upstreamRequests.Inc()
 	s.wg.Add(1)
 	w := &waiter{q: q, deadline: start.Add(f.timeout)}
-	w.done = func(resp []byte, err error) {
+	w.done = func(resp []byte, err error, relay *relayBatch) {
 		defer s.wg.Done()
 		if err == nil && resp[2]&0x02 == 0 && len(resp) <= size {
 			f.metrics.upstreamDuration.Observe(time.Since(start).Seconds())
 			binary.BigEndian.PutUint16(resp, req.Id)
-			_, _ = c.WriteTo(resp, addr)
+			if relay != nil {
+				relay.add(c, resp, addr) // written with the others of its read
+			} else {
+				_, _ = c.WriteTo(resp, addr)
+			}
 			return
 		}
 		if s.h.ctx.Err() != nil {
@@ -291,8 +303,9 @@ func (s *udpServer) forwardAsync(c *net.UDPConn, addr net.Addr, pkt []byte, req 
 			s.finishForward(c, addr, req, query, q, size, start, resp, err)
 		}()
 	}
-	if _, err := u.udp[u.next.Add(1)%udpConnsPerUpstream].send(query, w); err != nil {
-		w.done(nil, err)
+	fwd.socket(u)
+	if err := fwd.add(query, w); err != nil {
+		w.done(nil, err, nil)
 	}
 	return true
 }

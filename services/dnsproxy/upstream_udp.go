@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,8 +36,10 @@ type waiter struct {
 	q []byte // the question section, as sent
 	// done gets the answer (valid only during the call) or the error,
 	// once, from the socket's reader, its sweeper or close. It must not
-	// block.
-	done func(resp []byte, err error)
+	// block. From the reader it also gets the batch of answers the reader
+	// writes to clients after its read (relay may keep resp in it); from
+	// the others, nil.
+	done func(resp []byte, err error, relay *relayBatch)
 	// deadline, when set, is when the sweeper fails the query (the queries
 	// no goroutine waits for, which have no timer of their own).
 	deadline time.Time
@@ -49,7 +52,7 @@ type udpResult struct {
 
 func (c *udpConn) exchange(ctx context.Context, query, q []byte) ([]byte, error) {
 	ch := make(chan udpResult, 1) // buffered: done never blocks
-	w := &waiter{q: q, done: func(resp []byte, err error) {
+	w := &waiter{q: q, done: func(resp []byte, err error, _ *relayBatch) {
 		if resp != nil {
 			resp = append([]byte(nil), resp...)
 		}
@@ -147,6 +150,7 @@ func (c *udpConn) read(conn *net.UDPConn) {
 	defer c.u.f.wg.Done()
 	bc := newBatchConn(conn)
 	msgs := readSlots(upstreamBatch, upstreamReadSize)
+	var relay relayBatch
 	for {
 		n, err := bc.ReadBatch(msgs, 0)
 		if err != nil {
@@ -182,8 +186,9 @@ func (c *udpConn) read(conn *net.UDPConn) {
 			}
 			delete(c.waiters, id)
 			c.mu.Unlock()
-			w.done(resp, nil)
+			w.done(resp, nil, &relay)
 		}
+		relay.flush() // before the next read reuses the buffers
 	}
 }
 
@@ -212,7 +217,7 @@ func (c *udpConn) sweep(conn *net.UDPConn) {
 			}
 			c.mu.Unlock()
 			for i, w := range expired {
-				w.done(nil, fmt.Errorf("udp %s: %w", c.u.addr, context.DeadlineExceeded))
+				w.done(nil, fmt.Errorf("udp %s: %w", c.u.addr, context.DeadlineExceeded), nil)
 				expired[i] = nil
 			}
 			expired = expired[:0]
@@ -239,7 +244,7 @@ func (c *udpConn) failAll(conn *net.UDPConn, err error, drop bool) {
 	}
 	c.mu.Unlock()
 	for _, w := range failed {
-		w.done(nil, err)
+		w.done(nil, err, nil)
 	}
 }
 
@@ -249,5 +254,150 @@ func (c *udpConn) close() {
 	c.closed = true
 	if c.conn != nil {
 		c.conn.Close() // the reader fails its waiters and returns
+	}
+}
+
+// sendBatch is forwarded queries registered on one socket and written to
+// it together (sendmmsg): the UDP server's reader collects those of one
+// read, so a burst of queries costs one system call upstream, not one each
+// (#24: the forwarded path).
+type sendBatch struct {
+	c    *udpConn     // the socket of this batch; nil: pick one
+	conn *net.UDPConn // c's socket when the first query was registered
+	bc   batchConn
+	msgs []ipv4.Message
+	n    int
+	ids  []uint16
+	ws   []*waiter
+	// bcs keeps the batchConn of the sockets used lately: a batch picks
+	// a socket each time, and the wrapper costs allocations.
+	bcs []struct {
+		conn *net.UDPConn
+		bc   batchConn
+	}
+}
+
+// socket is the batch's socket to u, picked (round robin over u's) at the
+// batch's first query.
+func (b *sendBatch) socket(u *upstream) *udpConn {
+	if b.c == nil || b.c.u != u {
+		b.flush()
+		b.c, b.conn = u.udp[u.next.Add(1)%udpConnsPerUpstream], nil
+	}
+	return b.c
+}
+
+// add registers w on the batch's socket and queues query (the caller's own
+// copy: it gets w's ID). Unless it returns an error, w.done is called
+// exactly once.
+func (b *sendBatch) add(query []byte, w *waiter) error {
+	conn, id, err := b.c.register(w)
+	if err != nil {
+		return err
+	}
+	if conn != b.conn {
+		// The socket was (re)dialled: what is queued goes to the old one.
+		c := b.c
+		b.flush()
+		b.c, b.conn, b.bc = c, conn, b.batchConn(conn)
+	}
+	binary.BigEndian.PutUint16(query, id)
+	if b.n == len(b.msgs) {
+		b.msgs = append(b.msgs, ipv4.Message{Buffers: [][]byte{nil}})
+		b.ids = append(b.ids, 0)
+		b.ws = append(b.ws, nil)
+	}
+	b.msgs[b.n].Buffers[0], b.ids[b.n], b.ws[b.n] = query, id, w
+	b.n++
+	return nil
+}
+
+func (b *sendBatch) batchConn(conn *net.UDPConn) batchConn {
+	for _, x := range b.bcs {
+		if x.conn == conn {
+			return x.bc
+		}
+	}
+	if len(b.bcs) >= 2*udpConnsPerUpstream {
+		b.bcs = b.bcs[:0] // sockets were redialled: forget the old ones
+	}
+	bc := newBatchConn(conn)
+	b.bcs = append(b.bcs, struct {
+		conn *net.UDPConn
+		bc   batchConn
+	}{conn, bc})
+	return bc
+}
+
+// flush writes the queued queries and ends the batch (the next picks a
+// socket again); a query that cannot be written fails (its done gets the
+// error, unless an answer or a failure came first).
+func (b *sendBatch) flush() {
+	for sent := 0; sent < b.n; {
+		m, err := b.bc.WriteBatch(b.msgs[sent:b.n], 0)
+		if err != nil {
+			i := sent + max(m, 0)
+			if b.c.unregister(b.ids[i], b.ws[i]) {
+				b.ws[i].done(nil, fmt.Errorf("udp %s: %w", b.c.u.addr, err), nil)
+			}
+			m = max(m, 0) + 1
+		}
+		sent += m
+	}
+	for i := range b.msgs[:b.n] {
+		b.msgs[i].Buffers[0], b.ws[i] = nil, nil
+	}
+	b.n, b.c, b.conn = 0, nil, nil
+}
+
+// relayBatch is answers an upstream socket's reader relays to clients,
+// written after its read, per listening socket, in one system call each
+// (sendmmsg). A packet added must stay valid until flush.
+type relayBatch struct {
+	to []relayTo
+}
+
+type relayTo struct {
+	c    *net.UDPConn
+	bc   batchConn
+	msgs []ipv4.Message
+	n    int
+}
+
+func (r *relayBatch) add(c *net.UDPConn, pkt []byte, addr net.Addr) {
+	i := 0
+	for i < len(r.to) && r.to[i].c != c {
+		i++
+	}
+	if i == len(r.to) {
+		r.to = append(r.to, relayTo{c: c, bc: newBatchConn(c)})
+	}
+	t := &r.to[i]
+	if t.n == len(t.msgs) {
+		t.msgs = append(t.msgs, ipv4.Message{Buffers: [][]byte{nil}})
+	}
+	t.msgs[t.n].Buffers[0], t.msgs[t.n].Addr = pkt, addr
+	t.n++
+}
+
+// flush writes every answer added; one that cannot be written is lost, as
+// a UDP answer may be (the client asks again).
+func (r *relayBatch) flush() {
+	for i := range r.to {
+		t := &r.to[i]
+		for sent := 0; sent < t.n; {
+			m, err := t.bc.WriteBatch(t.msgs[sent:t.n], 0)
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					break
+				}
+				m = max(m, 0) + 1
+			}
+			sent += m
+		}
+		for k := range t.msgs[:t.n] {
+			t.msgs[k].Buffers[0], t.msgs[k].Addr = nil, nil
+		}
+		t.n = 0
 	}
 }
