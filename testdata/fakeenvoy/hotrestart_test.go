@@ -2,9 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,47 +176,6 @@ func (f *hrFixture) serverInfo(t *testing.T, n int) map[string]any {
 	return info
 }
 
-// dialer opens connections to addrs without pause until stopped (or
-// 200000 of them), closing each at once, and counts the refused ones.
-// Other dial errors (say, loopback's ephemeral ports run out in TIME_WAIT)
-// are counted apart: they are the client's, not the listener's.
-type dialer struct {
-	halted            sync.Once
-	stop              chan struct{}
-	done              chan struct{}
-	ok, refused, othr atomic.Int64
-	lastErr           atomic.Value
-}
-
-func startDialer(addrs ...string) *dialer {
-	d := &dialer{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(d.done)
-		for i := 0; i < 200_000; i++ {
-			select {
-			case <-d.stop:
-				return
-			default:
-			}
-			c, err := net.DialTimeout("tcp", addrs[i%len(addrs)], 5*time.Second)
-			switch {
-			case err == nil:
-				c.Close()
-				d.ok.Add(1)
-			case errors.Is(err, syscall.ECONNREFUSED):
-				d.refused.Add(1)
-				d.lastErr.Store(err.Error())
-			default:
-				d.othr.Add(1)
-				d.lastErr.Store(err.Error())
-			}
-		}
-	}()
-	return d
-}
-
-func (d *dialer) halt() { d.halted.Do(func() { close(d.stop) }); <-d.done }
-
 // Across three hot restarts (epoch 3 reuses epoch 0's socket names, Envoy's
 // modulo 3), a client dialling without pause is never refused: each child
 // takes its parent's listening sockets by SCM_RIGHTS, the parent drains
@@ -233,8 +190,8 @@ func TestHotRestartNoConnectionRefusedAcrossEpochs(t *testing.T) {
 		t.Errorf("epoch 0 hot_restart_version = %v, want %s", info["hot_restart_version"], hotRestartVersion)
 	}
 
-	d := startDialer(fmt.Sprintf("127.0.0.1:%d", f.http), fmt.Sprintf("127.0.0.1:%d", f.capture))
-	defer d.halt()
+	d := testkit.StartDialer(fmt.Sprintf("127.0.0.1:%d", f.http), fmt.Sprintf("127.0.0.1:%d", f.capture))
+	defer d.Stop()
 	for n := 1; n <= 3; n++ {
 		cur := f.start(t, n, nil)
 		st := prev.wait(t, fmt.Sprintf("epoch %d after its child took over", n-1))
@@ -263,12 +220,13 @@ func TestHotRestartNoConnectionRefusedAcrossEpochs(t *testing.T) {
 		}
 		prev = cur
 	}
-	d.halt()
-	if d.refused.Load() != 0 || d.ok.Load() == 0 {
+	d.Stop()
+	if accepted, refused, other := d.Counts(); refused != 0 || accepted == 0 {
 		t.Fatalf("across 3 hot restarts: %d connections accepted, %d refused, %d other errors (last: %v); want none refused",
-			d.ok.Load(), d.refused.Load(), d.othr.Load(), d.lastErr.Load())
+			accepted, refused, other, d.LastError())
+	} else {
+		t.Logf("across 3 hot restarts: %d connections accepted, none refused (%d other dial errors)", accepted, other)
 	}
-	t.Logf("across 3 hot restarts: %d connections accepted, none refused (%d other dial errors)", d.ok.Load(), d.othr.Load())
 }
 
 // A listener the parent does not have (the new epoch's bootstrap added it)
@@ -333,18 +291,18 @@ func TestHotRestartTakesLDSListenersFromTheParent(t *testing.T) {
 
 	p0 := f.start(t, 0, nil)
 	f.serverInfo(t, 0)
-	d := startDialer(fmt.Sprintf("127.0.0.1:%d", f.capture))
-	defer d.halt()
+	d := testkit.StartDialer(fmt.Sprintf("127.0.0.1:%d", f.capture))
+	defer d.Stop()
 	p1 := f.start(t, 1, nil)
 	if st := p0.wait(t, "epoch 0 after its child took over"); !st.Success() {
 		t.Fatalf("epoch 0: %v\n%s", st, p0.log)
 	}
 	p1.log.WaitLine(t, fmt.Sprintf("obtained socket for address tcp://127.0.0.1:%d from parent", f.capture))
 	f.serverInfo(t, 1)
-	d.halt()
-	if d.refused.Load() != 0 || d.ok.Load() == 0 {
+	d.Stop()
+	if accepted, refused, other := d.Counts(); refused != 0 || accepted == 0 {
 		t.Fatalf("across a hot restart: %d connections accepted, %d refused, %d other errors (last: %v); want none refused",
-			d.ok.Load(), d.refused.Load(), d.othr.Load(), d.lastErr.Load())
+			accepted, refused, other, d.LastError())
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -86,23 +84,23 @@ func TestRelaysCapturedTrafficToTheOriginalDestination(t *testing.T) {
 
 	// The peer's server and the application, each answering with what it
 	// received and whom from.
-	inNetns(t, peer, func() error { return echo("tcp", "10.77.0.2:8080", "peer") })
-	inNetns(t, pod, func() error { return echo("tcp", "0.0.0.0:9080", "app") })
+	testkit.InNetns(t, peer, func() error { return echo("tcp", "10.77.0.2:8080", "peer") })
+	testkit.InNetns(t, pod, func() error { return echo("tcp", "0.0.0.0:9080", "app") })
 
 	// Outbound: the application (root, not 1337) calls the peer.
 	var local, answer string
-	inNetns(t, pod, func() (err error) { local, answer, err = call("10.77.0.2:8080", "out"); return err })
+	testkit.InNetns(t, pod, func() (err error) { local, answer, err = call("10.77.0.2:8080", "out"); return err })
 	if !strings.HasPrefix(answer, "peer got out from 10.77.0.1:") || strings.HasSuffix(answer, " from "+local) {
 		t.Errorf("outbound: the peer answered %q to a call from %s; want the stand-in's own connection from 10.77.0.1", answer, local)
 	}
 	// Inbound: the peer calls the application on the pod's address.
-	inNetns(t, peer, func() (err error) { local, answer, err = call("10.77.0.1:9080", "in"); return err })
+	testkit.InNetns(t, peer, func() (err error) { local, answer, err = call("10.77.0.1:9080", "in"); return err })
 	if !strings.HasPrefix(answer, "app got in from 127.0.0.6:") {
 		t.Errorf("inbound: the application answered %q; want the call relayed from 127.0.0.6", answer)
 	}
 
 	var stats string
-	inNetns(t, pod, func() (err error) { stats, err = httpGet("127.0.0.1:15000", "/stats"); return err })
+	testkit.InNetns(t, pod, func() (err error) { stats, err = httpGet("127.0.0.1:15000", "/stats"); return err })
 	testkit.Contains(t, "the stand-in's /stats", stats,
 		"listener.0.0.0.0_15001.downstream_cx_total: 1\n", "listener.0.0.0.0_15006.downstream_cx_total: 1\n")
 	log.WaitLine(t, "relay virtualOutbound:", "-> 10.77.0.2:8080 (original destination", "4 bytes sent")
@@ -166,32 +164,6 @@ func netnsPair(t *testing.T) (pod, peer string) {
 	sh("ip", "-n", pod, "link", "set", "fe0", "up")
 	sh("ip", "-n", peer, "link", "set", "fe1", "up")
 	return pod, peer
-}
-
-// inNetns runs f on a thread in network namespace ns: the sockets f opens
-// live there, whichever thread uses them later. The thread is never
-// returned to the runtime (it exits with the goroutine), so no other
-// goroutine runs in ns by accident.
-func inNetns(t *testing.T, ns string, f func() error) {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // not unlocked: see above
-		fd, err := unix.Open("/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- f()
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("in %s: %v", ns, err)
-	}
 }
 
 // echo listens on addr and answers each connection's first line with

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -30,27 +31,54 @@ func StartDialer(addrs ...string) *Dialer {
 	d := &Dialer{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
-		for i := 0; i < maxDials; i++ {
-			select {
-			case <-d.stop:
-				return
-			default:
-			}
-			c, err := net.DialTimeout("tcp", addrs[i%len(addrs)], 5*time.Second)
-			switch {
-			case err == nil:
-				c.Close()
-				d.accepted.Add(1)
-			case errors.Is(err, syscall.ECONNREFUSED):
-				d.refused.Add(1)
-				d.lastErr.Store(err.Error())
-			default:
-				d.other.Add(1)
-				d.lastErr.Store(err.Error())
-			}
-		}
+		d.run(addrs)
 	}()
 	return d
+}
+
+// StartDialerIn is StartDialer from inside network namespace ns (a name
+// under /run/netns), for a listener there: the dialling thread enters it.
+func StartDialerIn(t testing.TB, ns string, addrs ...string) *Dialer {
+	t.Helper()
+	d := &Dialer{stop: make(chan struct{}), done: make(chan struct{})}
+	entered := make(chan error, 1)
+	go func() {
+		defer close(d.done)
+		err := enterNetns(ns, func() error {
+			entered <- nil
+			d.run(addrs)
+			return nil
+		})
+		if err != nil {
+			entered <- err
+		}
+	}()
+	if err := <-entered; err != nil {
+		t.Fatalf("dialer in %s: %v", ns, err)
+	}
+	return d
+}
+
+func (d *Dialer) run(addrs []string) {
+	for i := 0; i < maxDials; i++ {
+		select {
+		case <-d.stop:
+			return
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addrs[i%len(addrs)], 5*time.Second)
+		switch {
+		case err == nil:
+			c.Close()
+			d.accepted.Add(1)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			d.refused.Add(1)
+			d.lastErr.Store(err.Error())
+		default:
+			d.other.Add(1)
+			d.lastErr.Store(err.Error())
+		}
+	}
 }
 
 // Stop ends the dialling and waits for the last dial.

@@ -25,7 +25,20 @@ import (
 // istio-proxy does for Istio's agent), says READY=1 then WATCHDOG=1, puts the
 // rules back when someone flushes the nat table, and on SIGTERM says
 // STOPPING=1, exits 0 and leaves no rule behind.
-func TestVMOnboardingUnderSystemd(t *testing.T) {
+// vmAgent is `meshagent vm` on Istio's VM bundle, in a network namespace
+// of its own, its control plane across a veth, its CA on the namespace's
+// loopback, systemd's notify socket beside it.
+type vmAgent struct {
+	ns, root  string
+	envoyCopy string // the Envoy binary the mesh config names, under root
+	cmd       *exec.Cmd
+	p         *e2ekit.AgentProcess
+	notify    <-chan string
+}
+
+// startVM starts a vmAgent with env added to the test's environment.
+func startVM(t *testing.T, env ...string) *vmAgent {
+	t.Helper()
 	ns := needNetns(t)
 	root := testkit.ShortTempDir(t, "meshagent-vm")
 	// Envoy, as 1337, must reach its binary, bootstrap and sockets: the
@@ -72,10 +85,16 @@ CA_ADDR='127.0.0.1:15012'
 
 	notify := e2ekit.NotifyListener(t, filepath.Join(root, "notify.sock"))
 	cmd := exec.Command("ip", "netns", "exec", ns, e2ekit.AgentBinary, "vm", "--root", root, "--capture-check-interval", "100ms")
-	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(root, "notify.sock"), "WATCHDOG_USEC=200000")
+	cmd.Env = append(append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(root, "notify.sock"), "WATCHDOG_USEC=200000"), env...)
 	p := &e2ekit.AgentProcess{Cmd: cmd, Stderr: &testkit.LogBuffer{}, Exited: make(chan error, 1), Root: root}
 	p.Start(t)
 
+	return &vmAgent{ns: ns, root: root, envoyCopy: envoyCopy, cmd: cmd, p: p, notify: notify}
+}
+
+func TestVMOnboardingUnderSystemd(t *testing.T) {
+	vm := startVM(t)
+	ns, root, envoyCopy, cmd, p, notify := vm.ns, vm.root, vm.envoyCopy, vm.cmd, vm.p, vm.notify
 	e2ekit.AwaitNotify(t, notify, "READY=1", p, ns)
 	e2ekit.AwaitNotify(t, notify, "WATCHDOG=1", p, ns)
 
