@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/services/internal/unique"
 )
 
 // DeltaSecrets is incremental SDS: only the changed secrets are sent, each
@@ -98,7 +100,7 @@ func (h *handler) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryRe
 	if err := checkTypeURL(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
-	names := dedupe(req.GetResourceNames())
+	names := unique.Values(req.GetResourceNames())
 	if len(names) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "FetchSecrets needs resource names (%q, %q, %s<path>, ...)", WorkloadKeyCertResourceName, RootCertResourceName, FileRootPrefix)
 	}

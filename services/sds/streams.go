@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/internal/unique"
 )
 
 var errShuttingDown = status.Error(codes.Unavailable, "SDS server shutting down")
@@ -39,7 +41,7 @@ func (h *handler) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.Disc
 		if !h.current(ss.log, req.GetResponseNonce(), ss.lastNonce, req.GetErrorDetail(), req.GetResourceNames(), req.GetVersionInfo()) {
 			return nil, false, nil
 		}
-		names = dedupe(req.GetResourceNames())
+		names = unique.Values(req.GetResourceNames())
 		for n := range sent {
 			if !slices.Contains(names, n) {
 				delete(sent, n)
@@ -150,16 +152,6 @@ func resourceError(name string, err error) *discoveryv3.ResourceError {
 		ResourceName: &discoveryv3.ResourceName{Name: name},
 		ErrorDetail:  status.Convert(err).Proto(),
 	}
-}
-
-func dedupe(names []string) []string {
-	out := make([]string, 0, len(names))
-	for _, n := range names {
-		if !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
 }
 
 // secretsOf returns the secrets of states in names' order; with a name that

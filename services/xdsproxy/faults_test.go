@@ -98,6 +98,23 @@ func recordV1(t *testing.T, p *proxy, cp *xdsserver.Server, delta bool) {
 
 // servedFromCache checks that a fresh client gets v1 from the proxy, with
 // the proxy's own nonces, while the control plane is down.
+// resyncsAfterCache: the stream p served c from its cache ends
+// (Unavailable, the control plane is reachable again), and c's next one,
+// through p to the control plane, gets version's clusters and listeners;
+// p says connected.
+func resyncsAfterCache(t *testing.T, p *proxy, c *xdsserver.Client, version string, clusters int) {
+	t.Helper()
+	ctx := waitCtx(t)
+	if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Contains(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
+	if err := c.WaitFor(ctx, bothTypes(version, clusters)); err != nil {
+		t.Fatal(err)
+	}
+	p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+}
+
 func servedFromCache(t *testing.T, p *proxy, delta bool) *xdsserver.Client {
 	t.Helper()
 	c := p.client(t, delta)
@@ -142,15 +159,7 @@ func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 		if err := cp.Restart(); err != nil {
 			t.Fatal(err)
 		}
-		ctx := waitCtx(t)
-		if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
-			t.Fatal(err)
-		}
-		testkit.Contains(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
-		if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
-			t.Fatal(err)
-		}
-		p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+		resyncsAfterCache(t, p, c, "v2", 5)
 		p.waitHealth(t, "Ready", func(h messages.Health) bool { return h.State == messages.Ready })
 		if got := p.metric(t, "xds_proxy_serving_cache"); got != 0 {
 			t.Errorf("xds_proxy_serving_cache = %v after the control plane came back", got)

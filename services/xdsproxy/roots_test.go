@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -100,15 +98,7 @@ func TestNewRootsEndCacheServingAtOnce(t *testing.T) {
 		p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
 		snapshot(t, cp, "v2", 5)
 		certs.Send(rootBundle(t, rootB, "2"))
-		ctx := waitCtx(t)
-		if err := c.WaitFor(ctx, endsWith(1, codes.Unavailable)); err != nil {
-			t.Fatal(err)
-		}
-		testkit.Contains(t, "end of the cached stream", status.Convert(c.State().Ends[0]).Message(), "reachable again")
-		if err := c.WaitFor(ctx, bothTypes("v2", 5)); err != nil {
-			t.Fatal(err)
-		}
-		p.waitState(t, "connected", func(s messages.XDSState) bool { return s.Upstream == messages.XDSConnected })
+		resyncsAfterCache(t, p, c, "v2", 5)
 	})
 }
 

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"maps"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +16,7 @@ import (
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/unique"
 )
 
 // Environment prefixes that Istio copies into the Envoy node metadata.
@@ -281,7 +281,7 @@ func buildNode(c Config) (nodeInfo, error) {
 	set("NAME", c.PodName, c.PodName != "")
 	set("NAMESPACE", c.PodNamespace, c.PodNamespace != "")
 	set("SERVICE_ACCOUNT", c.ServiceAccount, c.ServiceAccount != "")
-	ips := dedupe(c.InstanceIPs)
+	ips := unique.Values(c.InstanceIPs)
 	set("INSTANCE_IPS", strings.Join(ips, ","), len(ips) > 0)
 	set("LABELS", stringMapToAny(labels), len(labels) > 0)
 	set("STATIC_LABELS", stringMapToAny(static), len(static) > 0)
@@ -396,16 +396,6 @@ func stringMap(v any) map[string]string {
 	for k, x := range m {
 		if s, ok := x.(string); ok {
 			out[k] = s
-		}
-	}
-	return out
-}
-
-func dedupe(values []string) []string {
-	out := make([]string, 0, len(values))
-	for _, v := range values {
-		if !slices.Contains(out, v) {
-			out = append(out, v)
 		}
 	}
 	return out

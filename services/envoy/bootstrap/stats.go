@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/services/internal/unique"
 )
 
 // Pod annotations that tune the stats section (Istio's sidecar.istio.io/* names).
@@ -96,7 +98,7 @@ func getStatsOptions(c Config, node nodeInfo) statsOptions {
 				out = append(out, p)
 				continue
 			}
-			for _, ip := range dedupe(c.InstanceIPs) {
+			for _, ip := range unique.Values(c.InstanceIPs) {
 				out = append(out, strings.ReplaceAll(p, "{pod_ip}", ip))
 			}
 		}
