@@ -21,6 +21,10 @@ import (
 // of ours: the streams' connections are closed with their streams.
 const warmIdle = 10 * time.Second
 
+// warmConn is the one lock left in the proxy beside messages.Stream's: it
+// guards conn alone, which a stream's dial takes, the probe puts and Serve
+// drops, from their own goroutines; passing it through the state owner
+// would put a network handshake's result on the owner's queue for nothing.
 type warmConn struct {
 	mu   sync.Mutex
 	conn *grpc.ClientConn
