@@ -51,7 +51,8 @@ var (
 	ErrDrained = errors.New("envoy drained and stopped")
 	// ErrBinary: the Envoy binary is missing or cannot be executed.
 	ErrBinary = errors.New("envoy binary unusable")
-	// ErrPrepare: Config.Prepare (bootstrap and arguments) failed.
+	// ErrPrepare: writing the bootstrap or making the arguments for a start
+	// failed (the rendered bootstrap, or Config.Prepare in tests).
 	ErrPrepare = errors.New("prepare envoy start")
 	// ErrInvalidConfig: a Config field is invalid.
 	ErrInvalidConfig = errors.New("invalid envoy config")
