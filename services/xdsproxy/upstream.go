@@ -62,12 +62,9 @@ func (u *upstream) release() *grpc.ClientConn {
 func (s *Service) openUpstream(ctx context.Context, method string) (*upstream, error) {
 	conn := s.warm.take() // warmconn.go
 	if conn == nil {
-		opts, err := s.dialOptions()
-		if err != nil {
+		var err error
+		if conn, err = s.newConn(); err != nil {
 			return nil, err
-		}
-		if conn, err = grpc.NewClient(s.cfg.DiscoveryAddress, opts...); err != nil {
-			return nil, fmt.Errorf("control plane address %q: %w", s.cfg.DiscoveryAddress, err)
 		}
 	}
 	md := metadata.MD{}
@@ -130,6 +127,20 @@ func (s *Service) token() string {
 
 // dialOptions are Istio's client options (pilot/pkg/grpc ClientOptions):
 // keepalive, no receive limit, TLS 1.2+ or plaintext; and the raw codec.
+// newConn is a connection to the control plane, not yet connected: for a
+// stream (openUpstream) or made ahead of one (warmUp).
+func (s *Service) newConn() (*grpc.ClientConn, error) {
+	opts, err := s.dialOptions()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(s.cfg.DiscoveryAddress, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("control plane address %q: %w", s.cfg.DiscoveryAddress, err)
+	}
+	return conn, nil
+}
+
 func (s *Service) dialOptions() ([]grpc.DialOption, error) {
 	creds := insecure.NewCredentials()
 	if !s.cfg.Plaintext {

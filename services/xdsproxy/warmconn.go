@@ -74,13 +74,9 @@ func (s *Service) warmUp() {
 	if s.cfg.ClientCertificate || s.cfg.Roots == RootsCertBundle {
 		return
 	}
-	opts, err := s.dialOptions()
+	c, err := s.newConn()
 	if err != nil {
 		return // the stream's own dial reports it
-	}
-	c, err := grpc.NewClient(s.cfg.DiscoveryAddress, opts...)
-	if err != nil {
-		return
 	}
 	c.Connect()
 	s.warm.put(c)

@@ -197,15 +197,10 @@ func Build(in Inputs) (*Agent, error) {
 		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", ParseString),
 		annotationsFile: Rooted(c.Root, podAnnotationsFile),
 	}
-	pc, err := loadProxyConfig(pcSources, in.Log)
+	pc, err := effectiveProxyConfig(r, pcSources, f.concurrency, in.Log)
 	if err != nil {
 		p.Add(err)
 		return nil, p.Err() // every service's config depends on it
-	}
-	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", ParseCount), f.concurrency, in.Log)
-	if err := validateProxyConfig(pc); err != nil {
-		p.Addf("invalid proxy configuration: %w", err)
-		return nil, p.Err()
 	}
 	c.Proxy = pc
 	// Before anything looks at the sockets under the root: a second agent

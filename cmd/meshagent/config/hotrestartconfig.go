@@ -33,12 +33,8 @@ func hotRestartConfig(in Inputs, src proxyConfigSources, envoyIn envoyInputs, cf
 	hr.Reload = func() (envoy.Config, error) {
 		p := &Problems{}
 		r := envReader{env: in.Host.Env, problems: p}
-		pc, err := loadProxyConfig(src, in.Log)
+		pc, err := effectiveProxyConfig(r, src, in.Flags.concurrency, in.Log)
 		if err != nil {
-			return envoy.Config{}, err
-		}
-		applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", ParseCount), in.Flags.concurrency, in.Log)
-		if err := validateProxyConfig(pc); err != nil {
 			return envoy.Config{}, err
 		}
 		ein := envoyIn

@@ -41,6 +41,21 @@ type proxyConfigSources struct {
 	annotationsFile string // ./etc/istio/pod/annotations, under --root
 }
 
+// effectiveProxyConfig is the ProxyConfig the agent runs with, read from
+// its sources as they are now: layered, its concurrency settled, checked.
+// The start and a hot restart's Reload both take it from here.
+func effectiveProxyConfig(r envReader, src proxyConfigSources, legacyConcurrency *int, log *slog.Logger) (*meshconfig.ProxyConfig, error) {
+	pc, err := loadProxyConfig(src, log)
+	if err != nil {
+		return nil, err
+	}
+	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", ParseCount), legacyConcurrency, log)
+	if err := validateProxyConfig(pc); err != nil {
+		return nil, fmt.Errorf("invalid proxy configuration: %w", err)
+	}
+	return pc, nil
+}
+
 // loadProxyConfig builds the ProxyConfig as Istio's agent does: defaults,
 // (standalone's injected layer,) then the mesh config file's defaultConfig,
 // then PROXY_CONFIG, then the proxy.istio.io/config annotation, then the
