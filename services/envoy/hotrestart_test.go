@@ -46,7 +46,7 @@ var hotBaseIDs atomic.Int32
 // behind is removed at the end.
 func hotBaseID(t *testing.T) int {
 	id := 30_000_000 + (os.Getpid()%20000)*100 + int(hotBaseIDs.Add(1))
-	t.Cleanup(func() { os.Remove(fmt.Sprintf("/dev/shm/envoy_shared_memory_%d", id*10)) })
+	testkit.CleanupEnvoySharedMemory(t, id)
 	return id
 }
 

@@ -64,7 +64,7 @@ var nextBaseID atomic.Int32
 // Its shared memory is removed at the end (Envoy leaves it behind).
 func uniqueBaseID(t *testing.T) int {
 	id := (os.Getpid()%20000)*1000 + 100 + int(nextBaseID.Add(1))
-	t.Cleanup(func() { os.Remove(shmPath(id * 10)) })
+	testkit.CleanupEnvoySharedMemory(t, id)
 	return id
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"testing"
 )
 
 // IsZombie reports a process that has exited but not been reaped: its
@@ -19,4 +20,11 @@ func IsZombie(pid int) bool {
 	s := string(raw)
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
+
+// CleanupEnvoySharedMemory removes, when the test ends, the hot-restart
+// shared memory region that Envoy (and the stand-in, as Envoy does) leaves
+// behind for base id baseID: /dev/shm/envoy_shared_memory_<baseID*10>.
+func CleanupEnvoySharedMemory(t testing.TB, baseID int) {
+	t.Cleanup(func() { os.Remove(fmt.Sprintf("/dev/shm/envoy_shared_memory_%d", baseID*10)) })
 }

@@ -24,7 +24,7 @@ func TestHotRestartOnMeshConfigEdit(t *testing.T) {
 	// Envoy leaves its hot restart shared memory behind (a pod's /dev/shm
 	// goes with the pod); the test's goes with the test.
 	base := config.HotRestartBaseID(filepath.Join(p.Root, "etc/istio/proxy"))
-	t.Cleanup(func() { os.Remove(fmt.Sprintf("/dev/shm/envoy_shared_memory_%d", base*10)) })
+	testkit.CleanupEnvoySharedMemory(t, base)
 	p.WaitStatus(t, "/healthz/ready", 200)
 	// Istio's default mesh file, missing at start (a default mesh is used)
 	// and then written: its directory is watched from when it appears.

@@ -24,7 +24,7 @@ func TestVMHotRestartOnNewEnvoyBinary(t *testing.T) {
 	// Envoy leaves its hot restart shared memory behind (Envoy's own
 	// behaviour); the test's goes with the test.
 	base := config.HotRestartBaseID(config.Rooted(vm.root, "etc/istio/proxy"))
-	t.Cleanup(func() { os.Remove(fmt.Sprintf("/dev/shm/envoy_shared_memory_%d", base*10)) })
+	testkit.CleanupEnvoySharedMemory(t, base)
 	e2ekit.AwaitNotify(t, vm.notify, "READY=1", vm.p, vm.ns)
 	first := envoysRunning(t, vm)
 	if len(first) != 1 {
