@@ -44,13 +44,8 @@ func (s *Service) serveCA(ctx context.Context) error {
 		s.readRootFile()
 	}
 
-	next := s.clock.After(0)
-	// After a restart, a still-valid certificate is kept until its renewal
-	// point instead of being replaced at once.
-	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-		// The renewal point chosen when it was issued, which /debug/certs
-		// shows (#22), not a new jittered one.
-		next = s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0))
+	next, kept := s.firstCARequest()
+	if kept {
 		s.publishCA()
 	}
 	for {
@@ -76,6 +71,17 @@ func (s *Service) serveCA(ctx context.Context) error {
 			s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", s.caIssued.Expiry, "renew_in", wait.Round(time.Millisecond))
 		}
 	}
+}
+
+// firstCARequest is when Serve first asks the CA: at once, or, after a
+// restart with a certificate from the CA still valid (kept), at the
+// renewal point chosen when it was issued, which /debug/certs shows (#22),
+// not a new jittered one.
+func (s *Service) firstCARequest() (due <-chan time.Time, kept bool) {
+	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
+		return s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0)), true
+	}
+	return s.clock.After(0), false
 }
 
 // publishCA publishes the CA's last certificate with its roots: the CA's, or

@@ -28,10 +28,7 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	ca := newCAClient(s)
 	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
-		rootsDue = s.clock.After(0)
-		if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-			rootsDue = s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0)) // a restart keeps what the CA said
-		}
+		rootsDue, _ = s.firstCARequest() // a restart keeps what the CA said
 	}
 	s.reload()
 	for {
