@@ -24,11 +24,10 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	}
 	defer watch.Close()
 
-	var rootsDue <-chan time.Time // RootsFromCA: when to ask the CA
-	ca := newCAClient(s)
+	ca := newCAClient(s) // RootsFromCA: asked for the roots when due
 	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
-		rootsDue, _ = s.firstCARequest() // a restart keeps what the CA said
+		ca.start()
 	}
 	s.reload()
 	for {
@@ -39,12 +38,11 @@ func (s *Service) serveFiles(ctx context.Context) error {
 			return err
 		case <-watch.Changes():
 			s.reload()
-		case <-rootsDue:
+		case <-ca.due:
 			wait, ok, err := ca.renew(ctx, s.rootsFailure)
 			if err != nil {
 				return err
 			}
-			rootsDue = s.clock.After(wait)
 			if ok {
 				s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", wait.Round(time.Millisecond))
 				s.reload()
