@@ -228,27 +228,26 @@ func splitDelta(b []byte) (deltaParts, error) {
 // firstString is the string field num of message b ("" if absent or bad;
 // the last one if repeated, as protobuf reads it).
 func firstString(b []byte, num protowire.Number) string {
-	var out string
-	for fd, err := range fields(b, protowire.BytesType) {
-		if err != nil {
-			break
-		}
-		if fd.num == num {
-			out = string(fd.v)
-		}
-	}
-	return out
+	return string(fieldValue(b, num, protowire.BytesType))
 }
 
 // firstVarint is the varint field num of message b (0 if absent or bad).
 func firstVarint(b []byte, num protowire.Number) uint64 {
-	var out uint64
-	for fd, err := range fields(b, protowire.VarintType) {
+	v, _ := protowire.ConsumeVarint(fieldValue(b, num, protowire.VarintType))
+	return v
+}
+
+// fieldValue is the value of field num, of wire type typ, in message b:
+// nil if absent, the last one if repeated (as protobuf reads it), and the
+// last read before a malformed field ends the scan.
+func fieldValue(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	var out []byte
+	for fd, err := range fields(b, typ) {
 		if err != nil {
 			break
 		}
 		if fd.num == num {
-			out, _ = protowire.ConsumeVarint(fd.v)
+			out = fd.v
 		}
 	}
 	return out

@@ -2,7 +2,6 @@ package xdsproxy
 
 import (
 	"maps"
-	"slices"
 	"sort"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -145,11 +144,10 @@ func (x *deltaTracker) sending(f *frame, cache *lkg) {
 	x.pending[f.typeURL] = list
 }
 
-// awaitsAnswer: a wildcard subscription that acknowledges nothing (see
-// sotw.awaitsAnswer).
+// awaitsAnswer: a wildcard subscription that acknowledges nothing
+// (wildcardFirst).
 func (delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
-	sub := req.GetResourceNamesSubscribe()
-	return req.GetResponseNonce() == "" && (len(sub) == 0 || slices.Contains(sub, "*"))
+	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNamesSubscribe())
 }
 
 func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {

@@ -1,6 +1,8 @@
 package xdsproxy
 
 import (
+	"slices"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -72,6 +74,15 @@ type protocol[R request] interface {
 	agentResource(f *frame) (*anypb.Any, string, error)
 	// awaitsAnswer: a control plane must answer req (the stall rule).
 	awaitsAnswer(req R) bool
+}
+
+// wildcardFirst is the stall rule's request in either protocol: it
+// acknowledges nothing (no nonce) and is a wildcard subscription (no
+// names, or "*" among them). Istio's control plane answers every such
+// request on a new stream, whatever version Envoy holds; a request naming
+// resources may go unanswered when they do not exist.
+func wildcardFirst(nonce string, names []string) bool {
+	return nonce == "" && (len(names) == 0 || slices.Contains(names, "*"))
 }
 
 // tracker is what a stream of one protocol learns of Envoy's requests and

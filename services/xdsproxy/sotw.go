@@ -78,13 +78,10 @@ func (x *sotwTracker) sending(f *frame, _ *lkg) {
 	x.pending[f.typeURL] = f
 }
 
-// awaitsAnswer: a wildcard request that acknowledges nothing. Istio's
-// control plane answers every such request on a new stream, whatever
-// version Envoy holds; a request naming resources may go unanswered when
-// they do not exist.
+// awaitsAnswer: a wildcard request that acknowledges nothing
+// (wildcardFirst).
 func (sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
-	names := req.GetResourceNames()
-	return req.GetResponseNonce() == "" && (len(names) == 0 || slices.Contains(names, "*"))
+	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNames())
 }
 
 func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {

@@ -136,10 +136,7 @@ func (c *Client) Resources(typeURL string) map[string]string {
 
 // WaitFor waits until cond holds, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(State) bool) error {
-	if st, ok := testkit.Until(c.watch, cond, ctx.Done()); !ok {
-		return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
-	}
-	return nil
+	return testkit.UntilDone(ctx, "xds client", c.watch, cond)
 }
 
 // watch is the state now and a channel closed at its next change.

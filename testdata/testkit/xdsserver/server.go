@@ -281,10 +281,7 @@ func (s *Server) Stats() Stats {
 
 // WaitFor waits until cond holds for the counters, or ctx ends.
 func (s *Server) WaitFor(ctx context.Context, cond func(Stats) bool) error {
-	if st, ok := testkit.Until(s.watch, cond, ctx.Done()); !ok {
-		return fmt.Errorf("xdsserver: waiting for a condition on %+v: %w", st, ctx.Err())
-	}
-	return nil
+	return testkit.UntilDone(ctx, "xdsserver", s.watch, cond)
 }
 
 // watch is the counters now and a channel closed at their next change.
