@@ -66,12 +66,19 @@ func TestControlPlaneOutageEndsStream(t *testing.T) {
 // proxy that has written v1 to its cache file and stopped.
 func cachedV1(t *testing.T, delta bool) (*xdsserver.Server, Config) {
 	t.Helper()
-	cp := servingControlPlane(t, "v1", 3)
-	cfg := testConfig(tempRoot(t), cp.Addr())
-	p := startProxy(t, cfg, proxyOpts{})
-	recordV1(t, p, cp, delta)
+	cp, p := recordedV1(t, delta)
 	p.stop(t)
-	return cp, cfg
+	return cp, p.cfg
+}
+
+// recordedV1 is a control plane serving v1 and a proxy to it that has
+// cached v1 (recordV1).
+func recordedV1(t *testing.T, delta bool) (*xdsserver.Server, *proxy) {
+	t.Helper()
+	cp := servingControlPlane(t, "v1", 3)
+	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
+	recordV1(t, p, cp, delta)
+	return cp, p
 }
 
 // stoppedCacheOfV1 is a proxy's config whose cache file holds v1, and the
@@ -144,9 +151,7 @@ func servedFromCache(t *testing.T, p *proxy, delta bool) *xdsserver.Client {
 // moves to it and Envoy converges on the new configuration.
 func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 3)
-		p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
-		recordV1(t, p, cp, delta)
+		cp, p := recordedV1(t, delta)
 
 		cp.Stop()
 		c := servedFromCache(t, p, delta)

@@ -29,16 +29,6 @@ func noCacheNonceUpstream(t *testing.T, cp *xdsserver.Server) {
 	}
 }
 
-// recordedV1 is a control plane serving v1 and a proxy to it that has
-// cached v1 (recordV1).
-func recordedV1(t *testing.T, delta bool) (*xdsserver.Server, *proxy) {
-	t.Helper()
-	cp := servingControlPlane(t, "v1", 3)
-	p := startProxy(t, testConfig(tempRoot(t), cp.Addr()), proxyOpts{})
-	recordV1(t, p, cp, delta)
-	return cp, p
-}
-
 // ackedAfter is a control plane condition: clusters and listeners were
 // ACKed more often than in before.
 func ackedAfter(before xdsserver.Stats) func(xdsserver.Stats) bool {
