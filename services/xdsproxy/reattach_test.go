@@ -63,6 +63,10 @@ func TestCachedStreamMovesToControlPlane(t *testing.T) {
 		cp.Stop()
 		c := servedFromCache(t, p, delta)
 		held := c.Resources(resource.ClusterType)
+		// And to one route by name, while the cache serves it.
+		if err := c.Subscribe(resource.RouteType, []string{"route-a"}); err != nil {
+			t.Fatal(err)
+		}
 		snapshot(t, cp, "v2", 5)
 		if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"ratings.default.svc.cluster.local": "10.0.0.2"})); err != nil {
 			t.Fatal(err)
@@ -82,12 +86,16 @@ func TestCachedStreamMovesToControlPlane(t *testing.T) {
 		})
 		noCacheNonceUpstream(t, cp)
 
-		// The client subscribed to clusters and listeners by wildcard.
+		// The client subscribed to clusters and listeners by wildcard,
+		// to routes by name.
 		got := cp.Stats()
 		for _, typ := range []string{resource.ClusterType, resource.ListenerType} {
 			if names, ok := got.Subscribed[typ]; !ok || len(names) != 0 {
 				t.Errorf("the control plane sees %s subscribed to %q (known: %v), want the wildcard", typ, names, ok)
 			}
+		}
+		if names := got.Subscribed[resource.RouteType]; !slices.Equal(names, []string{"route-a"}) {
+			t.Errorf("the control plane sees routes subscribed to %q, want [route-a]", names)
 		}
 		if delta {
 			if !maps.Equal(got.Initial[resource.ClusterType], held) {
