@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
@@ -276,5 +277,10 @@ func deltaResponse(typeURL, version, nonce string, resources [][]byte) []byte {
 // cacheNonce is a nonce of the proxy's own, for responses served from the
 // cache: it cannot be mistaken for a control plane's.
 func cacheNonce(stream uint64, n int) string {
-	return "meshagent-cache-" + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
+	return cacheNoncePrefix + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
 }
+
+const cacheNoncePrefix = "meshagent-cache-"
+
+// isCacheNonce: nonce is one of cacheNonce's.
+func isCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }

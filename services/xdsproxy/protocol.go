@@ -74,6 +74,11 @@ type protocol[R request] interface {
 	agentResource(f *frame) (*anypb.Any, string, error)
 	// awaitsAnswer: a control plane must answer req (the stall rule).
 	awaitsAnswer(req R) bool
+	// afterCache is what reaches the control plane of Envoy's request req,
+	// which answers a response of the cache's, on a stream that moved to
+	// the control plane (reattach.go); last is Envoy's last request of
+	// that type sent upstream (nil if none). false: nothing.
+	afterCache(req, last R) (R, bool)
 }
 
 // wildcardFirst is the stall rule's request in either protocol: it
@@ -99,4 +104,8 @@ type tracker[R request] interface {
 	// answer answers one more request.
 	replay(cache *lkg) []*frame
 	answer(req R, cache *lkg) []*frame
+	// resubscribe is what Envoy would send first on a new stream, holding
+	// what it was sent on this one: the stream moves from the cache to
+	// the control plane (reattach.go).
+	resubscribe() []R
 }

@@ -77,8 +77,8 @@ func TestRootRotationRedialsWithoutRestart(t *testing.T) {
 // A proxy serving the cache because the control plane's certificate comes
 // from a root it does not trust yet probes at once when new roots arrive
 // (#26), without waiting for its backoff: the clock here never moves. The
-// control plane answers, Envoy's cached stream ends, and Envoy
-// resynchronises through a stream dialled with the new roots.
+// control plane answers, and Envoy's stream moves to it on the connection
+// dialled with the new roots.
 func TestNewRootsEndCacheServingAtOnce(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
 		rootA, rootB, server, cp := rotatingControlPlane(t, 3)
@@ -92,7 +92,7 @@ func TestNewRootsEndCacheServingAtOnce(t *testing.T) {
 		p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
 		snapshot(t, cp, "v2", 5)
 		certs.Send(rootBundle(t, rootB, "2"))
-		resyncsAfterCache(t, p, c, "v2", 5)
+		continuesAfterCache(t, p, c, "v2", 5)
 	})
 }
 
