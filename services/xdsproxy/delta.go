@@ -63,7 +63,7 @@ func (delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *d
 
 func (delta) agentResource(f *frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
-	if err := proto.Unmarshal(f.b, &r); err != nil {
+	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
 		return nil, f.version, err
 	}
 	if len(r.GetResources()) == 0 {
@@ -224,5 +224,5 @@ func (x *deltaTracker) answerFirst(cache *lkg, t string) []*frame {
 func (x *deltaTracker) cachedFrame(t, version string, resources [][]byte) *frame {
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return &frame{b: deltaResponse(t, version, nonce, resources), typeURL: t, nonce: nonce, version: version, resources: len(resources)}
+	return &frame{body: body{deltaResponse(t, version, nonce, resources)}, typeURL: t, nonce: nonce, version: version, resources: len(resources)}
 }
