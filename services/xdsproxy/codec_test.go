@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
+	"weak"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -343,4 +345,29 @@ func BenchmarkUnmarshalFrame(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// A Delta response Envoy acknowledged is no longer held by the stream: the
+// cache keeps its resources, and the frame (with every piece of the
+// response) goes (#24: the pending list's array kept it until the next).
+func TestAcknowledgedDeltaFrameIsReleased(t *testing.T) {
+	c := newLKG(1<<30, slog.New(slog.DiscardHandler))
+	x := delta{}.newTracker(1)
+	x.observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType}, true, c)
+	f := &frame{body: pieces(deltaResponse(resource.ClusterType, "1", "n1", [][]byte{deltaResource(t, "a", "a1", nil)}), 100)}
+	if err := f.scan(); err != nil {
+		t.Fatal(err)
+	}
+	x.sending(f, c)
+	held := weak.Make(f)
+	f = nil
+	x.observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: "n1"}, true, c)
+	if _, _, ok := c.getDelta(resource.ClusterType); !ok {
+		t.Fatal("the acknowledged response is not cached")
+	}
+	runtime.GC()
+	if held.Value() != nil {
+		t.Error("the stream still holds the acknowledged frame")
+	}
+	runtime.KeepAlive(x)
 }

@@ -118,6 +118,10 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 		if f.nonce != nonce {
 			continue
 		}
+		// The frames up to this one leave the list and its array: the
+		// array outlives a re-slice, and a frame held there would keep
+		// its whole response alive past the next push (#24).
+		clear(list[:i+1])
 		x.pending[t] = list[i+1:]
 		if info.nack == "" {
 			info.acked, info.version = true, f.version
@@ -137,6 +141,7 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 func (x *deltaTracker) sending(f *frame, cache *lkg) {
 	list := append(x.pending[f.typeURL], f)
 	if len(list) > maxPendingDelta {
+		list[0] = nil
 		list = list[1:]
 		if x.record {
 			cache.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
