@@ -24,6 +24,46 @@ import (
 
 const sampleEvery = 5 * time.Millisecond
 
+// rss records each proxy's peak RSS for this size, and its peak anon and
+// working set across the pushes with what they were before them.
+func (b *bench) rss(targets []*target, n int, before, peaks map[string]memPeak) {
+	vals := map[string]float64{}
+	line := fmt.Sprintf("peak-rss %5d clusters:", n)
+	for _, t := range targets {
+		if t.proc == nil {
+			continue
+		}
+		kib, err := statusKiB(t.proc.Process.Pid, "VmHWM:")
+		if err != nil {
+			line += fmt.Sprintf(" %s ?(%v)", t.name, err)
+			continue
+		}
+		v := kib / 1024
+		vals[t.name] = v
+		p, p0 := peaks[t.name], before[t.name]
+		line += fmt.Sprintf(" %s %.1f MiB (anon %.1f, before %.1f", t.name, v, p.anon, p0.anon)
+		b.value(fmt.Sprintf("peak-rss-%d", n), t.name, v)
+		b.value(fmt.Sprintf("peak-anon-%d", n), t.name, p.anon)
+		b.value(fmt.Sprintf("idle-anon-%d", n), t.name, p0.anon)
+		if t.cgroup != "" {
+			line += fmt.Sprintf("; working set %.1f, before %.1f", p.ws, p0.ws)
+			b.value(fmt.Sprintf("peak-ws-%d", n), t.name, p.ws)
+			b.value(fmt.Sprintf("idle-ws-%d", n), t.name, p0.ws)
+		}
+		line += ")"
+	}
+	if vals["istio"] > 0 && vals["meshagent"] > 0 {
+		line += fmt.Sprintf(" (meshagent/istio %.2f×)", vals["meshagent"]/vals["istio"])
+	}
+	b.lines = append(b.lines, line)
+	fmt.Fprintln(os.Stderr, "xdsbench:", line)
+}
+
+// value records one figure of one value (MiB) for -tsv.
+func (b *bench) value(figure, target string, v float64) {
+	b.rows = append(b.rows, fmt.Sprintf("%s\t%s\t%.1f\t%.1f\t%.1f\n", figure, target, v, v, v))
+}
+
 // memPeak is one proxy's peaks across a size's runs, in MiB.
 type memPeak struct {
 	anon, ws float64
