@@ -31,8 +31,12 @@
 #  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
 #     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
-#     XDS_ROUNDS, quartiles), small-update added latency, peak RSS; meshagent
-#     as shipped (GOGC=50) and with GOGC=100 and GOGC=100 + GOMEMLIMIT.
+#     XDS_ROUNDS, quartiles), small-update added latency, peak RSS (VmHWM);
+#     each agent in a memory cgroup of its own, from a fresh copy of its
+#     binary, and sampled every 5 ms across the pushes: its peak anon
+#     (RssAnon) and the cgroup's peak working set, each beside its value
+#     before the pushes; meshagent as shipped (GOGC=50) and with GOGC=100
+#     and GOGC=100 + GOMEMLIMIT.
 #  4. Start and reconnect against Istio's istiod (PHASES=istiod, not in the
 #     default set: it needs the istiod peer, `make e2e-istiod`): the Go test
 #     TestIstiodStartReconnectBench (cmd/meshagent/e2e/istiod_bench_test.go)
@@ -283,7 +287,7 @@ timeout 1800 "$work/bin/xdsbench" -rounds "$XDS_ROUNDS" -small "$SMALL" -sizes "
 	-agent "meshagent=$M,--root={dir}" \
 	-agent "gogc100=$M,GOGC=100,--root={dir}" \
 	-agent "memlimit=$M,GOGC=100,GOMEMLIMIT=$MEMLIMIT,--root={dir}" \
-	-istio "$work/bin/pilot-agent" -istio-dir "$work/xds-istio" -tsv "$work/xds.tsv" >"$work/xds.out" 2>&1 ||
+	-istio "$work/bin/pilot-agent" -istio-dir "$work/xds-istio" -cgroups "$cgroot" -tsv "$work/xds.tsv" >"$work/xds.out" 2>&1 ||
 	{ echo "bench-vs-istio: xdsbench failed:" >&2; tail -20 "$work/xds.out" >&2; exit 1; }
 sample_load
 fi
@@ -609,12 +613,19 @@ for proto in ("sotw", "delta"):
     for t, label in names.items():
         a = x[(f, t)][0] - d
         rows.append((label or f"small update {proto}, added p50 ms", f"{a:+.3f}", f"{i:+.3f}", f"{a/i:.2f}" if i > 0 else "n/a"))
+# Memory across the pushes (#24): peak RSS (VmHWM, the executable's pages
+# included), peak anon (RssAnon) and the peak working set of the agent's
+# cgroup, each with its value before the pushes.
 for n in sizes:
-    f = f"peak-rss-{n}"
-    i = x[(f, "istio")][0]
-    for t, label in names.items():
-        a = x[(f, t)][0]
-        rows.append((label or f"xDS peak RSS {n} clusters, MiB", f"{a:.1f}", f"{i:.1f}", f"{a/i:.2f}"))
+    for f, label, before in (("peak-rss", "peak RSS (VmHWM)", None), ("peak-anon", "peak anon (RssAnon)", "idle-anon"),
+                             ("peak-ws", "peak working set (cgroup)", "idle-ws")):
+        if (f"{f}-{n}", "istio") not in x: continue
+        i = x[(f"{f}-{n}", "istio")][0]
+        i0 = f" (before {x[(f'{before}-{n}', 'istio')][0]:.1f})" if before else ""
+        for t, tl in names.items():
+            a = x[(f"{f}-{n}", t)][0]
+            a0 = f" (before {x[(f'{before}-{n}', t)][0]:.1f})" if before else ""
+            rows.append((tl or f"xDS {label} {n} clusters, MiB", f"{a:.1f}{a0}", f"{i:.1f}{i0}", f"{a/i:.2f}"))
 # Phases 4 and 5 (dns, names) add their rows: their code is theirs, above.
 extra = os.path.join(os.path.dirname(res), "rows-dns.py")
 if os.path.exists(extra): exec(open(extra).read())

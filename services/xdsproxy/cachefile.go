@@ -96,10 +96,10 @@ func namesSize(e *namesEntry) int {
 // numbers here are all below 16: a one-byte tag).
 func fieldSize(n int) int64 { return int64(1 + protowire.SizeVarint(uint64(n)) + n) }
 
-func entrySize(typeURL, version string, sotw []byte, delta map[string]deltaRes) int {
+func entrySize(typeURL, version string, sotw body, delta map[string]deltaRes) int {
 	n := int(fieldSize(len(typeURL)) + fieldSize(len(version)))
 	if sotw != nil {
-		n += int(fieldSize(len(sotw)))
+		n += int(fieldSize(sotw.len()))
 	}
 	for _, r := range delta {
 		n += int(fieldSize(len(r.b)))
@@ -126,12 +126,17 @@ func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
 	out := &cacheWriter{w: io.MultiWriter(w, sum)}
 	out.raw([]byte(cacheMagic))
 	out.field(1, encodeHeader(h, s.mode))
-	entry := func(typeURL, version string, sotw []byte, delta map[string]deltaRes) {
+	entry := func(typeURL, version string, sotw body, delta map[string]deltaRes) {
 		out.tag(2, entrySize(typeURL, version, sotw, delta))
 		out.field(1, []byte(typeURL))
 		out.field(2, []byte(version))
 		if sotw != nil {
-			out.field(3, sotw)
+			// The response's pieces as received: the same bytes as one
+			// field, without joining them first.
+			out.tag(3, sotw.len())
+			for _, p := range sotw {
+				out.raw(p)
+			}
 		}
 		// In map order: the decoder takes each resource's name from it.
 		for _, r := range delta {
@@ -247,11 +252,11 @@ func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
 	}
 	switch mode {
 	case modeSotW:
-		f := frame{b: sotwBody}
+		f := frame{body: body{sotwBody}}
 		if err := f.scan(); err != nil || f.typeURL != typeURL {
 			return fmt.Errorf("%w: %s: bad response", errCacheFile, typeURL)
 		}
-		s.sotw[typeURL] = sotwEntry{b: sotwBody, version: version}
+		s.sotw[typeURL] = sotwEntry{b: body{sotwBody}, version: version}
 	case modeDelta:
 		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
 	}

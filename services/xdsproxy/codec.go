@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,12 +21,20 @@ import (
 // the type URL and nonce of. Here, rawCodec hands the bytes over as a frame,
 // a scan of the top-level fields (protowire, no allocation per resource)
 // reads those two, and only the agent's own types are decoded in full.
+//
+// Nor are the bytes copied (#24): a frame's body is the payloads of the
+// HTTP/2 DATA frames gRPC read them into, in order. Joining them into one
+// slice held a second copy of every push at its peak (3.7 MB for 10,000
+// clusters), besides the pooled buffers gRPC kept for the next one. The
+// body is forwarded to Envoy, kept as the last-known-good configuration and
+// written to the cache file as it is.
 
 // frame is one DiscoveryResponse or DeltaDiscoveryResponse, undecoded.
 type frame struct {
-	b []byte
+	body body
 	// typeURL, nonce and version (version_info, or system_version_info
-	// for Delta) are read from b; resources counts the resources field.
+	// for Delta) are read from the body; resources counts the resources
+	// field.
 	typeURL   string
 	nonce     string
 	version   string
@@ -98,7 +107,8 @@ func fields(b []byte, typ protowire.Type) iter.Seq2[field, error] {
 // protobuf: that is how withNonce replaces the nonce without re-encoding.
 func (f *frame) scan() error {
 	f.resources = 0
-	for fd, err := range fields(f.b, protowire.BytesType) {
+	keep := func(n protowire.Number) bool { return n == fieldVersion || n == fieldTypeURL || n == fieldNonce }
+	for fd, err := range bodyFields(f.body, keep) {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errMalformed, err)
 		}
@@ -116,13 +126,13 @@ func (f *frame) scan() error {
 	return nil
 }
 
-// withNonce returns a copy of the response bytes with its nonce replaced:
-// a nonce field appended after the others wins when Envoy decodes it.
-func withNonce(b []byte, nonce string) []byte {
-	out := make([]byte, 0, len(b)+len(nonce)+8)
-	out = append(out, b...)
-	out = protowire.AppendTag(out, fieldNonce, protowire.BytesType)
-	return protowire.AppendString(out, nonce)
+// withNonce returns the response with its nonce replaced: a nonce field
+// appended after the others wins when Envoy decodes it. The response's
+// pieces are shared, not copied.
+func withNonce(b body, nonce string) body {
+	tail := protowire.AppendTag(make([]byte, 0, len(nonce)+8), fieldNonce, protowire.BytesType)
+	tail = protowire.AppendString(tail, nonce)
+	return append(slices.Clip(b), tail)
 }
 
 // rawCodec is the proxy's gRPC codec on both sides: frames pass as bytes,
@@ -139,16 +149,25 @@ func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if f, ok := v.(*frame); ok {
 		// SliceBuffer is not pooled: gRPC's Free of it is a no-op, and the
 		// frame's bytes stay valid for the cache.
-		return mem.BufferSlice{mem.SliceBuffer(f.b)}, nil
+		out := make(mem.BufferSlice, len(f.body))
+		for i, p := range f.body {
+			out[i] = mem.SliceBuffer(p)
+		}
+		return out, nil
 	}
 	return c.proto.Marshal(v)
 }
 
 func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if f, ok := v.(*frame); ok {
-		// One copy out of gRPC's pooled read buffers, which are recycled
-		// when this returns; a large message arrives in many of them.
-		f.b = data.Materialize()
+		// The buffers' bytes, not a copy: gRPC frees the buffers when
+		// this returns, but on the upstream connection their bytes are
+		// not pooled (upstream.go), so they stay as they are for as long
+		// as the frame holds them.
+		f.body = make(body, len(data))
+		for i, buf := range data {
+			f.body[i] = buf.ReadOnlyData()
+		}
 		return f.scan()
 	}
 	return c.proto.Unmarshal(data, v)
@@ -208,9 +227,14 @@ type deltaParts struct {
 	removed   []string
 }
 
-func splitDelta(b []byte) (deltaParts, error) {
-	var d deltaParts
-	for fd, err := range fields(b, protowire.BytesType) {
+// splitDelta splits a Delta response's body. resources is how many it
+// holds (frame.resources), if known: the slice is made once, not grown.
+func splitDelta(b body, resources int) (deltaParts, error) {
+	d := deltaParts{resources: make([][]byte, 0, resources)}
+	keep := func(n protowire.Number) bool {
+		return n == fieldResources || n == fieldRemoved || n == fieldRemovedNames
+	}
+	for fd, err := range bodyFields(b, keep) {
 		if err != nil {
 			return d, fmt.Errorf("%w: %v", errMalformed, err)
 		}

@@ -65,7 +65,7 @@ func (delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *d
 
 func (delta) agentResource(f *frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
-	if err := proto.Unmarshal(f.b, &r); err != nil {
+	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
 		return nil, f.version, err
 	}
 	if len(r.GetResources()) == 0 {
@@ -128,6 +128,10 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 		if f.nonce != nonce {
 			continue
 		}
+		// The frames up to this one leave the list and its array: the
+		// array outlives a re-slice, and a frame held there would keep
+		// its whole response alive past the next push (#24).
+		clear(list[:i+1])
 		x.pending[t] = list[i+1:]
 		if info.nack == "" {
 			info.acked, info.version = true, f.version
@@ -147,6 +151,7 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 func (x *deltaTracker) sending(f *frame, cache *lkg) {
 	list := append(x.pending[f.typeURL], f)
 	if len(list) > maxPendingDelta {
+		list[0] = nil
 		list = list[1:]
 		if x.record {
 			cache.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
@@ -237,5 +242,5 @@ func (x *deltaTracker) cachedFrame(t, version string, res map[string]deltaRes, n
 		pick = append(pick, res[n].b)
 		sub.held[n] = res[n].version
 	}
-	return &frame{b: deltaResponse(t, version, nonce, pick), typeURL: t, nonce: nonce, version: version, resources: len(pick)}
+	return &frame{body: body{deltaResponse(t, version, nonce, pick)}, typeURL: t, nonce: nonce, version: version, resources: len(pick)}
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -28,10 +30,10 @@ func FuzzScan(f *testing.F) {
 	f.Add([]byte{0x0a, 0x00})
 	f.Add(deltaResponse(resource.ClusterType, "3", "n", [][]byte{{0x1a, 0x01, 'a'}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		fr := frame{b: b}
+		fr := frame{body: body{b}}
 		_ = fr.scan()
 		_, _ = scanResource(b)
-		_, _ = splitDelta(b)
+		_, _ = splitDelta(body{b}, 0)
 	})
 }
 
@@ -73,7 +75,7 @@ func FuzzAgentResponse(f *testing.F) {
 		names := &lastNames{}
 		s := &Service{cfg: Config{NDS: true, ProxyConfigXDS: true}, log: slog.New(slog.DiscardHandler),
 			out: Outputs{Names: names, Anchors: messages.Discard[messages.TrustAnchors]{}}}
-		fr := &frame{b: b}
+		fr := &frame{body: body{b}}
 		if fr.scan() != nil {
 			return // the codec refuses it before any handler
 		}
@@ -118,7 +120,7 @@ func FuzzDeltaCache(f *testing.F) {
 	f.Add(sotwResponse(f, "v", "n", 2), []byte(nil))
 	f.Fuzz(func(t *testing.T, b, table []byte) {
 		c := newLKG(1<<40, slog.New(slog.DiscardHandler))
-		fr := &frame{b: b}
+		fr := &frame{body: body{b}}
 		if fr.scan() != nil {
 			return
 		}
@@ -159,7 +161,7 @@ func FuzzDeltaCache(f *testing.F) {
 func FuzzCacheFile(f *testing.F) {
 	h := cacheHeader{nodeID: testNode, address: "istiod:15012", written: time.Unix(5, 0)}
 	for _, file := range [][]byte{
-		encodeCache(h, cacheSnapshot{mode: modeSotW, sotw: map[string]sotwEntry{resource.ClusterType: {b: sotwResponse(f, "v1", "n", 2), version: "v1"}}}),
+		encodeCache(h, cacheSnapshot{mode: modeSotW, sotw: map[string]sotwEntry{resource.ClusterType: {b: body{sotwResponse(f, "v1", "n", 2)}, version: "v1"}}}),
 		encodeCache(h, cacheSnapshot{mode: modeDelta, delta: map[string]deltaSnapshot{resource.ClusterType: {version: "3", res: map[string]deltaRes{
 			"a": {version: "a1", b: []byte{0x1a, 0x01, 'a', 0x0a, 0x02, 'a', '1', 0x12, 0x00}},
 		}}}, names: &namesEntry{b: []byte{0x0a, 0x00}, version: "n1"}}),
@@ -181,6 +183,42 @@ func FuzzCacheFile(f *testing.F) {
 		}
 		if h2 != h || s2.mode != s.mode || len(s2.sotw) != len(s.sotw) || len(s2.delta) != len(s.delta) || (s2.names == nil) != (s.names == nil) {
 			t.Fatalf("round trip: %+v %+v, want %+v %+v", h2, s2, h, s)
+		}
+	})
+}
+
+// FuzzBodyFields: a message in pieces, wherever they are cut, reads field
+// for field as the same message in one slice, and fails where it fails.
+func FuzzBodyFields(f *testing.F) {
+	f.Add(sotwResponse(f, "v", "n", 3), uint8(5))
+	f.Add(deltaResponse(resource.ClusterType, "3", "n", [][]byte{{0x1a, 0x01, 'a'}}), uint8(1))
+	f.Add([]byte{0x0b, 0x10, 0x01, 0x0c, 0x22, 0x01, 'x'}, uint8(2)) // a group, then a string
+	f.Add([]byte{0x0b, 0x0b, 0x0c}, uint8(1))                        // a group never ended
+	f.Add([]byte("\xf8\xf8\xf8\xf80\xf80"), uint8(0x99))             // a field number past 2^29
+	f.Fuzz(func(t *testing.T, b []byte, step uint8) {
+		type got struct {
+			num protowire.Number
+			v   string
+		}
+		var want, have []got
+		var wantErr, haveErr bool
+		for fd, err := range fields(b, protowire.BytesType) {
+			if err != nil {
+				wantErr = true
+				break
+			}
+			want = append(want, got{fd.num, string(fd.v)})
+		}
+		all := func(protowire.Number) bool { return true }
+		for fd, err := range bodyFields(pieces(b, int(step)+1), all) {
+			if err != nil {
+				haveErr = true
+				break
+			}
+			have = append(have, got{fd.num, string(fd.v)})
+		}
+		if wantErr != haveErr || !slices.Equal(want, have) {
+			t.Fatalf("in pieces of %d: %v (error %v), in one: %v (error %v)", int(step)+1, have, haveErr, want, wantErr)
 		}
 	})
 }

@@ -35,7 +35,7 @@ func (m cacheMode) String() string {
 }
 
 type sotwEntry struct {
-	b       []byte // the response as the control plane sent it
+	b       body // the response as the control plane sent it (the frame's pieces)
 	version string
 }
 
@@ -139,12 +139,12 @@ func (c *lkg) checkSize() {
 }
 
 // putSotW records a State of the World response Envoy ACKed.
-func (c *lkg) putSotW(typeURL string, b []byte, version string) {
+func (c *lkg) putSotW(typeURL string, b body, version string) {
 	if c.disabled != "" {
 		return
 	}
 	c.setMode(modeSotW)
-	c.size += int64(len(b)) - int64(len(c.sotw[typeURL].b))
+	c.size += int64(b.len()) - int64(c.sotw[typeURL].b.len())
 	c.sotw[typeURL] = sotwEntry{b: b, version: version}
 	c.checkSize()
 	c.changed()
@@ -177,7 +177,7 @@ func (c *lkg) startDelta(typeURL string, initial map[string]string) {
 
 // applyDelta records a Delta response Envoy ACKed.
 func (c *lkg) applyDelta(typeURL string, f *frame) {
-	parts, err := splitDelta(f.b)
+	parts, err := splitDelta(f.body, f.resources)
 	if c.disabled != "" {
 		return
 	}
@@ -339,7 +339,7 @@ func (c *lkg) restore(s cacheSnapshot) {
 	}
 	for t, e := range s.sotw {
 		c.sotw[t] = e
-		c.size += int64(len(e.b))
+		c.size += int64(e.b.len())
 	}
 	for t, d := range s.delta {
 		e := &deltaEntry{res: d.res, version: d.version}

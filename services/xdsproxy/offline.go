@@ -89,7 +89,7 @@ func (st *stream[R]) serveCache(cause error) error {
 func (st *stream[R]) sendCached(f *frame) error {
 	label := typeLabel(f.typeURL)
 	st.svc.m.messages.WithLabelValues(label, dirCache).Inc()
-	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(len(f.b)))
+	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(f.body.len()))
 	st.log.Debug("served from the cache", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce)
 	st.own.sentCached(f)
 	return st.down.SendMsg(f)

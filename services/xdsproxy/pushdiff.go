@@ -65,7 +65,7 @@ func (d *pushDiff) apply(f *frame, delta bool) (added, removed, changed []string
 	}
 	if delta {
 		r := &discoveryv3.DeltaDiscoveryResponse{}
-		if err := proto.Unmarshal(f.b, r); err != nil {
+		if err := proto.Unmarshal(f.body.bytes(), r); err != nil {
 			return nil, nil, nil, err
 		}
 		for _, res := range r.GetResources() {
@@ -79,7 +79,7 @@ func (d *pushDiff) apply(f *frame, delta bool) (added, removed, changed []string
 		}
 	} else {
 		r := &discoveryv3.DiscoveryResponse{}
-		if err := proto.Unmarshal(f.b, r); err != nil {
+		if err := proto.Unmarshal(f.body.bytes(), r); err != nil {
 			return nil, nil, nil, err
 		}
 		for _, a := range r.GetResources() {

@@ -47,7 +47,7 @@ func (sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Statu
 
 func (sotw) agentResource(f *frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DiscoveryResponse
-	if err := proto.Unmarshal(f.b, &r); err != nil {
+	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
 		return nil, f.version, err
 	}
 	if len(r.GetResources()) == 0 {
@@ -73,7 +73,7 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 		if info.nack == "" {
 			info.acked, info.version = true, p.version
 			if record {
-				cache.putSotW(t, p.b, p.version)
+				cache.putSotW(t, p.body, p.version)
 			}
 		}
 	}
@@ -125,5 +125,5 @@ func (x *sotwTracker) answerType(cache *lkg, t string, names []string) []*frame 
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return []*frame{{b: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version}}
+	return []*frame{{body: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version}}
 }

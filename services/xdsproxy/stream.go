@@ -442,7 +442,7 @@ func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
 		s.m.responses.Inc()
 		label := typeLabel(f.typeURL)
 		s.m.messages.WithLabelValues(label, dirResponse).Inc()
-		s.m.bytes.WithLabelValues(label, dirResponse).Add(float64(len(f.b)))
+		s.m.bytes.WithLabelValues(label, dirResponse).Add(float64(f.body.len()))
 		s.noteInflight(st.inflight.Add(1))
 		select {
 		case resps <- f:

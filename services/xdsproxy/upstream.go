@@ -14,7 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -161,6 +163,13 @@ func (s *Service) dialOptions() ([]grpc.DialOption, error) {
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.ForceCodecV2(s.codec)),
+		// Ours (#24): the receive buffers are not pooled, so that a
+		// response's frame holds gRPC's buffers as they are (codec.go)
+		// instead of a copy joined out of buffers gRPC recycles. A push
+		// then allocates its size once (its DATA frames, as a pool would
+		// have) and is held once, where a copy besides pooled buffers held
+		// it twice, and the pool a third time until the next GC.
+		experimental.WithBufferPool(mem.NopBufferPool{}),
 		// Ours: a connection made ahead of its stream (warmconn.go) does
 		// not stay connected long without one.
 		grpc.WithIdleTimeout(warmIdle),

@@ -9,7 +9,9 @@
 //     (median of -rounds, rounds interleaved, the order rotated);
 //   - small updates (one cluster): the latency each proxy adds, p50/p99;
 //   - each proxy's peak RSS (VmHWM) after the runs of a size, a fresh pair
-//     of processes per size.
+//     of processes per size; and, sampled across the pushes, its peak anon
+//     memory (RssAnon) and, with -cgroups, the peak working set of a memory
+//     cgroup of its own (mem.go).
 //
 // -agent NAME=BIN[,ENV=VALUE|-FLAG...] (repeatable) adds a whole agent run
 // as users run it (`BIN proxy sidecar -FLAG...`, "{dir}" in a flag being
@@ -58,6 +60,7 @@ func main() {
 	var agents agentFlags
 	flag.Var(&agents, "agent", "NAME=BIN[,ENV=VALUE...]: a whole agent run with `proxy sidecar` (repeatable)")
 	tsv := flag.String("tsv", "", "write every figure to this file as tab-separated rows")
+	cgroups := flag.String("cgroups", "", "a cgroup v1 memory hierarchy (/sys/fs/cgroup/memory): run each proxy in a cgroup of its own there and report its working set")
 	flag.Parse()
 	if *meshagent == "" && len(agents) == 0 {
 		fail(errors.New("-meshagent or -agent is required"))
@@ -70,7 +73,7 @@ func main() {
 		}
 		sizes = append(sizes, n)
 	}
-	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache, agents: agents}
+	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache, agents: agents, cgroups: *cgroups}
 	if err := b.run(sizes); err != nil {
 		fail(err)
 	}
@@ -91,6 +94,7 @@ type bench struct {
 	rounds, small              int
 	noCache                    bool
 	agents                     agentFlags
+	cgroups                    string // -cgroups
 	cp                         *xdsserver.Server
 	lines                      []string
 	rows                       []string // -tsv
@@ -133,10 +137,14 @@ func (b *bench) row(figure, target string, ds []time.Duration) {
 // target is one way to the control plane.
 type target struct {
 	name   string
+	node   string // the client's node ID: each target has a snapshot of its own
 	addr   string // what the client dials
 	proc   *exec.Cmd
 	dir    string // removed when stopped
 	client *xdsserver.Client
+	// With -cgroups: the proxy's memory cgroup, and the directory of the
+	// copy of its binary it runs (both removed when stopped).
+	cgroup, binDir string
 }
 
 func (b *bench) run(sizes []int) error {
@@ -151,8 +159,10 @@ func (b *bench) run(sizes []int) error {
 		if err != nil {
 			return err
 		}
+		before := startSampler(targets).stop()
+		smp := startSampler(targets)
 		err = b.measureSize(targets, n, i == 0)
-		b.rss(targets, n)
+		b.rss(targets, n, before, smp.stop())
 		stopAll(targets)
 		if err != nil {
 			return err
@@ -167,7 +177,7 @@ func (b *bench) run(sizes []int) error {
 }
 
 func (b *bench) startProxies(n int) ([]*target, error) {
-	targets := []*target{{name: "direct", addr: b.cp.Addr()}}
+	targets := []*target{{name: "direct", node: "direct", addr: b.cp.Addr()}}
 	for _, a := range b.agents {
 		t, err := b.startAgent(a)
 		if err != nil {
@@ -212,8 +222,12 @@ func (b *bench) startMeshagent(name string, cache bool) (*target, error) {
 		return nil, err
 	}
 	sock := filepath.Join(dir, "XDS")
-	cmd := exec.Command(b.meshagent, "-socket", sock, "-upstream", b.cp.Addr(), "-node", name,
+	t := &target{name: name, node: name, addr: "unix://" + sock, dir: dir}
+	cmd, err := b.command(t, b.meshagent, "-socket", sock, "-upstream", b.cp.Addr(), "-node", name,
 		"-cache-file", filepath.Join(dir, "xds-cache.pb"), fmt.Sprintf("-offline-cache=%t", cache))
+	if err != nil {
+		return nil, err
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -227,7 +241,26 @@ func (b *bench) startMeshagent(name string, cache bool) (*target, error) {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("xdsproxyd did not start: %q %v", line, err)
 	}
-	return &target{name: name, addr: "unix://" + sock, proc: cmd, dir: dir}, nil
+	t.proc = cmd
+	return t, nil
+}
+
+// command is the command that runs bin for t: as it is, or with -cgroups
+// a fresh copy of it in a memory cgroup of its own (mem.go).
+func (b *bench) command(t *target, bin string, args ...string) (*exec.Cmd, error) {
+	argv := append([]string{bin}, args...)
+	if b.cgroups != "" {
+		dir, err := os.MkdirTemp("", "xdsb-bin")
+		if err != nil {
+			return nil, err
+		}
+		t.binDir = dir
+		if t.cgroup, argv[0], err = newCgroup(b.cgroups, t.name, bin, dir); err != nil {
+			return nil, err
+		}
+		argv = inCgroup(t.cgroup, argv)
+	}
+	return exec.Command(argv[0], argv[1:]...), nil
 }
 
 // startIstio runs pilot-agent without Envoy (DISABLE_ENVOY), plaintext to
@@ -267,12 +300,22 @@ func (b *bench) startWholeAgent(name, bin, dir string, env, args []string, rm st
 	}
 	sock := filepath.Join(dir, "etc/istio/proxy/XDS")
 	_ = os.Remove(sock)
-	cmd := exec.Command(bin, append([]string{"proxy", "sidecar"}, args...)...)
+	// The client is the agent's Envoy: it has the agent's node ID, so that
+	// the agent records its last-known-good configuration (and writes its
+	// cache file) as in production, where it caches only its own Envoy's
+	// (#24: with another node the agent measured skipped both). POD_NAME
+	// makes the node ID, and so the snapshot, each agent's own.
+	node := fmt.Sprintf("sidecar~127.0.0.1~%s.default~default.svc.cluster.local", name)
+	t := &target{name: name, node: node, addr: "unix://" + sock, dir: rm}
+	cmd, err := b.command(t, bin, append([]string{"proxy", "sidecar"}, args...)...)
+	if err != nil {
+		return nil, err
+	}
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"controlPlaneAuthPolicy":"NONE","statusPort":%d,"proxyAdminPort":%d}`, b.cp.Addr(), ports[0], ports[1]),
 		"DISABLE_ENVOY=true", "FILE_MOUNTED_CERTS=true", "CLOUD_PLATFORM=none",
-		"POD_NAME=bench-0", "POD_NAMESPACE=default", "INSTANCE_IP=127.0.0.1",
+		"POD_NAME="+name, "POD_NAMESPACE=default", "INSTANCE_IP=127.0.0.1",
 		"ISTIO_META_DNS_CAPTURE=false", "ISTIO_META_DNS_AUTO_ALLOCATE=false")
 	cmd.Env = append(cmd.Env, env...)
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
@@ -297,7 +340,8 @@ func (b *bench) startWholeAgent(name, bin, dir string, env, args []string, rm st
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &target{name: name, addr: "unix://" + sock, proc: cmd, dir: rm}, nil
+	t.proc = cmd
+	return t, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -336,8 +380,13 @@ func stopAll(targets []*target) {
 				<-done
 			}
 		}
-		if t.dir != "" {
-			_ = os.RemoveAll(t.dir)
+		if t.cgroup != "" {
+			removeCgroup(t.cgroup)
+		}
+		for _, d := range []string{t.dir, t.binDir} {
+			if d != "" {
+				_ = os.RemoveAll(d)
+			}
 		}
 	}
 }
@@ -347,11 +396,11 @@ func (b *bench) connect(targets []*target, delta bool) error {
 		if t.client != nil {
 			t.client.Close()
 		}
-		// One node per target (its own snapshot). meshagent's is the node it
-		// caches for, so that its last-known-good cache works as in
-		// production while it is measured.
+		// One node per target (its own snapshot). A meshagent's is the node
+		// it caches for (target.node), so that its last-known-good cache
+		// works as in production while it is measured.
 		c, err := xdsserver.NewClient(xdsserver.ClientOptions{
-			Target: t.addr, Delta: delta, Node: &corev3.Node{Id: t.name},
+			Target: t.addr, Delta: delta, Node: &corev3.Node{Id: t.node},
 			Types: []string{resource.ClusterType}, Reconnect: true,
 		})
 		if err != nil {
@@ -371,7 +420,7 @@ func (b *bench) measureSize(targets []*target, n int, withSmall bool) error {
 			return err
 		}
 		for _, t := range targets {
-			if _, err := xdsserver.Push(ctx, b.cp, t.client, t.name, "warm", xdsserver.RoundClusters(n, 0)); err != nil {
+			if _, err := xdsserver.Push(ctx, b.cp, t.client, t.node, "warm", xdsserver.RoundClusters(n, 0)); err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 		}
@@ -380,7 +429,7 @@ func (b *bench) measureSize(targets []*target, n int, withSmall bool) error {
 			clusters := xdsserver.RoundClusters(n, r)
 			for i := range targets {
 				t := targets[(i+r)%len(targets)]
-				d, err := xdsserver.Push(ctx, b.cp, t.client, t.name, fmt.Sprintf("r%d", r), clusters)
+				d, err := xdsserver.Push(ctx, b.cp, t.client, t.node, fmt.Sprintf("r%d", r), clusters)
 				if err != nil {
 					return fmt.Errorf("%s: %w", t.name, err)
 				}
@@ -417,7 +466,7 @@ func (b *bench) measureSmall(ctx context.Context, targets []*target, delta bool,
 		clusters := xdsserver.RoundClusters(1, r)
 		for i := range targets {
 			t := targets[(i+r)%len(targets)]
-			d, err := xdsserver.Push(ctx, b.cp, t.client, t.name, fmt.Sprintf("s%d", r), clusters)
+			d, err := xdsserver.Push(ctx, b.cp, t.client, t.node, fmt.Sprintf("s%d", r), clusters)
 			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
@@ -438,44 +487,6 @@ func (b *bench) measureSmall(ctx context.Context, targets []*target, delta bool,
 	}
 	fmt.Fprintln(os.Stderr, "xdsbench:", line)
 	return nil
-}
-
-// rss records each proxy's peak RSS for this size.
-func (b *bench) rss(targets []*target, n int) {
-	vals := map[string]float64{}
-	line := fmt.Sprintf("peak-rss %5d clusters:", n)
-	for _, t := range targets {
-		if t.proc == nil {
-			continue
-		}
-		v, err := vmHWM(t.proc.Process.Pid)
-		if err != nil {
-			line += fmt.Sprintf(" %s ?(%v)", t.name, err)
-			continue
-		}
-		vals[t.name] = v
-		line += fmt.Sprintf(" %s %.1f MiB", t.name, v)
-		b.rows = append(b.rows, fmt.Sprintf("peak-rss-%d\t%s\t%.1f\t%.1f\t%.1f\n", n, t.name, v, v, v))
-	}
-	if vals["istio"] > 0 && vals["meshagent"] > 0 {
-		line += fmt.Sprintf(" (meshagent/istio %.2f×)", vals["meshagent"]/vals["istio"])
-	}
-	b.lines = append(b.lines, line)
-	fmt.Fprintln(os.Stderr, "xdsbench:", line)
-}
-
-func vmHWM(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, err := strconv.ParseFloat(f[1], 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, errors.New("no VmHWM")
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
