@@ -331,10 +331,22 @@ if has istiod; then istiod_phase; fi
 # names, taking turns (order rotated each round), DNS_ROUNDS rounds: the
 # saturation QPS (8 clients, 100 queries outstanding, DNS_DURATION s) and
 # the p99 latency at a fixed DNS_RATE queries/s.
+#     DNS_PINNED=1 (the default) adds the same runs with the load generator
+# and the agent on CPUs of their own, as a sidecar runs (its own CPU share,
+# the client elsewhere): dnsperf on CPU 0, the agent under test on CPU 1 (a
+# second instance of each agent, started there, so that it sees one CPU as in
+# a cpuset of one: GOMAXPROCS 1), dnsmasq on CPU 0 beside dnsperf when it is
+# the agents' upstream and on CPU 1 when queried directly (the floor). They
+# take turns with the unpinned runs in the same rotation. The machine's other
+# work is not pinned: it still shares both CPUs.
 DNS_HOSTS=${DNS_HOSTS:-1000}
 DNS_ROUNDS=${DNS_ROUNDS:-3}
 DNS_DURATION=${DNS_DURATION:-5}
 DNS_RATE=${DNS_RATE:-10000}
+DNS_PINNED=${DNS_PINNED:-1}
+# DNS_PROFILE=DIR: a CPU profile of meshagent (--profiling, on its status
+# port) over each of its first round's saturation runs, in DIR (for pprof).
+DNS_PROFILE=${DNS_PROFILE:-}
 # 6. Names (#24): a table of NAMES names (and, for the baseline, of one) sent
 # over NDS to each agent by a control plane of its own, the agent in a cgroup
 # of its own: its working set, anon, RSS and peaks NAMES_IDLE s after the
@@ -362,6 +374,18 @@ dns_env() {
 	launch_env=(ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR="127.0.0.1:$1")
 	meshagent_args=(--resolv-conf "$work/dns/resolv.conf")
 	istio_wrap=(unshare -m sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$work/dns/resolv.conf")
+}
+
+# on_cpu CPUS CMD...: CMD run in this shell (the variables it sets stay set)
+# with the shell pinned to CPUS, so that what it starts runs there.
+on_cpu() {
+	local cpus=$1 all rc=0
+	shift
+	all=$(taskset -pc $BASHPID | awk '{print $NF}')
+	taskset -pc "$cpus" $BASHPID >/dev/null
+	"$@" || rc=$?
+	taskset -pc "$all" $BASHPID >/dev/null
+	return $rc
 }
 
 # dns_start_cp NAMES FILE [PROBE]: a control plane serving NAMES names over
@@ -400,6 +424,7 @@ if has dns || has names; then
 	dnsmasq -k --conf-file=/dev/null --no-resolv --no-hosts --addn-hosts="$work/dns/hosts" --port=53 \
 		--listen-address="$up" --bind-interfaces --pid-file= --user=root \
 		--address=/upstream.test/192.0.2.77 --log-facility="$work/dns/dnsmasq.log" &
+	dnsmasq_pid=$!
 	pids+=($!)
 	xds_saved=$xds
 fi
@@ -407,36 +432,62 @@ fi
 if has dns; then
 	echo "bench-vs-istio: DNS, $DNS_HOSTS mesh names over NDS, $DNS_ROUNDS rounds of ${DNS_DURATION}s saturation + ${DNS_DURATION}s at $DNS_RATE qps..." >&2
 	dns_start_cp "$DNS_HOSTS" "$work/dns/cp"
-	declare -A dns_port_of dns_pid_of
+	declare -A dns_port_of dns_pid_of dns_status_of
 	dns_port_of[upstream]="$up 53"
-	for v in "${variants[@]}"; do
+	# A target is a variant, or a variant@pin: the pinned runs' own instance.
+	agents=("${variants[@]}")
+	targets=(upstream "${variants[@]}")
+	if [ "$DNS_PINNED" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+		for v in "${variants[@]}"; do agents+=("$v@pin"); done
+		targets+=(upstream@pin "${variants[@]/%/@pin}")
+		dns_port_of[upstream@pin]="$up 53"
+	fi
+	for t in "${agents[@]}"; do
+		v=${t%@pin} dir=$work/dns-${t/@/-}
 		p=$(free_port)
 		dns_env "$p"
-		mkdir -p "$work/dns-$v/bin"
-		cp "$work/bin/fakeenvoy" "$work/dns-$v/bin/"
-		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$work/dns-$v/bin/"; else cp "$work/bin/meshagent" "$work/dns-$v/bin/"; fi
-		launch "$v" "$work/dns-$v" ""
-		dns_pid_of[$v]=$agent_pid
+		mkdir -p "$dir/bin"
+		cp "$work/bin/fakeenvoy" "$dir/bin/"
+		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$dir/bin/"; else cp "$work/bin/meshagent" "$dir/bin/"; fi
+		case $t in
+		*@pin) on_cpu 1 launch "$v" "$dir" "" ;;
+		*) launch "$v" "$dir" "" ;;
+		esac
+		dns_pid_of[$t]=$agent_pid dns_status_of[$t]=$status_port
 		if ! wait_ready "$status_port" "$agent_pid" || ! dns_wait "$p" "$(mesh_name $((DNS_HOSTS - 1)))" ||
 			! dns_wait "$p" name0.upstream.test; then
-			echo "bench-vs-istio: $v's DNS proxy never answered:" >&2
-			tail -20 "$work/dns-$v/agent.log" >&2
+			echo "bench-vs-istio: $t's DNS proxy never answered:" >&2
+			tail -20 "$dir/agent.log" >&2
 			exit 1
 		fi
-		dns_port_of[$v]="127.0.0.1 $p"
+		dns_port_of[$t]="127.0.0.1 $p"
 	done
 	launch_env=() meshagent_args=() istio_wrap=()
-	targets=(upstream "${variants[@]}")
+	allcpus=$(taskset -pc $BASHPID | awk '{print $NF}')
 	for ((r = 0; r < DNS_ROUNDS; r++)); do
 		n=${#targets[@]}
 		for ((i = 0; i < n; i++)); do
 			t=${targets[$(((i + r) % n))]}
 			read -r host port <<<"${dns_port_of[$t]}"
+			# Where dnsperf and dnsmasq run for this target.
+			client=() dnsmasq_cpus=$allcpus
+			case $t in
+			upstream@pin) client=(taskset -c 0) dnsmasq_cpus=1 ;;
+			*@pin) client=(taskset -c 0) dnsmasq_cpus=0 ;;
+			esac
+			taskset -pc "$dnsmasq_cpus" "$dnsmasq_pid" >/dev/null
 			for kind in local forwarded; do
 				out=$work/dns/$t-$kind-$r
 				pid=${dns_pid_of[$t]:-}
 				[ -n "$pid" ] && cpu0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -q 100 >"$out.tput" 2>&1 || true
+				prof=
+				if [ -n "$DNS_PROFILE" ] && [ "$r" = 0 ] && [ "${t%@pin}" = meshagent ]; then
+					mkdir -p "$DNS_PROFILE"
+					curl -sf -o "$DNS_PROFILE/${t/@/-}-$kind.pprof" "http://127.0.0.1:${dns_status_of[$t]}/debug/pprof/profile?seconds=$((DNS_DURATION > 1 ? DNS_DURATION - 1 : 1))" &
+					prof=$!
+				fi
+				"${client[@]}" dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -q 100 >"$out.tput" 2>&1 || true
+				[ -z "$prof" ] || wait "$prof" || true
 				record "dns-qps-$kind" "$t" "$(awk '/Queries per second:/ {printf "%.0f", $4}' "$out.tput")"
 				# The agent's CPU per query answered: what it costs, whatever
 				# share of the 2 cores dnsperf and the others leave it.
@@ -444,7 +495,7 @@ if has dns; then
 					cpu1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 					record "dns-cpu-us-$kind" "$t" "$(awk -v c=$((cpu1 - cpu0)) -v hz="$(getconf CLK_TCK)" '/Queries completed:/ {if ($3 > 0) printf "%.2f", c / hz * 1e6 / $3}' "$out.tput")"
 				fi
-				dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -Q "$DNS_RATE" -v >"$out.lat" 2>&1 || true
+				"${client[@]}" dnsperf -s "$host" -p "$port" -d "$work/dns/$kind.txt" -l "$DNS_DURATION" -c 8 -Q "$DNS_RATE" -v >"$out.lat" 2>&1 || true
 				# "> NOERROR name A 0.000123": latency in seconds, 5th field.
 				awk '/^> / {print $5}' "$out.lat" | sort -g >"$out.sorted"
 				k=$((($(wc -l <"$out.sorted") * 99 + 99) / 100))
@@ -454,7 +505,8 @@ if has dns; then
 		done
 		sample_load
 	done
-	for v in "${variants[@]}"; do stop "${dns_pid_of[$v]}"; done
+	taskset -pc "$allcpus" "$dnsmasq_pid" >/dev/null
+	for t in "${agents[@]}"; do stop "${dns_pid_of[$t]}"; done
 	dns_stop_cp
 fi
 
@@ -526,16 +578,27 @@ def row(name, f, fmt="{:.0f}", a="meshagent", b="istio"):
     x, y = med(f, a), med(f, b)
     if x is None or y is None: return
     rows.append((name, fmt.format(x), fmt.format(y), f"{x / y:.2f} (rounds: {rounds(f, a, b)})"))
+# Each DNS figure unpinned, then pinned ("@pin": dnsperf on CPU 0, the agent
+# on CPU 1) on the line below when the run had them.
 for kind, label in (("local", "mesh names"), ("forwarded", "forwarded names")):
-    row(f"DNS {label}, saturation QPS (median of {dnsr})", f"dns-qps-{kind}")
-    row(f"DNS {label}, p99 µs at {rate} qps", f"dns-p99-us-{kind}")
-    row(f"DNS {label}, agent CPU µs per query (saturation runs)", f"dns-cpu-us-{kind}", "{:.1f}")
+    for sfx, pre in (("", ""), ("@pin", "  pinned: ")):
+        if not vals.get((f"dns-qps-{kind}", "meshagent" + sfx)): continue
+        a, b, up = "meshagent" + sfx, "istio" + sfx, "upstream" + sfx
+        row(f"{pre or 'DNS '}{label}, saturation QPS (median of {dnsr})", f"dns-qps-{kind}", a=a, b=b)
+    for sfx, pre in (("", ""), ("@pin", "  pinned: ")):
+        a, b = "meshagent" + sfx, "istio" + sfx
+        row(f"{pre or 'DNS '}{label}, p99 µs at {rate} qps", f"dns-p99-us-{kind}", a=a, b=b)
+    for sfx, pre in (("", ""), ("@pin", "  pinned: ")):
+        a, b = "meshagent" + sfx, "istio" + sfx
+        row(f"{pre or 'DNS '}{label}, agent CPU µs per query (saturation runs)", f"dns-cpu-us-{kind}", "{:.1f}", a=a, b=b)
     # Each agent against the upstream queried directly, in the same round.
-    if vals.get((f"dns-qps-{kind}", "upstream")):
-        u = med(f"dns-qps-{kind}", "upstream")
-        m, i = med(f"dns-qps-{kind}", "meshagent"), med(f"dns-qps-{kind}", "istio")
-        rows.append((f"  {label} QPS / dnsmasq direct ({u:.0f} QPS)", f"{m / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'meshagent', 'upstream')})",
-                     f"{i / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', 'istio', 'upstream')})", f"{m / i:.2f}"))
+    for sfx, pre in (("", "  "), ("@pin", "  pinned: ")):
+        a, b, up = "meshagent" + sfx, "istio" + sfx, "upstream" + sfx
+        if not vals.get((f"dns-qps-{kind}", up)) or not vals.get((f"dns-qps-{kind}", a)): continue
+        u = med(f"dns-qps-{kind}", up)
+        m, i = med(f"dns-qps-{kind}", a), med(f"dns-qps-{kind}", b)
+        rows.append((f"{pre}{label} QPS / dnsmasq direct ({u:.0f} QPS)", f"{m / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', a, up)})",
+                     f"{i / u:.2f} (rounds: {rounds(f'dns-qps-{kind}', b, up)})", f"{m / i:.2f}"))
 if vals.get((f"names-ws-mib-{names}", "istio")):
     for f, label in (("ws", "working set"), ("anon", "cgroup anon"), ("VmRSS", "agent RSS"), ("RssAnon", "agent anon")):
         row(f"{names} names: {label}, MiB (median of {namesr})", f"names-{f}-mib-{names}", "{:.1f}")

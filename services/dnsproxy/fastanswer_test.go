@@ -57,7 +57,11 @@ func TestAnswerWireIsPacked(t *testing.T) {
 				if err := req.Unpack(pkt); err != nil {
 					t.Fatal(err)
 				}
-				got, ok := h.answerWire(req, pkt, make([]byte, 0, 16))
+				var got []byte
+				if w, ok := parseQuery(pkt); ok {
+					got, _ = h.answerWire(&w, make([]byte, 0, 16))
+				}
+				ok := got != nil
 				if c.want == fallback {
 					if ok {
 						t.Errorf("%s %s: answered on the wire, want the message path", c.name, dns.TypeToString[c.qtype])
