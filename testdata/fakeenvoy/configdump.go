@@ -84,11 +84,19 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		clusters.StaticClusters = append(clusters.StaticClusters,
 			&adminv3.ClustersConfigDump_StaticCluster{Cluster: mustAny(c), LastUpdated: started})
 	}
+	// A CDS cluster is warming until its endpoints and secrets are in, at
+	// start as later; an LDS listener only once the workers run (Envoy's
+	// listener manager makes it active at once during init) (#24, sds.go).
 	for _, name := range slices.Sorted(maps.Keys(x.resources[typeCluster])) {
-		clusters.DynamicActiveClusters = append(clusters.DynamicActiveClusters, &adminv3.ClustersConfigDump_DynamicCluster{
+		dc := &adminv3.ClustersConfigDump_DynamicCluster{
 			VersionInfo: x.versionOf(typeCluster, name), Cluster: mustAny(x.resources[typeCluster][name]),
 			LastUpdated: timestamppb.New(x.updated[typeCluster][name]),
-		})
+		}
+		if e.clusterWarmingLocked(name) {
+			clusters.DynamicWarmingClusters = append(clusters.DynamicWarmingClusters, dc)
+		} else {
+			clusters.DynamicActiveClusters = append(clusters.DynamicActiveClusters, dc)
+		}
 	}
 
 	listeners := &adminv3.ListenersConfigDump{VersionInfo: x.versions[typeListener]}
@@ -97,13 +105,15 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
 	}
 	for _, name := range slices.Sorted(maps.Keys(x.resources[typeListener])) {
-		listeners.DynamicListeners = append(listeners.DynamicListeners, &adminv3.ListenersConfigDump_DynamicListener{
-			Name: name,
-			ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{
-				VersionInfo: x.versionOf(typeListener, name), Listener: mustAny(x.resources[typeListener][name]),
-				LastUpdated: timestamppb.New(x.updated[typeListener][name]),
-			},
-		})
+		state := &adminv3.ListenersConfigDump_DynamicListenerState{
+			VersionInfo: x.versionOf(typeListener, name), Listener: mustAny(x.resources[typeListener][name]),
+			LastUpdated: timestamppb.New(x.updated[typeListener][name]),
+		}
+		dl := &adminv3.ListenersConfigDump_DynamicListener{Name: name, ActiveState: state}
+		if x.live && e.listenerWarmingLocked(name) {
+			dl.ActiveState, dl.WarmingState = nil, state
+		}
+		listeners.DynamicListeners = append(listeners.DynamicListeners, dl)
 	}
 
 	routes := &adminv3.RoutesConfigDump{}

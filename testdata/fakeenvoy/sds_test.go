@@ -1,0 +1,234 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
+)
+
+// sdsFixture is a stand-in whose ADS (xds-grpc) and SDS (sds-grpc) pipes
+// both lead to one test control plane, x, and a second SDS cluster
+// (sds-roots) to another, roots. Each serves one secret at most: Envoy asks
+// for each secret on a stream of its own, and go-control-plane's ADS
+// snapshot cache answers a stream only when it names every secret the
+// snapshot has.
+type sdsFixture struct {
+	hr       *hrFixture
+	x, roots *xdsserver.Server
+	sock     string
+}
+
+// newSDSFixture writes the bootstrap; retry is the ads_config's
+// retry_policy JSON ("" for none).
+func newSDSFixture(t *testing.T, retry string) *sdsFixture {
+	t.Helper()
+	dir := testkit.ShortTempDir(t, "fe-sds")
+	sock := filepath.Join(dir, "XDS")
+	x, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.Close)
+	roots, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + filepath.Join(dir, "ROOTS")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(roots.Close)
+	f := &hrFixture{bin: standInBinary(t), base: uniqueBaseID(t), admin: testkit.FreePort(t)}
+	f.boot = filepath.Join(dir, "bootstrap.json")
+	if retry != "" {
+		retry = `, "retry_policy": ` + retry
+	}
+	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(sdsBootstrap, f.admin, retry, sock, sock, filepath.Join(dir, "ROOTS"))))
+	return &sdsFixture{hr: f, x: x, roots: roots, sock: sock}
+}
+
+// restart is the control plane back on the same socket after Stop, a new
+// server (counting afresh) with the resources given.
+func (f *sdsFixture) restart(t *testing.T, resources map[resource.Type][]types.Resource) *xdsserver.Server {
+	t.Helper()
+	x, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + f.sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.Close)
+	if err := x.SetResources("v2", resources); err != nil { // a new version: the stand-in holds v1
+		t.Fatal(err)
+	}
+	return x
+}
+
+const sdsBootstrap = `{
+  "node": {"id": "sidecar~127.0.0.1~app.default~default.svc.cluster.local", "cluster": "app.default"},
+  "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": %d}}},
+  "dynamic_resources": {
+    "lds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+    "cds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+    "ads_config": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"%s}}]}
+  },
+  "static_resources": {"clusters": [
+    {"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+     "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}},
+    {"name": "sds-grpc", "type": "STATIC", "connect_timeout": "1s",
+     "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}},
+    {"name": "sds-roots", "type": "STATIC", "connect_timeout": "1s",
+     "load_assignment": {"cluster_name": "sds-roots", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}}
+  ]}
+}`
+
+// istioSDS is an SdsSecretConfig as istiod sends it for "default" and
+// "ROOTCA" (pkg/model/authentication.go): over gRPC to a cluster (Istio's:
+// sds-grpc), with the given initial_fetch_timeout (Istio's: 0s, wait
+// forever).
+func istioSDS(name, cluster string, timeout time.Duration) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3, SetNodeOnFirstMessageOnly: true,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cluster}}}},
+		}},
+		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(timeout),
+	}}
+}
+
+// mtlsCluster is a cluster whose transport socket (under Istio's
+// tlsMode=istio match) names a certificate and a root over SDS.
+func mtlsCluster(t *testing.T, name string, cert, root *tlsv3.SdsSecretConfig) *clusterv3.Cluster {
+	t.Helper()
+	tlsCtx, err := anypb.New(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{cert},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: &tlsv3.CertificateValidationContext{}, ValidationContextSdsSecretConfig: root}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &clusterv3.Cluster{Name: name, ConnectTimeout: durationpb.New(time.Second),
+		TransportSocketMatches: []*clusterv3.Cluster_TransportSocketMatch{{Name: "tlsMode-istio",
+			TransportSocket: &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
+				ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tlsCtx}}}}}
+}
+
+func secret(name string) *tlsv3.Secret {
+	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+		TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: []byte("ROOT " + name)}}}}}
+}
+
+// dump is the stand-in's /config_dump: its warming and active CDS
+// clusters, and its SDS secrets.
+func (f *sdsFixture) dump(t *testing.T) (warming, active, secrets []string) {
+	t.Helper()
+	_, body := testkit.MustFetch(t, "GET", fmt.Sprintf("http://127.0.0.1:%d/config_dump", f.hr.admin))
+	d, err := envoyadmin.Decode([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range d.Clusters().GetDynamicWarmingClusters() {
+		warming = append(warming, clusterName(t, c.GetCluster()))
+	}
+	for _, c := range d.Clusters().GetDynamicActiveClusters() {
+		active = append(active, clusterName(t, c.GetCluster()))
+	}
+	for _, s := range d.Secrets().GetDynamicActiveSecrets() {
+		secrets = append(secrets, s.GetName())
+	}
+	slices.Sort(secrets)
+	return warming, active, secrets
+}
+
+func clusterName(t *testing.T, a *anypb.Any) string {
+	c := &clusterv3.Cluster{}
+	if err := a.UnmarshalTo(c); err != nil {
+		t.Fatal(err)
+	}
+	return c.GetName()
+}
+
+func (f *sdsFixture) ready() (int, string) {
+	return testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.hr.admin))
+}
+
+// As Envoy (#24): a cluster naming SDS secrets with Istio's
+// initial_fetch_timeout of 0s stays warming, and the server
+// PRE_INITIALIZING without asking for listeners, for as long as the
+// secrets do not come; once they
+// come, the cluster is active and the server LIVE.
+func TestSecretsNotServedKeepClusterWarmingAndServerNotReady(t *testing.T) {
+	t.Parallel()
+	f := newSDSFixture(t, "")
+	const name = "outbound|9080||reviews.default.svc.cluster.local"
+	resources := map[resource.Type][]types.Resource{
+		resource.ClusterType:  {mtlsCluster(t, name, istioSDS("default", "sds-grpc", 0), istioSDS("ROOTCA", "sds-roots", 0))},
+		resource.ListenerType: {},
+	}
+	if err := f.x.SetResources("v1", resources); err != nil {
+		t.Fatal(err)
+	}
+	f.hr.start(t, 0, nil)
+
+	if err := f.roots.SetResources("v1", nil); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the cluster ACKed and both secrets asked for", func() bool {
+		st := f.x.Stats()
+		return st.ACKs[resource.ClusterType] >= 1 && st.Requests[resource.SecretType] >= 1 && f.roots.Stats().Requests[resource.SecretType] >= 1
+	})
+	if code, body := f.ready(); code != 503 || body != "PRE_INITIALIZING\n" {
+		t.Errorf("/ready without the secrets = %d %q; want 503 PRE_INITIALIZING (Envoy waits: initial_fetch_timeout 0s)", code, body)
+	}
+	if warming, active, secrets := f.dump(t); !slices.Equal(warming, []string{name}) || len(active) != 0 || len(secrets) != 0 {
+		t.Errorf("config_dump without the secrets: warming %v, active %v, secrets %v; want the cluster warming, nothing active", warming, active, secrets)
+	}
+	if n := f.x.Stats().Requests[resource.ListenerType]; n != 0 {
+		t.Errorf("LDS asked for %d times before the clusters were initialised; Envoy asks once they are", n)
+	}
+
+	resources[resource.SecretType] = []types.Resource{secret("default")}
+	if err := f.x.SetResources("v2", resources); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.roots.SetResources("v2", map[resource.Type][]types.Resource{resource.SecretType: {secret("ROOTCA")}}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "/ready 200 once the secrets came", func() bool { code, _ := f.ready(); return code == 200 })
+	if warming, active, secrets := f.dump(t); len(warming) != 0 || !slices.Equal(active, []string{name}) || !slices.Equal(secrets, []string{"ROOTCA", "default"}) {
+		t.Errorf("config_dump with the secrets: warming %v, active %v, secrets %v; want the cluster active, both secrets", warming, active, secrets)
+	}
+}
+
+// A secret whose SDS config has an initial_fetch_timeout lets init go on
+// without it when the timeout passes, counted in
+// sds.<name>.init_fetch_timeout, as Envoy's SdsApi.
+func TestSecretInitialFetchTimeoutLetsInitGoOn(t *testing.T) {
+	t.Parallel()
+	f := newSDSFixture(t, "")
+	if err := f.x.SetResources("v1", map[resource.Type][]types.Resource{
+		resource.ClusterType:  {mtlsCluster(t, "c", istioSDS("spare", "sds-grpc", 100*time.Millisecond), istioSDS("spare-root", "sds-roots", 100*time.Millisecond))},
+		resource.ListenerType: {},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.hr.start(t, 0, nil)
+	testkit.WaitFor(t, "/ready 200 after the secrets' initial fetch timeout", func() bool { code, _ := f.ready(); return code == 200 })
+	_, stats := testkit.MustFetch(t, "GET", fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", f.hr.admin))
+	for _, want := range []string{"sds.spare.init_fetch_timeout: 1", "sds.spare-root.init_fetch_timeout: 1"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).MatchString(stats) {
+			t.Errorf("/stats has no %q:\n%s", want, stats)
+		}
+	}
+}
