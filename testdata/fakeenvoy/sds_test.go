@@ -14,7 +14,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
@@ -22,15 +21,11 @@ import (
 )
 
 // sdsFixture is a stand-in whose ADS (xds-grpc) and SDS (sds-grpc) pipes
-// both lead to one test control plane, x, and a second SDS cluster
-// (sds-roots) to another, roots. Each serves one secret at most: Envoy asks
-// for each secret on a stream of its own, and go-control-plane's ADS
-// snapshot cache answers a stream only when it names every secret the
-// snapshot has.
+// both lead to one test control plane.
 type sdsFixture struct {
-	hr       *hrFixture
-	x, roots *xdsserver.Server
-	sock     string
+	hr   *hrFixture
+	x    *xdsserver.Server
+	sock string
 }
 
 // newSDSFixture writes the bootstrap; retry is the ads_config's
@@ -44,18 +39,13 @@ func newSDSFixture(t *testing.T, retry string) *sdsFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(x.Close)
-	roots, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + filepath.Join(dir, "ROOTS")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(roots.Close)
 	f := &hrFixture{bin: standInBinary(t), base: uniqueBaseID(t), admin: testkit.FreePort(t)}
 	f.boot = filepath.Join(dir, "bootstrap.json")
 	if retry != "" {
 		retry = `, "retry_policy": ` + retry
 	}
-	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(sdsBootstrap, f.admin, retry, sock, sock, filepath.Join(dir, "ROOTS"))))
-	return &sdsFixture{hr: f, x: x, roots: roots, sock: sock}
+	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(sdsBootstrap, f.admin, retry, sock, sock)))
+	return &sdsFixture{hr: f, x: x, sock: sock}
 }
 
 // restart is the control plane back on the same socket after Stop, a new
@@ -85,44 +75,9 @@ const sdsBootstrap = `{
     {"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
      "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}},
     {"name": "sds-grpc", "type": "STATIC", "connect_timeout": "1s",
-     "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}},
-    {"name": "sds-roots", "type": "STATIC", "connect_timeout": "1s",
-     "load_assignment": {"cluster_name": "sds-roots", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}}
+     "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": %q}}}}]}]}}
   ]}
 }`
-
-// istioSDS is an SdsSecretConfig as istiod sends it for "default" and
-// "ROOTCA" (pkg/model/authentication.go): over gRPC to a cluster (Istio's:
-// sds-grpc), with the given initial_fetch_timeout (Istio's: 0s, wait
-// forever).
-func istioSDS(name, cluster string, timeout time.Duration) *tlsv3.SdsSecretConfig {
-	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
-		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
-			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3, SetNodeOnFirstMessageOnly: true,
-			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: cluster}}}},
-		}},
-		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(timeout),
-	}}
-}
-
-// mtlsCluster is a cluster whose transport socket (under Istio's
-// tlsMode=istio match) names a certificate and a root over SDS.
-func mtlsCluster(t *testing.T, name string, cert, root *tlsv3.SdsSecretConfig) *clusterv3.Cluster {
-	t.Helper()
-	tlsCtx, err := anypb.New(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{cert},
-		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-			DefaultValidationContext: &tlsv3.CertificateValidationContext{}, ValidationContextSdsSecretConfig: root}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &clusterv3.Cluster{Name: name, ConnectTimeout: durationpb.New(time.Second),
-		TransportSocketMatches: []*clusterv3.Cluster_TransportSocketMatch{{Name: "tlsMode-istio",
-			TransportSocket: &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
-				ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tlsCtx}}}}}
-}
 
 func secret(name string) *tlsv3.Secret {
 	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
@@ -166,14 +121,14 @@ func (f *sdsFixture) ready() (int, string) {
 // As Envoy (#24): a cluster naming SDS secrets with Istio's
 // initial_fetch_timeout of 0s stays warming, and the server
 // PRE_INITIALIZING without asking for listeners, for as long as the
-// secrets do not come; once they
+// secrets do not come; they are asked for one stream each; once they
 // come, the cluster is active and the server LIVE.
 func TestSecretsNotServedKeepClusterWarmingAndServerNotReady(t *testing.T) {
 	t.Parallel()
 	f := newSDSFixture(t, "")
 	const name = "outbound|9080||reviews.default.svc.cluster.local"
 	resources := map[resource.Type][]types.Resource{
-		resource.ClusterType:  {mtlsCluster(t, name, istioSDS("default", "sds-grpc", 0), istioSDS("ROOTCA", "sds-roots", 0))},
+		resource.ClusterType:  {xdsserver.MTLSCluster(name, xdsserver.SDSSecret("default", 0), xdsserver.SDSSecret("ROOTCA", 0))},
 		resource.ListenerType: {},
 	}
 	if err := f.x.SetResources("v1", resources); err != nil {
@@ -181,12 +136,9 @@ func TestSecretsNotServedKeepClusterWarmingAndServerNotReady(t *testing.T) {
 	}
 	f.hr.start(t, 0, nil)
 
-	if err := f.roots.SetResources("v1", nil); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "the cluster ACKed and both secrets asked for", func() bool {
+	testkit.WaitFor(t, "the cluster ACKed and both secrets asked for, one stream each", func() bool {
 		st := f.x.Stats()
-		return st.ACKs[resource.ClusterType] >= 1 && st.Requests[resource.SecretType] >= 1 && f.roots.Stats().Requests[resource.SecretType] >= 1
+		return st.ACKs[resource.ClusterType] >= 1 && st.Requests[resource.SecretType] >= 2 && st.Streams >= 3
 	})
 	if code, body := f.ready(); code != 503 || body != "PRE_INITIALIZING\n" {
 		t.Errorf("/ready without the secrets = %d %q; want 503 PRE_INITIALIZING (Envoy waits: initial_fetch_timeout 0s)", code, body)
@@ -198,11 +150,8 @@ func TestSecretsNotServedKeepClusterWarmingAndServerNotReady(t *testing.T) {
 		t.Errorf("LDS asked for %d times before the clusters were initialised; Envoy asks once they are", n)
 	}
 
-	resources[resource.SecretType] = []types.Resource{secret("default")}
+	resources[resource.SecretType] = []types.Resource{secret("default"), secret("ROOTCA")}
 	if err := f.x.SetResources("v2", resources); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.roots.SetResources("v2", map[resource.Type][]types.Resource{resource.SecretType: {secret("ROOTCA")}}); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WaitFor(t, "/ready 200 once the secrets came", func() bool { code, _ := f.ready(); return code == 200 })
@@ -218,7 +167,7 @@ func TestSecretInitialFetchTimeoutLetsInitGoOn(t *testing.T) {
 	t.Parallel()
 	f := newSDSFixture(t, "")
 	if err := f.x.SetResources("v1", map[resource.Type][]types.Resource{
-		resource.ClusterType:  {mtlsCluster(t, "c", istioSDS("spare", "sds-grpc", 100*time.Millisecond), istioSDS("spare-root", "sds-roots", 100*time.Millisecond))},
+		resource.ClusterType:  {xdsserver.MTLSCluster("c", xdsserver.SDSSecret("spare", 100*time.Millisecond), xdsserver.SDSSecret("spare-root", 100*time.Millisecond))},
 		resource.ListenerType: {},
 	}); err != nil {
 		t.Fatal(err)

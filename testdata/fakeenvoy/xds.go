@@ -168,6 +168,8 @@ func runADS[R any](ctx context.Context, e *envoy, subscribed map[string][]string
 	}()
 	for {
 		select {
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-e.initMoved:
 		case r := <-results:
 			if r.err != nil {
