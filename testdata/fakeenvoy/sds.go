@@ -251,7 +251,7 @@ func (e *envoy) wantedSecretsLocked() map[string]secretRef {
 func (e *envoy) reconcileSecrets() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.ctx == nil {
+	if e.ctx == nil || e.ctx.Err() != nil { // not started, or shutting down
 		return
 	}
 	wanted := e.wantedSecretsLocked()
