@@ -159,7 +159,7 @@ func (e *envoy) advanceInitLocked() {
 	if !x.cdsDone && e.accepted(typeCluster) {
 		x.cdsDone = true
 	}
-	if x.cdsDone && !x.clustersDone && e.clustersInitializedLocked() {
+	if x.cdsDone && !x.clustersDone && e.initializedLocked(typeCluster, e.clusterWarmingLocked) {
 		x.clustersDone = true
 		select { // the ADS stream asks for listeners now (runADS)
 		case e.initMoved <- struct{}{}:
@@ -169,7 +169,7 @@ func (e *envoy) advanceInitLocked() {
 	if x.clustersDone && !x.ldsDone && e.accepted(typeListener) {
 		x.ldsDone = true
 	}
-	if x.clustersDone && x.ldsDone && !x.listenersDone && e.listenersInitializedLocked() {
+	if x.clustersDone && x.ldsDone && !x.listenersDone && e.initializedLocked(typeListener, e.listenerWarmingLocked) {
 		x.listenersDone = true
 	}
 	if x.clustersDone && x.listenersDone {

@@ -190,28 +190,15 @@ func (e *envoy) listenerWarmingLocked(name string) bool {
 	return !e.allPresent(typeRoute, routeNames(l)) || !e.secretsReadyLocked(e.xds.secrets[typeListener][name])
 }
 
-// clustersInitializedLocked: every cluster, the bootstrap's and CDS's, is
-// initialised.
-func (e *envoy) clustersInitializedLocked() bool {
-	if !e.secretsReadyLocked(e.staticSecrets[typeCluster]) {
+// initializedLocked: every cluster or listener (typeURL), the
+// bootstrap's and xDS's, has what it waits for (warming says which do
+// not).
+func (e *envoy) initializedLocked(typeURL string, warming func(name string) bool) bool {
+	if !e.secretsReadyLocked(e.staticSecrets[typeURL]) {
 		return false
 	}
-	for name := range e.xds.resources[typeCluster] {
-		if e.clusterWarmingLocked(name) {
-			return false
-		}
-	}
-	return true
-}
-
-// listenersInitializedLocked: every listener, the bootstrap's and LDS's,
-// has its route configs and secrets.
-func (e *envoy) listenersInitializedLocked() bool {
-	if !e.secretsReadyLocked(e.staticSecrets[typeListener]) {
-		return false
-	}
-	for name := range e.xds.resources[typeListener] {
-		if e.listenerWarmingLocked(name) {
+	for name := range e.xds.resources[typeURL] {
+		if warming(name) {
 			return false
 		}
 	}

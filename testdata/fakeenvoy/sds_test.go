@@ -41,10 +41,7 @@ func newSDSFixture(t *testing.T, retry string) *sdsFixture {
 	t.Cleanup(x.Close)
 	f := &hrFixture{bin: standInBinary(t), base: uniqueBaseID(t), admin: testkit.FreePort(t)}
 	f.boot = filepath.Join(dir, "bootstrap.json")
-	if retry != "" {
-		retry = `, "retry_policy": ` + retry
-	}
-	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(sdsBootstrap, f.admin, retry, sock, sock)))
+	testkit.WriteFile(t, f.boot, []byte(adsBootstrap(f.admin, retry, sock)))
 	return &sdsFixture{hr: f, x: x, sock: sock}
 }
 
@@ -63,7 +60,17 @@ func (f *sdsFixture) restart(t *testing.T, resources map[resource.Type][]types.R
 	return x
 }
 
-const sdsBootstrap = `{
+// adsBootstrap: the admin, CDS and LDS over ADS on the xds-grpc pipe
+// (with retry, when not "", as its retry_policy), and the sds-grpc pipe on
+// the same socket.
+func adsBootstrap(admin int, retry, sock string) string {
+	if retry != "" {
+		retry = `, "retry_policy": ` + retry
+	}
+	return fmt.Sprintf(adsBootstrapJSON, admin, retry, sock, sock)
+}
+
+const adsBootstrapJSON = `{
   "node": {"id": "sidecar~127.0.0.1~app.default~default.svc.cluster.local", "cluster": "app.default"},
   "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": %d}}},
   "dynamic_resources": {
