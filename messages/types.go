@@ -81,21 +81,9 @@ const (
 	Stopped
 )
 
-func (s HealthState) String() string {
-	switch s {
-	case Starting:
-		return "starting"
-	case Ready:
-		return "ready"
-	case Degraded:
-		return "degraded"
-	case Failed:
-		return "failed"
-	case Stopped:
-		return "stopped"
-	}
-	return fmt.Sprintf("HealthState(%d)", int(s))
-}
+var healthStateNames = [...]string{Starting: "starting", Ready: "ready", Degraded: "degraded", Failed: "failed", Stopped: "stopped"}
+
+func (s HealthState) String() string { return enumName(healthStateNames[:], s, "HealthState") }
 
 // Serving reports whether a service in this state counts as ready.
 func (s HealthState) Serving() bool { return s == Ready || s == Degraded }
@@ -134,23 +122,10 @@ const (
 	EnvoyStopped
 )
 
-func (p EnvoyPhase) String() string {
-	switch p {
-	case EnvoyStarting:
-		return "starting"
-	case EnvoyRunning:
-		return "running"
-	case EnvoyReady:
-		return "ready"
-	case EnvoyDraining:
-		return "draining"
-	case EnvoyExited:
-		return "exited"
-	case EnvoyStopped:
-		return "stopped"
-	}
-	return fmt.Sprintf("EnvoyPhase(%d)", int(p))
-}
+var envoyPhaseNames = [...]string{EnvoyStarting: "starting", EnvoyRunning: "running", EnvoyReady: "ready",
+	EnvoyDraining: "draining", EnvoyExited: "exited", EnvoyStopped: "stopped"}
+
+func (p EnvoyPhase) String() string { return enumName(envoyPhaseNames[:], p, "EnvoyPhase") }
 
 // Alive reports whether a process is running in this phase.
 func (p EnvoyPhase) Alive() bool {
@@ -285,20 +260,19 @@ const (
 	XDSDown
 )
 
-func (u XDSUpstream) String() string {
-	switch u {
-	case XDSIdle:
-		return "idle"
-	case XDSConnecting:
-		return "connecting"
-	case XDSConnected:
-		return "connected"
-	case XDSServingCache:
-		return "serving cached configuration"
-	case XDSDown:
-		return "down"
+var xdsUpstreamNames = [...]string{XDSIdle: "idle", XDSConnecting: "connecting", XDSConnected: "connected",
+	XDSServingCache: "serving cached configuration", XDSDown: "down"}
+
+func (u XDSUpstream) String() string { return enumName(xdsUpstreamNames[:], u, "XDSUpstream") }
+
+// enumName is the String of the enums above: its name from a table keyed
+// by the constants (so a constant added without a name shows as
+// "Type(N)", not a wrong word), else "Type(N)" as fmt would print it.
+func enumName[E ~int](names []string, v E, typ string) string {
+	if v >= 0 && int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("XDSUpstream(%d)", int(u))
+	return fmt.Sprintf("%s(%d)", typ, int(v))
 }
 
 // XDSState is what the XDS proxy knows of its upstream. From xds to status,

@@ -224,14 +224,7 @@ type stoppable struct {
 }
 
 func (s *stoppable) String() string { return s.name }
-func (s *stoppable) alive() bool {
-	select {
-	case <-s.running:
-		return false
-	default:
-		return true
-	}
-}
+func (s *stoppable) alive() bool    { return !testkit.Closed(s.running) }
 func (s *stoppable) Serve(ctx context.Context) error {
 	s.running = make(chan struct{})
 	s.health.Send(messages.Health{Service: s.name, State: messages.Ready})

@@ -38,6 +38,15 @@ func TestKernelVerifyReconcile(t *testing.T) {
 	if residue, delta, err := a.Verify(rs); err != nil || !residue || delta {
 		t.Fatalf("after apply: residue=%v delta=%v err=%v; want residue, no delta", residue, delta, err)
 	}
+	// A re-check that finds the rules in place (VM mode's every
+	// CheckInterval) says so at debug level only: no journal line a check.
+	recheck := testkit.NewLogBuffer(t)
+	if out, err := Execute(cfg, rs, a, recheck.Logger()); err != nil || out != Unchanged {
+		t.Fatalf("re-check = %v, %v; want %v", out, err, Unchanged)
+	}
+	if strings.Contains(recheck.String(), "level=INFO") {
+		t.Errorf("a re-check that changed nothing logged at INFO:\n%s", recheck)
+	}
 	force := cfg
 	force.ForceApply = true
 	if _, err := Execute(force, rs, a, log); err == nil {

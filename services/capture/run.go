@@ -39,7 +39,10 @@ func Execute(cfg RulesConfig, rs RuleSet, a *Applier, log *slog.Logger) (Outcome
 	case !residue:
 		err = a.Apply(rs, false)
 	case !delta && !cfg.ForceApply:
-		log.Info("capture rules already in place; nothing to do")
+		// Debug, not Info: VM mode re-checks every CheckInterval and would
+		// write this line to the journal each time; the one-shot command
+		// still says it in its "done outcome=unchanged" line.
+		log.Debug("capture rules already in place; nothing to do")
 		outcome = Unchanged
 	case delta && cfg.Reconcile:
 		log.Info("existing capture rules differ; replacing them")

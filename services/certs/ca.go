@@ -44,13 +44,7 @@ func (s *Service) serveCA(ctx context.Context) error {
 		s.readRootFile()
 	}
 
-	next := s.clock.After(0)
-	// After a restart, a still-valid certificate is kept until its renewal
-	// point instead of being replaced at once.
-	if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-		// The renewal point chosen when it was issued, which /debug/certs
-		// shows (#22), not a new jittered one.
-		next = s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0))
+	if kept := ca.start(); kept {
 		s.publishCA()
 	}
 	for {
@@ -63,13 +57,12 @@ func (s *Service) serveCA(ctx context.Context) error {
 			s.readRootFile()
 			s.publishCA()
 			continue
-		case <-next:
+		case <-ca.due:
 		}
 		wait, ok, err := ca.renew(ctx, s.caFailure)
 		if err != nil {
 			return err
 		}
-		next = s.clock.After(wait)
 		if ok {
 			s.caFailuresInARow = 0
 			s.publishCA()
@@ -152,17 +145,34 @@ type caClient struct {
 	s       *Service
 	conn    *grpc.ClientConn
 	backoff time.Duration // the wait after the next failure, before jitter
+	// due fires when the CA is to be asked next (renew); nil, never,
+	// until start.
+	due <-chan time.Time
 }
 
 func newCAClient(s *Service) *caClient {
 	return &caClient{s: s, backoff: s.cfg.RetryInitial}
 }
 
-// renew asks the CA for a certificate and keeps it (caIssued). It returns
-// how long until the CA is asked again: the certificate's renewal point,
-// or after a failure (handed to failed) a backoff that doubles up to
-// RetryMax, with jitter. ok says the CA answered; err is ctx's, when it
-// ended meanwhile.
+// start sets when the CA is first asked: at once, or, after a restart
+// with a certificate from the CA still valid (kept), at the renewal point
+// chosen when it was issued, which /debug/certs shows (#22), not a new
+// jittered one.
+func (c *caClient) start() (kept bool) {
+	now := c.s.clock.Now()
+	if b := c.s.caIssued; b.Version != "" && now.Before(b.Expiry) {
+		c.due = c.s.clock.After(max(b.RenewAt.Sub(now), 0))
+		return true
+	}
+	c.due = c.s.clock.After(0)
+	return false
+}
+
+// renew asks the CA for a certificate and keeps it (caIssued). It sets
+// when the CA is asked again (due), and returns how long until then: the
+// certificate's renewal point, or after a failure (handed to failed) a
+// backoff that doubles up to RetryMax, with jitter. ok says the CA
+// answered; err is ctx's, when it ended meanwhile.
 func (c *caClient) renew(ctx context.Context, failed func(error)) (wait time.Duration, ok bool, err error) {
 	b, err := c.request(ctx)
 	if err != nil {
@@ -171,12 +181,14 @@ func (c *caClient) renew(ctx context.Context, failed func(error)) (wait time.Dur
 		}
 		failed(err)
 		wait, c.backoff = jittered(c.backoff), min(c.backoff*2, c.s.cfg.RetryMax)
+		c.due = c.s.clock.After(wait)
 		return wait, false, nil
 	}
 	c.backoff = c.s.cfg.RetryInitial
 	wait = c.s.renewDelay(b)
 	b.RenewAt = c.s.clock.Now().Add(wait)
 	c.s.caIssued = b
+	c.due = c.s.clock.After(wait)
 	return wait, true, nil
 }
 

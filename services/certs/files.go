@@ -24,14 +24,10 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	}
 	defer watch.Close()
 
-	var rootsDue <-chan time.Time // RootsFromCA: when to ask the CA
-	ca := newCAClient(s)
+	ca := newCAClient(s) // RootsFromCA: asked for the roots when due
 	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
-		rootsDue = s.clock.After(0)
-		if b := s.caIssued; b.Version != "" && s.clock.Now().Before(b.Expiry) {
-			rootsDue = s.clock.After(max(b.RenewAt.Sub(s.clock.Now()), 0)) // a restart keeps what the CA said
-		}
+		ca.start()
 	}
 	s.reload()
 	for {
@@ -42,12 +38,11 @@ func (s *Service) serveFiles(ctx context.Context) error {
 			return err
 		case <-watch.Changes():
 			s.reload()
-		case <-rootsDue:
+		case <-ca.due:
 			wait, ok, err := ca.renew(ctx, s.rootsFailure)
 			if err != nil {
 				return err
 			}
-			rootsDue = s.clock.After(wait)
 			if ok {
 				s.log.Info("trusted roots from CA", "ca", s.cfg.CAAddr, "refresh_in", wait.Round(time.Millisecond))
 				s.reload()

@@ -38,14 +38,11 @@ func TestSampleMeshParses(t *testing.T) {
 	}
 }
 
+// serviceA is a mesh of one service, a.ns at 10.0.0.1, before its ports.
+const serviceA = "services:\n  - name: a\n    namespace: ns\n    vip: 10.0.0.1\n"
+
 func TestMeshDefaultsAndProtocolCase(t *testing.T) {
-	m := parseMesh(t, `
-services:
-  - name: a
-    namespace: ns
-    vip: 10.0.0.1
-    ports: [{port: 80, protocol: HTTP}]
-`)
+	m := parseMesh(t, serviceA+"    ports: [{port: 80, protocol: HTTP}]\n")
 	if m.Domain != DefaultDomain || m.Services[0].Ports[0].Protocol != HTTP || len(m.Services[0].Ports[0].Endpoints) != 0 {
 		t.Fatalf("mesh = %+v", m)
 	}
@@ -53,7 +50,6 @@ services:
 
 // Every rejection names what is wrong and, where the file has it, the line.
 func TestMeshErrors(t *testing.T) {
-	const svc = "services:\n  - name: a\n    namespace: ns\n    vip: 10.0.0.1\n"
 	for _, tc := range []struct {
 		name, yaml string
 		want       []string
@@ -61,32 +57,32 @@ func TestMeshErrors(t *testing.T) {
 		{"empty", "  \n", []string{"empty"}},
 		{"syntax", "services: [\n", []string{"line"}},
 		{"unknown top field", "servics: []\n", []string{"line 1", "servics"}},
-		{"unknown port field", svc + "    ports: [{port: 80, protocl: http}]\n", []string{"line 5", `"protocl"`}},
-		{"unknown service field", svc + "    port: 80\n", []string{"line 5", `"port"`}},
-		{"port not a number", svc + "    ports: [{port: http, protocol: http}]\n", []string{"line 5"}},
+		{"unknown port field", serviceA + "    ports: [{port: 80, protocl: http}]\n", []string{"line 5", `"protocl"`}},
+		{"unknown service field", serviceA + "    port: 80\n", []string{"line 5", `"port"`}},
+		{"port not a number", serviceA + "    ports: [{port: http, protocol: http}]\n", []string{"line 5"}},
 		{"bad name", "services:\n  - name: A_b\n    namespace: ns\n    vip: 10.0.0.1\n    ports: [{port: 80, protocol: http}]\n", []string{"line 2", "DNS label"}},
 		{"bad vip", "services:\n  - name: a\n    namespace: ns\n    vip: 10.0.0.300\n    ports: [{port: 80, protocol: http}]\n", []string{"line 4", `"10.0.0.300"`}},
-		{"no ports", svc, []string{"line 2", "no ports"}},
-		{"no protocol", svc + "    ports: [{port: 80}]\n", []string{"line 5", "protocol is required"}},
-		{"unknown protocol", svc + "    ports: [{port: 80, protocol: udp}]\n", []string{"line 5", `"udp"`}},
-		{"port range", svc + "    ports: [{port: 70000, protocol: http}]\n", []string{"line 5", "1-65535"}},
-		{"capture port", svc + "    ports: [{port: 15001, protocol: tcp}]\n", []string{"line 5", "capture"}},
-		{"duplicate port", svc + "    ports: [{port: 80, protocol: http}, {port: 80, protocol: http}]\n", []string{"twice"}},
-		{"endpoint host name", svc + "    ports:\n      - port: 80\n        protocol: http\n        endpoints: [localhost:8080]\n", []string{"line 8", `"localhost:8080"`, "ip:port"}},
-		{"endpoint without port", svc + "    ports:\n      - port: 80\n        protocol: http\n        endpoints: [127.0.0.1]\n", []string{"line 8", "ip:port"}},
-		{"duplicate service", svc + "    ports: [{port: 80, protocol: http}]\n" +
+		{"no ports", serviceA, []string{"line 2", "no ports"}},
+		{"no protocol", serviceA + "    ports: [{port: 80}]\n", []string{"line 5", "protocol is required"}},
+		{"unknown protocol", serviceA + "    ports: [{port: 80, protocol: udp}]\n", []string{"line 5", `"udp"`}},
+		{"port range", serviceA + "    ports: [{port: 70000, protocol: http}]\n", []string{"line 5", "1-65535"}},
+		{"capture port", serviceA + "    ports: [{port: 15001, protocol: tcp}]\n", []string{"line 5", "capture"}},
+		{"duplicate port", serviceA + "    ports: [{port: 80, protocol: http}, {port: 80, protocol: http}]\n", []string{"twice"}},
+		{"endpoint host name", serviceA + "    ports:\n      - port: 80\n        protocol: http\n        endpoints: [localhost:8080]\n", []string{"line 8", `"localhost:8080"`, "ip:port"}},
+		{"endpoint without port", serviceA + "    ports:\n      - port: 80\n        protocol: http\n        endpoints: [127.0.0.1]\n", []string{"line 8", "ip:port"}},
+		{"duplicate service", serviceA + "    ports: [{port: 80, protocol: http}]\n" +
 			"  - name: a\n    namespace: ns\n    vip: 10.0.0.2\n    ports: [{port: 81, protocol: http}]\n",
 			[]string{"line 6", "already declared at line 2"}},
-		{"duplicate vip", svc + "    ports: [{port: 80, protocol: http}]\n" +
+		{"duplicate vip", serviceA + "    ports: [{port: 80, protocol: http}]\n" +
 			"  - name: b\n    namespace: ns\n    vip: 10.0.0.1\n    ports: [{port: 81, protocol: http}]\n",
 			[]string{"line 6", "already used at line 4"}},
-		{"http and tcp on one port number", svc + "    ports: [{port: 80, protocol: http}]\n" +
+		{"http and tcp on one port number", serviceA + "    ports: [{port: 80, protocol: http}]\n" +
 			"  - name: b\n    namespace: ns\n    vip: 10.0.0.2\n    ports: [{port: 80, protocol: tcp}]\n",
 			[]string{"line 9", "conflicts with service ns/a at line 5"}},
 		{"external without ips", "externalNames: [{host: api.example.com}]\n", []string{"line 1", "no ips"}},
 		{"external bad ip", "externalNames:\n  - host: api.example.com\n    ips: [nope]\n", []string{"line 3", `"nope"`}},
 		{"external not qualified", "externalNames: [{host: api, ips: [1.2.3.4]}]\n", []string{"fully qualified"}},
-		{"external clashes with a service", svc + "    ports: [{port: 80, protocol: http}]\n" +
+		{"external clashes with a service", serviceA + "    ports: [{port: 80, protocol: http}]\n" +
 			"externalNames: [{host: a.ns.svc.cluster.local, ips: [1.2.3.4]}]\n", []string{"line 6", "already declared at line 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -181,13 +181,10 @@ func TestUpstreamDownServfail(t *testing.T) {
 }
 
 func TestUpstreamTimeoutServfail(t *testing.T) {
-	// A UDP socket that reads and never answers: the exchange times out.
-	pc, err := net.ListenPacket("udp", "127.99.0.2:53")
-	if err != nil {
-		t.Skipf("cannot bind 127.99.0.2:53: %v", err)
-	}
-	defer pc.Close()
-	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.2"), ForwardTimeout: 300 * time.Millisecond}, nil)
+	// An upstream whose sockets read and never answer: the exchange times
+	// out.
+	_, _, ip := listenUpstream(t)
+	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, ip), ForwardTimeout: 300 * time.Millisecond}, nil)
 	r := exchange(t, p.addr, "x.upstream.test.", dns.TypeA, "udp")
 	if r.Rcode != dns.RcodeServerFailure {
 		t.Errorf("rcode %s, want SERVFAIL", dns.RcodeToString[r.Rcode])

@@ -322,13 +322,7 @@ func TestColdRestartRefusesConnections(t *testing.T) {
 func TestHotRestartNewBinary(t *testing.T) {
 	skipIfReal(t)
 	bin := filepath.Join(t.TempDir(), "envoy")
-	old, err := os.ReadFile(envoyBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, old, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	old := testkit.InstallExecutable(t, envoyBinary, bin)
 	h := newHotHarness(t, true, nil, func(cfg *Config) { cfg.BinaryPath = bin })
 	h.run()
 	first := h.wait("epoch 0 ready", alone(0))

@@ -458,13 +458,7 @@ func TestRunAs(t *testing.T) {
 	// Everything Envoy reads must be readable by uid 1337.
 	dir := testkit.ShortTempDir(t, "envoy-runas")
 	bin := filepath.Join(dir, "envoy")
-	raw, err := os.ReadFile(envoyBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, raw, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testkit.InstallExecutable(t, envoyBinary, bin)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

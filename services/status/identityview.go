@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/pemblock"
 )
 
@@ -50,15 +51,24 @@ type NamesReport struct {
 	Source string `json:"source,omitempty"`
 }
 
-// certReport is the certificate now; nil when the agent has no identity.
-func (s *Service) certReport() *CertReport {
-	if s.in.Certs == nil {
+// report is the report R of in's latest value, made by of: nil when the
+// agent has no such input, an empty report (Reported false) before the
+// first value.
+func report[T, R any](in messages.Latest[T], of func(T) *R) *R {
+	if in == nil {
 		return nil
 	}
-	b, ok := s.in.Certs.Get()
+	v, ok := in.Get()
 	if !ok {
-		return &CertReport{}
+		return new(R)
 	}
+	return of(v)
+}
+
+// certReport is the certificate now; nil when the agent has no identity.
+func (s *Service) certReport() *CertReport { return report(s.in.Certs, s.certReportOf) }
+
+func (s *Service) certReportOf(b messages.CertBundle) *CertReport {
 	out := &CertReport{Reported: true, Version: b.Version}
 	block, _ := pem.Decode(b.CertChainPEM)
 	if block == nil {
@@ -106,14 +116,9 @@ func fingerprint(der []byte) string {
 }
 
 // namesReport is the name table now; nil when the agent has none.
-func (s *Service) namesReport() *NamesReport {
-	if s.in.Names == nil {
-		return nil
-	}
-	t, ok := s.in.Names.Get()
-	if !ok {
-		return &NamesReport{}
-	}
+func (s *Service) namesReport() *NamesReport { return report(s.in.Names, namesReportOf) }
+
+func namesReportOf(t messages.NameTable) *NamesReport {
 	// A table read from a file has a "file-" version (dnsproxy's
 	// tablefile.go); any other came over NDS.
 	source := "NDS"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
@@ -228,27 +229,26 @@ func splitDelta(b []byte) (deltaParts, error) {
 // firstString is the string field num of message b ("" if absent or bad;
 // the last one if repeated, as protobuf reads it).
 func firstString(b []byte, num protowire.Number) string {
-	var out string
-	for fd, err := range fields(b, protowire.BytesType) {
-		if err != nil {
-			break
-		}
-		if fd.num == num {
-			out = string(fd.v)
-		}
-	}
-	return out
+	return string(fieldValue(b, num, protowire.BytesType))
 }
 
 // firstVarint is the varint field num of message b (0 if absent or bad).
 func firstVarint(b []byte, num protowire.Number) uint64 {
-	var out uint64
-	for fd, err := range fields(b, protowire.VarintType) {
+	v, _ := protowire.ConsumeVarint(fieldValue(b, num, protowire.VarintType))
+	return v
+}
+
+// fieldValue is the value of field num, of wire type typ, in message b:
+// nil if absent, the last one if repeated (as protobuf reads it), and the
+// last read before a malformed field ends the scan.
+func fieldValue(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	var out []byte
+	for fd, err := range fields(b, typ) {
 		if err != nil {
 			break
 		}
 		if fd.num == num {
-			out, _ = protowire.ConsumeVarint(fd.v)
+			out = fd.v
 		}
 	}
 	return out
@@ -277,5 +277,10 @@ func deltaResponse(typeURL, version, nonce string, resources [][]byte) []byte {
 // cacheNonce is a nonce of the proxy's own, for responses served from the
 // cache: it cannot be mistaken for a control plane's.
 func cacheNonce(stream uint64, n int) string {
-	return "meshagent-cache-" + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
+	return cacheNoncePrefix + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
 }
+
+const cacheNoncePrefix = "meshagent-cache-"
+
+// isCacheNonce: nonce is one of cacheNonce's.
+func isCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }

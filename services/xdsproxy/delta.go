@@ -2,7 +2,6 @@ package xdsproxy
 
 import (
 	"maps"
-	"slices"
 	"sort"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -23,6 +22,9 @@ type deltaSub struct {
 	// initial is what Envoy said it had when it first asked
 	// (initial_resource_versions).
 	initial map[string]string
+	// held is what Envoy holds while the cache serves it: initial, and
+	// the resources of the cache's responses (reattach.go).
+	held map[string]string
 }
 
 // delta is the Delta protocol (ADS's DeltaAggregatedResources).
@@ -87,10 +89,18 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 	sub := x.subs[t]
 	if sub == nil {
 		sub = &deltaSub{names: map[string]bool{}, initial: maps.Clone(req.GetInitialResourceVersions())}
-		// A first request naming nothing is a (legacy) wildcard.
+		sub.held = maps.Clone(sub.initial)
+		if sub.held == nil {
+			sub.held = map[string]string{}
+		}
+		// A first request naming nothing is a (legacy) wildcard. What
+		// Envoy holds of a wildcard was not asked for by name: names are
+		// its subscriptions only (a new stream names them again).
 		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
-		for n := range sub.initial {
-			sub.names[n] = true
+		if !sub.wildcard {
+			for n := range sub.initial {
+				sub.names[n] = true
+			}
 		}
 		x.subs[t] = sub
 		x.order = append(x.order, t)
@@ -145,11 +155,10 @@ func (x *deltaTracker) sending(f *frame, cache *lkg) {
 	x.pending[f.typeURL] = list
 }
 
-// awaitsAnswer: a wildcard subscription that acknowledges nothing (see
-// sotw.awaitsAnswer).
+// awaitsAnswer: a wildcard subscription that acknowledges nothing
+// (wildcardFirst).
 func (delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
-	sub := req.GetResourceNamesSubscribe()
-	return req.GetResponseNonce() == "" && (len(sub) == 0 || slices.Contains(sub, "*"))
+	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNamesSubscribe())
 }
 
 func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
@@ -183,16 +192,16 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 	if !ok {
 		return nil
 	}
-	var pick [][]byte
+	var names []string
 	for _, n := range req.GetResourceNamesSubscribe() {
-		if r, ok := res[n]; ok {
-			pick = append(pick, r.b)
+		if _, ok := res[n]; ok {
+			names = append(names, n)
 		}
 	}
-	if len(pick) == 0 {
+	if len(names) == 0 {
 		return nil
 	}
-	return []*frame{x.cachedFrame(t, version, pick)}
+	return []*frame{x.cachedFrame(t, version, res, names)}
 }
 
 func (x *deltaTracker) answerFirst(cache *lkg, t string) []*frame {
@@ -212,17 +221,21 @@ func (x *deltaTracker) answerFirst(cache *lkg, t string) []*frame {
 		}
 	}
 	sort.Strings(names)
-	pick := make([][]byte, 0, len(names))
-	for _, n := range names {
-		pick = append(pick, res[n].b)
-	}
 	// Sent even when empty: Envoy waits for a first answer per type
 	// before it finishes initialising.
-	return []*frame{x.cachedFrame(t, version, pick)}
+	return []*frame{x.cachedFrame(t, version, res, names)}
 }
 
-func (x *deltaTracker) cachedFrame(t, version string, resources [][]byte) *frame {
+// cachedFrame is the cache's response of type t with the resources names
+// of res, which Envoy holds from then on (deltaSub.held).
+func (x *deltaTracker) cachedFrame(t, version string, res map[string]deltaRes, names []string) *frame {
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return &frame{b: deltaResponse(t, version, nonce, resources), typeURL: t, nonce: nonce, version: version, resources: len(resources)}
+	pick := make([][]byte, 0, len(names))
+	sub := x.subs[t]
+	for _, n := range names {
+		pick = append(pick, res[n].b)
+		sub.held[n] = res[n].version
+	}
+	return &frame{b: deltaResponse(t, version, nonce, pick), typeURL: t, nonce: nonce, version: version, resources: len(pick)}
 }

@@ -189,13 +189,7 @@ func TestOtherUIDCannotReplaceEnvoysStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(root, "xdsproxy.test")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testkit.InstallExecutable(t, self, bin)
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), peerClientEnv+"="+cfg.SocketPath)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: proxyGID}}

@@ -29,9 +29,7 @@ import (
 func TestSlowEnvoyNoDeadlockBoundedMemory(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
 		cp := servingControlPlane(t, "p0", 100)
-		cfg := testConfig(tempRoot(t), cp.Addr())
-		cfg.OfflineCache = false
-		p := startProxy(t, cfg, proxyOpts{})
+		p := uncachedProxy(t, cp.Addr(), proxyOpts{})
 		c := p.clientWith(t, xdsserver.ClientOptions{Delta: delta})
 		ctx := waitCtx(t)
 		if err := c.WaitFor(ctx, hasVersion(resource.ClusterType, "p0", 100)); err != nil {

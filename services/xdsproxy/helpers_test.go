@@ -11,6 +11,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -125,10 +126,20 @@ type proxyOpts struct {
 func stallProxy(t *testing.T, addr string) (*proxy, *testkit.ManualClock) {
 	t.Helper()
 	clock := testkit.NewManualClock()
+	return uncachedProxy(t, addr, proxyOpts{clock: clock}, func(cfg *Config) { cfg.StallTimeout = time.Minute }), clock
+}
+
+// uncachedProxy is a proxy to the control plane at addr without an
+// offline cache, so that an upstream gone shows as the end of Envoy's
+// stream; edit, when given, changes the rest of its config first.
+func uncachedProxy(t *testing.T, addr string, o proxyOpts, edit ...func(*Config)) *proxy {
+	t.Helper()
 	cfg := testConfig(tempRoot(t), addr)
 	cfg.OfflineCache = false
-	cfg.StallTimeout = time.Minute
-	return startProxy(t, cfg, proxyOpts{clock: clock}), clock
+	for _, e := range edit {
+		e(&cfg)
+	}
+	return startProxy(t, cfg, o)
 }
 
 func startProxy(t *testing.T, cfg Config, o proxyOpts) *proxy {
@@ -200,6 +211,21 @@ func (p *proxy) waitState(t *testing.T, what string, cond func(messages.XDSState
 func (p *proxy) waitHealth(t *testing.T, what string, cond func(messages.Health) bool) messages.Health {
 	t.Helper()
 	return p.health.WaitLast(t, what, cond)
+}
+
+// wantNothingServed: with the control plane away and no usable cache,
+// Envoy's first stream ends Unavailable holding no cluster, and the
+// upstream is down.
+func (p *proxy) wantNothingServed(t *testing.T) {
+	t.Helper()
+	c := p.client(t, false)
+	if err := c.WaitFor(waitCtx(t), endsWith(1, codes.Unavailable)); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.State().Counts[clusterType]; n != 0 {
+		t.Errorf("the client got %d clusters, want none: no cache should have been read", n)
+	}
+	p.waitState(t, "down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
 }
 
 // hasVersion is a client condition: typ is held at version v with n resources.

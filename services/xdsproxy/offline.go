@@ -19,10 +19,13 @@ import (
 // in place (or a new one after an agent restart) stays empty and not
 // ready. This proxy instead answers Envoy from the cache, with nonces of
 // its own, consumes Envoy's ACKs locally, and keeps trying the control
-// plane with backoff. As soon as the control plane answers, it ends
-// Envoy's stream (Unavailable): Envoy keeps its configuration across a
-// reconnect and resynchronises with the real control plane on the next
-// stream.
+// plane with backoff. As soon as the control plane answers, Envoy's stream
+// moves to it, open (reattach.go, #24): the proxy resubscribes on Envoy's
+// behalf with what Envoy holds, as Envoy would on a new stream, and the
+// control plane's responses flow to Envoy on the same stream, with no
+// retry of Envoy's to wait for. If the control plane fails again during
+// the move, Envoy's stream ends (Unavailable): Envoy keeps its
+// configuration across a reconnect and resynchronises on the next stream.
 
 // canServeCache waits for Envoy's first request (it names the node) and
 // reports whether the cache holds this node's configuration for this
@@ -74,9 +77,7 @@ func (st *stream[R]) serveCache(cause error) error {
 				}
 			}
 		case <-back:
-			st.log.Info("control plane reachable again: ending Envoy's stream so that it resynchronises", "address", s.cfg.DiscoveryAddress)
-			return status.Errorf(codes.Unavailable,
-				"control plane %s is reachable again: reconnect to resynchronise (this stream served the agent's cached configuration)", s.cfg.DiscoveryAddress)
+			return st.reattach()
 		case <-st.readDone:
 			return envoyError(st.readErr)
 		case <-st.ended:

@@ -46,6 +46,7 @@ type message struct {
 	f       *frame // msgSending
 	req     any    // msgObserved: Envoy's request, the stream's R
 	record  bool   // msgObserved
+	seq     uint64 // msgObserved: the request's number (outgoing.seq)
 }
 
 type msgKind uint8
@@ -65,7 +66,7 @@ func (m *message) apply(s *proxyState) {
 	case msgDo:
 		m.do(s)
 	case msgObserved:
-		m.st.observe(s, m.now, m.req, m.record)
+		m.st.observe(s, m.now, m.req, m.record, m.seq)
 	case msgSending:
 		m.st.tracked(s, m.now, m.f)
 	case msgSendStart:
@@ -157,7 +158,7 @@ type proxyStream interface {
 	// (roots.go).
 	redial()
 	// observe, tracked and stall apply the stream's messages.
-	observe(s *proxyState, now time.Time, req any, record bool)
+	observe(s *proxyState, now time.Time, req any, record bool, seq uint64)
 	tracked(s *proxyState, now time.Time, f *frame)
 	stall() *stallWatch
 }
@@ -322,16 +323,20 @@ type streamState[R request] struct {
 	// initialSent: the agent's own requests went out after Envoy's first
 	// LDS request.
 	initialSent bool
+	// observedSeq is the number of Envoy's last request observed;
+	// agentSeq, of the agent's last request queued (outgoing.seq).
+	observedSeq, agentSeq uint64
 }
 
 // observed: Envoy sent req. The tracker learns its subscriptions and ACKs
 // (feeding the cache when record is set), and the status the ACK or NACK.
-func (st *stream[R]) observed(req R, record bool) {
-	st.own.send(message{kind: msgObserved, st: st, now: st.own.clock.Now(), req: req, record: record})
+func (st *stream[R]) observed(req R, record bool, seq uint64) {
+	st.own.send(message{kind: msgObserved, st: st, now: st.own.clock.Now(), req: req, record: record, seq: seq})
 }
 
-func (st *stream[R]) observe(s *proxyState, now time.Time, r any, record bool) {
+func (st *stream[R]) observe(s *proxyState, now time.Time, r any, record bool, seq uint64) {
 	req := r.(R)
+	st.owned.observedSeq = seq
 	info := st.owned.tr.observe(req, record, s.cache)
 	if info.acked {
 		s.ack(now, info.typeURL, info.version)
@@ -349,22 +354,40 @@ func (st *stream[R]) observe(s *proxyState, now time.Time, r any, record bool) {
 // It returns once they are queued, so that they go before what Envoy
 // sends next.
 func (st *stream[R]) sendInitial() {
-	cfg := st.svc.cfg
 	st.own.ask(func(s *proxyState) {
 		if st.owned.initialSent {
 			return
 		}
 		st.owned.initialSent = true
-		if cfg.NDS {
-			st.enqueue(outgoing[R]{req: st.pr.agentRequest(nameTableType, "", "", nil), agent: true})
-		}
-		if cfg.ProxyConfigXDS {
-			st.enqueue(outgoing[R]{req: st.pr.agentRequest(proxyConfigType, "", "", nil), agent: true})
-		}
-		if cfg.HealthUpdates && s.lastHealth != nil {
-			st.enqueue(outgoing[R]{req: st.healthRequest(*s.lastHealth), agent: true})
+		for _, r := range st.initialRequests(s) {
+			st.enqueueAgent(r)
 		}
 	})
+}
+
+// initialRequests are the agent's own first requests on an upstream
+// stream: NDS, ProxyConfig, and the last health report. Called by the
+// owner.
+func (st *stream[R]) initialRequests(s *proxyState) []R {
+	cfg := st.svc.cfg
+	var out []R
+	if cfg.NDS {
+		out = append(out, st.pr.agentRequest(nameTableType, "", "", nil))
+	}
+	if cfg.ProxyConfigXDS {
+		out = append(out, st.pr.agentRequest(proxyConfigType, "", "", nil))
+	}
+	if cfg.HealthUpdates && s.lastHealth != nil {
+		out = append(out, st.healthRequest(*s.lastHealth))
+	}
+	return out
+}
+
+// enqueueAgent queues one of the agent's own requests, numbered (outgoing.seq).
+// Called by the owner.
+func (st *stream[R]) enqueueAgent(req R) {
+	st.owned.agentSeq++
+	st.enqueue(outgoing[R]{req: req, agent: true, seq: st.owned.agentSeq})
 }
 
 // health queues a health report, if the agent's first requests went out
@@ -372,7 +395,7 @@ func (st *stream[R]) sendInitial() {
 // the first LDS request). Called by the owner.
 func (st *stream[R]) health(h messages.WorkloadHealth) {
 	if st.owned.initialSent {
-		st.enqueue(outgoing[R]{req: st.healthRequest(h), agent: true})
+		st.enqueueAgent(st.healthRequest(h))
 	}
 }
 

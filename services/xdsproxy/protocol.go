@@ -1,6 +1,8 @@
 package xdsproxy
 
 import (
+	"slices"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -72,6 +74,20 @@ type protocol[R request] interface {
 	agentResource(f *frame) (*anypb.Any, string, error)
 	// awaitsAnswer: a control plane must answer req (the stall rule).
 	awaitsAnswer(req R) bool
+	// afterCache is what reaches the control plane of Envoy's request req,
+	// which answers a response of the cache's, on a stream that moved to
+	// the control plane (reattach.go); last is Envoy's last request of
+	// that type sent upstream (nil if none). false: nothing.
+	afterCache(req, last R) (R, bool)
+}
+
+// wildcardFirst is the stall rule's request in either protocol: it
+// acknowledges nothing (no nonce) and is a wildcard subscription (no
+// names, or "*" among them). Istio's control plane answers every such
+// request on a new stream, whatever version Envoy holds; a request naming
+// resources may go unanswered when they do not exist.
+func wildcardFirst(nonce string, names []string) bool {
+	return nonce == "" && (len(names) == 0 || slices.Contains(names, "*"))
 }
 
 // tracker is what a stream of one protocol learns of Envoy's requests and
@@ -88,4 +104,8 @@ type tracker[R request] interface {
 	// answer answers one more request.
 	replay(cache *lkg) []*frame
 	answer(req R, cache *lkg) []*frame
+	// resubscribe is what Envoy would send first on a new stream, holding
+	// what it was sent on this one: the stream moves from the cache to
+	// the control plane (reattach.go).
+	resubscribe() []R
 }

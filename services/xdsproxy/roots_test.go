@@ -23,10 +23,7 @@ import (
 // bundle, and a renewed leaf under the same roots, redial nothing.
 func TestRootRotationRedialsWithoutRestart(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		rootA, rootB := pki.NewRoot(t, "root-a"), pki.NewRoot(t, "root-b")
-		server := pki.NewServerCert(t, rootA, "istiod.istio-system.svc")
-		cp := controlPlane(t, xdsserver.Options{TLS: server.TLS()})
-		snapshot(t, cp, "v1", 1)
+		rootA, rootB, server, cp := rotatingControlPlane(t, 1)
 		upstreams := func() int {
 			st := cp.Stats()
 			return st.Streams + st.DeltaStreams
@@ -80,14 +77,11 @@ func TestRootRotationRedialsWithoutRestart(t *testing.T) {
 // A proxy serving the cache because the control plane's certificate comes
 // from a root it does not trust yet probes at once when new roots arrive
 // (#26), without waiting for its backoff: the clock here never moves. The
-// control plane answers, Envoy's cached stream ends, and Envoy
-// resynchronises through a stream dialled with the new roots.
+// control plane answers, and Envoy's stream moves to it on the connection
+// dialled with the new roots.
 func TestNewRootsEndCacheServingAtOnce(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		rootA, rootB := pki.NewRoot(t, "root-a"), pki.NewRoot(t, "root-b")
-		server := pki.NewServerCert(t, rootA, "istiod.istio-system.svc")
-		cp := controlPlane(t, xdsserver.Options{TLS: server.TLS()})
-		snapshot(t, cp, "v1", 3)
+		rootA, rootB, server, cp := rotatingControlPlane(t, 3)
 		certs := messages.NewCell[messages.CertBundle]()
 		certs.Send(rootBundle(t, rootA, "1"))
 		p := startProxy(t, bundleRootsConfig(t, cp.Addr()), proxyOpts{in: Inputs{Certs: certs}, clock: testkit.NewManualClock()})
@@ -98,8 +92,20 @@ func TestNewRootsEndCacheServingAtOnce(t *testing.T) {
 		p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
 		snapshot(t, cp, "v2", 5)
 		certs.Send(rootBundle(t, rootB, "2"))
-		resyncsAfterCache(t, p, c, "v2", 5)
+		continuesAfterCache(t, p, c, "v2", 5)
 	})
+}
+
+// rotatingControlPlane is a TLS control plane at v1 (n clusters and
+// listeners) serving istiod.istio-system.svc with a certificate from rootA,
+// and rootB, the root a test rotates to (server.Issue(t, rootB)).
+func rotatingControlPlane(t *testing.T, n int) (rootA, rootB *pki.CA, server *pki.ServerCert, cp *xdsserver.Server) {
+	t.Helper()
+	rootA, rootB = pki.NewRoot(t, "root-a"), pki.NewRoot(t, "root-b")
+	server = pki.NewServerCert(t, rootA, "istiod.istio-system.svc")
+	cp = controlPlane(t, xdsserver.Options{TLS: server.TLS()})
+	snapshot(t, cp, "v1", n)
+	return rootA, rootB, server, cp
 }
 
 // bundleRootsConfig is a TLS proxy for the control plane at addr that

@@ -143,7 +143,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	srv := grpc.NewServer(s.serverOptions()...)
 	srv.RegisterService(&adsServiceDesc, &server{svc: s, own: own})
 	reflection.Register(srv)
-	runCtx, cancel := context.WithCancel(ctx)
+	// Not ctx's child: the cache writer flushes after the streams have
+	// ended (below), and ctx ends before they do.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
 	if s.watchesRoots() {
 		// The baseline is read before any stream can dial (#26).

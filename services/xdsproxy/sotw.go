@@ -25,10 +25,15 @@ type sotwTracker struct {
 	pending map[string]*frame   // type → the last response forwarded
 	served  map[string][]string // cache mode: type → names last answered
 	nonces  int
+
+	// versions: type → the version_info of Envoy's latest request, the
+	// version it holds (reattach.go).
+	versions map[string]string
 }
 
 func (sotw) newTracker(id uint64) tracker[*discoveryv3.DiscoveryRequest] {
-	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{}}
+	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{},
+		versions: map[string]string{}}
 }
 
 func (sotw) mode() cacheMode { return modeSotW }
@@ -62,6 +67,7 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 		x.order = append(x.order, t)
 	}
 	x.names[t] = req.GetResourceNames()
+	x.versions[t] = req.GetVersionInfo()
 	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.nonce {
 		delete(x.pending, t)
 		if info.nack == "" {
@@ -78,13 +84,10 @@ func (x *sotwTracker) sending(f *frame, _ *lkg) {
 	x.pending[f.typeURL] = f
 }
 
-// awaitsAnswer: a wildcard request that acknowledges nothing. Istio's
-// control plane answers every such request on a new stream, whatever
-// version Envoy holds; a request naming resources may go unanswered when
-// they do not exist.
+// awaitsAnswer: a wildcard request that acknowledges nothing
+// (wildcardFirst).
 func (sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
-	names := req.GetResourceNames()
-	return req.GetResponseNonce() == "" && (len(names) == 0 || slices.Contains(names, "*"))
+	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNames())
 }
 
 func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {

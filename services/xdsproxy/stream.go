@@ -60,6 +60,12 @@ var errRequestQueueFull = status.Errorf(codes.ResourceExhausted,
 type outgoing[R request] struct {
 	req   R
 	agent bool // the agent's own (NDS, ProxyConfig, health, ACKs of those)
+	// seq numbers Envoy's requests (the reader's count) and the agent's
+	// subscriptions and health reports (the owner's): a stream moving from
+	// the cache to the control plane resubscribes with what was queued up
+	// to a point, and drops the requests it covered (reattach.go). 0: not
+	// numbered (the agent's ACKs), never covered.
+	seq uint64
 }
 
 type stream[R request] struct {
@@ -184,6 +190,7 @@ func (st *stream[R]) read() {
 	defer close(st.readDone)
 	record := false
 	first := true
+	var seq uint64
 	for {
 		req := st.pr.newRequest()
 		if err := st.down.RecvMsg(req); err != nil {
@@ -197,14 +204,15 @@ func (st *stream[R]) read() {
 			st.node = req.GetNode().GetId()
 			record = s.records(st.node)
 		}
-		st.observed(req, record)
+		seq++
+		st.observed(req, record, seq)
 		if first {
 			// After the owner has it: whoever waits for the first
 			// request (canServeCache) then finds it tracked.
 			first = false
 			close(st.firstReq)
 		}
-		st.enqueue(outgoing[R]{req: req})
+		st.enqueue(outgoing[R]{req: req, seq: seq})
 		if req.GetTypeUrl() == listenerType {
 			st.sendInitial()
 		}
@@ -228,13 +236,28 @@ type liveEnd struct {
 
 // run connects upstream and proxies until one side ends.
 func (st *stream[R]) run() error {
-	s := st.svc
-	up, err := s.openUpstream(st.down.Context(), st.pr.method())
+	up, err := st.dial()
 	if err != nil {
-		s.m.istiodFailures.Inc()
 		return st.upstreamFailed(err)
 	}
-	end := st.live(up)
+	return st.finish(st.live(up, nil), false)
+}
+
+// dial opens the stream's upstream, counting a failure.
+func (st *stream[R]) dial() (*upstream, error) {
+	up, err := st.svc.openUpstream(st.down.Context(), st.pr.method())
+	if err != nil {
+		st.svc.m.istiodFailures.Inc()
+	}
+	return up, err
+}
+
+// finish is what the handler returns once a live stream ended. reattached:
+// the stream moved from the cache to the control plane (reattach.go); a
+// control plane that fails again before answering then ends Envoy's
+// stream instead of serving the cache a second time.
+func (st *stream[R]) finish(end liveEnd, reattached bool) error {
+	s := st.svc
 	switch end.from {
 	case fromEnd:
 		return st.endErr
@@ -253,14 +276,14 @@ func (st *stream[R]) run() error {
 		if !end.answered {
 			// A control plane that never answered is as good as
 			// unreachable: the cache may serve.
-			return st.upstreamFailed(end.err)
+			return st.notAnswered(end.err, reattached)
 		}
 		st.own.failed(end.err, false)
 		return end.err
 	}
 	s.m.istiodTerminations.WithLabelValues(terminationLabel(end.err)).Inc()
 	if !end.answered {
-		return st.upstreamFailed(end.err)
+		return st.notAnswered(end.err, reattached)
 	}
 	if expected(end.err) {
 		// A control plane going away in order (istiod rotates its
@@ -271,6 +294,15 @@ func (st *stream[R]) run() error {
 	st.log.Warn("control plane stream failed; ending Envoy's stream so that it reconnects", "error", s.cfg.describe(end.err))
 	st.own.failed(end.err, false)
 	return envoyError(end.err)
+}
+
+// notAnswered handles a control plane that failed before answering: as
+// unreachable on a new stream, as a failed switch on a reattached one.
+func (st *stream[R]) notAnswered(err error, reattached bool) error {
+	if reattached {
+		return st.reattachFailed(err)
+	}
+	return st.upstreamFailed(err)
 }
 
 // upstreamFailed handles a control plane that could not be reached or
@@ -288,10 +320,12 @@ func (st *stream[R]) upstreamFailed(err error) error {
 }
 
 // live runs the four goroutines of a connected stream and returns how it
-// ended, once the upstream goroutines have returned. The responder may
+// ended, once the upstream goroutines have returned. resumed, when the
+// stream moves from the cache to the control plane, is sent first and
+// says which queued requests it covers (reattach.go). The responder may
 // still be inside a Send to an Envoy that does not read: it returns when
 // the handler does (gRPC cancels the stream), and Serve waits for it.
-func (st *stream[R]) live(up *upstream) liveEnd {
+func (st *stream[R]) live(up *upstream, resumed *resumption[R]) liveEnd {
 	s := st.svc
 	done := make(chan struct{})
 	upErr := make(chan error, 2)
@@ -305,7 +339,7 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); st.sendUpstream(up, done, upErr) }()
+	go func() { defer wg.Done(); st.sendUpstream(up, resumed, done, upErr) }()
 	go func() { defer wg.Done(); st.receiveUpstream(up, &answered, resps, done, upErr) }()
 	go func() {
 		defer wg.Done()
@@ -338,8 +372,14 @@ func (st *stream[R]) live(up *upstream) liveEnd {
 	return end
 }
 
-func (st *stream[R]) sendUpstream(up *upstream, done <-chan struct{}, upErr chan<- error) {
-	s := st.svc
+func (st *stream[R]) sendUpstream(up *upstream, resumed *resumption[R], done <-chan struct{}, upErr chan<- error) {
+	if resumed != nil {
+		for _, o := range resumed.reqs {
+			if !st.sendRequest(up, o, upErr) {
+				return
+			}
+		}
+	}
 	for {
 		select {
 		case <-st.requests.Ready():
@@ -347,25 +387,41 @@ func (st *stream[R]) sendUpstream(up *upstream, done <-chan struct{}, upErr chan
 			return
 		}
 		for _, o := range st.requests.Take() {
-			t := o.req.GetTypeUrl()
-			asked := ""
-			if !o.agent && st.pr.awaitsAnswer(o.req) {
-				asked = t
-			}
-			s.m.requests.Inc()
-			s.m.messages.WithLabelValues(typeLabel(t), dirRequest).Inc()
-			st.sendStart(asked)
-			err := up.stream.SendMsg(o.req)
-			st.sendDone()
-			if err != nil {
-				// io.EOF: the stream is over, and the receiver reads why.
-				if !errors.Is(err, io.EOF) {
-					upErr <- err
+			if resumed != nil {
+				var ok bool
+				if o, ok = resumed.pass(st.pr, o); !ok {
+					continue
 				}
+			}
+			if !st.sendRequest(up, o, upErr) {
 				return
 			}
 		}
 	}
+}
+
+// sendRequest sends o upstream; false when the stream is over (the error,
+// if not io.EOF, on upErr).
+func (st *stream[R]) sendRequest(up *upstream, o outgoing[R], upErr chan<- error) bool {
+	s := st.svc
+	t := o.req.GetTypeUrl()
+	asked := ""
+	if !o.agent && st.pr.awaitsAnswer(o.req) {
+		asked = t
+	}
+	s.m.requests.Inc()
+	s.m.messages.WithLabelValues(typeLabel(t), dirRequest).Inc()
+	st.sendStart(asked)
+	err := up.stream.SendMsg(o.req)
+	st.sendDone()
+	if err != nil {
+		// io.EOF: the stream is over, and the receiver reads why.
+		if !errors.Is(err, io.EOF) {
+			upErr <- err
+		}
+		return false
+	}
+	return true
 }
 
 func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,

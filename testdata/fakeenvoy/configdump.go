@@ -87,42 +87,33 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 	// A CDS cluster is warming until its endpoints and secrets are in, at
 	// start as later; an LDS listener only once the workers run (Envoy's
 	// listener manager makes it active at once during init) (#24, sds.go).
-	for _, name := range slices.Sorted(maps.Keys(x.resources[typeCluster])) {
-		dc := &adminv3.ClustersConfigDump_DynamicCluster{
-			VersionInfo: x.versionOf(typeCluster, name), Cluster: mustAny(x.resources[typeCluster][name]),
-			LastUpdated: timestamppb.New(x.updated[typeCluster][name]),
-		}
+	active := dynamicEntries(x, typeCluster, func(name string, d dynamicResource) *adminv3.ClustersConfigDump_DynamicCluster {
+		dc := &adminv3.ClustersConfigDump_DynamicCluster{VersionInfo: d.version, Cluster: d.resource, LastUpdated: d.updated}
 		if e.clusterWarmingLocked(name) {
 			clusters.DynamicWarmingClusters = append(clusters.DynamicWarmingClusters, dc)
-		} else {
-			clusters.DynamicActiveClusters = append(clusters.DynamicActiveClusters, dc)
+			return nil
 		}
-	}
+		return dc
+	})
+	clusters.DynamicActiveClusters = slices.DeleteFunc(active, func(c *adminv3.ClustersConfigDump_DynamicCluster) bool { return c == nil })
 
 	listeners := &adminv3.ListenersConfigDump{VersionInfo: x.versions[typeListener]}
 	for _, l := range static.GetListeners() {
 		listeners.StaticListeners = append(listeners.StaticListeners,
 			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
 	}
-	for _, name := range slices.Sorted(maps.Keys(x.resources[typeListener])) {
-		state := &adminv3.ListenersConfigDump_DynamicListenerState{
-			VersionInfo: x.versionOf(typeListener, name), Listener: mustAny(x.resources[typeListener][name]),
-			LastUpdated: timestamppb.New(x.updated[typeListener][name]),
-		}
-		dl := &adminv3.ListenersConfigDump_DynamicListener{Name: name, ActiveState: state}
+	listeners.DynamicListeners = dynamicEntries(x, typeListener, func(name string, d dynamicResource) *adminv3.ListenersConfigDump_DynamicListener {
+		state := &adminv3.ListenersConfigDump_DynamicListenerState{VersionInfo: d.version, Listener: d.resource, LastUpdated: d.updated}
 		if x.live && e.listenerWarmingLocked(name) {
-			dl.ActiveState, dl.WarmingState = nil, state
+			return &adminv3.ListenersConfigDump_DynamicListener{Name: name, WarmingState: state}
 		}
-		listeners.DynamicListeners = append(listeners.DynamicListeners, dl)
-	}
+		return &adminv3.ListenersConfigDump_DynamicListener{Name: name, ActiveState: state}
+	})
 
 	routes := &adminv3.RoutesConfigDump{}
-	for _, name := range slices.Sorted(maps.Keys(x.resources[typeRoute])) {
-		routes.DynamicRouteConfigs = append(routes.DynamicRouteConfigs, &adminv3.RoutesConfigDump_DynamicRouteConfig{
-			VersionInfo: x.versionOf(typeRoute, name), RouteConfig: mustAny(x.resources[typeRoute][name]),
-			LastUpdated: timestamppb.New(x.updated[typeRoute][name]),
-		})
-	}
+	routes.DynamicRouteConfigs = dynamicEntries(x, typeRoute, func(_ string, d dynamicResource) *adminv3.RoutesConfigDump_DynamicRouteConfig {
+		return &adminv3.RoutesConfigDump_DynamicRouteConfig{VersionInfo: d.version, RouteConfig: d.resource, LastUpdated: d.updated}
+	})
 
 	secrets := &adminv3.SecretsConfigDump{}
 	for _, s := range static.GetSecrets() {
@@ -140,15 +131,33 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 	dumps := []proto.Message{&adminv3.BootstrapConfigDump{Bootstrap: e.boot, LastUpdated: started}, clusters}
 	if includeEDS {
 		endpoints := &adminv3.EndpointsConfigDump{}
-		for _, name := range slices.Sorted(maps.Keys(x.resources[typeEndpoint])) {
-			endpoints.DynamicEndpointConfigs = append(endpoints.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{
-				VersionInfo: x.versionOf(typeEndpoint, name), EndpointConfig: mustAny(x.resources[typeEndpoint][name]),
-				LastUpdated: timestamppb.New(x.updated[typeEndpoint][name]),
-			})
-		}
+		endpoints.DynamicEndpointConfigs = dynamicEntries(x, typeEndpoint, func(_ string, d dynamicResource) *adminv3.EndpointsConfigDump_DynamicEndpointConfig {
+			return &adminv3.EndpointsConfigDump_DynamicEndpointConfig{VersionInfo: d.version, EndpointConfig: d.resource, LastUpdated: d.updated}
+		})
 		dumps = append(dumps, endpoints)
 	}
 	return append(dumps, listeners, &adminv3.ScopedRoutesConfigDump{}, routes, secrets)
+}
+
+// dynamicResource is what a dump's dynamic entry says of a resource held.
+type dynamicResource struct {
+	version  string
+	resource *anypb.Any
+	updated  *timestamppb.Timestamp
+}
+
+// dynamicEntries are the dump's entries for the resources of typeURL held,
+// in name order, each made by entry from its name and dynamicResource: the
+// one walk every type's dump shares, its entry type being its own.
+func dynamicEntries[E any](x *xdsConfig, typeURL string, entry func(name string, d dynamicResource) E) []E {
+	var out []E
+	for _, name := range slices.Sorted(maps.Keys(x.resources[typeURL])) {
+		out = append(out, entry(name, dynamicResource{
+			version: x.versionOf(typeURL, name), resource: mustAny(x.resources[typeURL][name]),
+			updated: timestamppb.New(x.updated[typeURL][name]),
+		}))
+	}
+	return out
 }
 
 // versionOf is a resource's version: its own (Delta), else its type's

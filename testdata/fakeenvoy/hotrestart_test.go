@@ -151,14 +151,7 @@ func (p *epochProc) wait(t *testing.T, what string) *os.ProcessState {
 	}
 }
 
-func (p *epochProc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *epochProc) running() bool { return !testkit.Closed(p.done) }
 
 // serverInfo is the admin's /server_info once it answers with epoch n.
 func (f *hrFixture) serverInfo(t *testing.T, n int) map[string]any {

@@ -85,3 +85,18 @@ func ProjectVolume(t testing.TB, dir string, files map[string][]byte) {
 		}
 	}
 }
+
+// InstallExecutable copies the program at src to dst, mode 0755, and
+// returns its bytes: a binary another user may run, or one the test later
+// replaces.
+func InstallExecutable(t testing.TB, src, dst string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -273,39 +273,3 @@ func TestBuildLeavesServiceChecksToNew(t *testing.T) {
 		t.Errorf("no gatherer: %v", err)
 	}
 }
-
-// The effective configuration is one JSON value with every service's config
-// and the ProxyConfig, and no secret: environment values and CA headers are
-// shown by name only.
-func TestEffectiveConfigRedactsSecrets(t *testing.T) {
-	env := map[string]string{"CA_HEADER_Authorization": "Bearer s3cr3t-header", "SOME_API_TOKEN": "s3cr3t-env",
-		"PROXY_CONFIG": `{"statusPort": 25020}`, "ISTIO_META_DNS_CAPTURE": "true", "POD_NAMESPACE": "shop"}
-	cfg, err := parseForTest(t, env, "--root", testRoot(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js := string(effectiveConfig(cfg))
-	if strings.Contains(js, "s3cr3t") {
-		t.Fatalf("a secret was logged: %s", js)
-	}
-	var out struct {
-		ProxyConfig map[string]any `json:"proxyConfig"`
-		Tree        map[string]any `json:"tree"`
-	}
-	if err := json.Unmarshal([]byte(js), &out); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, js)
-	}
-	if out.ProxyConfig["statusPort"] != 25020.0 {
-		t.Errorf("proxyConfig = %v", out.ProxyConfig)
-	}
-	for _, svc := range []string{"Status", "Certs", "SDS", "Envoy", "Capture", "DNS"} {
-		if m, _ := out.Tree[svc].(map[string]any); len(m) == 0 {
-			t.Errorf("no %s config in %s", svc, js)
-		}
-	}
-	for _, name := range []string{"SOME_API_TOKEN", "Authorization", `"MinimumDrainDuration":"5s"`} {
-		if !strings.Contains(js, name) {
-			t.Errorf("%s missing from %s", name, js)
-		}
-	}
-}

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -154,13 +153,11 @@ func describe(v reflect.Value, path string) any {
 		if v.IsNil() {
 			return nil
 		}
-		js, err := protojson.Marshal(m)
+		obj, err := protoObject(m)
 		if err != nil {
 			return err.Error()
 		}
-		var out any
-		_ = json.Unmarshal(js, &out)
-		return out
+		return obj
 	}
 	// An unset address (netip.Addr's zero value prints "invalid IP") is
 	// unset, not invalid (issue 22: the log said "invalid IP" for an unset

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -13,12 +14,7 @@ import (
 // ProxyConfig, each service, the tree), fields as attributes rather than
 // one escaped JSON value (issue 22), and still no secret.
 func TestEffectiveConfigLogReadsAsText(t *testing.T) {
-	env := map[string]string{"CA_HEADER_Authorization": "Bearer s3cr3t-header", "SOME_API_TOKEN": "s3cr3t-env",
-		"PROXY_CONFIG": `{"statusPort": 25020}`, "ISTIO_META_DNS_CAPTURE": "true", "POD_NAMESPACE": "shop"}
-	cfg, err := parseForTest(t, env, "--root", testRoot(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := configWithSecrets(t)
 	var logs testkit.LogBuffer
 	LogEffective(logs.Logger(), cfg)
 	text := logs.String()
@@ -40,6 +36,52 @@ func TestEffectiveConfigLogReadsAsText(t *testing.T) {
 	if n := strings.Count(text, `msg="effective configuration"`); n < 8 {
 		t.Errorf("%d lines; want one per part", n)
 	}
+}
+
+// The effective configuration is one JSON value with every service's config
+// and the ProxyConfig, and no secret: environment values and CA headers are
+// shown by name only.
+func TestEffectiveConfigRedactsSecrets(t *testing.T) {
+	cfg := configWithSecrets(t)
+	js := string(effectiveConfig(cfg))
+	if strings.Contains(js, "s3cr3t") {
+		t.Fatalf("a secret was logged: %s", js)
+	}
+	var out struct {
+		ProxyConfig map[string]any `json:"proxyConfig"`
+		Tree        map[string]any `json:"tree"`
+	}
+	if err := json.Unmarshal([]byte(js), &out); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, js)
+	}
+	if out.ProxyConfig["statusPort"] != 25020.0 {
+		t.Errorf("proxyConfig = %v", out.ProxyConfig)
+	}
+	for _, svc := range []string{"Status", "Certs", "SDS", "Envoy", "Capture", "DNS"} {
+		if m, _ := out.Tree[svc].(map[string]any); len(m) == 0 {
+			t.Errorf("no %s config in %s", svc, js)
+		}
+	}
+	for _, name := range []string{"SOME_API_TOKEN", "Authorization", `"MinimumDrainDuration":"5s"`} {
+		if !strings.Contains(js, name) {
+			t.Errorf("%s missing from %s", name, js)
+		}
+	}
+}
+
+// configWithSecrets is an agent's configuration whose environment and CA
+// headers hold secrets ("s3cr3t"), with a ProxyConfig status port of 25020
+// and the namespace shop: what the effective configuration must show
+// without the secrets.
+func configWithSecrets(t *testing.T) *Agent {
+	t.Helper()
+	env := map[string]string{"CA_HEADER_Authorization": "Bearer s3cr3t-header", "SOME_API_TOKEN": "s3cr3t-env",
+		"PROXY_CONFIG": `{"statusPort": 25020}`, "ISTIO_META_DNS_CAPTURE": "true", "POD_NAMESPACE": "shop"}
+	cfg, err := parseForTest(t, env, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // An unset address is logged as unset, not as netip's "invalid IP".

@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -140,12 +141,8 @@ func overlayProxyConfig(pc *meshconfig.ProxyConfig, overlay []byte, source strin
 	if len(unknown) > 0 {
 		log.Warn("ignoring unknown ProxyConfig fields", "source", source, "fields", unknown)
 	}
-	baseJSON, err := protojson.Marshal(pc)
+	base, err := protoObject(pc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", source, err)
-	}
-	var base map[string]any
-	if err := json.Unmarshal(baseJSON, &base); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	merged, err := json.Marshal(mergeJSON(base, top, pc.ProtoReflect().Descriptor()))
@@ -157,6 +154,19 @@ func overlayProxyConfig(pc *meshconfig.ProxyConfig, overlay []byte, source strin
 		return nil, fmt.Errorf("%s: invalid ProxyConfig: %w", source, err)
 	}
 	return next, nil
+}
+
+// protoObject is m as the JSON object protojson writes (lowerCamelCase
+// keys, unset fields left out): what an overlay merges into, and how the
+// effective configuration shows a proto.
+func protoObject(m proto.Message) (map[string]any, error) {
+	js, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]any
+	err = json.Unmarshal(js, &obj)
+	return obj, err
 }
 
 // normalizeKeys renames every field key of obj to its protojson name (so

@@ -87,42 +87,53 @@ func TestReadEnvFileRefusesWhatOnlyAShellUnderstands(t *testing.T) {
 // As istio-start.sh: the files win over the process environment, and the
 // script's defaults fill what neither sets.
 func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
-	root := t.TempDir()
-	writeRootFile(t, root, ClusterEnvFile, "ISTIO_NAMESPACE='vm-ns'\nISTIO_SERVICE='vm-app'\nPILOT_ADDRESS='istiod.example:15012'\nPOD_NAME='from-file'\n")
-	writeRootFile(t, root, SidecarEnvFile, "ISTIO_SERVICE='from-sidecar-env'\nISTIO_CP_AUTH='NONE'\n")
-	host := Host{
-		Env:      MapEnvironment(map[string]string{"POD_NAME": "from-env", "OUTPUT_CERTS": "/out"}),
-		Hostname: func() (string, error) { return "vm1.example.com", nil },
+	for _, tc := range []struct {
+		name             string
+		cluster, sidecar string            // cluster.env and sidecar.env ("": none)
+		env              map[string]string // the process's environment
+		want             map[string]string
+	}{
+		{"the files win over the environment",
+			"ISTIO_NAMESPACE='vm-ns'\nISTIO_SERVICE='vm-app'\nPILOT_ADDRESS='istiod.example:15012'\nPOD_NAME='from-file'\n",
+			"ISTIO_SERVICE='from-sidecar-env'\nISTIO_CP_AUTH='NONE'\n",
+			map[string]string{"POD_NAME": "from-env", "OUTPUT_CERTS": "/out"},
+			map[string]string{
+				"POD_NAME":      "from-file",
+				"POD_NAMESPACE": "vm-ns",
+				"CA_ADDR":       "istiod.example:15012",
+				"PROV_CERT":     "/etc/certs",
+				"OUTPUT_CERTS":  "/out",
+				"PROXY_CONFIG":  "serviceCluster: vm-app\ncontrolPlaneAuthPolicy: NONE\ndiscoveryAddress: istiod.example:15012\n",
+			}},
+		{"the script's defaults fill the rest",
+			"ISTIO_SYSTEM_NAMESPACE='mesh'\n", "",
+			map[string]string{"POD_NAME": "from-env"},
+			map[string]string{
+				"POD_NAME":      "from-env",
+				"POD_NAMESPACE": "default",
+				"CA_ADDR":       "istiod.mesh.svc:15012",
+				"PROXY_CONFIG":  "serviceCluster: rawvm\ncontrolPlaneAuthPolicy: MUTUAL_TLS\n",
+			}},
+		{"the pod is named after the host (hostname -s)",
+			"ISTIO_SYSTEM_NAMESPACE='mesh'\n", "", nil,
+			map[string]string{"POD_NAME": "vm1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			flags := &VMFlags{clusterEnv: ClusterEnvFile, sidecarEnv: "./none"}
+			writeRootFile(t, root, ClusterEnvFile, tc.cluster)
+			if tc.sidecar != "" {
+				writeRootFile(t, root, SidecarEnvFile, tc.sidecar)
+				flags.sidecarEnv = SidecarEnvFile
+			}
+			host := Host{Env: MapEnvironment(tc.env), Hostname: func() (string, error) { return "vm1.example.com", nil }}
+			env, err := vmEnvironment(root, flags, host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantEnv(t, env, tc.want)
+		})
 	}
-	env, err := vmEnvironment(root, &VMFlags{clusterEnv: ClusterEnvFile, sidecarEnv: SidecarEnvFile}, host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantEnv(t, env, map[string]string{
-		"POD_NAME":      "from-file",
-		"POD_NAMESPACE": "vm-ns",
-		"CA_ADDR":       "istiod.example:15012",
-		"PROV_CERT":     "/etc/certs",
-		"OUTPUT_CERTS":  "/out",
-		"PROXY_CONFIG":  "serviceCluster: vm-app\ncontrolPlaneAuthPolicy: NONE\ndiscoveryAddress: istiod.example:15012\n",
-	})
-
-	writeRootFile(t, root, ClusterEnvFile, "ISTIO_SYSTEM_NAMESPACE='mesh'\n")
-	env, err = vmEnvironment(root, &VMFlags{clusterEnv: ClusterEnvFile, sidecarEnv: "./none"}, host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantEnv(t, env, map[string]string{
-		"POD_NAME":      "from-env",
-		"POD_NAMESPACE": "default",
-		"CA_ADDR":       "istiod.mesh.svc:15012",
-		"PROXY_CONFIG":  "serviceCluster: rawvm\ncontrolPlaneAuthPolicy: MUTUAL_TLS\n",
-	})
-	host.Env = MapEnvironment(nil)
-	if env, err = vmEnvironment(root, &VMFlags{clusterEnv: ClusterEnvFile, sidecarEnv: "./none"}, host); err != nil {
-		t.Fatal(err)
-	}
-	wantEnv(t, env, map[string]string{"POD_NAME": "vm1"}) // hostname -s
 }
 
 func wantEnv(t *testing.T, env *Reader, want map[string]string) {

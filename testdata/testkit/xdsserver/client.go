@@ -41,7 +41,10 @@ type Client struct {
 	state     State
 	resources map[string]map[string]string // type → name → version
 	lastNonce map[string]string
-	changed   chan struct{}
+	// names: State of the World, the names Subscribe asked for, by type:
+	// Envoy repeats them in every request of the type, ACKs included.
+	names   map[string][]string
+	changed chan struct{}
 }
 
 // ClientOptions configure a Client.
@@ -106,7 +109,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	c := &Client{
 		opts: opts, conn: conn, cancel: cancel, done: make(chan struct{}), gateOpen: open,
 		state:     State{Versions: map[string]string{}, Counts: map[string]int{}, Responses: map[string]int{}, Nonces: map[string]string{}},
-		resources: map[string]map[string]string{}, lastNonce: map[string]string{}, changed: make(chan struct{}),
+		resources: map[string]map[string]string{}, lastNonce: map[string]string{}, names: map[string][]string{}, changed: make(chan struct{}),
 	}
 	go c.run(ctx)
 	return c, nil
@@ -136,10 +139,7 @@ func (c *Client) Resources(typeURL string) map[string]string {
 
 // WaitFor waits until cond holds, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(State) bool) error {
-	if st, ok := testkit.Until(c.watch, cond, ctx.Done()); !ok {
-		return fmt.Errorf("xds client: waiting for a condition, state %+v: %w", st, ctx.Err())
-	}
-	return nil
+	return testkit.UntilDone(ctx, "xds client", c.watch, cond)
 }
 
 // watch is the state now and a channel closed at its next change.
@@ -173,6 +173,7 @@ func (c *Client) Resume() {
 func (c *Client) Subscribe(typeURL string, names []string) error {
 	c.mu.Lock()
 	version, nonce := c.state.Versions[typeURL], c.lastNonce[typeURL]
+	c.names[typeURL] = names
 	c.mu.Unlock()
 	var req proto.Message
 	if c.opts.Delta {
@@ -341,7 +342,10 @@ func (c *Client) applySotW(r *discoveryv3.DiscoveryResponse) proto.Message {
 		c.resources[t] = held
 		s.Versions[t], s.Counts[t] = r.GetVersionInfo(), len(held)
 	})
-	return &discoveryv3.DiscoveryRequest{TypeUrl: t, ResponseNonce: r.GetNonce(), VersionInfo: version, ErrorDetail: detail}
+	c.mu.Lock()
+	names := c.names[t]
+	c.mu.Unlock()
+	return &discoveryv3.DiscoveryRequest{TypeUrl: t, ResourceNames: names, ResponseNonce: r.GetNonce(), VersionInfo: version, ErrorDetail: detail}
 }
 
 func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,9 @@ type Server struct {
 	cache   cachev3.Cache
 
 	hang atomic.Bool // new streams are read and never answered
+	// refuse: streams past the next refuseAfter fail with it (RefuseAfter).
+	refuse      error
+	refuseAfter int
 
 	mu      sync.Mutex
 	addr    string
@@ -102,6 +106,19 @@ type Stats struct {
 	Health []string
 	// Metadata of the last stream opened.
 	Metadata metadata.MD
+	// Nonces: every response_nonce received (ACKs and NACKs), by type URL.
+	Nonces map[string][]string
+	// What the last stream opened asks for, by type URL (the control
+	// plane's view of its subscriptions). Subscribed: State of the World,
+	// the resource names of its last request; Delta, the names it
+	// subscribed to less those it unsubscribed from, "*" included when
+	// subscribed explicitly. Initial: of its first request of the type,
+	// version_info (State of the World) or initial_resource_versions
+	// (Delta, name → version).
+	Subscribed     map[string][]string
+	InitialVersion map[string]string
+	Initial        map[string]map[string]string
+	stream         int64
 }
 
 func (s Stats) clone() Stats {
@@ -110,6 +127,17 @@ func (s Stats) clone() Stats {
 	c.LastNACK = cloneMap(s.LastNACK)
 	c.Health = append([]string(nil), s.Health...)
 	c.Metadata = s.Metadata.Copy()
+	c.Nonces, c.Subscribed = map[string][]string{}, map[string][]string{}
+	for t, n := range s.Nonces {
+		c.Nonces[t] = append([]string(nil), n...)
+	}
+	for t, n := range s.Subscribed {
+		c.Subscribed[t] = append([]string(nil), n...)
+	}
+	c.InitialVersion, c.Initial = cloneMap(s.InitialVersion), map[string]map[string]string{}
+	for t, m := range s.Initial {
+		c.Initial[t] = cloneMap(m)
+	}
 	return c
 }
 
@@ -143,7 +171,7 @@ func Start(opts Options) (*Server, error) {
 		pcfg:    cachev3.NewLinearCache(ProxyConfigType, cachev3.WithVersionPrefix("pc-")),
 		changed: make(chan struct{}),
 		stats: Stats{Requests: map[string]int{}, ACKs: map[string]int{}, NACKs: map[string]int{},
-			LastNACK: map[string]string{}},
+			LastNACK: map[string]string{}, Nonces: map[string][]string{}},
 	}
 	byType := func(t string) string {
 		switch t {
@@ -179,25 +207,50 @@ func (s *Server) start(addr string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	xds := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
-		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
-			s.update(func(st *Stats) { st.Streams++; st.Metadata, _ = metadata.FromIncomingContext(ctx) })
+		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			s.update(func(st *Stats) { st.Streams++; st.opened(ctx, id) })
 			return nil
 		},
-		DeltaStreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
-			s.update(func(st *Stats) { st.DeltaStreams++; st.Metadata, _ = metadata.FromIncomingContext(ctx) })
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			s.update(func(st *Stats) { st.DeltaStreams++; st.opened(ctx, id) })
 			return nil
 		},
-		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
+		StreamRequestFunc: func(id int64, r *discoveryv3.DiscoveryRequest) error {
 			s.request(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
+			s.update(func(st *Stats) {
+				t := r.GetTypeUrl()
+				if id != st.stream || t == HealthInfoType {
+					return
+				}
+				if _, ok := st.Subscribed[t]; !ok {
+					st.InitialVersion[t] = r.GetVersionInfo()
+				}
+				st.Subscribed[t] = append([]string{}, r.GetResourceNames()...)
+			})
 			return nil
 		},
-		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
+		StreamDeltaRequestFunc: func(id int64, r *discoveryv3.DeltaDiscoveryRequest) error {
 			s.request(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
+			s.update(func(st *Stats) {
+				t := r.GetTypeUrl()
+				if id != st.stream || t == HealthInfoType {
+					return
+				}
+				names, ok := st.Subscribed[t]
+				if !ok {
+					st.Initial[t] = cloneMap(r.GetInitialResourceVersions())
+					names = []string{}
+				}
+				names = append(names, r.GetResourceNamesSubscribe()...)
+				names = slices.DeleteFunc(names, func(n string) bool { return slices.Contains(r.GetResourceNamesUnsubscribe(), n) })
+				slices.Sort(names)
+				st.Subscribed[t] = slices.Compact(names)
+			})
 			return nil
 		},
 	})
 	opts := []grpc.ServerOption{
-		grpc.ChainStreamInterceptor(s.checkToken, s.hangs),
+		grpc.ChainStreamInterceptor(s.checkToken, s.refuses, s.hangs),
 		// As istiod: keepalive pings every 15 s are welcome (grpc-go's
 		// default of 5 minutes resets an agent's stream after ~2 minutes).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second}),
@@ -233,6 +286,30 @@ func (s *Server) checkToken(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 // (istio/istio#57064). Streams already open are not affected.
 func (s *Server) Hang(on bool) { s.hang.Store(on) }
 
+// RefuseAfter serves the next n streams, then refuses those that follow
+// with err (a control plane that answers one stream and fails the next:
+// it is going away again); a nil err serves every stream again.
+func (s *Server) RefuseAfter(n int, err error) {
+	s.mu.Lock()
+	s.refuse, s.refuseAfter = err, n
+	s.mu.Unlock()
+}
+
+func (s *Server) refuses(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	s.mu.Lock()
+	err := s.refuse
+	if err != nil && s.refuseAfter > 0 {
+		s.refuseAfter--
+		err = nil
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.update(func(st *Stats) { st.Rejected++ })
+		return err
+	}
+	return h(srv, ss)
+}
+
 func (s *Server) hangs(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if !s.hang.Load() {
 		return h(srv, ss)
@@ -245,6 +322,13 @@ func (s *Server) hangs(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, 
 	}
 }
 
+// opened: stream id is the last opened, with the metadata of ctx.
+func (st *Stats) opened(ctx context.Context, id int64) {
+	st.Metadata, _ = metadata.FromIncomingContext(ctx)
+	st.stream = id
+	st.Subscribed, st.InitialVersion, st.Initial = map[string][]string{}, map[string]string{}, map[string]map[string]string{}
+}
+
 func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
 	s.update(func(st *Stats) {
 		st.Requests[typeURL]++
@@ -255,6 +339,7 @@ func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
 		if nonce == "" {
 			return
 		}
+		st.Nonces[typeURL] = append(st.Nonces[typeURL], nonce)
 		if isNACK {
 			st.NACKs[typeURL]++
 			st.LastNACK[typeURL] = nack
@@ -288,10 +373,7 @@ func (s *Server) Stats() Stats {
 
 // WaitFor waits until cond holds for the counters, or ctx ends.
 func (s *Server) WaitFor(ctx context.Context, cond func(Stats) bool) error {
-	if st, ok := testkit.Until(s.watch, cond, ctx.Done()); !ok {
-		return fmt.Errorf("xdsserver: waiting for a condition on %+v: %w", st, ctx.Err())
-	}
-	return nil
+	return testkit.UntilDone(ctx, "xdsserver", s.watch, cond)
 }
 
 // watch is the counters now and a channel closed at their next change.
