@@ -212,7 +212,8 @@ func httpGet(t *testing.T, url string) (int, string) {
 }
 
 // The fake routes its static listeners by the bootstrap, connects to the
-// xDS and SDS sockets once they appear, and ACKs what it receives.
+// xDS socket once it appears, to the SDS socket for the secrets its
+// clusters name (as Envoy, #24), and ACKs what it receives.
 func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 	skipIfReal(t)
 	for _, apiType := range []corev3.ApiConfigSource_ApiType{corev3.ApiConfigSource_DELTA_GRPC, corev3.ApiConfigSource_GRPC} {
@@ -241,7 +242,10 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			}
 
 			// The sockets did not exist when the fake started; now they do.
-			x := startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))
+			mesh := minimalMesh(t) // with istiod's mTLS cluster: Envoy asks SDS only for secrets its config names
+			mesh[resource.ClusterType] = append(mesh[resource.ClusterType], xdsserver.MTLSCluster("outbound|9080||ratings.default.svc.cluster.local",
+				xdsserver.SDSSecret("default", 0), xdsserver.SDSSecret("ROOTCA", 0)))
+			x := startControlPlane(t, filepath.Join(dir, "XDS"), mesh)
 			sds := startControlPlane(t, filepath.Join(dir, "SDS"), map[resource.Type][]types.Resource{resource.SecretType: {
 				&tlsv3.Secret{Name: "default", Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 					CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "chain"}}}}},

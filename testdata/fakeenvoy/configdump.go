@@ -84,9 +84,18 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		clusters.StaticClusters = append(clusters.StaticClusters,
 			&adminv3.ClustersConfigDump_StaticCluster{Cluster: mustAny(c), LastUpdated: started})
 	}
-	clusters.DynamicActiveClusters = dynamicEntries(x, typeCluster, func(_ string, d dynamicResource) *adminv3.ClustersConfigDump_DynamicCluster {
-		return &adminv3.ClustersConfigDump_DynamicCluster{VersionInfo: d.version, Cluster: d.resource, LastUpdated: d.updated}
+	// A CDS cluster is warming until its endpoints and secrets are in, at
+	// start as later; an LDS listener only once the workers run (Envoy's
+	// listener manager makes it active at once during init) (#24, sds.go).
+	active := dynamicEntries(x, typeCluster, func(name string, d dynamicResource) *adminv3.ClustersConfigDump_DynamicCluster {
+		dc := &adminv3.ClustersConfigDump_DynamicCluster{VersionInfo: d.version, Cluster: d.resource, LastUpdated: d.updated}
+		if e.clusterWarmingLocked(name) {
+			clusters.DynamicWarmingClusters = append(clusters.DynamicWarmingClusters, dc)
+			return nil
+		}
+		return dc
 	})
+	clusters.DynamicActiveClusters = slices.DeleteFunc(active, func(c *adminv3.ClustersConfigDump_DynamicCluster) bool { return c == nil })
 
 	listeners := &adminv3.ListenersConfigDump{VersionInfo: x.versions[typeListener]}
 	for _, l := range static.GetListeners() {
@@ -94,9 +103,11 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
 	}
 	listeners.DynamicListeners = dynamicEntries(x, typeListener, func(name string, d dynamicResource) *adminv3.ListenersConfigDump_DynamicListener {
-		return &adminv3.ListenersConfigDump_DynamicListener{Name: name, ActiveState: &adminv3.ListenersConfigDump_DynamicListenerState{
-			VersionInfo: d.version, Listener: d.resource, LastUpdated: d.updated,
-		}}
+		state := &adminv3.ListenersConfigDump_DynamicListenerState{VersionInfo: d.version, Listener: d.resource, LastUpdated: d.updated}
+		if x.live && e.listenerWarmingLocked(name) {
+			return &adminv3.ListenersConfigDump_DynamicListener{Name: name, WarmingState: state}
+		}
+		return &adminv3.ListenersConfigDump_DynamicListener{Name: name, ActiveState: state}
 	})
 
 	routes := &adminv3.RoutesConfigDump{}

@@ -60,9 +60,19 @@ type envoy struct {
 	bound       map[string]net.Listener
 	hotDraining bool
 
+	// staticSecrets: cluster or listener type URL -> the secrets the
+	// bootstrap's clusters or listeners name over SDS (sds.go).
+	staticSecrets map[string][]secretRef
+	// sdsStreams: secret name -> its running subscription (sds.go).
+	sdsStreams map[string]secretStream
+	// initMoved wakes the ADS stream when init moves on without a
+	// response on it (runADS).
+	initMoved chan struct{}
+
 	servers []*http.Server
 	relays  relays // the capture listeners (relay.go)
 	wg      sync.WaitGroup
+	ctx     context.Context // the xDS and SDS streams'; ended by shutdown
 	cancel  context.CancelFunc
 }
 
@@ -70,14 +80,18 @@ func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
 	now := time.Now()
 	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}),
 		active: map[string]int{}, received: map[string]map[string]heldResource{},
-		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}}
+		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{},
+		staticSecrets: map[string][]secretRef{}, sdsStreams: map[string]secretStream{}, initMoved: make(chan struct{}, 1)}
 }
 
 // start opens the admin API and the static listeners and starts the xDS and
 // SDS clients. A listener that cannot be opened is fatal, as in Envoy.
 // exit receives a code when the fake must exit (POST /quitquitquit).
 func (e *envoy) start(ctx context.Context, exit chan<- int) error {
-	ctx, e.cancel = context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	e.mu.Lock()
+	e.ctx, e.cancel = ctx, cancel
+	e.mu.Unlock()
 	sa := e.boot.GetAdmin().GetAddress().GetSocketAddress()
 	addr := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
 	ln, err := net.Listen("tcp", addr)
@@ -99,6 +113,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	e.reconcileRelays()
 	e.startInit()
 	e.announceLive()
+	e.reconcileSecrets()
 	e.startXDS(ctx)
 	if e.hr != nil {
 		go e.takeOver(ctx)
@@ -339,6 +354,10 @@ type heldResource struct {
 func (e *envoy) record(typeURL, name, version string, m proto.Message) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.recordLocked(typeURL, name, version, m)
+}
+
+func (e *envoy) recordLocked(typeURL, name, version string, m proto.Message) {
 	if e.received[typeURL] == nil {
 		e.received[typeURL] = map[string]heldResource{}
 	}

@@ -280,7 +280,7 @@ func TestHotRestartTakesLDSListenersFromTheParent(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.boot = filepath.Join(dir, "bootstrap.json")
-	testkit.WriteFile(t, f.boot, []byte(fmt.Sprintf(hrADSBootstrap, f.admin, filepath.Join(dir, "XDS"))))
+	testkit.WriteFile(t, f.boot, []byte(adsBootstrap(f.admin, "", filepath.Join(dir, "XDS"))))
 
 	p0 := f.start(t, 0, nil)
 	f.serverInfo(t, 0)
@@ -298,20 +298,6 @@ func TestHotRestartTakesLDSListenersFromTheParent(t *testing.T) {
 			accepted, refused, other, d.LastError())
 	}
 }
-
-// hrADSBootstrap: the admin, and CDS and LDS over ADS on the xds-grpc pipe.
-const hrADSBootstrap = `{
-  "node": {"id": "sidecar~127.0.0.1~app.default~default.svc.cluster.local", "cluster": "app.default"},
-  "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": %d}}},
-  "dynamic_resources": {
-    "lds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
-    "cds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
-    "ads_config": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}
-  },
-  "static_resources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
-    "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
-      {"address": {"pipe": {"path": %q}}}}]}]}}]}
-}`
 
 // --socket-path without '@' is a path on disk, as in Envoy: the sockets are
 // files with --socket-mode, and hot restart works through them (#25).

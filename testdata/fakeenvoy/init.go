@@ -21,12 +21,14 @@ import (
 //
 //   - With dynamic resources, Envoy stays PRE_INITIALIZING (admin /ready
 //     answers 503) until its cluster manager has initialised — the first CDS
-//     response accepted and every EDS cluster in it warmed by its
-//     ClusterLoadAssignment — and then its listeners — the first LDS response
-//     accepted and every RDS route config they name received. LDS is only
-//     requested once the clusters are initialised. initial_fetch_timeout (15s
-//     when unset, never when 0s as Istio sets it) lets a phase go ahead
-//     without a response.
+//     response accepted and every cluster in it warmed: an EDS cluster by
+//     its ClusterLoadAssignment, then any cluster by the SDS secrets its
+//     transport sockets name (sds.go) — and then its listeners — the first
+//     LDS response accepted and every RDS route config and SDS secret they
+//     name received. LDS is only requested once the clusters are
+//     initialised. initial_fetch_timeout (15s when unset, never when 0s as
+//     Istio sets it) lets a phase or a secret go ahead without a response.
+//   - A stream that ends is redialled with Envoy's backoff (backoff.go).
 //   - It counts updates as Envoy does (cluster_manager.cds.update_attempt,
 //     update_success, update_rejected; listener_manager.lds.*), sets
 //     listener_manager.workers_started once live, and /stats?usedonly shows
@@ -66,7 +68,16 @@ type xdsConfig struct {
 	// (/config_dump's last_updated).
 	updated map[string]map[string]time.Time
 
+	// secrets: cluster or listener type URL -> name -> the secrets it
+	// names over SDS (sds.go).
+	secrets map[string]map[string][]secretRef
+	// sdsTimedOut: secrets whose initial_fetch_timeout passed before they
+	// came.
+	sdsTimedOut map[string]bool
+
+	cdsDone       bool // the first CDS response accepted (or timed out, or no CDS)
 	clustersDone  bool // cluster manager initialised: LDS may be requested
+	ldsDone       bool // the first LDS response accepted (or timed out, or no LDS)
 	listenersDone bool // listeners initialised
 	live          bool // init complete (latched: Envoy never goes back)
 }
@@ -77,6 +88,8 @@ func newXDSConfig() *xdsConfig {
 		versions:         map[string]string{},
 		resourceVersions: map[string]map[string]string{},
 		updated:          map[string]map[string]time.Time{},
+		secrets:          map[string]map[string][]secretRef{},
+		sdsTimedOut:      map[string]bool{},
 	}
 }
 
@@ -92,14 +105,20 @@ func (e *envoy) startInit() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.setStatLocked("server.state", statePreInitializing)
+	for _, c := range e.boot.GetStaticResources().GetClusters() {
+		e.staticSecrets[typeCluster] = append(e.staticSecrets[typeCluster], clusterSecrets(c)...)
+	}
+	for _, l := range e.boot.GetStaticResources().GetListeners() {
+		e.staticSecrets[typeListener] = append(e.staticSecrets[typeListener], listenerSecrets(l)...)
+	}
 	d := e.boot.GetDynamicResources()
 	if d.GetCdsConfig() == nil {
-		e.xds.clustersDone = true
+		e.xds.cdsDone = true
 	} else if t := initialFetchTimeout(d.GetCdsConfig()); t > 0 {
 		time.AfterFunc(t, func() { e.fetchTimedOut(typeCluster) })
 	}
 	if d.GetLdsConfig() == nil {
-		e.xds.listenersDone = true
+		e.xds.ldsDone = true
 	}
 	e.advanceInitLocked()
 }
@@ -117,28 +136,40 @@ func (e *envoy) fetchTimedOut(typeURL string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
-	case typeURL == typeCluster && !e.xds.clustersDone:
+	case typeURL == typeCluster && !e.xds.cdsDone:
 		e.bumpStatLocked("cluster_manager.cds.init_fetch_timeout")
-		e.xds.clustersDone = true
-	case typeURL == typeListener && e.xds.clustersDone && !e.xds.listenersDone:
+		e.xds.cdsDone = true
+	case typeURL == typeListener && e.xds.clustersDone && !e.xds.ldsDone:
 		e.bumpStatLocked("listener_manager.lds.init_fetch_timeout")
-		e.xds.listenersDone = true
+		e.xds.ldsDone = true
 	default:
 		return
 	}
 	e.advanceInitLocked()
 }
 
-// advanceInitLocked moves init forward: clusters, then listeners, then live.
+// advanceInitLocked moves init forward: clusters (CDS, then every
+// cluster's endpoints and secrets), then listeners (LDS, then every
+// listener's route configs and secrets), then live.
 func (e *envoy) advanceInitLocked() {
 	x := e.xds
 	if x.live {
 		return
 	}
-	if !x.clustersDone && e.accepted(typeCluster) && e.allPresent(typeEndpoint, e.edsNamesLocked()) {
-		x.clustersDone = true
+	if !x.cdsDone && e.accepted(typeCluster) {
+		x.cdsDone = true
 	}
-	if x.clustersDone && !x.listenersDone && e.accepted(typeListener) && e.allPresent(typeRoute, e.rdsNamesLocked()) {
+	if x.cdsDone && !x.clustersDone && e.initializedLocked(typeCluster, e.clusterWarmingLocked) {
+		x.clustersDone = true
+		select { // the ADS stream asks for listeners now (runADS)
+		case e.initMoved <- struct{}{}:
+		default:
+		}
+	}
+	if x.clustersDone && !x.ldsDone && e.accepted(typeListener) {
+		x.ldsDone = true
+	}
+	if x.clustersDone && x.ldsDone && !x.listenersDone && e.initializedLocked(typeListener, e.listenerWarmingLocked) {
 		x.listenersDone = true
 	}
 	if x.clustersDone && x.listenersDone {
@@ -197,18 +228,8 @@ func (e *envoy) edsNamesLocked() []string {
 func (e *envoy) rdsNamesLocked() []string {
 	seen := map[string]bool{}
 	for _, m := range e.xds.resources[typeListener] {
-		l := m.(*listenerv3.Listener)
-		chains := append([]*listenerv3.FilterChain{l.GetDefaultFilterChain()}, l.GetFilterChains()...)
-		for _, fc := range chains {
-			for _, f := range fc.GetFilters() {
-				hcm := &hcmv3.HttpConnectionManager{}
-				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
-					continue
-				}
-				if n := hcm.GetRds().GetRouteConfigName(); n != "" {
-					seen[n] = true
-				}
-			}
+		for _, n := range routeNames(m.(*listenerv3.Listener)) {
+			seen[n] = true
 		}
 	}
 	names := make([]string, 0, len(seen))
@@ -216,6 +237,24 @@ func (e *envoy) rdsNamesLocked() []string {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	return names
+}
+
+// routeNames are the route configs one listener's HTTP connection
+// managers name.
+func routeNames(l *listenerv3.Listener) []string {
+	var names []string
+	for _, fc := range append([]*listenerv3.FilterChain{l.GetDefaultFilterChain()}, l.GetFilterChains()...) {
+		for _, f := range fc.GetFilters() {
+			hcm := &hcmv3.HttpConnectionManager{}
+			if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+				continue
+			}
+			if n := hcm.GetRds().GetRouteConfigName(); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
 	return names
 }
 
@@ -297,15 +336,21 @@ func (e *envoy) apply(u update) error {
 		e.xds.resourceVersions[u.typeURL] = versions
 	}
 	updated := e.xds.updated[u.typeURL]
+	secrets := e.xds.secrets[u.typeURL]
 	if updated == nil || (u.sotw && (u.typeURL == typeCluster || u.typeURL == typeListener)) {
-		updated = map[string]time.Time{}
-		e.xds.updated[u.typeURL] = updated
+		updated, secrets = map[string]time.Time{}, map[string][]secretRef{}
+		e.xds.updated[u.typeURL], e.xds.secrets[u.typeURL] = updated, secrets
 	}
 	now := time.Now()
 	for i, m := range decoded {
 		name := resourceName(m)
 		have[name] = m
 		updated[name] = now
+		if refs := secretsOf(m); refs != nil {
+			secrets[name] = refs
+		} else {
+			delete(secrets, name)
+		}
 		if i < len(u.addedVersions) {
 			versions[name] = u.addedVersions[i]
 		}
@@ -314,6 +359,7 @@ func (e *envoy) apply(u update) error {
 		delete(have, name)
 		delete(versions, name)
 		delete(updated, name)
+		delete(secrets, name)
 	}
 	if u.sotw {
 		e.xds.versions[u.typeURL] = u.version

@@ -4,8 +4,9 @@
 // It accepts Envoy's command line (unknown flags exit 1, like Envoy), loads
 // and validates the bootstrap, serves the admin API on the bootstrap's admin
 // address, serves the bootstrap's static HTTP listeners by routing to its
-// static clusters, connects to the xDS and SDS clusters over their unix
-// sockets and ACKs what it receives, and exits 0 on SIGTERM.
+// static clusters, connects to the xDS cluster and, for each secret its
+// configuration names over SDS, to that secret's cluster over their unix
+// sockets, ACKs what it receives, and exits 0 on SIGTERM.
 //
 // Its one data path (relay.go): on the capture listeners (Istio's
 // virtualOutbound 15001 and virtualInbound 15006, static or from LDS) it
@@ -15,10 +16,12 @@
 // nothing an Envoy would decide about it.
 //
 // Where the agent relies on it, it behaves as Envoy does (init.go): with ADS
-// it stays PRE_INITIALIZING until its clusters (with their endpoints) and
-// listeners (with their routes) have arrived, asks for LDS only after CDS,
-// counts xDS updates and rejections in its stats, and NACKs a config that
-// fails Envoy's validation.
+// it stays PRE_INITIALIZING until its clusters (with their endpoints and
+// SDS secrets, sds.go) and listeners (with their routes and secrets) have
+// arrived, asks for LDS only once the clusters are warm, counts xDS updates
+// and rejections in its stats, NACKs a config that fails Envoy's
+// validation, and redials a stream that ended with Envoy's backoff
+// (backoff.go).
 //
 // Environment knobs (see knobs.go): FAKE_ENVOY_CRASH_AFTER,
 // FAKE_ENVOY_EXIT_CODE, FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER,

@@ -13,7 +13,6 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,29 +28,31 @@ const (
 )
 
 // startXDS connects to the ADS cluster named in dynamic_resources.ads_config
-// (Istio's xds-grpc) and to the sds-grpc cluster, if the bootstrap has them.
-// Both keep retrying until ctx ends: an absent socket is never fatal.
+// (Istio's xds-grpc), if the bootstrap has one, and keeps retrying until
+// ctx ends: an absent socket is never fatal. SDS streams are started for
+// the secrets the configuration names (sds.go).
 func (e *envoy) startXDS(ctx context.Context) {
 	ads := e.boot.GetDynamicResources().GetAdsConfig()
-	if ads != nil {
-		if name := ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName(); name != "" {
-			delta := ads.GetApiType() == corev3.ApiConfigSource_DELTA_GRPC
-			e.keepStreaming(ctx, name, func(ctx context.Context, conn *grpc.ClientConn) error {
-				if delta {
-					return e.adsDelta(ctx, conn)
-				}
-				return e.adsSotW(ctx, conn)
-			})
-		}
+	if ads == nil {
+		return
 	}
-	if staticCluster(e.boot, "sds-grpc") != nil {
-		e.keepStreaming(ctx, "sds-grpc", e.sds)
+	if name := ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName(); name != "" {
+		delta := ads.GetApiType() == corev3.ApiConfigSource_DELTA_GRPC
+		e.keepStreaming(ctx, name, ads, func(ctx context.Context, conn *grpc.ClientConn, received func()) error {
+			if delta {
+				return e.adsDelta(ctx, conn, received)
+			}
+			return e.adsSotW(ctx, conn, received)
+		})
 	}
 }
 
-// keepStreaming runs stream against the cluster's unix socket in a loop,
-// reconnecting after every failure, until ctx ends.
-func (e *envoy) keepStreaming(ctx context.Context, cluster string, stream func(context.Context, *grpc.ClientConn) error) {
+// keepStreaming runs stream against the cluster's unix socket in a loop
+// until ctx ends, redialling after every end with Envoy's backoff for the
+// API config source src (backoff.go). stream calls received on every
+// response, which resets the backoff, as GrpcStream::onReceiveMessage.
+func (e *envoy) keepStreaming(ctx context.Context, cluster string, src *corev3.ApiConfigSource,
+	stream func(context.Context, *grpc.ClientConn, func()) error) {
 	c := staticCluster(e.boot, cluster)
 	path := clusterAddress(c).GetPipe().GetPath()
 	if path == "" {
@@ -61,7 +62,7 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, stream func(c
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		lastErr := ""
+		retry := newBackoff(src)
 		for ctx.Err() == nil {
 			err := func() error {
 				conn, err := grpc.NewClient("unix:"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -69,15 +70,21 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, stream func(c
 					return err
 				}
 				defer conn.Close()
-				return stream(ctx, conn)
+				return stream(ctx, conn, retry.reset)
 			}()
-			if err != nil && err.Error() != lastErr && ctx.Err() == nil {
-				log.Printf("cluster %s (%s): %v; retrying", cluster, path, err)
-				lastErr = err.Error()
+			if ctx.Err() != nil {
+				return
 			}
+			interval := retry.next
+			delay := retry.nextDelay()
+			// One line per retry, as Envoy logs each stream close: the
+			// tests read the backoff interval from it.
+			log.Printf("cluster %s (%s): stream closed: %v; retrying in %v (backoff interval %v)", cluster, path, err, delay, interval)
+			t := time.NewTimer(delay)
 			select {
 			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+				t.Stop()
+			case <-t.C:
 			}
 		}
 	}()
@@ -87,7 +94,9 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, stream func(c
 // the EDS clusters, LDS once the clusters are initialised, RDS for the
 // listeners' route configs; every response ACKed or NACKed (see init.go).
 // On a reconnect it resubscribes with the versions it holds, as Envoy does.
-func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
+func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn, received func()) error {
+	ctx, cancel := context.WithCancel(ctx) // ends runADS's receiver with the stream
+	defer cancel()
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 	if err != nil {
 		return err
@@ -108,7 +117,7 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 		return stream.Send(req)
 	}
 	ask := func(t string, names []string) error { return request(t, names, nil) }
-	return runADS(e, subscribed, ask, stream.Recv, func(resp *discoveryv3.DiscoveryResponse) error {
+	return runADS(ctx, e, subscribed, ask, stream.Recv, received, func(resp *discoveryv3.DiscoveryResponse) error {
 		t := resp.GetTypeUrl()
 		nonces[t] = resp.GetNonce()
 		if _, ok := statPrefix[t]; !ok {
@@ -124,9 +133,14 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn) error {
 // runADS is the loop both ADS variants run: ask for the clusters and what
 // the config held calls for, then hand each response to answer (which ACKs
 // or NACKs it) and ask for what the new config calls for, until the stream
-// ends. subscribed is what ask has asked for on this stream.
-func runADS[R any](e *envoy, subscribed map[string][]string, ask func(typeURL string, names []string) error,
-	recv func() (R, error), answer func(R) error) error {
+// ends. subscribed is what ask has asked for on this stream; received is
+// told of every response (keepStreaming's backoff reset). Init may also
+// move on without a response on this stream (a secret arrives over SDS,
+// an initial fetch timeout passes): e.initMoved then asks for what it
+// calls for (LDS once the clusters are initialised), as Envoy's server
+// starts LDS from the cluster manager's initialized callback.
+func runADS[R any](ctx context.Context, e *envoy, subscribed map[string][]string, ask func(typeURL string, names []string) error,
+	recv func() (R, error), received func(), answer func(R) error) error {
 	follow := func() error { return e.follow(subscribed, ask) }
 	if err := ask(typeCluster, nil); err != nil {
 		return err
@@ -134,13 +148,37 @@ func runADS[R any](e *envoy, subscribed map[string][]string, ask func(typeURL st
 	if err := follow(); err != nil {
 		return err
 	}
-	for {
-		resp, err := recv()
-		if err != nil {
-			return err
+	type result struct {
+		resp R
+		err  error
+	}
+	results := make(chan result)
+	go func() {
+		for {
+			resp, err := recv()
+			select {
+			case results <- result{resp, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
-		if err := answer(resp); err != nil {
-			return err
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.initMoved:
+		case r := <-results:
+			if r.err != nil {
+				return r.err
+			}
+			received()
+			if err := answer(r.resp); err != nil {
+				return err
+			}
 		}
 		if err := follow(); err != nil {
 			return err
@@ -149,7 +187,9 @@ func runADS[R any](e *envoy, subscribed map[string][]string, ask func(typeURL st
 }
 
 // adsDelta is adsSotW over incremental (delta) ADS.
-func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
+func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn, received func()) error {
+	ctx, cancel := context.WithCancel(ctx) // ends runADS's receiver with the stream
+	defer cancel()
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
 	if err != nil {
 		return err
@@ -187,7 +227,7 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn) error {
 		subscribed[typeURL] = names
 		return send(req)
 	}
-	return runADS(e, subscribed, subscribe, stream.Recv, func(resp *discoveryv3.DeltaDiscoveryResponse) error {
+	return runADS(ctx, e, subscribed, subscribe, stream.Recv, received, func(resp *discoveryv3.DeltaDiscoveryResponse) error {
 		t := resp.GetTypeUrl()
 		u := update{typeURL: t, version: resp.GetSystemVersionInfo(), removed: resp.GetRemovedResources()}
 		for _, r := range resp.GetResources() {
@@ -244,39 +284,12 @@ func (e *envoy) applyOrNACK(u update) *statuspb.Status {
 		if u.typeURL == typeListener {
 			e.reconcileRelays()
 		}
+		e.reconcileSecrets()
 		e.announceLive()
 		return nil
 	}
 	log.Printf("rejecting %s version %s: %v", shortType[u.typeURL], u.version, err)
 	return &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
-}
-
-// sds asks for Istio's two secrets, "default" and "ROOTCA", and ACKs every
-// response.
-func (e *envoy) sds(ctx context.Context, conn *grpc.ClientConn) error {
-	stream, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
-	if err != nil {
-		return err
-	}
-	names := []string{"default", "ROOTCA"}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: e.boot.GetNode(), TypeUrl: typeSecret, ResourceNames: names}); err != nil {
-		return err
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		for _, r := range resp.GetResources() {
-			m := decode(r)
-			e.record(resp.GetTypeUrl(), resourceName(m), resp.GetVersionInfo(), m)
-		}
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{
-			TypeUrl: typeSecret, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(),
-		}); err != nil {
-			return err
-		}
-	}
 }
 
 // replaceAll records a state-of-the-world response: it replaces all

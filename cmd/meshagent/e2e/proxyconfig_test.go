@@ -18,6 +18,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -31,6 +32,10 @@ import (
 // resources; `pilot-agent proxy-config` is the same command.
 func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	mesh, _ := sampleMesh(t)
+	// Envoy fetches a secret only when its config names one (#24), and the
+	// sample mesh's clusters and listeners are plaintext: Istio's secure
+	// metrics listener names the workload certificate and the root.
+	t.Setenv("ENVOY_SECURE_METRICS_PORT", strconv.Itoa(testkit.FreePort(t)))
 	// A certificate that does not rotate while the test compares it.
 	p := e2ekit.StartStandalone(t, mesh, "", "--cert-lifetime", "1h")
 	p.WaitStatus(t, "/healthz/ready", 200)

@@ -12,6 +12,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -188,4 +189,37 @@ func SmallMesh(version, ns string) (clusters, listeners, routes, endpoints []typ
 	listeners = []types.Resource{Listener("virtualInbound", "inbound|"+version, false, 15006)}
 	routes = []types.Resource{Route("inbound|"+version, fmt.Sprintf("outbound|9080||reviews.%s.svc.cluster.local", ns), "*")}
 	return clusters, listeners, routes, endpoints
+}
+
+// SDSSecret is an SdsSecretConfig as istiod sends it for "default" and
+// "ROOTCA" (pkg/model/authentication.go): over gRPC to the agent's
+// sds-grpc, with the given initial_fetch_timeout (Istio's: 0s, wait
+// forever).
+func SDSSecret(name string, timeout time.Duration) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType: corev3.ApiConfigSource_GRPC, TransportApiVersion: corev3.ApiVersion_V3, SetNodeOnFirstMessageOnly: true,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "sds-grpc"}}}},
+		}},
+		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(timeout),
+	}}
+}
+
+// MTLSCluster is a cluster whose transport socket, under istiod's
+// tlsMode-istio match, names a certificate and a root over SDS: Envoy
+// keeps it warming, and itself PRE_INITIALIZING, until both have come.
+func MTLSCluster(name string, cert, root *tlsv3.SdsSecretConfig) *clusterv3.Cluster {
+	tlsCtx, err := anypb.New(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{cert},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: &tlsv3.CertificateValidationContext{}, ValidationContextSdsSecretConfig: root}},
+	}})
+	if err != nil {
+		panic(err) // a well-formed message always packs
+	}
+	return &clusterv3.Cluster{Name: name, ConnectTimeout: durationpb.New(time.Second),
+		TransportSocketMatches: []*clusterv3.Cluster_TransportSocketMatch{{Name: "tlsMode-istio",
+			TransportSocket: &corev3.TransportSocket{Name: "envoy.transport_sockets.tls",
+				ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: tlsCtx}}}}}
 }

@@ -68,9 +68,13 @@ type Options struct {
 type Server struct {
 	opts  Options
 	snaps cachev3.SnapshotCache
-	nds   *cachev3.LinearCache
-	pcfg  *cachev3.LinearCache
-	cache cachev3.Cache
+	// secrets serves SDS from the same snapshots, outside ADS mode: Envoy
+	// asks for each secret on a stream of its own (an SdsApi each), and the
+	// ADS-mode cache answers a stream only when it names every secret.
+	secrets cachev3.SnapshotCache
+	nds     *cachev3.LinearCache
+	pcfg    *cachev3.LinearCache
+	cache   cachev3.Cache
 
 	hang atomic.Bool // new streams are read and never answered
 	// refuse: streams past the next refuseAfter fail with it (RefuseAfter).
@@ -162,6 +166,7 @@ func Start(opts Options) (*Server, error) {
 	s := &Server{
 		opts:    opts,
 		snaps:   cachev3.NewSnapshotCache(true, hash, nil),
+		secrets: cachev3.NewSnapshotCache(false, hash, nil),
 		nds:     cachev3.NewLinearCache(NameTableType, cachev3.WithVersionPrefix("nds-")),
 		pcfg:    cachev3.NewLinearCache(ProxyConfigType, cachev3.WithVersionPrefix("pc-")),
 		changed: make(chan struct{}),
@@ -172,6 +177,8 @@ func Start(opts Options) (*Server, error) {
 		switch t {
 		case NameTableType, ProxyConfigType, HealthInfoType:
 			return t
+		case resource.SecretType:
+			return "secrets"
 		}
 		return "snapshot"
 	}
@@ -179,7 +186,7 @@ func Start(opts Options) (*Server, error) {
 		Classify:      func(r *cachev3.Request) string { return byType(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return byType(r.GetTypeUrl()) },
 		Caches: map[string]cachev3.Cache{
-			"snapshot": s.snaps, NameTableType: s.nds, ProxyConfigType: s.pcfg,
+			"snapshot": s.snaps, "secrets": s.secrets, NameTableType: s.nds, ProxyConfigType: s.pcfg,
 			HealthInfoType: silent{},
 		},
 	}
@@ -431,13 +438,19 @@ func (s *Server) setResources(node, version string, resources map[resource.Type]
 	if err != nil {
 		return err
 	}
+	if err := s.secrets.SetSnapshot(context.Background(), node, snap); err != nil {
+		return err
+	}
 	return s.snaps.SetSnapshot(context.Background(), node, snap)
 }
 
 // Clear drops the configuration of SetSnapshot or SetResources: requests
 // wait unanswered, as they do at a control plane that has nothing for the
 // node yet.
-func (s *Server) Clear() { s.snaps.ClearSnapshot("any") }
+func (s *Server) Clear() {
+	s.snaps.ClearSnapshot("any")
+	s.secrets.ClearSnapshot("any")
+}
 
 // SetNameTable replaces the NDS table. Any message may be given, to send
 // a table that does not decode.
