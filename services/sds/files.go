@@ -1,6 +1,7 @@
 package sds
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -163,11 +164,14 @@ type crlState struct {
 }
 
 // readCRL reads the CRL file: absent is no CRL (Istio's isCrlFileProvided);
-// present, every block must be a CRL that parses, or the last good one is
-// kept with the error.
+// empty is no CRL too, as for Envoy, which Istio's agent hands the file by
+// name and which loads a CRL only from a non-empty one (#24: a pod whose
+// CRL file was mounted empty never turned ready, ROOTCA refused); present
+// with content, every block must be a CRL that parses, or the last good
+// one is kept with the error.
 func readCRL(path string, prev crlState) crlState {
 	data, err := boundedfile.Read(path, maxCRLFile)
-	if errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(bytes.TrimSpace(data)) == 0) {
 		return crlState{}
 	}
 	fail := func(err error) crlState {

@@ -46,6 +46,20 @@ func TestCRLInROOTCAAndPushedOnChange(t *testing.T) {
 	os.Remove(s.cfg.CRLFile)
 	c.recvUntil(t, "no CRL", names, func(r *discoveryv3.DiscoveryResponse) bool { return crlOf(r, t) == "" })
 	s.waitHealth(t, messages.Ready, "")
+
+	// An empty file (a CRL volume mounted with nothing in it) is no CRL,
+	// as for Envoy: ROOTCA is served without one, not refused.
+	s.write(t, s.cfg.CRLFile, crl1)
+	c.recvUntil(t, "the CRL again", names, func(r *discoveryv3.DiscoveryResponse) bool { return crlOf(r, t) == string(crl1) })
+	rename(t, s.cfg.CRLFile, []byte("\n"))
+	r = c.recvUntil(t, "no CRL from an empty file", names, func(r *discoveryv3.DiscoveryResponse) bool {
+		_, ok := decode(t, r)[RootCertResourceName]
+		return ok && crlOf(r, t) == ""
+	})
+	if len(r.ResourceErrors) != 0 {
+		t.Fatalf("an empty CRL file gave errors %v", r.ResourceErrors)
+	}
+	s.waitHealth(t, messages.Ready, "")
 }
 
 // The CRL directory may appear after the start (a CA plugged in later).
