@@ -39,6 +39,8 @@ func (e *envoy) startXDS(ctx context.Context) {
 	if name := ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName(); name != "" {
 		delta := ads.GetApiType() == corev3.ApiConfigSource_DELTA_GRPC
 		e.keepStreaming(ctx, name, ads, func(ctx context.Context, conn *grpc.ClientConn, received func()) error {
+			ctx, cancel := context.WithCancel(ctx) // ends runADS's receiver with the stream
+			defer cancel()
 			if delta {
 				return e.adsDelta(ctx, conn, received)
 			}
@@ -95,8 +97,6 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, src *corev3.A
 // listeners' route configs; every response ACKed or NACKed (see init.go).
 // On a reconnect it resubscribes with the versions it holds, as Envoy does.
 func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn, received func()) error {
-	ctx, cancel := context.WithCancel(ctx) // ends runADS's receiver with the stream
-	defer cancel()
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 	if err != nil {
 		return err
@@ -188,8 +188,6 @@ func runADS[R any](ctx context.Context, e *envoy, subscribed map[string][]string
 
 // adsDelta is adsSotW over incremental (delta) ADS.
 func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn, received func()) error {
-	ctx, cancel := context.WithCancel(ctx) // ends runADS's receiver with the stream
-	defer cancel()
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
 	if err != nil {
 		return err
