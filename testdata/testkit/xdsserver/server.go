@@ -26,6 +26,7 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -216,12 +217,7 @@ func (s *Server) start(addr string) error {
 			return nil
 		},
 		StreamRequestFunc: func(id int64, r *discoveryv3.DiscoveryRequest) error {
-			s.request(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
-			s.update(func(st *Stats) {
-				t := r.GetTypeUrl()
-				if id != st.stream || t == HealthInfoType {
-					return
-				}
+			s.observe(id, r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail(), func(st *Stats, t string) {
 				if _, ok := st.Subscribed[t]; !ok {
 					st.InitialVersion[t] = r.GetVersionInfo()
 				}
@@ -230,12 +226,7 @@ func (s *Server) start(addr string) error {
 			return nil
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoveryv3.DeltaDiscoveryRequest) error {
-			s.request(r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail().GetMessage(), r.GetErrorDetail() != nil)
-			s.update(func(st *Stats) {
-				t := r.GetTypeUrl()
-				if id != st.stream || t == HealthInfoType {
-					return
-				}
+			s.observe(id, r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail(), func(st *Stats, t string) {
 				names, ok := st.Subscribed[t]
 				if !ok {
 					st.Initial[t] = cloneMap(r.GetInitialResourceVersions())
@@ -267,6 +258,18 @@ func (s *Server) start(addr string) error {
 	s.addr, s.grpc, s.cancel, s.served = lis.Addr().String(), gs, cancel, served
 	s.mu.Unlock()
 	return nil
+}
+
+// observe records one request of stream id, SotW or Delta: its nonce and
+// verdict whatever the stream, and, on the latest stream, what it
+// subscribes to (subscribe, under the stats lock), health reports aside.
+func (s *Server) observe(id int64, typeURL, nonce string, nack *rpcstatus.Status, subscribe func(st *Stats, typeURL string)) {
+	s.request(typeURL, nonce, nack.GetMessage(), nack != nil)
+	s.update(func(st *Stats) {
+		if id == st.stream && typeURL != HealthInfoType {
+			subscribe(st, typeURL)
+		}
+	})
 }
 
 func (s *Server) checkToken(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
