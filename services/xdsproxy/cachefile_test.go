@@ -91,12 +91,7 @@ func write(t *testing.T, path string, data []byte, mode os.FileMode) {
 // readiness stayed 503 on "dns: starting" for the whole outage).
 func TestNameTableCachedForOutage(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 3)
-		if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.default.svc.cluster.local": "10.0.0.7"})); err != nil {
-			t.Fatal(err)
-		}
-		cfg := testConfig(tempRoot(t), cp.Addr())
-		cfg.NDS = true
+		cp, cfg := namesControlPlane(t, "10.0.0.7")
 		p := startProxy(t, cfg, proxyOpts{})
 		// As recordV1, but the client stays until the table has come too.
 		c := p.client(t, delta)

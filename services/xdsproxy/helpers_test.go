@@ -62,6 +62,20 @@ func servingControlPlane(t *testing.T, v string, n int) *xdsserver.Server {
 	return cp
 }
 
+// namesControlPlane is servingControlPlane(t, "v1", 3) serving a name
+// table too (reviews.default.svc.cluster.local at ip), and the config of a
+// proxy that takes it (NDS).
+func namesControlPlane(t *testing.T, ip string) (*xdsserver.Server, Config) {
+	t.Helper()
+	cp := servingControlPlane(t, "v1", 3)
+	if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.default.svc.cluster.local": ip})); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(tempRoot(t), cp.Addr())
+	cfg.NDS = true
+	return cp, cfg
+}
+
 // bothProtocols runs test once for each xDS protocol Envoy may speak:
 // State of the World and Delta.
 func bothProtocols(t *testing.T, test func(t *testing.T, delta bool)) {

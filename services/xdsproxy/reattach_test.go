@@ -46,12 +46,7 @@ func ackedAfter(before xdsserver.Stats) func(xdsserver.Stats) bool {
 // own subscription (NDS) is made again on the new upstream.
 func TestCachedStreamMovesToControlPlane(t *testing.T) {
 	bothProtocols(t, func(t *testing.T, delta bool) {
-		cp := servingControlPlane(t, "v1", 3)
-		if err := cp.SetNameTable(xdsserver.NameTable(map[string]string{"reviews.default.svc.cluster.local": "10.0.0.1"})); err != nil {
-			t.Fatal(err)
-		}
-		cfg := testConfig(tempRoot(t), cp.Addr())
-		cfg.NDS = true
+		cp, cfg := namesControlPlane(t, "10.0.0.1")
 		p := startProxy(t, cfg, proxyOpts{})
 		// The name table comes on the stream recordV1 closes: its client
 		// must stay until then.
