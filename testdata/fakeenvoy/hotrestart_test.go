@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -135,6 +136,7 @@ func (f *hrFixture) killedEpoch0(t *testing.T) {
 	t.Helper()
 	p := f.start(t, 0, nil)
 	f.serverInfo(t, 0)
+	f.initialized(t)
 	p.cmd.Process.Kill()
 	p.wait(t, "epoch 0 after SIGKILL")
 }
@@ -169,6 +171,19 @@ func (f *hrFixture) serverInfo(t *testing.T, n int) map[string]any {
 	return info
 }
 
+// initialized waits for the shared memory's INITIALIZING flag to clear.
+// As in Envoy, that comes just after the server turns LIVE
+// (drainParentListeners, once the workers run): a test that kills an
+// epoch and starts the next must wait for it too, or the next epoch finds
+// its parent "still initializing".
+func (f *hrFixture) initialized(t *testing.T) {
+	t.Helper()
+	testkit.WaitFor(t, "the INITIALIZING flag cleared", func() bool {
+		b, err := os.ReadFile(shmPath(f.base * 10))
+		return err == nil && len(b) >= shmSize && binary.NativeEndian.Uint64(b[shmFlagsOffset:])&shmFlagInitializing == 0
+	})
+}
+
 // Across three hot restarts (epoch 3 reuses epoch 0's socket names, Envoy's
 // modulo 3), a client dialling without pause is never refused: each child
 // takes its parent's listening sockets by SCM_RIGHTS, the parent drains
@@ -179,6 +194,7 @@ func TestHotRestartNoConnectionRefusedAcrossEpochs(t *testing.T) {
 	f := newHRFixture(t)
 	prev := f.start(t, 0, nil)
 	info := f.serverInfo(t, 0)
+	f.initialized(t)
 	if info["hot_restart_version"] != hotRestartVersion {
 		t.Errorf("epoch 0 hot_restart_version = %v, want %s", info["hot_restart_version"], hotRestartVersion)
 	}
@@ -199,6 +215,7 @@ func TestHotRestartNoConnectionRefusedAcrossEpochs(t *testing.T) {
 			t.Errorf("epoch %d asked for the admin socket %s: Envoy's child binds its own\n%s", n, admin, cur.log)
 		}
 		info := f.serverInfo(t, n)
+		f.initialized(t)
 		if info["hot_restart_version"] != hotRestartVersion {
 			t.Errorf("epoch %d hot_restart_version = %v", n, info["hot_restart_version"])
 		}
@@ -284,6 +301,7 @@ func TestHotRestartTakesLDSListenersFromTheParent(t *testing.T) {
 
 	p0 := f.start(t, 0, nil)
 	f.serverInfo(t, 0)
+	f.initialized(t)
 	d := testkit.StartDialer(fmt.Sprintf("127.0.0.1:%d", f.capture))
 	defer d.Stop()
 	p1 := f.start(t, 1, nil)
@@ -308,6 +326,7 @@ func TestHotRestartSocketPathOnDisk(t *testing.T) {
 	flags := []string{"--socket-path", path, "--socket-mode", "640"}
 	p0 := f.start(t, 0, nil, flags...)
 	f.serverInfo(t, 0)
+	f.initialized(t)
 	for _, role := range []string{"child", "parent"} {
 		name := fmt.Sprintf("%s_%s_%d", path, role, f.base*10)
 		if st, err := os.Stat(name); err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o640 {
@@ -331,9 +350,11 @@ func TestHotRestartOlderEpochsEnd(t *testing.T) {
 	long := []string{"--parent-shutdown-time-s", "600"}
 	p0 := f.start(t, 0, nil, long...)
 	f.serverInfo(t, 0)
+	f.initialized(t)
 	p1 := f.start(t, 1, nil, long...)
 	p0.log.WaitLine(t, "draining listeners")
 	f.serverInfo(t, 1)
+	f.initialized(t)
 
 	p2 := f.start(t, 2, nil, long...)
 	if st := p0.wait(t, "epoch 0 once epoch 2 started"); !st.Success() {
