@@ -10,11 +10,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/unique"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -208,17 +208,10 @@ func readCRL(path string, prev crlState) crlState {
 func dirsOf(files ...string) []string {
 	var out []string
 	for _, f := range files {
-		out = appendNew(out, filepath.Dir(f))
+		out = append(out, filepath.Dir(f))
 		if target, err := filepath.EvalSymlinks(f); err == nil {
-			out = appendNew(out, filepath.Dir(target))
+			out = append(out, filepath.Dir(target))
 		}
 	}
-	return out
-}
-
-func appendNew(s []string, v string) []string {
-	if slices.Contains(s, v) {
-		return s
-	}
-	return append(s, v)
+	return unique.Values(out)
 }
