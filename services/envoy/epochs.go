@@ -127,7 +127,7 @@ func (r *run) watchInputs() error {
 	if debounce <= 0 {
 		debounce = DefaultHotRestartDebounce
 	}
-	r.hot.dirs = watchDirs(append(slices.Clone(hr.Watch), r.s.cfg.BinaryPath))
+	r.hot.dirs = watchDirs(r.inputFiles())
 	w, err := filewatch.Start(filewatch.Options{Clock: r.s.clock, Log: r.s.log, Debounce: debounce}, r.hot.dirs...)
 	if err != nil {
 		return fmt.Errorf("hot restart: %w", err)
@@ -145,7 +145,7 @@ func (r *run) rewatch() {
 	if r.hot.watch == nil || hr == nil {
 		return
 	}
-	dirs := watchDirs(append(slices.Clone(hr.Watch), r.s.cfg.BinaryPath))
+	dirs := watchDirs(r.inputFiles())
 	if slices.Equal(dirs, r.hot.dirs) {
 		return
 	}
@@ -155,13 +155,19 @@ func (r *run) rewatch() {
 	r.hot.stamp = r.inputStamp()
 }
 
+// inputFiles are what Envoy is started from, as hot restart watches them:
+// the configured inputs and Envoy's binary.
+func (r *run) inputFiles() []string {
+	return append(slices.Clone(r.s.cfg.HotRestart.Watch), r.s.cfg.BinaryPath)
+}
+
 // inputStamp identifies the inputs' files as they are now (statFile; "-"
 // for one missing): a directory event that leaves every input as it was
 // (the agent's own write of the bootstrap in a watched directory, another
 // program's file beside Envoy's binary) is no change, and renders nothing.
 func (r *run) inputStamp() string {
 	var b strings.Builder
-	for _, f := range append(slices.Clone(r.s.cfg.HotRestart.Watch), r.s.cfg.BinaryPath) {
+	for _, f := range r.inputFiles() {
 		if f == "" {
 			continue
 		}
