@@ -3,7 +3,6 @@ package xdsproxy
 import (
 	"maps"
 	"slices"
-	"sort"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/codes"
@@ -173,11 +172,7 @@ func (x *deltaTracker) resubscribe() []*discoveryv3.DeltaDiscoveryRequest {
 	out := make([]*discoveryv3.DeltaDiscoveryRequest, 0, len(x.order))
 	for _, t := range x.order {
 		sub := x.subs[t]
-		names := make([]string, 0, len(sub.names))
-		for n := range sub.names {
-			names = append(names, n)
-		}
-		sort.Strings(names)
+		names := slices.Sorted(maps.Keys(sub.names))
 		if !sub.wildcard && len(names) == 0 {
 			continue
 		}
