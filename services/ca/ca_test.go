@@ -12,6 +12,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"math/big"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -332,6 +333,75 @@ func TestTokens(t *testing.T) {
 			t.Errorf("unauthenticated rejections %v, want 2", n)
 		}
 	})
+}
+
+// A certificate the CA issued authenticates its holder without a token,
+// for its own identities only: how a VM renews once its onboarding token
+// has expired (PROV_CERT, Istio's ClientCertAuthenticator). A certificate
+// from another root fails the handshake.
+func TestClientCertificateAuthenticates(t *testing.T) {
+	s := startCA(t, "", func(c *Config) { c.Token = "s3cret" })
+	key := ecKey(t)
+	resp, err := request(t, s.client(t, "localhost"), "s3cret", newCSR(t, key, workloadID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued, err := tls.X509KeyPair([]byte(strings.Join(resp.GetCertChain(), "")), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := s.clientWith(t, issued)
+	if _, err := request(t, withCert, "", newCSR(t, ecKey(t), workloadID), 0); err != nil {
+		t.Fatalf("renewal with the issued certificate and no token: %v", err)
+	}
+	s.logs.WaitLine(t, "certificate issued", "caller=\"certificate "+workloadID+"\"")
+	other := "spiffe://cluster.local/ns/default/sa/admin"
+	if _, err := request(t, withCert, "", newCSR(t, ecKey(t), other), 0); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("another identity with the certificate: %v, want PermissionDenied", err)
+	}
+
+	foreign := selfSigned(t, workloadID)
+	if _, err := request(t, s.clientWith(t, foreign), "", newCSR(t, ecKey(t), workloadID), 0); status.Code(err) != codes.Unavailable {
+		t.Errorf("a certificate of another root: %v, want the handshake to fail (Unavailable)", err)
+	}
+}
+
+// clientWith is client presenting cert whatever the CA asks for, as the
+// agent does (GetClientCertificate).
+func (s *server) clientWith(t *testing.T, cert tls.Certificate) pb.IstioCertificateServiceClient {
+	t.Helper()
+	rootPEM, err := os.ReadFile(s.cfg.RootCertPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(rootPEM)
+	creds := credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }})
+	conn, err := grpc.NewClient(s.svc.Addr(), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewIstioCertificateServiceClient(conn)
+}
+
+// selfSigned is a client certificate for id that no CA issued.
+func selfSigned(t *testing.T, id string) tls.Certificate {
+	t.Helper()
+	key := ecKey(t)
+	u, _ := url.Parse(id)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		URIs: []*url.URL{u}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // The root is generated once and reused: certificates issued before a

@@ -43,7 +43,8 @@ type Config struct {
 	// ServingSANs are host names or IPs the CA's serving certificate holds
 	// besides localhost, 127.0.0.1 and ::1.
 	ServingSANs []string
-	// Token, when set, is the bearer token every request must carry.
+	// Token, when set, is the bearer token every request must carry that
+	// does not present a certificate this CA issued (see authenticate).
 	// Empty accepts any non-empty bearer token (logged by fingerprint,
 	// never in clear): a request without one is still refused, as Istio's
 	// CA refuses an unauthenticated caller.

@@ -9,10 +9,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
@@ -31,7 +34,8 @@ import (
 // Name is the service's name in logs, metrics, Health and /debug/tree.
 const Name = "ca"
 
-// ErrUnauthenticated: a request without the bearer token the CA wants.
+// ErrUnauthenticated: a request with neither a certificate the CA issued
+// nor the bearer token the CA wants.
 var ErrUnauthenticated = errors.New("request authenticate failure")
 
 // Service is the CA.
@@ -84,9 +88,16 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	issuedBy := x509.NewCertPool()
+	issuedBy.AddCert(root.cert)
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
 		Certificates: []tls.Certificate{serving},
 		MinVersion:   tls.VersionTLS12,
+		// A caller may present a certificate this CA issued (see
+		// authenticate); one it did not issue, or an expired one, fails
+		// the handshake, as with istiod.
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  issuedBy,
 	})))
 	pb.RegisterIstioCertificateServiceServer(srv, &handler{svc: s, root: root})
 	if err := s.server.Start(srv, s.cfg.Listen); err != nil {
@@ -130,11 +141,11 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
 	requested := time.Duration(req.GetValidityDuration()) * time.Second
-	leaf, err := h.root.sign([]byte(req.GetCsr()), requested, s.cfg.CertLifetime, s.cfg.TrustDomain, s.clock.Now())
+	leaf, err := h.root.sign([]byte(req.GetCsr()), requested, s.cfg.CertLifetime, s.cfg.TrustDomain, caller.ids, s.clock.Now())
 	if err != nil {
 		code, reason := grpcError(err)
 		s.m.rejected.WithLabelValues(reason).Inc()
-		s.log.Warn("certificate request refused", "caller", caller, "error", err)
+		s.log.Warn("certificate request refused", "caller", caller.name, "error", err)
 		return nil, status.Error(code, err.Error())
 	}
 	s.m.issued.Inc()
@@ -145,15 +156,34 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	// The cluster the caller says it is in (Istio's ClusterID metadata),
 	// logged for whoever reads the log; this CA does not check it.
 	md, _ := metadata.FromIncomingContext(ctx)
-	s.log.Info("certificate issued", "caller", caller, "cluster_id", strings.Join(md.Get("clusterid"), ","), "spiffe_ids", ids, "serial", leaf.cert.SerialNumber.Text(16),
+	s.log.Info("certificate issued", "caller", caller.name, "cluster_id", strings.Join(md.Get("clusterid"), ","), "spiffe_ids", ids, "serial", leaf.cert.SerialNumber.Text(16),
 		"not_after", leaf.cert.NotAfter, "lifetime", leaf.cert.NotAfter.Sub(leaf.cert.NotBefore), "requested", requested)
 	return &pb.IstioCertificateResponse{CertChain: []string{string(leaf.pem), string(h.root.certPEM)}}, nil
 }
 
-// authenticate wants a bearer token: the configured one, or any when none
-// is configured. It names the caller for the log by the token's
-// fingerprint, never the token itself.
-func (s *Service) authenticate(ctx context.Context) (string, error) {
+// caller is who a request authenticated as: name for the log, and ids,
+// the SPIFFE IDs it may ask for (nil: any in the trust domain).
+type caller struct {
+	name string
+	ids  []*url.URL
+}
+
+// authenticate tries the caller's certificate, then its bearer token, in
+// Istio's order (its ClientCertAuthenticator comes before the JWT one).
+//
+// A certificate this CA issued (verified by the TLS handshake) authenticates
+// its SPIFFE IDs, and only those may be asked for: it is how a VM renews
+// once the token it was onboarded with has expired (PROV_CERT). Otherwise
+// the request wants a bearer token: the configured one, or any when none is
+// configured, named in the log by its fingerprint, never the token itself.
+func (s *Service) authenticate(ctx context.Context) (caller, error) {
+	if ids := certificateIDs(ctx); len(ids) > 0 {
+		names := make([]string, len(ids))
+		for i, u := range ids {
+			names[i] = u.String()
+		}
+		return caller{name: "certificate " + strings.Join(names, ","), ids: ids}, nil
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	var token string
 	for _, v := range md.Get("authorization") {
@@ -163,17 +193,37 @@ func (s *Service) authenticate(ctx context.Context) (string, error) {
 		}
 	}
 	if token == "" {
-		return "", fmt.Errorf("%w: no bearer token (authorization: Bearer <token>)", ErrUnauthenticated)
+		return caller{}, fmt.Errorf("%w: no client certificate and no bearer token (authorization: Bearer <token>)", ErrUnauthenticated)
 	}
 	sum := sha256.Sum256([]byte(token))
-	caller := "token sha256:" + hex.EncodeToString(sum[:6])
+	name := "token sha256:" + hex.EncodeToString(sum[:6])
 	if s.cfg.Token == "" {
-		return caller + " (not checked)", nil
+		return caller{name: name + " (not checked)"}, nil
 	}
 	if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.Token)) != 1 {
-		return "", fmt.Errorf("%w: the bearer token (%s) is not the CA's", ErrUnauthenticated, caller)
+		return caller{}, fmt.Errorf("%w: the bearer token (%s) is not the CA's", ErrUnauthenticated, name)
 	}
-	return caller, nil
+	return caller{name: name}, nil
+}
+
+// certificateIDs are the SPIFFE IDs of the client certificate the handshake
+// verified, none without one.
+func certificateIDs(ctx context.Context) []*url.URL {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	var ids []*url.URL
+	for _, u := range info.State.VerifiedChains[0][0].URIs {
+		if u.Scheme == "spiffe" {
+			ids = append(ids, u)
+		}
+	}
+	return ids
 }
 
 // grpcError maps a signing error to its code and its metric label.

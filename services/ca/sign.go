@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -40,7 +41,7 @@ type issued struct {
 // it because the agent asks for SECRET_TTL (24h by default) and the point
 // of a short CertLifetime here is to see rotation without configuring the
 // agent too.
-func (a *authority) sign(csrPEM []byte, requested, maxLifetime time.Duration, trustDomain string, now time.Time) (issued, error) {
+func (a *authority) sign(csrPEM []byte, requested, maxLifetime time.Duration, trustDomain string, allowed []*url.URL, now time.Time) (issued, error) {
 	block, _ := pem.Decode(csrPEM)
 	if block == nil || block.Type != "CERTIFICATE REQUEST" {
 		return issued{}, fmt.Errorf("%w: no PEM CERTIFICATE REQUEST", ErrBadCSR)
@@ -52,7 +53,7 @@ func (a *authority) sign(csrPEM []byte, requested, maxLifetime time.Duration, tr
 	if err := csr.CheckSignature(); err != nil {
 		return issued{}, fmt.Errorf("%w: its signature does not verify: %v", ErrBadCSR, err)
 	}
-	if err := checkIdentities(csr.URIs, trustDomain); err != nil {
+	if err := checkIdentities(csr.URIs, trustDomain, allowed); err != nil {
 		return issued{}, err
 	}
 
@@ -88,8 +89,10 @@ func (a *authority) sign(csrPEM []byte, requested, maxLifetime time.Duration, tr
 	return issued{pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), cert: cert}, nil
 }
 
-// checkIdentities accepts one or more SPIFFE IDs, all in the trust domain.
-func checkIdentities(uris []*url.URL, trustDomain string) error {
+// checkIdentities accepts one or more SPIFFE IDs, all in the trust domain,
+// and each among allowed unless allowed is nil (a caller authenticated by
+// its certificate asks only for the identities it holds).
+func checkIdentities(uris []*url.URL, trustDomain string, allowed []*url.URL) error {
 	if len(uris) == 0 {
 		return fmt.Errorf("%w: the CSR has no URI SAN; want spiffe://%s/ns/<namespace>/sa/<service account>", ErrIdentity, trustDomain)
 	}
@@ -98,6 +101,9 @@ func checkIdentities(uris []*url.URL, trustDomain string) error {
 			u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 			return fmt.Errorf("%w: %q is not a SPIFFE ID in trust domain %s (want spiffe://%s/ns/<namespace>/sa/<service account>)",
 				ErrIdentity, u.String(), trustDomain, trustDomain)
+		}
+		if allowed != nil && !slices.ContainsFunc(allowed, func(a *url.URL) bool { return a.String() == u.String() }) {
+			return fmt.Errorf("%w: %q is not an identity of the client certificate the request authenticated with", ErrIdentity, u.String())
 		}
 	}
 	return nil

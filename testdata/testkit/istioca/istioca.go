@@ -26,7 +26,8 @@ type Options struct {
 	// Lifetime is the certificates' lifetime (the CA's CertLifetime: a
 	// longer request is shortened to it); zero is an hour.
 	Lifetime time.Duration
-	// Token is the bearer token the CA wants; empty accepts any.
+	// Token is the bearer token the CA wants of a caller without a
+	// certificate it issued; empty accepts any.
 	Token string
 }
 
