@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/internal/clientcert"
 )
 
 // ErrShortChain: the CA must return the leaf and, last, the root.
@@ -31,7 +32,6 @@ var ErrShortChain = errors.New("CA response cert_chain must hold the leaf and th
 // with it are RootCertFile's, followed like file-mounted certificates.
 func (s *Service) serveCA(ctx context.Context) error {
 	ca := newCAClient(s)
-	defer ca.close()
 	var rootsChanged <-chan []string
 	var watchFailed <-chan error
 	if s.cfg.Roots == RootsFromFile {
@@ -138,12 +138,10 @@ func (s *Service) caFailure(err error) {
 	s.report(messages.Starting, reason)
 }
 
-// caClient is the connection to the CA: made when first needed, and made
-// again after a failed request (the CA may have moved, or its root file
-// changed); and the pace of the requests. Used by Serve's goroutine only.
+// caClient asks the CA, and paces the requests. Used by Serve's goroutine
+// only.
 type caClient struct {
 	s       *Service
-	conn    *grpc.ClientConn
 	backoff time.Duration // the wait after the next failure, before jitter
 	// due fires when the CA is to be asked next (renew); nil, never,
 	// until start.
@@ -192,35 +190,28 @@ func (c *caClient) renew(ctx context.Context, failed func(error)) (wait time.Dur
 	return wait, true, nil
 }
 
-// request asks the CA for a certificate.
+// request asks the CA for a certificate, on a connection of its own: the
+// next request, hours later at the renewal point, handshakes anew with the
+// CA's roots and the client certificate (PROV_CERT) of that moment. A VM
+// whose onboarding token has expired then renews with the certificate it
+// was last issued, and a CA that moved or a rotated CA_ROOT_CA is met at
+// once rather than after a failure.
 func (c *caClient) request(ctx context.Context) (messages.CertBundle, error) {
-	if c.conn == nil {
-		conn, err := c.s.dialCA()
-		if err != nil {
-			return messages.CertBundle{}, err
-		}
-		// Connect now, so that the TCP and TLS handshakes with the CA run
-		// while the key is generated (RSA 2048, Istio's default: tens of
-		// ms of CPU) instead of after it, as the CSR's RPC would start
-		// them (#24: the certificate is on the readiness path).
-		conn.Connect()
-		c.conn = conn
-	}
-	b, err := c.s.requestCertificate(ctx, pb.NewIstioCertificateServiceClient(c.conn))
+	conn, err := c.s.dialCA()
 	if err != nil {
-		if ctx.Err() == nil {
-			c.s.m.outgoingFailed.WithLabelValues("csr").Inc()
-		}
-		c.close()
+		return messages.CertBundle{}, err
+	}
+	defer conn.Close()
+	// Connect now, so that the TCP and TLS handshakes with the CA run
+	// while the key is generated (RSA 2048, Istio's default: tens of ms
+	// of CPU) instead of after it, as the CSR's RPC would start them
+	// (#24: the certificate is on the readiness path).
+	conn.Connect()
+	b, err := c.s.requestCertificate(ctx, pb.NewIstioCertificateServiceClient(conn))
+	if err != nil && ctx.Err() == nil {
+		c.s.m.outgoingFailed.WithLabelValues("csr").Inc()
 	}
 	return b, err
-}
-
-func (c *caClient) close() {
-	if c.conn != nil {
-		c.conn.Close()
-		c.conn = nil
-	}
 }
 
 // renewDelay is how long until the renewal point: when GraceRatio (± jitter)
@@ -246,26 +237,19 @@ func jittered(d time.Duration) time.Duration {
 
 // dialCA builds the client connection (lazily connected by gRPC).
 func (s *Service) dialCA() (*grpc.ClientConn, error) {
-	var creds credentials.TransportCredentials
-	switch {
-	case s.cfg.CAPlaintext:
-		creds = insecure.NewCredentials()
-	case s.cfg.CARootFile != "":
-		pemBytes, err := boundedfile.Read(s.cfg.CARootFile, boundedfile.MaxPEM)
+	creds := insecure.NewCredentials()
+	if !s.cfg.CAPlaintext {
+		pool, err := s.caRoots()
 		if err != nil {
-			return nil, fmt.Errorf("CA root certificate (CA_ROOT_CA): %w", err)
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pemBytes) {
-			return nil, fmt.Errorf("CA root certificate %s: %w", s.cfg.CARootFile, ErrNoCertificate)
+		tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: s.cfg.caServerName()}
+		if s.cfg.ProvCertDir != "" {
+			// A VM renews with the certificate it was last issued once
+			// its onboarding token has expired (Istio's GetKeyCertsForCA).
+			tc.GetClientCertificate = clientcert.InDir(s.cfg.ProvCertDir).GetClientCertificate(s.clock.Now, s.log, "the CA")
 		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: s.cfg.caServerName()})
-	default:
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			return nil, fmt.Errorf("system root certificates: %w", err)
-		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: s.cfg.caServerName()})
+		creds = credentials.NewTLS(tc)
 	}
 	conn, err := grpc.NewClient(s.cfg.CAAddr,
 		grpc.WithTransportCredentials(creds),
@@ -274,6 +258,26 @@ func (s *Service) dialCA() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("CA client for %s: %w", s.cfg.CAAddr, err)
 	}
 	return conn, nil
+}
+
+// caRoots are the roots that verify the CA: CARootFile's, or the OS's.
+func (s *Service) caRoots() (*x509.CertPool, error) {
+	if s.cfg.CARootFile == "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			return nil, fmt.Errorf("system root certificates: %w", err)
+		}
+		return pool, nil
+	}
+	pemBytes, err := boundedfile.Read(s.cfg.CARootFile, boundedfile.MaxPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA root certificate (CA_ROOT_CA): %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("CA root certificate %s: %w", s.cfg.CARootFile, ErrNoCertificate)
+	}
+	return pool, nil
 }
 
 // requestCertificate generates a key, sends the CSR and checks the answer.

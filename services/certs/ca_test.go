@@ -136,6 +136,38 @@ func TestCARenewsBeforeExpiry(t *testing.T) {
 	}
 }
 
+// A VM renews with the certificate it was last issued once its onboarding
+// token is gone (PROV_CERT = OUTPUT_CERTS, Istio's VM defaults): the
+// renewal presents it, and so does the next start, whose first request
+// has no token either. Without it the CA refuses both (Unauthenticated)
+// and the workload loses its identity when the certificate expires.
+func TestCARenewsWithProvisioningCertificate(t *testing.T) {
+	c := newCASetup(t, 4*time.Second)
+	c.ca.Start(t)
+	dir := filepath.Join(c.root, "vm-certs")
+	c.cfg.OutputCertsDir, c.cfg.ProvCertDir = dir, dir
+	first := c.start(t)
+	b1 := c.out.WaitLast(t, "first certificate, with the token", func(b messages.CertBundle) bool { return b.Version != "" })
+	c.ca.Logs.WaitLine(t, "certificate issued", "caller=\"token")
+	if err := os.Remove(c.cfg.TokenFile); err != nil {
+		t.Fatal(err)
+	}
+	b2 := c.out.WaitLast(t, "renewal without a token", func(b messages.CertBundle) bool { return b.Version != "" && b.Version != b1.Version })
+	c.ca.Logs.WaitLine(t, "certificate issued", "caller=\"certificate spiffe://cluster.local/ns/shop/sa/cart\"")
+	if strings.Contains(c.logs.String(), "certificate request failed") {
+		t.Errorf("a request failed on the way:\n%s", c.logs)
+	}
+	first.Stop(t)
+
+	// The next start: a new service, no token, the files of the last run.
+	out := &testkit.Recorder[messages.CertBundle]{}
+	testkit.Serve(t, newService(t, c.cfg, out, &testkit.HealthRecorder{}, c.logs.Logger(), nil, nil))
+	b3 := out.WaitLast(t, "a certificate at the next start, without a token", func(b messages.CertBundle) bool { return b.Version != "" })
+	if b3.Version == b2.Version {
+		t.Error("the next start published the last run's certificate, not one of its own")
+	}
+}
+
 // The renewal point is kept on the agent's clock (Runtime.Clock), not the
 // system's: a certificate is asked for again exactly when GraceRatio of its
 // lifetime remains on that clock, and not a second earlier.

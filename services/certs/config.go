@@ -133,6 +133,14 @@ type Config struct {
 	// every call; a missing file sends no header
 	// (<root>/var/run/secrets/tokens/istio-token).
 	TokenFile string
+	// ProvCertDir: a provisioning certificate's directory (PROV_CERT; a
+	// VM's /etc/certs, where OutputCertsDir writes each certificate
+	// issued). Its cert-chain.pem and key.pem are the client certificate
+	// of every TLS connection to the CA, read at each handshake, so that
+	// the CA authenticates the workload by them once the token has
+	// expired; a missing or expired chain presents none (the token alone,
+	// as Istio). Empty: no client certificate.
+	ProvCertDir string
 	// ClusterID: sent as the "ClusterID" request header (ISTIO_META_CLUSTER_ID).
 	ClusterID string
 	// CAHeaders: extra request headers (CA_HEADER_<NAME>=<value> ⇒ NAME: value).

@@ -25,7 +25,6 @@ func (s *Service) serveFiles(ctx context.Context) error {
 	defer watch.Close()
 
 	ca := newCAClient(s) // RootsFromCA: asked for the roots when due
-	defer ca.close()
 	if s.cfg.Roots == RootsFromCA {
 		ca.start()
 	}

@@ -122,7 +122,7 @@ type podInfo struct {
 // plain strings: reading them where a builder would not (PILOT_CERT_PROVIDER
 // =none) reports nothing.
 type sharedVars struct {
-	provCert    string // PROV_CERT: the CA's and istiod's roots (certs, xdsproxy)
+	provCert    string // PROV_CERT: the CA's and istiod's roots, and the client certificate to both (certs, xdsproxy)
 	outputCerts string // OUTPUT_CERTS: where certs writes, what proxyless gRPC reads
 	istiodSAN   string // ISTIOD_SAN: istiod's name, as the CA and as the control plane
 	clusterID   string // ISTIO_META_CLUSTER_ID: in CSRs and xDS requests

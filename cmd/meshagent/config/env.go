@@ -94,7 +94,7 @@ var Env = []Var{
 	{Name: "CA_ROOT_CA", Default: "./var/run/secrets/istio/root-cert.pem", Type: "path or SYSTEM", Service: svcCerts, Doc: "the roots verifying the CA"},
 	{Name: "CA_HEADER_", Type: "string", Service: svcCerts, Prefix: true, Doc: "gRPC headers on CSRs, one per variable"},
 	{Name: "ISTIOD_SAN", Type: "string", Service: svcCerts + ", " + svcXDS, Doc: "the name verified on istiod's certificate"},
-	{Name: "PROV_CERT", Type: "path", Service: svcCerts + ", " + svcXDS, Doc: "directory of a provisioning certificate (a VM's): its root verifies the CA and istiod"},
+	{Name: "PROV_CERT", Type: "path", Service: svcCerts + ", " + svcXDS, Doc: "directory of a provisioning certificate (a VM's): its root verifies the CA and istiod, its cert-chain.pem and key.pem are the client certificate to both"},
 	{Name: "OUTPUT_CERTS", Type: "path", Service: svcCerts + ", " + svcXDS, Doc: "directory the workload certificate is written to (and proxyless gRPC reads)"},
 	{Name: "FILE_MOUNTED_CERTS", Default: "false", Type: "bool", Service: svcCerts, Doc: "certificates come from files only, never the CA"},
 	{Name: "FILE_DEBOUNCE_DURATION", Default: "100ms", Type: "duration", Service: svcCerts + ", " + svcSDS, Doc: "quiet time before changed certificate files are reloaded"},

@@ -50,6 +50,9 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 		cc.CARootFile = Rooted(root, caRoot)
 	}
 	cc.TokenFile = Rooted(root, TokenFile)
+	if prov := shared.provCert; prov != "" {
+		cc.ProvCertDir = Rooted(root, prov) // Istio's GetKeyCertsForCA
+	}
 	cc.FileDebounce = envVar(r, "FILE_DEBOUNCE_DURATION", cc.FileDebounce, ParseDuration)
 	cc.ClusterID = shared.clusterID
 	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", ParseString)

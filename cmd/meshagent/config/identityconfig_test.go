@@ -84,3 +84,31 @@ func TestCARootIsIstios(t *testing.T) {
 		}
 	}
 }
+
+// PROV_CERT's cert-chain.pem and key.pem are the client certificate to the
+// CA and to istiod (Istio's GetKeyCertsForCA, GetKeyCertsForXDS): how a VM
+// renews once its onboarding token has expired. Without PROV_CERT the CA
+// sees none, and istiod the file-mounted certificate, if any.
+func TestProvCertIsTheClientCertificate(t *testing.T) {
+	root := testRoot(t)
+	cfg, err := parseForTest(t, map[string]string{"PROV_CERT": "/etc/certs"}, "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(root, "etc/certs")
+	if got := cfg.Tree.Certs.ProvCertDir; got != want {
+		t.Errorf("the CA client's certificate directory %q, want %q", got, want)
+	}
+	if got := cfg.Tree.XDS.ProvCertDir; got != want || cfg.Tree.XDS.ClientCertificate {
+		t.Errorf("the XDS proxy's certificate: directory %q, bundle %t; want %q and not the bundle", got, cfg.Tree.XDS.ClientCertificate, want)
+	}
+
+	cfg, err = parseForTest(t, nil, "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tree.Certs.ProvCertDir != "" || cfg.Tree.XDS.ProvCertDir != "" || cfg.Tree.XDS.ClientCertificate {
+		t.Errorf("no PROV_CERT: CA client %q, XDS proxy %q / bundle %t; want no client certificate",
+			cfg.Tree.Certs.ProvCertDir, cfg.Tree.XDS.ProvCertDir, cfg.Tree.XDS.ClientCertificate)
+	}
+}

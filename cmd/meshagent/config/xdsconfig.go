@@ -50,7 +50,13 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
 	c.ServerName = in.shared.istiodSAN
-	c.ClientCertificate = in.shared.provCert != "" || in.certs != nil && in.certs.Source == certs.SourceFiles
+	// Istio's GetKeyCertsForXDS: PROV_CERT's files, else the file-mounted
+	// certificate.
+	if prov := in.shared.provCert; prov != "" {
+		c.ProvCertDir = Rooted(in.root, prov)
+	} else {
+		c.ClientCertificate = in.certs != nil && in.certs.Source == certs.SourceFiles
+	}
 	c.TokenFile = Rooted(in.root, TokenFile)
 	c.ClusterID = in.shared.clusterID
 	c.Headers = r.env.Prefixed("XDS_HEADER_")
