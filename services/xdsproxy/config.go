@@ -125,10 +125,15 @@ type Config struct {
 	// port-forward) meaning istiod.istio-system.svc, as Istio does.
 	ServerName string
 	// ClientCertificate presents the workload certificate of the latest
-	// CertBundle to the control plane (PROV_CERT, or file-mounted certs with
-	// ISTIO_META_TLS_CLIENT_CERT_CHAIN/_KEY). An expired one is not sent,
-	// the token is enough (Istio's behaviour).
+	// CertBundle to the control plane (file-mounted certs, read from
+	// ISTIO_META_TLS_CLIENT_CERT_CHAIN/_KEY by the certs service). An
+	// expired one is not sent, the token is enough (Istio's behaviour).
 	ClientCertificate bool
+	// ProvCertDir presents a provisioning certificate instead (PROV_CERT, a
+	// VM's /etc/certs): its cert-chain.pem and key.pem, read at every
+	// connection, none when missing or expired (Istio's GetKeyCertsForXDS).
+	// It excludes ClientCertificate.
+	ProvCertDir string
 	// TokenFile holds the JWT sent as "authorization: Bearer <token>" on
 	// every upstream stream, read afresh each time; a missing file sends no
 	// header (Istio: ./var/run/secrets/tokens/istio-token). Empty: none.
@@ -264,6 +269,9 @@ func (c Config) Validate() error {
 		default:
 			return bad("Roots %d is not a ControlPlaneRootsSource", int(c.Roots))
 		}
+	}
+	if c.ClientCertificate && c.ProvCertDir != "" {
+		return bad("ClientCertificate (file-mounted certs) and ProvCertDir (PROV_CERT %q) are both set: one client certificate is presented", c.ProvCertDir)
 	}
 	for k := range c.Headers {
 		// gRPC lower-cases metadata keys itself; a space, a colon or a

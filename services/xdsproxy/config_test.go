@@ -45,6 +45,7 @@ func TestValidateNamesTheField(t *testing.T) {
 			c.GRPCBootstrap = GRPCBootstrap{Path: "grpc-bootstrap.json", Node: &corev3.Node{Id: "x"}}
 		}, "GRPC_XDS_BOOTSTRAP"},
 		{"bootstrap without node", func(c *Config) { c.GRPCBootstrap = GRPCBootstrap{Path: "/tmp/b.json"} }, "Node has no id"},
+		{"two client certificates", func(c *Config) { c.ClientCertificate, c.ProvCertDir = true, "/etc/certs" }, "PROV_CERT"},
 		{"half the cert files", func(c *Config) {
 			c.GRPCBootstrap = GRPCBootstrap{Path: "/tmp/b.json", Node: &corev3.Node{Id: "x"}, CertFile: "/c.pem"}
 		}, "all set or all empty"},

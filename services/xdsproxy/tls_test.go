@@ -1,9 +1,11 @@
 package xdsproxy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +151,57 @@ func TestClientCertificateFromBundle(t *testing.T) {
 			}
 			if got := presented.Load(); got != want {
 				t.Errorf("the proxy presented %d certificates, want %d", got, want)
+			}
+		})
+	}
+}
+
+// PROV_CERT (a VM's /etc/certs): the client certificate is the directory's
+// cert-chain.pem and key.pem, read at each connection, as Istio's
+// GetKeyCertsForXDS; not the bundle, which the proxy is not given. An
+// expired one is not sent, and the token carries the stream.
+func TestClientCertificateFromProvisioningDir(t *testing.T) {
+	ca := pki.NewRoot(t, "istio-ca")
+	serverTLS := ca.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1")
+	serverTLS.ClientAuth = tls.RequestClientCert
+	var presented atomic.Value // the leaf of the last handshake, []byte{} for none
+	serverTLS.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		leaf := []byte{}
+		if len(raw) > 0 {
+			leaf = raw[0]
+		}
+		presented.Store(leaf)
+		return nil
+	}
+	cp := controlPlane(t, xdsserver.Options{TLS: serverTLS, Token: "good-token"})
+	snapshot(t, cp, "v1", 1)
+
+	for _, expired := range []bool{false, true} {
+		name := map[bool]string{false: "valid", true: "expired"}[expired]
+		t.Run(name, func(t *testing.T) {
+			presented.Store([]byte(nil))
+			notAfter := time.Now().Add(time.Hour)
+			if expired {
+				notAfter = time.Now().Add(-time.Minute)
+			}
+			chain, key := ca.Leaf(t, pki.Leaf{SPIFFE: pki.WorkloadID, NotAfter: notAfter})
+			cfg := tlsProxyConfig(t, cp.Addr(), ca.CertPEM, "good-token")
+			cfg.ServerName = "istiod.istio-system.svc"
+			cfg.ProvCertDir = t.TempDir()
+			testkit.WriteFile(t, filepath.Join(cfg.ProvCertDir, "cert-chain.pem"), chain)
+			testkit.WriteFile(t, filepath.Join(cfg.ProvCertDir, "key.pem"), key)
+			p := startProxy(t, cfg, proxyOpts{})
+			c := p.client(t, false)
+			if err := c.WaitFor(waitCtx(t), hasVersion(resource.ClusterType, "v1", 1)); err != nil {
+				t.Fatal(err)
+			}
+			want := pki.ParseLeaf(t, chain).Raw
+			if expired {
+				want = []byte{}
+				testkit.Contains(t, "logs", p.logs.String(), "provisioning certificate not usable", "expired")
+			}
+			if got, _ := presented.Load().([]byte); !bytes.Equal(got, want) {
+				t.Errorf("the proxy presented %d bytes of leaf, want %d (the PROV_CERT file's)", len(got), len(want))
 			}
 		})
 	}

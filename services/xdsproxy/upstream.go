@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/services/internal/clientcert"
 )
 
 // The control plane side. Each Envoy stream gets its own connection and
@@ -211,8 +213,11 @@ func (s *Service) tlsConfig() (*tls.Config, error) {
 		RootCAs:    pool,
 		ServerName: s.cfg.serverName(),
 	}
-	if s.cfg.ClientCertificate {
+	switch {
+	case s.cfg.ClientCertificate:
 		tc.GetClientCertificate = s.clientCertificate
+	case s.cfg.ProvCertDir != "":
+		tc.GetClientCertificate = clientcert.InDir(s.cfg.ProvCertDir).GetClientCertificate(s.clock.Now, s.log, "the control plane")
 	}
 	return tc, nil
 }
