@@ -1,6 +1,7 @@
 package metricsmerge
 
 import (
+	"os"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -8,31 +9,14 @@ import (
 
 // Every OpenMetrics type becomes a family the text format can carry.
 func TestParseOpenMetricsTypes(t *testing.T) {
-	body := `# TYPE jobs counter
-# HELP jobs Jobs done.
-jobs_total{queue="a"} 3 1700000000.5
-jobs_created{queue="a"} 1699999999
-# TYPE rpc summary
-rpc{quantile="0.5"} 0.1
-rpc{quantile="0.9"} 0.4
-rpc_sum 5
-rpc_count 20
-# TYPE build info
-build_info{version="1.2"} 1
-# TYPE mode stateset
-mode{mode="active"} 1
-mode{mode="standby"} 0
-# TYPE queue_size gaugehistogram
-queue_size_bucket{le="10"} 4
-queue_size_bucket{le="+Inf"} 6
-queue_size_gcount 6
-queue_size_gsum 50
-# TYPE temp_celsius gauge
-# UNIT temp_celsius celsius
-temp_celsius 21.5
-# EOF
-`
-	fams, err := parseExposition([]byte(body), "application/openmetrics-text; version=1.0.0; charset=utf-8")
+	// One family of each type (testdata/every-type.openmetrics): jobs
+	// (counter, with _created), rpc (summary), build (info), mode
+	// (stateset), queue_size (gaugehistogram), temp_celsius (gauge, UNIT).
+	body, err := os.ReadFile("testdata/every-type.openmetrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := parseExposition(body, "application/openmetrics-text; version=1.0.0; charset=utf-8")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,15 +36,18 @@ type Client struct {
 	sendMu sync.Mutex
 	send   func(proto.Message) error // the current stream's
 
+	// state is what tests read and wait on. Where a change of it goes
+	// with one of mu's fields (record), mu is held around both: mu, then
+	// state's own lock.
+	state *testkit.Observed[State]
+
 	mu        sync.Mutex
-	gateOpen  chan struct{} // closed while the client reads; Pause replaces it
-	state     State
+	gateOpen  chan struct{}                // closed while the client reads; Pause replaces it
 	resources map[string]map[string]string // type → name → version
 	lastNonce map[string]string
 	// names: State of the World, the names Subscribe asked for, by type:
 	// Envoy repeats them in every request of the type, ACKs included.
-	names   map[string][]string
-	changed chan struct{}
+	names map[string][]string
 }
 
 // ClientOptions configure a Client.
@@ -108,8 +111,8 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	close(open)
 	c := &Client{
 		opts: opts, conn: conn, cancel: cancel, done: make(chan struct{}), gateOpen: open,
-		state:     State{Versions: map[string]string{}, Counts: map[string]int{}, Responses: map[string]int{}, Nonces: map[string]string{}},
-		resources: map[string]map[string]string{}, lastNonce: map[string]string{}, names: map[string][]string{}, changed: make(chan struct{}),
+		state:     testkit.NewObserved(State{Versions: map[string]string{}, Counts: map[string]int{}, Responses: map[string]int{}, Nonces: map[string]string{}}, State.clone),
+		resources: map[string]map[string]string{}, lastNonce: map[string]string{}, names: map[string][]string{},
 	}
 	go c.run(ctx)
 	return c, nil
@@ -124,11 +127,7 @@ func (c *Client) Close() {
 }
 
 // State returns a copy of what the client holds.
-func (c *Client) State() State {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.state.clone()
-}
+func (c *Client) State() State { return c.state.Get() }
 
 // Resources returns the names and versions held for a type.
 func (c *Client) Resources(typeURL string) map[string]string {
@@ -139,14 +138,7 @@ func (c *Client) Resources(typeURL string) map[string]string {
 
 // WaitFor waits until cond holds, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(State) bool) error {
-	return testkit.UntilDone(ctx, "xds client", c.watch, cond)
-}
-
-// watch is the state now and a channel closed at its next change.
-func (c *Client) watch() (State, <-chan struct{}) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.state.clone(), c.changed
+	return c.state.WaitFor(ctx, "xds client", cond)
 }
 
 // Pause stops reading responses (a slow Envoy); Resume reads again.
@@ -172,7 +164,7 @@ func (c *Client) Resume() {
 // Delta, a subscription to names.
 func (c *Client) Subscribe(typeURL string, names []string) error {
 	c.mu.Lock()
-	version, nonce := c.state.Versions[typeURL], c.lastNonce[typeURL]
+	version, nonce := c.state.Get().Versions[typeURL], c.lastNonce[typeURL]
 	c.names[typeURL] = names
 	c.mu.Unlock()
 	var req proto.Message
@@ -189,19 +181,12 @@ func (c *Client) Subscribe(typeURL string, names []string) error {
 	return c.send(req)
 }
 
-func (c *Client) notify(f func(*State)) {
-	c.mu.Lock()
-	f(&c.state)
-	close(c.changed)
-	c.changed = make(chan struct{})
-	c.mu.Unlock()
-}
 
 func (c *Client) run(ctx context.Context) {
 	defer close(c.done)
 	for {
 		err := c.stream(ctx)
-		c.notify(func(s *State) { s.Ends = append(s.Ends, err) })
+		c.state.Update(func(s *State) { s.Ends = append(s.Ends, err) })
 		if !c.opts.Reconnect || ctx.Err() != nil {
 			return
 		}
@@ -233,7 +218,8 @@ func (c *Client) stream(ctx context.Context) error {
 		c.send = nil
 		c.sendMu.Unlock()
 	}()
-	c.notify(func(s *State) { s.Streams++ })
+	c.state.Update(func(s *State) { s.Streams++ })
+	versions := c.state.Get().Versions
 	for i, t := range c.opts.Types {
 		c.mu.Lock()
 		var req proto.Message
@@ -244,7 +230,7 @@ func (c *Client) stream(ctx context.Context) error {
 			}
 			req = r
 		} else {
-			r := &discoveryv3.DiscoveryRequest{TypeUrl: t, VersionInfo: c.state.Versions[t]}
+			r := &discoveryv3.DiscoveryRequest{TypeUrl: t, VersionInfo: versions[t]}
 			if i == 0 {
 				r.Node = c.opts.Node
 			}
@@ -385,7 +371,9 @@ func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message
 // and detail says why), apply changes the state by it. version is the
 // type's version after: the new one, or the one still held after a NACK.
 func (c *Client) record(t, nonce string, bad error, apply func(*State)) (detail *rpcstatus.Status, version string) {
-	c.notify(func(s *State) {
+	c.mu.Lock() // apply and lastNonce write mu's fields
+	defer c.mu.Unlock()
+	c.state.Update(func(s *State) {
 		c.lastNonce[t] = nonce
 		s.Responses[t]++
 		s.Nonces[t] = nonce

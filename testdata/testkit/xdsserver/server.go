@@ -87,8 +87,7 @@ type Server struct {
 	grpc    *grpc.Server
 	cancel  context.CancelFunc
 	served  chan struct{}
-	stats   Stats
-	changed chan struct{} // closed and replaced on every change of stats
+	stats   *testkit.Observed[Stats]
 }
 
 // Stats are what the server has seen since it was created (a restart
@@ -170,9 +169,8 @@ func Start(opts Options) (*Server, error) {
 		secrets: cachev3.NewSnapshotCache(false, hash, nil),
 		nds:     cachev3.NewLinearCache(NameTableType, cachev3.WithVersionPrefix("nds-")),
 		pcfg:    cachev3.NewLinearCache(ProxyConfigType, cachev3.WithVersionPrefix("pc-")),
-		changed: make(chan struct{}),
-		stats: Stats{Requests: map[string]int{}, ACKs: map[string]int{}, NACKs: map[string]int{},
-			LastNACK: map[string]string{}, Nonces: map[string][]string{}},
+		stats: testkit.NewObserved(Stats{Requests: map[string]int{}, ACKs: map[string]int{}, NACKs: map[string]int{},
+			LastNACK: map[string]string{}, Nonces: map[string][]string{}}, Stats.clone),
 	}
 	byType := func(t string) string {
 		switch t {
@@ -209,11 +207,11 @@ func (s *Server) start(addr string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	xds := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			s.update(func(st *Stats) { st.Streams++; st.opened(ctx, id) })
+			s.stats.Update(func(st *Stats) { st.Streams++; st.opened(ctx, id) })
 			return nil
 		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			s.update(func(st *Stats) { st.DeltaStreams++; st.opened(ctx, id) })
+			s.stats.Update(func(st *Stats) { st.DeltaStreams++; st.opened(ctx, id) })
 			return nil
 		},
 		StreamRequestFunc: func(id int64, r *discoveryv3.DiscoveryRequest) error {
@@ -265,7 +263,7 @@ func (s *Server) start(addr string) error {
 // subscribes to (subscribe, under the stats lock), health reports aside.
 func (s *Server) observe(id int64, typeURL, nonce string, nack *rpcstatus.Status, subscribe func(st *Stats, typeURL string)) {
 	s.request(typeURL, nonce, nack.GetMessage(), nack != nil)
-	s.update(func(st *Stats) {
+	s.stats.Update(func(st *Stats) {
 		if id == st.stream && typeURL != HealthInfoType {
 			subscribe(st, typeURL)
 		}
@@ -278,7 +276,7 @@ func (s *Server) checkToken(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 	}
 	md, _ := metadata.FromIncomingContext(ss.Context())
 	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+s.opts.Token {
-		s.update(func(st *Stats) { st.Rejected++ })
+		s.stats.Update(func(st *Stats) { st.Rejected++ })
 		return status.Error(codes.Unauthenticated, "authentication failure: bad or missing bearer token")
 	}
 	return h(srv, ss)
@@ -307,7 +305,7 @@ func (s *Server) refuses(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo
 	}
 	s.mu.Unlock()
 	if err != nil {
-		s.update(func(st *Stats) { st.Rejected++ })
+		s.stats.Update(func(st *Stats) { st.Rejected++ })
 		return err
 	}
 	return h(srv, ss)
@@ -321,7 +319,7 @@ func (s *Server) hangs(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, 
 		if err := ss.RecvMsg(new(emptypb.Empty)); err != nil {
 			return err
 		}
-		s.update(func(st *Stats) { st.Hung++ })
+		s.stats.Update(func(st *Stats) { st.Hung++ })
 	}
 }
 
@@ -333,7 +331,7 @@ func (st *Stats) opened(ctx context.Context, id int64) {
 }
 
 func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
-	s.update(func(st *Stats) {
+	s.stats.Update(func(st *Stats) {
 		st.Requests[typeURL]++
 		if typeURL == HealthInfoType {
 			st.Health = append(st.Health, nack)
@@ -352,13 +350,6 @@ func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
 	})
 }
 
-func (s *Server) update(f func(*Stats)) {
-	s.mu.Lock()
-	f(&s.stats)
-	close(s.changed)
-	s.changed = make(chan struct{})
-	s.mu.Unlock()
-}
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() string {
@@ -368,22 +359,11 @@ func (s *Server) Addr() string {
 }
 
 // Stats returns a copy of the counters.
-func (s *Server) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stats.clone()
-}
+func (s *Server) Stats() Stats { return s.stats.Get() }
 
 // WaitFor waits until cond holds for the counters, or ctx ends.
 func (s *Server) WaitFor(ctx context.Context, cond func(Stats) bool) error {
-	return testkit.UntilDone(ctx, "xdsserver", s.watch, cond)
-}
-
-// watch is the counters now and a channel closed at their next change.
-func (s *Server) watch() (Stats, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stats.clone(), s.changed
+	return s.stats.WaitFor(ctx, "xdsserver", cond)
 }
 
 // Stop closes every connection at once (a crashed control plane).
