@@ -181,7 +181,6 @@ func (c *Client) Subscribe(typeURL string, names []string) error {
 	return c.send(req)
 }
 
-
 func (c *Client) run(ctx context.Context) {
 	defer close(c.done)
 	for {

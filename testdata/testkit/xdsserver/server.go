@@ -82,12 +82,12 @@ type Server struct {
 	refuse      error
 	refuseAfter int
 
-	mu      sync.Mutex
-	addr    string
-	grpc    *grpc.Server
-	cancel  context.CancelFunc
-	served  chan struct{}
-	stats   *testkit.Observed[Stats]
+	mu     sync.Mutex
+	addr   string
+	grpc   *grpc.Server
+	cancel context.CancelFunc
+	served chan struct{}
+	stats  *testkit.Observed[Stats]
 }
 
 // Stats are what the server has seen since it was created (a restart
@@ -349,7 +349,6 @@ func (s *Server) request(typeURL, nonce, nack string, isNACK bool) {
 		}
 	})
 }
-
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() string {
