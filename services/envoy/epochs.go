@@ -14,6 +14,7 @@ package envoy
 // afresh (the files as they are then: the last change wins).
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -33,10 +34,12 @@ type hotRun struct {
 	// stamp is the inputs' identity (inputStamp) when last looked at.
 	stamp string
 	// next is the new epoch until it takes over (nextGen: what it was
-	// started from, reason: the change that started it).
-	next    *child
-	nextGen *generation
-	reason  string
+	// started from, reason: the change that started it); nextDeadline
+	// fires if it is not ready within HotRestart.TakeOverTimeout.
+	next         *child
+	nextGen      *generation
+	reason       string
+	nextDeadline <-chan time.Time
 	// parent is the old epoch, draining, once the new one took over;
 	// parentDeadline fires if it outlives the parent shutdown time.
 	parent         *child
@@ -301,6 +304,7 @@ func (r *run) validated(ctx context.Context, v validation) {
 		return
 	}
 	r.hot.next, r.hot.nextGen, r.hot.reason = next, v.gen, v.reason
+	r.hot.nextDeadline = s.clock.After(cmp.Or(s.cfg.HotRestart.TakeOverTimeout, DefaultTakeOverTimeout))
 	r.poll.stop()
 	r.poll = s.startPoller(ctx, next)
 	r.state.Overlap = processOf(next, messages.EnvoyRunning)
@@ -320,7 +324,7 @@ func (r *run) nextReadiness(v readiness) {
 		return
 	}
 	old := r.child
-	r.child, r.hot.parent, r.hot.next = next, old, nil
+	r.child, r.hot.parent, r.hot.next, r.hot.nextDeadline = next, old, nil, nil
 	r.adopt(r.hot.nextGen)
 	hr := r.s.cfg.HotRestart
 	r.hot.parentDeadline = r.s.clock.After(hr.ParentShutdownDuration + r.s.cfg.KillGrace)
@@ -345,13 +349,27 @@ func (r *run) adopt(g *generation) {
 	r.rewatch()
 }
 
+// nextOverdue stops a new epoch that was not ready within the take-over
+// time (DefaultTakeOverTimeout: an Envoy waiting for ever on configuration or a secret,
+// with Istio's initial_fetch_timeout of 0): it is a failed epoch, and the
+// old one keeps serving, as after a new epoch's crash (nextFailed), without
+// the admin interface the new one had it close. Without this the two ran
+// side by side until the next drain, and every change waited on them.
+func (r *run) nextOverdue() {
+	next := r.hot.next
+	r.s.log.Warn("the new epoch did not turn ready in time; killing it",
+		"new_epoch", next.restartEpoch, "pid", next.pid, "take_over_timeout", cmp.Or(r.s.cfg.HotRestart.TakeOverTimeout, DefaultTakeOverTimeout))
+	next.kill(r.s.log) // SIGTERM would be its shutdown, which ends the parent too
+	r.nextFailed()
+}
+
 // nextFailed: the new epoch exited before it took over. The old one keeps
 // serving, and the next try is numbered after it again.
 func (r *run) nextFailed() {
 	next, gen := r.hot.next, r.hot.nextGen
 	next.wait()
 	code, reason := next.exitStatus()
-	r.hot.next, r.hot.nextGen = nil, nil
+	r.hot.next, r.hot.nextGen, r.hot.nextDeadline = nil, nil, nil
 	// The poll asked the dead epoch; the old Envoy was ready and still
 	// is, and is not asked again: if the dead one had shut the old one's
 	// admin down (Envoy's child does it first), a poll would say the old
@@ -382,7 +400,7 @@ func (r *run) oldExitedFirst() {
 	r.s.log.Warn("the serving envoy exited during a hot restart; the new epoch carries on alone",
 		"old_epoch", old.restartEpoch, "old_pid", old.pid, "exit_code", code, "status", reason,
 		"new_epoch", next.restartEpoch, "pid", next.pid)
-	r.child, r.hot.next = next, nil
+	r.child, r.hot.next, r.hot.nextDeadline = next, nil, nil
 	r.adopt(r.hot.nextGen)
 	r.state = messages.EnvoyState{Phase: messages.EnvoyRunning, Epoch: next.epoch, PID: next.pid, Started: next.started,
 		RestartEpoch: next.restartEpoch, ExitCode: code, ExitReason: reason}
@@ -426,10 +444,13 @@ func (r *run) abandonHotRestart(why string) {
 	if next := r.hot.next; next != nil {
 		r.s.log.Info("stopping the new epoch of a hot restart", "new_epoch", next.restartEpoch, "pid", next.pid, "reason", why)
 		r.poll.stop() // it asked the new epoch
-		next.terminate(r.s.cfg.KillGrace, r.s.clock, r.s.log)
-		r.hot.next, r.hot.nextGen = nil, nil
+		// Killed: its shutdown (SIGTERM) would end the serving epoch too,
+		// which a drain that keeps Envoy running (POST /drain) must not.
+		next.kill(r.s.log)
+		r.hot.next, r.hot.nextGen, r.hot.nextDeadline = nil, nil, nil
 		r.s.restore(r.s.gen)
 		r.state.Overlap = messages.EnvoyProcess{}
+		r.s.hotBlocked = fmt.Sprintf("epoch %d (pid %d) was stopped before it took over (%s), leaving Envoy's shared memory marked initializing", next.restartEpoch, next.pid, why)
 	}
 }
 

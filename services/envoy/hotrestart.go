@@ -44,6 +44,14 @@ import (
 // epoch lives after the new one has taken over.
 const DefaultParentShutdownDuration = time.Minute
 
+// DefaultTakeOverTimeout bounds how long a new epoch may start beside the
+// old one before it is killed as a failed epoch (epochs.go, nextOverdue).
+// Envoy has no such bound, and with Istio's initial_fetch_timeout of 0 an
+// epoch waiting on configuration or a secret that never comes waits for
+// ever; a minute is Istio's old parent shutdown time, the most two epochs
+// were meant to overlap.
+const DefaultTakeOverTimeout = time.Minute
+
 // DefaultHotRestartDebounce is the quiet time after an edit of a watched
 // file before it is looked at: editors and ConfigMap updates write in bursts.
 const DefaultHotRestartDebounce = 200 * time.Millisecond
@@ -71,6 +79,9 @@ type HotRestartConfig struct {
 	// than --drain-time-s, so that it drains before it is told to exit:
 	// Istio's old values were 45s and 60s).
 	ParentShutdownDuration time.Duration
+	// TakeOverTimeout: a new epoch not ready within it is killed as a
+	// failed epoch, and the old one serves on (0: DefaultTakeOverTimeout).
+	TakeOverTimeout time.Duration
 	// Watch are the files the bootstrap and Envoy's command line are made
 	// from: the mesh config file, the pod's annotations and labels, the
 	// bootstrap template, the override file. Envoy's binary is watched as
@@ -96,6 +107,9 @@ func (hr *HotRestartConfig) validate() error {
 	}
 	if hr.ParentShutdownDuration < time.Second {
 		errs = append(errs, fmt.Errorf("%w: HotRestart.ParentShutdownDuration %v: want at least 1s", ErrInvalidConfig, hr.ParentShutdownDuration))
+	}
+	if hr.TakeOverTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: HotRestart.TakeOverTimeout %v is negative", ErrInvalidConfig, hr.TakeOverTimeout))
 	}
 	if hr.Reload == nil {
 		errs = append(errs, fmt.Errorf("%w: HotRestart.Reload is nil", ErrInvalidConfig))

@@ -66,6 +66,62 @@ func TestHotRestartNewEpochCrashesAtStart(t *testing.T) {
 	}
 }
 
+// A drain that keeps Envoy running (POST /drain) while a new epoch starts
+// gives that epoch up and leaves the serving one running: the new epoch is
+// killed, since its shutdown (SIGTERM) would ask the serving one to
+// terminate too, as Envoy's does.
+func TestHotRestartKeepRunningDrainDuringStart(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	done := h.supervise(context.Background())
+	first := h.wait("epoch 0 ready", alone(0))
+	h.setEnv("FAKE_ENVOY_NEVER_READY=1")
+	h.edit("v1")
+	next := h.wait("epoch 1 starting beside epoch 0", starting)
+	// The new epoch has reached its parent (Envoy's child asks it to
+	// close its admin first).
+	h.stderr.WaitLine(t, fmt.Sprintf("fakeenvoy[%d]", first.PID), "shutting down admin due to child startup")
+	h.drain.Send(messages.Drain{Reason: "/drain", Exit: false})
+	h.logs.WaitLine(t, "stopping the new epoch of a hot restart", "reason=\"drain: /drain\"")
+	h.logs.WaitLine(t, "envoy draining; it keeps running until told to exit")
+	if !pidGone(next.Overlap.PID) && !testkit.IsZombie(next.Overlap.PID) {
+		t.Errorf("the new epoch (pid %d) still runs after the drain gave it up", next.Overlap.PID)
+	}
+	// Then the pod stops: the exit drain ends the one Envoy, the first,
+	// which ran throughout (no exit of it, no cold start in between).
+	h.drain.Send(messages.Drain{Reason: "SIGTERM", Exit: true})
+	if err := h.waitServe(done); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve: %v, want ErrDrained", err)
+	}
+	if log := h.logs.String(); strings.Contains(log, `msg="envoy exited"`) || strings.Count(log, `msg="envoy started"`) != 1 {
+		t.Errorf("the serving envoy (pid %d) did not run throughout: it exited, or another started:\n%s", first.PID, log)
+	}
+}
+
+// A new epoch that never turns ready (an Envoy waiting for ever on its
+// configuration, Istio's initial_fetch_timeout being 0) is killed once the
+// take-over time is over, as a failed epoch: the old one serves on
+// throughout (no connection refused), and is again the only Envoy. Before,
+// the two ran side by side until the next drain.
+func TestHotRestartNewEpochNeverReady(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil)
+	h.run()
+	first := h.wait("epoch 0 ready", alone(0))
+	d := testkit.StartDialer(h.listen)
+	defer d.Stop()
+	h.setEnv("FAKE_ENVOY_NEVER_READY=1")
+	h.edit("v1")
+	h.wait("epoch 1 starting beside epoch 0", starting)
+	h.logs.WaitLine(t, "the new epoch did not turn ready in time", "new_epoch=1", "take_over_timeout=4s")
+	h.logs.WaitLine(t, "hot restart failed", "old_epoch=0", "new_epoch=1")
+	d.Stop()
+	if accepted, refused, _ := d.Counts(); refused != 0 || accepted == 0 {
+		t.Errorf("while the new epoch hung: %d connections accepted, %d refused; want all accepted", accepted, refused)
+	}
+	h.stillAlone(first, "after the hung epoch was stopped")
+}
+
 // Changes during an overlap wait for its end, and then the files as they
 // are win: two edits while epoch 1 starts make one more epoch, 2, with the
 // last edit, never three Envoys.

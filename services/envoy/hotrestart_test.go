@@ -88,6 +88,8 @@ func newHotHarness(t *testing.T, on bool, env []string, mod func(*Config)) *hotH
 		base := *cfg
 		cfg.HotRestart = &HotRestartConfig{
 			BaseID: hotBaseID(t), ParentShutdownDuration: time.Second, Watch: []string{h.input}, Debounce: 50 * time.Millisecond,
+			// Longer than any epoch of these tests takes to turn ready (1 s).
+			TakeOverTimeout: 4 * time.Second,
 			// No memory cgroup: the machine's own limit is not the test's.
 			CgroupRoot: t.TempDir(),
 			Reload: func() (Config, error) {

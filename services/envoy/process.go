@@ -145,6 +145,15 @@ func (c *child) terminate(grace time.Duration, clock messages.Clock, log *slog.L
 	case <-clock.After(grace):
 	}
 	log.Warn("envoy did not exit after SIGTERM; killing it", "pid", c.pid, "grace", grace)
+	c.kill(log)
+}
+
+// kill sends SIGKILL and waits for the exit: a stop that runs none of
+// Envoy's shutdown. A hot-restart child's shutdown first asks its parent to
+// terminate (server.cc, InstanceImpl::shutdown: sendParentTerminateRequest),
+// so SIGTERM to a new epoch that never took over would take the serving one
+// down with it.
+func (c *child) kill(log *slog.Logger) {
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		log.Error("SIGKILL envoy", "pid", c.pid, "error", err)
 	}

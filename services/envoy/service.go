@@ -217,6 +217,9 @@ func (r *run) loop(ctx context.Context) error {
 		case <-r.hot.parentDeadline:
 			r.parentOverdue()
 			r.afterOverlap(ctx)
+		case <-r.hot.nextDeadline:
+			r.nextOverdue()
+			r.afterOverlap(ctx)
 		case dirs := <-r.hot.changes():
 			r.inputsChanged(ctx, dirs)
 		case err := <-r.hot.watchFailed():
