@@ -32,37 +32,53 @@ func kill(t *testing.T, pid int) {
 	}
 }
 
-// A new epoch that dies at start is a failed epoch: the old Envoy keeps
-// serving (no connection refused), and since the dead one left Envoy's
-// shared memory marked initializing, the next change waits for Envoy's
-// next cold start, which is epoch 0; hot restarts then go on from it.
-func TestHotRestartNewEpochCrashesAtStart(t *testing.T) {
+// A new epoch that dies at start, or never turns ready (an Envoy waiting
+// for ever on its configuration, Istio's initial_fetch_timeout being 0:
+// killed once the take-over time is over; before, the two ran side by side
+// until the next drain), is a failed epoch: the old Envoy keeps serving (no
+// connection refused), and since the failed one left Envoy's shared memory
+// marked initializing, the next change waits for Envoy's next cold start,
+// which is epoch 0; hot restarts then go on from it.
+func TestHotRestartNewEpochFails(t *testing.T) {
 	skipIfReal(t)
-	h := newHotHarness(t, true, nil, nil)
-	h.run()
-	first := h.wait("epoch 0 ready", alone(0))
-	d := testkit.StartDialer(h.listen)
-	defer d.Stop()
-	h.setEnv("FAKE_ENVOY_EXIT_AT_START=1")
-	h.edit("v1")
-	h.logs.WaitLine(t, "hot restart failed: the new epoch exited before taking over", "old_epoch=0", "new_epoch=1")
-	d.Stop()
-	if _, refused, _ := d.Counts(); refused != 0 {
-		t.Errorf("%d connections refused while the new epoch failed", refused)
-	}
-	h.stillAlone(first, "after a failed epoch")
+	for _, tc := range []struct {
+		name, env string
+		logs      []string // what the failure logs, in order
+	}{
+		{"crashes at start", "FAKE_ENVOY_EXIT_AT_START=1", nil},
+		{"never ready", "FAKE_ENVOY_NEVER_READY=1", []string{"the new epoch did not turn ready in time", "new_epoch=1", "take_over_timeout=4s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHotHarness(t, true, nil, nil)
+			h.run()
+			first := h.wait("epoch 0 ready", alone(0))
+			d := testkit.StartDialer(h.listen)
+			defer d.Stop()
+			h.setEnv(tc.env)
+			h.edit("v1")
+			if tc.logs != nil {
+				h.logs.WaitLine(t, tc.logs...)
+			}
+			h.logs.WaitLine(t, "hot restart failed: the new epoch exited before taking over", "old_epoch=0", "new_epoch=1")
+			d.Stop()
+			if accepted, refused, _ := d.Counts(); refused != 0 || accepted == 0 {
+				t.Errorf("while the new epoch failed: %d connections accepted, %d refused; want all accepted", accepted, refused)
+			}
+			h.stillAlone(first, "after a failed epoch")
 
-	h.setEnv()
-	h.edit("v2")
-	h.logs.WaitLine(t, "hot restart refused", "marked initializing")
+			h.setEnv()
+			h.edit("v2")
+			h.logs.WaitLine(t, "hot restart refused", "marked initializing")
 
-	kill(t, first.PID) // the next start is cold
-	cold := h.wait("a cold epoch 0", func(st messages.EnvoyState) bool { return alone(0)(st) && st.PID != first.PID })
-	h.edit("v3")
-	st := h.wait("epoch 1 after the cold start", alone(1))
-	h.onlyServing(st)
-	if st.PID == cold.PID {
-		t.Fatal("epoch 1 has the cold epoch 0's pid")
+			kill(t, first.PID) // the next start is cold
+			cold := h.wait("a cold epoch 0", func(st messages.EnvoyState) bool { return alone(0)(st) && st.PID != first.PID })
+			h.edit("v3")
+			st := h.wait("epoch 1 after the cold start", alone(1))
+			h.onlyServing(st)
+			if st.PID == cold.PID {
+				t.Fatal("epoch 1 has the cold epoch 0's pid")
+			}
+		})
 	}
 }
 
@@ -96,30 +112,6 @@ func TestHotRestartKeepRunningDrainDuringStart(t *testing.T) {
 	if log := h.logs.String(); strings.Contains(log, `msg="envoy exited"`) || strings.Count(log, `msg="envoy started"`) != 1 {
 		t.Errorf("the serving envoy (pid %d) did not run throughout: it exited, or another started:\n%s", first.PID, log)
 	}
-}
-
-// A new epoch that never turns ready (an Envoy waiting for ever on its
-// configuration, Istio's initial_fetch_timeout being 0) is killed once the
-// take-over time is over, as a failed epoch: the old one serves on
-// throughout (no connection refused), and is again the only Envoy. Before,
-// the two ran side by side until the next drain.
-func TestHotRestartNewEpochNeverReady(t *testing.T) {
-	skipIfReal(t)
-	h := newHotHarness(t, true, nil, nil)
-	h.run()
-	first := h.wait("epoch 0 ready", alone(0))
-	d := testkit.StartDialer(h.listen)
-	defer d.Stop()
-	h.setEnv("FAKE_ENVOY_NEVER_READY=1")
-	h.edit("v1")
-	h.wait("epoch 1 starting beside epoch 0", starting)
-	h.logs.WaitLine(t, "the new epoch did not turn ready in time", "new_epoch=1", "take_over_timeout=4s")
-	h.logs.WaitLine(t, "hot restart failed", "old_epoch=0", "new_epoch=1")
-	d.Stop()
-	if accepted, refused, _ := d.Counts(); refused != 0 || accepted == 0 {
-		t.Errorf("while the new epoch hung: %d connections accepted, %d refused; want all accepted", accepted, refused)
-	}
-	h.stillAlone(first, "after the hung epoch was stopped")
 }
 
 // Changes during an overlap wait for its end, and then the files as they
