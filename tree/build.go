@@ -103,7 +103,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 	)
 	capturing := node(b, required, capture.Name, capture.New, cfg.Capture, capture.Inputs{}, capture.Outputs{})
 	identity := slices.Concat(
-		node(b, required, certs.Name, certs.New, cfg.Certs, certs.Inputs{}, certs.Outputs{Certs: ch.Certs}),
+		node(b, required, certs.Name, certs.New, cfg.Certs, certs.Inputs{TrustAnchors: ch.Anchors}, certs.Outputs{Certs: ch.Certs}),
 		node(b, required, sds.Name, sds.New, cfg.SDS, sds.Inputs{Certs: ch.Certs, TrustAnchors: ch.Anchors}, sds.Outputs{}),
 	)
 	// The XDS proxy stands alone: it handles new trust roots itself, by

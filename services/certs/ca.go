@@ -1,6 +1,7 @@
 package certs
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -44,8 +45,13 @@ func (s *Service) serveCA(ctx context.Context) error {
 		s.readRootFile()
 	}
 
-	if kept := ca.start(); kept {
+	kept := ca.start()
+	if kept {
 		s.publishCA()
+	}
+	anchorsChanged, anchors := s.takeAnchors()
+	if anchorsChanged && kept {
+		ca.resign()
 	}
 	for {
 		select {
@@ -56,6 +62,11 @@ func (s *Service) serveCA(ctx context.Context) error {
 		case <-rootsChanged:
 			s.readRootFile()
 			s.publishCA()
+			continue
+		case <-anchors:
+			if anchorsChanged, anchors = s.takeAnchors(); anchorsChanged && s.caIssued.Version != "" {
+				ca.resign()
+			}
 			continue
 		case <-ca.due:
 		}
@@ -69,6 +80,20 @@ func (s *Service) serveCA(ctx context.Context) error {
 			s.log.Info("certificate from CA", "spiffe_id", s.cfg.SpiffeID(), "expiry", s.caIssued.Expiry, "renew_in", wait.Round(time.Millisecond))
 		}
 	}
+}
+
+// takeAnchors reads the ProxyConfig's trust anchors: whether they differ
+// from those last read, and a channel closed at their next change (nil
+// without the input: never).
+func (s *Service) takeAnchors() (changed bool, next <-chan struct{}) {
+	if s.anchors == nil {
+		return false, nil
+	}
+	a, _, next := s.anchors.Watch()
+	joined := bytes.Join(a.PEM, nil)
+	changed = !bytes.Equal(joined, s.anchorsSeen)
+	s.anchorsSeen = joined
+	return changed, next
 }
 
 // publishCA publishes the CA's last certificate with its roots: the CA's, or
@@ -150,6 +175,14 @@ type caClient struct {
 
 func newCAClient(s *Service) *caClient {
 	return &caClient{s: s, backoff: s.cfg.RetryInitial}
+}
+
+// resign asks the CA for a new certificate now: Istio's agent drops its
+// workload certificate when the ProxyConfig's trust anchors change
+// (UpdateConfigTrustBundle), so that the next one is issued under them.
+func (c *caClient) resign() {
+	c.s.log.Info("the ProxyConfig's trust anchors changed: asking the CA for a new certificate now")
+	c.due = c.s.clock.After(0)
 }
 
 // start sets when the CA is first asked: at once, or, after a restart

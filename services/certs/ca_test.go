@@ -168,6 +168,37 @@ func TestCARenewsWithProvisioningCertificate(t *testing.T) {
 	}
 }
 
+// A change of the ProxyConfig's trust anchors (caCertificatesPem, from the
+// XDS proxy) asks the CA for a new certificate at once, as Istio's agent
+// does (UpdateConfigTrustBundle drops its workload certificate); the same
+// anchors sent again ask for nothing.
+func TestCAResignsWhenTrustAnchorsChange(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.ca.Start(t)
+	anchors := messages.NewCell[messages.TrustAnchors]()
+	s, err := New(c.cfg, Inputs{TrustAnchors: anchors}, Outputs{Certs: c.out}, messages.NewRuntime(Name, c.health, nil, nil, c.logs.Logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Serve(t, s)
+	first := c.out.WaitLast(t, "the first certificate", func(b messages.CertBundle) bool { return b.Version != "" })
+
+	extra := pki.NewRoot(t, "extra anchor")
+	anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra.CertPEM}, Version: "a1"})
+	second := c.out.WaitLast(t, "a certificate under the new anchors", func(b messages.CertBundle) bool { return b.Version != first.Version })
+	c.logs.WaitLine(t, "trust anchors changed")
+	if n := c.ca.Requests(t); n != 2 {
+		t.Errorf("CA requests after one change of the anchors: %d, want 2", n)
+	}
+
+	anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra.CertPEM}, Version: "a2"}) // the same anchors
+	anchors.Send(messages.TrustAnchors{PEM: [][]byte{extra.CertPEM, pki.NewRoot(t, "another").CertPEM}, Version: "a3"})
+	c.out.WaitLast(t, "a certificate under the anchors changed again", func(b messages.CertBundle) bool { return b.Version != second.Version })
+	if n := c.ca.Requests(t); n != 3 {
+		t.Errorf("CA requests after the same anchors, then new ones: %d, want 3", n)
+	}
+}
+
 // The renewal point is kept on the agent's clock (Runtime.Clock), not the
 // system's: a certificate is asked for again exactly when GraceRatio of its
 // lifetime remains on that clock, and not a second earlier.

@@ -21,12 +21,13 @@ const Name = "certs"
 
 // Service is the CertWatcher.
 type Service struct {
-	cfg    Config
-	out    messages.Sink[messages.CertBundle]
-	health *messages.Reporter
-	log    *slog.Logger
-	clock  messages.Clock
-	m      metrics
+	cfg     Config
+	anchors messages.Latest[messages.TrustAnchors] // nil: no such input
+	out     messages.Sink[messages.CertBundle]
+	health  *messages.Reporter
+	log     *slog.Logger
+	clock   messages.Clock
+	m       metrics
 
 	// Survive restarts; touched only by Serve's goroutine.
 	caIssued messages.CertBundle // the CA's last certificate, with its root (zero if none)
@@ -35,6 +36,7 @@ type Service struct {
 	fileRoots        []byte // RootsFromFile: RootCertFile's last good content
 	fileRootsErr     error  // RootsFromFile: why RootCertFile's content is not used now
 	written          string // version last written to OutputCertsDir
+	anchorsSeen      []byte // the trust anchors last read, joined (takeAnchors)
 
 	// Survives restarts; touched only by Serve's goroutine, and read by
 	// the metrics gauge, hence the mutex.
@@ -42,9 +44,14 @@ type Service struct {
 	current messages.CertBundle // last published bundle (zero if none)
 }
 
-// Inputs: the CertWatcher reads no channel (files and the CA are its
-// sources).
-type Inputs struct{}
+// Inputs are what the CertWatcher reads besides its files and the CA.
+type Inputs struct {
+	// TrustAnchors: the ProxyConfig's caCertificatesPem, from the XDS
+	// proxy (PROXY_CONFIG_XDS_AGENT). With the certificate from the CA, a
+	// change of them asks the CA for a new certificate at once, as Istio's
+	// UpdateConfigTrustBundle does. May be nil.
+	TrustAnchors messages.Latest[messages.TrustAnchors]
+}
 
 // Outputs are what the CertWatcher publishes.
 type Outputs struct {
@@ -55,14 +62,14 @@ type Outputs struct {
 
 // New returns the CertWatcher, or why cfg cannot work (the only check of
 // cfg).
-func New(cfg Config, _ Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if out.Certs == nil {
 		return nil, errors.New("certs: Outputs.Certs is required")
 	}
-	s := &Service{cfg: cfg, out: out.Certs, health: rt.Health, log: rt.Log, clock: rt.Clock}
+	s := &Service{cfg: cfg, anchors: in.TrustAnchors, out: out.Certs, health: rt.Health, log: rt.Log, clock: rt.Clock}
 	s.m = newMetrics(s.expirySeconds)
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err
