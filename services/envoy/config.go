@@ -124,6 +124,16 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr
 	}
+	if hr := cfg.HotRestart; hr != nil && (hr.TakeOverTimeout == 0 || hr.Debounce <= 0) {
+		withDefaults := *hr // the caller's struct is left as it is
+		if withDefaults.TakeOverTimeout == 0 {
+			withDefaults.TakeOverTimeout = DefaultTakeOverTimeout
+		}
+		if withDefaults.Debounce <= 0 {
+			withDefaults.Debounce = DefaultHotRestartDebounce
+		}
+		cfg.HotRestart = &withDefaults
+	}
 	return cfg
 }
 

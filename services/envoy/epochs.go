@@ -14,7 +14,6 @@ package envoy
 // afresh (the files as they are then: the last change wins).
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -126,12 +125,8 @@ func (r *run) watchInputs() error {
 	if hr == nil {
 		return nil
 	}
-	debounce := hr.Debounce
-	if debounce <= 0 {
-		debounce = DefaultHotRestartDebounce
-	}
 	r.hot.dirs = watchDirs(r.inputFiles())
-	w, err := filewatch.Start(filewatch.Options{Clock: r.s.clock, Log: r.s.log, Debounce: debounce}, r.hot.dirs...)
+	w, err := filewatch.Start(filewatch.Options{Clock: r.s.clock, Log: r.s.log, Debounce: hr.Debounce}, r.hot.dirs...)
 	if err != nil {
 		return fmt.Errorf("hot restart: %w", err)
 	}
@@ -304,7 +299,7 @@ func (r *run) validated(ctx context.Context, v validation) {
 		return
 	}
 	r.hot.next, r.hot.nextGen, r.hot.reason = next, v.gen, v.reason
-	r.hot.nextDeadline = s.clock.After(cmp.Or(s.cfg.HotRestart.TakeOverTimeout, DefaultTakeOverTimeout))
+	r.hot.nextDeadline = s.clock.After(s.cfg.HotRestart.TakeOverTimeout)
 	r.poll.stop()
 	r.poll = s.startPoller(ctx, next)
 	r.state.Overlap = processOf(next, messages.EnvoyRunning)
@@ -350,15 +345,16 @@ func (r *run) adopt(g *generation) {
 }
 
 // nextOverdue stops a new epoch that was not ready within the take-over
-// time (DefaultTakeOverTimeout: an Envoy waiting for ever on configuration or a secret,
-// with Istio's initial_fetch_timeout of 0): it is a failed epoch, and the
+// time (HotRestart.TakeOverTimeout: an Envoy waiting for ever on its
+// configuration or a secret, with Istio's initial_fetch_timeout of 0): it
+// is a failed epoch, and the
 // old one keeps serving, as after a new epoch's crash (nextFailed), without
 // the admin interface the new one had it close. Without this the two ran
 // side by side until the next drain, and every change waited on them.
 func (r *run) nextOverdue() {
 	next := r.hot.next
 	r.s.log.Warn("the new epoch did not turn ready in time; killing it",
-		"new_epoch", next.restartEpoch, "pid", next.pid, "take_over_timeout", cmp.Or(r.s.cfg.HotRestart.TakeOverTimeout, DefaultTakeOverTimeout))
+		"new_epoch", next.restartEpoch, "pid", next.pid, "take_over_timeout", r.s.cfg.HotRestart.TakeOverTimeout)
 	next.kill(r.s.log) // SIGTERM would be its shutdown, which ends the parent too
 	r.nextFailed()
 }

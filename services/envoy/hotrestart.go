@@ -80,7 +80,8 @@ type HotRestartConfig struct {
 	// Istio's old values were 45s and 60s).
 	ParentShutdownDuration time.Duration
 	// TakeOverTimeout: a new epoch not ready within it is killed as a
-	// failed epoch, and the old one serves on (0: DefaultTakeOverTimeout).
+	// failed epoch, and the old one serves on (0: DefaultTakeOverTimeout,
+	// set by withDefaults).
 	TakeOverTimeout time.Duration
 	// Watch are the files the bootstrap and Envoy's command line are made
 	// from: the mesh config file, the pod's annotations and labels, the
