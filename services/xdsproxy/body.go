@@ -85,10 +85,16 @@ var errTruncated = errors.New("unexpected end of message")
 
 func (c *cursor) done() bool { return c.left == 0 }
 
-func (c *cursor) byte() (byte, error) {
+// settle moves past the pieces read to their end (and empty ones): the
+// next byte, if any is left, is c.b[c.i][c.off].
+func (c *cursor) settle() {
 	for c.i < len(c.b) && c.off == len(c.b[c.i]) {
 		c.i, c.off = c.i+1, 0
 	}
+}
+
+func (c *cursor) byte() (byte, error) {
+	c.settle()
 	if c.left == 0 {
 		return 0, errTruncated
 	}
@@ -147,9 +153,7 @@ func (c *cursor) next(n int, keep bool) ([]byte, error) {
 	if n > c.left {
 		return nil, errTruncated
 	}
-	for c.i < len(c.b) && c.off == len(c.b[c.i]) {
-		c.i, c.off = c.i+1, 0
-	}
+	c.settle()
 	if n == 0 || len(c.b[c.i])-c.off >= n {
 		var v []byte
 		if keep && n > 0 {
@@ -164,9 +168,7 @@ func (c *cursor) next(n int, keep bool) ([]byte, error) {
 		out = make([]byte, 0, n)
 	}
 	for n > 0 {
-		for c.off == len(c.b[c.i]) {
-			c.i, c.off = c.i+1, 0
-		}
+		c.settle()
 		k := min(n, len(c.b[c.i])-c.off)
 		if keep {
 			out = append(out, c.b[c.i][c.off:c.off+k]...)
