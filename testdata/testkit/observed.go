@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
@@ -36,10 +37,13 @@ func (o *Observed[V]) Get() V {
 	return v
 }
 
-// WaitFor waits until cond holds for the value, or ctx ends (UntilDone:
-// the error names who waited and the value read last).
+// WaitFor waits until cond holds for the value: nil, or, when ctx ends
+// first, an error naming who waited, the value read last and ctx's error.
 func (o *Observed[V]) WaitFor(ctx context.Context, who string, cond func(V) bool) error {
-	return UntilDone(ctx, who, o.watch, cond)
+	if v, ok := Until(o.watch, cond, ctx.Done()); !ok {
+		return fmt.Errorf("%s: waiting for a condition on %+v: %w", who, v, ctx.Err())
+	}
+	return nil
 }
 
 // watch is a copy of the value now and a channel closed at its next change.

@@ -1,8 +1,6 @@
 package testkit
 
 import (
-	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -73,16 +71,6 @@ func Until[V any](watch func() (V, <-chan struct{}), cond func(V) bool, stop <-c
 			return v, false
 		}
 	}
-}
-
-// UntilDone is Until for a WaitFor that returns an error: nil once cond
-// holds, or, when ctx ends first, an error naming who waited, the value
-// read last and ctx's error.
-func UntilDone[V any](ctx context.Context, who string, watch func() (V, <-chan struct{}), cond func(V) bool) error {
-	if v, ok := Until(watch, cond, ctx.Done()); !ok {
-		return fmt.Errorf("%s: waiting for a condition on %+v: %w", who, v, ctx.Err())
-	}
-	return nil
 }
 
 // Closed says, without waiting, whether ch is closed: a process or a run
