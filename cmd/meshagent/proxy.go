@@ -52,6 +52,18 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 	return cmd
 }
 
+// start builds the tree of the agent a command configured, and runs it.
+func (cli *cliContext) start(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
+	agent, ch, err := buildTree(cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	if cli.startAgent != nil {
+		return cli.startAgent(cfg)
+	}
+	return runAgent(cfg, agent, ch, reg, log)
+}
+
 // buildTree builds the agent's tree from its configuration. The services'
 // configs are checked here, once, by their New (#26: cmd checked them
 // while building the configuration and New again): a bad one is a usage
