@@ -24,7 +24,7 @@ type cliContext struct {
 	// startAgent, when set, takes an agent command's configuration once its
 	// tree is built (its services' configs validated), instead of running
 	// it: tests that check what a command line configures.
-	startAgent func(cfg *config.Agent) error
+	startAgent func(cfg *config.Plan) error
 }
 
 func (cli *cliContext) commandName() string {

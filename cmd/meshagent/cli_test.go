@@ -163,11 +163,11 @@ func TestStartErrorsNameTheCauseOnce(t *testing.T) {
 // configureOnHost runs a command line (proxy, standalone, vm) on host up to
 // the agent it would start, and returns that agent's configuration, or nil
 // with the exit code and what the command wrote.
-func configureOnHost(host config.Host, args ...string) (*config.Agent, int, string) {
+func configureOnHost(host config.Host, args ...string) (*config.Plan, int, string) {
 	var out bytes.Buffer
-	var built *config.Agent
+	var built *config.Plan
 	code := execute(&cliContext{args: args, host: host, stdout: &out, stderr: &out,
-		startAgent: func(cfg *config.Agent) error {
+		startAgent: func(cfg *config.Plan) error {
 			built = cfg
 			return nil
 		}})

@@ -31,7 +31,7 @@ type portUse struct {
 }
 
 // listenPorts are the ports cfg's services and its Envoy bind at start.
-func listenPorts(cfg *config.Agent) []portUse {
+func listenPorts(cfg *config.Plan) []portUse {
 	var uses []portUse
 	tc := cfg.Tree
 	if tc.Status != nil {

@@ -40,36 +40,36 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		}
 		_ = s.Resolve(cli.host.Env) // bad values stay in s.problems, reported with the rest
 		reg := prometheus.NewRegistry()
-		cfg, err := config.Build(config.Inputs{
+		plan, err := config.Build(config.Inputs{
 			Flags: f, Args: args, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log,
 		})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.Release()
-		return cli.start(cfg, reg, log)
+		defer plan.Release()
+		return cli.start(plan, reg, log)
 	}
 	return cmd
 }
 
 // start builds the tree of the agent a command configured, and runs it.
-func (cli *cliContext) start(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) error {
-	agent, ch, err := buildTree(cfg, reg, log)
+func (cli *cliContext) start(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) error {
+	agent, ch, err := buildTree(plan, reg, log)
 	if err != nil {
 		return err
 	}
 	if cli.startAgent != nil {
-		return cli.startAgent(cfg)
+		return cli.startAgent(plan)
 	}
-	return runAgent(cfg, agent, ch, reg, log)
+	return runAgent(plan, agent, ch, reg, log)
 }
 
 // buildTree builds the agent's tree from its configuration. The services'
 // configs are checked here, once, by their New (#26: cmd checked them
 // while building the configuration and New again): a bad one is a usage
 // error like any bad value, and names its variable.
-func buildTree(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
-	agent, ch, err := tree.Build(cfg.Tree, reg, log, tree.Process{
+func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
+	agent, ch, err := tree.Build(plan.Tree, reg, log, tree.Process{
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.
 		OnFirstReady: func() { releaseStartupMemory(log) },
@@ -83,15 +83,15 @@ func buildTree(cfg *config.Agent, reg *prometheus.Registry, log *slog.Logger) (*
 // runAgent runs the built tree until a signal, /quitquitquit or a give-up.
 // SIGTERM/SIGINT drain gracefully; a second signal stops at once; a third
 // exits on the spot. SIGHUP is logged and ignored (hupNote).
-func runAgent(cfg *config.Agent, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, log *slog.Logger) error {
-	if err := checkPorts(listenPorts(cfg)); err != nil {
+func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, log *slog.Logger) error {
+	if err := checkPorts(listenPorts(plan)); err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(cfg.GOGC, log)
-	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.ProxyType, "root", cfg.Root,
-		"envoy", describeEnvoy(cfg.Proxy.BinaryPath))
-	config.LogEffective(log, cfg)
+	setSidecarGC(plan.GOGC, log)
+	log.Info("meshagent starting", "version", currentVersion().Version, "type", plan.ProxyType, "root", plan.Root,
+		"envoy", describeEnvoy(plan.Proxy.BinaryPath))
+	config.LogEffective(log, plan)
 
 	sigs := make(chan os.Signal, 3)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

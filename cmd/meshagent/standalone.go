@@ -49,19 +49,19 @@ else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log s
 		if self, err := os.Executable(); err == nil {
 			selfDir = filepath.Dir(self)
 		}
-		cfg, envoy, err := config.BuildStandalone(config.StandaloneInputs{
+		plan, envoy, err := config.BuildStandalone(config.StandaloneInputs{
 			Inputs: config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log},
 			Flags:  sf, LookPath: exec.LookPath, SelfDir: selfDir,
 		})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.Release()
-		if err := writeStandaloneToken(config.Rooted(cfg.Root, config.TokenFile)); err != nil {
+		defer plan.Release()
+		if err := writeStandaloneToken(config.Rooted(plan.Root, config.TokenFile)); err != nil {
 			return err
 		}
 		log.Info("envoy binary", "path", envoy.Path, "why", envoy.Why)
-		return cli.start(cfg, reg, log)
+		return cli.start(plan, reg, log)
 	}
 	return cmd
 }

@@ -90,13 +90,13 @@ rules' --gid-owner exception.
 		}
 		f.Capture = !customIPTables
 		reg := prometheus.NewRegistry()
-		cfg, err := config.Build(config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: host, Gatherer: reg, Problems: s.Problems, Log: log,
+		plan, err := config.Build(config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: host, Gatherer: reg, Problems: s.Problems, Log: log,
 			EnvoyRunAs: user.envoy, NoCapture: customIPTables})
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		defer cfg.Release()
-		if err := prepareProxyDirs(cfg, user); err != nil {
+		defer plan.Release()
+		if err := prepareProxyDirs(plan, user); err != nil {
 			return err
 		}
 		if err := dropToProxyGroup(user.GID); err != nil {
@@ -104,7 +104,7 @@ rules' --gid-owner exception.
 		}
 		log.Info("vm mode", "cluster_env", vm.ClusterEnv, "capture", !customIPTables,
 			"envoy_uid", user.envoyUID(), "agent_gid", user.GID)
-		return cli.start(cfg, reg, log)
+		return cli.start(plan, reg, log)
 	}
 	return cmd
 }
@@ -159,16 +159,16 @@ func vmProxyUser(host config.Host) (proxyUser, error) {
 // by the proxy's group and nobody else: root:<gid> 0750. The sockets
 // themselves are chowned by their services. Istio's VM package does the
 // same with chown -R istio-proxy at install time.
-func prepareProxyDirs(cfg *config.Agent, u proxyUser) error {
+func prepareProxyDirs(plan *config.Plan, u proxyUser) error {
 	if u.envoy == nil {
 		return nil
 	}
-	dirs := []string{config.Rooted(cfg.Root, cfg.Proxy.GetConfigPath())}
-	if cfg.Tree.XDS != nil {
-		dirs = append(dirs, filepath.Dir(cfg.Tree.XDS.SocketPath))
+	dirs := []string{config.Rooted(plan.Root, plan.Proxy.GetConfigPath())}
+	if plan.Tree.XDS != nil {
+		dirs = append(dirs, filepath.Dir(plan.Tree.XDS.SocketPath))
 	}
-	if cfg.Tree.SDS != nil {
-		dirs = append(dirs, filepath.Dir(cfg.Tree.SDS.SocketPath))
+	if plan.Tree.SDS != nil {
+		dirs = append(dirs, filepath.Dir(plan.Tree.SDS.SocketPath))
 	}
 	for _, d := range dirs {
 		// Parents as any system directory (/var/run/secrets may not exist

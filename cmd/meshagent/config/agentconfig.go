@@ -76,9 +76,11 @@ type Inputs struct {
 	NoCapture bool
 }
 
-// Agent is the agent as built: the tree's config, and what the start
-// log line shows besides it.
-type Agent struct {
+// Plan is what an agent will run, as the configuration resolved it: the
+// tree's config (tree.Build turns it into a tree.Agent), what the start log
+// shows besides it, and the root's lock held for the run. Not an agent
+// itself: it was called Agent, and met tree.Agent in runAgent (#34).
+type Plan struct {
 	ProxyType string
 	Root      string
 	Proxy     *meshconfig.ProxyConfig
@@ -98,7 +100,7 @@ type Agent struct {
 
 // Release drops the root's lock: at exit, or when the run stops before
 // the tree starts (in-process tests run many commands on one root).
-func (c *Agent) Release() {
+func (c *Plan) Release() {
 	if c != nil && c.lock != nil {
 		c.lock.Close()
 		c.lock = nil
@@ -146,14 +148,14 @@ func readSharedVars(r envReader) sharedVars {
 // it came from and the value. The services' configs are not validated here:
 // their New does that, once, when cmd builds the tree (#26: each was
 // checked here and again in New).
-func Build(in Inputs) (*Agent, error) {
+func Build(in Inputs) (*Plan, error) {
 	p := in.Problems
 	if p == nil {
 		p = &Problems{}
 	}
 	r := envReader{env: in.Host.Env, problems: p}
 	f := in.Flags
-	c := &Agent{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
+	c := &Plan{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
 	if v, ok := in.Host.Env.Lookup("GOGC"); ok {
 		c.GOGC = &v
 	}

@@ -23,7 +23,7 @@ import (
 // nested attributes rather than one escaped JSON value, so that a text log
 // reads `part=envoy AdminAddr=127.0.0.1:15000 ...` and a JSON log gets
 // objects (issue 22: it was one 10 KB line of escaped JSON).
-func LogEffective(log *slog.Logger, cfg *Agent) {
+func LogEffective(log *slog.Logger, cfg *Plan) {
 	parts := effectiveParts(cfg)
 	log.Info("effective configuration", "type", parts["type"], "root", parts["root"], "version", parts["version"])
 	log.Info("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
@@ -88,7 +88,7 @@ func configValue(v any) any {
 }
 
 // effectiveConfig is the configuration as one JSON value, secrets redacted.
-func effectiveConfig(cfg *Agent) jsonValue {
+func effectiveConfig(cfg *Plan) jsonValue {
 	js, err := json.Marshal(effectiveParts(cfg))
 	if err != nil {
 		return jsonValue(fmt.Sprintf("%q", err.Error()))
@@ -97,7 +97,7 @@ func effectiveConfig(cfg *Agent) jsonValue {
 }
 
 // effectiveParts is the configuration as JSON-ready values.
-func effectiveParts(cfg *Agent) map[string]any {
+func effectiveParts(cfg *Plan) map[string]any {
 	return map[string]any{
 		"type":        cfg.ProxyType,
 		"root":        cfg.Root,

@@ -73,7 +73,7 @@ func TestEffectiveConfigRedactsSecrets(t *testing.T) {
 // headers hold secrets ("s3cr3t"), with a ProxyConfig status port of 25020
 // and the namespace shop: what the effective configuration must show
 // without the secrets.
-func configWithSecrets(t *testing.T) *Agent {
+func configWithSecrets(t *testing.T) *Plan {
 	t.Helper()
 	env := map[string]string{"CA_HEADER_Authorization": "Bearer s3cr3t-header", "SOME_API_TOKEN": "s3cr3t-env",
 		"PROXY_CONFIG": `{"statusPort": 25020}`, "ISTIO_META_DNS_CAPTURE": "true", "POD_NAMESPACE": "shop"}

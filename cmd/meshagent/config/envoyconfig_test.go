@@ -52,19 +52,19 @@ func testRoot(t *testing.T) string {
 
 // parseForTest runs a proxy command line and environment through the
 // configuration pipeline, as the proxy command does, on testHost.
-func parseForTest(t *testing.T, env map[string]string, args ...string) (*Agent, error) {
+func parseForTest(t *testing.T, env map[string]string, args ...string) (*Plan, error) {
 	t.Helper()
 	return parseOnHost(t, testHost(t, env), args...)
 }
 
-func parseOnHost(t *testing.T, host Host, args ...string) (*Agent, error) {
+func parseOnHost(t *testing.T, host Host, args ...string) (*Plan, error) {
 	t.Helper()
 	return parseWith(t, host, nil, args...)
 }
 
 // parseWith is parseOnHost with what a command other than proxy adds to
 // the inputs (adjust: nil for none).
-func parseWith(t *testing.T, host Host, adjust func(*Inputs), args ...string) (*Agent, error) {
+func parseWith(t *testing.T, host Host, adjust func(*Inputs), args ...string) (*Plan, error) {
 	t.Helper()
 	f := &ProxyFlags{}
 	cmd := &cobra.Command{Use: "proxy"}
@@ -102,7 +102,7 @@ func addTestLogFlags(cmd *cobra.Command) testLogFlags {
 
 // writeEnvoyBootstrap writes the bootstrap the envoy service would write
 // before starting Envoy, and returns it with Envoy's command line.
-func writeEnvoyBootstrap(t *testing.T, cfg *Agent) (bootstrap.File, string, []string) {
+func writeEnvoyBootstrap(t *testing.T, cfg *Plan) (bootstrap.File, string, []string) {
 	t.Helper()
 	ec := cfg.Tree.Envoy
 	if ec == nil || ec.Bootstrap == nil {

@@ -38,7 +38,7 @@ func newStandaloneHost(t *testing.T, env map[string]string) standaloneHost {
 
 // parseStandalone runs a standalone command line through the pipeline, as
 // the standalone command does.
-func parseStandalone(t *testing.T, h standaloneHost, args ...string) (*Agent, EnvoyChoice, error) {
+func parseStandalone(t *testing.T, h standaloneHost, args ...string) (*Plan, EnvoyChoice, error) {
 	t.Helper()
 	f, sf := &ProxyFlags{}, &StandaloneFlags{}
 	cmd := &cobra.Command{Use: "standalone"}

@@ -137,7 +137,7 @@ type EnvoyChoice struct {
 
 // BuildStandalone is Build with standalone's settings and
 // peers, then the checks that the agent really uses them.
-func BuildStandalone(in StandaloneInputs) (*Agent, EnvoyChoice, error) {
+func BuildStandalone(in StandaloneInputs) (*Plan, EnvoyChoice, error) {
 	p := in.Inputs.Problems
 	if p == nil {
 		p = &Problems{}

@@ -406,7 +406,7 @@ func envList(env map[string]string) []string {
 // environment, config.Build, then the services' own checks (tree.Build,
 // which runs nothing). A bad value gives the error the binary prints
 // before it exits 2.
-func configure(host config.Host, args []string) (*config.Agent, error) {
+func configure(host config.Host, args []string) (*config.Plan, error) {
 	fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
 	fs.ParseErrorsWhitelist.UnknownFlags = true
 	fs.SetOutput(io.Discard)
