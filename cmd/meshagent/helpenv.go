@@ -7,7 +7,7 @@ import (
 )
 
 // newEnvHelpTopic is `meshagent help env`: the table of every environment
-// variable the agent reads (config.Env), sorted, with its default, the
+// variable the agent reads (config.Vars), sorted, with its default, the
 // service it feeds and its meaning (#26). A help topic, not a command: it
 // runs nothing.
 func newEnvHelpTopic() *cobra.Command {

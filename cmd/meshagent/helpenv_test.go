@@ -15,8 +15,8 @@ func TestHelpEnv(t *testing.T) {
 		t.Fatalf("help env: exit %d: %s", code, out.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != len(config.Env)+1 {
-		t.Errorf("help env: %d lines, want a header and %d variables", len(lines), len(config.Env))
+	if len(lines) != len(config.Vars())+1 {
+		t.Errorf("help env: %d lines, want a header and %d variables", len(lines), len(config.Vars()))
 	}
 	for _, want := range []string{"PROV_CERT", "ISTIO_META_*", "localhost:15053"} {
 		if !strings.Contains(out.String(), want) {

@@ -88,7 +88,7 @@ func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prom
 		return &exitError{code: 2, err: err}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(plan.GOGC, log)
+	setSidecarGC(plan.GCPercent, log)
 	log.Info("meshagent starting", "version", currentVersion().Version, "type", plan.ProxyType, "root", plan.Root,
 		"envoy", describeEnvoy(plan.Proxy.BinaryPath))
 	config.LogEffective(log, plan)

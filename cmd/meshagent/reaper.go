@@ -37,7 +37,7 @@ func runAsInit() (exitCode int, handled bool) {
 		fmt.Fprintf(os.Stderr, "meshagent: as PID 1, cannot find own executable: %v\n", err)
 		return 1, true
 	}
-	env := config.NewReader(config.Process()).All() // this process only starts the agent: the agent reads its own
+	env := config.Process().All() // this process only starts the agent: the agent reads its own
 	lean := filepath.Join(filepath.Dir(self), leanInit)
 	err = syscall.Exec(lean, append([]string{lean, self}, os.Args...), env)
 	if !errors.Is(err, fs.ErrNotExist) {

@@ -19,12 +19,12 @@ import (
 func TestVMRefusesABadOrMissingClusterEnv(t *testing.T) {
 	root := t.TempDir()
 	code, _, stderr := runCLI("vm", "--root", root)
-	if want := config.Rooted(root, config.ClusterEnvFile); code != 2 || !strings.Contains(stderr, want+" does not exist") {
+	if want := config.Rooted(root, clusterEnvFile); code != 2 || !strings.Contains(stderr, want+" does not exist") {
 		t.Fatalf("missing cluster.env: exit %d, stderr %q; want 2 naming %s", code, stderr, want)
 	}
-	testkit.WriteFile(t, config.Rooted(root, config.ClusterEnvFile), []byte("ISTIO_NAMESPACE='vm-ns'\nISTIO_SERVICE_CIDR=$CIDR\n"))
+	testkit.WriteFile(t, config.Rooted(root, clusterEnvFile), []byte("ISTIO_NAMESPACE='vm-ns'\nISTIO_SERVICE_CIDR=$CIDR\n"))
 	code, _, stderr = runCLI("vm", "--root", root)
-	if want := config.Rooted(root, config.ClusterEnvFile) + ":2:"; code != 2 || !strings.Contains(stderr, want) {
+	if want := config.Rooted(root, clusterEnvFile) + ":2:"; code != 2 || !strings.Contains(stderr, want) {
 		t.Fatalf("bad line: exit %d, stderr %q; want 2 naming %s", code, stderr, want)
 	}
 }
@@ -77,3 +77,10 @@ func TestVMProxyUserIsTheOneTheRulesExempt(t *testing.T) {
 	}
 
 }
+
+// A VM's files where Istio's bundle puts them, under --root: the defaults
+// of ISTIO_CLUSTER_CONFIG and ISTIO_SIDECAR_CONFIG (`meshagent help env`).
+const (
+	clusterEnvFile = "./var/lib/istio/envoy/cluster.env"
+	sidecarEnvFile = "./var/lib/istio/envoy/sidecar.env"
+)

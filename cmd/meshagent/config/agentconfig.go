@@ -93,9 +93,10 @@ type Plan struct {
 	// Env is the environment the config was built from (standalone's and a
 	// VM's are layered on the process's): its Reads are what the start read.
 	Env *Reader
-	// GOGC is GOGC as the operator set it (even empty); nil: the agent
-	// sets its own GC target (cmd's memory.go).
-	GOGC *string
+	// GCPercent is the GC target the agent sets (cmd's memory.go): GOGC's
+	// default; nil when GOGC is set (even empty), which Go's runtime
+	// applied itself.
+	GCPercent *int
 }
 
 // Release drops the root's lock: at exit, or when the run stops before
@@ -135,11 +136,11 @@ type sharedVars struct {
 
 func readSharedVars(r envReader) sharedVars {
 	return sharedVars{
-		provCert:           envVar(r, "PROV_CERT", "", ParseString),
-		outputCerts:        envVar(r, "OUTPUT_CERTS", "", ParseString),
-		istiodSAN:          envVar(r, "ISTIOD_SAN", "", ParseString),
-		clusterID:          envVar(r, "ISTIO_META_CLUSTER_ID", "", ParseString),
-		workloadSocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, ParseString),
+		provCert:           get(r, envProvCert),
+		outputCerts:        get(r, envOutputCerts),
+		istiodSAN:          get(r, envIstiodSAN),
+		clusterID:          get(r, envIstioMetaClusterID),
+		workloadSocketFile: get(r, envWorkloadIdentitySocketFile),
 	}
 }
 
@@ -156,8 +157,8 @@ func Build(in Inputs) (*Plan, error) {
 	r := envReader{env: in.Host.Env, problems: p}
 	f := in.Flags
 	c := &Plan{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
-	if v, ok := in.Host.Env.Lookup("GOGC"); ok {
-		c.GOGC = &v
+	if !present(in.Host.Env, envGOGC) {
+		c.GCPercent = &envGOGC.Default
 	}
 	if len(in.Args) > 0 {
 		c.ProxyType = in.Args[0]
@@ -196,7 +197,7 @@ func Build(in Inputs) (*Plan, error) {
 		injected:        in.standalone.proxyConfigLayer(),
 		meshConfigFile:  Rooted(c.Root, meshFile),
 		meshConfigFlag:  f.meshConfig,
-		proxyConfigEnv:  envVar(r, "PROXY_CONFIG", "", ParseString),
+		proxyConfigEnv:  get(r, envProxyConfig),
 		annotationsFile: Rooted(c.Root, podAnnotationsFile),
 	}
 	pc, err := effectiveProxyConfig(r, pcSources, f.concurrency, in.Log)
@@ -224,7 +225,7 @@ func Build(in Inputs) (*Plan, error) {
 	dns := dnsConfig(r, f, pod, c.ProxyType)
 	shared := readSharedVars(r)
 	certsCfg, sdsCfg := identityConfig(r, in.Host, c.Root, pod, shared, pc)
-	sdsSocket := Rooted(c.Root, workloadIdentityDir+"/"+workloadSocketFile)
+	sdsSocket := Rooted(c.Root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default)
 	filesSDSSocket := ""
 	if sdsCfg != nil {
 		sdsSocket = sdsCfg.EnvoySocketPath()
@@ -297,15 +298,15 @@ func CheckRoot(root string, p *Problems) string {
 // getDNSDomain and IP discovery).
 func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 	pod := podInfo{
-		name:           envVar(r, "POD_NAME", "", ParseString),
-		namespace:      envVar(r, "POD_NAMESPACE", "", ParseDNSLabel),
-		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", ParseDNSSubdomain),
+		name:           get(r, envPodName),
+		namespace:      get(r, envPodNamespace),
+		serviceAccount: get(r, envServiceAccount),
 		domain:         f.domain,
 	}
 	if pod.domain == "" {
 		pod.domain = pod.namespace + ".svc.cluster.local"
 	}
-	if v, ok := r.env.Text("INSTANCE_IP"); ok {
+	if v := get(r, envInstanceIP); v != "" {
 		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {

@@ -1,16 +1,14 @@
 package config
 
 import (
-	"strings"
-
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/services/capture"
 )
 
 // CaptureSettings are istio-iptables' flags bound to a capture.RulesConfig: every
-// flag but --envoy-port also reads UPPER(name, '-'→'_') from the
-// environment (Istio's pkg/flag.BindEnv), some with Istio's aliases; the
+// flag but --envoy-port also reads its variable, UPPER(name, '-'→'_') as
+// Istio's pkg/flag.BindEnv names it, some with Istio's aliases; the
 // command line wins. `istio-iptables`, `clean-iptables` and the capture
 // service of `proxy` all read them through here.
 type CaptureSettings struct {
@@ -24,48 +22,48 @@ type CaptureSettings struct {
 
 func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 	c := &CaptureSettings{s: NewSettings(fs)}
-	d, cfg, s := capture.DefaultRules(), &c.cfg, c.s
-	str := func(p *string, name, short, def, usage string, env ...string) {
-		FlagVar(s, p, def, ParseString, FlagSpec{name: name, short: short, Env: append([]string{envName(name)}, env...), usage: usage})
+	cfg, s := &c.cfg, c.s
+	str := func(p *string, name, short, usage string, env ...*Setting[string]) {
+		envFlagVar(s, p, flagSpec{name: name, short: short, usage: usage}, env...)
 	}
-	boolean := func(p *bool, name, short, usage string, env ...string) {
-		FlagVar(s, p, false, ParseBool, FlagSpec{name: name, short: short, Env: append([]string{envName(name)}, env...), usage: usage})
+	boolean := func(p *bool, name, short, usage string, env ...*Setting[bool]) {
+		envFlagVar(s, p, flagSpec{name: name, short: short, usage: usage}, env...)
 	}
 	// --envoy-port has no env binding in Istio (ENVOY_PORT is not read).
-	FlagVar(s, &cfg.ProxyPort, d.ProxyPort, ParseString, FlagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
-	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", d.InboundCapturePort, "Port to which all inbound TCP traffic is redirected")
-	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", d.InboundTunnelPort, "Envoy's HBONE tunnel port (never captured)")
-	OptionalFlagVar(s, &c.proxyUID, ParseString, FlagSpec{name: "proxy-uid", short: "u", Env: []string{"PROXY_UID"},
-		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + d.ProxyUID + ")"})
-	OptionalFlagVar(s, &c.proxyGID, ParseString, FlagSpec{name: "proxy-gid", short: "g", Env: []string{"PROXY_GID"},
-		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"})
-	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "", "Inbound interception mode: REDIRECT or TPROXY")
-	str(&cfg.InboundTProxyMark, "istio-inbound-tproxy-mark", "t", d.InboundTProxyMark, "Packet mark used by TPROXY mode")
-	str(&cfg.InboundTProxyRouteTable, "istio-inbound-tproxy-route-table", "r", d.InboundTProxyRouteTable, "Routing table used by TPROXY mode")
-	str(&cfg.InboundPortsInclude, "istio-inbound-ports", "b", "", `Inbound ports to capture, comma separated; "*" for all; empty for none`)
-	str(&cfg.InboundPortsExclude, "istio-local-exclude-ports", "d", "", `Inbound ports not to capture (with -b "*")`)
-	str(&cfg.ExcludeInterfaces, "istio-exclude-interfaces", "c", "", "Interfaces whose traffic is never captured")
-	str(&cfg.OutboundIPRangesInclude, "istio-service-cidr", "i", "", `Outbound CIDRs to capture; "*" for all; empty for none`)
-	str(&cfg.OutboundIPRangesExclude, "istio-service-exclude-cidr", "x", "", "Outbound CIDRs never captured")
-	str(&cfg.OutboundPortsInclude, "istio-outbound-ports", "q", "", "Outbound ports always captured")
-	str(&cfg.OutboundPortsExclude, "istio-local-outbound-ports-exclude", "o", "", "Outbound ports never captured")
-	str(&cfg.RerouteVirtualInterfaces, "kube-virt-interfaces", "k", "", "Virtual interfaces whose inbound traffic is treated as outbound")
-	boolean(&cfg.DryRun, "dry-run", "n", "Print the rules; change nothing")
-	FlagVar(s, &c.probePort, int(d.IptablesProbePort), ParsePort, FlagSpec{name: "iptables-probe-port", Env: []string{"IPTABLES_PROBE_PORT"}, usage: "Port the validation probe dials"})
-	FlagVar(s, &cfg.ProbeTimeout, d.ProbeTimeout, ParseDuration, FlagSpec{name: "probe-timeout", Env: []string{"PROBE_TIMEOUT"}, usage: "Validation probe timeout"})
-	boolean(&cfg.SkipRuleApply, "skip-rule-apply", "", "Do not program rules (validate only)")
-	boolean(&cfg.RunValidation, "run-validation", "", "Check with a probe connection that capture works")
-	boolean(&cfg.RedirectDNS, "redirect-dns", "", "Redirect DNS to the agent's DNS proxy (15053)", "ISTIO_META_DNS_CAPTURE")
-	boolean(&cfg.DropInvalid, "drop-invalid", "", "Drop packets conntrack marks INVALID", "INVALID_DROP")
-	boolean(&cfg.DualStack, "dual-stack", "", "Dual-stack host", "ISTIO_DUAL_STACK")
-	boolean(&cfg.CaptureAllDNS, "capture-all-dns", "", "Capture DNS to any server, not only resolv.conf's")
-	str(&cfg.NetworkNamespace, "network-namespace", "", "", "Network namespace file to program from outside it, as the CNI plugin does (/proc/PID/ns/net, /var/run/netns/NAME); locked per namespace")
-	boolean(&cfg.CNIMode, "cni-mode", "", "Running inside the CNI plugin")
-	boolean(&cfg.Reconcile, "reconcile", "", "Replace drifted rules")
-	boolean(&cfg.CleanupOnly, "cleanup-only", "", "Only remove the rules")
-	boolean(&cfg.ForceApply, "force-apply", "", "Apply even if the rules are already in place")
-	boolean(&cfg.NativeNftables, "native-nftables", "", "Use native nftables (tables inet istio-proxy-nat, -mangle, -raw; needs the nft binary) instead of iptables rules")
-	str(&cfg.ForceIptablesBinary, "force-iptables-binary", "", "", `Force the iptables binary: "legacy" or "nft"`)
+	flagVar(s, &cfg.ProxyPort, capture.DefaultRules().ProxyPort, ParseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
+	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", "Port to which all inbound TCP traffic is redirected", envInboundCapturePort)
+	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", "Envoy's HBONE tunnel port (never captured)", envInboundTunnelPort)
+	optionalFlagVar(s, &c.proxyUID, ParseString, flagSpec{name: "proxy-uid", short: "u",
+		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + capture.DefaultRules().ProxyUID + ")"}, envProxyUID)
+	optionalFlagVar(s, &c.proxyGID, ParseString, flagSpec{name: "proxy-gid", short: "g",
+		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"}, envProxyGID)
+	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "Inbound interception mode: REDIRECT or TPROXY", envIstioInboundInterceptionMode)
+	str(&cfg.InboundTProxyMark, "istio-inbound-tproxy-mark", "t", "Packet mark used by TPROXY mode", envIstioInboundTProxyMark)
+	str(&cfg.InboundTProxyRouteTable, "istio-inbound-tproxy-route-table", "r", "Routing table used by TPROXY mode", envIstioInboundTProxyRouteTable)
+	str(&cfg.InboundPortsInclude, "istio-inbound-ports", "b", `Inbound ports to capture, comma separated; "*" for all; empty for none`, envIstioInboundPorts)
+	str(&cfg.InboundPortsExclude, "istio-local-exclude-ports", "d", `Inbound ports not to capture (with -b "*")`, envIstioLocalExcludePorts)
+	str(&cfg.ExcludeInterfaces, "istio-exclude-interfaces", "c", "Interfaces whose traffic is never captured", envIstioExcludeInterfaces)
+	str(&cfg.OutboundIPRangesInclude, "istio-service-cidr", "i", `Outbound CIDRs to capture; "*" for all; empty for none`, envIstioServiceCIDR)
+	str(&cfg.OutboundIPRangesExclude, "istio-service-exclude-cidr", "x", "Outbound CIDRs never captured", envIstioServiceExcludeCIDR)
+	str(&cfg.OutboundPortsInclude, "istio-outbound-ports", "q", "Outbound ports always captured", envIstioOutboundPorts)
+	str(&cfg.OutboundPortsExclude, "istio-local-outbound-ports-exclude", "o", "Outbound ports never captured", envIstioLocalOutboundPortsExclude)
+	str(&cfg.RerouteVirtualInterfaces, "kube-virt-interfaces", "k", "Virtual interfaces whose inbound traffic is treated as outbound", envKubeVirtInterfaces)
+	boolean(&cfg.DryRun, "dry-run", "n", "Print the rules; change nothing", envDryRun)
+	envFlagVar(s, &c.probePort, flagSpec{name: "iptables-probe-port", usage: "Port the validation probe dials"}, envIptablesProbePort)
+	envFlagVar(s, &cfg.ProbeTimeout, flagSpec{name: "probe-timeout", usage: "Validation probe timeout"}, envProbeTimeout)
+	boolean(&cfg.SkipRuleApply, "skip-rule-apply", "", "Do not program rules (validate only)", envSkipRuleApply)
+	boolean(&cfg.RunValidation, "run-validation", "", "Check with a probe connection that capture works", envRunValidation)
+	boolean(&cfg.RedirectDNS, "redirect-dns", "", "Redirect DNS to the agent's DNS proxy (15053)", envRedirectDNS, envIstioMetaDNSCapture)
+	boolean(&cfg.DropInvalid, "drop-invalid", "", "Drop packets conntrack marks INVALID", envDropInvalid, envInvalidDrop)
+	boolean(&cfg.DualStack, "dual-stack", "", "Dual-stack host", envDualStack, envIstioDualStack)
+	boolean(&cfg.CaptureAllDNS, "capture-all-dns", "", "Capture DNS to any server, not only resolv.conf's", envCaptureAllDNS)
+	str(&cfg.NetworkNamespace, "network-namespace", "", "Network namespace file to program from outside it, as the CNI plugin does (/proc/PID/ns/net, /var/run/netns/NAME); locked per namespace", envNetworkNamespace)
+	boolean(&cfg.CNIMode, "cni-mode", "", "Running inside the CNI plugin", envCNIMode)
+	boolean(&cfg.Reconcile, "reconcile", "", "Replace drifted rules", envReconcile)
+	boolean(&cfg.CleanupOnly, "cleanup-only", "", "Only remove the rules", envCleanupOnly)
+	boolean(&cfg.ForceApply, "force-apply", "", "Apply even if the rules are already in place", envForceApply)
+	boolean(&cfg.NativeNftables, "native-nftables", "", "Use native nftables (tables inet istio-proxy-nat, -mangle, -raw; needs the nft binary) instead of iptables rules", envNativeNftables)
+	str(&cfg.ForceIptablesBinary, "force-iptables-binary", "", `Force the iptables binary: "legacy" or "nft"`, envForceIptablesBinary)
 	return c
 }
 
@@ -83,7 +81,7 @@ func (c *CaptureSettings) Config(host Host) (capture.RulesConfig, error) {
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
 	} else if host.LookupUID != nil {
-		if uid, err := host.LookupUID(envVar(r, "ENVOY_USER", "istio-proxy", ParseString)); err == nil {
+		if uid, err := host.LookupUID(get(r, envEnvoyUser)); err == nil {
 			cfg.ProxyUID = uid
 		}
 	}
@@ -91,11 +89,8 @@ func (c *CaptureSettings) Config(host Host) (capture.RulesConfig, error) {
 	if c.proxyGID != nil && *c.proxyGID != "" {
 		cfg.ProxyGID = *c.proxyGID
 	}
-	cfg.OwnerGroupsInclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS", capture.DefaultRules().OwnerGroupsInclude, ParseString)
-	cfg.OwnerGroupsExclude = envVar(r, "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", ParseString)
-	cfg.HostIPv4LoopbackCidr = envVar(r, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", capture.DefaultRules().HostIPv4LoopbackCidr, ParseString)
+	cfg.OwnerGroupsInclude = get(r, envIstioOutboundOwnerGroups)
+	cfg.OwnerGroupsExclude = get(r, envIstioOutboundOwnerGroupsExclude)
+	cfg.HostIPv4LoopbackCidr = get(r, envIstioOutboundIPv4LoopbackCIDR)
 	return cfg, c.s.Problems.Err()
 }
-
-// envName is Istio's env binding of an istio-iptables flag.
-func envName(flag string) string { return strings.ToUpper(strings.ReplaceAll(flag, "-", "_")) }

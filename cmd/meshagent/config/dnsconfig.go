@@ -1,8 +1,6 @@
 package config
 
 import (
-	"time"
-
 	"github.com/meshagent/meshagent/services/dnsproxy"
 )
 
@@ -10,7 +8,7 @@ import (
 // need to know.
 type dnsSettings struct {
 	proxy *dnsproxy.Config // nil: the DNS proxy is off
-	addr  string           // DNS_PROXY_ADDR, else localhost:15053
+	addr  string           // DNS_PROXY_ADDR
 	// given is DNS_PROXY_ADDR as set ("" when unset): Istio's agent copies
 	// it into Envoy's node metadata whether or not its DNS proxy runs.
 	given string
@@ -23,17 +21,20 @@ func (d dnsSettings) enabled() bool { return d.proxy != nil }
 // ISTIO_META_DNS_CAPTURE (sidecars only, as Istio) or
 // ISTIO_META_ENABLE_DNS_SERVER, or when --name-table is given.
 func dnsConfig(r envReader, f *ProxyFlags, pod podInfo, proxyType string) dnsSettings {
-	capture := envVar(r, "ISTIO_META_DNS_CAPTURE", false, ParseBool)
-	server := envVar(r, "ISTIO_META_ENABLE_DNS_SERVER", false, ParseBool)
-	given := envVar(r, "DNS_PROXY_ADDR", "", ParseString)
-	d := dnsSettings{addr: nonEmpty(given, dnsProxyAddr), given: given}
+	capture := get(r, envIstioMetaDNSCapture)
+	server := get(r, envIstioMetaEnableDNSServer)
+	addr, given := lookup(r, envDNSProxyAddr)
+	d := dnsSettings{addr: addr}
+	if given {
+		d.given = addr
+	}
 	cfg := &dnsproxy.Config{
 		Listen:          d.addr,
 		ResolvConf:      f.resolvConf,
 		Namespace:       pod.namespace,
 		Domain:          pod.domain,
-		ForwardTimeout:  envVar(r, "DNS_FORWARD_TIMEOUT", 5*time.Second, ParseDuration), // Istio's dnsClient.DefaultUpstreamTimeout
-		ForwardParallel: envVar(r, "DNS_FORWARD_PARALLEL", false, ParseBool),
+		ForwardTimeout:  get(r, envDNSForwardTimeout),
+		ForwardParallel: get(r, envDNSForwardParallel),
 	}
 	if capture && proxyType == "sidecar" || server || f.nameTable != "" {
 		d.proxy = cfg

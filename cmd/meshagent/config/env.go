@@ -1,9 +1,10 @@
 // Package config is the agent's configuration apart from its commands
 // (#26): the translation of Istio's flags, environment variables,
 // ProxyConfig layers, mesh config file, pod files and a VM's cluster.env
-// into the tree's Config (Build, BuildStandalone, ReadVM); the one table
-// of every environment variable the agent reads (Env), the Reader through
-// which each is read, and the parsers shared by flags and variables.
+// into the plan of what the agent runs (Build, BuildStandalone, ReadVM);
+// the one table of every environment variable the agent reads, each
+// entry with its default value and its parser (this file), and the
+// flags bound to it (flagenv.go).
 //
 // It reads the host only through Host, which the commands fill (the
 // process environment, interfaces, users, executables, the root's lock),
@@ -15,23 +16,11 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
-
-// Var is one environment variable the agent reads: its name (for a prefix,
-// the prefix, with Prefix set), its default as `help env` shows it, the
-// type its parser takes, the service it feeds and what it means (Istio's
-// meaning, unless Service says it is ours).
-type Var struct {
-	Name    string
-	Default string
-	Type    string
-	Service string
-	Doc     string
-	// Prefix: every variable whose name starts with Name (ISTIO_META_*).
-	Prefix bool
-}
 
 // Services a variable feeds, besides the services' own names: the pod's
 // identity (node id, SPIFFE ID, metadata: several services), the commands
@@ -50,179 +39,282 @@ const (
 	svcProcess    = "process"
 )
 
-// Env is every environment variable the agent reads. A variable read
-// anywhere else is a bug: TestEveryReadIsInTheTable checks a full start's
-// reads against it, and TestEnvTableMatchesReference the docs' table.
-var Env = []Var{
+// The table: every environment variable the agent reads, and its
+// default, here and nowhere else (#34). `meshagent help env` prints it.
+//
+// How to add a variable: one line in its service's group,
+//
+//	envMyThing = setting(asDuration, "MY_THING", 5*time.Second, svcXDS, "what it means")
+//
+// (the kind: asBool, asDuration, asPort, asCount, asNumber, asText("type
+// as help names it"), ... in parse.go; .derived("...") when the default
+// is computed from something else, and help should say so), then read it
+// in the builder of its service with get(r, envMyThing) (lookup when unset
+// differs from the default), and name it in docs/reference.md. A variable
+// that stands in for a flag is bound with envFlagVar instead.
+var (
 	// The pod: who the workload is (Istio's injector sets these).
-	{Name: "POD_NAME", Type: "string", Service: svcPod, Doc: "the pod's name: node id, metadata"},
-	{Name: "POD_NAMESPACE", Type: "DNS label", Service: svcPod, Doc: "the pod's namespace: node id, DNS domain, SPIFFE ID"},
-	{Name: "SERVICE_ACCOUNT", Type: "DNS subdomain", Service: svcPod, Doc: "the pod's service account: SPIFFE ID"},
-	{Name: "INSTANCE_IP", Type: "IP list", Service: svcPod, Doc: "the pod's IPs, comma separated, before the host's: node id, probes' destination"},
-	{Name: "PROXY_CONFIG", Type: "YAML or JSON", Service: svcPod, Doc: "a ProxyConfig layer over the mesh config file's defaultConfig"},
-	{Name: "ISTIO_CPU_LIMIT", Default: "0", Type: "count", Service: svcEnvoy, Doc: "Envoy's --concurrency when ProxyConfig sets none"},
+	envPodName        = setting(asText("string"), "POD_NAME", "", svcPod, "the pod's name: node id, metadata")
+	envPodNamespace   = setting(asDNSLabel, "POD_NAMESPACE", "", svcPod, "the pod's namespace: node id, DNS domain, SPIFFE ID")
+	envServiceAccount = setting(asDNSSubdomain, "SERVICE_ACCOUNT", "", svcPod, "the pod's service account: SPIFFE ID")
+	envInstanceIP     = setting(asText("IP list"), "INSTANCE_IP", "", svcPod, "the pod's IPs, comma separated, before the host's: node id, probes' destination")
+	envProxyConfig    = setting(asText("YAML or JSON"), "PROXY_CONFIG", "", svcPod, "a ProxyConfig layer over the mesh config file's defaultConfig")
+	envIstioCPULimit  = setting(asCount, "ISTIO_CPU_LIMIT", 0, svcEnvoy, "Envoy's --concurrency when ProxyConfig sets none")
 
 	// Envoy: its bootstrap, command line and process.
-	{Name: "ISTIO_META_", Type: "string", Service: svcEnvoy, Prefix: true, Doc: "Envoy node metadata, one key per variable"},
-	{Name: "ISTIO_METAJSON_", Type: "JSON object", Service: svcEnvoy, Prefix: true, Doc: "Envoy node metadata merged from a JSON object (_LABELS: the static labels)"},
-	{Name: "ENVOY_STATUS_PORT", Default: "15021", Type: "port", Service: svcEnvoy, Doc: "Envoy's readiness listener, forwarding to the agent"},
-	{Name: "ENVOY_PROMETHEUS_PORT", Default: "15090", Type: "port", Service: svcEnvoy, Doc: "Envoy's Prometheus listener, merged into :15020/stats/prometheus"},
-	{Name: "ENVOY_SECURE_METRICS_PORT", Default: "0 (off)", Type: "port or 0", Service: svcEnvoy, Doc: "Envoy's mTLS metrics listener"},
-	{Name: "ENVOY_SECURE_MERGED_METRICS_PORT", Default: "0 (off)", Type: "port or 0", Service: svcEnvoy, Doc: "Envoy's mTLS listener for the merged metrics"},
-	{Name: "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "the readiness listener accepts the PROXY protocol"},
-	{Name: "ISTIO_BOOTSTRAP", Type: "path", Service: svcEnvoy, Doc: "the bootstrap template, instead of the built-in one"},
-	{Name: "ISTIO_BOOTSTRAP_OVERRIDE", Type: "path", Service: svcEnvoy, Doc: "a file given to Envoy as --config-yaml, over the bootstrap"},
-	{Name: "HOST_IP", Type: "string", Service: svcEnvoy, Doc: "the node's IP, in the bootstrap (tracing, stats sinks)"},
-	{Name: "ISTIO_DELTA_XDS", Default: "true", Type: "bool", Service: svcEnvoy, Doc: "Envoy's ADS is delta (incremental) xDS"},
-	{Name: "ISTIO_DUAL_STACK", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "listeners for both IP families; istio-iptables' --dual-stack"},
-	{Name: "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "drain until Envoy's active connections reach zero"},
-	{Name: "MINIMUM_DRAIN_DURATION", Default: "5s", Type: "duration", Service: svcEnvoy, Doc: "the shortest drain with EXIT_ON_ZERO_ACTIVE_CONNECTIONS (0: none)"},
-	{Name: "PEER_METADATA_DISCOVERY", Default: "ISTIO_META_ENABLE_HBONE", Type: "bool", Service: svcEnvoy, Doc: "the metadata_discovery extension and METADATA_DISCOVERY metadata"},
-	{Name: "ENVOY_SKIP_DEPRECATED_LOGS", Default: "true", Type: "bool", Service: svcEnvoy, Doc: "Envoy's --skip-deprecated-logs"},
-	{Name: "ISTIO_ENVOY_ENABLE_CORE_DUMP", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "Envoy's --enable-core-dump"},
-	{Name: "DISABLE_ENVOY", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "no Envoy (proxyless gRPC): the agent serves xDS and certificates only"},
-	{Name: "COMPLIANCE_POLICY", Type: "string", Service: svcEnvoy, Doc: "TLS compliance policy (fips-140-2) in the bootstrap"},
-	{Name: "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", Default: "true", Type: "bool", Service: svcEnvoy, Doc: "false keeps a URL's #fragment in the path"},
-	{Name: "CLOUD_PLATFORM", Type: "string", Service: svcEnvoy, Doc: "the platform whose metadata goes in the node (gcp; none)"},
-	{Name: "GCP_METADATA", Type: "string", Service: svcEnvoy, Doc: "GCP's project|number|cluster|location, instead of the metadata server"},
-	{Name: "GCP_QUOTA_PROJECT", Type: "string", Service: svcEnvoy, Doc: "GCP's quota project, in the node metadata"},
-	{Name: "GCP_ZONE", Type: "string", Service: svcEnvoy, Doc: "GCP's zone, in the node's locality"},
+	envIstioMeta                                 = prefix("ISTIO_META_", "string", svcEnvoy, "Envoy node metadata, one key per variable")
+	envIstioMetajson                             = prefix("ISTIO_METAJSON_", "JSON object", svcEnvoy, "Envoy node metadata merged from a JSON object (_LABELS: the static labels)")
+	envEnvoyStatusPort                           = setting(asPort, "ENVOY_STATUS_PORT", 15021, svcEnvoy, "Envoy's readiness listener, forwarding to the agent")
+	envEnvoyPrometheusPort                       = setting(asPort, "ENVOY_PROMETHEUS_PORT", 15090, svcEnvoy, "Envoy's Prometheus listener, merged into :15020/stats/prometheus")
+	envEnvoySecureMetricsPort                    = setting(asPortOrOff, "ENVOY_SECURE_METRICS_PORT", 0, svcEnvoy, "Envoy's mTLS metrics listener")
+	envEnvoySecureMergedMetricsPort              = setting(asPortOrOff, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, svcEnvoy, "Envoy's mTLS listener for the merged metrics")
+	envEnvoyStatusPortEnableProxyProtocol        = setting(asBool, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, svcEnvoy, "the readiness listener accepts the PROXY protocol")
+	envIstioBootstrap                            = setting(asText("path"), "ISTIO_BOOTSTRAP", "", svcEnvoy, "the bootstrap template, instead of the built-in one")
+	envIstioBootstrapOverride                    = setting(asText("path"), "ISTIO_BOOTSTRAP_OVERRIDE", "", svcEnvoy, "a file given to Envoy as --config-yaml, over the bootstrap")
+	envHostIP                                    = setting(asText("string"), "HOST_IP", "", svcEnvoy, "the node's IP, in the bootstrap (tracing, stats sinks)")
+	envIstioDeltaXDS                             = setting(asBool, "ISTIO_DELTA_XDS", true, svcEnvoy, "Envoy's ADS is delta (incremental) xDS")
+	envIstioDualStack                            = setting(asBool, "ISTIO_DUAL_STACK", false, svcEnvoy, "listeners for both IP families; istio-iptables' --dual-stack")
+	envExitOnZeroActiveConnections               = setting(asBool, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, svcEnvoy, "drain until Envoy's active connections reach zero")
+	envMinimumDrainDuration                      = setting(asDuration, "MINIMUM_DRAIN_DURATION", 5*time.Second, svcEnvoy, "the shortest drain with EXIT_ON_ZERO_ACTIVE_CONNECTIONS (0: none)")
+	envPeerMetadataDiscovery                     = setting(asBool, "PEER_METADATA_DISCOVERY", false, svcEnvoy, "the metadata_discovery extension and METADATA_DISCOVERY metadata").derived("ISTIO_META_ENABLE_HBONE")
+	envEnvoySkipDeprecatedLogs                   = setting(asBool, "ENVOY_SKIP_DEPRECATED_LOGS", true, svcEnvoy, "Envoy's --skip-deprecated-logs")
+	envIstioEnvoyEnableCoreDump                  = setting(asBool, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, svcEnvoy, "Envoy's --enable-core-dump")
+	envDisableEnvoy                              = setting(asBool, "DISABLE_ENVOY", false, svcEnvoy, "no Envoy (proxyless gRPC): the agent serves xDS and certificates only")
+	envCompliancePolicy                          = setting(asText("string"), "COMPLIANCE_POLICY", "", svcEnvoy, "TLS compliance policy (fips-140-2) in the bootstrap")
+	envHTTPStripFragmentFromPathUnsafeIfDisabled = setting(asBool, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, svcEnvoy, "false keeps a URL's #fragment in the path")
+	envCloudPlatform                             = setting(asText("string"), "CLOUD_PLATFORM", "", svcEnvoy, "the platform whose metadata goes in the node (gcp; none)")
+	envGCPMetadata                               = setting(asText("string"), "GCP_METADATA", "", svcEnvoy, "GCP's project|number|cluster|location, instead of the metadata server")
+	envGCPQuotaProject                           = setting(asText("string"), "GCP_QUOTA_PROJECT", "", svcEnvoy, "GCP's quota project, in the node metadata")
+	envGCPZone                                   = setting(asText("string"), "GCP_ZONE", "", svcEnvoy, "GCP's zone, in the node's locality")
 
 	// Certificates and SDS.
-	{Name: "PILOT_CERT_PROVIDER", Default: "istiod", Type: "string", Service: svcCerts, Doc: "where the certificates come from (istiod, kubernetes, k8s.io/<signer>, custom, none)"},
-	{Name: "CA_ADDR", Default: "discoveryAddress", Type: "host:port", Service: svcCerts, Doc: "the CA's address"},
-	{Name: "CA_ROOT_CA", Default: "./var/run/secrets/istio/root-cert.pem", Type: "path or SYSTEM", Service: svcCerts, Doc: "the roots verifying the CA"},
-	{Name: "CA_HEADER_", Type: "string", Service: svcCerts, Prefix: true, Doc: "gRPC headers on CSRs, one per variable"},
-	{Name: "ISTIOD_SAN", Type: "string", Service: svcCerts + ", " + svcXDS, Doc: "the name verified on istiod's certificate"},
-	{Name: "PROV_CERT", Type: "path", Service: svcCerts + ", " + svcXDS, Doc: "directory of a provisioning certificate (a VM's): its root verifies the CA and istiod, its cert-chain.pem and key.pem are the client certificate to both"},
-	{Name: "OUTPUT_CERTS", Type: "path", Service: svcCerts + ", " + svcXDS, Doc: "directory the workload certificate is written to (and proxyless gRPC reads)"},
-	{Name: "FILE_MOUNTED_CERTS", Default: "false", Type: "bool", Service: svcCerts, Doc: "certificates come from files only, never the CA"},
-	{Name: "FILE_DEBOUNCE_DURATION", Default: "100ms", Type: "duration", Service: svcCerts + ", " + svcSDS, Doc: "quiet time before changed certificate files are reloaded"},
-	{Name: "ISTIO_META_CLUSTER_ID", Type: "string", Service: svcCerts + ", " + svcXDS, Doc: "the cluster, in CSRs and xDS requests (and node metadata)"},
-	{Name: "ISTIO_META_CERT_SIGNER", Type: "string", Service: svcCerts, Doc: "the signer asked for in CSRs"},
-	{Name: "TRUST_DOMAIN", Default: "cluster.local", Type: "trust domain", Service: svcCerts, Doc: "the SPIFFE trust domain"},
-	{Name: "SECRET_TTL", Default: "24h", Type: "duration", Service: svcCerts, Doc: "the workload certificate's requested lifetime"},
-	{Name: "SECRET_GRACE_PERIOD_RATIO", Default: "0.5", Type: "number", Service: svcCerts, Doc: "renew when this share of the lifetime is left"},
-	{Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: "0.01", Type: "number", Service: svcCerts, Doc: "random spread of the renewal time"},
-	{Name: "WORKLOAD_RSA_KEY_SIZE", Default: "2048", Type: "count", Service: svcCerts, Doc: "RSA key size"},
-	{Name: "ECC_SIGNATURE_ALGORITHM", Default: "RSA", Type: "ECDSA or RSA", Service: svcCerts, Doc: "the workload key's algorithm"},
-	{Name: "ECC_CURVE", Default: "P256", Type: "P256 or P384", Service: svcCerts, Doc: "the ECDSA curve"},
-	{Name: "PKCS8_KEY", Default: "false", Type: "bool", Service: svcCerts, Doc: "the key is written as PKCS#8"},
-	{Name: "KUBERNETES_SERVICE_HOST", Type: "string", Service: svcCerts, Doc: "set on Kubernetes: OUTPUT_CERTS files are 0644"},
-	{Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Type: "file name", Service: svcSDS + ", " + svcEnvoy, Doc: "the SDS socket's name in ./var/run/secrets/workload-spiffe-uds"},
-	{Name: "PILOT_ENABLE_CA_CRL", Default: "true", Type: "bool", Service: svcSDS, Doc: "serve the CA's CRL (./var/run/secrets/istio/crl) with the roots"},
+	envPilotCertProvider            = setting(asText("string"), "PILOT_CERT_PROVIDER", "istiod", svcCerts, "where the certificates come from (istiod, kubernetes, k8s.io/<signer>, custom, none)")
+	envCAAddr                       = setting(asText("host:port"), "CA_ADDR", "", svcCerts, "the CA's address").derived("discoveryAddress")
+	envCARootCA                     = setting(asText("path or SYSTEM"), "CA_ROOT_CA", "", svcCerts, "the roots verifying the CA").derived(caRootCertFile + ", or PROV_CERT's root")
+	envCAHeader                     = prefix("CA_HEADER_", "string", svcCerts, "gRPC headers on CSRs, one per variable")
+	envIstiodSAN                    = setting(asText("string"), "ISTIOD_SAN", "", svcCerts+", "+svcXDS, "the name verified on istiod's certificate")
+	envProvCert                     = setting(asText("path"), "PROV_CERT", "", svcCerts+", "+svcXDS, "directory of a provisioning certificate (a VM's): its root verifies the CA and istiod, its cert-chain.pem and key.pem are the client certificate to both")
+	envOutputCerts                  = setting(asText("path"), "OUTPUT_CERTS", "", svcCerts+", "+svcXDS, "directory the workload certificate is written to (and proxyless gRPC reads)")
+	envFileMountedCerts             = setting(asBool, "FILE_MOUNTED_CERTS", false, svcCerts, "certificates come from files only, never the CA")
+	envFileDebounceDuration         = setting(asDuration, "FILE_DEBOUNCE_DURATION", 100*time.Millisecond, svcCerts+", "+svcSDS, "quiet time before changed certificate files are reloaded")
+	envIstioMetaClusterID           = setting(asText("string"), "ISTIO_META_CLUSTER_ID", "", svcCerts+", "+svcXDS, "the cluster, in CSRs and xDS requests (and node metadata)")
+	envIstioMetaCertSigner          = setting(asText("string"), "ISTIO_META_CERT_SIGNER", "", svcCerts, "the signer asked for in CSRs")
+	envTrustDomain                  = setting(asTrustDomain, "TRUST_DOMAIN", "cluster.local", svcCerts, "the SPIFFE trust domain")
+	envSecretTTL                    = setting(asDuration, "SECRET_TTL", 24*time.Hour, svcCerts, "the workload certificate's requested lifetime")
+	envSecretGracePeriodRatio       = setting(asNumber, "SECRET_GRACE_PERIOD_RATIO", 0.5, svcCerts, "renew when this share of the lifetime is left")
+	envSecretGracePeriodRatioJitter = setting(asNumber, "SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01, svcCerts, "random spread of the renewal time")
+	envWorkloadRSAKeySize           = setting(asCount, "WORKLOAD_RSA_KEY_SIZE", 2048, svcCerts, "RSA key size")
+	envECCSignatureAlgorithm        = setting(asKeyAlgorithm, "ECC_SIGNATURE_ALGORITHM", "RSA", svcCerts, "the workload key's algorithm")
+	envECCCurve                     = setting(asECCCurve, "ECC_CURVE", "P256", svcCerts, "the ECDSA curve")
+	envPKCS8Key                     = setting(asBool, "PKCS8_KEY", false, svcCerts, "the key is written as PKCS#8")
+	envKubernetesServiceHost        = setting(asText("string"), "KUBERNETES_SERVICE_HOST", "", svcCerts, "set on Kubernetes: OUTPUT_CERTS files are 0644")
+	envWorkloadIdentitySocketFile   = setting(asText("file name"), "WORKLOAD_IDENTITY_SOCKET_FILE", "socket", svcSDS+", "+svcEnvoy, "the SDS socket's name in ./var/run/secrets/workload-spiffe-uds")
+	envPilotEnableCACRL             = setting(asBool, "PILOT_ENABLE_CA_CRL", true, svcSDS, "serve the CA's CRL (./var/run/secrets/istio/crl) with the roots")
 
 	// The XDS proxy.
-	{Name: "XDS_ROOT_CA", Type: "path or SYSTEM", Service: svcXDS, Doc: "the roots verifying istiod (else ./etc/certs, PROV_CERT, the CA root)"},
-	{Name: "XDS_HEADER_", Type: "string", Service: svcXDS, Prefix: true, Doc: "gRPC headers on the upstream xDS stream, one per variable"},
-	{Name: "GRPC_KEEPALIVE_INTERVAL", Default: "30s", Type: "duration", Service: svcXDS, Doc: "keepalive pings on the upstream stream"},
-	{Name: "GRPC_KEEPALIVE_TIMEOUT", Default: "10s", Type: "duration", Service: svcXDS, Doc: "keepalive ping timeout"},
-	{Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Type: "bool", Service: svcXDS, Doc: "ask istiod for ProxyConfig (its caCertificatesPem)"},
-	{Name: "XDS_OFFLINE_CACHE", Default: "true", Type: "bool", Service: svcXDS, Doc: "ours: keep Envoy's last ACKed config and serve it while istiod is away"},
-	{Name: "GRPC_XDS_BOOTSTRAP", Default: "./etc/istio/proxy/grpc-bootstrap.json", Type: "path", Service: svcXDS, Doc: "where proxyless gRPC's bootstrap is written"},
+	envXDSRootCA             = setting(asText("path or SYSTEM"), "XDS_ROOT_CA", "", svcXDS, "the roots verifying istiod (else ./etc/certs, PROV_CERT, the CA root)")
+	envXDSHeader             = prefix("XDS_HEADER_", "string", svcXDS, "gRPC headers on the upstream xDS stream, one per variable")
+	envGRPCKeepaliveInterval = setting(asDuration, "GRPC_KEEPALIVE_INTERVAL", 30*time.Second, svcXDS, "keepalive pings on the upstream stream")
+	envGRPCKeepaliveTimeout  = setting(asDuration, "GRPC_KEEPALIVE_TIMEOUT", 10*time.Second, svcXDS, "keepalive ping timeout")
+	envProxyConfigXDSAgent   = setting(asBool, "PROXY_CONFIG_XDS_AGENT", false, svcXDS, "ask istiod for ProxyConfig (its caCertificatesPem)")
+	envXDSOfflineCache       = setting(asBool, "XDS_OFFLINE_CACHE", true, svcXDS, "ours: keep Envoy's last ACKed config and serve it while istiod is away")
+	envGRPCXDSBootstrap      = setting(asText("path"), "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", svcXDS, "where proxyless gRPC's bootstrap is written")
 
 	// The DNS proxy.
-	{Name: "ISTIO_META_DNS_CAPTURE", Default: "false", Type: "bool", Service: svcDNS + ", " + svcCapture, Doc: "the DNS proxy on, and DNS redirected to it (sidecars)"},
-	{Name: "ISTIO_META_ENABLE_DNS_SERVER", Default: "false", Type: "bool", Service: svcDNS, Doc: "the DNS proxy on, without capture"},
-	{Name: "DNS_PROXY_ADDR", Default: "localhost:15053", Type: "host:port", Service: svcDNS + ", " + svcEnvoy, Doc: "the DNS proxy's address (loopback only); in the node metadata as set"},
-	{Name: "DNS_FORWARD_TIMEOUT", Default: "5s", Type: "duration", Service: svcDNS, Doc: "timeout of a query forwarded upstream"},
-	{Name: "DNS_FORWARD_PARALLEL", Default: "false", Type: "bool", Service: svcDNS, Doc: "forward to every upstream at once, first answer wins"},
+	envIstioMetaDNSCapture      = setting(asBool, "ISTIO_META_DNS_CAPTURE", false, svcDNS+", "+svcCapture, "the DNS proxy on, and DNS redirected to it (sidecars)")
+	envIstioMetaEnableDNSServer = setting(asBool, "ISTIO_META_ENABLE_DNS_SERVER", false, svcDNS, "the DNS proxy on, without capture")
+	envDNSProxyAddr             = setting(asText("host:port"), "DNS_PROXY_ADDR", "localhost:15053", svcDNS+", "+svcEnvoy, "the DNS proxy's address (loopback only); in the node metadata as set")
+	envDNSForwardTimeout        = setting(asDuration, "DNS_FORWARD_TIMEOUT", 5*time.Second, svcDNS, "timeout of a query forwarded upstream (Istio's dnsClient.DefaultUpstreamTimeout)")
+	envDNSForwardParallel       = setting(asBool, "DNS_FORWARD_PARALLEL", false, svcDNS, "forward to every upstream at once, first answer wins")
 
 	// The status server.
-	{Name: "ISTIO_KUBE_APP_PROBERS", Type: "JSON", Service: svcStatus, Doc: "the application's probes, answered on /app-health/..."},
-	{Name: "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", Default: "false", Type: "bool", Service: svcStatus, Doc: "probes go to localhost, not INSTANCE_IP"},
-	{Name: "ISTIO_ENABLE_HTTP2_PROBING", Default: "true", Type: "bool", Service: svcStatus, Doc: "HTTP/2 for HTTPS probes"},
-	{Name: "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", Default: "false", Type: "bool", Service: svcStatus, Doc: "probe connections kept between probes"},
-	{Name: "ISTIO_PROMETHEUS_ANNOTATIONS", Type: "JSON", Service: svcStatus, Doc: "the application's metrics merged into /stats/prometheus"},
-	{Name: "PILOT_AGENT_MERGE_ENVOY_STATS", Default: "true", Type: "bool", Service: svcStatus, Doc: "Envoy's metrics merged into /stats/prometheus"},
-	{Name: "METRICS_LOCALHOST_ACCESS_ONLY", Default: "false", Type: "bool", Service: svcStatus, Doc: "/stats/prometheus and /metrics answer loopback callers only"},
+	envIstioKubeAppProbers                    = setting(asText("JSON"), "ISTIO_KUBE_APP_PROBERS", "", svcStatus, "the application's probes, answered on /app-health/...")
+	envRewriteProbeLegacyLocalhostDestination = setting(asBool, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, svcStatus, "probes go to localhost, not INSTANCE_IP")
+	envIstioEnableHTTP2Probing                = setting(asBool, "ISTIO_ENABLE_HTTP2_PROBING", true, svcStatus, "HTTP/2 for HTTPS probes")
+	envEnableProbeKeepaliveConnections        = setting(asBool, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, svcStatus, "probe connections kept between probes")
+	envIstioPrometheusAnnotations             = setting(asText("JSON"), "ISTIO_PROMETHEUS_ANNOTATIONS", "", svcStatus, "the application's metrics merged into /stats/prometheus")
+	envPilotAgentMergeEnvoyStats              = setting(asBool, "PILOT_AGENT_MERGE_ENVOY_STATS", true, svcStatus, "Envoy's metrics merged into /stats/prometheus")
+	envMetricsLocalhostAccessOnly             = setting(asBool, "METRICS_LOCALHOST_ACCESS_ONLY", false, svcStatus, "/stats/prometheus and /metrics answer loopback callers only")
 
 	// istio-iptables' flags (pkg/flag.BindEnv: UPPER_SNAKE of the flag)
 	// and its variables: `istio-iptables`, `clean-iptables`, proxy --capture.
-	{Name: "INBOUND_CAPTURE_PORT", Default: "15006", Type: "port", Service: svcCapture, Doc: "--inbound-capture-port: where inbound TCP is redirected"},
-	{Name: "INBOUND_TUNNEL_PORT", Default: "15008", Type: "port", Service: svcCapture, Doc: "--inbound-tunnel-port: Envoy's HBONE port, never captured"},
-	{Name: "PROXY_UID", Default: "uid of ENVOY_USER, else 1337", Type: "uid list", Service: svcCapture, Doc: "--proxy-uid: the proxy's uids, whose traffic is not captured"},
-	{Name: "PROXY_GID", Default: "PROXY_UID", Type: "gid list", Service: svcCapture, Doc: "--proxy-gid: the proxy's gids"},
-	{Name: "ENVOY_USER", Default: "istio-proxy", Type: "user", Service: svcCapture, Doc: "the user whose uid is --proxy-uid's default"},
-	{Name: "ISTIO_INBOUND_INTERCEPTION_MODE", Default: "REDIRECT", Type: "REDIRECT or TPROXY", Service: svcCapture, Doc: "--istio-inbound-interception-mode"},
-	{Name: "ISTIO_INBOUND_TPROXY_MARK", Default: "1337", Type: "string", Service: svcCapture, Doc: "--istio-inbound-tproxy-mark: TPROXY's packet mark"},
-	{Name: "ISTIO_INBOUND_TPROXY_ROUTE_TABLE", Default: "133", Type: "string", Service: svcCapture, Doc: "--istio-inbound-tproxy-route-table: TPROXY's routing table"},
-	{Name: "ISTIO_INBOUND_PORTS", Type: "port list or *", Service: svcCapture, Doc: "--istio-inbound-ports: inbound ports captured"},
-	{Name: "ISTIO_LOCAL_EXCLUDE_PORTS", Type: "port list", Service: svcCapture, Doc: "--istio-local-exclude-ports: inbound ports not captured"},
-	{Name: "ISTIO_EXCLUDE_INTERFACES", Type: "list", Service: svcCapture, Doc: "--istio-exclude-interfaces: interfaces never captured"},
-	{Name: "ISTIO_SERVICE_CIDR", Type: "CIDR list or *", Service: svcCapture, Doc: "--istio-service-cidr: outbound ranges captured"},
-	{Name: "ISTIO_SERVICE_EXCLUDE_CIDR", Type: "CIDR list", Service: svcCapture, Doc: "--istio-service-exclude-cidr: outbound ranges never captured"},
-	{Name: "ISTIO_OUTBOUND_PORTS", Type: "port list", Service: svcCapture, Doc: "--istio-outbound-ports: outbound ports always captured"},
-	{Name: "ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE", Type: "port list", Service: svcCapture, Doc: "--istio-local-outbound-ports-exclude: outbound ports never captured"},
-	{Name: "KUBE_VIRT_INTERFACES", Type: "list", Service: svcCapture, Doc: "--kube-virt-interfaces: inbound on them treated as outbound"},
-	{Name: "DRY_RUN", Default: "false", Type: "bool", Service: svcCapture, Doc: "--dry-run: print the rules, change nothing"},
-	{Name: "IPTABLES_PROBE_PORT", Default: "15002", Type: "port", Service: svcCapture, Doc: "--iptables-probe-port: the validation probe's port"},
-	{Name: "PROBE_TIMEOUT", Default: "5s", Type: "duration", Service: svcCapture, Doc: "--probe-timeout: the validation probe's timeout"},
-	{Name: "SKIP_RULE_APPLY", Default: "false", Type: "bool", Service: svcCapture, Doc: "--skip-rule-apply: validate only"},
-	{Name: "RUN_VALIDATION", Default: "false", Type: "bool", Service: svcCapture, Doc: "--run-validation: check capture with a probe connection"},
-	{Name: "REDIRECT_DNS", Default: "ISTIO_META_DNS_CAPTURE", Type: "bool", Service: svcCapture, Doc: "--redirect-dns: DNS redirected to the DNS proxy"},
-	{Name: "DROP_INVALID", Default: "INVALID_DROP", Type: "bool", Service: svcCapture, Doc: "--drop-invalid: drop packets conntrack marks INVALID"},
-	{Name: "INVALID_DROP", Default: "false", Type: "bool", Service: svcCapture, Doc: "--drop-invalid's older name"},
-	{Name: "DUAL_STACK", Default: "ISTIO_DUAL_STACK", Type: "bool", Service: svcCapture, Doc: "--dual-stack: rules for IPv6 too"},
-	{Name: "CAPTURE_ALL_DNS", Default: "false", Type: "bool", Service: svcCapture, Doc: "--capture-all-dns: DNS to any server, not only resolv.conf's"},
-	{Name: "NETWORK_NAMESPACE", Type: "path", Service: svcCapture, Doc: "--network-namespace: the namespace programmed from outside it"},
-	{Name: "CNI_MODE", Default: "false", Type: "bool", Service: svcCapture, Doc: "--cni-mode: running inside the CNI plugin"},
-	{Name: "RECONCILE", Default: "false", Type: "bool", Service: svcCapture, Doc: "--reconcile: replace drifted rules"},
-	{Name: "CLEANUP_ONLY", Default: "false", Type: "bool", Service: svcCapture, Doc: "--cleanup-only: only remove the rules"},
-	{Name: "FORCE_APPLY", Default: "false", Type: "bool", Service: svcCapture, Doc: "--force-apply: apply even if the rules are in place"},
-	{Name: "NATIVE_NFTABLES", Default: "false", Type: "bool", Service: svcCapture, Doc: "--native-nftables: nftables instead of iptables rules"},
-	{Name: "FORCE_IPTABLES_BINARY", Type: "legacy or nft", Service: svcCapture, Doc: "--force-iptables-binary: the iptables flavour"},
-	{Name: "ISTIO_OUTBOUND_OWNER_GROUPS", Default: "*", Type: "group list", Service: svcCapture, Doc: "groups whose outbound traffic is captured"},
-	{Name: "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", Type: "group list", Service: svcCapture, Doc: "groups whose outbound traffic is not captured"},
-	{Name: "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", Default: "127.0.0.1/32", Type: "CIDR", Service: svcCapture, Doc: "the loopback range outbound rules treat as local"},
+	envInboundCapturePort              = setting(asText("port"), "INBOUND_CAPTURE_PORT", "15006", svcCapture, "--inbound-capture-port: where inbound TCP is redirected")
+	envInboundTunnelPort               = setting(asText("port"), "INBOUND_TUNNEL_PORT", "15008", svcCapture, "--inbound-tunnel-port: Envoy's HBONE port, never captured")
+	envProxyUID                        = setting(asText("uid list"), "PROXY_UID", "", svcCapture, "--proxy-uid: the proxy's uids, whose traffic is not captured").derived("uid of ENVOY_USER, else 1337")
+	envProxyGID                        = setting(asText("gid list"), "PROXY_GID", "", svcCapture, "--proxy-gid: the proxy's gids").derived("PROXY_UID")
+	envEnvoyUser                       = setting(asText("user"), "ENVOY_USER", "istio-proxy", svcCapture, "the user whose uid is --proxy-uid's default")
+	envIstioInboundInterceptionMode    = setting(asText("REDIRECT or TPROXY"), "ISTIO_INBOUND_INTERCEPTION_MODE", "", svcCapture, "--istio-inbound-interception-mode").derived("REDIRECT")
+	envIstioInboundTProxyMark          = setting(asText("string"), "ISTIO_INBOUND_TPROXY_MARK", "1337", svcCapture, "--istio-inbound-tproxy-mark: TPROXY's packet mark")
+	envIstioInboundTProxyRouteTable    = setting(asText("string"), "ISTIO_INBOUND_TPROXY_ROUTE_TABLE", "133", svcCapture, "--istio-inbound-tproxy-route-table: TPROXY's routing table")
+	envIstioInboundPorts               = setting(asText("port list or *"), "ISTIO_INBOUND_PORTS", "", svcCapture, "--istio-inbound-ports: inbound ports captured")
+	envIstioLocalExcludePorts          = setting(asText("port list"), "ISTIO_LOCAL_EXCLUDE_PORTS", "", svcCapture, "--istio-local-exclude-ports: inbound ports not captured")
+	envIstioExcludeInterfaces          = setting(asText("list"), "ISTIO_EXCLUDE_INTERFACES", "", svcCapture, "--istio-exclude-interfaces: interfaces never captured")
+	envIstioServiceCIDR                = setting(asText("CIDR list or *"), "ISTIO_SERVICE_CIDR", "", svcCapture, "--istio-service-cidr: outbound ranges captured")
+	envIstioServiceExcludeCIDR         = setting(asText("CIDR list"), "ISTIO_SERVICE_EXCLUDE_CIDR", "", svcCapture, "--istio-service-exclude-cidr: outbound ranges never captured")
+	envIstioOutboundPorts              = setting(asText("port list"), "ISTIO_OUTBOUND_PORTS", "", svcCapture, "--istio-outbound-ports: outbound ports always captured")
+	envIstioLocalOutboundPortsExclude  = setting(asText("port list"), "ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE", "", svcCapture, "--istio-local-outbound-ports-exclude: outbound ports never captured")
+	envKubeVirtInterfaces              = setting(asText("list"), "KUBE_VIRT_INTERFACES", "", svcCapture, "--kube-virt-interfaces: inbound on them treated as outbound")
+	envDryRun                          = setting(asBool, "DRY_RUN", false, svcCapture, "--dry-run: print the rules, change nothing")
+	envIptablesProbePort               = setting(asPort, "IPTABLES_PROBE_PORT", 15002, svcCapture, "--iptables-probe-port: the validation probe's port")
+	envProbeTimeout                    = setting(asDuration, "PROBE_TIMEOUT", 5*time.Second, svcCapture, "--probe-timeout: the validation probe's timeout")
+	envSkipRuleApply                   = setting(asBool, "SKIP_RULE_APPLY", false, svcCapture, "--skip-rule-apply: validate only")
+	envRunValidation                   = setting(asBool, "RUN_VALIDATION", false, svcCapture, "--run-validation: check capture with a probe connection")
+	envRedirectDNS                     = setting(asBool, "REDIRECT_DNS", false, svcCapture, "--redirect-dns: DNS redirected to the DNS proxy").derived("ISTIO_META_DNS_CAPTURE")
+	envDropInvalid                     = setting(asBool, "DROP_INVALID", false, svcCapture, "--drop-invalid: drop packets conntrack marks INVALID").derived("INVALID_DROP")
+	envInvalidDrop                     = setting(asBool, "INVALID_DROP", false, svcCapture, "--drop-invalid's older name")
+	envDualStack                       = setting(asBool, "DUAL_STACK", false, svcCapture, "--dual-stack: rules for IPv6 too").derived("ISTIO_DUAL_STACK")
+	envCaptureAllDNS                   = setting(asBool, "CAPTURE_ALL_DNS", false, svcCapture, "--capture-all-dns: DNS to any server, not only resolv.conf's")
+	envNetworkNamespace                = setting(asText("path"), "NETWORK_NAMESPACE", "", svcCapture, "--network-namespace: the namespace programmed from outside it")
+	envCNIMode                         = setting(asBool, "CNI_MODE", false, svcCapture, "--cni-mode: running inside the CNI plugin")
+	envReconcile                       = setting(asBool, "RECONCILE", false, svcCapture, "--reconcile: replace drifted rules")
+	envCleanupOnly                     = setting(asBool, "CLEANUP_ONLY", false, svcCapture, "--cleanup-only: only remove the rules")
+	envForceApply                      = setting(asBool, "FORCE_APPLY", false, svcCapture, "--force-apply: apply even if the rules are in place")
+	envNativeNftables                  = setting(asBool, "NATIVE_NFTABLES", false, svcCapture, "--native-nftables: nftables instead of iptables rules")
+	envForceIptablesBinary             = setting(asText("legacy or nft"), "FORCE_IPTABLES_BINARY", "", svcCapture, "--force-iptables-binary: the iptables flavour")
+	envIstioOutboundOwnerGroups        = setting(asText("group list"), "ISTIO_OUTBOUND_OWNER_GROUPS", "*", svcCapture, "groups whose outbound traffic is captured")
+	envIstioOutboundOwnerGroupsExclude = setting(asText("group list"), "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "", svcCapture, "groups whose outbound traffic is not captured")
+	envIstioOutboundIPv4LoopbackCIDR   = setting(asText("CIDR"), "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32", svcCapture, "the loopback range outbound rules treat as local")
 
 	// The commands' own settings (flags first, then these).
-	{Name: "MESHAGENT_ROOT", Default: "/", Type: "path", Service: svcProcess, Doc: "ours: --root, the directory every agent path lives under"},
-	{Name: "MESHAGENT_CAPTURE", Default: "false", Type: "bool", Service: svcCapture, Doc: "ours: proxy --capture, the agent applies and keeps the capture rules (VM)"},
-	{Name: "MESHAGENT_CAPTURE_CHECK_INTERVAL", Default: "30s", Type: "duration", Service: svcCapture, Doc: "ours: proxy --capture-check-interval"},
-	{Name: "MESHAGENT_HOT_RESTART", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)"},
-	{Name: "MESHAGENT_CHAOS", Default: "false", Type: "bool", Service: svcStatus, Doc: "ours: proxy --chaos, POST /debug/chaos/kill on the status port"},
-	{Name: "MESHAGENT_MESH", Type: "path", Service: svcStandalone, Doc: "ours: standalone --mesh, the mesh the control plane serves"},
-	{Name: "MESHAGENT_CERT_LIFETIME", Default: "1m", Type: "duration", Service: svcStandalone, Doc: "ours: standalone --cert-lifetime"},
-	{Name: "MESHAGENT_CONTROLPLANE_LISTEN", Default: "127.0.0.1:16010", Type: "host:port", Service: svcStandalone, Doc: "ours: standalone --controlplane-listen"},
-	{Name: "MESHAGENT_CA_LISTEN", Default: "127.0.0.1:16012", Type: "host:port", Service: svcStandalone, Doc: "ours: standalone --ca-listen"},
+	envMeshagentRoot                 = setting(asText("path"), "MESHAGENT_ROOT", "/", svcProcess, "ours: --root, the directory every agent path lives under")
+	envMeshagentCapture              = setting(asBool, "MESHAGENT_CAPTURE", false, svcCapture, "ours: proxy --capture, the agent applies and keeps the capture rules (VM)")
+	envMeshagentCaptureCheckInterval = setting(asDuration, "MESHAGENT_CAPTURE_CHECK_INTERVAL", 30*time.Second, svcCapture, "ours: proxy --capture-check-interval")
+	envMeshagentHotRestart           = setting(asBool, "MESHAGENT_HOT_RESTART", false, svcEnvoy, "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)")
+	envMeshagentChaos                = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
+	envMeshagentMesh                 = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
+	envMeshagentCertLifetime         = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
+	envMeshagentControlplaneListen   = setting(asText("host:port"), "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
+	envMeshagentCAListen             = setting(asText("host:port"), "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
 
 	// A VM (istio-start.sh's variables, from cluster.env and sidecar.env).
-	{Name: "ISTIO_CLUSTER_CONFIG", Default: "./var/lib/istio/envoy/cluster.env", Type: "path", Service: svcVM, Doc: "--cluster-env: the VM's settings"},
-	{Name: "ISTIO_SIDECAR_CONFIG", Default: "./var/lib/istio/envoy/sidecar.env", Type: "path", Service: svcVM, Doc: "--sidecar-env: the VM's optional local settings"},
-	{Name: "ISTIO_CUSTOM_IP_TABLES", Default: "false", Type: "bool", Service: svcVM, Doc: "the VM's capture rules are the operator's: none applied"},
-	{Name: "ISTIO_NAMESPACE", Default: "default", Type: "string", Service: svcVM, Doc: "the VM's POD_NAMESPACE"},
-	{Name: "ISTIO_SVC_IP", Type: "IP", Service: svcVM, Doc: "the VM's INSTANCE_IP"},
-	{Name: "ISTIO_SYSTEM_NAMESPACE", Default: "istio-system", Type: "string", Service: svcVM, Doc: "istiod's namespace, in the default CA_ADDR"},
-	{Name: "PILOT_ADDRESS", Type: "host:port", Service: svcVM, Doc: "istiod's address: discoveryAddress and CA_ADDR"},
-	{Name: "ISTIO_PILOT_PORT", Type: "port", Service: svcVM, Doc: "istiod's port, when PILOT_ADDRESS is unset"},
-	{Name: "ISTIO_SERVICE", Default: "rawvm", Type: "string", Service: svcVM, Doc: "the VM's serviceCluster"},
-	{Name: "ISTIO_CP_AUTH", Default: "MUTUAL_TLS", Type: "string", Service: svcVM, Doc: "the VM's controlPlaneAuthPolicy"},
+	envIstioClusterConfig   = setting(asText("path"), "ISTIO_CLUSTER_CONFIG", "./var/lib/istio/envoy/cluster.env", svcVM, "--cluster-env: the VM's settings")
+	envIstioSidecarConfig   = setting(asText("path"), "ISTIO_SIDECAR_CONFIG", "./var/lib/istio/envoy/sidecar.env", svcVM, "--sidecar-env: the VM's optional local settings")
+	envIstioCustomIPTables  = setting(asBool, "ISTIO_CUSTOM_IP_TABLES", false, svcVM, "the VM's capture rules are the operator's: none applied")
+	envIstioNamespace       = setting(asText("string"), "ISTIO_NAMESPACE", "default", svcVM, "the VM's POD_NAMESPACE")
+	envIstioSVCIP           = setting(asText("IP"), "ISTIO_SVC_IP", "", svcVM, "the VM's INSTANCE_IP")
+	envIstioSystemNamespace = setting(asText("string"), "ISTIO_SYSTEM_NAMESPACE", "istio-system", svcVM, "istiod's namespace, in the default CA_ADDR")
+	envPilotAddress         = setting(asText("host:port"), "PILOT_ADDRESS", "", svcVM, "istiod's address: discoveryAddress and CA_ADDR")
+	envIstioPilotPort       = setting(asText("port"), "ISTIO_PILOT_PORT", "", svcVM, "istiod's port, when PILOT_ADDRESS is unset")
+	envIstioService         = setting(asText("string"), "ISTIO_SERVICE", "rawvm", svcVM, "the VM's serviceCluster")
+	envIstioCPAuth          = setting(asText("string"), "ISTIO_CP_AUTH", "MUTUAL_TLS", svcVM, "the VM's controlPlaneAuthPolicy")
 
 	// The process.
-	{Name: "GOGC", Default: "50", Type: "count or off", Service: svcProcess, Doc: "Go's GC target; unset, the agent's own (50)"},
-	{Name: "NOTIFY_SOCKET", Type: "path", Service: svcProcess, Doc: "systemd's readiness socket (read by go-systemd in tree)"},
-	{Name: "WATCHDOG_USEC", Type: "count", Service: svcProcess, Doc: "systemd's watchdog interval (read by go-systemd in tree)"},
+	envGOGC         = setting(asGCPercent, "GOGC", 50, svcProcess, "Go's GC target; unset, the agent sets this one (any value, even empty, is left to Go's runtime)")
+	envNotifySocket = setting(asText("path"), "NOTIFY_SOCKET", "", svcProcess, "systemd's readiness socket (read by go-systemd in tree)")
+	envWatchdogUSEC = setting(asText("count"), "WATCHDOG_USEC", "", svcProcess, "systemd's watchdog interval (read by go-systemd in tree)")
+)
+
+// Setting is one environment variable: its name, its default value, how
+// its text becomes a value (kind), the service it feeds and what it means
+// (Istio's meaning, unless the doc says it is ours). The builders read it
+// only through the entry (get, lookup; a flag's envFlagVar), so the
+// default they use is the one help prints.
+type Setting[T any] struct {
+	Name    string
+	Default T
+	kind    kind[T]
+	Service string
+	Doc     string
+	// defaultText, when set, is what help prints for a default computed
+	// from other settings (PROXY_GID: PROXY_UID's value).
+	defaultText string
 }
 
-// Find is the table's entry for a name: its own entry, else the prefix
-// entry it falls under; the whole environment's reads (AllVariables) and a
-// prefix's (PREFIX*) are found too.
-func Find(name string) (Var, bool) {
-	if name == AllVariables {
-		return Var{Name: AllVariables, Doc: "the whole environment"}, true
+// table is every entry, in the order declared: help's source.
+var table []interface{ row() Var }
+
+// setting declares an entry of the table.
+func setting[T any](k kind[T], name string, def T, service, doc string) *Setting[T] {
+	s := &Setting[T]{Name: name, Default: def, kind: k, Service: service, Doc: doc}
+	table = append(table, s)
+	return s
+}
+
+// derived says, for help, what the default is computed from.
+func (s *Setting[T]) derived(text string) *Setting[T] {
+	s.defaultText = text
+	return s
+}
+
+func (s *Setting[T]) row() Var {
+	def := s.defaultText
+	if def == "" {
+		def = s.kind.format(s.Default)
 	}
-	if p, ok := strings.CutSuffix(name, "*"); ok {
-		i := slices.IndexFunc(Env, func(v Var) bool { return v.Prefix && v.Name == p })
-		if i < 0 {
-			return Var{}, false
+	return Var{Name: s.Name, Default: def, Type: s.kind.name, Service: s.Service, Doc: s.Doc, derived: s.defaultText != ""}
+}
+
+// Prefix is a family of variables: every variable whose name starts with
+// Name (CA_HEADER_X-Foo is the header X-Foo).
+type Prefix struct {
+	Name, Type, Service, Doc string
+}
+
+func prefix(name, typ, service, doc string) *Prefix {
+	p := &Prefix{Name: name, Type: typ, Service: service, Doc: doc}
+	table = append(table, p)
+	return p
+}
+
+func (p *Prefix) row() Var {
+	return Var{Name: p.Name, Default: "-", Type: p.Type, Service: p.Service, Doc: p.Doc, Prefix: true}
+}
+
+// Var is one row of help's table: the default as text.
+type Var struct {
+	Name, Default, Type, Service, Doc string
+	// Prefix: every variable whose name starts with Name (ISTIO_META_*).
+	Prefix bool
+	// derived: Default says what the default is computed from.
+	derived bool
+}
+
+// format is a default as help prints it: "-" for an empty text, a
+// duration in its shortest form (24h, not 24h0m0s).
+func (k kind[T]) format(v T) string {
+	var zero T
+	if k.zero != "" && any(v) == any(zero) {
+		return k.zero
+	}
+	switch x := any(v).(type) {
+	case string:
+		if x == "" {
+			return "-"
 		}
-		return Env[i], true
+		return x
+	case time.Duration:
+		s := x.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		return s
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
 	}
-	if i := slices.IndexFunc(Env, func(v Var) bool { return !v.Prefix && v.Name == name }); i >= 0 {
-		return Env[i], true
+	return fmt.Sprint(v)
+}
+
+// Vars is the table as help prints it, sorted by name.
+func Vars() []Var {
+	out := make([]Var, 0, len(table))
+	for _, e := range table {
+		out = append(out, e.row())
 	}
-	for _, v := range Env {
+	slices.SortFunc(out, func(a, b Var) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// find is the table's row for a name: its own entry, else the prefix
+// entry it falls under.
+func find(name string) (Var, bool) {
+	vars := Vars()
+	if i := slices.IndexFunc(vars, func(v Var) bool { return !v.Prefix && v.Name == name }); i >= 0 {
+		return vars[i], true
+	}
+	for _, v := range vars {
 		if v.Prefix && strings.HasPrefix(name, v.Name) {
 			return v, true
 		}
@@ -230,28 +322,17 @@ func Find(name string) (Var, bool) {
 	return Var{}, false
 }
 
-// Sorted is the table by name.
-func Sorted() []Var {
-	out := slices.Clone(Env)
-	slices.SortFunc(out, func(a, b Var) int { return cmp.Compare(a.Name, b.Name) })
-	return out
-}
-
 // WriteTable prints the table, sorted: name (a prefix as NAME*), default,
-// service, doc. It is `meshagent help env`.
+// type, service, doc. It is `meshagent help env`.
 func WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tSERVICE\tMEANING")
-	for _, v := range Sorted() {
+	for _, v := range Vars() {
 		name := v.Name
 		if v.Prefix {
 			name += "*"
 		}
-		def := v.Default
-		if def == "" {
-			def = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, def, v.Service, v.Doc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, v.Default, v.Service, v.Doc)
 	}
 	return tw.Flush()
 }

@@ -1,5 +1,13 @@
 package config
 
+// How a variable is read: the one way. An Environment is where the text
+// comes from (the process's, or a layer built on it: a VM's cluster.env,
+// standalone's defaults); a Reader reads it through the table's entries,
+// each variable once: its text parsed by its entry's parser, the value
+// kept, a bad value reported to the first reader only. The builders call
+// get or lookup with an entry (env.go), and a flag's variables are read the
+// same way (flagenv.go).
+
 import (
 	"maps"
 	"os"
@@ -10,9 +18,8 @@ import (
 
 // Environment is the process environment as the configuration sees it: a
 // lookup, and the whole list for prefixed variables (ISTIO_META_*,
-// CA_HEADER_*). Production has one, Process; tests make theirs with
-// FromMap. Nothing reads it but a Reader (and layers that build a derived
-// environment from it: the VM's cluster.env, standalone's defaults).
+// CA_HEADER_*). Production has one, Process; tests and layers make theirs
+// from a map (MapEnvironment).
 type Environment struct {
 	Lookup func(name string) (string, bool)
 	List   func() []string
@@ -21,21 +28,6 @@ type Environment struct {
 // Process is the agent's own environment: the one place the process
 // environment is read (#26).
 func Process() Environment { return Environment{Lookup: os.LookupEnv, List: os.Environ} }
-
-// FromMap is an environment made of a map: tests, and the layers built on
-// another environment.
-func FromMap(m map[string]string) Environment {
-	return Environment{
-		Lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok },
-		List: func() []string {
-			out := make([]string, 0, len(m))
-			for _, k := range slices.Sorted(maps.Keys(m)) {
-				out = append(out, k+"="+m[k])
-			}
-			return out
-		},
-	}
-}
 
 // Get returns the variable's value and whether it is set and not empty: an
 // empty value counts as unset, as a Kubernetes `value: ""` usually means.
@@ -55,25 +47,45 @@ func (e Environment) All() []string {
 	return e.List()
 }
 
-// Reader is how the configuration reads an Environment: by the names of
-// the table (Env), each counted, so that a test can check that one start
-// reads each variable once (#26: PROV_CERT was read three times, and a bad
-// value reported as many times). A nil Reader is an empty environment.
+// Reader reads an Environment through the table: each variable once (#26:
+// PROV_CERT was read three times, and a bad value reported as many
+// times). A second read of an entry, by another builder or a flag's
+// alias (--redirect-dns falls back to ISTIO_META_DNS_CAPTURE, which the
+// DNS proxy's config reads too), gets what the first found. A nil Reader
+// is an empty environment.
 type Reader struct {
-	src   Environment
-	mu    sync.Mutex
-	reads map[string]int
-	// bad are the variables whose bad value Value has reported.
-	bad map[string]bool
+	src  Environment
+	mu   sync.Mutex
+	read map[string]reading
+}
+
+// reading is what the one read of a variable found.
+type reading struct {
+	value any // nil: unset, or bad
 }
 
 // NewReader reads src.
 func NewReader(src Environment) *Reader {
-	return &Reader{src: src, reads: map[string]int{}, bad: map[string]bool{}}
+	return &Reader{src: src, read: map[string]reading{}}
+}
+
+// MapEnvironment is a reader of an environment made of a map: tests, and
+// the layers built on the process environment (the VM's cluster.env).
+func MapEnvironment(m map[string]string) *Reader {
+	return NewReader(Environment{
+		Lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok },
+		List: func() []string {
+			out := make([]string, 0, len(m))
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				out = append(out, k+"="+m[k])
+			}
+			return out
+		},
+	})
 }
 
 // Source is the environment under the reader, for a layer that derives
-// another environment from it (reading through it would count its reads).
+// another environment from it.
 func (r *Reader) Source() Environment {
 	if r == nil {
 		return Environment{}
@@ -81,105 +93,56 @@ func (r *Reader) Source() Environment {
 	return r.src
 }
 
-func (r *Reader) count(name string) {
-	r.mu.Lock()
-	r.reads[name]++
-	r.mu.Unlock()
-}
-
-// Text is the variable's text and whether it is set and not empty.
-func (r *Reader) Text(name string) (string, bool) {
+// read is the value of s's variable and whether it is set (and valid);
+// the default when it is not. The first read of a bad value returns the
+// error, naming the variable and the value; later reads take it as unset.
+func read[T any](r *Reader, s *Setting[T]) (T, bool, error) {
 	if r == nil {
-		return "", false
+		return s.Default, false, nil
 	}
-	r.count(name)
-	return r.src.Get(name)
-}
-
-// Lookup is the variable as the process has it: set even when empty. Only
-// for a variable whose reader outside the agent tells empty from unset
-// (GOGC: Go's runtime); the configuration's own use Text.
-func (r *Reader) Lookup(name string) (string, bool) {
-	if r == nil || r.src.Lookup == nil {
-		return "", false
-	}
-	r.count(name)
-	return r.src.Lookup(name)
-}
-
-// reportedBad says whether name's bad value was reported already, and
-// marks it reported.
-func (r *Reader) reportedBad(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := r.bad[name]
-	r.bad[name] = true
-	return seen
+	if got, ok := r.read[s.Name]; ok {
+		if v, set := got.value.(T); set {
+			return v, true, nil
+		}
+		return s.Default, false, nil
+	}
+	text, ok := r.src.Get(s.Name)
+	if !ok {
+		r.read[s.Name] = reading{}
+		return s.Default, false, nil
+	}
+	v, err := s.kind.parse(text)
+	if err != nil {
+		r.read[s.Name] = reading{}
+		return s.Default, false, &ValueError{Name: s.Name, Value: text, Err: err}
+	}
+	r.read[s.Name] = reading{value: v}
+	return v, true, nil
 }
 
-// Prefixed returns every variable whose name starts with prefix, keyed by
-// the rest of the name (CA_HEADER_X-Foo=bar ⇒ "X-Foo": "bar"). It counts
-// as a read of the prefix entry (prefix + "*").
-func (r *Reader) Prefixed(prefix string) map[string]string {
-	out := map[string]string{}
-	if r == nil {
-		return out
+// present says whether s's variable is set at all, even empty: GOGC,
+// which Go's runtime reads so.
+func present[T any](r *Reader, s *Setting[T]) bool {
+	if r == nil || r.src.Lookup == nil {
+		return false
 	}
-	r.count(prefix + "*")
-	for _, kv := range r.src.All() {
+	_, ok := r.src.Lookup(s.Name)
+	return ok
+}
+
+// prefixed returns every variable of the family p, keyed by the rest of
+// the name (CA_HEADER_X-Foo=bar ⇒ "X-Foo": "bar").
+func (r *Reader) prefixed(p *Prefix) map[string]string {
+	out := map[string]string{}
+	for _, kv := range r.Source().All() {
 		k, v, ok := strings.Cut(kv, "=")
-		if ok && len(k) > len(prefix) && strings.HasPrefix(k, prefix) {
-			out[k[len(prefix):]] = v
+		if ok && len(k) > len(p.Name) && strings.HasPrefix(k, p.Name) {
+			out[k[len(p.Name):]] = v
 		}
 	}
 	return out
-}
-
-// All is the whole environment, as NAME=value lines: what Envoy inherits
-// and turns into node metadata (ISTIO_META_*, ISTIO_METAJSON_*). It counts
-// as a read of AllVariables.
-func (r *Reader) All() []string {
-	if r == nil {
-		return nil
-	}
-	r.count(AllVariables)
-	return r.src.All()
-}
-
-// AllVariables is the name All's reads are counted under.
-const AllVariables = "*"
-
-// Reads is how many times each name was read (prefixes as PREFIX*, the
-// whole environment as AllVariables).
-func (r *Reader) Reads() map[string]int {
-	if r == nil {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return maps.Clone(r.reads)
-}
-
-// Value reads the variable name with parse: its value and true when it is
-// set and valid; false when it is unset; an error naming the variable and
-// the value (quoted, cut when long) when it is not valid. A bad value is
-// reported once: a second reader of the variable (istio-iptables' aliases
-// ISTIO_DUAL_STACK and ISTIO_META_DNS_CAPTURE) gets it as unset, so that one
-// typo is one line of the start's errors.
-func Value[T any](r *Reader, name string, parse Parser[T]) (T, bool, error) {
-	var zero T
-	text, ok := r.Text(name)
-	if !ok {
-		return zero, false, nil
-	}
-	v, err := parse(text)
-	if err != nil {
-		if r.reportedBad(name) {
-			return zero, false, nil
-		}
-		return zero, false, &ValueError{Name: name, Value: text, Err: err}
-	}
-	return v, true, nil
 }
 
 // ValueError is a variable's bad value.
@@ -190,3 +153,35 @@ type ValueError struct {
 
 func (e *ValueError) Error() string { return e.Name + "=" + QuoteValue(e.Value) + ": " + e.Err.Error() }
 func (e *ValueError) Unwrap() error { return e.Err }
+
+// envReader is how a builder reads: the environment, and where the bad
+// values go.
+type envReader struct {
+	env      *Reader
+	problems *Problems
+}
+
+// get is s's value: the variable's, else the table's default.
+func get[T any](r envReader, s *Setting[T]) T {
+	v, _ := lookup(r, s)
+	return v
+}
+
+// optional is the variable's value, nil when it is unset: for a setting
+// whose unset the service tells from any value (PEER_METADATA_DISCOVERY
+// unset follows ISTIO_META_ENABLE_HBONE).
+func optional[T any](r envReader, s *Setting[T]) *T {
+	if v, ok := lookup(r, s); ok {
+		return &v
+	}
+	return nil
+}
+
+// lookup is get, and whether the variable gave the value: for a setting
+// whose unset differs from any value (CA_ADDR unset: the discovery
+// address, and ISTIOD_SAN as the CA's name).
+func lookup[T any](r envReader, s *Setting[T]) (T, bool) {
+	v, set, err := read(r.env, s)
+	r.problems.Add(err)
+	return v, set
+}

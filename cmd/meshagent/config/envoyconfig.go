@@ -54,9 +54,9 @@ type envoyInputs struct {
 // announce the same node.
 func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config) {
 	pc := in.proxy
-	skipDeprecatedLogs := envVar(r, "ENVOY_SKIP_DEPRECATED_LOGS", true, ParseBool)
+	skipDeprecatedLogs := get(r, envEnvoySkipDeprecatedLogs)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
-	env := r.env.All()
+	env := r.env.Source().All()
 	b := &bootstrap.Config{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
@@ -78,15 +78,15 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		OutlierLogPath:  in.flags.outlierLogPath,
 		LogAsJSON:       in.logAsJSON,
 
-		EnvoyStatusPort:             envVar(r, "ENVOY_STATUS_PORT", EnvoyStatusPort, ParsePort),
-		EnvoyPrometheusPort:         envVar(r, "ENVOY_PROMETHEUS_PORT", EnvoyPrometheusPort, ParsePort),
-		IstioBootstrap:              envVar(r, "ISTIO_BOOTSTRAP", "", ParseString),
-		OverrideFile:                envVar(r, "ISTIO_BOOTSTRAP_OVERRIDE", "", ParseString),
-		HostIP:                      envVar(r, "HOST_IP", "", ParseString),
-		DeltaXDS:                    envVar(r, "ISTIO_DELTA_XDS", true, ParseBool),
-		DualStack:                   envVar(r, "ISTIO_DUAL_STACK", false, ParseBool),
-		ExitOnZeroActiveConnections: envVar(r, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false, ParseBool),
-		MetadataDiscovery:           optionalEnvVar(r, "PEER_METADATA_DISCOVERY", ParseBool),
+		EnvoyStatusPort:             get(r, envEnvoyStatusPort),
+		EnvoyPrometheusPort:         get(r, envEnvoyPrometheusPort),
+		IstioBootstrap:              get(r, envIstioBootstrap),
+		OverrideFile:                get(r, envIstioBootstrapOverride),
+		HostIP:                      get(r, envHostIP),
+		DeltaXDS:                    get(r, envIstioDeltaXDS),
+		DualStack:                   get(r, envIstioDualStack),
+		ExitOnZeroActiveConnections: get(r, envExitOnZeroActiveConnections),
+		MetadataDiscovery:           optional(r, envPeerMetadataDiscovery),
 		// Istio's bootstrap reads this from ProxyConfig.proxyMetadata, not
 		// from the environment (pkg/bootstrap/option MetricsLocalhostAccessOnly).
 		MetricsLocalhostOnly:   pc.GetProxyMetadata()["METRICS_LOCALHOST_ACCESS_ONLY"] == "true",
@@ -96,11 +96,11 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		DNSProxyAddr:               in.dns.given,
 		SkipDeprecatedLogs:         skipDeprecatedLogs,
 		WorkloadIdentitySocketFile: in.shared.workloadSocketFile,
-		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, ParsePortOrOff),
-		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, ParsePortOrOff),
-		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, ParseBool),
-		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", ParseString),
-		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, ParseBool),
+		SecureMetricsPort:          get(r, envEnvoySecureMetricsPort),
+		SecureMergedMetricsPort:    get(r, envEnvoySecureMergedMetricsPort),
+		StatusPortProxyProtocol:    get(r, envEnvoyStatusPortEnableProxyProtocol),
+		CompliancePolicy:           get(r, envCompliancePolicy),
+		KeepPathFragment:           !get(r, envHTTPStripFragmentFromPathUnsafeIfDisabled),
 		Platform:                   platform(r),
 	}
 	if in.flags.serviceCluster != nil {
@@ -121,18 +121,15 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		Concurrency:        int(pc.GetConcurrency().GetValue()),
 		IPv6:               bootstrap.AllIPv6(in.pod.nodeIPs),
 		SkipDeprecatedLogs: skipDeprecatedLogs,
-		EnableCoreDump:     envVar(r, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, ParseBool),
+		EnableCoreDump:     get(r, envIstioEnvoyEnableCoreDump),
 	}
 	if d := pc.GetFileFlushInterval(); d != nil {
 		args.FileFlushInterval = d.AsDuration()
 	}
 	// MINIMUM_DRAIN_DURATION=0 means no minimum: only an unset variable
 	// takes Istio's default.
-	minimumDrain := minimumDrainDuration
-	if d := optionalEnvVar(r, "MINIMUM_DRAIN_DURATION", ParseDuration); d != nil {
-		minimumDrain = *d
-	}
-	if envVar(r, "DISABLE_ENVOY", false, ParseBool) {
+	minimumDrain := get(r, envMinimumDrainDuration)
+	if get(r, envDisableEnvoy) {
 		return nil, b
 	}
 	// What Envoy is started from is checked now: a missing file was found
@@ -231,8 +228,8 @@ func drainQuery(proxyType string) string {
 // and GCP_ZONE. meshagent asks no metadata server: with CLOUD_PLATFORM unset
 // Istio's agent probes GCP's, AWS's and Azure's for up to 5 s.
 func platform(r envReader) bootstrap.Platform {
-	cloud := strings.ToLower(envVar(r, "CLOUD_PLATFORM", "", ParseString))
-	gcpMeta := envVar(r, "GCP_METADATA", "", ParseString)
+	cloud := strings.ToLower(get(r, envCloudPlatform))
+	gcpMeta := get(r, envGCPMetadata)
 	if cloud != "gcp" && (cloud != "" || gcpMeta == "") || gcpMeta == "" {
 		return bootstrap.Platform{}
 	}
@@ -241,10 +238,10 @@ func platform(r envReader) bootstrap.Platform {
 		md["gcp_project"], md["gcp_project_number"], md["gcp_gke_cluster_name"], md["gcp_location"] = parts[0], parts[1], parts[2], parts[3]
 		md["gcp_gke_cluster_url"] = fmt.Sprintf("https://container.googleapis.com/v1/projects/%s/locations/%s/clusters/%s", parts[0], parts[3], parts[2])
 	}
-	if q := envVar(r, "GCP_QUOTA_PROJECT", "", ParseString); q != "" {
+	if q := get(r, envGCPQuotaProject); q != "" {
 		md["gcp_quota_project"] = q
 	}
-	zone := envVar(r, "GCP_ZONE", "", ParseString)
+	zone := get(r, envGCPZone)
 	if zone != "" {
 		md["gcp_zone"] = zone
 	}

@@ -1,12 +1,13 @@
 package config
 
-// The one way a setting is read: the command line, else its environment
-// variable, else its default (consul-dataplane's cmd/consul-dataplane/
-// flags.go). Flags are defined with flagVar or optionalFlagVar, environment-
-// only settings read with envVar or optionalEnvVar; the same parser turns a
-// flag's text and a variable's text into the value, and every bad value is
-// collected in problems, naming the flag or variable and the value, so that
-// one run reports them all (exit code 2).
+// Flags, and the variables that stand in for them: the command line, else
+// the first of the flag's variables that is set, else the default — the
+// first variable's table default (consul-dataplane's cmd/consul-dataplane/
+// flags.go). A flag is defined with flagVar (no variable), envFlagVar
+// (bound to entries of the table) or optionalFlagVar; the same parser
+// turns a flag's text and a variable's text into the value, and every bad
+// value is collected in Problems, naming the flag or variable and the
+// value, so that one run reports them all (exit code 2).
 
 import (
 	"errors"
@@ -16,10 +17,6 @@ import (
 
 	"github.com/spf13/pflag"
 )
-
-// MapEnvironment is a reader of an environment made of a map: tests, and
-// the layers built on the process environment (the VM's cluster.env).
-func MapEnvironment(m map[string]string) *Reader { return NewReader(FromMap(m)) }
 
 // Problems collects bad values, each naming where it came from (a flag, an
 // environment variable, a file) and the value.
@@ -33,20 +30,17 @@ func (p *Problems) Add(err error) {
 
 func (p *Problems) Addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
 
-// err is every problem, joined; nil if there was none.
+// Err is every problem, joined; nil if there was none.
 func (p *Problems) Err() error { return errors.Join(p.errs...) }
 
-// FlagSpec names a flag and the environment variables that stand in for it
-// when it is not given (the first one set wins).
-type FlagSpec struct {
-	name, short string
-	Env         []string
-	usage       string
+// flagSpec names a flag.
+type flagSpec struct {
+	name, short, usage string
 }
 
 // Settings are the flags of one command, bound to their environment
-// variables. Define them with flagVar and optionalFlagVar, parse the
-// command line, then call resolve with the environment.
+// variables. Define them with flagVar, envFlagVar and optionalFlagVar,
+// parse the command line, then call Resolve with the environment.
 type Settings struct {
 	fs       *pflag.FlagSet
 	Problems *Problems
@@ -58,7 +52,7 @@ func NewSettings(fs *pflag.FlagSet) *Settings {
 	return &Settings{fs: fs, Problems: &Problems{}}
 }
 
-// resolve applies the environment to every flag the command line did not
+// Resolve applies the environment to every flag the command line did not
 // give, and returns every bad value, of flags and variables alike.
 func (s *Settings) Resolve(env *Reader) error {
 	for _, apply := range s.fromEnv {
@@ -67,37 +61,55 @@ func (s *Settings) Resolve(env *Reader) error {
 	return s.Problems.Err()
 }
 
-// FlagVar defines a flag whose value is the command line's, else the first
-// of spec.env that is set, else def. The variables are named in --help.
-func FlagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec FlagSpec) {
+// flagVar defines a flag with no variable: the command line's value, else
+// def.
+func flagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec flagSpec) {
 	*p = def
-	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse)
+	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse, nil)
 }
 
-// OptionalFlagVar defines a flag whose value stays nil unless the command
-// line or one of spec.env gives it: "not set" is visible, and differs from
-// a zero (consul-dataplane's pointer fields).
-func OptionalFlagVar[T any](s *Settings, p **T, parse Parser[T], spec FlagSpec) {
+// envFlagVar defines a flag whose value is the command line's, else the
+// first of env that is set, else env[0]'s default; it parses as env[0]
+// does. The variables are named in --help.
+func envFlagVar[T any](s *Settings, p *T, spec flagSpec, env ...*Setting[T]) {
+	*p = env[0].Default
+	defineFlag(s, spec, env[0].kind.format(env[0].Default), func(v T) { *p = v }, env[0].kind.parse, env)
+}
+
+// optionalFlagVar defines a flag whose value stays nil unless the command
+// line or one of env gives it: "not set" is visible, and differs from a
+// zero (consul-dataplane's pointer fields).
+func optionalFlagVar[T any](s *Settings, p **T, parse Parser[T], spec flagSpec, env ...*Setting[T]) {
 	*p = nil
-	defineFlag(s, spec, "", func(v T) { *p = &v }, parse)
+	defineFlag(s, spec, "", func(v T) { *p = &v }, parse, env)
 }
 
-func defineFlag[T any](s *Settings, spec FlagSpec, defText string, set func(T), parse Parser[T]) {
+func defineFlag[T any](s *Settings, spec flagSpec, defText string, set func(T), parse Parser[T], env []*Setting[T]) {
 	usage := spec.usage
-	if len(spec.Env) > 0 {
-		usage += " (env " + strings.Join(spec.Env, ", ") + ")"
+	if len(env) > 0 {
+		names := make([]string, len(env))
+		for i, e := range env {
+			names[i] = e.Name
+		}
+		usage += " (env " + strings.Join(names, ", ") + ")"
+	}
+	if defText == "-" {
+		defText = ""
 	}
 	v := &flagValue[T]{name: spec.name, text: defText, set: set, parse: parse, problems: s.Problems}
 	f := s.fs.VarPF(v, spec.name, spec.short, usage)
 	if v.Type() == "bool" {
 		f.NoOptDefVal = "true" // --chaos alone means true, as a pflag bool
 	}
-	s.fromEnv = append(s.fromEnv, func(env *Reader) {
+	if len(env) == 0 {
+		return
+	}
+	s.fromEnv = append(s.fromEnv, func(r *Reader) {
 		if s.fs.Changed(spec.name) {
 			return
 		}
-		for _, name := range spec.Env {
-			val, ok, err := Value(env, name, parse)
+		for _, e := range env {
+			val, ok, err := read(r, e)
 			if err != nil {
 				s.Problems.Add(err)
 				return
@@ -148,29 +160,4 @@ func (v *flagValue[T]) Type() string {
 	default:
 		return "string"
 	}
-}
-
-// envReader reads environment-only settings, collecting bad values.
-type envReader struct {
-	env      *Reader
-	problems *Problems
-}
-
-// envVar is the variable's value, else def.
-func envVar[T any](r envReader, name string, def T, parse Parser[T]) T {
-	if v := optionalEnvVar(r, name, parse); v != nil {
-		return *v
-	}
-	return def
-}
-
-// optionalEnvVar is the variable's value, or nil when it is not set (or
-// not valid: then the problem is collected).
-func optionalEnvVar[T any](r envReader, name string, parse Parser[T]) *T {
-	v, ok, err := Value(r.env, name, parse)
-	r.problems.Add(err)
-	if !ok {
-		return nil
-	}
-	return &v
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -21,11 +22,13 @@ type testSettings struct {
 
 func bindTestSettings(fs *pflag.FlagSet) (*Settings, *testSettings) {
 	s, v := NewSettings(fs), &testSettings{}
-	FlagVar(s, &v.port, 15000, ParsePort, FlagSpec{name: "port", Env: []string{"PORT"}, usage: "a port"})
-	FlagVar(s, &v.wait, 5*time.Second, ParseDuration, FlagSpec{name: "wait", Env: []string{"WAIT", "OLD_WAIT"}, usage: "a wait"})
-	FlagVar(s, &v.on, false, ParseBool, FlagSpec{name: "on", short: "o", Env: []string{"ON"}, usage: "a switch"})
-	OptionalFlagVar(s, &v.optional, ParseCount, FlagSpec{name: "optional", Env: []string{"OPTIONAL"}, usage: "maybe a count"})
-	FlagVar(s, &v.name, "x", ParseString, FlagSpec{name: "name", usage: "no variable"})
+	// Entries of no table: the package's table holds the agent's own.
+	envFlagVar(s, &v.port, flagSpec{name: "port", usage: "a port"}, &Setting[int]{Name: "PORT", Default: 15000, kind: asPort})
+	envFlagVar(s, &v.wait, flagSpec{name: "wait", usage: "a wait"},
+		&Setting[time.Duration]{Name: "WAIT", Default: 5 * time.Second, kind: asDuration}, &Setting[time.Duration]{Name: "OLD_WAIT", kind: asDuration})
+	envFlagVar(s, &v.on, flagSpec{name: "on", short: "o", usage: "a switch"}, &Setting[bool]{Name: "ON", kind: asBool})
+	optionalFlagVar(s, &v.optional, ParseCount, flagSpec{name: "optional", usage: "maybe a count"}, &Setting[int]{Name: "OPTIONAL", kind: asCount})
+	flagVar(s, &v.name, "x", ParseString, flagSpec{name: "name", usage: "no variable"})
 	return s, v
 }
 
@@ -94,20 +97,35 @@ func TestHelpNamesTheVariables(t *testing.T) {
 	testkit.Contains(t, "--help", out.String(), "(env PORT)", "(env WAIT, OLD_WAIT)", "-o, --on", "(default 15000)")
 }
 
-func TestEnvVar(t *testing.T) {
+// A builder's read: the variable's value, else the entry's default; an
+// empty value is unset; a bad one is reported once, naming the variable and
+// the value, however many read it.
+func TestGet(t *testing.T) {
 	p := &Problems{}
 	r := envReader{env: MapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
-	if got := envVar(r, "N", 1, ParseCount); got != 3 {
+	entry := func(name string) *Setting[int] { return &Setting[int]{Name: name, Default: 1, kind: asCount} }
+	if got := get(r, entry("N")); got != 3 {
 		t.Errorf("N = %d", got)
 	}
-	if got := envVar(r, "EMPTY", 1, ParseCount); got != 1 {
-		t.Errorf("EMPTY = %d, want the default", got)
+	if got, set := lookup(r, entry("EMPTY")); got != 1 || set {
+		t.Errorf("EMPTY = %d, %v; want the default, unset", got, set)
 	}
-	if got := optionalEnvVar(r, "UNSET", ParseCount); got != nil {
+	if got := optional(r, entry("UNSET")); got != nil {
 		t.Errorf("UNSET = %v, want nil", *got)
 	}
-	if got := envVar(r, "BAD", 1, ParseCount); got != 1 || p.Err() == nil || !strings.Contains(p.Err().Error(), `BAD="x"`) {
+	bad := entry("BAD")
+	if got := get(r, bad); got != 1 || p.Err() == nil || p.Err().Error() != `BAD="x": want a whole number, 0 or more` {
 		t.Errorf("BAD = %d, problems %v", got, p.Err())
+	}
+	var ve *ValueError
+	if !errors.As(p.Err(), &ve) {
+		t.Errorf("BAD: %T, want a *ValueError", p.Err())
+	}
+	if got := get(r, bad); got != 1 || strings.Count(p.Err().Error(), "BAD=") != 1 {
+		t.Errorf("BAD read again = %d, problems %v; want the default, reported once", got, p.Err())
+	}
+	if got := get(envReader{problems: p}, entry("N")); got != 1 {
+		t.Errorf("a nil reader gave %d, want the default", got)
 	}
 }
 

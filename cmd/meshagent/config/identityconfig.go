@@ -15,7 +15,7 @@ import (
 // mounted certificates: no certificate source, nothing for SDS to serve.
 func identityConfig(r envReader, host Host, root string, pod podInfo, shared sharedVars, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
 	cc := certs.DefaultConfig()
-	provider := envVar(r, "PILOT_CERT_PROVIDER", "istiod", ParseString)
+	provider := get(r, envPilotCertProvider)
 	switch provider {
 	case "istiod", "kubernetes", "custom", "none":
 	default:
@@ -23,8 +23,8 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 			r.problems.Addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", QuoteValue(provider))
 		}
 	}
-	if caAddr := optionalEnvVar(r, "CA_ADDR", ParseString); caAddr != nil {
-		cc.CAAddr = *caAddr
+	if caAddr, ok := lookup(r, envCAAddr); ok {
+		cc.CAAddr = caAddr
 	} else {
 		// Istio names the CA with ISTIOD_SAN only when the CA is the
 		// discovery address (pilot-agent options/security.go).
@@ -42,7 +42,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	} else if prov := shared.provCert; prov != "" {
 		cc.CARootFile = Rooted(root, prov+"/"+certs.RootCertFileName)
 	}
-	switch caRoot := envVar(r, "CA_ROOT_CA", "", ParseString); caRoot {
+	switch caRoot := get(r, envCARootCA); caRoot {
 	case "":
 	case "SYSTEM":
 		cc.CARootFile, cc.CASystemRoots = "", true
@@ -53,41 +53,41 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	if prov := shared.provCert; prov != "" {
 		cc.ProvCertDir = Rooted(root, prov) // Istio's GetKeyCertsForCA
 	}
-	cc.FileDebounce = envVar(r, "FILE_DEBOUNCE_DURATION", cc.FileDebounce, ParseDuration)
+	cc.FileDebounce = get(r, envFileDebounceDuration)
 	cc.ClusterID = shared.clusterID
-	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", ParseString)
-	cc.CAHeaders = r.env.Prefixed("CA_HEADER_")
-	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, ParseTrustDomain)
+	cc.CertSigner = get(r, envIstioMetaCertSigner)
+	cc.CAHeaders = r.env.prefixed(envCAHeader)
+	cc.TrustDomain = get(r, envTrustDomain)
 	cc.Namespace = nonEmpty(pod.namespace, cc.Namespace)
 	cc.ServiceAccount = nonEmpty(pod.serviceAccount, cc.ServiceAccount)
-	cc.SecretTTL = envVar(r, "SECRET_TTL", cc.SecretTTL, ParseDuration)
-	cc.GraceRatio = envVar(r, "SECRET_GRACE_PERIOD_RATIO", cc.GraceRatio, ParseFloat)
-	cc.GraceJitter = envVar(r, "SECRET_GRACE_PERIOD_RATIO_JITTER", cc.GraceJitter, ParseFloat)
-	cc.RSAKeySize = envVar(r, "WORKLOAD_RSA_KEY_SIZE", cc.RSAKeySize, ParseCount)
-	if envVar(r, "ECC_SIGNATURE_ALGORITHM", "", ParseKeyAlgorithm) == "ECDSA" {
+	cc.SecretTTL = get(r, envSecretTTL)
+	cc.GraceRatio = get(r, envSecretGracePeriodRatio)
+	cc.GraceJitter = get(r, envSecretGracePeriodRatioJitter)
+	cc.RSAKeySize = get(r, envWorkloadRSAKeySize)
+	if get(r, envECCSignatureAlgorithm) == "ECDSA" {
 		cc.KeyAlgorithm = certs.ECDSA
 	}
-	cc.ECCCurve = envVar(r, "ECC_CURVE", cc.ECCCurve, ParseECCCurve)
-	cc.PKCS8Key = envVar(r, "PKCS8_KEY", false, ParseBool)
+	cc.ECCCurve = get(r, envECCCurve)
+	cc.PKCS8Key = get(r, envPKCS8Key)
 	if out := shared.outputCerts; out != "" {
 		cc.OutputCertsDir = Rooted(root, out)
-		if _, onKubernetes := r.env.Text("KUBERNETES_SERVICE_HOST"); onKubernetes {
+		if onKubernetes := get(r, envKubernetesServiceHost) != ""; onKubernetes {
 			cc.OutputFileMode = 0o644 // Istio: readable by the app container
 		}
 	}
 	cc = certs.ChooseSource(cc, Rooted(root, etcCertsDir), Rooted(root, workloadCredsDir),
-		envVar(r, "FILE_MOUNTED_CERTS", false, ParseBool))
+		get(r, envFileMountedCerts))
 	if cc.Source == certs.SourceCA && provider == "none" {
 		return nil, nil
 	}
 
-	sc := sds.NewConfig(Rooted(root, workloadIdentityDir+"/"+workloadSocketFile))
+	sc := sds.NewConfig(Rooted(root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default))
 	// A file name in the SDS socket's directory; a path is refused by
 	// Validate, naming the variable, as Istio refuses it.
 	sc.WorkloadIdentitySocketFile = shared.workloadSocketFile
 	sc.FilesSocketPath = Rooted(root, credentialFilesSocket)
 	sc.FileDebounce = cc.FileDebounce
-	if envVar(r, "PILOT_ENABLE_CA_CRL", true, ParseBool) {
+	if get(r, envPilotEnableCACRL) {
 		sc.CRLFile = Rooted(root, caCRLFile)
 	}
 	if cc.Source == certs.SourceCA && host.socketLive(sc.EnvoySocketPath()) {

@@ -1,8 +1,9 @@
 package config
 
-// Istio's names, defaults and paths, in one place: every port, every path
-// under --root, the Envoy binary and the drain durations the agent uses come
-// from here, and the services receive them as explicit values. Values are
+// Istio's names, defaults and paths that no variable sets: every port,
+// every path under --root, the Envoy binary and the drain durations the
+// agent uses come from here, and the services receive them as explicit
+// values. The defaults of what a variable sets are in the table (env.go). Values are
 // those of Istio's pilot-agent (pkg/config/constants, pkg/security,
 // pilot/cmd/pilot-agent/options, pkg/config/mesh DefaultProxyConfig).
 // istio-iptables' own defaults live with its RulesConfig (capture.DefaultRules), the
@@ -18,23 +19,18 @@ import (
 
 // Ports.
 const (
-	AdminPort           = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
-	agentStatusPort     = 15020 // ProxyConfig.statusPort: the agent's status server
-	EnvoyStatusPort     = 15021 // ENVOY_STATUS_PORT: Envoy's listener forwarding /healthz/ready to the agent
-	EnvoyPrometheusPort = 15090 // ENVOY_PROMETHEUS_PORT: Envoy's /stats/prometheus listener
-	dnsProxyAddr        = "localhost:15053"
+	AdminPort       = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
+	agentStatusPort = 15020 // ProxyConfig.statusPort: the agent's status server
 )
 
 // Paths, relative to --root ("/" in production), in Istio's spelling.
 const (
-	ConfigPathDir         = "./etc/istio/proxy"                     // ProxyConfig.configPath: bootstrap, XDS socket
-	xdsSocketName         = "XDS"                                   // <configPath>/XDS: the xDS unix socket
-	grpcBootstrapFile     = "./etc/istio/proxy/grpc-bootstrap.json" // GRPC_XDS_BOOTSTRAP
-	MeshConfigFile        = "./etc/istio/config/mesh"               // --meshConfig
-	podLabelsFile         = "./etc/istio/pod/labels"                // Downward API
+	ConfigPathDir         = "./etc/istio/proxy"       // ProxyConfig.configPath: bootstrap, XDS socket
+	xdsSocketName         = "XDS"                     // <configPath>/XDS: the xDS unix socket
+	MeshConfigFile        = "./etc/istio/config/mesh" // --meshConfig
+	podLabelsFile         = "./etc/istio/pod/labels"  // Downward API
 	podAnnotationsFile    = "./etc/istio/pod/annotations"
 	workloadIdentityDir   = "./var/run/secrets/workload-spiffe-uds"         // SDS socket directory
-	workloadSocketFile    = "socket"                                        // WORKLOAD_IDENTITY_SOCKET_FILE
 	credentialSocket      = "./var/run/secrets/credential-uds/socket"       // an external credential SDS server
 	credentialFilesSocket = "./var/run/secrets/credential-uds/files-socket" // ours, files only, beside an external SDS server
 	xdsCacheFile          = "xds-cache.pb"                                  // <configPath>/xds-cache.pb: the last-known-good xDS configuration
@@ -44,8 +40,6 @@ const (
 	caRootCertFile        = "./var/run/secrets/istio/root-cert.pem"         // the control plane CA's root (configmap istio-ca-root-cert)
 	caCRLFile             = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
 	TokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
-	ClusterEnvFile        = "./var/lib/istio/envoy/cluster.env"             // a VM's settings (istioctl x workload entry configure)
-	SidecarEnvFile        = "./var/lib/istio/envoy/sidecar.env"             // a VM's optional local settings
 	VMCertsDir            = "/etc/certs"                                    // a VM's PROV_CERT and OUTPUT_CERTS (istio-start.sh), under --root
 	EnvoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
 	ResolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
@@ -55,7 +49,6 @@ const (
 const (
 	DrainDuration            = 45 * time.Second // ProxyConfig.drainDuration ⇒ --drain-time-s
 	TerminationDrainDuration = 5 * time.Second  // ProxyConfig.terminationDrainDuration
-	minimumDrainDuration     = 5 * time.Second  // MINIMUM_DRAIN_DURATION
 
 	// Not Istio's: how long the tree waits for services to stop, and for
 	// a drain beyond terminationDrainDuration (Envoy's SIGTERM, then
@@ -74,8 +67,7 @@ const (
 
 // Identity.
 const (
-	proxyUID           = 1337 // Envoy's uid/gid when the agent must switch (DNS on :53 as root)
-	defaultTrustDomain = "cluster.local"
+	proxyUID = 1337 // Envoy's uid/gid when the agent must switch (DNS on :53 as root)
 )
 
 // defaultProxyConfig is Istio's DefaultProxyConfig (pkg/config/mesh). It

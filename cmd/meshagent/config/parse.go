@@ -18,6 +18,43 @@ type Parser[T any] func(string) (T, error)
 
 func ParseString(s string) (string, error) { return s, nil }
 
+// kind is how a variable's text becomes a value of T (the parser a flag
+// bound to the variable shares), and how help names its type.
+type kind[T any] struct {
+	name  string
+	parse Parser[T]
+	// zero, when set, is how help shows the zero value ("0 (off)").
+	zero string
+}
+
+// The kinds of the table's entries.
+var (
+	asBool         = kind[bool]{name: "bool", parse: ParseBool}
+	asDuration     = kind[time.Duration]{name: "duration", parse: ParseDuration}
+	asPort         = kind[int]{name: "port", parse: ParsePort}
+	asPortOrOff    = kind[int]{name: "port or 0", parse: ParsePortOrOff, zero: "0 (off)"}
+	asCount        = kind[int]{name: "count", parse: ParseCount}
+	asNumber       = kind[float64]{name: "number", parse: ParseFloat}
+	asDNSLabel     = kind[string]{name: "DNS label", parse: ParseDNSLabel}
+	asDNSSubdomain = kind[string]{name: "DNS subdomain", parse: ParseDNSSubdomain}
+	asTrustDomain  = kind[string]{name: "trust domain", parse: ParseTrustDomain}
+	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: ParseKeyAlgorithm}
+	asECCCurve     = kind[string]{name: "P256 or P384", parse: ParseECCCurve}
+	asGCPercent    = kind[int]{name: "count or off", parse: parseGCPercent}
+)
+
+// asText is a variable taken as it is; name is its type as help says it
+// ("path", "host:port").
+func asText(name string) kind[string] { return kind[string]{name: name, parse: ParseString} }
+
+// parseGCPercent is GOGC as Go's runtime reads it: a percentage, or off.
+func parseGCPercent(s string) (int, error) {
+	if s == "off" {
+		return -1, nil
+	}
+	return ParseCount(s)
+}
+
 func ParseBool(s string) (bool, error) {
 	b, err := strconv.ParseBool(strings.TrimSpace(s))
 	if err != nil {

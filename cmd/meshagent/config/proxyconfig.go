@@ -50,7 +50,7 @@ func effectiveProxyConfig(r envReader, src proxyConfigSources, legacyConcurrency
 	if err != nil {
 		return nil, err
 	}
-	applyConcurrency(pc, optionalEnvVar(r, "ISTIO_CPU_LIMIT", ParseCount), legacyConcurrency, log)
+	applyConcurrency(pc, get(r, envIstioCPULimit), legacyConcurrency, log)
 	if err := validateProxyConfig(pc); err != nil {
 		return nil, fmt.Errorf("invalid proxy configuration: %w", err)
 	}
@@ -292,9 +292,9 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 // it, else ISTIO_CPU_LIMIT (the container's CPU limit, rounded up) when not
 // 0; then the legacy --concurrency flag, when given and not 0, overrides
 // both. Unset, Envoy runs a worker per host CPU.
-func applyConcurrency(pc *meshconfig.ProxyConfig, cpuLimit, legacyFlag *int, log *slog.Logger) {
-	if pc.Concurrency == nil && cpuLimit != nil && *cpuLimit > 0 {
-		pc.Concurrency = wrapperspb.Int32(int32(*cpuLimit))
+func applyConcurrency(pc *meshconfig.ProxyConfig, cpuLimit int, legacyFlag *int, log *slog.Logger) {
+	if pc.Concurrency == nil && cpuLimit > 0 {
+		pc.Concurrency = wrapperspb.Int32(int32(cpuLimit))
 	}
 	if legacyFlag != nil && *legacyFlag != 0 {
 		log.Warn("legacy --concurrency flag given; prefer ProxyConfig.concurrency", "concurrency", *legacyFlag)

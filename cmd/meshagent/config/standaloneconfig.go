@@ -35,11 +35,10 @@ import (
 // Standalone's own paths and defaults. The CA's root lives under --root
 // like every agent file; the agent trusts it through CA_ROOT_CA.
 const (
-	standaloneCADir        = "./var/lib/meshagent/ca"
-	standaloneCertLifetime = time.Minute // short, so that a rotation shows within a minute
-	StandaloneToken        = "meshagent-standalone\n"
-	standaloneEnvoyName    = "envoy"
-	standaloneStandInName  = "fakeenvoy" // the stand-in Envoy, as `make run` builds it next to meshagent
+	standaloneCADir       = "./var/lib/meshagent/ca"
+	StandaloneToken       = "meshagent-standalone\n"
+	standaloneEnvoyName   = "envoy"
+	standaloneStandInName = "fakeenvoy" // the stand-in Envoy, as `make run` builds it next to meshagent
 )
 
 // StandaloneFlags are `standalone`'s flags besides `proxy`'s.
@@ -54,14 +53,14 @@ func BindStandaloneFlags(s *Settings, f *StandaloneFlags) {
 	// --mesh has no default: a path relative to wherever the command runs
 	// would find the sample only from the source tree, and fail elsewhere
 	// with a confusing "no such file". `make run` passes the sample.
-	FlagVar(s, &f.mesh, "", ParseString, FlagSpec{name: "mesh", Env: []string{"MESHAGENT_MESH"},
-		usage: "Mesh YAML the embedded control plane serves (required; a sample: testdata/standalone/mesh.yaml), reloaded when it changes"})
-	FlagVar(s, &f.certLifetime, standaloneCertLifetime, ParseDuration, FlagSpec{name: "cert-lifetime", Env: []string{"MESHAGENT_CERT_LIFETIME"},
-		usage: "Lifetime of the workload certificates the embedded CA signs; the agent renews at half of it"})
-	FlagVar(s, &f.controlPlaneListen, controlplane.DefaultListen, ParseString, FlagSpec{name: "controlplane-listen", Env: []string{"MESHAGENT_CONTROLPLANE_LISTEN"},
-		usage: "Loopback address of the embedded control plane (plaintext xDS, NDS); the agent's discoveryAddress"})
-	FlagVar(s, &f.caListen, ca.DefaultListen, ParseString, FlagSpec{name: "ca-listen", Env: []string{"MESHAGENT_CA_LISTEN"},
-		usage: "Loopback address of the embedded CA (Istio's IstioCertificateService over TLS); the agent's CA_ADDR"})
+	envFlagVar(s, &f.mesh, flagSpec{name: "mesh",
+		usage: "Mesh YAML the embedded control plane serves (required; a sample: testdata/standalone/mesh.yaml), reloaded when it changes"}, envMeshagentMesh)
+	envFlagVar(s, &f.certLifetime, flagSpec{name: "cert-lifetime",
+		usage: "Lifetime of the workload certificates the embedded CA signs; the agent renews at half of it"}, envMeshagentCertLifetime)
+	envFlagVar(s, &f.controlPlaneListen, flagSpec{name: "controlplane-listen",
+		usage: "Loopback address of the embedded control plane (plaintext xDS, NDS); the agent's discoveryAddress"}, envMeshagentControlplaneListen)
+	envFlagVar(s, &f.caListen, flagSpec{name: "ca-listen",
+		usage: "Loopback address of the embedded CA (Istio's IstioCertificateService over TLS); the agent's CA_ADDR"}, envMeshagentCAListen)
 }
 
 // standaloneEnv is what an injector would put in the pod's environment:

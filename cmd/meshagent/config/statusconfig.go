@@ -51,19 +51,19 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 // probeConfig is the rewriting of the application's probes kubelet sends
 // to /app-health/... and /app-lifecycle/..., and the VM's readiness probe.
 func probeConfig(r envReader, pc *meshconfig.ProxyConfig, instanceIP string) appprobe.Config {
-	app, err := appprobe.ParseAppProbers(envVar(r, appprobe.AppProbersEnv, "", ParseString))
+	app, err := appprobe.ParseAppProbers(get(r, envIstioKubeAppProbers))
 	r.problems.Add(err) // names the variable, and the probe's path
 	workload, err := appprobe.NewWorkloadProbe(pc.GetReadinessProbe())
 	r.problems.Add(err) // names ProxyConfig.readinessProbe
 	host := instanceIP
-	if envVar(r, "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false, ParseBool) {
+	if get(r, envRewriteProbeLegacyLocalhostDestination) {
 		host = "localhost"
 	}
 	return appprobe.Config{
 		App:          app,
 		Host:         host,
-		DisableHTTP2: !envVar(r, "ISTIO_ENABLE_HTTP2_PROBING", true, ParseBool),
-		KeepAlive:    envVar(r, "ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false, ParseBool),
+		DisableHTTP2: !get(r, envIstioEnableHTTP2Probing),
+		KeepAlive:    get(r, envEnableProbeKeepaliveConnections),
 		Workload:     workload,
 	}
 }
@@ -74,16 +74,16 @@ func metricsConfig(r envReader, in statusInputs) metricsmerge.Config {
 	m := metricsmerge.Config{
 		// The agent's endpoint; Envoy's :15090 listener reads the same name
 		// from proxyMetadata (envoyConfig), as Istio's bootstrap does.
-		LocalhostOnly: envVar(r, "METRICS_LOCALHOST_ACCESS_ONLY", false, ParseBool),
+		LocalhostOnly: get(r, envMetricsLocalhostAccessOnly),
 	}
-	merge := envVar(r, "PILOT_AGENT_MERGE_ENVOY_STATS", true, ParseBool)
+	merge := get(r, envPilotAgentMergeEnvoyStats)
 	if merge && in.envoy != nil && in.envoy.Bootstrap != nil {
 		m.EnvoyPort = in.envoy.Bootstrap.EnvoyPrometheusPort
 	}
 	// Istio reads the application's scrape configuration for sidecars
 	// only: 15020 is exposed in gateways' Services, and an application
 	// endpoint there would be served to the world.
-	annotations := envVar(r, metricsmerge.PrometheusAnnotationsEnv, "", ParseString)
+	annotations := get(r, envIstioPrometheusAnnotations)
 	if in.proxyType == "sidecar" {
 		app, err := metricsmerge.ParsePrometheusAnnotations(annotations, int(in.proxy.StatusPort), int(in.proxy.ProxyAdminPort))
 		r.problems.Add(err) // names the variable

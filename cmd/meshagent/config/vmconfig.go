@@ -13,10 +13,8 @@ type VMFlags struct {
 }
 
 func BindVMFlags(s *Settings, f *VMFlags) {
-	FlagVar(s, &f.clusterEnv, ClusterEnvFile, ParseString, FlagSpec{name: "cluster-env", Env: []string{"ISTIO_CLUSTER_CONFIG"},
-		usage: "The VM bundle's cluster.env (under --root); required"})
-	FlagVar(s, &f.sidecarEnv, SidecarEnvFile, ParseString, FlagSpec{name: "sidecar-env", Env: []string{"ISTIO_SIDECAR_CONFIG"},
-		usage: "Local settings read before cluster.env (under --root); optional"})
+	envFlagVar(s, &f.clusterEnv, flagSpec{name: "cluster-env", usage: "The VM bundle's cluster.env (under --root); required"}, envIstioClusterConfig)
+	envFlagVar(s, &f.sidecarEnv, flagSpec{name: "sidecar-env", usage: "Local settings read before cluster.env (under --root); optional"}, envIstioSidecarConfig)
 }
 
 // vmEnvironment is the environment istio-start.sh gives pilot-agent: the
@@ -53,18 +51,21 @@ func vmEnvironment(root string, f *VMFlags, host Host) (*Reader, error) {
 }
 
 // vmDefaults sets what istio-start.sh derives, where vars leave it unset.
+// The script's own variables are read through the table (their defaults
+// are its); the agent's are set in vars where unset.
 func vmDefaults(vars map[string]string, host Host) {
-	get := func(k, def string) string {
-		if v := vars[k]; v != "" {
-			return v
+	r := envReader{env: MapEnvironment(vars), problems: &Problems{}} // text only: nothing to report
+	setDefault := func(k, v string) {
+		if vars[k] == "" {
+			vars[k] = v
 		}
-		return def
 	}
-	setDefault := func(k, v string) { vars[k] = get(k, v) }
 
 	// The script starts pilot-agent with POD_NAMESPACE=${ISTIO_NAMESPACE:-default}.
-	vars["POD_NAMESPACE"] = get("ISTIO_NAMESPACE", get("POD_NAMESPACE", "default"))
-	if ip := vars["ISTIO_SVC_IP"]; ip != "" {
+	if ns, ok := lookup(r, envIstioNamespace); ok || vars["POD_NAMESPACE"] == "" {
+		vars["POD_NAMESPACE"] = ns
+	}
+	if ip := get(r, envIstioSVCIP); ip != "" {
 		vars["INSTANCE_IP"] = ip
 	} // else the host's addresses, as the script's `hostname --all-ip-addresses`
 	if vars["POD_NAME"] == "" && host.Hostname != nil {
@@ -73,10 +74,10 @@ func vmDefaults(vars map[string]string, host Host) {
 		}
 	}
 	// CA_ADDR > PILOT_ADDRESS > ISTIO_PILOT_PORT > istiod's default.
-	systemNS := get("ISTIO_SYSTEM_NAMESPACE", "istio-system")
-	pilot := vars["PILOT_ADDRESS"]
-	if pilot == "" && vars["ISTIO_PILOT_PORT"] != "" {
-		pilot = "istiod." + systemNS + ".svc:" + vars["ISTIO_PILOT_PORT"]
+	systemNS := get(r, envIstioSystemNamespace)
+	pilot := get(r, envPilotAddress)
+	if port := get(r, envIstioPilotPort); pilot == "" && port != "" {
+		pilot = "istiod." + systemNS + ".svc:" + port
 	}
 	if pilot != "" {
 		setDefault("CA_ADDR", pilot)
@@ -85,7 +86,7 @@ func vmDefaults(vars map[string]string, host Host) {
 	setDefault("PROV_CERT", VMCertsDir)
 	setDefault("OUTPUT_CERTS", VMCertsDir)
 	if vars["PROXY_CONFIG"] == "" {
-		pc := fmt.Sprintf("serviceCluster: %s\ncontrolPlaneAuthPolicy: %s\n", get("ISTIO_SERVICE", "rawvm"), get("ISTIO_CP_AUTH", "MUTUAL_TLS"))
+		pc := fmt.Sprintf("serviceCluster: %s\ncontrolPlaneAuthPolicy: %s\n", get(r, envIstioService), get(r, envIstioCPAuth))
 		if pilot != "" {
 			pc += "discoveryAddress: " + pilot + "\n"
 		}
@@ -117,5 +118,5 @@ func ReadVM(root string, f *VMFlags, host Host, p *Problems) (VM, error) {
 	}
 	r := envReader{env: env, problems: p}
 	return VM{Env: env, ClusterEnv: Rooted(root, f.clusterEnv),
-		CustomIPTables: envVar(r, "ISTIO_CUSTOM_IP_TABLES", false, ParseBool)}, nil
+		CustomIPTables: get(r, envIstioCustomIPTables)}, nil
 }

@@ -120,11 +120,11 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			flags := &VMFlags{clusterEnv: ClusterEnvFile, sidecarEnv: "./none"}
-			writeRootFile(t, root, ClusterEnvFile, tc.cluster)
+			flags := &VMFlags{clusterEnv: clusterEnvFile, sidecarEnv: "./none"}
+			writeRootFile(t, root, clusterEnvFile, tc.cluster)
 			if tc.sidecar != "" {
-				writeRootFile(t, root, SidecarEnvFile, tc.sidecar)
-				flags.sidecarEnv = SidecarEnvFile
+				writeRootFile(t, root, sidecarEnvFile, tc.sidecar)
+				flags.sidecarEnv = sidecarEnvFile
 			}
 			host := Host{Env: MapEnvironment(tc.env), Hostname: func() (string, error) { return "vm1.example.com", nil }}
 			env, err := vmEnvironment(root, flags, host)
@@ -139,7 +139,7 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 func wantEnv(t *testing.T, env *Reader, want map[string]string) {
 	t.Helper()
 	for k, v := range want {
-		if got, _ := env.Text(k); got != v {
+		if got, _ := env.Source().Get(k); got != v {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
@@ -169,3 +169,10 @@ func TestEnvoyRunAsOwnsTheSockets(t *testing.T) {
 		t.Fatal("ISTIO_CUSTOM_IP_TABLES=true (NoCapture) still has a capture service")
 	}
 }
+
+// A VM's files where Istio's bundle puts them, under --root: the defaults
+// of ISTIO_CLUSTER_CONFIG and ISTIO_SIDECAR_CONFIG (`meshagent help env`).
+const (
+	clusterEnvFile = "./var/lib/istio/envoy/cluster.env"
+	sidecarEnvFile = "./var/lib/istio/envoy/sidecar.env"
+)

@@ -43,8 +43,8 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	if in.envoyUID >= 0 {
 		c.SocketOwner.UID, c.SocketOwner.GID = in.envoyUID, in.envoyGID
 	}
-	c.KeepaliveInterval = envVar(r, "GRPC_KEEPALIVE_INTERVAL", xdsproxy.DefaultKeepaliveInterval, ParseDuration)
-	c.KeepaliveTimeout = envVar(r, "GRPC_KEEPALIVE_TIMEOUT", xdsproxy.DefaultKeepaliveTimeout, ParseDuration)
+	c.KeepaliveInterval = get(r, envGRPCKeepaliveInterval)
+	c.KeepaliveTimeout = get(r, envGRPCKeepaliveTimeout)
 
 	c.DiscoveryAddress = pc.DiscoveryAddress
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
@@ -59,20 +59,20 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	}
 	c.TokenFile = Rooted(in.root, TokenFile)
 	c.ClusterID = in.shared.clusterID
-	c.Headers = r.env.Prefixed("XDS_HEADER_")
+	c.Headers = r.env.prefixed(envXDSHeader)
 
 	c.NDS = in.nds
-	c.ProxyConfigXDS = envVar(r, "PROXY_CONFIG_XDS_AGENT", false, ParseBool)
+	c.ProxyConfigXDS = get(r, envProxyConfigXDSAgent)
 	c.HealthUpdates = pc.GetReadinessProbe() != nil
 
-	c.OfflineCache = envVar(r, "XDS_OFFLINE_CACHE", true, ParseBool)
+	c.OfflineCache = get(r, envXDSOfflineCache)
 	b := in.envoyBootstrap
 	c.NodeID = bootstrap.NodeID(b.ProxyType, b.InstanceIPs, b.PodName, b.PodNamespace, b.Domain)
 	if c.OfflineCache {
 		c.CacheFile = Rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
-	c.GRPCBootstrap.Path = Rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, ParseString))
+	c.GRPCBootstrap.Path = Rooted(in.root, get(r, envGRPCXDSBootstrap))
 	node, err := b.Node()
 	if err != nil {
 		r.problems.Addf("the node proxyless gRPC clients announce: %v", err)
@@ -94,7 +94,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 // mounted ./etc/certs/root-cert.pem, PROV_CERT's root, the file-mounted
 // certificates' roots, else the CA root Kubernetes mounts.
 func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, string) {
-	switch v := envVar(r, "XDS_ROOT_CA", "", ParseString); v {
+	switch v := get(r, envXDSRootCA); v {
 	case "SYSTEM":
 		return xdsproxy.RootsSystem, ""
 	case "":

@@ -58,7 +58,7 @@ func startVM(t *testing.T, env ...string) *vmAgent {
 
 	// The VM bundle (istioctl x workload entry configure), Istio's paths.
 	caRoot := pki.NewRoot(t, "vm test root")
-	testkit.WriteFile(t, config.Rooted(root, config.ClusterEnvFile), []byte(`# istioctl x workload entry configure
+	testkit.WriteFile(t, config.Rooted(root, clusterEnvFile), []byte(`# istioctl x workload entry configure
 CANONICAL_REVISION='latest'
 CANONICAL_SERVICE='vm-app'
 ISTIO_INBOUND_PORTS='*'
@@ -164,12 +164,12 @@ func TestVMOnboardingUnderSystemd(t *testing.T) {
 	// (`vm clean`) removes them, unless ISTIO_CUSTOM_IP_TABLES=true says
 	// they are not ours.
 	netnsRun(t, ns, e2ekit.AgentBinary, "istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-b", "*")
-	testkit.WriteFile(t, config.Rooted(root, config.SidecarEnvFile), []byte("ISTIO_CUSTOM_IP_TABLES='true'\n"))
+	testkit.WriteFile(t, config.Rooted(root, sidecarEnvFile), []byte("ISTIO_CUSTOM_IP_TABLES='true'\n"))
 	netnsRun(t, ns, e2ekit.AgentBinary, "vm", "clean", "--root", root)
 	if after := netnsRun(t, ns, "iptables-save"); !strings.Contains(after, "ISTIO_OUTPUT") {
 		t.Fatalf("vm clean removed rules despite ISTIO_CUSTOM_IP_TABLES=true:\n%s", after)
 	}
-	if err := os.Remove(config.Rooted(root, config.SidecarEnvFile)); err != nil {
+	if err := os.Remove(config.Rooted(root, sidecarEnvFile)); err != nil {
 		t.Fatal(err)
 	}
 	netnsRun(t, ns, e2ekit.AgentBinary, "vm", "clean", "--root", root)
@@ -177,3 +177,10 @@ func TestVMOnboardingUnderSystemd(t *testing.T) {
 		t.Fatalf("rules left after vm clean:\n%s", after)
 	}
 }
+
+// A VM's files where Istio's bundle puts them, under --root: the defaults
+// of ISTIO_CLUSTER_CONFIG and ISTIO_SIDECAR_CONFIG (`meshagent help env`).
+const (
+	clusterEnvFile = "./var/lib/istio/envoy/cluster.env"
+	sidecarEnvFile = "./var/lib/istio/envoy/sidecar.env"
+)
