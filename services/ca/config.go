@@ -77,7 +77,7 @@ var trustDomainSyntax = regexp.MustCompile(`^[a-z0-9._-]+$`)
 // Validate names the field and value that are wrong.
 func (c Config) Validate() error {
 	if err := loopback.Check(c.Listen); err != nil {
-		return fmt.Errorf("ca config: Listen: %w", err)
+		return fmt.Errorf("--ca-listen (MESHAGENT_CA_LISTEN) %w", err) // #32: name what the user set
 	}
 	if c.RootDir == "" {
 		return fmt.Errorf("ca config: RootDir is required")

@@ -54,7 +54,7 @@ func DefaultConfig(meshFile string) Config {
 // Validate names the field and value that are wrong.
 func (c Config) Validate() error {
 	if err := loopback.Check(c.Listen); err != nil {
-		return fmt.Errorf("controlplane config: Listen: %w", err)
+		return fmt.Errorf("--controlplane-listen (MESHAGENT_CONTROLPLANE_LISTEN) %w", err) // #32: name what the user set
 	}
 	if c.MeshFile == "" {
 		return fmt.Errorf("controlplane config: MeshFile is required")

@@ -67,33 +67,35 @@ func (c Config) withDefaults() Config {
 // Validate checks the configuration; an error names the field and value.
 func (c Config) Validate() error {
 	c = c.withDefaults()
+	// Listen is DNS_PROXY_ADDR as the user set it (or its default): its
+	// errors name the variable, not the field (#32).
 	host, port, err := net.SplitHostPort(c.Listen)
 	if err != nil {
-		return fmt.Errorf("dns: Listen %q: %w", c.Listen, err)
+		return fmt.Errorf("DNS_PROXY_ADDR=%q: want host:port: %w", c.Listen, err)
 	}
 	if _, err := net.LookupPort("udp", port); err != nil {
-		return fmt.Errorf("dns: Listen %q: bad port: %w", c.Listen, err)
+		return fmt.Errorf("DNS_PROXY_ADDR=%q: bad port: %w", c.Listen, err)
 	}
 	if host != "localhost" {
 		ip, err := netip.ParseAddr(host)
 		if err != nil || !ip.IsLoopback() {
-			return fmt.Errorf("dns: Listen %q: %w", c.Listen, ErrNotLoopback)
+			return fmt.Errorf("DNS_PROXY_ADDR=%q: %w; use a loopback address such as localhost:15053", c.Listen, ErrNotLoopback)
 		}
 	}
 	if c.ResolvConf == "" {
-		return errors.New("dns: ResolvConf is empty")
+		return errors.New("the resolv.conf to forward to (--resolv-conf) is empty")
 	}
 	if c.ForwardTimeout <= 0 {
-		return fmt.Errorf("dns: ForwardTimeout (DNS_FORWARD_TIMEOUT) %s: must be positive", c.ForwardTimeout)
+		return fmt.Errorf("DNS_FORWARD_TIMEOUT=%s: must be positive", c.ForwardTimeout)
 	}
 	for _, d := range c.Search {
 		if _, ok := dns.IsDomainName(d); !ok || d == "" {
-			return fmt.Errorf("dns: Search domain %q: not a domain name", d)
+			return fmt.Errorf("search domain %q: not a domain name", d)
 		}
 	}
 	if c.Domain != "" {
 		if _, ok := dns.IsDomainName(c.Domain); !ok {
-			return fmt.Errorf("dns: Domain %q: not a domain name", c.Domain)
+			return fmt.Errorf("--domain %q (else POD_NAMESPACE.svc.cluster.local): not a domain name", c.Domain)
 		}
 	}
 	return nil

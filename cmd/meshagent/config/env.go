@@ -89,7 +89,7 @@ var (
 
 	// Certificates and SDS.
 	envPilotCertProvider            = setting(asText("string"), "PILOT_CERT_PROVIDER", "istiod", svcCerts, "where the certificates come from (istiod, kubernetes, k8s.io/<signer>, custom, none)")
-	envCAAddr                       = setting(asText("host:port"), "CA_ADDR", "", svcCerts, "the CA's address").derived("discoveryAddress")
+	envCAAddr                       = setting(asHostPort, "CA_ADDR", "", svcCerts, "the CA's address").derived("discoveryAddress")
 	envCARootCA                     = setting(asText("path or SYSTEM"), "CA_ROOT_CA", "", svcCerts, "the roots verifying the CA").derived(caRootCertFile + ", or PROV_CERT's root")
 	envCAHeader                     = prefix("CA_HEADER_", "string", svcCerts, "gRPC headers on CSRs, one per variable")
 	envIstiodSAN                    = setting(asText("string"), "ISTIOD_SAN", "", svcCerts+", "+svcXDS, "the name verified on istiod's certificate")
@@ -123,7 +123,7 @@ var (
 	// The DNS proxy.
 	envIstioMetaDNSCapture      = setting(asBool, "ISTIO_META_DNS_CAPTURE", false, svcDNS+", "+svcCapture, "the DNS proxy on, and DNS redirected to it (sidecars)")
 	envIstioMetaEnableDNSServer = setting(asBool, "ISTIO_META_ENABLE_DNS_SERVER", false, svcDNS, "the DNS proxy on, without capture")
-	envDNSProxyAddr             = setting(asText("host:port"), "DNS_PROXY_ADDR", "localhost:15053", svcDNS+", "+svcEnvoy, "the DNS proxy's address (loopback only); in the node metadata as set")
+	envDNSProxyAddr             = setting(asHostPort, "DNS_PROXY_ADDR", "localhost:15053", svcDNS+", "+svcEnvoy, "the DNS proxy's address (loopback only); in the node metadata as set")
 	envDNSForwardTimeout        = setting(asDuration, "DNS_FORWARD_TIMEOUT", 5*time.Second, svcDNS, "timeout of a query forwarded upstream (Istio's dnsClient.DefaultUpstreamTimeout)")
 	envDNSForwardParallel       = setting(asBool, "DNS_FORWARD_PARALLEL", false, svcDNS, "forward to every upstream at once, first answer wins")
 
@@ -183,8 +183,8 @@ var (
 	envMeshagentChaos                = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
 	envMeshagentMesh                 = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
 	envMeshagentCertLifetime         = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
-	envMeshagentControlplaneListen   = setting(asText("host:port"), "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
-	envMeshagentCAListen             = setting(asText("host:port"), "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
+	envMeshagentControlplaneListen   = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
+	envMeshagentCAListen             = setting(asHostPort, "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
 
 	// A VM (istio-start.sh's variables, from cluster.env and sidecar.env).
 	envIstioClusterConfig   = setting(asText("path"), "ISTIO_CLUSTER_CONFIG", "./var/lib/istio/envoy/cluster.env", svcVM, "--cluster-env: the VM's settings")
@@ -193,7 +193,7 @@ var (
 	envIstioNamespace       = setting(asText("string"), "ISTIO_NAMESPACE", "default", svcVM, "the VM's POD_NAMESPACE")
 	envIstioSVCIP           = setting(asText("IP"), "ISTIO_SVC_IP", "", svcVM, "the VM's INSTANCE_IP")
 	envIstioSystemNamespace = setting(asText("string"), "ISTIO_SYSTEM_NAMESPACE", "istio-system", svcVM, "istiod's namespace, in the default CA_ADDR")
-	envPilotAddress         = setting(asText("host:port"), "PILOT_ADDRESS", "", svcVM, "istiod's address: discoveryAddress and CA_ADDR")
+	envPilotAddress         = setting(asHostPort, "PILOT_ADDRESS", "", svcVM, "istiod's address: discoveryAddress and CA_ADDR")
 	envIstioPilotPort       = setting(asText("port"), "ISTIO_PILOT_PORT", "", svcVM, "istiod's port, when PILOT_ADDRESS is unset")
 	envIstioService         = setting(asText("string"), "ISTIO_SERVICE", "rawvm", svcVM, "the VM's serviceCluster")
 	envIstioCPAuth          = setting(asText("string"), "ISTIO_CP_AUTH", "MUTUAL_TLS", svcVM, "the VM's controlPlaneAuthPolicy")

@@ -284,3 +284,35 @@ func TestBadSharedVariableReportedOnce(t *testing.T) {
 		t.Errorf("ISTIO_DUAL_STACK's bad value reported %d times:\n%v", n, err)
 	}
 }
+
+// A bad address names its variable, never a field of a service's config
+// (#32: DNS_PROXY_ADDR=0.0.0.0:15053 gave "dns: dns: Listen ...").
+func TestBadAddressesNameTheirVariable(t *testing.T) {
+	_, err := parseForTest(t, map[string]string{"DNS_PROXY_ADDR": "localhost", "CA_ADDR": "nohost", "ISTIO_META_DNS_CAPTURE": "true"}, "--root", testRoot(t))
+	if err == nil {
+		t.Fatal("bad addresses accepted")
+	}
+	for _, want := range []string{`DNS_PROXY_ADDR="localhost": want host:port`, `CA_ADDR="nohost": want host:port`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "Listen") || strings.Contains(err.Error(), "CAAddr") {
+		t.Errorf("error names a config field:\n%v", err)
+	}
+}
+
+// An absolute --meshConfig is under --root like every agent path; a
+// missing one says so, naming both paths (#32: it was re-rooted silently).
+func TestAbsoluteMeshConfigIsUnderRoot(t *testing.T) {
+	root := testRoot(t)
+	_, err := parseForTest(t, nil, "--root", root, "--meshConfig", "/etc/mesh.yaml")
+	if err == nil {
+		t.Fatal("a missing --meshConfig accepted")
+	}
+	for _, want := range []string{`--meshConfig "/etc/mesh.yaml"`, filepath.Join(root, "etc/mesh.yaml"), "under --root"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}

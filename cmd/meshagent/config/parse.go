@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ var (
 	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: ParseKeyAlgorithm}
 	asECCCurve     = kind[string]{name: "P256 or P384", parse: ParseECCCurve}
 	asGCPercent    = kind[int]{name: "count or off", parse: parseGCPercent}
+	asHostPort     = kind[string]{name: "host:port", parse: ParseHostPort}
 )
 
 // asText is a variable taken as it is; name is its type as help says it
@@ -159,6 +161,19 @@ func ParseKeyAlgorithm(s string) (string, error) {
 func ParseECCCurve(s string) (string, error) {
 	if s != "P256" && s != "P384" {
 		return "", errors.New("want P256 or P384")
+	}
+	return s, nil
+}
+
+// ParseHostPort is an address: a host (a name or an IP) and a port,
+// 1-65535 ("localhost:15053", "[::1]:15053").
+func ParseHostPort(s string) (string, error) {
+	_, port, err := net.SplitHostPort(s)
+	if err == nil {
+		_, err = ParsePort(port)
+	}
+	if err != nil {
+		return "", errors.New("want host:port, the port 1-65535")
 	}
 	return s, nil
 }

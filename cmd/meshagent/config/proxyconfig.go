@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -86,7 +87,14 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 			}
 		}
 	} else if errors.Is(err, fs.ErrNotExist) && src.meshConfigFlag != nil {
-		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist", QuoteValue(*src.meshConfigFlag), src.meshConfigFile)
+		// --root is a prefix of every agent path (docs/reference.md), an
+		// absolute --meshConfig too: said here, where a user who meant the
+		// path as given finds out (#32).
+		under := ""
+		if filepath.IsAbs(*src.meshConfigFlag) && filepath.Clean(*src.meshConfigFlag) != src.meshConfigFile {
+			under = " (--meshConfig is a path under --root, as every agent path, even when absolute)"
+		}
+		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist%s", QuoteValue(*src.meshConfigFlag), src.meshConfigFile, under)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("mesh config file: %w", err)
 	}
