@@ -89,8 +89,7 @@ func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prom
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	setSidecarGC(plan.GCPercent, log)
-	log.Info("meshagent starting", "version", currentVersion().Version, "type", plan.ProxyType, "root", plan.Root,
-		"envoy", describeEnvoy(plan.Proxy.BinaryPath))
+	log.Info("meshagent starting", append([]any{"version", currentVersion().Version, "envoy", describeEnvoy(plan.Proxy.BinaryPath)}, plan.Essentials()...)...)
 	config.LogEffective(log, plan)
 
 	sigs := make(chan os.Signal, 3)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -16,30 +17,52 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// LogEffective logs, once at start, what every service runs with
-// (kuma-dp's "effective configuration"), secrets redacted: a first line
-// with the agent's type, root and version, then one line per part (the
-// ProxyConfig, each service's config, the tree's own settings), each as
-// nested attributes rather than one escaped JSON value, so that a text log
-// reads `part=envoy AdminAddr=127.0.0.1:15000 ...` and a JSON log gets
-// objects (issue 22: it was one 10 KB line of escaped JSON).
+// Essentials are what the start's one info line shows of the plan (#32:
+// the whole configuration, ~21 KB, was logged at info): the proxy type, the
+// node id, the addresses the agent and Envoy serve, the root.
+func (p *Plan) Essentials() []any {
+	attrs := []any{"type", p.ProxyType}
+	if x := p.Tree.XDS; x != nil {
+		attrs = append(attrs, "node", x.NodeID)
+	}
+	if s := p.Tree.Status; s != nil {
+		attrs = append(attrs, "status", s.Addr)
+	}
+	if e := p.Tree.Envoy; e != nil {
+		attrs = append(attrs, "admin", e.AdminAddr)
+	}
+	if d := p.Tree.DNS; d != nil {
+		attrs = append(attrs, "dns", d.Listen)
+	}
+	return append(attrs, "root", p.Root)
+}
+
+// LogEffective logs at debug, once at start, what every service runs with
+// (kuma-dp's "effective configuration"), secrets redacted: one line per
+// part (the ProxyConfig, each service's config, the tree's own settings),
+// each as nested attributes rather than one escaped JSON value, so that a
+// text log reads `part=envoy AdminAddr=127.0.0.1:15000 ...` and a JSON log
+// gets objects (issue 22: it was one 10 KB line of escaped JSON). The info
+// line is Essentials' (#32).
 func LogEffective(log *slog.Logger, cfg *Plan) {
+	if !log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
 	parts := effectiveParts(cfg)
-	log.Info("effective configuration", "type", parts["type"], "root", parts["root"], "version", parts["version"])
-	log.Info("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
+	log.Debug("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
 	tree, _ := parts["tree"].(map[string]any)
 	var treeOwn []any
 	for _, name := range slices.Sorted(maps.Keys(tree)) {
 		switch v := tree[name].(type) {
 		case nil: // a service this agent does not run
 		case map[string]any:
-			log.Info("effective configuration", append([]any{"part", name}, configAttrs(v)...)...)
+			log.Debug("effective configuration", append([]any{"part", name}, configAttrs(v)...)...)
 		default:
 			treeOwn = append(treeOwn, slog.Any(name, configValue(v)))
 		}
 	}
 	if len(treeOwn) > 0 {
-		log.Info("effective configuration", append([]any{"part", "tree"}, treeOwn...)...)
+		log.Debug("effective configuration", append([]any{"part", "tree"}, treeOwn...)...)
 	}
 }
 
@@ -87,32 +110,13 @@ func configValue(v any) any {
 	return strings.Join(plain, " ")
 }
 
-// effectiveConfig is the configuration as one JSON value, secrets redacted.
-func effectiveConfig(cfg *Plan) jsonValue {
-	js, err := json.Marshal(effectiveParts(cfg))
-	if err != nil {
-		return jsonValue(fmt.Sprintf("%q", err.Error()))
-	}
-	return js
-}
-
 // effectiveParts is the configuration as JSON-ready values.
 func effectiveParts(cfg *Plan) map[string]any {
 	return map[string]any{
-		"type":        cfg.ProxyType,
-		"root":        cfg.Root,
-		"version":     cfg.Version,
 		"proxyConfig": describe(reflect.ValueOf(cfg.Proxy), "proxyConfig"),
 		"tree":        describe(reflect.ValueOf(cfg.Tree), ""),
 	}
 }
-
-// jsonValue is JSON that a JSON log handler embeds as is and a text
-// handler prints as text.
-type jsonValue []byte
-
-func (j jsonValue) MarshalJSON() ([]byte, error) { return j, nil }
-func (j jsonValue) MarshalText() ([]byte, error) { return j, nil }
 
 const redacted = "<redacted>"
 
