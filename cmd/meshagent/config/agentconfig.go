@@ -167,7 +167,7 @@ func Build(in Inputs) (*Plan, error) {
 	case len(in.Args) > 1:
 		p.Addf("proxy: %q: want at most one argument, the proxy type", in.Args)
 	case c.ProxyType != "sidecar" && c.ProxyType != "router" && c.ProxyType != "waypoint":
-		p.Addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", QuoteValue(c.ProxyType))
+		p.Addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", quoteValue(c.ProxyType))
 		// Reported once: the rest of the build goes on as a sidecar, so
 		// that the bootstrap's check does not say it again (#21).
 		c.ProxyType = "sidecar"
@@ -277,16 +277,16 @@ func Build(in Inputs) (*Plan, error) {
 func CheckRoot(root string, p *Problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.Addf("--root %s: %v", QuoteValue(root), err)
+		p.Addf("--root %s: %v", quoteValue(root), err)
 		return ""
 	}
 	switch st, err := os.Stat(abs); {
 	case errors.Is(err, fs.ErrNotExist):
-		p.Addf("--root %s: %s does not exist", QuoteValue(root), abs)
+		p.Addf("--root %s: %s does not exist", quoteValue(root), abs)
 	case err != nil:
-		p.Addf("--root %s: %v", QuoteValue(root), err)
+		p.Addf("--root %s: %v", quoteValue(root), err)
 	case !st.IsDir():
-		p.Addf("--root %s: %s is not a directory", QuoteValue(root), abs)
+		p.Addf("--root %s: %s is not a directory", quoteValue(root), abs)
 	default:
 		return abs
 	}
@@ -310,7 +310,7 @@ func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.Addf("INSTANCE_IP=%s: %s is not an IP address", QuoteValue(v), QuoteValue(s))
+				r.problems.Addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
 				continue
 			}
 			if i == 0 {

@@ -23,19 +23,19 @@ type CaptureSettings struct {
 func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 	c := &CaptureSettings{s: NewSettings(fs)}
 	cfg, s := &c.cfg, c.s
-	str := func(p *string, name, short, usage string, env ...*Setting[string]) {
+	str := func(p *string, name, short, usage string, env ...*envVar[string]) {
 		envFlagVar(s, p, flagSpec{name: name, short: short, usage: usage}, env...)
 	}
-	boolean := func(p *bool, name, short, usage string, env ...*Setting[bool]) {
+	boolean := func(p *bool, name, short, usage string, env ...*envVar[bool]) {
 		envFlagVar(s, p, flagSpec{name: name, short: short, usage: usage}, env...)
 	}
 	// --envoy-port has no env binding in Istio (ENVOY_PORT is not read).
-	flagVar(s, &cfg.ProxyPort, capture.DefaultRules().ProxyPort, ParseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
+	flagVar(s, &cfg.ProxyPort, capture.DefaultRules().ProxyPort, parseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
 	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", "Port to which all inbound TCP traffic is redirected", envInboundCapturePort)
 	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", "Envoy's HBONE tunnel port (never captured)", envInboundTunnelPort)
-	optionalFlagVar(s, &c.proxyUID, ParseString, flagSpec{name: "proxy-uid", short: "u",
+	optionalFlagVar(s, &c.proxyUID, parseString, flagSpec{name: "proxy-uid", short: "u",
 		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + capture.DefaultRules().ProxyUID + ")"}, envProxyUID)
-	optionalFlagVar(s, &c.proxyGID, ParseString, flagSpec{name: "proxy-gid", short: "g",
+	optionalFlagVar(s, &c.proxyGID, parseString, flagSpec{name: "proxy-gid", short: "g",
 		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"}, envProxyGID)
 	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "Inbound interception mode: REDIRECT or TPROXY", envIstioInboundInterceptionMode)
 	str(&cfg.InboundTProxyMark, "istio-inbound-tproxy-mark", "t", "Packet mark used by TPROXY mode", envIstioInboundTProxyMark)

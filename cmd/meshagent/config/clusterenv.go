@@ -62,17 +62,17 @@ func parseEnvLine(line string) (string, string, error) {
 	line = strings.TrimPrefix(line, "export ")
 	key, raw, ok := strings.Cut(line, "=")
 	if !ok {
-		return "", "", fmt.Errorf("%s: want KEY=VALUE", QuoteValue(line))
+		return "", "", fmt.Errorf("%s: want KEY=VALUE", quoteValue(line))
 	}
 	if !envFileName.MatchString(key) {
-		return "", "", fmt.Errorf("%s is not a variable name", QuoteValue(key))
+		return "", "", fmt.Errorf("%s is not a variable name", quoteValue(key))
 	}
 	value, rest, err := unquoteEnvValue(raw)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w", key, err)
 	}
 	if rest = strings.TrimSpace(rest); rest != "" && !strings.HasPrefix(rest, "#") {
-		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, QuoteValue(rest))
+		return "", "", fmt.Errorf("%s: unexpected %s after the value", key, quoteValue(rest))
 	}
 	return key, value, nil
 }
@@ -101,7 +101,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 					b.WriteByte(c)
 				}
 			case '$', '`':
-				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", QuoteValue(raw))
+				return "", "", fmt.Errorf("%s: shell expansion is not supported; quote it with '...'", quoteValue(raw))
 			default:
 				b.WriteByte(c)
 			}
@@ -110,7 +110,7 @@ func unquoteEnvValue(raw string) (value, rest string, err error) {
 	}
 	value, rest, _ = strings.Cut(raw, " ")
 	if strings.ContainsAny(value, "$`'\"\\;|&<>(){}") {
-		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", QuoteValue(value))
+		return "", "", fmt.Errorf("%s: quote the value ('...') to use shell characters", quoteValue(value))
 	}
 	return value, rest, nil
 }

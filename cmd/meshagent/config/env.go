@@ -204,12 +204,12 @@ var (
 	envWatchdogUSEC = setting(asText("count"), "WATCHDOG_USEC", "", svcProcess, "systemd's watchdog interval (read by go-systemd in tree)")
 )
 
-// Setting is one environment variable: its name, its default value, how
+// envVar is one environment variable: its name, its default value, how
 // its text becomes a value (kind), the service it feeds and what it means
 // (Istio's meaning, unless the doc says it is ours). The builders read it
 // only through the entry (get, lookup; a flag's envFlagVar), so the
 // default they use is the one help prints.
-type Setting[T any] struct {
+type envVar[T any] struct {
 	Name    string
 	Default T
 	kind    kind[T]
@@ -224,19 +224,19 @@ type Setting[T any] struct {
 var table []interface{ row() Var }
 
 // setting declares an entry of the table.
-func setting[T any](k kind[T], name string, def T, service, doc string) *Setting[T] {
-	s := &Setting[T]{Name: name, Default: def, kind: k, Service: service, Doc: doc}
+func setting[T any](k kind[T], name string, def T, service, doc string) *envVar[T] {
+	s := &envVar[T]{Name: name, Default: def, kind: k, Service: service, Doc: doc}
 	table = append(table, s)
 	return s
 }
 
 // derived says, for help, what the default is computed from.
-func (s *Setting[T]) derived(text string) *Setting[T] {
+func (s *envVar[T]) derived(text string) *envVar[T] {
 	s.defaultText = text
 	return s
 }
 
-func (s *Setting[T]) row() Var {
+func (s *envVar[T]) row() Var {
 	def := s.defaultText
 	if def == "" {
 		def = s.kind.format(s.Default)
@@ -244,19 +244,19 @@ func (s *Setting[T]) row() Var {
 	return Var{Name: s.Name, Default: def, Type: s.kind.name, Service: s.Service, Doc: s.Doc, derived: s.defaultText != ""}
 }
 
-// Prefix is a family of variables: every variable whose name starts with
+// envPrefix is a family of variables: every variable whose name starts with
 // Name (CA_HEADER_X-Foo is the header X-Foo).
-type Prefix struct {
+type envPrefix struct {
 	Name, Type, Service, Doc string
 }
 
-func prefix(name, typ, service, doc string) *Prefix {
-	p := &Prefix{Name: name, Type: typ, Service: service, Doc: doc}
+func prefix(name, typ, service, doc string) *envPrefix {
+	p := &envPrefix{Name: name, Type: typ, Service: service, Doc: doc}
 	table = append(table, p)
 	return p
 }
 
-func (p *Prefix) row() Var {
+func (p *envPrefix) row() Var {
 	return Var{Name: p.Name, Default: "-", Type: p.Type, Service: p.Service, Doc: p.Doc, Prefix: true}
 }
 
@@ -305,21 +305,6 @@ func Vars() []Var {
 	}
 	slices.SortFunc(out, func(a, b Var) int { return cmp.Compare(a.Name, b.Name) })
 	return out
-}
-
-// find is the table's row for a name: its own entry, else the prefix
-// entry it falls under.
-func find(name string) (Var, bool) {
-	vars := Vars()
-	if i := slices.IndexFunc(vars, func(v Var) bool { return !v.Prefix && v.Name == name }); i >= 0 {
-		return vars[i], true
-	}
-	for _, v := range vars {
-		if v.Prefix && strings.HasPrefix(name, v.Name) {
-			return v, true
-		}
-	}
-	return Var{}, false
 }
 
 // WriteTable prints the table, sorted: name (a prefix as NAME*), default,

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,4 +55,19 @@ func TestDefaultText(t *testing.T) {
 			t.Errorf("default %q, want %q", tc.got, tc.want)
 		}
 	}
+}
+
+// find is the table's row for a name: its own entry, else the prefix
+// entry it falls under.
+func find(name string) (Var, bool) {
+	vars := Vars()
+	if i := slices.IndexFunc(vars, func(v Var) bool { return !v.Prefix && v.Name == name }); i >= 0 {
+		return vars[i], true
+	}
+	for _, v := range vars {
+		if v.Prefix && strings.HasPrefix(name, v.Name) {
+			return v, true
+		}
+	}
+	return Var{}, false
 }

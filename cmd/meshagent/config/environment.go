@@ -84,9 +84,9 @@ func MapEnvironment(m map[string]string) *Reader {
 	})
 }
 
-// Source is the environment under the reader, for a layer that derives
+// source is the environment under the reader, for a layer that derives
 // another environment from it.
-func (r *Reader) Source() Environment {
+func (r *Reader) source() Environment {
 	if r == nil {
 		return Environment{}
 	}
@@ -96,7 +96,7 @@ func (r *Reader) Source() Environment {
 // read is the value of s's variable and whether it is set (and valid);
 // the default when it is not. The first read of a bad value returns the
 // error, naming the variable and the value; later reads take it as unset.
-func read[T any](r *Reader, s *Setting[T]) (T, bool, error) {
+func read[T any](r *Reader, s *envVar[T]) (T, bool, error) {
 	if r == nil {
 		return s.Default, false, nil
 	}
@@ -116,7 +116,7 @@ func read[T any](r *Reader, s *Setting[T]) (T, bool, error) {
 	v, err := s.kind.parse(text)
 	if err != nil {
 		r.read[s.Name] = reading{}
-		return s.Default, false, &ValueError{Name: s.Name, Value: text, Err: err}
+		return s.Default, false, &valueError{Name: s.Name, Value: text, Err: err}
 	}
 	r.read[s.Name] = reading{value: v}
 	return v, true, nil
@@ -124,7 +124,7 @@ func read[T any](r *Reader, s *Setting[T]) (T, bool, error) {
 
 // present says whether s's variable is set at all, even empty: GOGC,
 // which Go's runtime reads so.
-func present[T any](r *Reader, s *Setting[T]) bool {
+func present[T any](r *Reader, s *envVar[T]) bool {
 	if r == nil || r.src.Lookup == nil {
 		return false
 	}
@@ -134,9 +134,9 @@ func present[T any](r *Reader, s *Setting[T]) bool {
 
 // prefixed returns every variable of the family p, keyed by the rest of
 // the name (CA_HEADER_X-Foo=bar ⇒ "X-Foo": "bar").
-func (r *Reader) prefixed(p *Prefix) map[string]string {
+func (r *Reader) prefixed(p *envPrefix) map[string]string {
 	out := map[string]string{}
-	for _, kv := range r.Source().All() {
+	for _, kv := range r.source().All() {
 		k, v, ok := strings.Cut(kv, "=")
 		if ok && len(k) > len(p.Name) && strings.HasPrefix(k, p.Name) {
 			out[k[len(p.Name):]] = v
@@ -145,14 +145,14 @@ func (r *Reader) prefixed(p *Prefix) map[string]string {
 	return out
 }
 
-// ValueError is a variable's bad value.
-type ValueError struct {
+// valueError is a variable's bad value.
+type valueError struct {
 	Name, Value string
 	Err         error
 }
 
-func (e *ValueError) Error() string { return e.Name + "=" + QuoteValue(e.Value) + ": " + e.Err.Error() }
-func (e *ValueError) Unwrap() error { return e.Err }
+func (e *valueError) Error() string { return e.Name + "=" + quoteValue(e.Value) + ": " + e.Err.Error() }
+func (e *valueError) Unwrap() error { return e.Err }
 
 // envReader is how a builder reads: the environment, and where the bad
 // values go.
@@ -162,7 +162,7 @@ type envReader struct {
 }
 
 // get is s's value: the variable's, else the table's default.
-func get[T any](r envReader, s *Setting[T]) T {
+func get[T any](r envReader, s *envVar[T]) T {
 	v, _ := lookup(r, s)
 	return v
 }
@@ -170,7 +170,7 @@ func get[T any](r envReader, s *Setting[T]) T {
 // optional is the variable's value, nil when it is unset: for a setting
 // whose unset the service tells from any value (PEER_METADATA_DISCOVERY
 // unset follows ISTIO_META_ENABLE_HBONE).
-func optional[T any](r envReader, s *Setting[T]) *T {
+func optional[T any](r envReader, s *envVar[T]) *T {
 	if v, ok := lookup(r, s); ok {
 		return &v
 	}
@@ -180,7 +180,7 @@ func optional[T any](r envReader, s *Setting[T]) *T {
 // lookup is get, and whether the variable gave the value: for a setting
 // whose unset differs from any value (CA_ADDR unset: the discovery
 // address, and ISTIOD_SAN as the CA's name).
-func lookup[T any](r envReader, s *Setting[T]) (T, bool) {
+func lookup[T any](r envReader, s *envVar[T]) (T, bool) {
 	v, set, err := read(r.env, s)
 	r.problems.Add(err)
 	return v, set

@@ -56,7 +56,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 	pc := in.proxy
 	skipDeprecatedLogs := get(r, envEnvoySkipDeprecatedLogs)
 	// Envoy inherits the environment, and its ISTIO_META_* become node metadata.
-	env := r.env.Source().All()
+	env := r.env.source().All()
 	b := &bootstrap.Config{
 		ProxyType:       in.proxyType,
 		PodName:         in.pod.name,
@@ -193,7 +193,7 @@ func checkEnvoyBinary(p *Problems, path string, lookPath func(string) (string, e
 		why = err.Error()
 	}
 	p.Addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
-		QuoteValue(path), why)
+		quoteValue(path), why)
 }
 
 // checkRegularFile reports a variable that does not name a readable
@@ -203,9 +203,9 @@ func checkRegularFile(p *Problems, name, path string) {
 	f, err := openConfigFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		p.Addf("%s=%s: no such file", name, QuoteValue(path))
+		p.Addf("%s=%s: no such file", name, quoteValue(path))
 	case err != nil:
-		p.Addf("%s=%s: %v", name, QuoteValue(path), err)
+		p.Addf("%s=%s: %v", name, quoteValue(path), err)
 	default:
 		f.Close()
 	}

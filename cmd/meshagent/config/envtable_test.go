@@ -14,7 +14,7 @@ import (
 // it, beside what help prints for its default.
 type effective struct{ name, used, help string }
 
-func eff[T any](s *Setting[T], used T) effective {
+func eff[T any](s *envVar[T], used T) effective {
 	return effective{s.Name, s.kind.format(used), s.row().Default}
 }
 
@@ -53,7 +53,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmVar := func(name string) string { v, _ := vm.Env.Source().Get(name); return v }
+	vmVar := func(name string) string { v, _ := vm.Env.source().Get(name); return v }
 	vmProxyConfig := func(field string) string {
 		_, after, _ := strings.Cut(vmVar("PROXY_CONFIG"), field+": ")
 		v, _, _ := strings.Cut(after, "\n")

@@ -63,7 +63,7 @@ func (s *Settings) Resolve(env *Reader) error {
 
 // flagVar defines a flag with no variable: the command line's value, else
 // def.
-func flagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec flagSpec) {
+func flagVar[T any](s *Settings, p *T, def T, parse parseFunc[T], spec flagSpec) {
 	*p = def
 	defineFlag(s, spec, fmt.Sprint(def), func(v T) { *p = v }, parse, nil)
 }
@@ -71,7 +71,7 @@ func flagVar[T any](s *Settings, p *T, def T, parse Parser[T], spec flagSpec) {
 // envFlagVar defines a flag whose value is the command line's, else the
 // first of env that is set, else env[0]'s default; it parses as env[0]
 // does. The variables are named in --help.
-func envFlagVar[T any](s *Settings, p *T, spec flagSpec, env ...*Setting[T]) {
+func envFlagVar[T any](s *Settings, p *T, spec flagSpec, env ...*envVar[T]) {
 	*p = env[0].Default
 	defineFlag(s, spec, env[0].kind.format(env[0].Default), func(v T) { *p = v }, env[0].kind.parse, env)
 }
@@ -79,12 +79,12 @@ func envFlagVar[T any](s *Settings, p *T, spec flagSpec, env ...*Setting[T]) {
 // optionalFlagVar defines a flag whose value stays nil unless the command
 // line or one of env gives it: "not set" is visible, and differs from a
 // zero (consul-dataplane's pointer fields).
-func optionalFlagVar[T any](s *Settings, p **T, parse Parser[T], spec flagSpec, env ...*Setting[T]) {
+func optionalFlagVar[T any](s *Settings, p **T, parse parseFunc[T], spec flagSpec, env ...*envVar[T]) {
 	*p = nil
 	defineFlag(s, spec, "", func(v T) { *p = &v }, parse, env)
 }
 
-func defineFlag[T any](s *Settings, spec flagSpec, defText string, set func(T), parse Parser[T], env []*Setting[T]) {
+func defineFlag[T any](s *Settings, spec flagSpec, defText string, set func(T), parse parseFunc[T], env []*envVar[T]) {
 	usage := spec.usage
 	if len(env) > 0 {
 		names := make([]string, len(env))
@@ -129,7 +129,7 @@ type flagValue[T any] struct {
 	name     string
 	text     string
 	set      func(T)
-	parse    Parser[T]
+	parse    parseFunc[T]
 	problems *Problems
 }
 
@@ -139,7 +139,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.problems.Addf("--%s %s: %v", v.name, QuoteValue(text), err)
+		v.problems.Addf("--%s %s: %v", v.name, quoteValue(text), err)
 		return nil
 	}
 	v.set(val)

@@ -23,12 +23,12 @@ type testSettings struct {
 func bindTestSettings(fs *pflag.FlagSet) (*Settings, *testSettings) {
 	s, v := NewSettings(fs), &testSettings{}
 	// Entries of no table: the package's table holds the agent's own.
-	envFlagVar(s, &v.port, flagSpec{name: "port", usage: "a port"}, &Setting[int]{Name: "PORT", Default: 15000, kind: asPort})
+	envFlagVar(s, &v.port, flagSpec{name: "port", usage: "a port"}, &envVar[int]{Name: "PORT", Default: 15000, kind: asPort})
 	envFlagVar(s, &v.wait, flagSpec{name: "wait", usage: "a wait"},
-		&Setting[time.Duration]{Name: "WAIT", Default: 5 * time.Second, kind: asDuration}, &Setting[time.Duration]{Name: "OLD_WAIT", kind: asDuration})
-	envFlagVar(s, &v.on, flagSpec{name: "on", short: "o", usage: "a switch"}, &Setting[bool]{Name: "ON", kind: asBool})
-	optionalFlagVar(s, &v.optional, ParseCount, flagSpec{name: "optional", usage: "maybe a count"}, &Setting[int]{Name: "OPTIONAL", kind: asCount})
-	flagVar(s, &v.name, "x", ParseString, flagSpec{name: "name", usage: "no variable"})
+		&envVar[time.Duration]{Name: "WAIT", Default: 5 * time.Second, kind: asDuration}, &envVar[time.Duration]{Name: "OLD_WAIT", kind: asDuration})
+	envFlagVar(s, &v.on, flagSpec{name: "on", short: "o", usage: "a switch"}, &envVar[bool]{Name: "ON", kind: asBool})
+	optionalFlagVar(s, &v.optional, parseCount, flagSpec{name: "optional", usage: "maybe a count"}, &envVar[int]{Name: "OPTIONAL", kind: asCount})
+	flagVar(s, &v.name, "x", parseString, flagSpec{name: "name", usage: "no variable"})
 	return s, v
 }
 
@@ -103,7 +103,7 @@ func TestHelpNamesTheVariables(t *testing.T) {
 func TestGet(t *testing.T) {
 	p := &Problems{}
 	r := envReader{env: MapEnvironment(map[string]string{"N": "3", "BAD": "x", "EMPTY": ""}), problems: p}
-	entry := func(name string) *Setting[int] { return &Setting[int]{Name: name, Default: 1, kind: asCount} }
+	entry := func(name string) *envVar[int] { return &envVar[int]{Name: name, Default: 1, kind: asCount} }
 	if got := get(r, entry("N")); got != 3 {
 		t.Errorf("N = %d", got)
 	}
@@ -117,7 +117,7 @@ func TestGet(t *testing.T) {
 	if got := get(r, bad); got != 1 || p.Err() == nil || p.Err().Error() != `BAD="x": want a whole number, 0 or more` {
 		t.Errorf("BAD = %d, problems %v", got, p.Err())
 	}
-	var ve *ValueError
+	var ve *valueError
 	if !errors.As(p.Err(), &ve) {
 		t.Errorf("BAD: %T, want a *ValueError", p.Err())
 	}

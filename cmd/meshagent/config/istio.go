@@ -19,7 +19,7 @@ import (
 
 // Ports.
 const (
-	AdminPort       = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
+	adminPort       = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
 	agentStatusPort = 15020 // ProxyConfig.statusPort: the agent's status server
 )
 
@@ -41,14 +41,14 @@ const (
 	caCRLFile             = "./var/run/secrets/istio/crl/ca-crl.pem"        // the plugged-in CA's CRL
 	TokenFile             = "./var/run/secrets/tokens/istio-token"          // JWT for the CA and xDS
 	VMCertsDir            = "/etc/certs"                                    // a VM's PROV_CERT and OUTPUT_CERTS (istio-start.sh), under --root
-	EnvoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
+	envoyBinaryPath       = "/usr/local/bin/envoy"                          // ProxyConfig.binaryPath: not under --root
 	ResolvConfFile        = "/etc/resolv.conf"                              // --resolv-conf: not under --root
 )
 
 // Drain and stop durations: Istio's, then meshagent's own.
 const (
-	DrainDuration            = 45 * time.Second // ProxyConfig.drainDuration ⇒ --drain-time-s
-	TerminationDrainDuration = 5 * time.Second  // ProxyConfig.terminationDrainDuration
+	istioDrainDuration            = 45 * time.Second // ProxyConfig.drainDuration ⇒ --drain-time-s
+	istioTerminationDrainDuration = 5 * time.Second  // ProxyConfig.terminationDrainDuration
 
 	// Not Istio's: how long the tree waits for services to stop, and for
 	// a drain beyond terminationDrainDuration (Envoy's SIGTERM, then
@@ -77,12 +77,12 @@ func defaultProxyConfig() *meshconfig.ProxyConfig {
 	return &meshconfig.ProxyConfig{
 		ConfigPath:               ConfigPathDir,
 		ClusterName:              &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
-		DrainDuration:            durationpb.New(DrainDuration),
-		TerminationDrainDuration: durationpb.New(TerminationDrainDuration),
-		ProxyAdminPort:           AdminPort,
+		DrainDuration:            durationpb.New(istioDrainDuration),
+		TerminationDrainDuration: durationpb.New(istioTerminationDrainDuration),
+		ProxyAdminPort:           adminPort,
 		ControlPlaneAuthPolicy:   meshconfig.AuthenticationPolicy_MUTUAL_TLS,
 		DiscoveryAddress:         "istiod.istio-system.svc:15012",
-		BinaryPath:               EnvoyBinaryPath,
+		BinaryPath:               envoyBinaryPath,
 		StatNameLength:           189,
 		StatusPort:               agentStatusPort,
 	}

@@ -12,52 +12,52 @@ import (
 	"time"
 )
 
-// Parser turns a flag's or a variable's text into a value, or says what a
+// parseFunc turns a flag's or a variable's text into a value, or says what a
 // good value looks like. A flag and the variable that stands in for it go
 // through the same one.
-type Parser[T any] func(string) (T, error)
+type parseFunc[T any] func(string) (T, error)
 
-func ParseString(s string) (string, error) { return s, nil }
+func parseString(s string) (string, error) { return s, nil }
 
 // kind is how a variable's text becomes a value of T (the parser a flag
 // bound to the variable shares), and how help names its type.
 type kind[T any] struct {
 	name  string
-	parse Parser[T]
+	parse parseFunc[T]
 	// zero, when set, is how help shows the zero value ("0 (off)").
 	zero string
 }
 
 // The kinds of the table's entries.
 var (
-	asBool         = kind[bool]{name: "bool", parse: ParseBool}
-	asDuration     = kind[time.Duration]{name: "duration", parse: ParseDuration}
-	asPort         = kind[int]{name: "port", parse: ParsePort}
-	asPortOrOff    = kind[int]{name: "port or 0", parse: ParsePortOrOff, zero: "0 (off)"}
-	asCount        = kind[int]{name: "count", parse: ParseCount}
-	asNumber       = kind[float64]{name: "number", parse: ParseFloat}
-	asDNSLabel     = kind[string]{name: "DNS label", parse: ParseDNSLabel}
-	asDNSSubdomain = kind[string]{name: "DNS subdomain", parse: ParseDNSSubdomain}
-	asTrustDomain  = kind[string]{name: "trust domain", parse: ParseTrustDomain}
-	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: ParseKeyAlgorithm}
-	asECCCurve     = kind[string]{name: "P256 or P384", parse: ParseECCCurve}
+	asBool         = kind[bool]{name: "bool", parse: parseBool}
+	asDuration     = kind[time.Duration]{name: "duration", parse: parseDuration}
+	asPort         = kind[int]{name: "port", parse: parsePort}
+	asPortOrOff    = kind[int]{name: "port or 0", parse: parsePortOrOff, zero: "0 (off)"}
+	asCount        = kind[int]{name: "count", parse: parseCount}
+	asNumber       = kind[float64]{name: "number", parse: parseFloat}
+	asDNSLabel     = kind[string]{name: "DNS label", parse: parseDNSLabel}
+	asDNSSubdomain = kind[string]{name: "DNS subdomain", parse: parseDNSSubdomain}
+	asTrustDomain  = kind[string]{name: "trust domain", parse: parseTrustDomain}
+	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: parseKeyAlgorithm}
+	asECCCurve     = kind[string]{name: "P256 or P384", parse: parseECCCurve}
 	asGCPercent    = kind[int]{name: "count or off", parse: parseGCPercent}
-	asHostPort     = kind[string]{name: "host:port", parse: ParseHostPort}
+	asHostPort     = kind[string]{name: "host:port", parse: parseHostPort}
 )
 
 // asText is a variable taken as it is; name is its type as help says it
 // ("path", "host:port").
-func asText(name string) kind[string] { return kind[string]{name: name, parse: ParseString} }
+func asText(name string) kind[string] { return kind[string]{name: name, parse: parseString} }
 
 // parseGCPercent is GOGC as Go's runtime reads it: a percentage, or off.
 func parseGCPercent(s string) (int, error) {
 	if s == "off" {
 		return -1, nil
 	}
-	return ParseCount(s)
+	return parseCount(s)
 }
 
-func ParseBool(s string) (bool, error) {
+func parseBool(s string) (bool, error) {
 	b, err := strconv.ParseBool(strings.TrimSpace(s))
 	if err != nil {
 		return false, errors.New("want true or false")
@@ -66,7 +66,7 @@ func ParseBool(s string) (bool, error) {
 }
 
 // ParseCount is a whole number, 0 or more.
-func ParseCount(s string) (int, error) {
+func parseCount(s string) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil || n < 0 {
 		return 0, errors.New("want a whole number, 0 or more")
@@ -75,7 +75,7 @@ func ParseCount(s string) (int, error) {
 }
 
 // ParsePort is a TCP/UDP port, 1-65535.
-func ParsePort(s string) (int, error) {
+func parsePort(s string) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil || n < 1 || n > math.MaxUint16 {
 		return 0, errors.New("want a port, 1-65535")
@@ -84,7 +84,7 @@ func ParsePort(s string) (int, error) {
 }
 
 // ParseDuration is a Go duration, 0 or more ("5s", "100ms").
-func ParseDuration(s string) (time.Duration, error) {
+func parseDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if err != nil || d < 0 {
 		return 0, errors.New("want a duration such as 5s")
@@ -92,7 +92,7 @@ func ParseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-func ParseFloat(s string) (float64, error) {
+func parseFloat(s string) (float64, error) {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil {
 		return 0, errors.New("want a number")
@@ -118,7 +118,7 @@ var (
 
 // ParseTrustDomain is a SPIFFE trust domain: lowercase letters, digits,
 // dots, dashes and underscores, at most 255 bytes.
-func ParseTrustDomain(s string) (string, error) {
+func parseTrustDomain(s string) (string, error) {
 	if len(s) > maxTrustDomain || !trustDomainChars.MatchString(s) {
 		return "", fmt.Errorf("want a SPIFFE trust domain: lowercase letters, digits, '.', '-' and '_', at most %d bytes", maxTrustDomain)
 	}
@@ -126,7 +126,7 @@ func ParseTrustDomain(s string) (string, error) {
 }
 
 // ParseDNSLabel is a Kubernetes namespace name: a DNS-1123 label.
-func ParseDNSLabel(s string) (string, error) {
+func parseDNSLabel(s string) (string, error) {
 	if len(s) > maxDNSLabel || !dnsLabel.MatchString(s) {
 		return "", fmt.Errorf("want a Kubernetes namespace name (DNS-1123 label): lowercase letters, digits and '-', starting and ending with a letter or digit, at most %d bytes", maxDNSLabel)
 	}
@@ -135,7 +135,7 @@ func ParseDNSLabel(s string) (string, error) {
 
 // ParseDNSSubdomain is a Kubernetes service account name: a DNS-1123
 // subdomain, labels joined by dots.
-func ParseDNSSubdomain(s string) (string, error) {
+func parseDNSSubdomain(s string) (string, error) {
 	bad := len(s) > maxDNSSubdomain
 	for _, label := range strings.Split(s, ".") {
 		bad = bad || !dnsLabel.MatchString(label)
@@ -149,7 +149,7 @@ func ParseDNSSubdomain(s string) (string, error) {
 // ParseKeyAlgorithm is ECC_SIGNATURE_ALGORITHM. Istio's agent compares the
 // value with "ECDSA" and makes an RSA key for anything else, so a typo
 // ("ecdsa", "EC") silently gave RSA; RSA, the default, may be named.
-func ParseKeyAlgorithm(s string) (string, error) {
+func parseKeyAlgorithm(s string) (string, error) {
 	if s != "ECDSA" && s != "RSA" {
 		return "", errors.New("want ECDSA (or RSA, the default when unset); the value is case-sensitive, as in Istio")
 	}
@@ -158,7 +158,7 @@ func ParseKeyAlgorithm(s string) (string, error) {
 
 // ParseECCCurve is ECC_CURVE: Istio's two curves (it takes anything else
 // for P256 without a word).
-func ParseECCCurve(s string) (string, error) {
+func parseECCCurve(s string) (string, error) {
 	if s != "P256" && s != "P384" {
 		return "", errors.New("want P256 or P384")
 	}
@@ -167,10 +167,10 @@ func ParseECCCurve(s string) (string, error) {
 
 // ParseHostPort is an address: a host (a name or an IP) and a port,
 // 1-65535 ("localhost:15053", "[::1]:15053").
-func ParseHostPort(s string) (string, error) {
+func parseHostPort(s string) (string, error) {
 	_, port, err := net.SplitHostPort(s)
 	if err == nil {
-		_, err = ParsePort(port)
+		_, err = parsePort(port)
 	}
 	if err != nil {
 		return "", errors.New("want host:port, the port 1-65535")
@@ -179,11 +179,11 @@ func ParseHostPort(s string) (string, error) {
 }
 
 // ParsePortOrOff is a port, or 0 for none.
-func ParsePortOrOff(s string) (int, error) {
+func parsePortOrOff(s string) (int, error) {
 	if s == "0" {
 		return 0, nil
 	}
-	return ParsePort(s)
+	return parsePort(s)
 }
 
 // maxShownValue bounds how much of a bad value an error repeats: a 100 KB
@@ -191,9 +191,9 @@ func ParsePortOrOff(s string) (int, error) {
 // are kept, where a path or a suffix usually says what went wrong.
 const maxShownValue = 120
 
-// QuoteValue is a flag's or a variable's text as an error shows it: quoted,
+// quoteValue is a flag's or a variable's text as an error shows it: quoted,
 // and cut in the middle when long, with its length.
-func QuoteValue(s string) string {
+func quoteValue(s string) string {
 	if len(s) <= maxShownValue {
 		return strconv.Quote(s)
 	}
@@ -229,5 +229,5 @@ func ParseLogLevel(spec string) (slog.Level, error) {
 	case "none":
 		return slog.LevelError + 100, nil
 	}
-	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", QuoteValue(spec), QuoteValue(level))
+	return 0, fmt.Errorf("--log_output_level %s: level %s is not one of debug, info, warn, error, fatal, none", quoteValue(spec), quoteValue(level))
 }

@@ -94,7 +94,7 @@ func loadProxyConfig(src proxyConfigSources, log *slog.Logger) (*meshconfig.Prox
 		if filepath.IsAbs(*src.meshConfigFlag) && filepath.Clean(*src.meshConfigFlag) != src.meshConfigFile {
 			under = " (--meshConfig is a path under --root, as every agent path, even when absolute)"
 		}
-		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist%s", QuoteValue(*src.meshConfigFlag), src.meshConfigFile, under)
+		return nil, fmt.Errorf("--meshConfig %s: mesh config file %s does not exist%s", quoteValue(*src.meshConfigFlag), src.meshConfigFile, under)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("mesh config file: %w", err)
 	}
@@ -279,9 +279,9 @@ func validateProxyConfig(pc *meshconfig.ProxyConfig) error {
 		errs = append(errs, errors.New("ProxyConfig configPath is empty"))
 	}
 	if _, port, err := net.SplitHostPort(pc.DiscoveryAddress); err != nil {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", QuoteValue(pc.DiscoveryAddress), err))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: %v", quoteValue(pc.DiscoveryAddress), err))
 	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", QuoteValue(pc.DiscoveryAddress), QuoteValue(port)))
+		errs = append(errs, fmt.Errorf("ProxyConfig discoveryAddress %s: bad port %s", quoteValue(pc.DiscoveryAddress), quoteValue(port)))
 	}
 	if d := pc.GetDrainDuration(); d != nil && d.AsDuration() <= 0 {
 		errs = append(errs, fmt.Errorf("ProxyConfig drainDuration %s must be positive", d.AsDuration()))

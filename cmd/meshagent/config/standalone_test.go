@@ -164,7 +164,7 @@ func TestStandaloneFindsEnvoy(t *testing.T) {
 		installed map[string]string
 		want, Why string
 	}{
-		{map[string]string{EnvoyBinaryPath: EnvoyBinaryPath, "envoy": "/usr/bin/envoy", standIn: standIn}, EnvoyBinaryPath, "Istio's binaryPath"},
+		{map[string]string{envoyBinaryPath: envoyBinaryPath, "envoy": "/usr/bin/envoy", standIn: standIn}, envoyBinaryPath, "Istio's binaryPath"},
 		{map[string]string{"envoy": "/usr/bin/envoy", standIn: standIn}, "/usr/bin/envoy", "on PATH"},
 		{map[string]string{standIn: standIn}, standIn, "stand-in"},
 	} {
@@ -217,11 +217,11 @@ func TestStandaloneRefusesFileMountedCertificates(t *testing.T) {
 func TestStandaloneEnvironmentDefaults(t *testing.T) {
 	env := withDefaults(MapEnvironment(map[string]string{"A": "mine", "B": "", "C": "c"}), map[string]string{"A": "std", "B": "std", "D": "std"})
 	for name, want := range map[string]string{"A": "mine", "B": "std", "C": "c", "D": "std"} {
-		if got, ok := env.Source().Get(name); !ok || got != want {
+		if got, ok := env.source().Get(name); !ok || got != want {
 			t.Errorf("%s = %q, %v; want %q", name, got, ok, want)
 		}
 	}
-	all := strings.Join(env.Source().All(), " ")
+	all := strings.Join(env.source().All(), " ")
 	for _, kv := range []string{"A=mine", "B=std", "C=c", "D=std"} {
 		if !strings.Contains(all, kv) {
 			t.Errorf("all() = %q lacks %s", all, kv)

@@ -175,7 +175,7 @@ func BuildStandalone(in StandaloneInputs) (*Plan, EnvoyChoice, error) {
 	}
 	switch {
 	case envoy.Path != "" && cfg.Proxy.BinaryPath == envoy.Path: // ours
-	case envoy.Path == "" && cfg.Proxy.BinaryPath == EnvoyBinaryPath: // nobody named one, and there is none
+	case envoy.Path == "" && cfg.Proxy.BinaryPath == envoyBinaryPath:
 		p.Addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.Why)
 	default:
 		envoy = EnvoyChoice{Path: cfg.Proxy.BinaryPath, Why: "binaryPath is set in the configuration (PROXY_CONFIG, the mesh config file or an annotation)"}
@@ -200,13 +200,13 @@ func meshFile(path string, p *Problems) string {
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.Addf("--mesh %s: %v", QuoteValue(path), err)
+		p.Addf("--mesh %s: %v", quoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.Addf("--mesh %s: %v", QuoteValue(path), err)
+		p.Addf("--mesh %s: %v", quoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.Addf("--mesh %s: not a regular file", QuoteValue(path))
+		p.Addf("--mesh %s: not a regular file", quoteValue(path))
 	}
 	return abs
 }
@@ -215,16 +215,16 @@ func meshFile(path string, p *Problems) string {
 // one: Istio's binaryPath if it is installed there, else `envoy` on PATH,
 // else the stand-in beside this binary; path is "" when there is none.
 func findEnvoy(lookPath func(string) (string, error), selfDir string) EnvoyChoice {
-	if p, err := lookPath(EnvoyBinaryPath); err == nil {
-		return EnvoyChoice{Path: p, Why: "Istio's binaryPath " + EnvoyBinaryPath + " is installed"}
+	if p, err := lookPath(envoyBinaryPath); err == nil {
+		return EnvoyChoice{Path: p, Why: "Istio's binaryPath " + envoyBinaryPath + " is installed"}
 	}
 	if p, err := lookPath(standaloneEnvoyName); err == nil {
 		if abs, err := filepath.Abs(p); err == nil {
 			p = abs
 		}
-		return EnvoyChoice{Path: p, Why: "envoy found on PATH (none at " + EnvoyBinaryPath + ")"}
+		return EnvoyChoice{Path: p, Why: "envoy found on PATH (none at " + envoyBinaryPath + ")"}
 	}
-	none := "no envoy at " + EnvoyBinaryPath + " nor on PATH"
+	none := "no envoy at " + envoyBinaryPath + " nor on PATH"
 	if selfDir != "" {
 		standIn := filepath.Join(selfDir, standaloneStandInName)
 		if p, err := lookPath(standIn); err == nil {
@@ -250,7 +250,7 @@ func whyNotCA(c *certs.Config, root string) string {
 // empty value counts as unset, as everywhere): a new reader over env's
 // source, so that the configuration's reads are counted once, on it.
 func withDefaults(env *Reader, defaults map[string]string) *Reader {
-	src := env.Source()
+	src := env.source()
 	return NewReader(Environment{
 		Lookup: func(name string) (string, bool) {
 			if v, ok := src.Get(name); ok {

@@ -24,7 +24,7 @@ func BindVMFlags(s *Settings, f *VMFlags) {
 // would go on without it and run a sidecar for namespace "default").
 func vmEnvironment(root string, f *VMFlags, host Host) (*Reader, error) {
 	vars := map[string]string{}
-	for _, kv := range host.Env.Source().All() {
+	for _, kv := range host.Env.source().All() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			vars[k] = v
 		}

@@ -139,7 +139,7 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 func wantEnv(t *testing.T, env *Reader, want map[string]string) {
 	t.Helper()
 	for k, v := range want {
-		if got, _ := env.Source().Get(k); got != v {
+		if got, _ := env.source().Get(k); got != v {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
