@@ -2,18 +2,19 @@ package config
 
 // The configuration pipeline of `proxy`, in one function: the flags, the
 // environment, the host and the files under --root go in, every service's
-// config comes out as one tree.Config.
+// config comes out as one tree.Config, in a Plan.
 //
-//	flags ──► settings (flag, else env, else default; flagenv.go)
+//	flags ──► Settings (flag, else its variables, else the table's default; flagenv.go)
 //	                │
-//	environment, Host, files ──► Build
+//	environment ──► Reader (each variable once, through its entry in env.go; environment.go)
+//	Host, files ──► Build
 //	                │   ProxyConfig: Istio's defaults < (standalone's) < mesh file < PROXY_CONFIG < annotations (proxyconfig.go)
 //	                │   the root's lock, one agent per root (Host.LockRoot: cmd's rootlock.go)
 //	                │   pod, dns, identity, envoy, capture, status: one builder each (*config.go),
-//	                │   Istio's names and paths from istio.go
+//	                │   reading the variables with get(r, envX); Istio's names and paths from istio.go
 //	                ▼
-//	tree.Config ──► (cmd) tree.Build: each service's New validates its config, the only check of it (#26)
-//	            ──► ports tried (cmd's portcheck.go) ──► logged once (effective.go) ──► run
+//	Plan.Tree ──► (cmd) tree.Build: each service's New validates its config, the only check of it (#26)
+//	          ──► ports tried (cmd's portcheck.go) ──► one info line, the detail at debug (effective.go) ──► run
 //
 // Every bad input stops the agent before it runs, exit 2, naming the flag,
 // variable, file or port and the value (#21): never a run that fails
@@ -21,9 +22,9 @@ package config
 // they can name (a flag, a variable, a layer of the ProxyConfig); a
 // service's own rules are its New's, and its errors name the variable too.
 //
-// A setting is added in the builder of the service that uses it (the flag
-// or variable, its default and its mapping, on one line or two) and in the
-// service's Config.
+// A variable is added to the table (env.go: its default, parser, service,
+// doc), read with get in the builder of the service that uses it, and
+// mapped to a field of the service's Config.
 
 import (
 	"errors"
@@ -90,9 +91,6 @@ type Plan struct {
 	// lock is the root's lock (Host.LockRoot), held while the agent runs;
 	// nil when none was taken.
 	lock io.Closer
-	// Env is the environment the config was built from (standalone's and a
-	// VM's are layered on the process's): its Reads are what the start read.
-	Env *Reader
 	// GCPercent is the GC target the agent sets (cmd's memory.go): GOGC's
 	// default; nil when GOGC is set (even empty), which Go's runtime
 	// applied itself.
@@ -120,30 +118,6 @@ type podInfo struct {
 	domain     string // --domain, else <namespace>.svc.cluster.local
 }
 
-// sharedVars are the variables more than one service's config uses, read
-// once and handed to each (#26: PROV_CERT was read three times). All are
-// plain strings: reading them where a builder would not (PILOT_CERT_PROVIDER
-// =none) reports nothing.
-type sharedVars struct {
-	provCert    string // PROV_CERT: the CA's and istiod's roots, and the client certificate to both (certs, xdsproxy)
-	outputCerts string // OUTPUT_CERTS: where certs writes, what proxyless gRPC reads
-	istiodSAN   string // ISTIOD_SAN: istiod's name, as the CA and as the control plane
-	clusterID   string // ISTIO_META_CLUSTER_ID: in CSRs and xDS requests
-	// workloadSocketFile is WORKLOAD_IDENTITY_SOCKET_FILE: the SDS socket's
-	// name, which Envoy's bootstrap names too.
-	workloadSocketFile string
-}
-
-func readSharedVars(r envReader) sharedVars {
-	return sharedVars{
-		provCert:           get(r, envProvCert),
-		outputCerts:        get(r, envOutputCerts),
-		istiodSAN:          get(r, envIstiodSAN),
-		clusterID:          get(r, envIstioMetaClusterID),
-		workloadSocketFile: get(r, envWorkloadIdentitySocketFile),
-	}
-}
-
 // Build turns the inputs into every service's config. Every bad value it
 // finds — of a flag, a variable, a file — is in the error, each naming where
 // it came from and the value. The services' configs are not validated here:
@@ -156,7 +130,7 @@ func Build(in Inputs) (*Plan, error) {
 	}
 	r := envReader{env: in.Host.Env, problems: p}
 	f := in.Flags
-	c := &Plan{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Env: in.Host.Env, Version: in.Version}
+	c := &Plan{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Version: in.Version}
 	if !present(in.Host.Env, envGOGC) {
 		c.GCPercent = &envGOGC.Default
 	}
@@ -223,8 +197,7 @@ func Build(in Inputs) (*Plan, error) {
 	}
 
 	dns := dnsConfig(r, f, pod, c.ProxyType)
-	shared := readSharedVars(r)
-	certsCfg, sdsCfg := identityConfig(r, in.Host, c.Root, pod, shared, pc)
+	certsCfg, sdsCfg := identityConfig(r, in.Host, c.Root, pod, pc)
 	sdsSocket := Rooted(c.Root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default)
 	filesSDSSocket := ""
 	if sdsCfg != nil {
@@ -234,7 +207,7 @@ func Build(in Inputs) (*Plan, error) {
 		}
 	}
 	envoyIn := envoyInputs{host: in.Host, root: c.Root, proxyType: c.ProxyType, flags: f, logAsJSON: in.LogAsJSON, version: in.Version,
-		pod: pod, proxy: pc, dns: dns, shared: shared, euid: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
+		pod: pod, proxy: pc, dns: dns, euid: in.Host.EUID, runAs: in.EnvoyRunAs, sdsSocket: sdsSocket, filesSDSSocket: filesSDSSocket,
 		lookPath: in.Host.LookPath}
 	envoyCfg, bootstrap := envoyConfig(r, envoyIn)
 	if f.hotRestart && envoyCfg != nil {
@@ -252,7 +225,7 @@ func Build(in Inputs) (*Plan, error) {
 		SDS:     sdsCfg,
 		Envoy:   envoyCfg,
 		Capture: captureConfig(r, f, in.Host, in.Log),
-		XDS: xdsConfig(r, xdsInputs{host: in.Host, root: c.Root, proxy: pc, envoyBootstrap: bootstrap, certs: certsCfg, shared: shared,
+		XDS: xdsConfig(r, xdsInputs{host: in.Host, root: c.Root, proxy: pc, envoyBootstrap: bootstrap, certs: certsCfg,
 			nds: dns.enabled() && f.nameTable == "", envoyUID: envoyUID, envoyGID: envoyGID}),
 		DNS: dns.proxy,
 	}

@@ -30,7 +30,6 @@ type envoyInputs struct {
 	pod       podInfo
 	proxy     *meshconfig.ProxyConfig
 	dns       dnsSettings
-	shared    sharedVars
 	euid      int
 	// runAs, when not nil, is the uid/gid Envoy runs as whatever else
 	// (`meshagent vm`: Istio's istio-proxy user).
@@ -95,7 +94,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		// whether or not its DNS proxy runs.
 		DNSProxyAddr:               in.dns.given,
 		SkipDeprecatedLogs:         skipDeprecatedLogs,
-		WorkloadIdentitySocketFile: in.shared.workloadSocketFile,
+		WorkloadIdentitySocketFile: get(r, envWorkloadIdentitySocketFile),
 		SecureMetricsPort:          get(r, envEnvoySecureMetricsPort),
 		SecureMergedMetricsPort:    get(r, envEnvoySecureMergedMetricsPort),
 		StatusPortProxyProtocol:    get(r, envEnvoyStatusPortEnableProxyProtocol),

@@ -13,7 +13,7 @@ import (
 // identityConfig is the certs and sds services' configs, from Istio's
 // variables and paths. Both are nil with PILOT_CERT_PROVIDER=none and no
 // mounted certificates: no certificate source, nothing for SDS to serve.
-func identityConfig(r envReader, host Host, root string, pod podInfo, shared sharedVars, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
+func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
 	cc := certs.DefaultConfig()
 	provider := get(r, envPilotCertProvider)
 	switch provider {
@@ -28,7 +28,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	} else {
 		// Istio names the CA with ISTIOD_SAN only when the CA is the
 		// discovery address (pilot-agent options/security.go).
-		cc.CAAddr, cc.CAServerName = pc.DiscoveryAddress, shared.istiodSAN
+		cc.CAAddr, cc.CAServerName = pc.DiscoveryAddress, get(r, envIstiodSAN)
 	}
 	if _, port, err := net.SplitHostPort(cc.CAAddr); err == nil && port == "15010" {
 		cc.CAPlaintext = true // Istio: the CA's plaintext port
@@ -39,7 +39,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	// Kubernetes configmap's; CA_ROOT_CA wins over them all.
 	if provider == "custom" {
 		cc.CARootFile = Rooted(root, etcCertsDir+"/"+certs.RootCertFileName)
-	} else if prov := shared.provCert; prov != "" {
+	} else if prov := get(r, envProvCert); prov != "" {
 		cc.CARootFile = Rooted(root, prov+"/"+certs.RootCertFileName)
 	}
 	switch caRoot := get(r, envCARootCA); caRoot {
@@ -50,11 +50,11 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 		cc.CARootFile = Rooted(root, caRoot)
 	}
 	cc.TokenFile = Rooted(root, TokenFile)
-	if prov := shared.provCert; prov != "" {
+	if prov := get(r, envProvCert); prov != "" {
 		cc.ProvCertDir = Rooted(root, prov) // Istio's GetKeyCertsForCA
 	}
 	cc.FileDebounce = get(r, envFileDebounceDuration)
-	cc.ClusterID = shared.clusterID
+	cc.ClusterID = get(r, envIstioMetaClusterID)
 	cc.CertSigner = get(r, envIstioMetaCertSigner)
 	cc.CAHeaders = r.env.prefixed(envCAHeader)
 	cc.TrustDomain = get(r, envTrustDomain)
@@ -69,7 +69,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	}
 	cc.ECCCurve = get(r, envECCCurve)
 	cc.PKCS8Key = get(r, envPKCS8Key)
-	if out := shared.outputCerts; out != "" {
+	if out := get(r, envOutputCerts); out != "" {
 		cc.OutputCertsDir = Rooted(root, out)
 		if onKubernetes := get(r, envKubernetesServiceHost) != ""; onKubernetes {
 			cc.OutputFileMode = 0o644 // Istio: readable by the app container
@@ -84,7 +84,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	sc := sds.NewConfig(Rooted(root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default))
 	// A file name in the SDS socket's directory; a path is refused by
 	// Validate, naming the variable, as Istio refuses it.
-	sc.WorkloadIdentitySocketFile = shared.workloadSocketFile
+	sc.WorkloadIdentitySocketFile = get(r, envWorkloadIdentitySocketFile)
 	sc.FilesSocketPath = Rooted(root, credentialFilesSocket)
 	sc.FileDebounce = cc.FileDebounce
 	if get(r, envPilotEnableCACRL) {

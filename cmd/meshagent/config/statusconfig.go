@@ -22,7 +22,7 @@ type statusInputs struct {
 	proxy      *meshconfig.ProxyConfig
 	// envoy is the envoy service's config, nil with DISABLE_ENVOY: Envoy's
 	// metrics are merged from the port its bootstrap gives its Prometheus
-	// listener (ENVOY_PROMETHEUS_PORT, read once, there).
+	// listener (ENVOY_PROMETHEUS_PORT).
 	envoy *envoy.Config
 	// gatherer is the agent's metrics registry.
 	gatherer prometheus.Gatherer

@@ -23,8 +23,6 @@ type xdsInputs struct {
 	// certs is the certificate source (nil: none): file-mounted
 	// certificates give the control plane's roots and a client certificate.
 	certs *certs.Config
-	// shared are the variables the certs service's config reads too.
-	shared sharedVars
 	// nds: the DNS proxy is on and fed by the control plane (not by
 	// --name-table, which wins when given).
 	nds bool
@@ -49,16 +47,16 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.DiscoveryAddress = pc.DiscoveryAddress
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
-	c.ServerName = in.shared.istiodSAN
+	c.ServerName = get(r, envIstiodSAN)
 	// Istio's GetKeyCertsForXDS: PROV_CERT's files, else the file-mounted
 	// certificate.
-	if prov := in.shared.provCert; prov != "" {
+	if prov := get(r, envProvCert); prov != "" {
 		c.ProvCertDir = Rooted(in.root, prov)
 	} else {
 		c.ClientCertificate = in.certs != nil && in.certs.Source == certs.SourceFiles
 	}
 	c.TokenFile = Rooted(in.root, TokenFile)
-	c.ClusterID = in.shared.clusterID
+	c.ClusterID = get(r, envIstioMetaClusterID)
 	c.Headers = r.env.prefixed(envXDSHeader)
 
 	c.NDS = in.nds
@@ -78,7 +76,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 		r.problems.Addf("the node proxyless gRPC clients announce: %v", err)
 	}
 	c.GRPCBootstrap.Node = node
-	if out := in.shared.outputCerts; out != "" {
+	if out := get(r, envOutputCerts); out != "" {
 		// The certificate provider gRPC's xDS client reads: the files the
 		// agent writes (Istio points it at OUTPUT_CERTS too).
 		dir := Rooted(in.root, out)
@@ -104,7 +102,7 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 	if etcRoot := Rooted(in.root, filepath.Join(etcCertsDir, certs.RootCertFileName)); in.host.fileExists(etcRoot) {
 		return xdsproxy.RootsFile, etcRoot
 	}
-	if prov := in.shared.provCert; prov != "" {
+	if prov := get(r, envProvCert); prov != "" {
 		return xdsproxy.RootsFile, Rooted(in.root, filepath.Join(prov, certs.RootCertFileName))
 	}
 	if in.certs != nil && in.certs.Source == certs.SourceFiles {
