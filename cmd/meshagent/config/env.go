@@ -16,8 +16,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -267,34 +265,6 @@ type Var struct {
 	Prefix bool
 	// derived: Default says what the default is computed from.
 	derived bool
-}
-
-// format is a default as help prints it: "-" for an empty text, a
-// duration in its shortest form (24h, not 24h0m0s).
-func (k kind[T]) format(v T) string {
-	var zero T
-	if k.zero != "" && any(v) == any(zero) {
-		return k.zero
-	}
-	switch x := any(v).(type) {
-	case string:
-		if x == "" {
-			return "-"
-		}
-		return x
-	case time.Duration:
-		s := x.String()
-		if strings.HasSuffix(s, "m0s") {
-			s = strings.TrimSuffix(s, "0s")
-		}
-		if strings.HasSuffix(s, "h0m") {
-			s = strings.TrimSuffix(s, "0m")
-		}
-		return s
-	case float64:
-		return strconv.FormatFloat(x, 'g', -1, 64)
-	}
-	return fmt.Sprint(v)
 }
 
 // Vars is the table as help prints it, sorted by name.

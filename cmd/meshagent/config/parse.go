@@ -28,6 +28,34 @@ type kind[T any] struct {
 	zero string
 }
 
+// format is a default as help prints it: "-" for an empty text, a
+// duration in its shortest form (24h, not 24h0m0s).
+func (k kind[T]) format(v T) string {
+	var zero T
+	if k.zero != "" && any(v) == any(zero) {
+		return k.zero
+	}
+	switch x := any(v).(type) {
+	case string:
+		if x == "" {
+			return "-"
+		}
+		return x
+	case time.Duration:
+		s := x.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		return s
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	}
+	return fmt.Sprint(v)
+}
+
 // The kinds of the table's entries.
 var (
 	asBool         = kind[bool]{name: "bool", parse: parseBool}
