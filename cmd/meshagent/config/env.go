@@ -189,10 +189,10 @@ var (
 	envIstioSidecarConfig   = setting(asText("path"), "ISTIO_SIDECAR_CONFIG", "./var/lib/istio/envoy/sidecar.env", svcVM, "--sidecar-env: the VM's optional local settings")
 	envIstioCustomIPTables  = setting(asBool, "ISTIO_CUSTOM_IP_TABLES", false, svcVM, "the VM's capture rules are the operator's: none applied")
 	envIstioNamespace       = setting(asText("string"), "ISTIO_NAMESPACE", "default", svcVM, "the VM's POD_NAMESPACE")
-	envIstioSVCIP           = setting(asText("IP"), "ISTIO_SVC_IP", "", svcVM, "the VM's INSTANCE_IP")
+	envIstioSVCIP           = setting(asIP, "ISTIO_SVC_IP", "", svcVM, "the VM's INSTANCE_IP")
 	envIstioSystemNamespace = setting(asText("string"), "ISTIO_SYSTEM_NAMESPACE", "istio-system", svcVM, "istiod's namespace, in the default CA_ADDR")
 	envPilotAddress         = setting(asHostPort, "PILOT_ADDRESS", "", svcVM, "istiod's address: discoveryAddress and CA_ADDR")
-	envIstioPilotPort       = setting(asText("port"), "ISTIO_PILOT_PORT", "", svcVM, "istiod's port, when PILOT_ADDRESS is unset")
+	envIstioPilotPort       = setting(asOptionalPort, "ISTIO_PILOT_PORT", 0, svcVM, "istiod's port, when PILOT_ADDRESS is unset")
 	envIstioService         = setting(asText("string"), "ISTIO_SERVICE", "rawvm", svcVM, "the VM's serviceCluster")
 	envIstioCPAuth          = setting(asText("string"), "ISTIO_CP_AUTH", "MUTUAL_TLS", svcVM, "the VM's controlPlaneAuthPolicy")
 

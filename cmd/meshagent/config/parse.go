@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -71,6 +72,9 @@ var (
 	asECCCurve     = kind[string]{name: "P256 or P384", parse: parseECCCurve}
 	asGCPercent    = kind[int]{name: "count or off", parse: parseGCPercent}
 	asHostPort     = kind[string]{name: "host:port", parse: parseHostPort}
+	asIP           = kind[string]{name: "IP", parse: parseIP}
+	// asOptionalPort is a port that is none when unset.
+	asOptionalPort = kind[int]{name: "port", parse: parsePort, zero: "-"}
 )
 
 // asText is a variable taken as it is; name is its type as help says it
@@ -93,7 +97,7 @@ func parseBool(s string) (bool, error) {
 	return b, nil
 }
 
-// ParseCount is a whole number, 0 or more.
+// parseCount is a whole number, 0 or more.
 func parseCount(s string) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil || n < 0 {
@@ -102,7 +106,7 @@ func parseCount(s string) (int, error) {
 	return n, nil
 }
 
-// ParsePort is a TCP/UDP port, 1-65535.
+// parsePort is a TCP/UDP port, 1-65535.
 func parsePort(s string) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil || n < 1 || n > math.MaxUint16 {
@@ -111,7 +115,7 @@ func parsePort(s string) (int, error) {
 	return n, nil
 }
 
-// ParseDuration is a Go duration, 0 or more ("5s", "100ms").
+// parseDuration is a Go duration, 0 or more ("5s", "100ms").
 func parseDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if err != nil || d < 0 {
@@ -144,7 +148,7 @@ var (
 	dnsLabel         = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 )
 
-// ParseTrustDomain is a SPIFFE trust domain: lowercase letters, digits,
+// parseTrustDomain is a SPIFFE trust domain: lowercase letters, digits,
 // dots, dashes and underscores, at most 255 bytes.
 func parseTrustDomain(s string) (string, error) {
 	if len(s) > maxTrustDomain || !trustDomainChars.MatchString(s) {
@@ -153,7 +157,7 @@ func parseTrustDomain(s string) (string, error) {
 	return s, nil
 }
 
-// ParseDNSLabel is a Kubernetes namespace name: a DNS-1123 label.
+// parseDNSLabel is a Kubernetes namespace name: a DNS-1123 label.
 func parseDNSLabel(s string) (string, error) {
 	if len(s) > maxDNSLabel || !dnsLabel.MatchString(s) {
 		return "", fmt.Errorf("want a Kubernetes namespace name (DNS-1123 label): lowercase letters, digits and '-', starting and ending with a letter or digit, at most %d bytes", maxDNSLabel)
@@ -161,7 +165,7 @@ func parseDNSLabel(s string) (string, error) {
 	return s, nil
 }
 
-// ParseDNSSubdomain is a Kubernetes service account name: a DNS-1123
+// parseDNSSubdomain is a Kubernetes service account name: a DNS-1123
 // subdomain, labels joined by dots.
 func parseDNSSubdomain(s string) (string, error) {
 	bad := len(s) > maxDNSSubdomain
@@ -174,7 +178,7 @@ func parseDNSSubdomain(s string) (string, error) {
 	return s, nil
 }
 
-// ParseKeyAlgorithm is ECC_SIGNATURE_ALGORITHM. Istio's agent compares the
+// parseKeyAlgorithm is ECC_SIGNATURE_ALGORITHM. Istio's agent compares the
 // value with "ECDSA" and makes an RSA key for anything else, so a typo
 // ("ecdsa", "EC") silently gave RSA; RSA, the default, may be named.
 func parseKeyAlgorithm(s string) (string, error) {
@@ -184,7 +188,7 @@ func parseKeyAlgorithm(s string) (string, error) {
 	return s, nil
 }
 
-// ParseECCCurve is ECC_CURVE: Istio's two curves (it takes anything else
+// parseECCCurve is ECC_CURVE: Istio's two curves (it takes anything else
 // for P256 without a word).
 func parseECCCurve(s string) (string, error) {
 	if s != "P256" && s != "P384" {
@@ -193,7 +197,7 @@ func parseECCCurve(s string) (string, error) {
 	return s, nil
 }
 
-// ParseHostPort is an address: a host (a name or an IP) and a port,
+// parseHostPort is an address: a host (a name or an IP) and a port,
 // 1-65535 ("localhost:15053", "[::1]:15053").
 func parseHostPort(s string) (string, error) {
 	_, port, err := net.SplitHostPort(s)
@@ -206,7 +210,16 @@ func parseHostPort(s string) (string, error) {
 	return s, nil
 }
 
-// ParsePortOrOff is a port, or 0 for none.
+// parseIP is an IPv4 or IPv6 address.
+func parseIP(s string) (string, error) {
+	ip, err := netip.ParseAddr(strings.TrimSpace(s))
+	if err != nil {
+		return "", errors.New("want an IP address")
+	}
+	return ip.String(), nil
+}
+
+// parsePortOrOff is a port, or 0 for none.
 func parsePortOrOff(s string) (int, error) {
 	if s == "0" {
 		return 0, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 )
 
@@ -22,7 +23,7 @@ func BindVMFlags(s *Settings, f *VMFlags) {
 // with set -a: the files win), then the script's defaults for what is
 // still unset. A missing cluster.env is an error naming it (the script
 // would go on without it and run a sidecar for namespace "default").
-func vmEnvironment(root string, f *VMFlags, host Host) (*Reader, error) {
+func vmEnvironment(root string, f *VMFlags, host Host, p *Problems) (*Reader, error) {
 	vars := map[string]string{}
 	for _, kv := range host.Env.source().All() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -46,15 +47,15 @@ func vmEnvironment(root string, f *VMFlags, host Host) (*Reader, error) {
 			vars[k] = v
 		}
 	}
-	vmDefaults(vars, host)
+	vmDefaults(vars, host, p)
 	return MapEnvironment(vars), nil
 }
 
 // vmDefaults sets what istio-start.sh derives, where vars leave it unset.
 // The script's own variables are read through the table (their defaults
-// are its); the agent's are set in vars where unset.
-func vmDefaults(vars map[string]string, host Host) {
-	r := envReader{env: MapEnvironment(vars), problems: &Problems{}} // text only: nothing to report
+// are its; a bad value goes to p); the agent's are set in vars where unset.
+func vmDefaults(vars map[string]string, host Host, p *Problems) {
+	r := envReader{env: MapEnvironment(vars), problems: p}
 	setDefault := func(k, v string) {
 		if vars[k] == "" {
 			vars[k] = v
@@ -76,8 +77,8 @@ func vmDefaults(vars map[string]string, host Host) {
 	// CA_ADDR > PILOT_ADDRESS > ISTIO_PILOT_PORT > istiod's default.
 	systemNS := get(r, envIstioSystemNamespace)
 	pilot := get(r, envPilotAddress)
-	if port := get(r, envIstioPilotPort); pilot == "" && port != "" {
-		pilot = "istiod." + systemNS + ".svc:" + port
+	if port := get(r, envIstioPilotPort); pilot == "" && port != 0 {
+		pilot = "istiod." + systemNS + ".svc:" + strconv.Itoa(port)
 	}
 	if pilot != "" {
 		setDefault("CA_ADDR", pilot)
@@ -112,7 +113,7 @@ type VM struct {
 // ReadVM reads the VM bundle's files under root; bad values of the
 // variables it reads go to p.
 func ReadVM(root string, f *VMFlags, host Host, p *Problems) (VM, error) {
-	env, err := vmEnvironment(root, f, host)
+	env, err := vmEnvironment(root, f, host, p)
 	if err != nil {
 		return VM{}, err
 	}

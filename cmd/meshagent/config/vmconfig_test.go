@@ -127,7 +127,7 @@ func TestVMEnvironmentFilesWinThenIstioStartDefaults(t *testing.T) {
 				flags.sidecarEnv = sidecarEnvFile
 			}
 			host := Host{Env: MapEnvironment(tc.env), Hostname: func() (string, error) { return "vm1.example.com", nil }}
-			env, err := vmEnvironment(root, flags, host)
+			env, err := vmEnvironment(root, flags, host, &Problems{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,3 +176,19 @@ const (
 	clusterEnvFile = "./var/lib/istio/envoy/cluster.env"
 	sidecarEnvFile = "./var/lib/istio/envoy/sidecar.env"
 )
+
+// A bad value of istio-start.sh's variables names the variable (#32), not
+// what the agent derived from it (discoveryAddress, INSTANCE_IP).
+func TestVMBadValuesNameTheirVariable(t *testing.T) {
+	root := t.TempDir()
+	writeRootFile(t, root, clusterEnvFile, "ISTIO_PILOT_PORT=abc\nISTIO_SVC_IP=10.0.0\n")
+	p := &Problems{}
+	if _, err := ReadVM(root, &VMFlags{clusterEnv: clusterEnvFile, sidecarEnv: "./none"}, Host{Env: MapEnvironment(nil)}, p); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`ISTIO_PILOT_PORT="abc": want a port`, `ISTIO_SVC_IP="10.0.0": want an IP address`} {
+		if p.Err() == nil || !strings.Contains(p.Err().Error(), want) {
+			t.Errorf("problems %v; want %q", p.Err(), want)
+		}
+	}
+}
