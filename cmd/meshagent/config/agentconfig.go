@@ -139,9 +139,9 @@ func Build(in Inputs) (*Plan, error) {
 	}
 	switch {
 	case len(in.Args) > 1:
-		p.Addf("proxy: %q: want at most one argument, the proxy type", in.Args)
+		p.addf("proxy: %q: want at most one argument, the proxy type", in.Args)
 	case c.ProxyType != "sidecar" && c.ProxyType != "router" && c.ProxyType != "waypoint":
-		p.Addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", quoteValue(c.ProxyType))
+		p.addf("proxy: unknown proxy type %s: want sidecar, router or waypoint", quoteValue(c.ProxyType))
 		// Reported once: the rest of the build goes on as a sidecar, so
 		// that the bootstrap's check does not say it again (#21).
 		c.ProxyType = "sidecar"
@@ -150,13 +150,13 @@ func Build(in Inputs) (*Plan, error) {
 		p.Add(err)
 	}
 	if f.stsPort != 0 {
-		p.Addf("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
+		p.addf("--stsPort %d: meshagent has no STS server; only 0 is supported", f.stsPort)
 	}
 	if f.restartMaxDelay < 100*time.Millisecond {
-		p.Addf("--restart-max-delay %s: must be at least 100ms (the first restart's delay)", f.restartMaxDelay)
+		p.addf("--restart-max-delay %s: must be at least 100ms (the first restart's delay)", f.restartMaxDelay)
 	}
 	if f.envoyRestartWindow <= 0 {
-		p.Addf("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
+		p.addf("--envoy-restart-window %s: must be positive", f.envoyRestartWindow)
 	}
 	if c.Root == "" {
 		return nil, p.Err() // nothing under it can be read
@@ -186,7 +186,7 @@ func Build(in Inputs) (*Plan, error) {
 		lock, err := in.Host.LockRoot(Rooted(c.Root, pc.ConfigPath))
 		switch {
 		case errors.Is(err, ErrRootLocked):
-			p.Addf("--root %s: %w; stop it, or give this agent a --root of its own", c.Root, err)
+			p.addf("--root %s: %w; stop it, or give this agent a --root of its own", c.Root, err)
 			return nil, p.Err()
 		case err != nil:
 			// A configPath the agent cannot write fails later with its
@@ -250,16 +250,16 @@ func Build(in Inputs) (*Plan, error) {
 func CheckRoot(root string, p *Problems) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		p.Addf("--root %s: %v", quoteValue(root), err)
+		p.addf("--root %s: %v", quoteValue(root), err)
 		return ""
 	}
 	switch st, err := os.Stat(abs); {
 	case errors.Is(err, fs.ErrNotExist):
-		p.Addf("--root %s: %s does not exist", quoteValue(root), abs)
+		p.addf("--root %s: %s does not exist", quoteValue(root), abs)
 	case err != nil:
-		p.Addf("--root %s: %v", quoteValue(root), err)
+		p.addf("--root %s: %v", quoteValue(root), err)
 	case !st.IsDir():
-		p.Addf("--root %s: %s is not a directory", quoteValue(root), abs)
+		p.addf("--root %s: %s is not a directory", quoteValue(root), abs)
 	default:
 		return abs
 	}
@@ -283,7 +283,7 @@ func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 		for i, s := range strings.Split(v, ",") {
 			ip, err := netip.ParseAddr(strings.TrimSpace(s))
 			if err != nil {
-				r.problems.Addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
+				r.problems.addf("INSTANCE_IP=%s: %s is not an IP address", quoteValue(v), quoteValue(s))
 				continue
 			}
 			if i == 0 {
@@ -304,7 +304,7 @@ func appendHostIPs(ips []string, host Host, p *Problems) []string {
 	if host.InterfaceAddrs != nil {
 		addrs, err := host.InterfaceAddrs()
 		if err != nil {
-			p.Addf("listing the host's addresses: %v", err)
+			p.addf("listing the host's addresses: %v", err)
 			return ips
 		}
 		for _, a := range addrs {

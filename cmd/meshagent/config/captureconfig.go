@@ -25,11 +25,11 @@ func captureConfig(r envReader, f *ProxyFlags, host Host, log *slog.Logger) *cap
 	// readers in a start; a bad value is reported once, by the first).
 	cfg, err := settings.Config(host)
 	if err != nil {
-		r.problems.Addf("capture settings: %w", err)
+		r.problems.addf("capture settings: %w", err)
 		return nil
 	}
 	if err := FillHostInputs(&cfg, host, log); err != nil {
-		r.problems.Addf("capture settings: %w", err)
+		r.problems.addf("capture settings: %w", err)
 		return nil
 	}
 	sc := &capture.Config{Mode: capture.Sidecar, Rules: cfg, CheckInterval: f.captureInterval}

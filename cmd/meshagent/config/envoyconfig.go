@@ -191,7 +191,7 @@ func checkEnvoyBinary(p *Problems, path string, lookPath func(string) (string, e
 	default:
 		why = err.Error()
 	}
-	p.Addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
+	p.addf("ProxyConfig binaryPath %s (Envoy): %s; install Envoy there, set binaryPath (PROXY_CONFIG or the mesh config's defaultConfig), or DISABLE_ENVOY=true for no Envoy",
 		quoteValue(path), why)
 }
 
@@ -202,9 +202,9 @@ func checkRegularFile(p *Problems, name, path string) {
 	f, err := openConfigFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		p.Addf("%s=%s: no such file", name, quoteValue(path))
+		p.addf("%s=%s: no such file", name, quoteValue(path))
 	case err != nil:
-		p.Addf("%s=%s: %v", name, quoteValue(path), err)
+		p.addf("%s=%s: %v", name, quoteValue(path), err)
 	default:
 		f.Close()
 	}

@@ -28,7 +28,7 @@ func (p *Problems) Add(err error) {
 	}
 }
 
-func (p *Problems) Addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
+func (p *Problems) addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
 
 // Err is every problem, joined; nil if there was none.
 func (p *Problems) Err() error { return errors.Join(p.errs...) }
@@ -139,7 +139,7 @@ func (v *flagValue[T]) Set(text string) error {
 	v.text = text
 	val, err := v.parse(text)
 	if err != nil {
-		v.problems.Addf("--%s %s: %v", v.name, quoteValue(text), err)
+		v.problems.addf("--%s %s: %v", v.name, quoteValue(text), err)
 		return nil
 	}
 	v.set(val)

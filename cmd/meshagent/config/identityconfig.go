@@ -20,7 +20,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshco
 	case "istiod", "kubernetes", "custom", "none":
 	default:
 		if !strings.HasPrefix(provider, "k8s.io/") {
-			r.problems.Addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", quoteValue(provider))
+			r.problems.addf("PILOT_CERT_PROVIDER=%s: want istiod, kubernetes, k8s.io/<signer>, custom or none", quoteValue(provider))
 		}
 	}
 	if caAddr, ok := lookup(r, envCAAddr); ok {

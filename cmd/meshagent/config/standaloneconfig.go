@@ -144,7 +144,7 @@ func BuildStandalone(in StandaloneInputs) (*Plan, EnvoyChoice, error) {
 	f := in.Flags
 	layer := &standaloneLayer{meshFile: meshFile(f.mesh, p), certLifetime: f.certLifetime, cpListen: f.controlPlaneListen, caListen: f.caListen}
 	if f.certLifetime <= 0 {
-		p.Addf("--cert-lifetime %s: must be positive", f.certLifetime)
+		p.addf("--cert-lifetime %s: must be positive", f.certLifetime)
 	}
 	envoy := findEnvoy(in.LookPath, in.SelfDir)
 	pcLayer := map[string]any{"discoveryAddress": f.controlPlaneListen, "controlPlaneAuthPolicy": "NONE"}
@@ -171,12 +171,12 @@ func BuildStandalone(in StandaloneInputs) (*Plan, EnvoyChoice, error) {
 	}
 
 	if c := cfg.Tree.Certs; c == nil || c.Source != certs.SourceCA || c.Roots != certs.RootsWithCertificate {
-		p.Addf("standalone: the agent's certificate must come from the embedded CA, but %s", whyNotCA(c, cfg.Root))
+		p.addf("standalone: the agent's certificate must come from the embedded CA, but %s", whyNotCA(c, cfg.Root))
 	}
 	switch {
 	case envoy.Path != "" && cfg.Proxy.BinaryPath == envoy.Path: // ours
 	case envoy.Path == "" && cfg.Proxy.BinaryPath == envoyBinaryPath:
-		p.Addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.Why)
+		p.addf("standalone: no Envoy to run: %s; install envoy, or build the stand-in with `make fakeenvoy`", envoy.Why)
 	default:
 		envoy = EnvoyChoice{Path: cfg.Proxy.BinaryPath, Why: "binaryPath is set in the configuration (PROXY_CONFIG, the mesh config file or an annotation)"}
 		if lookPath != nil && cfg.Tree.Envoy != nil {
@@ -195,18 +195,18 @@ func BuildStandalone(in StandaloneInputs) (*Plan, EnvoyChoice, error) {
 // file is reported by its health and fixed while the agent runs.
 func meshFile(path string, p *Problems) string {
 	if path == "" {
-		p.Addf("--mesh (MESHAGENT_MESH) is required: the mesh YAML the embedded control plane serves (a sample is testdata/standalone/mesh.yaml in meshagent's source)")
+		p.addf("--mesh (MESHAGENT_MESH) is required: the mesh YAML the embedded control plane serves (a sample is testdata/standalone/mesh.yaml in meshagent's source)")
 		return ""
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		p.Addf("--mesh %s: %v", quoteValue(path), err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 		return ""
 	}
 	if st, err := os.Stat(abs); err != nil {
-		p.Addf("--mesh %s: %v", quoteValue(path), err)
+		p.addf("--mesh %s: %v", quoteValue(path), err)
 	} else if !st.Mode().IsRegular() {
-		p.Addf("--mesh %s: not a regular file", quoteValue(path))
+		p.addf("--mesh %s: not a regular file", quoteValue(path))
 	}
 	return abs
 }

@@ -73,7 +73,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.GRPCBootstrap.Path = Rooted(in.root, get(r, envGRPCXDSBootstrap))
 	node, err := b.Node()
 	if err != nil {
-		r.problems.Addf("the node proxyless gRPC clients announce: %v", err)
+		r.problems.addf("the node proxyless gRPC clients announce: %v", err)
 	}
 	c.GRPCBootstrap.Node = node
 	if out := get(r, envOutputCerts); out != "" {
