@@ -1,14 +1,17 @@
 package config
 
-// How a variable is read: the one way. An Environment is where the text
-// comes from (the process's, or a layer built on it: a VM's cluster.env,
-// standalone's defaults); a Reader reads it through the table's entries,
-// each variable once: its text parsed by its entry's parser, the value
-// kept, a bad value reported to the first reader only. The builders call
-// get or lookup with an entry (env.go), and a flag's variables are read the
-// same way (flagenv.go).
+// What a variable is, and how it is read: the one way. An entry of the
+// table (env.go) is an envVar, or an envPrefix for a family, and help
+// prints its row (Var). An Environment is where the text comes from (the
+// process's, or a layer built on it: a VM's cluster.env, standalone's
+// defaults); a Reader reads it through the entries, each variable once:
+// its text parsed by its entry's parser, the value kept, a bad value
+// reported to the first reader only. The builders call get or lookup with
+// an entry, and a flag's variables are read the same way (flagenv.go).
 
 import (
+	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"slices"
@@ -45,6 +48,71 @@ func (e Environment) All() []string {
 		return nil
 	}
 	return e.List()
+}
+
+// envVar is one environment variable: its name, its default value, how
+// its text becomes a value (kind), the service it feeds and what it means
+// (Istio's meaning, unless the doc says it is ours). The builders read it
+// only through the entry (get, lookup; a flag's envFlagVar), so the
+// default they use is the one help prints.
+type envVar[T any] struct {
+	Name    string
+	Default T
+	kind    kind[T]
+	Service string
+	Doc     string
+	// defaultText, when set, is what help prints for a default computed
+	// from other settings (PROXY_GID: PROXY_UID's value).
+	defaultText string
+}
+
+// table is every entry, in the order declared: help's source.
+var table []interface{ row() Var }
+
+// setting declares an entry of the table.
+func setting[T any](k kind[T], name string, def T, service, doc string) *envVar[T] {
+	s := &envVar[T]{Name: name, Default: def, kind: k, Service: service, Doc: doc}
+	table = append(table, s)
+	return s
+}
+
+// derived says, for help, what the default is computed from.
+func (s *envVar[T]) derived(text string) *envVar[T] {
+	s.defaultText = text
+	return s
+}
+
+func (s *envVar[T]) row() Var {
+	def := s.defaultText
+	if def == "" {
+		def = s.kind.format(s.Default)
+	}
+	return Var{Name: s.Name, Default: def, Type: s.kind.name, Service: s.Service, Doc: s.Doc, derived: s.defaultText != ""}
+}
+
+// envPrefix is a family of variables: every variable whose name starts with
+// Name (CA_HEADER_X-Foo is the header X-Foo).
+type envPrefix struct {
+	Name, Type, Service, Doc string
+}
+
+func prefix(name, typ, service, doc string) *envPrefix {
+	p := &envPrefix{Name: name, Type: typ, Service: service, Doc: doc}
+	table = append(table, p)
+	return p
+}
+
+func (p *envPrefix) row() Var {
+	return Var{Name: p.Name, Default: "-", Type: p.Type, Service: p.Service, Doc: p.Doc, Prefix: true}
+}
+
+// Var is one row of help's table: the default as text.
+type Var struct {
+	Name, Default, Type, Service, Doc string
+	// Prefix: every variable whose name starts with Name (ISTIO_META_*).
+	Prefix bool
+	// derived: Default says what the default is computed from.
+	derived bool
 }
 
 // Reader reads an Environment through the table: each variable once (#26:
@@ -153,6 +221,21 @@ type valueError struct {
 
 func (e *valueError) Error() string { return e.Name + "=" + quoteValue(e.Value) + ": " + e.Err.Error() }
 func (e *valueError) Unwrap() error { return e.Err }
+
+// Problems collects bad values, each naming where it came from (a flag, an
+// environment variable, a file) and the value.
+type Problems struct{ errs []error }
+
+func (p *Problems) Add(err error) {
+	if err != nil {
+		p.errs = append(p.errs, err)
+	}
+}
+
+func (p *Problems) addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
+
+// Err is every problem, joined; nil if there was none.
+func (p *Problems) Err() error { return errors.Join(p.errs...) }
 
 // envReader is how a builder reads: the environment, and where the bad
 // values go.

@@ -10,28 +10,12 @@ package config
 // value, so that one run reports them all (exit code 2).
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 )
-
-// Problems collects bad values, each naming where it came from (a flag, an
-// environment variable, a file) and the value.
-type Problems struct{ errs []error }
-
-func (p *Problems) Add(err error) {
-	if err != nil {
-		p.errs = append(p.errs, err)
-	}
-}
-
-func (p *Problems) addf(format string, args ...any) { p.Add(fmt.Errorf(format, args...)) }
-
-// Err is every problem, joined; nil if there was none.
-func (p *Problems) Err() error { return errors.Join(p.errs...) }
 
 // flagSpec names a flag.
 type flagSpec struct {
