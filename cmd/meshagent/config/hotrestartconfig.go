@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // MESHAGENT_HOT_RESTART; #25): the files Envoy's bootstrap is made from,
 // and Reload, which runs the same translation as the start (ProxyConfig
 // from its sources, then envoyConfig) on the files as they are now.
-func hotRestartConfig(in Inputs, src proxyConfigSources, envoyIn envoyInputs, cfg *envoy.Config) *envoy.HotRestartConfig {
+func hotRestartConfig(src proxyConfigSources, envoyIn envoyInputs, cfg *envoy.Config, log *slog.Logger) *envoy.HotRestartConfig {
 	parent := envoy.DefaultParentShutdownDuration
 	if drain := cfg.Args.DrainDuration; drain >= parent {
 		// The old epoch must outlive its drain (Istio's old values: drain
@@ -32,8 +33,8 @@ func hotRestartConfig(in Inputs, src proxyConfigSources, envoyIn envoyInputs, cf
 	}
 	hr.Reload = func() (envoy.Config, error) {
 		p := &Problems{}
-		r := envReader{env: in.Host.Env, problems: p}
-		pc, err := effectiveProxyConfig(r, src, in.Flags.concurrency, in.Log)
+		r := envReader{env: envoyIn.host.Env, problems: p}
+		pc, err := effectiveProxyConfig(r, src, envoyIn.flags.concurrency, log)
 		if err != nil {
 			return envoy.Config{}, err
 		}
