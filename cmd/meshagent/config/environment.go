@@ -122,19 +122,16 @@ type Var struct {
 // DNS proxy's config reads too), gets what the first found. A nil Reader
 // is an empty environment.
 type Reader struct {
-	src  Environment
-	mu   sync.Mutex
-	read map[string]reading
-}
-
-// reading is what the one read of a variable found.
-type reading struct {
-	value any // nil: unset, or bad
+	src Environment
+	mu  sync.Mutex
+	// read is what the one read of each variable found, by name: its
+	// value, or nil when it was unset or bad.
+	read map[string]any
 }
 
 // NewReader reads src.
 func NewReader(src Environment) *Reader {
-	return &Reader{src: src, read: map[string]reading{}}
+	return &Reader{src: src, read: map[string]any{}}
 }
 
 // MapEnvironment is a reader of an environment made of a map: tests, and
@@ -171,22 +168,22 @@ func read[T any](r *Reader, s *envVar[T]) (T, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if got, ok := r.read[s.Name]; ok {
-		if v, set := got.value.(T); set {
+		if v, set := got.(T); set {
 			return v, true, nil
 		}
 		return s.Default, false, nil
 	}
 	text, ok := r.src.Get(s.Name)
 	if !ok {
-		r.read[s.Name] = reading{}
+		r.read[s.Name] = nil
 		return s.Default, false, nil
 	}
 	v, err := s.kind.parse(text)
 	if err != nil {
-		r.read[s.Name] = reading{}
+		r.read[s.Name] = nil
 		return s.Default, false, &valueError{Name: s.Name, Value: text, Err: err}
 	}
-	r.read[s.Name] = reading{value: v}
+	r.read[s.Name] = v
 	return v, true, nil
 }
 
