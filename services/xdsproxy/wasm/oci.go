@@ -252,6 +252,12 @@ func (g realmGuard) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	for _, h := range resp.Header.Values("WWW-Authenticate") {
+		// Bearer challenges only: Istio's guard reads the realm of a
+		// Basic challenge too ("Registry Realm", not a URL) and so
+		// refuses every registry with basic auth.
+		if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(h)), "bearer") {
+			continue
+		}
 		if err := checkRealms(h); err != nil {
 			resp.Body.Close()
 			return nil, fmt.Errorf("rejected unsafe bearer realm: %w", err)

@@ -219,7 +219,7 @@ func newFilter(typeURL string) filterConfig {
 
 type httpFilter struct{ m *httpwasm.Wasm }
 
-func (f *httpFilter) message() proto.Message        { return f.m }
+func (f *httpFilter) message() proto.Message       { return f.m }
 func (f *httpFilter) plugin() *wasmv3.PluginConfig { return f.m.GetConfig() }
 func (f *httpFilter) standIn(failOpen bool) *anypb.Any {
 	r := &httprbac.RBAC{RulesStatPrefix: allowStatPrefix}
@@ -231,7 +231,7 @@ func (f *httpFilter) standIn(failOpen bool) *anypb.Any {
 
 type networkFilter struct{ m *netwasm.Wasm }
 
-func (f *networkFilter) message() proto.Message        { return f.m }
+func (f *networkFilter) message() proto.Message       { return f.m }
 func (f *networkFilter) plugin() *wasmv3.PluginConfig { return f.m.GetConfig() }
 func (f *networkFilter) standIn(failOpen bool) *anypb.Any {
 	r := &netrbac.RBAC{StatPrefix: allowStatPrefix}
