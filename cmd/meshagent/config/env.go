@@ -120,6 +120,13 @@ var Env = []Var{
 	{Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Type: "bool", Service: svcXDS, Doc: "ask istiod for ProxyConfig (its caCertificatesPem)"},
 	{Name: "XDS_OFFLINE_CACHE", Default: "true", Type: "bool", Service: svcXDS, Doc: "ours: keep Envoy's last ACKed config and serve it while istiod is away"},
 	{Name: "GRPC_XDS_BOOTSTRAP", Default: "./etc/istio/proxy/grpc-bootstrap.json", Type: "path", Service: svcXDS, Doc: "where proxyless gRPC's bootstrap is written"},
+	{Name: "ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", Default: "true", Type: "bool", Service: svcXDS, Doc: "fetch the remote Wasm modules of ECDS resources into ./var/lib/istio/data and give Envoy the local file"},
+	{Name: "WASM_INSECURE_REGISTRIES", Type: "host list or *", Service: svcXDS, Doc: "registries and HTTPS servers of Wasm modules fetched without verifying their certificate (or over plain HTTP)"},
+	{Name: "WASM_MODULE_EXPIRY", Default: "24h", Type: "duration", Service: svcXDS, Doc: "a cached Wasm module unused for this long is removed"},
+	{Name: "WASM_PURGE_INTERVAL", Default: "1h", Type: "duration", Service: svcXDS, Doc: "how often expired Wasm modules are removed"},
+	{Name: "WASM_HTTP_REQUEST_TIMEOUT", Default: "15s", Type: "duration", Service: svcXDS, Doc: "timeout of each HTTP(S) request for a Wasm module"},
+	{Name: "WASM_HTTP_REQUEST_MAX_RETRIES", Default: "5", Type: "count", Service: svcXDS, Doc: "attempts of an HTTP(S) Wasm module fetch"},
+	{Name: "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", Default: "268435456", Type: "count", Service: svcXDS, Doc: "the largest Wasm module fetched (256 MiB)"},
 
 	// The DNS proxy.
 	{Name: "ISTIO_META_DNS_CAPTURE", Default: "false", Type: "bool", Service: svcDNS + ", " + svcCapture, Doc: "the DNS proxy on, and DNS redirected to it (sidecars)"},

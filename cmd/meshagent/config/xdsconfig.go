@@ -2,12 +2,14 @@ package config
 
 import (
 	"path/filepath"
+	"strings"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy"
+	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
 // xdsInputs are what the XDS proxy's config is built from besides the
@@ -72,6 +74,8 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 		c.CacheFile = Rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
+	c.Wasm = wasmConfig(r, in.root)
+
 	c.GRPCBootstrap.Path = Rooted(in.root, envVar(r, "GRPC_XDS_BOOTSTRAP", grpcBootstrapFile, ParseString))
 	node, err := b.Node()
 	if err != nil {
@@ -111,4 +115,23 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 		return xdsproxy.RootsCertBundle, ""
 	}
 	return xdsproxy.RootsFile, Rooted(in.root, caRootCertFile)
+}
+
+// wasmConfig is the Wasm module fetch of ECDS resources, from Istio's
+// variables (pilot-agent's options.go, pilot/pkg/features): the modules
+// live in Istio's data directory; the conversion off leaves Dir empty.
+func wasmConfig(r envReader, root string) wasm.Config {
+	var c wasm.Config
+	if envVar(r, "ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", true, ParseBool) {
+		c.Dir = Rooted(root, wasmModuleDir)
+	}
+	if v := envVar(r, "WASM_INSECURE_REGISTRIES", "", ParseString); v != "" {
+		c.InsecureRegistries = strings.Split(v, ",")
+	}
+	c.ModuleExpiry = envVar(r, "WASM_MODULE_EXPIRY", wasm.DefaultModuleExpiry, ParseDuration)
+	c.PurgeInterval = envVar(r, "WASM_PURGE_INTERVAL", wasm.DefaultPurgeInterval, ParseDuration)
+	c.HTTPRequestTimeout = envVar(r, "WASM_HTTP_REQUEST_TIMEOUT", wasm.DefaultHTTPRequestTimeout, ParseDuration)
+	c.HTTPRequestMaxRetries = envVar(r, "WASM_HTTP_REQUEST_MAX_RETRIES", wasm.DefaultHTTPRequestMaxRetries, ParseCount)
+	c.MaxModuleBytes = int64(envVar(r, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", wasm.DefaultMaxModuleBytes, ParseCount))
+	return c
 }
