@@ -309,7 +309,7 @@ func (e *envoy) applyOrNACK(u update) *statuspb.Status {
 // not a module. nil: loadable, or not Wasm.
 func checkWasm(typeURL, version string, resources []*anypb.Any) *statuspb.Status {
 	for _, r := range resources {
-		if err := xdsserver.CheckWasm(r); err != nil {
+		if err := xdsserver.CheckWasm(r, xdsserver.FileRoot{}); err != nil {
 			log.Printf("rejecting %s version %s: %v", typeURL, version, err)
 			return &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 		}

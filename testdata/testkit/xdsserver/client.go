@@ -70,6 +70,9 @@ type ClientOptions struct {
 	// Keep: the types whose resources the client keeps (Kept), besides
 	// their names and versions.
 	Keep []string
+	// Files is where the client finds the Wasm modules its resources name
+	// (CheckWasm).
+	Files FileRoot
 }
 
 // State is what the client holds and has seen.
@@ -312,12 +315,12 @@ func (c *Client) sendLocked(m proto.Message) error {
 
 // decode checks a resource as Envoy would: it must decode as its type,
 // and its Wasm code be a local module (CheckWasm).
-func decode(a *anypb.Any) (string, error) {
+func decode(a *anypb.Any, files FileRoot) (string, error) {
 	m, err := a.UnmarshalNew()
 	if err != nil {
 		return "", err
 	}
-	if err := CheckWasm(a); err != nil {
+	if err := CheckWasm(a, files); err != nil {
 		return "", err
 	}
 	if n, ok := m.(interface{ GetName() string }); ok && n.GetName() != "" {
@@ -335,7 +338,7 @@ func (c *Client) applySotW(r *discoveryv3.DiscoveryResponse) proto.Message {
 	bodies := map[string]*anypb.Any{}
 	var bad error
 	for _, a := range r.GetResources() {
-		name, err := decode(a)
+		name, err := decode(a, c.opts.Files)
 		if err != nil {
 			bad = err
 			break
@@ -368,7 +371,7 @@ func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message
 		if res.GetResource() == nil {
 			continue
 		}
-		if _, err := decode(res.GetResource()); err != nil {
+		if _, err := decode(res.GetResource(), c.opts.Files); err != nil {
 			bad = err
 			break
 		}

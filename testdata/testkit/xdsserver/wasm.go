@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	udpa "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -22,11 +23,23 @@ import (
 // before Envoy sees it (#35), so the stand-ins refuse any.
 var ErrRemoteWasm = errors.New("remote Wasm code: Envoy loads only local modules here (the agent must fetch it)")
 
+// FileRoot maps the file names in Envoy's configuration to where the test
+// finds them: names under From are read under To (an agent that wrote
+// them in a mount namespace of its own). Zero: as they are.
+type FileRoot struct{ From, To string }
+
+func (r FileRoot) path(name string) string {
+	if rest, ok := strings.CutPrefix(name, r.From); ok && r.From != "" {
+		return r.To + rest
+	}
+	return name
+}
+
 // CheckWasm is what Envoy checks of an ECDS resource's Wasm code when it
-// loads it: a local module must be a readable file starting with Wasm's
-// magic number, and remote code is refused (ErrRemoteWasm). Any other
-// resource passes.
-func CheckWasm(a *anypb.Any) error {
+// loads it: a local module must be a readable file (found through files)
+// starting with Wasm's magic number, and remote code is refused
+// (ErrRemoteWasm). Any other resource passes.
+func CheckWasm(a *anypb.Any, files FileRoot) error {
 	ec := new(corev3.TypedExtensionConfig)
 	if a.GetTypeUrl() != "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig" || a.UnmarshalTo(ec) != nil {
 		return nil
@@ -75,7 +88,7 @@ func CheckWasm(a *anypb.Any) error {
 	var module []byte
 	switch {
 	case local.GetFilename() != "":
-		b, err := os.ReadFile(local.GetFilename())
+		b, err := os.ReadFile(files.path(local.GetFilename()))
 		if err != nil {
 			return fmt.Errorf("extension config %s: cannot read the Wasm module: %w", ec.GetName(), err)
 		}
