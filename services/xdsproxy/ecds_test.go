@@ -143,6 +143,22 @@ func TestECDSRemoteWasmMadeLocal(t *testing.T) {
 		if n := cp.Stats().NACKs[resource.ExtensionConfigType]; n != 0 {
 			t.Errorf("%d ECDS NACKs, want none: %s", n, cp.Stats().LastNACK[resource.ExtensionConfigType])
 		}
+		// Istio's metrics, by Istio's names and labels.
+		for _, m := range []struct {
+			name, label, value string
+			want               float64
+		}{
+			{"wasm_remote_fetch_count", "result", "success", 2},
+			{"wasm_config_conversion_count", "result", "success", 2},
+			{"wasm_cache_lookup_count", "hit", "false", 2},
+		} {
+			if got := p.metric(t, m.name, m.label, m.value); got < m.want {
+				t.Errorf("%s{%s=%q} = %v, want >= %v", m.name, m.label, m.value, got, m.want)
+			}
+		}
+		if got := p.metric(t, "wasm_cache_entries"); got != 2 {
+			t.Errorf("wasm_cache_entries = %v, want 2", got)
+		}
 	})
 }
 
@@ -172,6 +188,9 @@ func TestECDSFetchFailure(t *testing.T) {
 		}
 		if n := cp.Stats().NACKs[resource.ExtensionConfigType]; n != 0 {
 			t.Errorf("%d ECDS NACKs, want none: a failed fetch serves the stand-in", n)
+		}
+		if got := p.metric(t, "wasm_config_conversion_count", "result", "fetch_failure"); got < 2 {
+			t.Errorf("wasm_config_conversion_count{result=fetch_failure} = %v, want >= 2", got)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -115,10 +116,12 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
 	s.state = newProxyState(cfg, rt.Log, s.m, rt.Health, out.State)
+	collectors := s.m.all
 	if cfg.Wasm.Enabled() {
 		s.wasm = wasm.NewCache(cfg.Wasm, rt.Clock, rt.Log.With("part", "wasm"))
+		collectors = append(slices.Clip(collectors), s.wasm.Collectors()...)
 	}
-	if err := rt.Register(s.m.all...); err != nil {
+	if err := rt.Register(collectors...); err != nil {
 		return nil, err
 	}
 	return s, nil

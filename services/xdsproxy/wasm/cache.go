@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,6 +60,7 @@ type Cache struct {
 	http  *httpFetcher
 	reqs  chan func(*index)
 	idx   *index // Run's alone
+	m     *metrics
 }
 
 // NewCache returns the cache of cfg (its defaults filled); Run must run
@@ -72,12 +74,19 @@ func NewCache(cfg Config, clock messages.Clock, log *slog.Logger) *Cache {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Cache{cfg: cfg, clock: clock, log: log, http: newHTTPFetcher(cfg, clock),
-		reqs: make(chan func(*index)), idx: newIndex(cfg.Dir)}
+		reqs: make(chan func(*index)), idx: newIndex(cfg.Dir), m: newMetrics()}
 }
 
 // Run serves the index and purges modules unused for ModuleExpiry every
-// PurgeInterval, until ctx ends.
+// PurgeInterval, until ctx ends. It first removes the partial downloads a
+// killed agent may have left (store's temporary files).
 func (c *Cache) Run(ctx context.Context) {
+	if left, _ := filepath.Glob(filepath.Join(c.cfg.Dir, tempPattern)); len(left) > 0 {
+		for _, f := range left {
+			os.Remove(f)
+		}
+		c.log.Info("removed partial Wasm downloads", "files", len(left))
+	}
 	tick := c.clock.After(c.cfg.PurgeInterval)
 	for {
 		select {
@@ -85,6 +94,7 @@ func (c *Cache) Run(ctx context.Context) {
 			f(c.idx)
 		case <-tick:
 			c.idx.purge(c.clock.Now(), c.cfg.ModuleExpiry, c.log)
+			c.m.entries.Set(float64(len(c.idx.modules)))
 			tick = c.clock.After(c.cfg.PurgeInterval)
 		case <-ctx.Done():
 			return
@@ -122,12 +132,9 @@ func (c *Cache) Get(ctx context.Context, downloadURL string, o GetOptions) (stri
 	key := cacheKey{moduleKey: moduleKey{name: moduleName(downloadURL), checksum: o.Checksum},
 		url: downloadURL, resource: o.ResourceName, version: o.ResourceVersion}
 	ignoreVersion := ignoresResourceVersion(o.PullPolicy, u)
-	var hit string
-	if err := c.ask(ctx, func(x *index) { hit, key.checksum = x.lookup(key, ignoreVersion, c.clock.Now()) }); err != nil {
-		return "", err
-	}
-	if hit != "" {
-		return hit, nil
+	hit, err := c.lookup(ctx, &key, ignoreVersion)
+	if err != nil || hit != "" {
+		return hit, err
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, fetchTimeout(o.Timeout))
@@ -139,12 +146,14 @@ func (c *Cache) Get(ctx context.Context, downloadURL string, o GetOptions) (stri
 	switch u.Scheme {
 	case "http", "https":
 		if module, err = c.http.fetch(ctx, downloadURL, insecure); err != nil {
+			c.m.fetches.WithLabelValues(downloadFailure).Inc()
 			return "", err
 		}
 		sum := sha256.Sum256(module)
 		digest = hex.EncodeToString(sum[:])
 	case "oci":
 		if img, err = resolveOCI(ctx, u.Host+u.Path, o.PullSecret, insecure, c.cfg.MaxModuleBytes); err != nil {
+			c.m.fetches.WithLabelValues(manifestFailure).Inc()
 			return "", fmt.Errorf("could not fetch Wasm OCI image: %w", err)
 		}
 		digest = img.digest
@@ -155,24 +164,39 @@ func (c *Cache) Get(ctx context.Context, downloadURL string, o GetOptions) (stri
 	if key.checksum == "" {
 		// Known by its digest now: another URL may have fetched it.
 		key.checksum = digest
-		if err := c.ask(ctx, func(x *index) { hit, _ = x.lookup(key, true, c.clock.Now()) }); err != nil {
-			return "", err
-		}
-		if hit != "" {
-			return hit, nil
+		if hit, err := c.lookup(ctx, &key, true); err != nil || hit != "" {
+			return hit, err
 		}
 	} else if digest != key.checksum {
+		c.m.fetches.WithLabelValues(checksumMismatch).Inc()
 		return "", fmt.Errorf("module downloaded from %v has checksum %v, which does not match: %v", downloadURL, digest, key.checksum)
 	}
 	if img != nil {
 		if module, err = img.module(); err != nil {
+			c.m.fetches.WithLabelValues(downloadFailure).Inc()
 			return "", fmt.Errorf("could not fetch Wasm binary: %w", err)
 		}
 	}
 	if !validModule(module) {
+		c.m.fetches.WithLabelValues(fetchFailure).Inc()
 		return "", fmt.Errorf("fetched Wasm binary from %s is invalid", downloadURL)
 	}
+	c.m.fetches.WithLabelValues(fetchSuccess).Inc()
 	return c.store(ctx, key, module)
+}
+
+// lookup asks the index for key's module (its path, empty if not held),
+// and sets key's checksum to the one it resolves to.
+func (c *Cache) lookup(ctx context.Context, key *cacheKey, ignoreVersion bool) (string, error) {
+	var hit, checksum string
+	if err := c.ask(ctx, func(x *index) { hit, checksum = x.lookup(*key, ignoreVersion, c.clock.Now()) }); err != nil {
+		return "", err
+	}
+	if key.checksum == "" {
+		key.checksum = checksum
+	}
+	c.m.lookups.WithLabelValues(strconv.FormatBool(hit != "")).Inc()
+	return hit, nil
 }
 
 // store writes the module beside its place, and has the index move it in
@@ -182,7 +206,7 @@ func (c *Cache) store(ctx context.Context, key cacheKey, module []byte) (string,
 	if err := os.MkdirAll(c.cfg.Dir, 0o755); err != nil {
 		return "", err
 	}
-	tmp, err := os.CreateTemp(c.cfg.Dir, ".fetch-*")
+	tmp, err := os.CreateTemp(c.cfg.Dir, tempPattern)
 	if err != nil {
 		return "", err
 	}
@@ -198,13 +222,19 @@ func (c *Cache) store(ctx context.Context, key cacheKey, module []byte) (string,
 		return "", err
 	}
 	var path string
-	aerr := c.ask(ctx, func(x *index) { path, err = x.add(key, tmp.Name(), c.clock.Now()) })
+	aerr := c.ask(ctx, func(x *index) {
+		path, err = x.add(key, tmp.Name(), c.clock.Now())
+		c.m.entries.Set(float64(len(x.modules)))
+	})
 	if aerr != nil {
 		os.Remove(tmp.Name())
 		return "", aerr
 	}
 	return path, err
 }
+
+// tempPattern names a module being written, in Dir.
+const tempPattern = ".fetch-*"
 
 // moduleKey names a module by what it is, not where it was found: a URL
 // without its tag or digest, and the checksum.

@@ -48,6 +48,8 @@ var pullPolicies = map[string]PullPolicy{"UNSPECIFIED_POLICY": PullUnspecified, 
 // (Istio's behaviour); a module that cannot be fetched does not: the
 // resource becomes Istio's stand-in filter (Rewrite).
 func (c *Cache) RewriteAll(ctx context.Context, resources []*anypb.Any) error {
+	start := c.clock.Now()
+	defer func() { c.m.duration.Observe(float64(c.clock.Now().Sub(start).Milliseconds())) }()
 	errs := make([]error, len(resources))
 	var wg sync.WaitGroup
 	for i, r := range resources {
@@ -81,72 +83,85 @@ func (c *Cache) RewriteAll(ctx context.Context, resources []*anypb.Any) error {
 // everything (fail open: the plugin is left out) or denying everything
 // (fail closed).
 func (c *Cache) Rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, error) {
+	out, result, err := c.rewrite(ctx, res)
+	c.m.conversions.WithLabelValues(result).Inc()
+	return out, err
+}
+
+// rewrite is Rewrite, and the result it counts (Istio's
+// wasm_config_conversion_count).
+func (c *Cache) rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, string, error) {
 	ec := new(corev3.TypedExtensionConfig)
 	if err := res.UnmarshalTo(ec); err != nil {
-		return nil, fmt.Errorf("failed to unmarshal extension config resource: %w", err)
+		return nil, unmarshalFailure, fmt.Errorf("failed to unmarshal extension config resource: %w", err)
 	}
 	tc := ec.GetTypedConfig()
 	if tc == nil {
-		return nil, fmt.Errorf("typed extension config %s does not contain any typed config", ec.GetName())
+		return nil, unmarshalFailure, fmt.Errorf("typed extension config %s does not contain any typed config", ec.GetName())
 	}
 	var filter filterConfig
 	switch tc.GetTypeUrl() {
 	case httpWasmType, networkWasmType:
 		filter = newFilter(tc.GetTypeUrl())
 		if err := tc.UnmarshalTo(filter.message()); err != nil {
-			return nil, fmt.Errorf("failed to unmarshal extension config resource into Wasm filter: %w", err)
+			return nil, unmarshalFailure, fmt.Errorf("failed to unmarshal extension config resource into Wasm filter: %w", err)
 		}
 	case typedStructType:
 		ts := new(udpa.TypedStruct)
 		if err := tc.UnmarshalTo(ts); err != nil {
-			return nil, fmt.Errorf("failed to unmarshal typed config for wasm filter: %w", err)
+			return nil, unmarshalFailure, fmt.Errorf("failed to unmarshal typed config for wasm filter: %w", err)
 		}
 		if filter = newFilter(ts.GetTypeUrl()); filter == nil {
-			return res, nil
+			return res, noRemoteLoad, nil
 		}
 		js, err := protojson.Marshal(ts.GetValue())
 		if err == nil {
 			err = protojson.Unmarshal(js, filter.message())
 		}
 		if err != nil {
-			return nil, fmt.Errorf("failed to convert extension config %s's struct to a Wasm filter: %w", ec.GetName(), err)
+			return nil, unmarshalFailure, fmt.Errorf("failed to convert extension config %s's struct to a Wasm filter: %w", ec.GetName(), err)
 		}
 	default:
-		return res, nil
+		return res, noRemoteLoad, nil
 	}
 	plugin := filter.plugin()
 	code := plugin.GetVmConfig().GetCode()
 	if code.GetRemote() == nil {
 		if code.GetLocal() == nil {
-			return nil, fmt.Errorf("no remote and local load found in Wasm filter %s", ec.GetName())
+			return nil, unmarshalFailure, fmt.Errorf("no remote and local load found in Wasm filter %s", ec.GetName())
 		}
-		return res, nil
+		return res, noRemoteLoad, nil
 	}
 
-	if err := c.localize(ctx, ec.GetName(), plugin); err != nil {
+	if result, err := c.localize(ctx, ec.GetName(), plugin); err != nil {
 		failOpen := failsOpen(plugin)
 		c.log.Error("cannot fetch a Wasm module; serving Istio's stand-in RBAC filter", "resource", ec.GetName(),
 			"fail_open", failOpen, "error", err)
-		return anypb.New(&corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: filter.standIn(failOpen)})
+		return mustAny(&corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: filter.standIn(failOpen)}), result, nil
 	}
 	wasmAny, err := anypb.New(filter.message())
 	if err != nil {
-		return nil, fmt.Errorf("failed to marshal new wasm filter: %w", err)
+		return nil, marshalFailure, fmt.Errorf("failed to marshal new wasm filter: %w", err)
 	}
 	ec.TypedConfig = wasmAny
-	return anypb.New(ec)
+	out, err := anypb.New(ec)
+	if err != nil {
+		return nil, marshalFailure, fmt.Errorf("failed to marshal new extension config resource: %w", err)
+	}
+	return out, conversionSuccess, nil
 }
 
 // localize fetches the plugin's module and points its VM at the file;
-// the agent's variables leave the VM's environment either way.
-func (c *Cache) localize(ctx context.Context, resourceName string, plugin *wasmv3.PluginConfig) error {
+// the agent's variables leave the VM's environment either way. A failure
+// comes with its result for wasm_config_conversion_count.
+func (c *Cache) localize(ctx context.Context, resourceName string, plugin *wasmv3.PluginConfig) (string, error) {
 	vm := plugin.GetVmConfig()
 	o := GetOptions{ResourceName: resourceName}
 	if env := vm.GetEnvironmentVariables(); env != nil {
 		kv := env.GetKeyValues()
 		if sec, ok := kv[pullSecretEnv]; ok {
 			if sec == "" {
-				return fmt.Errorf("cannot fetch Wasm module %v: missing image pulling secret", plugin.GetName())
+				return fetchFailure, fmt.Errorf("cannot fetch Wasm module %v: missing image pulling secret", plugin.GetName())
 			}
 			o.PullSecret = []byte(sec)
 		}
@@ -168,7 +183,7 @@ func (c *Cache) localize(ctx context.Context, resourceName string, plugin *wasmv
 	remote := vm.GetCode().GetRemote()
 	uri := remote.GetHttpUri()
 	if uri == nil {
-		return fmt.Errorf("wasm remote fetch does not have httpUri specified for config %s", plugin.GetName())
+		return missRemoteFetchHint, fmt.Errorf("wasm remote fetch does not have httpUri specified for config %s", plugin.GetName())
 	}
 	// istiod sends "nil" for a WasmPlugin without a sha256.
 	if remote.GetSha256() == "nil" {
@@ -180,12 +195,12 @@ func (c *Cache) localize(ctx context.Context, resourceName string, plugin *wasmv
 	}
 	path, err := c.Get(ctx, uri.GetUri(), o)
 	if err != nil {
-		return fmt.Errorf("cannot fetch Wasm module %v: %w", uri.GetUri(), err)
+		return fetchFailure, fmt.Errorf("cannot fetch Wasm module %v: %w", uri.GetUri(), err)
 	}
 	vm.Code = &corev3.AsyncDataSource{Specifier: &corev3.AsyncDataSource_Local{
 		Local: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path}},
 	}}
-	return nil
+	return conversionSuccess, nil
 }
 
 // failsOpen is the plugin's failure policy; unspecified, the deprecated
