@@ -366,3 +366,18 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A partial download a killed agent left in the directory is removed when
+// the cache starts.
+func TestPartialDownloadRemovedAtStart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	left := filepath.Join(dir, ".fetch-12345")
+	testkit.WriteFile(t, left, []byte("\x00asm half"))
+	c, _ := startCache(t, nil, func(c *Config) { c.Dir = dir })
+	if _, err := c.Modules(ctxOf(t)); err != nil { // Run is past its start
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the partial download is still there: %v", err)
+	}
+}

@@ -16,18 +16,16 @@
 //     layouts;
 //   - Rewrite (rewrite.go): one TypedExtensionConfig, remote to local, or,
 //     when the fetch fails, Istio's stand-in filter by the plugin's failure
-//     policy.
+//     policy;
+//   - metrics.go: Istio's Wasm metrics, by Istio's names.
 package wasm
 
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/meshagent/meshagent/messages"
 )
 
 // Istio's defaults (pkg/wasm/options.go; pilot/pkg/features for the size).
@@ -144,10 +142,4 @@ func (c Config) insecure(host string) bool {
 		}
 	}
 	return false
-}
-
-// runtime is what the cache takes from its service: clock and log.
-type runtime struct {
-	clock messages.Clock
-	log   *slog.Logger
 }
