@@ -36,30 +36,24 @@ type ecdsResult struct {
 
 // ecdsWorker is a live stream's ECDS pipeline.
 type ecdsWorker struct {
-	in  chan *frame
-	out chan ecdsResult
+	in   chan *frame
+	out  chan ecdsResult
+	stop context.CancelFunc // ends a fetch in progress
 }
 
 // startECDS starts the worker of a live stream, which ends with done; nil
-// when the proxy does not rewrite ECDS (Config.Wasm.Dir empty).
+// when the proxy does not rewrite ECDS (Config.Wasm.Dir empty). The
+// responder stops it when it returns.
 func (st *stream[R]) startECDS(done <-chan struct{}) *ecdsWorker {
 	s := st.svc
 	if s.wasm == nil {
 		return nil
 	}
-	w := &ecdsWorker{in: make(chan *frame, ecdsQueue), out: make(chan ecdsResult)}
 	ctx, cancel := context.WithCancel(st.down.Context())
+	w := &ecdsWorker{in: make(chan *frame, ecdsQueue), out: make(chan ecdsResult), stop: cancel}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer cancel()
-		go func() {
-			select {
-			case <-done:
-			case <-ctx.Done():
-			}
-			cancel() // a fetch in progress ends with the stream
-		}()
 		for {
 			select {
 			case f := <-w.in:
@@ -75,6 +69,13 @@ func (st *stream[R]) startECDS(done <-chan struct{}) *ecdsWorker {
 		}
 	}()
 	return w
+}
+
+// close ends the worker's fetch in progress, if any (a nil worker: none).
+func (w *ecdsWorker) close() {
+	if w != nil {
+		w.stop()
+	}
 }
 
 // results is the worker's output; nil (never ready) without a worker.

@@ -149,6 +149,7 @@ func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
 // modules are fetched first (ecds.go), follows once they are.
 func (st *stream[R]) respond(resps <-chan *frame, done <-chan struct{}, downErr chan<- error) {
 	ecds := st.startECDS(done)
+	defer ecds.close()
 	for {
 		var err error
 		select {
