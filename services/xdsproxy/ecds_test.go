@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
@@ -61,12 +62,16 @@ func serveWasm(t *testing.T, cp *xdsserver.Server, v string, ecds ...types.Resou
 	}
 }
 
-// wasmProxy is a proxy to cp that fetches Wasm modules into its root.
-func wasmProxy(t *testing.T, cp *xdsserver.Server) *proxy {
+// wasmProxy is a proxy to cp that fetches Wasm modules into its root;
+// edit, when given, changes its Wasm config first.
+func wasmProxy(t *testing.T, cp *xdsserver.Server, edit ...func(*wasm.Config)) *proxy {
 	t.Helper()
 	root := tempRoot(t)
 	cfg := testConfig(root, cp.Addr())
 	cfg.Wasm = wasm.Config{Dir: filepath.Join(root, "var/lib/istio/data"), RetryBackoff: time.Millisecond, HTTPRequestMaxRetries: 2}
+	for _, e := range edit {
+		e(&cfg.Wasm)
+	}
 	return startProxy(t, cfg, proxyOpts{})
 }
 
@@ -264,6 +269,43 @@ func TestSlowWasmFetchDoesNotHoldListeners(t *testing.T) {
 			t.Errorf("the client holds %T, want the Wasm filter", filterOf(t, c, "default.slow"))
 		}
 	})
+}
+
+// A fetch ends with the stream it serves: when the control plane goes,
+// Envoy's stream ends (Envoy reconnects and is served the cache), and the
+// proxy stops waiting for the registry.
+func TestWasmFetchEndsWithTheStream(t *testing.T) {
+	srv := wasmserver.NewHTTP(t)
+	release := make(chan struct{})
+	defer close(release)
+	srv.Hold("/slow.wasm", release, wasmserver.Module)
+	cp := controlPlane(t, xdsserver.Options{})
+	// No timeout of the fetch's own ends it within the test's wait.
+	plugin := wasmPlugin(t, "default.slow", srv.URL("/slow.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED)
+	f := new(httpwasm.Wasm)
+	if err := plugin.GetTypedConfig().UnmarshalTo(f); err != nil {
+		t.Fatal(err)
+	}
+	f.GetConfig().GetVmConfig().GetCode().GetRemote().GetHttpUri().Timeout = durationpb.New(time.Hour)
+	plugin.TypedConfig, _ = anypb.New(f)
+	serveWasm(t, cp, "v1", plugin)
+	p := wasmProxy(t, cp, func(c *wasm.Config) { c.HTTPRequestTimeout = time.Hour })
+	c := ecdsClient(t, p, false)
+	ctx := waitCtx(t)
+	if err := c.WaitFor(ctx, hasVersion(resource.ListenerType, "v1", 3)); err != nil {
+		t.Fatal(err)
+	}
+	p.waitState(t, "the listeners ACKed", func(s messages.XDSState) bool { return s.LastACK[resource.ListenerType] == "v1" })
+	testkitWaitRequested(t, srv, "/slow.wasm")
+	cp.Stop()
+	p.waitState(t, "serving the cache", func(s messages.XDSState) bool { return s.Upstream == messages.XDSServingCache })
+	for srv.Abandoned("/slow.wasm") == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the fetch went on after its live stream ended")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // testkitWaitRequested waits until the server has been asked for path.

@@ -206,14 +206,15 @@ type HTTP struct {
 	srv *httptest.Server
 	mu  sync.Mutex
 	h   map[string]http.HandlerFunc
-	// Requests counts the requests by path.
-	reqs map[string]int
+	// reqs counts the requests by path; abandoned, those held that the
+	// client gave up on.
+	reqs, abandoned map[string]int
 }
 
 // NewHTTP starts an HTTP server, closed at the end of the test.
 func NewHTTP(t testing.TB) *HTTP {
 	t.Helper()
-	s := &HTTP{h: map[string]http.HandlerFunc{}, reqs: map[string]int{}}
+	s := &HTTP{h: map[string]http.HandlerFunc{}, reqs: map[string]int{}, abandoned: map[string]int{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.reqs[r.URL.Path]++
@@ -252,16 +253,27 @@ func (s *HTTP) FailThenServe(path string, fails, code int, b []byte) {
 	})
 }
 
-// Hold answers path only once release is closed (or the client gives
-// up), then with b.
+// Hold answers path only once release is closed, then with b; a client
+// that gives up first is counted (Abandoned).
 func (s *HTTP) Hold(path string, release <-chan struct{}, b []byte) {
 	s.Handle(path, func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-release:
 			_, _ = w.Write(b)
 		case <-r.Context().Done():
+			s.mu.Lock()
+			s.abandoned[path]++
+			s.mu.Unlock()
 		}
 	})
+}
+
+// Abandoned is how many requests for path the client gave up on while
+// they were held.
+func (s *HTTP) Abandoned(path string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.abandoned[path]
 }
 
 // URL is the server's URL for path.
