@@ -37,13 +37,9 @@ import (
 // namespace of its own whose /var/lib is a directory of the test's.
 func istioAgentWasm(t *testing.T, addr string) (dir, dataDir string) {
 	t.Helper()
-	binary := os.Getenv("MESHAGENT_ISTIO_AGENT")
+	binary, why := testkit.IstioAgentBinary()
 	if binary == "" {
-		home, _ := os.UserHomeDir()
-		binary = filepath.Join(home, ".cache", "meshagent-peers", "pilot-agent")
-	}
-	if _, err := os.Stat(binary); err != nil {
-		t.Skipf("Istio's pilot-agent not found (%v): set MESHAGENT_ISTIO_AGENT or run shared/peers/istio-agent/build.sh", err)
+		t.Skip(why)
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: Istio's agent runs in a mount namespace of its own")
