@@ -11,14 +11,18 @@ import (
 	"testing"
 	"time"
 
+	udpa "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
@@ -124,9 +128,20 @@ func normalized(t *testing.T, a *anypb.Any, dataDir string) *corev3.TypedExtensi
 	if err := a.UnmarshalTo(ec); err != nil {
 		t.Fatal(err)
 	}
-	f := new(httpwasm.Wasm)
-	if ec.GetTypedConfig().UnmarshalTo(f) != nil {
+	var f interface {
+		proto.Message
+		GetConfig() *wasmv3.PluginConfig
+	}
+	switch ec.GetTypedConfig().GetTypeUrl() {
+	case "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm":
+		f = new(httpwasm.Wasm)
+	case "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm":
+		f = new(netwasm.Wasm)
+	default:
 		return ec // a stand-in RBAC filter: compared as it is
+	}
+	if err := ec.GetTypedConfig().UnmarshalTo(f); err != nil {
+		t.Fatal(err)
 	}
 	if l := f.GetConfig().GetVmConfig().GetCode().GetLocal(); l.GetFilename() != "" {
 		rel, err := filepath.Rel(dataDir, l.GetFilename())
@@ -139,8 +154,47 @@ func normalized(t *testing.T, a *anypb.Any, dataDir string) *corev3.TypedExtensi
 	return ec
 }
 
+// asNetworkFilter is ec as a network Wasm filter (a WasmPlugin of type
+// NETWORK).
+func asNetworkFilter(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.TypedExtensionConfig {
+	t.Helper()
+	f := new(httpwasm.Wasm)
+	if err := ec.GetTypedConfig().UnmarshalTo(f); err != nil {
+		t.Fatal(err)
+	}
+	a, err := anypb.New(&netwasm.Wasm{Config: f.GetConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: a}
+}
+
+// asTypedStruct is ec's filter inside a TypedStruct, as some control
+// planes send it.
+func asTypedStruct(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.TypedExtensionConfig {
+	t.Helper()
+	f := new(httpwasm.Wasm)
+	if err := ec.GetTypedConfig().UnmarshalTo(f); err != nil {
+		t.Fatal(err)
+	}
+	js, err := protojson.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := new(structpb.Struct)
+	if err := protojson.Unmarshal(js, st); err != nil {
+		t.Fatal(err)
+	}
+	a, err := anypb.New(&udpa.TypedStruct{TypeUrl: ec.GetTypedConfig().GetTypeUrl(), Value: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: a}
+}
+
 // Istio's agent and ours turn the same WasmPlugins into the same ECDS
-// resources: modules over HTTP and in both OCI layouts made local (the
+// resources: HTTP and network filters, typed or in a TypedStruct, with
+// modules over HTTP and in both OCI layouts made local (the
 // same file names under the data directory, the same filter otherwise),
 // the failure policies' stand-ins; and both NACK a resource they cannot
 // read. State of the World and Delta.
@@ -162,6 +216,9 @@ func differentialECDS(t *testing.T, delta bool) {
 		wasmPlugin(t, "default.compat", "oci://"+reg.Host()+"/plugins/compat:v1", wasmv3.FailurePolicy_FAIL_OPEN),
 		wasmPlugin(t, "default.open", srv.URL("/missing-open.wasm"), wasmv3.FailurePolicy_FAIL_OPEN),
 		wasmPlugin(t, "default.closed", srv.URL("/missing-closed.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED),
+		asNetworkFilter(t, wasmPlugin(t, "default.tcp", "oci://"+reg.Host()+"/plugins/artifact:v1", wasmv3.FailurePolicy_FAIL_CLOSED)),
+		asNetworkFilter(t, wasmPlugin(t, "default.tcp-closed", srv.URL("/missing-tcp.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED)),
+		asTypedStruct(t, wasmPlugin(t, "default.struct", srv.URL("/stats.wasm"), wasmv3.FailurePolicy_FAIL_OPEN)),
 	}
 	cp := controlPlane(t, xdsserver.Options{})
 	serveWasm(t, cp, "v1", good...)
