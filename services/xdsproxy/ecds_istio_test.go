@@ -169,6 +169,21 @@ func asNetworkFilter(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.Type
 	return &corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: a}
 }
 
+// editPlugin is ec with its (HTTP) plugin changed by edit.
+func editPlugin(t *testing.T, ec *corev3.TypedExtensionConfig, edit func(*wasmv3.PluginConfig)) *corev3.TypedExtensionConfig {
+	t.Helper()
+	f := new(httpwasm.Wasm)
+	if err := ec.GetTypedConfig().UnmarshalTo(f); err != nil {
+		t.Fatal(err)
+	}
+	edit(f.GetConfig())
+	a, err := anypb.New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: a}
+}
+
 // asTypedStruct is ec's filter inside a TypedStruct, as some control
 // planes send it.
 func asTypedStruct(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.TypedExtensionConfig {
@@ -195,9 +210,11 @@ func asTypedStruct(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.TypedE
 // Istio's agent and ours turn the same WasmPlugins into the same ECDS
 // resources: HTTP and network filters, typed or in a TypedStruct, with
 // modules over HTTP and in both OCI layouts made local (the
-// same file names under the data directory, the same filter otherwise),
-// the failure policies' stand-ins; and both NACK a resource they cannot
-// read. State of the World and Delta.
+// same file names under the data directory, the same filter otherwise;
+// the plugin's own environment kept and the agent's variables gone), a
+// checksum that matches and one that does not, a pull secret istiod could
+// not read, the failure policies' stand-ins; and both NACK a resource they
+// cannot read. State of the World and Delta.
 func TestDifferentialECDSWithIstioAgent(t *testing.T) {
 	bothProtocols(t, differentialECDS)
 }
@@ -219,6 +236,20 @@ func differentialECDS(t *testing.T, delta bool) {
 		asNetworkFilter(t, wasmPlugin(t, "default.tcp", "oci://"+reg.Host()+"/plugins/artifact:v1", wasmv3.FailurePolicy_FAIL_CLOSED)),
 		asNetworkFilter(t, wasmPlugin(t, "default.tcp-closed", srv.URL("/missing-tcp.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED)),
 		asTypedStruct(t, wasmPlugin(t, "default.struct", srv.URL("/stats.wasm"), wasmv3.FailurePolicy_FAIL_OPEN)),
+		editPlugin(t, wasmPlugin(t, "default.sha", srv.URL("/stats.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED), func(p *wasmv3.PluginConfig) {
+			p.GetVmConfig().GetCode().GetRemote().Sha256 = wasmserver.Sum(wasmserver.ModuleWith("stats"))
+		}),
+		editPlugin(t, wasmPlugin(t, "default.wrongsha", srv.URL("/stats.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED), func(p *wasmv3.PluginConfig) {
+			p.GetVmConfig().GetCode().GetRemote().Sha256 = wasmserver.Sum([]byte("another module"))
+		}),
+		editPlugin(t, wasmPlugin(t, "default.nosecret", "oci://"+reg.Host()+"/plugins/compat:v1", wasmv3.FailurePolicy_FAIL_CLOSED), func(p *wasmv3.PluginConfig) {
+			p.GetVmConfig().GetEnvironmentVariables().KeyValues["ISTIO_META_WASM_IMAGE_PULL_SECRET"] = ""
+		}),
+		editPlugin(t, wasmPlugin(t, "default.ownenv", srv.URL("/stats.wasm"), wasmv3.FailurePolicy_FAIL_CLOSED), func(p *wasmv3.PluginConfig) {
+			env := p.GetVmConfig().GetEnvironmentVariables()
+			env.KeyValues["PLUGIN_MODE"] = "strict"
+			env.HostEnvKeys = []string{"POD_NAME"}
+		}),
 	}
 	cp := controlPlane(t, xdsserver.Options{})
 	serveWasm(t, cp, "v1", good...)
