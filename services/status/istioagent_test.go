@@ -26,20 +26,7 @@ import (
 // leaves in ~/.cache/meshagent-peers; the tests skip without it.
 
 // istioAgentBinary is the path of Istio's pilot-agent, or "" with why not.
-func istioAgentBinary() (string, string) {
-	if p := os.Getenv("MESHAGENT_ISTIO_AGENT"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Sprintf("MESHAGENT_ISTIO_AGENT=%s: %v", p, err)
-		}
-		return p, ""
-	}
-	home, _ := os.UserHomeDir()
-	p := filepath.Join(home, ".cache", "meshagent-peers", "pilot-agent")
-	if _, err := os.Stat(p); err != nil {
-		return "", "Istio's pilot-agent not found: set MESHAGENT_ISTIO_AGENT or run shared/peers/istio-agent/build.sh"
-	}
-	return p, ""
-}
+func istioAgentBinary() (string, string) { return testkit.IstioAgentBinary() }
 
 // istioAgent is a running pilot-agent.
 type istioAgent struct {

@@ -23,9 +23,9 @@ const (
 	endpointType    = typePrefix + "envoy.config.endpoint.v3.ClusterLoadAssignment"
 	listenerType    = typePrefix + "envoy.config.listener.v3.Listener"
 	routeType       = typePrefix + "envoy.config.route.v3.RouteConfiguration"
-	// extensionConfigType (ECDS) is forwarded unchanged. Istio's agent
-	// rewrites remote Wasm modules (http, oci) to local files here; this
-	// proxy does not fetch Wasm.
+	// extensionConfigType (ECDS): remote Wasm modules (http, oci) are
+	// fetched and the resources rewritten to local files before Envoy
+	// gets them, as Istio's agent does (ecds.go, #35).
 	extensionConfigType = typePrefix + "envoy.config.core.v3.TypedExtensionConfig"
 	// The agent's own types: answered by the control plane, consumed here.
 	nameTableType   = typePrefix + "istio.networking.nds.v1.NameTable"

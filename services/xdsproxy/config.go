@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
 // Name is the service's name in logs, metrics, health and /debug/tree.
@@ -188,6 +189,11 @@ type Config struct {
 	// StopTimeout bounds the graceful stop at shutdown before open streams
 	// are cut (default 5s).
 	StopTimeout time.Duration
+
+	// Wasm: the ECDS resources whose Wasm code is remote are rewritten to
+	// modules fetched into Wasm.Dir (Istio's /var/lib/istio/data), as
+	// Istio's agent does (#35); Dir empty forwards ECDS unchanged.
+	Wasm wasm.Config
 }
 
 // NewConfig is the config of a proxy serving Envoy on socketPath with the
@@ -291,6 +297,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.GRPCBootstrap.validate(); err != nil {
 		return bad("%v", err)
+	}
+	if err := c.Wasm.Validate(); err != nil {
+		return fmt.Errorf("%w: Wasm: %w", ErrBadConfig, err)
 	}
 	return nil
 }

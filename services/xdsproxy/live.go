@@ -145,18 +145,28 @@ func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
 }
 
 // respond hands each response to the agent (its own types) or to Envoy,
-// in the order the control plane sent them.
+// in the order the control plane sent them; but ECDS, when its Wasm
+// modules are fetched first (ecds.go), follows once they are.
 func (st *stream[R]) respond(resps <-chan *frame, done <-chan struct{}, downErr chan<- error) {
+	ecds := st.startECDS(done)
+	defer ecds.close()
 	for {
+		var err error
 		select {
 		case f := <-resps:
-			err := st.handleResponse(f)
-			st.inflight.Add(-1)
-			if err != nil {
-				downErr <- err
-				return
+			if ecds != nil && f.typeURL == extensionConfigType {
+				err = st.submitECDS(ecds, f, done)
+			} else {
+				err = st.handleResponse(f)
 			}
+			st.inflight.Add(-1)
+		case r := <-ecds.results():
+			err = st.finishECDS(r)
 		case <-done:
+			return
+		}
+		if err != nil {
+			downErr <- err
 			return
 		}
 	}

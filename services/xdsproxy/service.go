@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
 // Inputs are what the proxy reads.
@@ -60,6 +62,9 @@ type Service struct {
 	// next run.
 	state *proxyState
 	warm  warmConn // a connection made ahead of its stream (warmconn.go)
+	// wasm fetches the Wasm modules of ECDS responses (ecds.go); nil when
+	// ECDS is forwarded unchanged. Its index outlives Serve.
+	wasm *wasm.Cache
 
 	streamIDs   atomic.Uint64 // for logs and cache nonces; never reset
 	maxInflight atomic.Int64  // the most responses ever held at once by one stream
@@ -111,7 +116,12 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
 	s.state = newProxyState(cfg, rt.Log, s.m, rt.Health, out.State)
-	if err := rt.Register(s.m.all...); err != nil {
+	collectors := s.m.all
+	if cfg.Wasm.Enabled() {
+		s.wasm = wasm.NewCache(cfg.Wasm, rt.Clock, rt.Log.With("part", "wasm"))
+		collectors = append(slices.Clip(collectors), s.wasm.Collectors()...)
+	}
+	if err := rt.Register(collectors...); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -158,6 +168,11 @@ func (s *Service) Serve(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
+	if s.wasm != nil {
+		// Stopped after the streams: their ECDS workers ask it to the end.
+		bg.Add(1)
+		go func() { defer bg.Done(); s.wasm.Run(runCtx) }()
+	}
 	if s.cfg.HealthUpdates && s.in.Workload != nil {
 		bg.Add(1)
 		go func() { defer bg.Done(); s.watchWorkload(runCtx, own) }()

@@ -41,6 +41,9 @@ import (
 const (
 	typeEndpoint = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 	typeRoute    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	// typeExtensionConfig (ECDS): not an init type; Wasm filters come this
+	// way (checkWasm).
+	typeExtensionConfig = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 )
 
 // statPrefix is where Envoy counts updates of a type: cds and lds have their
@@ -258,6 +261,38 @@ func routeNames(l *listenerv3.Listener) []string {
 	return names
 }
 
+// ecdsNamesLocked are the extension configs (ECDS) the listeners' filters
+// discover: network filters and HTTP filters with config_discovery, as
+// istiod configures a WasmPlugin.
+func (e *envoy) ecdsNamesLocked() []string {
+	seen := map[string]bool{}
+	for _, m := range e.xds.resources[typeListener] {
+		l := m.(*listenerv3.Listener)
+		for _, fc := range append([]*listenerv3.FilterChain{l.GetDefaultFilterChain()}, l.GetFilterChains()...) {
+			for _, f := range fc.GetFilters() {
+				if f.GetConfigDiscovery() != nil {
+					seen[f.GetName()] = true
+				}
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				for _, hf := range hcm.GetHttpFilters() {
+					if hf.GetConfigDiscovery() != nil {
+						seen[hf.GetName()] = true
+					}
+				}
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
 // subscriptionLocked is the resource names Envoy subscribes to for a type:
 // nil for the wildcard types (CDS, LDS).
 func (e *envoy) subscriptionLocked(typeURL string) []string {
@@ -266,6 +301,8 @@ func (e *envoy) subscriptionLocked(typeURL string) []string {
 		return e.edsNamesLocked()
 	case typeRoute:
 		return e.rdsNamesLocked()
+	case typeExtensionConfig:
+		return e.ecdsNamesLocked()
 	}
 	return nil
 }

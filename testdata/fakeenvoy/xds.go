@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 const (
@@ -121,7 +123,11 @@ func (e *envoy) adsSotW(ctx context.Context, conn *grpc.ClientConn, received fun
 		t := resp.GetTypeUrl()
 		nonces[t] = resp.GetNonce()
 		if _, ok := statPrefix[t]; !ok {
-			// Not one of Envoy's init types (an ECDS config, say): keep and ACK.
+			// Not one of Envoy's init types (an ECDS config, say): keep and
+			// ACK, unless Envoy would refuse a Wasm module in it.
+			if detail := checkWasm(t, resp.GetVersionInfo(), resp.GetResources()); detail != nil {
+				return request(t, subscribed[t], detail)
+			}
 			e.replaceAll(t, resp.GetVersionInfo(), resp.GetResources())
 			return request(t, subscribed[t], nil)
 		}
@@ -234,6 +240,13 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn, received fu
 		}
 		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: resp.GetNonce()}
 		if _, ok := statPrefix[t]; !ok {
+			var added []*anypb.Any
+			for _, r := range resp.GetResources() {
+				added = append(added, r.GetResource())
+			}
+			if req.ErrorDetail = checkWasm(t, resp.GetSystemVersionInfo(), added); req.ErrorDetail != nil {
+				return send(req)
+			}
 			for _, r := range resp.GetResources() {
 				e.record(t, r.GetName(), r.GetVersion(), decode(r.GetResource()))
 			}
@@ -251,7 +264,7 @@ func (e *envoy) adsDelta(ctx context.Context, conn *grpc.ClientConn, received fu
 // for that were not sent yet: EDS/RDS names that changed, LDS once
 // clusters are ready. subscribed is what the stream asked for so far.
 func (e *envoy) follow(subscribed map[string][]string, ask func(typeURL string, names []string) error) error {
-	for _, t := range []string{typeEndpoint, typeListener, typeRoute} {
+	for _, t := range []string{typeEndpoint, typeListener, typeRoute, typeExtensionConfig} {
 		e.mu.Lock()
 		wanted := t != typeListener || e.ldsWantedLocked()
 		names := e.subscriptionLocked(t)
@@ -288,6 +301,20 @@ func (e *envoy) applyOrNACK(u update) *statuspb.Status {
 	}
 	log.Printf("rejecting %s version %s: %v", shortType[u.typeURL], u.version, err)
 	return &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+}
+
+// checkWasm is the NACK of an ECDS response whose Wasm code Envoy would
+// not load: remote (an oci:// module Envoy cannot fetch; Istio's agent
+// makes every one local first, #35), or a local file that is missing or
+// not a module. nil: loadable, or not Wasm.
+func checkWasm(typeURL, version string, resources []*anypb.Any) *statuspb.Status {
+	for _, r := range resources {
+		if err := xdsserver.CheckWasm(r, xdsserver.FileRoot{}); err != nil {
+			log.Printf("rejecting %s version %s: %v", typeURL, version, err)
+			return &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+		}
+	}
+	return nil
 }
 
 // replaceAll records a state-of-the-world response: it replaces all

@@ -110,13 +110,20 @@ var (
 	envPilotEnableCACRL             = setting(asBool, "PILOT_ENABLE_CA_CRL", true, svcSDS, "serve the CA's CRL (./var/run/secrets/istio/crl) with the roots")
 
 	// The XDS proxy.
-	envXDSRootCA             = setting(asText("path or SYSTEM"), "XDS_ROOT_CA", "", svcXDS, "the roots verifying istiod (else ./etc/certs, PROV_CERT, the CA root)")
-	envXDSHeader             = prefix("XDS_HEADER_", "string", svcXDS, "gRPC headers on the upstream xDS stream, one per variable")
-	envGRPCKeepaliveInterval = setting(asDuration, "GRPC_KEEPALIVE_INTERVAL", 30*time.Second, svcXDS, "keepalive pings on the upstream stream")
-	envGRPCKeepaliveTimeout  = setting(asDuration, "GRPC_KEEPALIVE_TIMEOUT", 10*time.Second, svcXDS, "keepalive ping timeout")
-	envProxyConfigXDSAgent   = setting(asBool, "PROXY_CONFIG_XDS_AGENT", false, svcXDS, "ask istiod for ProxyConfig (its caCertificatesPem)")
-	envXDSOfflineCache       = setting(asBool, "XDS_OFFLINE_CACHE", true, svcXDS, "ours: keep Envoy's last ACKed config and serve it while istiod is away")
-	envGRPCXDSBootstrap      = setting(asText("path"), "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", svcXDS, "where proxyless gRPC's bootstrap is written")
+	envXDSRootCA                = setting(asText("path or SYSTEM"), "XDS_ROOT_CA", "", svcXDS, "the roots verifying istiod (else ./etc/certs, PROV_CERT, the CA root)")
+	envXDSHeader                = prefix("XDS_HEADER_", "string", svcXDS, "gRPC headers on the upstream xDS stream, one per variable")
+	envGRPCKeepaliveInterval    = setting(asDuration, "GRPC_KEEPALIVE_INTERVAL", 30*time.Second, svcXDS, "keepalive pings on the upstream stream")
+	envGRPCKeepaliveTimeout     = setting(asDuration, "GRPC_KEEPALIVE_TIMEOUT", 10*time.Second, svcXDS, "keepalive ping timeout")
+	envProxyConfigXDSAgent      = setting(asBool, "PROXY_CONFIG_XDS_AGENT", false, svcXDS, "ask istiod for ProxyConfig (its caCertificatesPem)")
+	envXDSOfflineCache          = setting(asBool, "XDS_OFFLINE_CACHE", true, svcXDS, "ours: keep Envoy's last ACKed config and serve it while istiod is away")
+	envGRPCXDSBootstrap         = setting(asText("path"), "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", svcXDS, "where proxyless gRPC's bootstrap is written")
+	envWasmRemoteLoadConversion = setting(asBool, "ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", true, svcXDS, "fetch the remote Wasm modules of ECDS resources into ./var/lib/istio/data and give Envoy the local file")
+	envWasmInsecureRegistries   = setting(asText("host list or *"), "WASM_INSECURE_REGISTRIES", "", svcXDS, "registries and HTTPS servers of Wasm modules fetched without verifying their certificate (or over plain HTTP)")
+	envWasmModuleExpiry         = setting(asDuration, "WASM_MODULE_EXPIRY", 24*time.Hour, svcXDS, "a cached Wasm module unused for this long is removed")
+	envWasmPurgeInterval        = setting(asDuration, "WASM_PURGE_INTERVAL", time.Hour, svcXDS, "how often expired Wasm modules are removed")
+	envWasmHTTPRequestTimeout   = setting(asDuration, "WASM_HTTP_REQUEST_TIMEOUT", 15*time.Second, svcXDS, "timeout of each HTTP(S) request for a Wasm module")
+	envWasmHTTPRequestRetries   = setting(asCount, "WASM_HTTP_REQUEST_MAX_RETRIES", 5, svcXDS, "attempts of an HTTP(S) Wasm module fetch")
+	envWasmMaxBinarySize        = setting(asCount, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", 256<<20, svcXDS, "the largest Wasm module fetched (256 MiB)")
 
 	// The DNS proxy.
 	envIstioMetaDNSCapture      = setting(asBool, "ISTIO_META_DNS_CAPTURE", false, svcDNS+", "+svcCapture, "the DNS proxy on, and DNS redirected to it (sidecars)")

@@ -122,6 +122,13 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		eff(envProxyConfigXDSAgent, x.ProxyConfigXDS),
 		eff(envXDSOfflineCache, x.OfflineCache),
 		eff(envGRPCXDSBootstrap, rel(x.GRPCBootstrap.Path)),
+		eff(envWasmRemoteLoadConversion, x.Wasm.Dir != ""),
+		eff(envWasmInsecureRegistries, strings.Join(x.Wasm.InsecureRegistries, ",")),
+		eff(envWasmModuleExpiry, x.Wasm.ModuleExpiry),
+		eff(envWasmPurgeInterval, x.Wasm.PurgeInterval),
+		eff(envWasmHTTPRequestTimeout, x.Wasm.HTTPRequestTimeout),
+		eff(envWasmHTTPRequestRetries, x.Wasm.HTTPRequestMaxRetries),
+		eff(envWasmMaxBinarySize, int(x.Wasm.MaxModuleBytes)),
 
 		eff(envIstioMetaDNSCapture, tc.DNS != nil),
 		eff(envIstioMetaEnableDNSServer, tc.DNS != nil),

@@ -34,6 +34,7 @@ const (
 	credentialSocket      = "./var/run/secrets/credential-uds/socket"       // an external credential SDS server
 	credentialFilesSocket = "./var/run/secrets/credential-uds/files-socket" // ours, files only, beside an external SDS server
 	xdsCacheFile          = "xds-cache.pb"                                  // <configPath>/xds-cache.pb: the last-known-good xDS configuration
+	wasmModuleDir         = "./var/lib/istio/data"                          // fetched Wasm modules (Istio's constants.IstioDataDir)
 	RootLockFile          = "meshagent.lock"                                // <configPath>/meshagent.lock: one agent per root (cmd's rootlock.go)
 	etcCertsDir           = "./etc/certs"                                   // file-mounted certificates, OUTPUT_CERTS on VMs
 	workloadCredsDir      = "./var/run/secrets/workload-spiffe-credentials" // file-mounted certificates (SPIFFE layout)

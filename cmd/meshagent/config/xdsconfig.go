@@ -2,12 +2,14 @@ package config
 
 import (
 	"path/filepath"
+	"strings"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy"
+	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
 // xdsInputs are what the XDS proxy's config is built from besides the
@@ -70,6 +72,8 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 		c.CacheFile = Rooted(in.root, filepath.Join(pc.ConfigPath, xdsCacheFile))
 	}
 
+	c.Wasm = wasmConfig(r, in.root)
+
 	c.GRPCBootstrap.Path = Rooted(in.root, get(r, envGRPCXDSBootstrap))
 	node, err := b.Node()
 	if err != nil {
@@ -109,4 +113,23 @@ func xdsRoots(r envReader, in xdsInputs) (xdsproxy.ControlPlaneRootsSource, stri
 		return xdsproxy.RootsCertBundle, ""
 	}
 	return xdsproxy.RootsFile, Rooted(in.root, caRootCertFile)
+}
+
+// wasmConfig is the Wasm module fetch of ECDS resources, from Istio's
+// variables (pilot-agent's options.go, pilot/pkg/features): the modules
+// live in Istio's data directory; the conversion off leaves Dir empty.
+func wasmConfig(r envReader, root string) wasm.Config {
+	var c wasm.Config
+	if get(r, envWasmRemoteLoadConversion) {
+		c.Dir = Rooted(root, wasmModuleDir)
+	}
+	if v := get(r, envWasmInsecureRegistries); v != "" {
+		c.InsecureRegistries = strings.Split(v, ",")
+	}
+	c.ModuleExpiry = get(r, envWasmModuleExpiry)
+	c.PurgeInterval = get(r, envWasmPurgeInterval)
+	c.HTTPRequestTimeout = get(r, envWasmHTTPRequestTimeout)
+	c.HTTPRequestMaxRetries = get(r, envWasmHTTPRequestRetries)
+	c.MaxModuleBytes = int64(get(r, envWasmMaxBinarySize))
+	return c
 }

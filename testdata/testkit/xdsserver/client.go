@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +49,8 @@ type Client struct {
 	// names: State of the World, the names Subscribe asked for, by type:
 	// Envoy repeats them in every request of the type, ACKs included.
 	names map[string][]string
+	// kept: type → name → resource, for the types of ClientOptions.Keep.
+	kept map[string]map[string]*anypb.Any
 }
 
 // ClientOptions configure a Client.
@@ -64,6 +67,12 @@ type ClientOptions struct {
 	ReconnectDelay time.Duration
 	// DialOptions replace the default (plaintext).
 	DialOptions []grpc.DialOption
+	// Keep: the types whose resources the client keeps (Kept), besides
+	// their names and versions.
+	Keep []string
+	// Files is where the client finds the Wasm modules its resources name
+	// (CheckWasm).
+	Files FileRoot
 }
 
 // State is what the client holds and has seen.
@@ -113,6 +122,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		opts: opts, conn: conn, cancel: cancel, done: make(chan struct{}), gateOpen: open,
 		state:     testkit.NewObserved(State{Versions: map[string]string{}, Counts: map[string]int{}, Responses: map[string]int{}, Nonces: map[string]string{}}, State.clone),
 		resources: map[string]map[string]string{}, lastNonce: map[string]string{}, names: map[string][]string{},
+		kept: map[string]map[string]*anypb.Any{},
 	}
 	go c.run(ctx)
 	return c, nil
@@ -134,6 +144,13 @@ func (c *Client) Resources(typeURL string) map[string]string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.resources[typeURL])
+}
+
+// Kept returns the resources held for a type of ClientOptions.Keep.
+func (c *Client) Kept(typeURL string) map[string]*anypb.Any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.kept[typeURL])
 }
 
 // WaitFor waits until cond holds, or ctx ends.
@@ -296,10 +313,14 @@ func (c *Client) sendLocked(m proto.Message) error {
 	return c.send(m)
 }
 
-// decode checks a resource as Envoy would: it must decode as its type.
-func decode(a *anypb.Any) (string, error) {
+// decode checks a resource as Envoy would: it must decode as its type,
+// and its Wasm code be a local module (CheckWasm).
+func decode(a *anypb.Any, files FileRoot) (string, error) {
 	m, err := a.UnmarshalNew()
 	if err != nil {
+		return "", err
+	}
+	if err := CheckWasm(a, files); err != nil {
 		return "", err
 	}
 	if n, ok := m.(interface{ GetName() string }); ok && n.GetName() != "" {
@@ -314,17 +335,22 @@ func decode(a *anypb.Any) (string, error) {
 func (c *Client) applySotW(r *discoveryv3.DiscoveryResponse) proto.Message {
 	t := r.GetTypeUrl()
 	held := make(map[string]string, len(r.GetResources()))
+	bodies := map[string]*anypb.Any{}
 	var bad error
 	for _, a := range r.GetResources() {
-		name, err := decode(a)
+		name, err := decode(a, c.opts.Files)
 		if err != nil {
 			bad = err
 			break
 		}
 		held[name] = r.GetVersionInfo()
+		bodies[name] = a
 	}
 	detail, version := c.record(t, r.GetNonce(), bad, func(s *State) {
 		c.resources[t] = held
+		if slices.Contains(c.opts.Keep, t) {
+			c.kept[t] = bodies
+		}
 		s.Versions[t], s.Counts[t] = r.GetVersionInfo(), len(held)
 	})
 	c.mu.Lock()
@@ -335,18 +361,21 @@ func (c *Client) applySotW(r *discoveryv3.DiscoveryResponse) proto.Message {
 
 func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message {
 	t := r.GetTypeUrl()
-	type upd struct{ name, version string }
+	type upd struct {
+		name, version string
+		body          *anypb.Any
+	}
 	var ups []upd
 	var bad error
 	for _, res := range r.GetResources() {
 		if res.GetResource() == nil {
 			continue
 		}
-		if _, err := decode(res.GetResource()); err != nil {
+		if _, err := decode(res.GetResource(), c.opts.Files); err != nil {
 			bad = err
 			break
 		}
-		ups = append(ups, upd{res.GetName(), res.GetVersion()})
+		ups = append(ups, upd{res.GetName(), res.GetVersion(), res.GetResource()})
 	}
 	detail, _ := c.record(t, r.GetNonce(), bad, func(s *State) {
 		held := c.resources[t]
@@ -354,11 +383,19 @@ func (c *Client) applyDelta(r *discoveryv3.DeltaDiscoveryResponse) proto.Message
 			held = map[string]string{}
 			c.resources[t] = held
 		}
+		keep := slices.Contains(c.opts.Keep, t)
+		if keep && c.kept[t] == nil {
+			c.kept[t] = map[string]*anypb.Any{}
+		}
 		for _, u := range ups {
 			held[u.name] = u.version
+			if keep {
+				c.kept[t][u.name] = u.body
+			}
 		}
 		for _, n := range r.GetRemovedResources() {
 			delete(held, n)
+			delete(c.kept[t], n)
 		}
 		s.Versions[t], s.Counts[t] = r.GetSystemVersionInfo(), len(held)
 	})
