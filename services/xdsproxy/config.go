@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 )
 
 // Name is the service's name in logs, metrics, health and /debug/tree.
@@ -183,7 +184,7 @@ type Config struct {
 
 	// GRPCBootstrap, when its Path is set, is written when Serve starts
 	// (GRPC_XDS_BOOTSTRAP): the bootstrap proxyless gRPC clients read.
-	GRPCBootstrap GRPCBootstrap
+	GRPCBootstrap grpcbootstrap.Config
 
 	// StopTimeout bounds the graceful stop at shutdown before open streams
 	// are cut (default 5s).
@@ -289,7 +290,7 @@ func (c Config) Validate() error {
 	if c.CacheFile != "" && !filepath.IsAbs(c.CacheFile) {
 		return bad("CacheFile %q must be an absolute path", c.CacheFile)
 	}
-	if err := c.GRPCBootstrap.validate(); err != nil {
+	if err := c.GRPCBootstrap.Validate(); err != nil {
 		return bad("%v", err)
 	}
 	return nil

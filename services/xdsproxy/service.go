@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 )
 
 // Inputs are what the proxy reads.
@@ -126,7 +127,7 @@ func (s *Service) String() string { return Name }
 func (s *Service) Serve(ctx context.Context) error {
 	s.health.Report(messages.Starting, "opening the XDS socket")
 	if s.cfg.GRPCBootstrap.Path != "" {
-		if err := WriteGRPCBootstrap(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
+		if err := grpcbootstrap.Write(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
 			return err
 		}
 	}
