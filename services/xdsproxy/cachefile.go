@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // The cache file: the last-known-good configuration, so that an agent that
@@ -96,10 +97,10 @@ func namesSize(e *namesEntry) int {
 // numbers here are all below 16: a one-byte tag).
 func fieldSize(n int) int64 { return int64(1 + protowire.SizeVarint(uint64(n)) + n) }
 
-func entrySize(typeURL, version string, sotw body, delta map[string]deltaRes) int {
+func entrySize(typeURL, version string, sotw rawxds.Body, delta map[string]deltaRes) int {
 	n := int(fieldSize(len(typeURL)) + fieldSize(len(version)))
 	if sotw != nil {
-		n += int(fieldSize(sotw.len()))
+		n += int(fieldSize(sotw.Len()))
 	}
 	for _, r := range delta {
 		n += int(fieldSize(len(r.b)))
@@ -126,14 +127,14 @@ func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
 	out := &cacheWriter{w: io.MultiWriter(w, sum)}
 	out.raw([]byte(cacheMagic))
 	out.field(1, encodeHeader(h, s.mode))
-	entry := func(typeURL, version string, sotw body, delta map[string]deltaRes) {
+	entry := func(typeURL, version string, sotw rawxds.Body, delta map[string]deltaRes) {
 		out.tag(2, entrySize(typeURL, version, sotw, delta))
 		out.field(1, []byte(typeURL))
 		out.field(2, []byte(version))
 		if sotw != nil {
 			// The response's pieces as received: the same bytes as one
 			// field, without joining them first.
-			out.tag(3, sotw.len())
+			out.tag(3, sotw.Len())
 			for _, p := range sotw {
 				out.raw(p)
 			}
@@ -198,23 +199,23 @@ func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
 	}
 	p := body[len(cacheMagic):]
 	seenHeader := false
-	for fd, err := range fields(p, protowire.BytesType) {
+	for fd, err := range rawxds.Fields(p, protowire.BytesType) {
 		if err != nil {
 			return h, s, fmt.Errorf("%w: malformed payload", errCacheFile)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case 1:
 			seenHeader = true
-			h.nodeID = firstString(fd.v, 1)
-			h.address = firstString(fd.v, 2)
-			h.mode = cacheMode(firstVarint(fd.v, 3))
-			h.written = time.Unix(0, int64(firstVarint(fd.v, 4)))
+			h.nodeID = rawxds.FirstString(fd.V, 1)
+			h.address = rawxds.FirstString(fd.V, 2)
+			h.mode = cacheMode(rawxds.FirstVarint(fd.V, 3))
+			h.written = time.Unix(0, int64(rawxds.FirstVarint(fd.V, 4)))
 		case 2:
-			if err := decodeEntry(fd.v, h.mode, &s); err != nil {
+			if err := decodeEntry(fd.V, h.mode, &s); err != nil {
 				return h, s, err
 			}
 		case 3:
-			s.names = &namesEntry{version: firstString(fd.v, 1), b: []byte(firstString(fd.v, 2))}
+			s.names = &namesEntry{version: rawxds.FirstString(fd.V, 1), b: []byte(rawxds.FirstString(fd.V, 2))}
 		}
 	}
 	if !seenHeader || h.mode > modeDelta {
@@ -228,23 +229,23 @@ func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
 	var typeURL, version string
 	var sotwBody []byte
 	res := map[string]deltaRes{}
-	for fd, err := range fields(e, protowire.BytesType) {
+	for fd, err := range rawxds.Fields(e, protowire.BytesType) {
 		if err != nil {
 			return fmt.Errorf("%w: malformed entry", errCacheFile)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case 1:
-			typeURL = string(fd.v)
+			typeURL = string(fd.V)
 		case 2:
-			version = string(fd.v)
+			version = string(fd.V)
 		case 3:
-			sotwBody = bytes.Clone(fd.v)
+			sotwBody = bytes.Clone(fd.V)
 		case 4:
-			info, err := scanResource(fd.v)
+			info, err := rawxds.ScanResource(fd.V)
 			if err != nil {
 				return fmt.Errorf("%w: %s: %v", errCacheFile, typeURL, err)
 			}
-			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(fd.v)}
+			res[info.Name] = deltaRes{version: info.Version, b: bytes.Clone(fd.V)}
 		}
 	}
 	if typeURL == "" {
@@ -252,11 +253,11 @@ func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
 	}
 	switch mode {
 	case modeSotW:
-		f := frame{body: body{sotwBody}}
-		if err := f.scan(); err != nil || f.typeURL != typeURL {
+		f := rawxds.Frame{Body: rawxds.Body{sotwBody}}
+		if err := f.Scan(); err != nil || f.TypeURL != typeURL {
 			return fmt.Errorf("%w: %s: bad response", errCacheFile, typeURL)
 		}
-		s.sotw[typeURL] = sotwEntry{b: body{sotwBody}, version: version}
+		s.sotw[typeURL] = sotwEntry{b: rawxds.Body{sotwBody}, version: version}
 	case modeDelta:
 		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
 	}

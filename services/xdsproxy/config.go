@@ -8,7 +8,7 @@
 //     DNS name table (NDS), the ProxyConfig's extra trust anchors, and the
 //     VM workload's health, reported upstream;
 //   - responses are forwarded as the raw bytes the control plane sent
-//     (codec.go): only the type URL and nonce are read from them;
+//     (package rawxds): only the type URL and nonce are read from them;
 //   - the configuration Envoy last acknowledged is kept, in memory and in a
 //     file, and served to an Envoy that connects while the control plane
 //     cannot be reached (lkg.go, offline.go), which no peer does;

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"maps"
 	"sort"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // The last-known-good configuration: what Envoy last acknowledged, per type
@@ -35,7 +37,7 @@ func (m cacheMode) String() string {
 }
 
 type sotwEntry struct {
-	b       body // the response as the control plane sent it (the frame's pieces)
+	b       rawxds.Body // the response as the control plane sent it (the frame's pieces)
 	version string
 }
 
@@ -139,12 +141,12 @@ func (c *lkg) checkSize() {
 }
 
 // putSotW records a State of the World response Envoy ACKed.
-func (c *lkg) putSotW(typeURL string, b body, version string) {
+func (c *lkg) putSotW(typeURL string, b rawxds.Body, version string) {
 	if c.disabled != "" {
 		return
 	}
 	c.setMode(modeSotW)
-	c.size += int64(b.len()) - int64(c.sotw[typeURL].b.len())
+	c.size += int64(b.Len()) - int64(c.sotw[typeURL].b.Len())
 	c.sotw[typeURL] = sotwEntry{b: b, version: version}
 	c.checkSize()
 	c.changed()
@@ -176,8 +178,8 @@ func (c *lkg) startDelta(typeURL string, initial map[string]string) {
 }
 
 // applyDelta records a Delta response Envoy ACKed.
-func (c *lkg) applyDelta(typeURL string, f *frame) {
-	parts, err := splitDelta(f.body, f.resources)
+func (c *lkg) applyDelta(typeURL string, f *rawxds.Frame) {
+	parts, err := rawxds.SplitDelta(f.Body, f.Resources)
 	if c.disabled != "" {
 		return
 	}
@@ -187,29 +189,29 @@ func (c *lkg) applyDelta(typeURL string, f *frame) {
 		c.markIncomplete(typeURL, e, err.Error())
 		return
 	}
-	for _, raw := range parts.resources {
-		info, err := scanResource(raw)
+	for _, raw := range parts.Resources {
+		info, err := rawxds.ScanResource(raw)
 		if err != nil {
 			c.markIncomplete(typeURL, e, err.Error())
 			return
 		}
-		if !info.hasBody {
+		if !info.HasBody {
 			continue // a TTL heartbeat: nothing changes
 		}
-		c.removeRes(e, info.name)
-		if info.noCache {
+		c.removeRes(e, info.Name)
+		if info.NoCache {
 			// do_not_cache: "xDS proxies may not cache this resource";
 			// a TTL'd resource would be served past its life.
 			continue
 		}
-		e.res[info.name] = deltaRes{version: info.version, b: raw}
+		e.res[info.Name] = deltaRes{version: info.Version, b: raw}
 		e.size += int64(len(raw))
 		c.size += int64(len(raw))
 	}
-	for _, name := range parts.removed {
+	for _, name := range parts.Removed {
 		c.removeRes(e, name)
 	}
-	e.version = f.version
+	e.version = f.Version
 	c.checkSize()
 }
 
@@ -339,7 +341,7 @@ func (c *lkg) restore(s cacheSnapshot) {
 	}
 	for t, e := range s.sotw {
 		c.sotw[t] = e
-		c.size += int64(e.b.len())
+		c.size += int64(e.b.Len())
 	}
 	for t, d := range s.delta {
 		e := &deltaEntry{res: d.res, version: d.version}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // The proxy's state (proxyState) has one owner: a goroutine that Serve runs
@@ -42,11 +43,11 @@ type message struct {
 	// The stream's messages: which stream, when it happened, and what.
 	st      proxyStream
 	now     time.Time
-	typeURL string // msgSendStart (the type asked for, if any), msgAnswered
-	f       *frame // msgSending
-	req     any    // msgObserved: Envoy's request, the stream's R
-	record  bool   // msgObserved
-	seq     uint64 // msgObserved: the request's number (outgoing.seq)
+	typeURL string        // msgSendStart (the type asked for, if any), msgAnswered
+	f       *rawxds.Frame // msgSending
+	req     any           // msgObserved: Envoy's request, the stream's R
+	record  bool          // msgObserved
+	seq     uint64        // msgObserved: the request's number (outgoing.seq)
 }
 
 type msgKind uint8
@@ -159,7 +160,7 @@ type proxyStream interface {
 	redial()
 	// observe, tracked and stall apply the stream's messages.
 	observe(s *proxyState, now time.Time, req any, record bool, seq uint64)
-	tracked(s *proxyState, now time.Time, f *frame)
+	tracked(s *proxyState, now time.Time, f *rawxds.Frame)
 	stall() *stallWatch
 }
 
@@ -274,7 +275,7 @@ func (o *owner) ack(typeURL, version string) {
 }
 
 // sentCached: a response from the cache is on its way to Envoy.
-func (o *owner) sentCached(f *frame) {
+func (o *owner) sentCached(f *rawxds.Frame) {
 	now := o.clock.Now()
 	o.post(func(s *proxyState) { s.sent(now, f) })
 }
@@ -400,11 +401,11 @@ func (st *stream[R]) health(h messages.WorkloadHealth) {
 }
 
 // sending: response f is on its way to Envoy.
-func (st *stream[R]) sending(f *frame) {
+func (st *stream[R]) sending(f *rawxds.Frame) {
 	st.own.send(message{kind: msgSending, st: st, now: st.own.clock.Now(), f: f})
 }
 
-func (st *stream[R]) tracked(s *proxyState, now time.Time, f *frame) {
+func (st *stream[R]) tracked(s *proxyState, now time.Time, f *rawxds.Frame) {
 	st.owned.tr.sending(f, s.cache)
 	s.sent(now, f)
 }
@@ -417,15 +418,15 @@ func (st *stream[R]) probeRequest() R {
 }
 
 // replay answers, from the cache, every type Envoy asked for so far.
-func (st *stream[R]) replay() []*frame {
-	var out []*frame
+func (st *stream[R]) replay() []*rawxds.Frame {
+	var out []*rawxds.Frame
 	st.own.ask(func(s *proxyState) { out = st.owned.tr.replay(s.cache) })
 	return out
 }
 
 // answer answers one more of Envoy's requests from the cache.
-func (st *stream[R]) answer(req R) []*frame {
-	var out []*frame
+func (st *stream[R]) answer(req R) []*rawxds.Frame {
+	var out []*rawxds.Frame
 	st.own.ask(func(s *proxyState) { out = st.owned.tr.answer(req, s.cache) })
 	return out
 }

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // What differs between State of the World (sotw.go) and Delta (delta.go):
@@ -71,7 +73,7 @@ type protocol[R request] interface {
 	agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) R
 	// agentResource decodes a response of an agent type: its first
 	// resource and version (errEmptyResource when it has none).
-	agentResource(f *frame) (*anypb.Any, string, error)
+	agentResource(f *rawxds.Frame) (*anypb.Any, string, error)
 	// awaitsAnswer: a control plane must answer req (the stall rule).
 	awaitsAnswer(req R) bool
 	// afterCache is what reaches the control plane of Envoy's request req,
@@ -97,13 +99,13 @@ type tracker[R request] interface {
 	// observe tracks Envoy's subscriptions and ACKs (feeding the cache when
 	// record is set); sending tracks a response about to reach Envoy.
 	observe(req R, record bool, cache *lkg) reqInfo
-	sending(f *frame, cache *lkg)
+	sending(f *rawxds.Frame, cache *lkg)
 	// probeRequest is Envoy's first request, as a fresh subscription.
 	probeRequest() R
 	// replay answers, from the cache, every type Envoy asked for so far;
 	// answer answers one more request.
-	replay(cache *lkg) []*frame
-	answer(req R, cache *lkg) []*frame
+	replay(cache *lkg) []*rawxds.Frame
+	answer(req R, cache *lkg) []*rawxds.Frame
 	// resubscribe is what Envoy would send first on a new stream, holding
 	// what it was sent on this one: the stream moves from the cache to
 	// the control plane (reattach.go).

@@ -15,6 +15,8 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // pushDiff is what a stream last sent Envoy, per type: each resource's name
@@ -25,7 +27,7 @@ type pushDiff struct {
 
 // logPushDiff logs, at debug level, what response f changes of what the
 // stream last sent Envoy.
-func (st *stream[R]) logPushDiff(f *frame) {
+func (st *stream[R]) logPushDiff(f *rawxds.Frame) {
 	if !st.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
@@ -34,21 +36,21 @@ func (st *stream[R]) logPushDiff(f *frame) {
 	}
 	added, removed, changed, err := st.diff.apply(f, st.pr.mode() == modeDelta)
 	if err != nil {
-		st.log.Debug("push diff: response not decoded", "type_url", f.typeURL, "error", err)
+		st.log.Debug("push diff: response not decoded", "type_url", f.TypeURL, "error", err)
 		return
 	}
-	st.log.Debug("push", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce,
+	st.log.Debug("push", "type_url", f.TypeURL, "version", f.Version, "nonce", f.Nonce,
 		"added", added, "removed", removed, "changed", changed)
 }
 
 // apply records response f and returns the names it added, removed and
 // changed, sorted. A SotW response of CDS or LDS is the whole set (names it
 // lacks are removed); of other types it names the resources it carries.
-func (d *pushDiff) apply(f *frame, delta bool) (added, removed, changed []string, err error) {
-	held := d.held[f.typeURL]
+func (d *pushDiff) apply(f *rawxds.Frame, delta bool) (added, removed, changed []string, err error) {
+	held := d.held[f.TypeURL]
 	if held == nil {
 		held = map[string][32]byte{}
-		d.held[f.typeURL] = held
+		d.held[f.TypeURL] = held
 	}
 	seen := map[string]bool{}
 	put := func(name string, b []byte) {
@@ -65,7 +67,7 @@ func (d *pushDiff) apply(f *frame, delta bool) (added, removed, changed []string
 	}
 	if delta {
 		r := &discoveryv3.DeltaDiscoveryResponse{}
-		if err := proto.Unmarshal(f.body.bytes(), r); err != nil {
+		if err := proto.Unmarshal(f.Body.Bytes(), r); err != nil {
 			return nil, nil, nil, err
 		}
 		for _, res := range r.GetResources() {
@@ -79,13 +81,13 @@ func (d *pushDiff) apply(f *frame, delta bool) (added, removed, changed []string
 		}
 	} else {
 		r := &discoveryv3.DiscoveryResponse{}
-		if err := proto.Unmarshal(f.body.bytes(), r); err != nil {
+		if err := proto.Unmarshal(f.Body.Bytes(), r); err != nil {
 			return nil, nil, nil, err
 		}
 		for _, a := range r.GetResources() {
 			put(resourceNameOf(a), a.GetValue())
 		}
-		if f.typeURL == clusterType || f.typeURL == listenerType {
+		if f.TypeURL == clusterType || f.TypeURL == listenerType {
 			for name := range held {
 				if !seen[name] {
 					removed = append(removed, name)

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
 	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // Inputs are what the proxy reads.
@@ -55,7 +56,7 @@ type Service struct {
 	clock  messages.Clock
 	log    *slog.Logger
 	m      *metrics
-	codec  rawCodec
+	codec  rawxds.Codec
 	// state is what the streams share; while Serve runs, its owner
 	// goroutine alone touches it (owner.go), and it carries over to the
 	// next run.
@@ -110,7 +111,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		return nil, fmt.Errorf("%w: Inputs.Certs is nil but the configuration needs the certificate bundle (Roots=%s, ClientCertificate=%t)",
 			ErrBadConfig, cfg.Roots, cfg.ClientCertificate)
 	}
-	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
+	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: rawxds.NewCodec()}
 	s.state = newProxyState(cfg, rt.Log, s.m, rt.Health, out.State)
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // proxyState is everything the proxy knows that more than one goroutine
@@ -180,13 +181,13 @@ func (p *proxyState) ack(now time.Time, typeURL, version string) {
 
 // sent records a response on its way to Envoy (issue 22: what the control
 // plane last sent, for proxy-status).
-func (p *proxyState) sent(now time.Time, f *frame) {
-	if typeLabel(f.typeURL) == "other" {
+func (p *proxyState) sent(now time.Time, f *rawxds.Frame) {
+	if typeLabel(f.TypeURL) == "other" {
 		return // a type URL nobody knows must not grow the state
 	}
-	t := p.status.state.Types[f.typeURL]
-	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.version, f.nonce, f.resources, now
-	p.status.state.Types[f.typeURL] = t
+	t := p.status.state.Types[f.TypeURL]
+	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.Version, f.Nonce, f.Resources, now
+	p.status.state.Types[f.TypeURL] = t
 	p.publishState()
 }
 
