@@ -11,9 +11,13 @@
 //     (package rawxds): only the type URL and nonce are read from them;
 //   - the configuration Envoy last acknowledged is kept, in memory and in a
 //     file, and served to an Envoy that connects while the control plane
-//     cannot be reached (lkg.go, offline.go), which no peer does;
+//     cannot be reached (package lkg, offline.go), which no peer does;
 //   - new trust roots end the upstream stream, which is dialled again with
 //     them, instead of restarting anything (roots.go, #26).
+//
+// What stands alone is a package of its own (#34): rawxds, the wire format
+// of the responses it forwards undecoded; lkg, the last-known-good cache
+// and its file; grpcbootstrap, the bootstrap file proxyless gRPC reads.
 package xdsproxy
 
 import (

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -53,8 +54,8 @@ func (delta) newTracker(id uint64) tracker[*discoveryv3.DeltaDiscoveryRequest] {
 		started: map[string]bool{}, served: map[string]bool{}}
 }
 
-func (delta) mode() cacheMode { return modeDelta }
-func (delta) method() string  { return methodDelta }
+func (delta) mode() lkg.Mode { return lkg.ModeDelta }
+func (delta) method() string { return methodDelta }
 
 func (delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return new(discoveryv3.DeltaDiscoveryRequest)
@@ -81,7 +82,7 @@ func (delta) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	return res.GetResource(), version, nil
 }
 
-func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg) reqInfo {
+func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
 		x.record = record
@@ -140,9 +141,9 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 			if record {
 				if !x.started[t] {
 					x.started[t] = true
-					cache.startDelta(t, sub.initial)
+					cache.StartDelta(t, sub.initial)
 				}
-				cache.applyDelta(t, f)
+				cache.ApplyDelta(t, f)
 			}
 		}
 		break
@@ -150,13 +151,13 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 	return info
 }
 
-func (x *deltaTracker) sending(f *rawxds.Frame, cache *lkg) {
+func (x *deltaTracker) sending(f *rawxds.Frame, cache *lkg.Cache) {
 	list := append(x.pending[f.TypeURL], f)
 	if len(list) > maxPendingDelta {
 		list[0] = nil
 		list = list[1:]
 		if x.record {
-			cache.dropDelta(f.TypeURL, "Envoy left too many responses unacknowledged")
+			cache.DropDelta(f.TypeURL, "Envoy left too many responses unacknowledged")
 		}
 	}
 	x.pending[f.TypeURL] = list
@@ -176,7 +177,7 @@ func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return r
 }
 
-func (x *deltaTracker) replay(cache *lkg) []*rawxds.Frame {
+func (x *deltaTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
 	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerFirst(cache, t)...)
@@ -187,7 +188,7 @@ func (x *deltaTracker) replay(cache *lkg) []*rawxds.Frame {
 // answer serves a request from the cache: the whole subscription the
 // first time a type is asked for, then what each new subscription adds.
 // ACKs and NACKs of what was served are consumed.
-func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg) []*rawxds.Frame {
+func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if !x.served[t] {
 		return x.answerFirst(cache, t)
@@ -195,7 +196,7 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 	if len(req.GetResourceNamesSubscribe()) == 0 || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := cache.getDelta(t)
+	res, version, ok := cache.Delta(t)
 	if !ok {
 		return nil
 	}
@@ -211,19 +212,19 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 	return []*rawxds.Frame{x.cachedFrame(t, version, res, names)}
 }
 
-func (x *deltaTracker) answerFirst(cache *lkg, t string) []*rawxds.Frame {
+func (x *deltaTracker) answerFirst(cache *lkg.Cache, t string) []*rawxds.Frame {
 	sub := x.subs[t]
 	if sub == nil || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := cache.getDelta(t)
+	res, version, ok := cache.Delta(t)
 	if !ok {
 		return nil
 	}
 	x.served[t] = true
 	names := make([]string, 0, len(res))
 	for n, r := range res {
-		if (sub.wildcard || sub.names[n]) && sub.initial[n] != r.version {
+		if (sub.wildcard || sub.names[n]) && sub.initial[n] != r.Version {
 			names = append(names, n)
 		}
 	}
@@ -235,14 +236,14 @@ func (x *deltaTracker) answerFirst(cache *lkg, t string) []*rawxds.Frame {
 
 // cachedFrame is the cache's response of type t with the resources names
 // of res, which Envoy holds from then on (deltaSub.held).
-func (x *deltaTracker) cachedFrame(t, version string, res map[string]deltaRes, names []string) *rawxds.Frame {
+func (x *deltaTracker) cachedFrame(t, version string, res map[string]lkg.DeltaRes, names []string) *rawxds.Frame {
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
 	pick := make([][]byte, 0, len(names))
 	sub := x.subs[t]
 	for _, n := range names {
-		pick = append(pick, res[n].b)
-		sub.held[n] = res[n].version
+		pick = append(pick, res[n].Resource)
+		sub.held[n] = res[n].Version
 	}
 	return &rawxds.Frame{Body: rawxds.Body{rawxds.DeltaResponse(t, version, nonce, pick)}, TypeURL: t, Nonce: nonce, Version: version, Resources: len(pick)}
 }

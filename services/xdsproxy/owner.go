@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -280,38 +281,38 @@ func (o *owner) sentCached(f *rawxds.Frame) {
 	o.post(func(s *proxyState) { s.sent(now, f) })
 }
 
-// The last-known-good configuration (lkg.go).
+// The last-known-good configuration (package lkg).
 
 // servable: which types the cache can serve on a stream of protocol m.
-func (o *owner) servable(m cacheMode) []string {
+func (o *owner) servable(m lkg.Mode) []string {
 	var types []string
-	o.ask(func(s *proxyState) { types = s.cache.servable(m) })
+	o.ask(func(s *proxyState) { types = s.cache.Servable(m) })
 	return types
 }
 
 // putNames records the name table the agent accepted.
 func (o *owner) putNames(b []byte, version string) {
-	o.post(func(s *proxyState) { s.cache.putNames(b, version) })
+	o.post(func(s *proxyState) { s.cache.PutNames(b, version) })
 }
 
 // cacheSnapshot is the cache's content now, for the writer.
-func (o *owner) cacheSnapshot() cacheSnapshot {
-	var snap cacheSnapshot
-	o.ask(func(s *proxyState) { snap = s.cache.snapshot() })
+func (o *owner) cacheSnapshot() lkg.Snapshot {
+	var snap lkg.Snapshot
+	o.ask(func(s *proxyState) { snap = s.cache.Snapshot() })
 	return snap
 }
 
 // cacheChanged is signalled after the cache changes. The channel is the
 // cache's, made with it and never replaced.
-func (o *owner) cacheChanged() <-chan struct{} { return o.state.cache.wake }
+func (o *owner) cacheChanged() <-chan struct{} { return o.state.cache.Wake() }
 
 // restore fills an empty cache from the file's snapshot, and says which
 // types it can serve then.
-func (o *owner) restore(snap cacheSnapshot) []string {
+func (o *owner) restore(snap lkg.Snapshot) []string {
 	var types []string
 	o.ask(func(s *proxyState) {
-		s.cache.restore(snap)
-		types = s.cache.servable(snap.mode)
+		s.cache.Restore(snap)
+		types = s.cache.Servable(snap.Mode)
 	})
 	return types
 }

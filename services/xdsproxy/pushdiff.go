@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -34,7 +35,7 @@ func (st *stream[R]) logPushDiff(f *rawxds.Frame) {
 	if st.diff == nil {
 		st.diff = &pushDiff{held: map[string]map[string][32]byte{}}
 	}
-	added, removed, changed, err := st.diff.apply(f, st.pr.mode() == modeDelta)
+	added, removed, changed, err := st.diff.apply(f, st.pr.mode() == lkg.ModeDelta)
 	if err != nil {
 		st.log.Debug("push diff: response not decoded", "type_url", f.TypeURL, "error", err)
 		return

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -38,8 +39,8 @@ func (sotw) newTracker(id uint64) tracker[*discoveryv3.DiscoveryRequest] {
 		versions: map[string]string{}}
 }
 
-func (sotw) mode() cacheMode { return modeSotW }
-func (sotw) method() string  { return methodSotW }
+func (sotw) mode() lkg.Mode { return lkg.ModeSotW }
+func (sotw) method() string { return methodSotW }
 
 func (sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
 
@@ -59,7 +60,7 @@ func (sotw) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	return r.GetResources()[0], r.GetVersionInfo(), nil
 }
 
-func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg) reqInfo {
+func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	}
@@ -75,14 +76,14 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 		if info.nack == "" {
 			info.acked, info.version = true, p.Version
 			if record {
-				cache.putSotW(t, p.Body, p.Version)
+				cache.PutSotW(t, p.Body, p.Version)
 			}
 		}
 	}
 	return info
 }
 
-func (x *sotwTracker) sending(f *rawxds.Frame, _ *lkg) {
+func (x *sotwTracker) sending(f *rawxds.Frame, _ *lkg.Cache) {
 	x.pending[f.TypeURL] = f
 }
 
@@ -98,7 +99,7 @@ func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {
 	return r
 }
 
-func (x *sotwTracker) replay(cache *lkg) []*rawxds.Frame {
+func (x *sotwTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
 	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerType(cache, t, x.names[t])...)
@@ -108,7 +109,7 @@ func (x *sotwTracker) replay(cache *lkg) []*rawxds.Frame {
 
 // answer serves a request from the cache, unless it only acknowledges
 // what was served (same names).
-func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg) []*rawxds.Frame {
+func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if prev, ok := x.served[t]; ok && slices.Equal(prev, req.GetResourceNames()) {
 		return nil
@@ -116,16 +117,16 @@ func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg) []*r
 	return x.answerType(cache, t, req.GetResourceNames())
 }
 
-func (x *sotwTracker) answerType(cache *lkg, t string, names []string) []*rawxds.Frame {
+func (x *sotwTracker) answerType(cache *lkg.Cache, t string, names []string) []*rawxds.Frame {
 	if !forwardable(t) {
 		return nil
 	}
-	e, ok := cache.getSotW(t)
+	e, ok := cache.SotW(t)
 	if !ok {
 		return nil
 	}
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.b, nonce), TypeURL: t, Nonce: nonce, Version: e.version}}
+	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.Response, nonce), TypeURL: t, Nonce: nonce, Version: e.Version}}
 }

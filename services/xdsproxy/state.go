@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -30,7 +31,7 @@ type proxyState struct {
 	cfg    Config // for describe and the address in messages
 
 	status upstreamStatus
-	cache  *lkg
+	cache  *lkg.Cache
 	// lastHealth is the workload's last health, resent on every new
 	// upstream stream (Istio does).
 	lastHealth *messages.WorkloadHealth
@@ -72,7 +73,7 @@ func newProxyState(cfg Config, log *slog.Logger, m *metrics, health *messages.Re
 		log: log, m: m, health: health, out: out, cfg: cfg,
 		status: upstreamStatus{state: messages.XDSState{Address: cfg.DiscoveryAddress, LastACK: map[string]string{},
 			Types: map[string]messages.XDSTypeState{}}},
-		cache: newLKG(cfg.CacheMaxBytes, log),
+		cache: lkg.New(cfg.CacheMaxBytes, log),
 	}
 }
 
