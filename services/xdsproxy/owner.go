@@ -6,6 +6,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // The proxy's state (proxyState) has one owner: a goroutine that Serve runs
@@ -74,13 +75,13 @@ func (m *message) apply(s *proxyState) {
 	case msgSendStart:
 		w := m.st.stall()
 		if m.typeURL != "" {
-			w.asked(m.now, m.typeURL)
+			w.Asked(m.now, m.typeURL)
 		}
-		w.sendStart(m.now)
+		w.SendStart(m.now)
 	case msgSendDone:
-		m.st.stall().sendDone(m.now)
+		m.st.stall().SendDone(m.now)
 	case msgAnswered:
-		m.st.stall().answered(m.now, m.typeURL)
+		m.st.stall().Answered(m.now, m.typeURL)
 	}
 }
 
@@ -162,7 +163,7 @@ type proxyStream interface {
 	// observe, tracked and stall apply the stream's messages.
 	observe(s *proxyState, now time.Time, req any, record bool, seq uint64)
 	tracked(s *proxyState, now time.Time, f *rawxds.Frame)
-	stall() *stallWatch
+	stall() *stallwatch.Watch
 }
 
 // register makes st, opened by p, the active stream, and the status
@@ -321,7 +322,7 @@ func (o *owner) restore(snap lkg.Snapshot) []string {
 // touches it, through the stream's methods below.
 type streamState[R request] struct {
 	tr    tracker[R]
-	stall *stallWatch
+	stall *stallwatch.Watch
 	// initialSent: the agent's own requests went out after Envoy's first
 	// LDS request.
 	initialSent bool
@@ -450,13 +451,13 @@ func (st *stream[R]) answered(typeURL string) {
 	st.own.send(message{kind: msgAnswered, st: st, now: st.own.clock.Now(), typeURL: typeURL})
 }
 
-func (st *stream[R]) stall() *stallWatch { return st.owned.stall }
+func (st *stream[R]) stall() *stallwatch.Watch { return st.owned.stall }
 
 // stalled is the stall error when requests have waited too long;
 // delivering: responses wait for Envoy.
 func (st *stream[R]) stalled(delivering bool) error {
 	now := st.own.clock.Now()
 	var err error
-	st.own.ask(func(*proxyState) { err = st.stall().stalled(now, delivering) })
+	st.own.ask(func(*proxyState) { err = st.stall().Stalled(now, delivering) })
 	return err
 }

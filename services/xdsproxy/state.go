@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // proxyState is everything the proxy knows that more than one goroutine
@@ -253,7 +254,7 @@ func (c Config) describe(err error) string {
 	if err == nil {
 		return ""
 	}
-	var stall *stallError
+	var stall *stallwatch.Error
 	if errors.As(err, &stall) {
 		return stall.Error()
 	}
