@@ -11,10 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 func main() {

@@ -26,18 +26,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/tree"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/pflag"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // confOutput is what one agent did with a case.
@@ -422,11 +424,11 @@ func configure(host config.Host, args []string) (*config.Agent, error) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
 	cfg, err := config.Build(config.Inputs{Flags: f, Args: fs.Args(), LogLevel: *level, LogAsJSON: *asJSON,
-		Version: e2ekit.E2EVersion, Host: host, Gatherer: reg, Problems: s.Problems, Log: log})
+		Version: e2ekit.E2EVersion, Host: host, Problems: s.Problems, Log: log})
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := tree.Build(cfg.Tree, reg, log, tree.Process{}); err != nil {
+	if _, _, err := tree.Build(cfg.Tree, log, tree.Process{Clock: messages.SystemClock{}, Metrics: reg}); err != nil {
 		return nil, err
 	}
 	return cfg, nil
