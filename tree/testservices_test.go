@@ -189,17 +189,3 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
-
-// manualRestart is a RestartWhen (and the channel that fires it): the
-// group is rebuilt once per send on trigger.
-func manualRestart() (trigger chan<- struct{}, restartWhen func(context.Context) bool) {
-	ch := make(chan struct{}, 1)
-	return ch, func(ctx context.Context) bool {
-		select {
-		case <-ch:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
