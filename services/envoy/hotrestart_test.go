@@ -61,9 +61,9 @@ type hotHarness struct {
 	// Envoy applies and the agent does not check: "{}", or an admin port
 	// Envoy refuses after the edit "invalid".
 	override string
-	base   []byte // the harness's bootstrap
-	port   int    // the static listener's port
-	listen string // the static listener's address
+	base     []byte // the harness's bootstrap
+	port     int    // the static listener's port
+	listen   string // the static listener's address
 	// env is added to the environment of the Envoys a Reload starts.
 	mu  sync.Mutex
 	env []string

@@ -136,7 +136,7 @@ func writeBootstrapArgs(dir string, port int) ([]string, error) {
 // testBootstrap runs Envoy on the bootstrap at path as the agent runs a
 // user's custom config file (ProxyConfig.customConfigFile), used as is: the
 // tests' hand-made bootstrap takes the agent's own way to Envoy (#34: a
-// Config.Prepare hook for tests replaced it).
+// Config.Prepare hook, for tests only, did this).
 func testBootstrap(dir, path string, adminPort int) *bootstrap.Config {
 	return &bootstrap.Config{ProxyType: "sidecar", InstanceIPs: []string{"127.0.0.1"}, Proxy: &meshconfig.ProxyConfig{},
 		ConfigPath: dir, AdminPort: adminPort, StatusPort: 15020, EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090,
