@@ -8,6 +8,7 @@ package envoyadmin
 import (
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -24,6 +25,12 @@ var Resolver = envoyadmin.Resolver
 func Decode(body []byte) (*Dump, error) { return envoyadmin.Decode(body) }
 
 // The accessors only tests read (issue 34: kept out of the agent).
+
+// Marshal is protojson with the Resolver (the stand-in Envoy's
+// /config_dump).
+func Marshal(m proto.Message) ([]byte, error) {
+	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver}.Marshal(m)
+}
 
 // Bootstrap is the bootstrap dump of d, nil if absent.
 func Bootstrap(d *Dump) *adminv3.BootstrapConfigDump {
