@@ -81,9 +81,10 @@ type Registry interface {
 }
 
 // Build makes the channels and the services from cfg and assembles the
-// tree. It is the only place that calls the services' constructors, and it
-// calls them all the same way (node): a nil config leaves the service out,
-// and every constructor's error is reported, each named by its service.
+// tree. It is the only place of the agent that calls the services'
+// constructors, and it calls them all the same way (node): a nil config
+// leaves the service out, and every constructor's error is reported, each
+// named by its service.
 func Build(cfg Config, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
 	if proc.Clock == nil || proc.Metrics == nil {
 		return nil, nil, errors.New("building the supervision tree: Process.Clock and Process.Metrics are required")

@@ -19,5 +19,7 @@
 //   - the registry behind /debug/tree, published as a TreeState value;
 //   - ordered shutdown: drain Envoy, wait for it, then stop the rest.
 //
-// tree is the only package that calls the services' constructors.
+// tree is the only package of the agent that calls the services'
+// constructors (docs/architecture.md names the benchmark mains and the test
+// kit that run one service alone).
 package tree
