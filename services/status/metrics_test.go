@@ -158,18 +158,24 @@ func promtoolCheck(t *testing.T, body string) {
 	}
 }
 
+// serveMerged serves the agent's registry (agentRegistry) merged with
+// Envoy's exposition and the application's, and returns the base URL.
+func serveMerged(t *testing.T, envoy, app *exposition) string {
+	t.Helper()
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: serveExposition(t, envoy),
+		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
+	}}, Inputs{Metrics: agentRegistry()})
+	return f.serve(t)
+}
+
 // The merged endpoint: the agent's metrics under Istio's prefix, Envoy's,
 // then an OpenMetrics-only application's, as one exposition that strict
 // parsers and promtool accept.
 func TestMergedMetrics(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: openMetricsApp(t)}
-	reg := agentRegistry()
-	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: reg})
-	base := f.serve(t)
+	base := serveMerged(t, envoy, app)
 
 	for _, path := range []string{"/stats/prometheus", "/metrics"} {
 		resp, body := scrape(t, base+path+"?usedonly", nil)
@@ -221,12 +227,7 @@ func TestMergedMetrics(t *testing.T) {
 func TestMergedMetricsPassCleanSourcesThrough(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# HELP app_up Up.\n# TYPE app_up gauge\napp_up 1")}
-	reg := agentRegistry()
-	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: reg})
-	base := f.serve(t)
+	base := serveMerged(t, envoy, app)
 	_, body := scrape(t, base+"/stats/prometheus", nil)
 	fams := parseText(t, body)
 	promtoolCheck(t, body)
