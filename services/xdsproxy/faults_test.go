@@ -207,7 +207,7 @@ func TestCacheFileSurvivesRestart(t *testing.T) {
 // control plane is ignored with a warning and removed, never served.
 func TestBadCacheFileIgnored(t *testing.T) {
 	cfg, good := stoppedCacheOfV1(t)
-	_, snap, err := lkg.Decode(good)
+	_, snap, err := lkg.ReadFile(cfg.CacheFile, cfg.NodeID, cfg.DiscoveryAddress, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

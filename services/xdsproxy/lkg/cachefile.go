@@ -181,9 +181,9 @@ func (c *cacheWriter) field(num protowire.Number, b []byte) {
 	c.raw(b)
 }
 
-// Decode reads a file image: its header and the cache it holds, or an
+// decode reads a file image: its header and the cache it holds, or an
 // ErrFile saying why it is not usable.
-func Decode(b []byte) (Header, Snapshot, error) {
+func decode(b []byte) (Header, Snapshot, error) {
 	var h Header
 	s := Snapshot{SotW: map[string]SotWEntry{}, Delta: map[string]DeltaSnapshot{}}
 	if len(b) < len(cacheMagic)+checksumSize || string(b[:len(cacheMagic)]) != cacheMagic {
@@ -292,7 +292,7 @@ func ReadFile(path, nodeID, address string, max int64) (Header, Snapshot, error)
 	if err != nil {
 		return Header{}, Snapshot{}, fmt.Errorf("%w: %w", ErrFile, err)
 	}
-	h, s, err := Decode(b)
+	h, s, err := decode(b)
 	if err != nil {
 		return h, s, err
 	}

@@ -105,8 +105,8 @@ func New(max int64, log *slog.Logger) *Cache {
 // Wake is signalled after a change, for the writer of the file.
 func (c *Cache) Wake() <-chan struct{} { return c.wake }
 
-// Changed records a change and wakes the writer.
-func (c *Cache) Changed() {
+// changed records a change and wakes the writer.
+func (c *Cache) changed() {
 	c.gen++
 	select {
 	case c.wake <- struct{}{}:
@@ -142,7 +142,7 @@ func (c *Cache) PutNames(b []byte, version string) {
 	c.size += int64(len(b)) - c.namesSize()
 	c.names = &NamesEntry{Table: b, Version: version}
 	c.checkSize()
-	c.Changed()
+	c.changed()
 }
 
 // checkSize disables the cache for good once it outgrows its bound: a
@@ -165,7 +165,7 @@ func (c *Cache) PutSotW(typeURL string, b rawxds.Body, version string) {
 	c.size += int64(b.Len()) - int64(c.sotw[typeURL].Response.Len())
 	c.sotw[typeURL] = SotWEntry{Response: b, Version: version}
 	c.checkSize()
-	c.Changed()
+	c.changed()
 }
 
 // StartDelta is called before the first ACK of typeURL on a Delta stream,
@@ -190,7 +190,7 @@ func (c *Cache) StartDelta(typeURL string, initial map[string]string) {
 			break
 		}
 	}
-	c.Changed()
+	c.changed()
 }
 
 // ApplyDelta records a Delta response Envoy ACKed.
@@ -200,7 +200,7 @@ func (c *Cache) ApplyDelta(typeURL string, f *rawxds.Frame) {
 		return
 	}
 	e := c.deltaSet(typeURL)
-	defer c.Changed()
+	defer c.changed()
 	if err != nil {
 		c.markIncomplete(typeURL, e, err.Error())
 		return
@@ -258,7 +258,7 @@ func (c *Cache) removeRes(e *deltaEntry, name string) {
 func (c *Cache) DropDelta(typeURL, why string) {
 	if e := c.delta[typeURL]; e != nil && c.mode == ModeDelta {
 		c.markIncomplete(typeURL, e, why)
-		c.Changed()
+		c.changed()
 	}
 }
 

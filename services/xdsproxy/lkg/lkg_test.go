@@ -96,7 +96,7 @@ func TestCacheFileRoundTrip(t *testing.T) {
 		resource.ClusterType: {Response: rawxds.Body{xdsserver.SotWResponse(t, "v1", "n", 2)}, Version: "v1"},
 	}}
 	b := encode(Header{NodeID: "node", Address: "cp:15012", Written: time.Unix(100, 0)}, sotw)
-	h, got, err := Decode(b)
+	h, got, err := decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestCacheFileRoundTrip(t *testing.T) {
 		t.Error("SotW entry changed")
 	}
 	for i := range b {
-		if _, _, err := Decode(flipByte(b, i)); !errors.Is(err, ErrFile) {
+		if _, _, err := decode(flipByte(b, i)); !errors.Is(err, ErrFile) {
 			t.Fatalf("a change at byte %d went unnoticed", i)
 		}
 	}
@@ -118,7 +118,7 @@ func TestCacheFileRoundTrip(t *testing.T) {
 			"b": {Version: "b1", Resource: xdsserver.DeltaResource(t, "b", "b1", nil)},
 		}},
 	}}
-	_, got, err = Decode(encode(Header{NodeID: "node", Address: "cp:15012"}, delta))
+	_, got, err = decode(encode(Header{NodeID: "node", Address: "cp:15012"}, delta))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestCacheFileNamesOnly(t *testing.T) {
 	if int64(len(b)) != FileSize(h, Snapshot{Names: names}) {
 		t.Errorf("cacheSize %d, file %d bytes", FileSize(h, Snapshot{Names: names}), len(b))
 	}
-	_, s, err := Decode(b)
+	_, s, err := decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func FuzzDeltaCache(f *testing.F) {
 		if got := FileSize(h, snap); got != int64(len(file)) {
 			t.Fatalf("cacheSize %d, file %d bytes", got, len(file))
 		}
-		h2, back, err := Decode(file)
+		h2, back, err := decode(file)
 		if err != nil {
 			t.Fatalf("the cache file written does not decode: %v", err)
 		}
@@ -237,14 +237,14 @@ func FuzzCacheFile(f *testing.F) {
 		f.Add(file[len(cacheMagic) : len(file)-checksumSize])
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		_, _, _ = Decode(payload)
+		_, _, _ = decode(payload)
 		file := append([]byte(cacheMagic), payload...)
 		file = binary.BigEndian.AppendUint32(file, crc32.Checksum(file, castagnoli))
-		h, s, err := Decode(file)
+		h, s, err := decode(file)
 		if err != nil {
 			return
 		}
-		h2, s2, err := Decode(encode(h, s))
+		h2, s2, err := decode(encode(h, s))
 		if err != nil {
 			t.Fatalf("a decoded cache written back does not decode: %v", err)
 		}

@@ -68,7 +68,7 @@ const (
 	fieldResResourceName = 8 // resource_name (ResourceName: name = 1)
 )
 
-var ErrMalformed = errors.New("malformed xDS response")
+var errMalformed = errors.New("malformed xDS response")
 
 // Field is one Field of a protobuf message: for a length-delimited Field
 // V is its content, for any other its encoded value. V is a sub-slice of
@@ -118,7 +118,7 @@ func (f *Frame) Scan() error {
 	keep := func(n protowire.Number) bool { return n == fieldVersion || n == fieldTypeURL || n == fieldNonce }
 	for fd, err := range bodyFields(f.Body, keep) {
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrMalformed, err)
+			return fmt.Errorf("%w: %v", errMalformed, err)
 		}
 		switch fd.Num {
 		case fieldVersion:
@@ -199,7 +199,7 @@ func ScanResource(b []byte) (ResourceInfo, error) {
 	var r ResourceInfo
 	for fd, err := range Fields(b, protowire.BytesType) {
 		if err != nil {
-			return r, fmt.Errorf("%w: resource: %v", ErrMalformed, err)
+			return r, fmt.Errorf("%w: resource: %v", errMalformed, err)
 		}
 		switch fd.Num {
 		case fieldResName:
@@ -222,7 +222,7 @@ func ScanResource(b []byte) (ResourceInfo, error) {
 		}
 	}
 	if r.Name == "" {
-		return r, fmt.Errorf("%w: resource without a name", ErrMalformed)
+		return r, fmt.Errorf("%w: resource without a name", errMalformed)
 	}
 	return r, nil
 }
@@ -244,7 +244,7 @@ func SplitDelta(b Body, resources int) (DeltaParts, error) {
 	}
 	for fd, err := range bodyFields(b, keep) {
 		if err != nil {
-			return d, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return d, fmt.Errorf("%w: %v", errMalformed, err)
 		}
 		switch fd.Num {
 		case fieldResources:

@@ -43,7 +43,7 @@ func TestScanAndReplaceNonce(t *testing.T) {
 	}
 	for _, bad := range [][]byte{{0x0a}, {0x0a, 0x05, 'a'}, {0xff}, {0x22, 0x80}} {
 		f := Frame{Body: Body{bad}}
-		if err := f.Scan(); !errors.Is(err, ErrMalformed) {
+		if err := f.Scan(); !errors.Is(err, errMalformed) {
 			t.Errorf("scan(%x) = %v, want errMalformed", bad, err)
 		}
 	}
