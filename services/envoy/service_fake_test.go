@@ -262,10 +262,10 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(cd.Names()[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
+			if !slices.Contains(envoyadmin.Names(cd)[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
 				t.Fatalf("config_dump lacks the xDS cluster: %s", dump)
 			}
-			if cd.Secret("ROOTCA") == nil {
+			if envoyadmin.Secret(cd, "ROOTCA") == nil {
 				t.Fatalf("config_dump lacks the ROOTCA secret: %s", dump)
 			}
 

@@ -107,10 +107,14 @@ func writeEnvoyBootstrap(t *testing.T, cfg *Agent) (bootstrap.File, string, []st
 	if ec == nil || ec.Bootstrap == nil {
 		t.Fatal("no envoy config")
 	}
-	b, err := bootstrap.Write(*ec.Bootstrap)
+	if err := ec.Bootstrap.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := bootstrap.Render(*ec.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := r.File
 	data, err := os.ReadFile(b.Path)
 	if err != nil {
 		t.Fatal(err)

@@ -265,12 +265,17 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		out.Outcome, out.log = outcomeRunning, "no Envoy (DISABLE_ENVOY)"
 		return out
 	}
-	// As the envoy service does before each start.
-	b, err := bootstrap.Write(*ec.Bootstrap)
+	// As the envoy service does: New validates, the first start renders.
+	err = ec.Bootstrap.Validate()
+	var r *bootstrap.Rendered
+	if err == nil {
+		r, err = bootstrap.Render(*ec.Bootstrap)
+	}
 	if err != nil {
 		out.Outcome, out.ExitCode, out.log = outcomeFailed, 1, err.Error()
 		return out
 	}
+	b := r.File
 	out.Outcome, out.Args = outcomeStarted, envoy.CommandLine(ec.Args, b)
 	data, err := os.ReadFile(b.Path)
 	if err != nil {
