@@ -8,7 +8,8 @@
 //   - Latest[T] / Cell[T]: a latest-value channel. A send replaces the unread
 //     value, a writer never blocks, and a reader that (re)starts sees the
 //     current value at once. Used for state: CertBundle, TrustAnchors,
-//     NameTable, XDSState, EnvoyState, WorkloadHealth, TreeState, Readiness.
+//     NameTable, DNSTable, XDSState, EnvoyState, WorkloadHealth, TreeState,
+//     Readiness.
 //   - Stream[T]: a buffered, single-consumer event stream. A send never blocks
 //     and is never dropped silently: past the bound the oldest event is
 //     dropped, counted and reported. Used for events and commands: Health,

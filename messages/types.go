@@ -56,6 +56,18 @@ type NameTable struct {
 	Version string
 }
 
+// DNSTable is the name table the DNS proxy answers from, and what it
+// expands the names with (its namespace and cluster domain: the alt hosts
+// of a Kubernetes service). From dns to whoever shows it (/debug/ndsz,
+// issue 34), latest value: the DNS proxy publishes it and is never called.
+type DNSTable struct {
+	// Table is the NameTable as the DNS proxy received it; shared, never
+	// modified.
+	Table     NameTable
+	Namespace string
+	Domain    string
+}
+
 // NameInfo mirrors istio.networking.nds.v1.NameTable.NameInfo.
 type NameInfo struct {
 	IPs       []netip.Addr

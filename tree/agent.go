@@ -36,12 +36,6 @@ type Node struct {
 	Children []Node
 	// Policy overrides the agent's default restart policy for this node.
 	Policy *Policy
-	// RestartWhen, for a group: blocks until the group must be rebuilt
-	// (returns true) or ctx is done (false). No group of Build uses it
-	// (#26: the xds group rebuilt on new trust roots restarted the DNS
-	// proxy; the proxy now redials by itself); it remains the generic
-	// trigger of a rebuild, as the rebuild tests use it.
-	RestartWhen func(ctx context.Context) bool
 }
 
 // Service is what the tree runs: a suture service that names itself.
@@ -221,7 +215,7 @@ func (a *Agent) build(n Node, parent string, env *runtimeEnv, spec suture.Spec) 
 
 	svc, height := n.Service, 0
 	if svc == nil {
-		st := &subtree{name: n.Name, restartWhen: n.RestartWhen}
+		st := &subtree{name: n.Name}
 		for _, c := range n.Children {
 			cr, h, err := a.build(c, path, env, spec)
 			if err != nil {

@@ -58,23 +58,41 @@ type Config struct {
 	DrainTimeout time.Duration
 }
 
-// Process is what the process around the tree gives it: how to speak to
-// systemd and what to do once the agent is first ready. Process policy
-// (the GC target, returning start-up memory) is cmd's (issue 26).
+// Process is what the process around the tree gives it: the clock, the
+// metrics registry, how to speak to systemd and what to do once the agent
+// is first ready. Process policy (the GC target, returning start-up
+// memory) is cmd's (issue 26).
 type Process struct {
+	// Clock is every service's clock: cmd's is messages.SystemClock, a
+	// test's may be manual (issue 34). Required.
+	Clock messages.Clock
+	// Metrics is the agent's registry: every service registers its
+	// collectors on it, and the status server serves it. Required.
+	Metrics      Registry
 	Notifier     Notifier
 	OnFirstReady func()
 }
 
+// Registry is a metrics registry: where services register, and what the
+// status server gathers (a *prometheus.Registry).
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
 // Build makes the channels and the services from cfg and assembles the
-// tree. It is the only place that calls the services' constructors, and it
-// calls them all the same way (node): a nil config leaves the service out,
-// and every constructor's error is reported, each named by its service.
-func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
+// tree. It is the only place of the agent that calls the services'
+// constructors, and it calls them all the same way (node): a nil config
+// leaves the service out, and every constructor's error is reported, each
+// named by its service.
+func Build(cfg Config, log *slog.Logger, proc Process) (*Agent, *Channels, error) {
+	if proc.Clock == nil || proc.Metrics == nil {
+		return nil, nil, errors.New("building the supervision tree: Process.Clock and Process.Metrics are required")
+	}
 	ch := NewChannels(func(total uint64) {
 		log.Warn("health events dropped: the status server is falling behind", "dropped_total", total)
 	})
-	b := &builder{ch: ch, clock: messages.SystemClock{}, reg: reg, log: log, built: map[string]Service{}}
+	b := &builder{ch: ch, clock: proc.Clock, reg: proc.Metrics, log: log}
 	// The XDS proxy's state is read (by Envoy's crash records, by the
 	// status server's view of the upstream) only when there is an XDS
 	// proxy to write it.
@@ -118,7 +136,7 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 	// lost queries.
 	names := slices.Concat(
 		node(b, required, nametable.Name, nametable.New, cfg.NameTable, nametable.Inputs{}, nametable.Outputs{Table: ch.Names}),
-		node(b, required, dnsproxy.Name, dnsproxy.New, cfg.DNS, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{}),
+		node(b, required, dnsproxy.Name, dnsproxy.New, cfg.DNS, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{Answering: ch.DNS}),
 	)
 	proxy := node(b, optional, envoy.Name, envoy.New, cfg.Envoy,
 		envoy.Inputs{Drain: ch.Drain, XDS: xdsState}, envoy.Outputs{State: ch.Envoy})
@@ -126,10 +144,11 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 		proxy[i].Policy = &cfg.EnvoyPolicy
 	}
 	// The status server comes last: readiness waits for the required
-	// services above, and it serves their debug pages.
-	statusCfg := withDependents(cfg.Status, b.required, cfg.Envoy, b.debugPages(cfg.Envoy))
-	statusNode := node(b, optional, status.Name, status.New, statusCfg,
-		status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState, Certs: certsState, Names: namesState},
+	// services above, and it serves their debug pages. What it needs of
+	// them it gets in its Inputs, as their channels (issue 34).
+	statusNode := node(b, optional, status.Name, status.New, cfg.Status,
+		status.Inputs{Health: ch.Health, Envoy: ch.Envoy, Tree: ch.Tree, XDS: xdsState, Certs: certsState, Names: namesState,
+			Required: slices.Clone(b.required), RequireEnvoy: cfg.Envoy != nil, Metrics: proc.Metrics, Debug: debugPages(cfg, ch)},
 		status.Outputs{Readiness: ch.Readiness, Drain: ch.Drain, Shutdown: ch.Shutdown, Chaos: ch.Chaos, WorkloadHealth: ch.Workload})
 	if err := errors.Join(b.errs...); err != nil {
 		return nil, nil, err
@@ -141,7 +160,8 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 	}
 
 	nodes := slices.Concat(group("peers", peers), capturing, group("identity", identity), xds, group("names", names), proxy, statusNode)
-	a, err := New(ch, nodes, reg, log, Options{
+	a, err := New(ch, nodes, proc.Metrics, log, Options{
+		Clock:         proc.Clock,
 		DefaultPolicy: &cfg.DefaultPolicy,
 		StopTimeout:   cfg.StopTimeout,
 		DrainTimeout:  cfg.DrainTimeout,
@@ -155,14 +175,12 @@ func Build(cfg Config, reg prometheus.Registerer, log *slog.Logger, proc Process
 }
 
 // builder is what Build's nodes share: the channels, what every runtime is
-// made of, the services built (by name) and those readiness waits for, and
-// the constructors' errors.
+// made of, the services readiness waits for, and the constructors' errors.
 type builder struct {
 	ch       *Channels
 	clock    messages.Clock
 	reg      prometheus.Registerer
 	log      *slog.Logger
-	built    map[string]Service
 	required []string
 	errs     []error
 }
@@ -189,40 +207,27 @@ func node[C, I, O any, S Service](b *builder, req bool, name string, newService 
 		b.errs = append(b.errs, fmt.Errorf("%s: %w", name, err))
 		return nil
 	}
-	b.built[name] = svc
 	if req {
 		b.required = append(b.required, name)
 	}
 	return []Node{{Service: svc, Health: rt.Health}}
 }
 
-// debugPages are the read-only pages other services offer, for the status
-// server to serve: the DNS proxy's name table, Envoy's crash records.
-func (b *builder) debugPages(envoyCfg *envoy.Config) map[string]status.DebugPage {
+// debugPages are the read-only pages of other services' packages, for the
+// status server to serve: the DNS proxy's table as it publishes it, Envoy's
+// crash records from their directory. Each reads what its service writes,
+// never the service (issue 34).
+func debugPages(cfg Config, ch *Channels) map[string]status.DebugPage {
 	pages := map[string]status.DebugPage{}
-	if dns, ok := b.built[dnsproxy.Name].(*dnsproxy.Service); ok {
-		pages["/debug/ndsz"] = status.DebugPage{Handler: dns.NDSZ(),
+	if cfg.DNS != nil {
+		pages["/debug/ndsz"] = status.DebugPage{Handler: dnsproxy.NDSZ(ch.DNS),
 			Doc: "the DNS proxy's name table and the names generated from it"}
 	}
-	if envoyCfg != nil && envoyCfg.CrashDir != "" {
-		pages["/debug/crashes"] = status.DebugPage{Handler: envoy.CrashesHandler(envoyCfg.CrashDir),
+	if cfg.Envoy != nil && cfg.Envoy.CrashDir != "" {
+		pages["/debug/crashes"] = status.DebugPage{Handler: envoy.CrashesHandler(cfg.Envoy.CrashDir),
 			Doc: "Envoy's crash records, newest first: exit, uptime, stderr tail, ACKed versions"}
 	}
 	return pages
-}
-
-// withDependents is the status server's config, if any, completed with what
-// only the tree knows: the services readiness waits for, whether it waits
-// for Envoy, and the debug pages.
-func withDependents(c *status.Config, required []string, envoyCfg *envoy.Config, debug map[string]status.DebugPage) *status.Config {
-	if c == nil {
-		return nil
-	}
-	sc := *c
-	sc.Required = append(slices.Clone(sc.Required), required...)
-	sc.RequireEnvoy = envoyCfg != nil
-	sc.Debug = debug
-	return &sc
 }
 
 // group is a group node of children, or nothing when there are none.

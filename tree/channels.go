@@ -8,6 +8,7 @@ import "github.com/meshagent/meshagent/messages"
 type Channels struct {
 	Certs     *messages.Cell[messages.CertBundle]
 	Names     *messages.Cell[messages.NameTable]
+	DNS       *messages.Cell[messages.DNSTable]
 	Envoy     *messages.Cell[messages.EnvoyState]
 	Tree      *messages.Cell[messages.TreeState]
 	Readiness *messages.Cell[messages.Readiness]
@@ -26,6 +27,7 @@ func NewChannels(onHealthDropped func(total uint64)) *Channels {
 	return &Channels{
 		Certs:     messages.NewCell[messages.CertBundle](),
 		Names:     messages.NewCell[messages.NameTable](),
+		DNS:       messages.NewCell[messages.DNSTable](),
 		Envoy:     messages.NewCell[messages.EnvoyState](),
 		Tree:      messages.NewCell[messages.TreeState](),
 		Readiness: messages.NewCell[messages.Readiness](),

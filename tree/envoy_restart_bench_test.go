@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
@@ -34,12 +38,12 @@ import (
 const restartBenchHealthy = 150 * time.Millisecond
 
 func BenchmarkEnvoyKillToNextRunning(b *testing.B) {
-	bin, args, admin := fakeEnvoyForBench(b)
+	bin, boot, args, admin := fakeEnvoyForBench(b)
 	ch := NewChannels(nil)
 	log := slog.New(slog.DiscardHandler)
 	rt := messages.NewRuntime(envoy.Name, ch.Health, nil, nil, log)
 	svc, err := envoy.New(envoy.Config{
-		BinaryPath: bin, Prepare: func() ([]string, error) { return args, nil },
+		BinaryPath: bin, Bootstrap: boot, Args: args,
 		AdminAddr: admin, DrainQuery: "inboundonly&graceful", Stdout: io.Discard, Stderr: io.Discard,
 	}, envoy.Inputs{Drain: ch.Drain}, envoy.Outputs{State: ch.Envoy}, rt)
 	if err != nil {
@@ -96,9 +100,10 @@ func BenchmarkEnvoyKillToNextRunning(b *testing.B) {
 // BenchmarkExecKillToNextRunning is the baseline: the least any supervisor
 // can do — reap the killed process and start the same binary again.
 func BenchmarkExecKillToNextRunning(b *testing.B) {
-	bin, args, admin := fakeEnvoyForBench(b)
+	bin, boot, args, admin := fakeEnvoyForBench(b)
+	cmdline := envoy.CommandLine(args, bootstrap.File{Path: boot.CustomConfigFile})
 	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, args...)
+		cmd := exec.Command(bin, cmdline...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
@@ -136,7 +141,7 @@ func reportSpread(b *testing.B, took []time.Duration) {
 // bootstrap: the admin API on a free loopback port, and delta ADS over the
 // xds-grpc pipe to a control plane serving a small mesh, from which Envoy
 // (the stand-in, as Envoy) turns ready.
-func fakeEnvoyForBench(b *testing.B) (bin string, args []string, admin string) {
+func fakeEnvoyForBench(b *testing.B) (bin string, boot *bootstrap.Config, args envoy.ArgsConfig, admin string) {
 	b.Helper()
 	dir := b.TempDir()
 	bin = filepath.Join(dir, "fakeenvoy")
@@ -154,18 +159,21 @@ func fakeEnvoyForBench(b *testing.B) (bin string, args []string, admin string) {
 		b.Fatal(err)
 	}
 	port := testkit.FreePort(b)
-	boot := fmt.Sprintf(`{"node":{"id":"sidecar~127.0.0.1~bench.default~default.svc.cluster.local","cluster":"bench.default"},
+	raw := fmt.Sprintf(`{"node":{"id":"sidecar~127.0.0.1~bench.default~default.svc.cluster.local","cluster":"bench.default"},
  "admin":{"address":{"socketAddress":{"address":"127.0.0.1","portValue":%d}}},
  "dynamicResources":{"ldsConfig":{"ads":{},"resourceApiVersion":"V3"},"cdsConfig":{"ads":{},"resourceApiVersion":"V3"},
   "adsConfig":{"apiType":"DELTA_GRPC","transportApiVersion":"V3","grpcServices":[{"envoyGrpc":{"clusterName":"xds-grpc"}}]}},
  "staticResources":{"clusters":[{"name":"xds-grpc","type":"STATIC","connectTimeout":"1s","loadAssignment":{"clusterName":"xds-grpc",
   "endpoints":[{"lbEndpoints":[{"endpoint":{"address":{"pipe":{"path":%q}}}}]}]}}]}}`, port, sock)
 	path := filepath.Join(dir, "envoy-rev.json")
-	if err := os.WriteFile(path, []byte(boot), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	return bin, []string{"-c", path, "--disable-hot-restart", "-l", "warning", "--concurrency", "1"},
-		fmt.Sprintf("127.0.0.1:%d", port)
+	// The bootstrap is the custom config file, used as is.
+	boot = &bootstrap.Config{ProxyType: "sidecar", InstanceIPs: []string{"127.0.0.1"}, Proxy: &meshconfig.ProxyConfig{},
+		ConfigPath: dir, AdminPort: port, StatusPort: 15020, EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090,
+		CustomConfigFile: path}
+	return bin, boot, envoy.ArgsConfig{LogLevel: "warning", Concurrency: 1}, fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 func waitAdminReady(b *testing.B, addr string) {

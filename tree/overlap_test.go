@@ -79,14 +79,13 @@ func TestSubtreeRebuildNeverOverlapsAStuckChild(t *testing.T) {
 	ch := NewChannels(nil)
 	stuck := newStubborn("stuck", ch.Health)
 	sibling := &readyService{name: "dns", health: ch.Health}
-	trigger, restartWhen := manualRestart()
-	h := newHarnessWith(t, ch, []Node{{Name: "names", RestartWhen: restartWhen,
+	h := newHarnessWith(t, ch, []Node{{Name: "names",
 		Children: []Node{{Name: "stuck", Service: stuck}, {Name: "dns", Service: sibling}}}},
 		Options{StopTimeout: 20 * time.Millisecond}, []string{"stuck", "dns"})
 	t.Cleanup(stuck.unstick) // runs before the harness stops: no leak on failure
 	h.waitStatus("/healthz/ready", 200)
 
-	trigger <- struct{}{}
+	h.ch.Chaos.Send(messages.Chaos{Service: "names"})
 	// Either the second Serve overlapped the first (the bug), or the
 	// runner refused it and said so.
 	testkit.WaitFor(t, "the rebuilt subtree asks for stuck again", func() bool {

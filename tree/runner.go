@@ -84,7 +84,7 @@ func (r *runner) Serve(ctx context.Context) error {
 	}
 	defer leave()
 	// The backoff is owed once, by the run after the failure: a run that
-	// starts because its group was rebuilt (a group kill, its RestartWhen)
+	// starts because its group was rebuilt (a group kill)
 	// waits only what is left of it, and nothing once it has been waited.
 	if r.nextDelay > 0 {
 		began := r.clock.Now()

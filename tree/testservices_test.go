@@ -89,8 +89,8 @@ func newHarnessWith(t *testing.T, ch *Channels, nodes []Node, opts Options, requ
 	h := &harness{t: t, ch: ch, reg: prometheus.NewRegistry()}
 	addr := freeAddr(t)
 	h.base = "http://" + addr
-	st, err := status.New(status.Config{Addr: addr, Required: required, Chaos: true, Gatherer: h.reg},
-		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree},
+	st, err := status.New(status.Config{Addr: addr, Chaos: true},
+		status.Inputs{Health: h.ch.Health, Envoy: h.ch.Envoy, Tree: h.ch.Tree, Required: required, Metrics: h.reg},
 		status.Outputs{Readiness: h.ch.Readiness, Drain: h.ch.Drain, Shutdown: h.ch.Shutdown, Chaos: h.ch.Chaos},
 		messages.NewRuntime(status.Name, h.ch.Health, nil, nil, testkit.TestLogger(t)))
 	if err != nil {
@@ -188,18 +188,4 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// manualRestart is a RestartWhen (and the channel that fires it): the
-// group is rebuilt once per send on trigger.
-func manualRestart() (trigger chan<- struct{}, restartWhen func(context.Context) bool) {
-	ch := make(chan struct{}, 1)
-	return ch, func(ctx context.Context) bool {
-		select {
-		case <-ch:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
 }

@@ -249,17 +249,16 @@ func TestQuitQuitQuit(t *testing.T) {
 	}
 }
 
-// A group restarts as a whole when its trigger fires: a fresh supervisor,
+// A group killed restarts as a whole: a fresh supervisor,
 // every child run again.
 func TestSubtreeRebuild(t *testing.T) {
 	ch := NewChannels(nil)
 	a1 := &readyService{name: "nametable", health: ch.Health}
 	a2 := &readyService{name: "dns", health: ch.Health}
-	trigger, restartWhen := manualRestart()
-	h := newHarnessWith(t, ch, []Node{{Name: "names", RestartWhen: restartWhen,
+	h := newHarnessWith(t, ch, []Node{{Name: "names",
 		Children: []Node{{Name: "nametable", Service: a1}, {Name: "dns", Service: a2}}}}, Options{}, []string{"dns", "nametable"})
 	h.waitStatus("/healthz/ready", 200)
-	trigger <- struct{}{}
+	h.ch.Chaos.Send(messages.Chaos{Service: "names"})
 	testkit.WaitFor(t, "both children run again", func() bool { return a1.runs.Load() == 2 && a2.runs.Load() == 2 })
 	h.waitStatus("/healthz/ready", 200)
 	if got := h.counter("meshagent_service_restarts_total", "names"); got != 1 {

@@ -1,12 +1,13 @@
 package main
 
 import (
-	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 
 	"github.com/meshagent/meshagent/services/capture"
 	"github.com/meshagent/meshagent/testdata/testkit"

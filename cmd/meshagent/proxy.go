@@ -41,7 +41,7 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 		_ = s.Resolve(cli.host.Env) // bad values stay in s.problems, reported with the rest
 		reg := prometheus.NewRegistry()
 		plan, err := config.Build(config.Inputs{
-			Flags: f, Args: args, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log,
+			Flags: f, Args: args, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Problems: s.Problems, Log: log,
 		})
 		if err != nil {
 			return &exitError{code: 2, err: err}
@@ -69,7 +69,9 @@ func (cli *cliContext) start(plan *config.Plan, reg *prometheus.Registry, log *s
 // while building the configuration and New again): a bad one is a usage
 // error like any bad value, and names its variable.
 func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
-	agent, ch, err := tree.Build(plan.Tree, reg, log, tree.Process{
+	agent, ch, err := tree.Build(plan.Tree, log, tree.Process{
+		Clock:    messages.SystemClock{},
+		Metrics:  reg,
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.
 		OnFirstReady: func() { releaseStartupMemory(log) },

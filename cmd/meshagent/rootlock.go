@@ -24,8 +24,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"golang.org/x/sys/unix"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // lockRoot takes the lock in dir (created if missing) and writes this

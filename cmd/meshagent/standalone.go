@@ -8,9 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
 )
 
 // newStandaloneCommand is `meshagent standalone`: `proxy`'s whole tree, in
@@ -50,7 +51,7 @@ else the stand-in 'fakeenvoy' beside this binary (make run builds it); the log s
 			selfDir = filepath.Dir(self)
 		}
 		plan, envoy, err := config.BuildStandalone(config.StandaloneInputs{
-			Inputs: config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Gatherer: reg, Problems: s.Problems, Log: log},
+			Inputs: config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: cli.host, Problems: s.Problems, Log: log},
 			Flags:  sf, LookPath: exec.LookPath, SelfDir: selfDir,
 		})
 		if err != nil {

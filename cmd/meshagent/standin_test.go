@@ -2,10 +2,11 @@ package main
 
 import (
 	"bytes"
-	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 )
 
 // The agent's first log line names the Envoy it runs, and says when that is

@@ -90,7 +90,7 @@ rules' --gid-owner exception.
 		}
 		f.Capture = !customIPTables
 		reg := prometheus.NewRegistry()
-		plan, err := config.Build(config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: host, Gatherer: reg, Problems: s.Problems, Log: log,
+		plan, err := config.Build(config.Inputs{Flags: f, LogLevel: logs.outputLevel, LogAsJSON: logs.asJSON, Version: currentVersion().Version, Host: host, Problems: s.Problems, Log: log,
 			EnvoyRunAs: user.envoy, NoCapture: customIPTables})
 		if err != nil {
 			return &exitError{code: 2, err: err}

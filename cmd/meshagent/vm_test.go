@@ -2,12 +2,13 @@ package main
 
 import (
 	"errors"
-	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/services/envoy"

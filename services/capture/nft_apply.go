@@ -55,23 +55,6 @@ func NewNftApplier(log *slog.Logger) (*NftApplier, error) {
 // Backend names the backend, as the iptables Applier's Backend does.
 func (a *NftApplier) Backend() string { return "nftables" }
 
-// Execs is the number of processes started so far.
-func (a *NftApplier) Execs() int64 { return a.execs.Load() + a.routes.Execs() }
-
-// Apply replaces whatever tables of ours exist with rs in one transaction:
-// the tables of ours present are deleted and the ones rs needs are built
-// again. Deleting first, rather than Istio's flush alone, also drops chains
-// an earlier configuration declared and this one does not, and a table this
-// one no longer needs (a TPROXY mangle table after a switch to REDIRECT): a
-// re-run leaves exactly one, current, set of rules.
-func (a *NftApplier) Apply(ctx context.Context, rs NftRuleSet) error {
-	st, err := a.State(ctx)
-	if err != nil {
-		return err
-	}
-	return a.apply(ctx, rs, st)
-}
-
 // apply is Apply given the current State. Only tables that exist are
 // deleted: a deletion makes the kernel's commit wait for an RCU grace
 // period (about 15 ms here, three times a whole fresh apply). A table made

@@ -96,25 +96,6 @@ func (st SaveState) chains(table string, own bool) []string {
 	return out
 }
 
-// Normalized is the dump for comparisons: tables with their chains and
-// rules, counters and comments dropped, built-in chains without rules left out.
-func (st SaveState) Normalized() map[string]map[string][]string {
-	out := map[string]map[string][]string{}
-	for name, t := range st {
-		chains := map[string][]string{}
-		for _, c := range t.Chains {
-			if isBuiltin(c) && len(t.Rules[c]) == 0 {
-				continue
-			}
-			chains[c] = append([]string{}, t.Rules[c]...)
-		}
-		if len(chains) > 0 {
-			out[name] = chains
-		}
-	}
-	return out
-}
-
 // splitArgs splits a rule spec as a shell would for iptables-save output
 // (double-quoted words such as comments stay one argument).
 func splitArgs(s string) []string {

@@ -382,18 +382,20 @@ func TestServeStopsAndRestarts(t *testing.T) {
 	}
 }
 
+// /debug/ndsz shows the table the proxy answers from, as it published it,
+// with the names it generates; 503 before it answers from any.
 func TestNDSZ(t *testing.T) {
 	nt := testTable("v9")
 	p := startProxy(t, Config{ResolvConf: writeResolvConf(t, "127.99.0.1")}, nil)
 	rec := httptest.NewRecorder()
-	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	NDSZ(p.answering).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("before the table: %d", rec.Code)
 	}
 	p.table.Send(nt)
 	p.health.WaitLast(t, "ready", func(v messages.Health) bool { return v.State == messages.Ready })
 	rec = httptest.NewRecorder()
-	p.svc.NDSZ().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
+	NDSZ(p.answering).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/ndsz", nil))
 	var got ndsz
 	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
 		t.Fatalf("%v: %s", err, rec.Body)

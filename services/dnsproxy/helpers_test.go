@@ -72,11 +72,13 @@ func testTable(version string) messages.NameTable {
 
 // proxy is a running Service under test.
 type proxy struct {
-	svc    *Service
-	addr   string
-	table  *messages.Cell[messages.NameTable]
-	health *testkit.HealthRecorder
-	reg    *prometheus.Registry
+	svc   *Service
+	addr  string
+	table *messages.Cell[messages.NameTable]
+	// answering is the table the proxy published it answers from.
+	answering *messages.Cell[messages.DNSTable]
+	health    *testkit.HealthRecorder
+	reg       *prometheus.Registry
 }
 
 func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
@@ -90,11 +92,11 @@ func startProxy(t testing.TB, cfg Config, nt *messages.NameTable) *proxy {
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = 5 * time.Second // Istio's DNS_FORWARD_TIMEOUT
 	}
-	p := &proxy{table: messages.NewCell[messages.NameTable](), health: &testkit.HealthRecorder{}, reg: prometheus.NewRegistry()}
+	p := &proxy{table: messages.NewCell[messages.NameTable](), answering: messages.NewCell[messages.DNSTable](), health: &testkit.HealthRecorder{}, reg: prometheus.NewRegistry()}
 	if nt != nil {
 		p.table.Send(*nt)
 	}
-	svc, err := New(cfg, Inputs{Table: p.table}, Outputs{}, messages.NewRuntime(Name, p.health, nil, p.reg, testLogger(t)))
+	svc, err := New(cfg, Inputs{Table: p.table}, Outputs{Answering: p.answering}, messages.NewRuntime(Name, p.health, nil, p.reg, testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+
+	"github.com/meshagent/meshagent/messages"
 )
 
 // ndszEntry is one host of /debug/ndsz: the NameInfo with the alt hosts
@@ -21,24 +23,26 @@ type ndsz struct {
 	Table   map[string]ndszEntry `json:"table"`
 }
 
-// NDSZ serves the name table the proxy answers from, with the generated
-// alt hosts, as JSON (Istio's GET :15020/debug/ndsz). 503 before the first
-// table. The status server mounts it; it must stay on localhost.
-func (s *Service) NDSZ() http.Handler {
+// NDSZ serves the table the DNS proxy answers from (as it publishes it on
+// Outputs.Answering), with the alt hosts it generates, as JSON (Istio's GET
+// :15020/debug/ndsz); 503 before the first table. It reads the channel,
+// never the proxy: the tree hands it to the status server as a debug page
+// (issue 34), which must keep it on localhost.
+func NDSZ(answering messages.Latest[messages.DNSTable]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		t := s.current.Load()
-		if t == nil {
+		t, ok := answering.Get()
+		if !ok {
 			http.Error(w, notReadyReason, http.StatusServiceUnavailable)
 			return
 		}
-		pd, pdParts := proxyDomain(t.namespace, t.domain)
-		out := ndsz{Version: t.version, Table: make(map[string]ndszEntry, len(t.source.Hosts))}
-		for host, ni := range t.source.Hosts {
+		pd, pdParts := proxyDomain(t.Namespace, t.Domain)
+		out := ndsz{Version: t.Table.Version, Table: make(map[string]ndszEntry, len(t.Table.Hosts))}
+		for host, ni := range t.Table.Hosts {
 			e := ndszEntry{Registry: ni.Registry, Shortname: ni.Shortname, Namespace: ni.Namespace}
 			for _, ip := range ni.IPs {
 				e.IPs = append(e.IPs, ip.String())
 			}
-			names := altHosts(nil, host, ni, t.namespace, pd, pdParts)
+			names := altHosts(nil, host, ni, t.Namespace, pd, pdParts)
 			e.AltHosts = names[1:]
 			slices.Sort(e.AltHosts)
 			out.Table[host] = e

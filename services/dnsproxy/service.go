@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,14 +26,13 @@ const Name = "dns"
 type Service struct {
 	cfg     Config
 	table   messages.Latest[messages.NameTable]
+	out     Outputs
 	health  *messages.Reporter
 	metrics *metrics
 	log     *slog.Logger
 
 	mu    sync.Mutex
 	addrs []string // bound addresses of the current run
-
-	current atomic.Pointer[lookupTable] // the table answering, for NDSZ
 }
 
 // Inputs are what the DNS proxy reads.
@@ -44,12 +42,17 @@ type Inputs struct {
 	Table messages.Latest[messages.NameTable]
 }
 
-// Outputs: the DNS proxy publishes on no channel (it answers DNS).
-type Outputs struct{}
+// Outputs are what the DNS proxy publishes.
+type Outputs struct {
+	// Answering is the table the proxy answers from, sent each time it
+	// starts answering from a new one (/debug/ndsz renders it: NDSZ). May
+	// be nil: nobody shows it.
+	Answering messages.Sink[messages.DNSTable]
+}
 
 // New returns the DNS proxy service; an error for a bad Config (the only
 // check of cfg) or metrics that cannot be registered.
-func New(cfg Config, in Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
+func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -60,7 +63,10 @@ func New(cfg Config, in Inputs, _ Outputs, rt messages.Runtime) (*Service, error
 	if err := rt.Register(m.all...); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg.withDefaults(), table: in.Table, health: rt.Health, metrics: m, log: rt.Log}, nil
+	if out.Answering == nil {
+		out.Answering = messages.Discard[messages.DNSTable]{}
+	}
+	return &Service{cfg: cfg.withDefaults(), table: in.Table, out: out, health: rt.Health, metrics: m, log: rt.Log}, nil
 }
 
 // String is the service's name in logs, metrics and /debug/tree.
@@ -152,7 +158,7 @@ func (s *Service) Serve(ctx context.Context) error {
 			start := time.Now()
 			t := buildTable(nt, s.cfg.Namespace, s.cfg.Domain, search)
 			h.table.Store(t)
-			s.current.Store(t)
+			s.out.Answering.Send(messages.DNSTable{Table: nt, Namespace: s.cfg.Namespace, Domain: s.cfg.Domain})
 			s.log.Debug("name table loaded", "version", nt.Version, "hosts", t.hosts,
 				"names", len(t.names)+len(t.wildcards), "took", time.Since(start))
 			if !ready {

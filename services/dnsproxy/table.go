@@ -23,9 +23,6 @@ import (
 // answer straight to the wire: fastanswer.go).
 type lookupTable struct {
 	version string
-	// source and how it was expanded, for /debug/ndsz.
-	source            messages.NameTable
-	namespace, domain string
 	// search is the first search domain, lower case, fully qualified ("" if
 	// none): the suffix of a search expansion.
 	search string
@@ -64,9 +61,6 @@ func buildTable(nt messages.NameTable, namespace, domain string, search []string
 	pd, pdParts := proxyDomain(namespace, domain)
 	t := &lookupTable{
 		version:   nt.Version,
-		source:    nt,
-		namespace: namespace,
-		domain:    domain,
 		names:     make(map[string]uint32, len(nt.Hosts)*4), // Kubernetes: ~3.5 names a host
 		wildcards: make(map[string]uint32),
 		hostAddrs: make([]hostAddrs, 0, len(nt.Hosts)),

@@ -72,7 +72,7 @@ func TestCommandLine(t *testing.T) {
 var updateGolden = flag.Bool("update", false, "rewrite testdata/sidecar.args.golden")
 
 // TestCommandLineGolden pins the full default command line with an override
-// (ISTIO_BOOTSTRAP_OVERRIDE as bootstrap.Write turns it into JSON), as Envoy
+// (ISTIO_BOOTSTRAP_OVERRIDE as bootstrap.Render turns it into JSON), as Envoy
 // would be run.
 func TestCommandLineGolden(t *testing.T) {
 	b := bootstrap.File{

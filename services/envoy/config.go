@@ -45,7 +45,7 @@ var (
 	// ErrBinary: the Envoy binary is missing or cannot be executed.
 	ErrBinary = errors.New("envoy binary unusable")
 	// ErrPrepare: writing the bootstrap or making the arguments for a start
-	// failed (the rendered bootstrap, or Config.Prepare in tests).
+	// failed.
 	ErrPrepare = errors.New("prepare envoy start")
 	// ErrInvalidConfig: a Config field is invalid.
 	ErrInvalidConfig = errors.New("invalid envoy config")
@@ -68,10 +68,6 @@ type Config struct {
 	// written again from the same bytes before a restart (render.go).
 	Bootstrap *bootstrap.Config
 	Args      ArgsConfig
-	// Prepare, when set, replaces Bootstrap and Args: it writes a bootstrap
-	// and returns Envoy's arguments (everything after the binary). Tests
-	// use it to run Envoy on a hand-made bootstrap.
-	Prepare func() ([]string, error)
 	// AdminAddr is host:port of Envoy's admin API (ProxyConfig.proxyAdminPort).
 	AdminAddr string
 	// DrainQuery is the query of POST /drain_listeners: Istio's
@@ -169,12 +165,10 @@ func (cfg Config) Validate() error {
 	if cfg.HotRestart != nil {
 		errs = append(errs, cfg.HotRestart.validate())
 	}
-	if cfg.Prepare == nil {
-		if cfg.Bootstrap == nil {
-			bad("neither Bootstrap nor Prepare is set")
-		} else {
-			errs = append(errs, cfg.Bootstrap.Validate())
-		}
+	if cfg.Bootstrap == nil {
+		bad("Bootstrap is not set")
+	} else {
+		errs = append(errs, cfg.Bootstrap.Validate())
 	}
 	return errors.Join(errs...)
 }

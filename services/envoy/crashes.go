@@ -57,7 +57,7 @@ type CrashRecord struct {
 	// the agent's XDS proxy (empty without one).
 	ACKed map[string]string `json:"acked_versions,omitempty"`
 	// BootstrapSHA256 identifies the bootstrap Envoy ran (empty for a
-	// custom config file used as is, or a test's Prepare).
+	// custom config file used as is).
 	BootstrapSHA256 string `json:"bootstrap_sha256,omitempty"`
 	// StderrTail is the end of Envoy's stderr, at most StderrTailBytes.
 	StderrTail string `json:"stderr_tail"`

@@ -22,9 +22,9 @@
 // Before the first start the Service writes Envoy's bootstrap from
 // Config.Bootstrap with package bootstrap (services/envoy/bootstrap, which
 // builds it), and before each later start it writes the same bytes again;
-// Envoy's command line is CommandLine (args.go) of Config.Args. Config.Prepare
-// is not how a start is prepared: it is a hook for tests, which, when set,
-// replaces both and runs Envoy on a hand-made bootstrap.
+// Envoy's command line is CommandLine (args.go) of Config.Args. Tests run
+// Envoy on a hand-made bootstrap the way a user does: as the custom config
+// file (bootstrap.Config.CustomConfigFile), used as is.
 //
 // testdata/fakeenvoy is a stand-in Envoy used by the tests; with
 // MESHAGENT_TEST_ENVOY=/path/to/envoy the same tests run against a real one.

@@ -152,8 +152,7 @@ type generation struct {
 	args       []string
 	bootPath   string
 	boot       []byte
-	// rendered is the bootstrap as the service keeps it (nil with
-	// Config.Prepare).
+	// rendered is the bootstrap as the service keeps it.
 	rendered *bootstrap.Rendered
 }
 
@@ -213,7 +212,7 @@ func statFile(path string) (fileID, error) {
 }
 
 // newGeneration reads what Envoy will be started from with cfg and args,
-// the bootstrap already written (rendered: nil with Config.Prepare).
+// the bootstrap already written.
 func newGeneration(cfg Config, args []string, rendered *bootstrap.Rendered) (*generation, error) {
 	g := &generation{cfg: cfg, binary: cfg.BinaryPath, args: args, rendered: rendered}
 	id, err := statFile(cfg.BinaryPath)
@@ -236,21 +235,11 @@ func render(cfg Config) (*generation, error) {
 	if err := checkBinary(cfg.BinaryPath); err != nil {
 		return nil, err
 	}
-	var args []string
-	var rendered *bootstrap.Rendered
-	if cfg.Prepare != nil {
-		var err error
-		if args, err = cfg.Prepare(); err != nil {
-			return nil, err
-		}
-	} else {
-		var err error
-		if rendered, err = cfg.render(nil); err != nil {
-			return nil, err
-		}
-		args = CommandLine(cfg.Args, rendered.File)
+	rendered, err := cfg.render(nil)
+	if err != nil {
+		return nil, err
 	}
-	return newGeneration(cfg, args, rendered)
+	return newGeneration(cfg, CommandLine(cfg.Args, rendered.File), rendered)
 }
 
 // restore writes the bootstrap of g (the serving generation) back in place

@@ -21,7 +21,6 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
-	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -55,8 +54,16 @@ func hotBaseID(t *testing.T) int {
 // static listener a client dials.
 type hotHarness struct {
 	*harness
-	input  string // the file the render reads: node metadata EDIT
-	listen string // the static listener's address
+	// input is the template of the bootstrap Envoy runs (--templateFile):
+	// the harness's bootstrap, with the last edit as node metadata EDIT.
+	input string
+	// override is the bootstrap override (ISTIO_BOOTSTRAP_OVERRIDE), which
+	// Envoy applies and the agent does not check: "{}", or an admin port
+	// Envoy refuses after the edit "invalid".
+	override string
+	base     []byte // the harness's bootstrap
+	port     int    // the static listener's port
+	listen   string // the static listener's address
 	// env is added to the environment of the Envoys a Reload starts.
 	mu  sync.Mutex
 	env []string
@@ -71,14 +78,24 @@ type hotHarness struct {
 func newHotHarness(t *testing.T, on bool, env []string, mod func(*Config)) *hotHarness {
 	t.Helper()
 	dir := testkit.ShortTempDir(t, "hr")
-	h := &hotHarness{input: filepath.Join(dir, "input"), pids: map[int]bool{}}
-	testkit.WriteFile(t, h.input, []byte("v0"))
+	h := &hotHarness{input: filepath.Join(dir, "bootstrap.json"), override: filepath.Join(dir, "override.json"), pids: map[int]bool{}}
 	port := testkit.FreePort(t)
-	h.listen = fmt.Sprintf("127.0.0.1:%d", port)
+	h.port, h.listen = port, fmt.Sprintf("127.0.0.1:%d", port)
 	env = append(env, "FAKE_ENVOY_HOT_RESTART_RETRY_DELAY=20ms")
 	h.harness = newHarness(t, env, func(cfg *Config) {
-		orig := cfg.Prepare
-		cfg.Prepare = func() ([]string, error) { return hotPrepare(orig, h.input, port) }
+		raw, err := os.ReadFile(cfg.Bootstrap.CustomConfigFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.base = raw
+		testkit.WriteFile(t, h.override, []byte("{}"))
+		testkit.WriteFile(t, h.input, hotBootstrap(t, raw, "v0", port))
+		// A template, not a custom config file: the agent renders it to
+		// a bootstrap of its own, which it writes back after a refused
+		// edit.
+		boot := *cfg.Bootstrap
+		boot.CustomConfigFile, boot.TemplateFile, boot.OverrideFile = "", h.input, h.override
+		cfg.Bootstrap = &boot
 		if mod != nil {
 			mod(cfg)
 		}
@@ -87,7 +104,7 @@ func newHotHarness(t *testing.T, on bool, env []string, mod func(*Config)) *hotH
 		}
 		base := *cfg
 		cfg.HotRestart = &HotRestartConfig{
-			BaseID: hotBaseID(t), ParentShutdownDuration: time.Second, Watch: []string{h.input}, Debounce: 50 * time.Millisecond,
+			BaseID: hotBaseID(t), ParentShutdownDuration: time.Second, Watch: []string{h.input, h.override}, Debounce: 50 * time.Millisecond,
 			// Longer than any epoch of these tests takes to turn ready (1 s).
 			TakeOverTimeout: 4 * time.Second,
 			// No memory cgroup: the machine's own limit is not the test's.
@@ -108,37 +125,22 @@ func newHotHarness(t *testing.T, on bool, env []string, mod func(*Config)) *hotH
 	return h
 }
 
-// hotPrepare is the harness's bootstrap with the input file's content as
-// node metadata and a static listener on port; "invalid" renders a
-// bootstrap Envoy refuses (an admin port out of range).
-func hotPrepare(orig func() ([]string, error), input string, port int) ([]string, error) {
-	args, err := orig()
-	if err != nil {
-		return nil, err
-	}
-	path := configPathArg(args)
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	edit, err := os.ReadFile(input)
-	if err != nil {
-		return nil, err
-	}
+// hotBootstrap is the harness's bootstrap base (a template without
+// actions: it renders as it is) with edit as node metadata and a static
+// listener on port.
+func hotBootstrap(t testing.TB, base []byte, edit string, port int) []byte {
+	t.Helper()
 	var boot map[string]any
-	if err := json.Unmarshal(raw, &boot); err != nil {
-		return nil, err
+	if err := json.Unmarshal(base, &boot); err != nil {
+		t.Fatal(err)
 	}
-	boot["node"].(map[string]any)["metadata"] = map[string]any{"EDIT": string(edit)}
-	if string(edit) == "invalid" {
-		boot["admin"] = json.RawMessage(`{"address":{"socketAddress":{"address":"127.0.0.1","portValue":99999}}}`)
-	}
+	boot["node"].(map[string]any)["metadata"] = map[string]any{"EDIT": edit}
 	boot["staticResources"].(map[string]any)["listeners"] = []any{json.RawMessage(fmt.Sprintf(probeListener, port))}
 	out, err := json.Marshal(boot)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
-	return args, atomicfile.Write(path, out, 0o644)
+	return out
 }
 
 const probeListener = `{"name": "probe", "address": {"socketAddress": {"address": "127.0.0.1", "portValue": %d}},
@@ -149,8 +151,17 @@ const probeListener = `{"name": "probe", "address": {"socketAddress": {"address"
       "httpFilters": [{"name": "envoy.filters.http.router",
         "typedConfig": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}`
 
-// edit writes the input file, as an editor or the kubelet would.
-func (h *hotHarness) edit(text string) { testkit.ReplaceFile(h.t, h.input, []byte(text)) }
+// edit rewrites the bootstrap template with text as node metadata EDIT, as
+// an editor or the kubelet would; "invalid" also overrides the admin port
+// with one out of range, which Envoy refuses.
+func (h *hotHarness) edit(text string) {
+	override := "{}"
+	if text == "invalid" {
+		override = `{"admin":{"address":{"socketAddress":{"address":"127.0.0.1","portValue":99999}}}}`
+	}
+	testkit.ReplaceFile(h.t, h.override, []byte(override))
+	testkit.ReplaceFile(h.t, h.input, hotBootstrap(h.t, h.base, text, h.port))
+}
 
 // setEnv sets the environment the next Reload gives its Envoy.
 func (h *hotHarness) setEnv(env ...string) {

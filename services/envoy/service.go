@@ -15,9 +15,6 @@ import (
 
 // prepare writes the bootstrap and returns Envoy's arguments.
 func (s *Service) prepare() ([]string, error) {
-	if s.cfg.Prepare != nil {
-		return s.cfg.Prepare()
-	}
 	r, err := s.cfg.render(s.bootstrap)
 	if err != nil {
 		return nil, err

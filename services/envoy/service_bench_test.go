@@ -15,7 +15,7 @@ import (
 // Baseline: what starting and reaping the same binary costs with plain
 // os/exec, without the service. Compare the benchmarks below against it.
 func BenchmarkBaselineExecStart(b *testing.B) {
-	args, err := writeBootstrap(b.TempDir(), testkit.FreePort(b))
+	args, err := writeBootstrapArgs(b.TempDir(), testkit.FreePort(b))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func runFake(t *testing.T, args ...string) (int, string) {
 func TestFakeEnvoyRejectsBadInput(t *testing.T) {
 	skipIfReal(t)
 	dir := t.TempDir()
-	good, err := writeBootstrap(dir, testkit.FreePort(t))
+	good, err := writeBootstrapArgs(dir, testkit.FreePort(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,10 +262,10 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(cd.Names()[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
+			if !slices.Contains(envoyadmin.Names(cd)[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
 				t.Fatalf("config_dump lacks the xDS cluster: %s", dump)
 			}
-			if cd.Secret("ROOTCA") == nil {
+			if envoyadmin.Secret(cd, "ROOTCA") == nil {
 				t.Fatalf("config_dump lacks the ROOTCA secret: %s", dump)
 			}
 
@@ -325,7 +325,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 		t.Run(fmt.Sprintf("delta=%v", delta), func(t *testing.T) {
 			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 			port := testkit.FreePort(t)
-			args, err := writeBootstrap(dir, port)
+			args, err := writeBootstrapArgs(dir, port)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -382,7 +382,7 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	skipIfReal(t)
 	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
 	port := testkit.FreePort(t)
-	args, err := writeBootstrap(dir, port)
+	args, err := writeBootstrapArgs(dir, port)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -82,10 +84,11 @@ const testNodeID = "sidecar~127.0.0.1~test.default~default.svc.cluster.local"
 
 // writeBootstrap writes a minimal bootstrap shaped like Istio's where
 // readiness depends on it — admin on 127.0.0.1:port, delta ADS over the
-// xds-grpc pipe <dir>/XDS with initial_fetch_timeout 0s — and returns
-// Envoy's arguments for it. Envoy is ready only once an xDS server on that
-// socket has sent it clusters and listeners (see startControlPlane).
-func writeBootstrap(dir string, port int) ([]string, error) {
+// xds-grpc pipe <dir>/XDS with initial_fetch_timeout 0s — to
+// <dir>/envoy-rev.json and returns its path. Envoy is ready only once an
+// xDS server on that socket has sent it clusters and listeners (see
+// startControlPlane).
+func writeBootstrap(dir string, port int) (string, error) {
 	ads := &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		ResourceApiVersion: corev3.ApiVersion_V3, InitialFetchTimeout: durationpb.New(0)}
 	boot := &bootstrapv3.Bootstrap{
@@ -110,16 +113,39 @@ func writeBootstrap(dir string, port int) ([]string, error) {
 	}
 	raw, err := protojson.Marshal(boot)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	path := filepath.Join(dir, "envoy-rev.json")
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// writeBootstrapArgs writes writeBootstrap's bootstrap and returns Envoy's
+// command line for it, with testArgs (for the tests that run the binary
+// without the service).
+func writeBootstrapArgs(dir string, port int) ([]string, error) {
+	path, err := writeBootstrap(dir, port)
+	if err != nil {
 		return nil, err
 	}
-	return []string{"-c", path, "--drain-time-s", "1", "--drain-strategy", "immediate",
-		"--local-address-ip-version", "v4", "--file-flush-interval-msec", "1000",
-		"--disable-hot-restart", "--allow-unknown-static-fields", "-l", "warning", "--concurrency", "1"}, nil
+	return CommandLine(testArgs, bootstrap.File{Path: path}), nil
 }
+
+// testBootstrap runs Envoy on the bootstrap at path as the agent runs a
+// user's custom config file (ProxyConfig.customConfigFile), used as is: the
+// tests' hand-made bootstrap takes the agent's own way to Envoy (#34: a
+// Config.Prepare hook, for tests only, did this).
+func testBootstrap(dir, path string, adminPort int) *bootstrap.Config {
+	return &bootstrap.Config{ProxyType: "sidecar", InstanceIPs: []string{"127.0.0.1"}, Proxy: &meshconfig.ProxyConfig{},
+		ConfigPath: dir, AdminPort: adminPort, StatusPort: 15020, EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090,
+		CustomConfigFile: path}
+}
+
+// testArgs are the tests' Envoy flags: a drain of a second, warnings, one
+// worker thread.
+var testArgs = ArgsConfig{DrainDuration: time.Second, LogLevel: "warning", Concurrency: 1}
 
 // harness is one Service with its channels, running fakeenvoy (or envoy).
 type harness struct {
@@ -147,6 +173,10 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	t.Helper()
 	dir := testkit.ShortTempDir(t, "envoy") // unix socket paths are limited
 	port := testkit.FreePort(t)
+	boot, err := writeBootstrap(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := &harness{
 		t:      t,
 		state:  &testkit.Recorder[messages.EnvoyState]{},
@@ -158,7 +188,8 @@ func newHarnessWithClock(t testing.TB, env []string, mod func(*Config), clock me
 	}
 	cfg := Config{
 		BinaryPath:               envoyBinary,
-		Prepare:                  func() ([]string, error) { return writeBootstrap(dir, port) },
+		Bootstrap:                testBootstrap(dir, boot, port),
+		Args:                     testArgs,
 		AdminAddr:                h.admin,
 		DrainQuery:               "inboundonly&graceful",
 		ExcludedListeners:        bootstrap.Config{EnvoyStatusPort: 15021, EnvoyPrometheusPort: 15090}.AgentListenerStats(),

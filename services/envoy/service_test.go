@@ -280,7 +280,8 @@ func TestNeverReady(t *testing.T) {
 	h.waitServe(errc)
 }
 
-// Unusable binaries and a failing Prepare fail Serve with a clear error.
+// Unusable binaries and a bootstrap that cannot be prepared fail Serve
+// with a clear error.
 func TestStartFailures(t *testing.T) {
 	dir := t.TempDir()
 	notExec := filepath.Join(dir, "envoy-not-executable")
@@ -298,7 +299,9 @@ func TestStartFailures(t *testing.T) {
 		{"not executable", func(c *Config) { c.BinaryPath = notExec }, ErrBinary, notExec},
 		{"directory", func(c *Config) { c.BinaryPath = dir }, ErrBinary, dir},
 		{"prepare", func(c *Config) {
-			c.Prepare = func() ([]string, error) { return nil, errors.New("template /x/tmpl.json: bad") }
+			b := *c.Bootstrap
+			b.CustomConfigFile = "/x/tmpl.json" // missing
+			c.Bootstrap = &b
 		}, ErrPrepare, "/x/tmpl.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -320,7 +323,8 @@ func TestStartFailures(t *testing.T) {
 // A bad config is refused by New, once, naming the field (issue 26: a
 // config is validated when the tree is built, never again in Serve).
 func TestNewRefusesInvalidConfig(t *testing.T) {
-	cfg := Config{BinaryPath: envoyBinary, Prepare: func() ([]string, error) { return nil, nil },
+	dir := t.TempDir()
+	cfg := Config{BinaryPath: envoyBinary, Bootstrap: testBootstrap(dir, filepath.Join(dir, "envoy-rev.json"), 15000),
 		AdminAddr: "localhost", DrainQuery: "inboundonly&graceful"}
 	_, err := New(cfg, Inputs{}, Outputs{State: messages.NewCell[messages.EnvoyState]()},
 		messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, testkit.TestLogger(t)))
@@ -380,9 +384,15 @@ func runAsParent() int {
 	port, _ := strconv.Atoi(os.Getenv("MESHAGENT_ENVOY_TEST_PORT"))
 	dir := os.Getenv("MESHAGENT_ENVOY_TEST_DIR")
 	state := messages.NewCell[messages.EnvoyState]()
+	boot, err := writeBootstrap(dir, port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "parent: bootstrap:", err)
+		return 1
+	}
 	svc, err := New(Config{
 		BinaryPath: os.Getenv(parentEnv),
-		Prepare:    func() ([]string, error) { return writeBootstrap(dir, port) },
+		Bootstrap:  testBootstrap(dir, boot, port),
+		Args:       testArgs,
 		AdminAddr:  fmt.Sprintf("127.0.0.1:%d", port),
 		DrainQuery: "inboundonly&graceful",
 	}, Inputs{}, Outputs{State: state}, messages.NewRuntime(Name, messages.NewStream[messages.Health](0, nil), nil, nil, nil))
@@ -466,14 +476,15 @@ func TestRunAs(t *testing.T) {
 		c.BinaryPath = bin
 		c.RunAs = &Credential{UID: 1337, GID: 1337}
 		port := c.AdminAddr[strings.LastIndexByte(c.AdminAddr, ':')+1:]
-		c.Prepare = func() ([]string, error) {
-			p, _ := strconv.Atoi(port)
-			args, err := writeBootstrap(dir, p)
-			if err == nil {
-				err = os.Chmod(filepath.Join(dir, "envoy-rev.json"), 0o644)
-			}
-			return args, err
+		p, _ := strconv.Atoi(port)
+		boot, err := writeBootstrap(dir, p)
+		if err == nil {
+			err = os.Chmod(boot, 0o644)
 		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Bootstrap = testBootstrap(dir, boot, p)
 	})
 	// Its control plane, on a socket uid 1337 may connect to.
 	startControlPlane(t, filepath.Join(dir, "XDS"), minimalMesh(t))

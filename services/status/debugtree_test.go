@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -36,7 +34,7 @@ func request(h http.Handler, method, path, remote string, header http.Header) *h
 // loopback callers only, as pprof and /debug/ndsz. A header naming
 // loopback is the caller's word, not its address.
 func TestDebugTreeIsLoopbackOnly(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "dns", Path: "names/dns", StateName: "ready"}}})
 	spoofed := http.Header{"X-Forwarded-For": {"127.0.0.1"}, "X-Real-Ip": {"127.0.0.1"}, "Forwarded": {"for=127.0.0.1"}}
 	for _, c := range []struct {
@@ -87,7 +85,7 @@ func getTree(t *testing.T, s *Service) (text string, js treeJSON) {
 
 // Without an XDS proxy the tree says nothing of one.
 func TestDebugTreeWithoutXDSProxy(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	text, js := getTree(t, f.svc)
 	if strings.Contains(text, "xds upstream") || js.XDS != nil {
 		t.Fatalf("no XDS input, yet the tree shows one:\n%s\n%+v", text, js.XDS)
@@ -98,7 +96,7 @@ func TestDebugTreeWithoutXDSProxy(t *testing.T) {
 // Envoy's configuration comes from, since when, why not from the control
 // plane, and what Envoy last accepted.
 func TestDebugTreeShowsXDSUpstream(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	xds := messages.NewCell[messages.XDSState]()
 	f.svc.in.XDS = xds
 
@@ -163,7 +161,7 @@ func TestShortTypeNames(t *testing.T) {
 // A long health reason keeps both ends in the text view (the cause Go's
 // wrapping puts last included), and the JSON view has it whole (#21).
 func TestDebugTreeShowsTheWholeHealthReason(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	base := f.serve(t)
 	reason := "reading the name table from /var/lib/istio/data/names.json: " + strings.Repeat("retrying, ", 40) +
 		"last error: open /var/lib/istio/data/names.json: permission denied"
@@ -196,7 +194,7 @@ func TestDebugTreeShowsTheWholeHealthReason(t *testing.T) {
 // /debug/xds (and the tree's lines under the upstream) give per type what
 // was sent, ACKed and NACKed, and the verdict (issue 22).
 func TestDebugXDSShowsVerdictsAndNACKs(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	xds := messages.NewCell[messages.XDSState]()
 	f.svc.in.XDS = xds
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)

@@ -33,8 +33,8 @@ func newOperatorFixture(t *testing.T, now time.Time) *operatorFixture {
 		drain: messages.NewStream[messages.Drain](0, nil), stop: messages.NewStream[messages.Shutdown](0, nil),
 		chaos: messages.NewStream[messages.Chaos](0, nil), reg: prometheus.NewRegistry(),
 	}, certs: messages.NewCell[messages.CertBundle](), names: messages.NewCell[messages.NameTable](), xds: messages.NewCell[messages.XDSState]()}
-	svc, err := New(Config{Addr: "127.0.0.1:0", Gatherer: f.reg},
-		Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree, XDS: f.xds, Certs: f.certs, Names: f.names},
+	svc, err := New(Config{Addr: "127.0.0.1:0"},
+		Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree, XDS: f.xds, Certs: f.certs, Names: f.names, Metrics: f.reg},
 		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos},
 		messages.NewRuntime(Name, f.health, testkit.FrozenClock{At: now}, f.reg, nil))
 	if err != nil {
@@ -97,7 +97,7 @@ func TestDebugCertsAndNames(t *testing.T) {
 		}
 	}
 	// Without the inputs (no identity, no DNS) the pages are not served.
-	plain := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	plain := newFixture(Config{})
 	if rec := treeRequest(plain.svc, "/debug/certs", "127.0.0.1:1", nil); rec.Code != http.StatusNotFound {
 		t.Errorf("/debug/certs without a certificate input = %d, want 404", rec.Code)
 	}

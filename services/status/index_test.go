@@ -4,16 +4,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // GET / lists every endpoint the server answers, whose it is and who may
 // call it (issue 22: it was a bare 404); each listed endpoint is served,
 // and one listed as loopback-only refuses other callers.
 func TestIndexListsEveryEndpoint(t *testing.T) {
-	f := newFixture(Config{Chaos: true, Profiling: true, Gatherer: prometheus.NewRegistry(),
-		Debug: map[string]DebugPage{"/debug/crashes": {Handler: http.NotFoundHandler(), Doc: "Envoy's crash records"}}})
+	f := newFixtureIn(Config{Chaos: true, Profiling: true},
+		Inputs{Debug: map[string]DebugPage{"/debug/crashes": {Handler: http.NotFoundHandler(), Doc: "Envoy's crash records"}}})
 	h := f.svc.routes()
 	index := treeRequest(f.svc, "/", "192.0.2.10:40000", nil)
 	if index.Code != http.StatusOK {

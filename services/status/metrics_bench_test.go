@@ -108,10 +108,10 @@ func fetch(b *testing.B, c *http.Client, url string) int {
 	return int(n)
 }
 
-// benchScrapeURL runs a status server for a benchmark and returns its base
-// URL (fixture.serve is for tests).
-func benchScrapeURL(b *testing.B, cfg Config) string {
-	f := newFixture(cfg)
+// benchScrapeURLIn runs a status server (see newFixtureIn) for a benchmark
+// and returns its base URL (fixture.serve is for tests).
+func benchScrapeURLIn(b *testing.B, cfg Config, in Inputs) string {
+	f := newFixtureIn(cfg, in)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -150,9 +150,9 @@ func BenchmarkScrapeMergedFamilyByFamily(b *testing.B) { benchmarkScrape(b, true
 func benchmarkScrape(b *testing.B, shared bool) {
 	envoyPort, appPort := scaleSources(b, shared)
 	reg := prometheus.NewRegistry()
-	url := benchScrapeURL(b, Config{Gatherer: reg, Metrics: metricsmerge.Config{
+	url := benchScrapeURLIn(b, Config{Metrics: metricsmerge.Config{
 		EnvoyPort: envoyPort, App: []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
-	}}) + "/stats/prometheus"
+	}}, Inputs{Metrics: reg}) + "/stats/prometheus"
 	c := benchClient(b)
 	b.ReportAllocs()
 	var size int

@@ -158,18 +158,24 @@ func promtoolCheck(t *testing.T, body string) {
 	}
 }
 
+// serveMerged serves the agent's registry (agentRegistry) merged with
+// Envoy's exposition and the application's, and returns the base URL.
+func serveMerged(t *testing.T, envoy, app *exposition) string {
+	t.Helper()
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: serveExposition(t, envoy),
+		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
+	}}, Inputs{Metrics: agentRegistry()})
+	return f.serve(t)
+}
+
 // The merged endpoint: the agent's metrics under Istio's prefix, Envoy's,
 // then an OpenMetrics-only application's, as one exposition that strict
 // parsers and promtool accept.
 func TestMergedMetrics(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: openMetricsApp(t)}
-	reg := agentRegistry()
-	f := newFixture(Config{Gatherer: reg, Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}})
-	base := f.serve(t)
+	base := serveMerged(t, envoy, app)
 
 	for _, path := range []string{"/stats/prometheus", "/metrics"} {
 		resp, body := scrape(t, base+path+"?usedonly", nil)
@@ -221,12 +227,7 @@ func TestMergedMetrics(t *testing.T) {
 func TestMergedMetricsPassCleanSourcesThrough(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# HELP app_up Up.\n# TYPE app_up gauge\napp_up 1")}
-	reg := agentRegistry()
-	f := newFixture(Config{Gatherer: reg, Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}})
-	base := f.serve(t)
+	base := serveMerged(t, envoy, app)
 	_, body := scrape(t, base+"/stats/prometheus", nil)
 	fams := parseText(t, body)
 	promtoolCheck(t, body)
@@ -264,7 +265,7 @@ late_gauge{x="1"} 1
 late_gauge{x="2"} 2
 `)}
 	var logs testkit.LogBuffer
-	f := newLoggedFixture(Config{Gatherer: prometheus.NewRegistry(), Metrics: metricsmerge.Config{
+	f := newLoggedFixture(Config{Metrics: metricsmerge.Config{
 		EnvoyPort: serveExposition(t, envoy),
 		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
 	}}, infoLogger(&logs))
@@ -302,7 +303,7 @@ func TestMergedMetricsSurviveFailingSources(t *testing.T) {
 	garbage := &exposition{contentType: "text/plain", body: []byte("this is { not metrics\n")}
 	huge := &exposition{contentType: "text/plain", body: []byte("big_series " + strings.Repeat("1", 2000) + "\n")}
 	reg := agentRegistry()
-	f := newFixture(Config{Gatherer: reg, Metrics: metricsmerge.Config{
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
 		EnvoyPort: closedPort(t),
 		App: []metricsmerge.ScrapeTarget{
 			{Port: serveExposition(t, app), Path: "/metrics"},
@@ -311,7 +312,7 @@ func TestMergedMetricsSurviveFailingSources(t *testing.T) {
 			{Port: serveExposition(t, huge), Path: "/metrics"},
 		},
 		BodyLimit: 1000,
-	}})
+	}}, Inputs{Metrics: reg})
 	base := f.serve(t)
 	for round := 1; round <= 2; round++ {
 		resp, body := scrape(t, base+"/stats/prometheus", nil)
@@ -351,10 +352,10 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 	}))
 	defer hung.Close()
 	reg := prometheus.NewRegistry()
-	f := newFixture(Config{Gatherer: reg, Metrics: metricsmerge.Config{
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
 		EnvoyPort: portOf(t, hung.URL),
 		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}})
+	}}, Inputs{Metrics: reg})
 	base := f.serve(t)
 	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"X-Prometheus-Scrape-Timeout-Seconds": {"1"}})
 	if resp.StatusCode != 200 {
@@ -379,10 +380,10 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: openMetricsApp(t)}
-	f := newFixture(Config{Gatherer: agentRegistry(), Metrics: metricsmerge.Config{
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
 		EnvoyPort: serveExposition(t, envoy),
 		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}})
+	}}, Inputs{Metrics: agentRegistry()})
 	base := f.serve(t)
 	// Prometheus 3's default Accept.
 	accept := "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4," +
@@ -408,7 +409,7 @@ func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 }
 
 func TestMergedMetricsGzip(t *testing.T) {
-	f := newFixture(Config{Gatherer: agentRegistry()})
+	f := newFixtureIn(Config{}, Inputs{Metrics: agentRegistry()})
 	base := f.serve(t)
 	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"Accept-Encoding": {"gzip"}})
 	if resp.Header.Get("Content-Encoding") != "gzip" {
@@ -435,7 +436,7 @@ func TestMergedMetricsGzip(t *testing.T) {
 // loopback addresses.)
 func TestMergedMetricsLocalhostOnly(t *testing.T) {
 	for _, only := range []bool{false, true} {
-		f := newFixture(Config{Gatherer: agentRegistry(), Metrics: metricsmerge.Config{LocalhostOnly: only}})
+		f := newFixtureIn(Config{Metrics: metricsmerge.Config{LocalhostOnly: only}}, Inputs{Metrics: agentRegistry()})
 		h := f.svc.routes()
 		for addr, local := range map[string]bool{"192.0.2.10:40000": false, "127.0.0.1:40000": true, "[::1]:40000": true} {
 			rec := request(h, http.MethodGet, "/stats/prometheus", addr, nil)

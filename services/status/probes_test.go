@@ -14,10 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/services/status/appprobe"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -25,11 +26,10 @@ import (
 
 // newLoggedFixture is newFixture with a log the test can read.
 func newLoggedFixture(cfg Config, log *slog.Logger) *fixture {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()}) // its channels
-	if cfg.Gatherer == nil {
-		cfg.Gatherer = f.reg
-	}
-	f.svc = mustNew(cfg, f.svc.in, f.svc.out, log)
+	f := newFixtureIn(Config{}, Inputs{Metrics: prometheus.NewRegistry()}) // its channels
+	in := f.svc.in
+	in.Metrics = f.reg
+	f.svc = mustNew(cfg, in, f.svc.out, log)
 	return f
 }
 

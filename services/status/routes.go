@@ -68,8 +68,8 @@ func (s *Service) routeTable() []route {
 	if s.cfg.Chaos {
 		rs = append(rs, route{"/debug/chaos/kill", postOnly(s.handleChaosKill), true, false, "POST ?service=NAME[&for=DUR]: make a service fail (--chaos)"})
 	}
-	for _, path := range slices.Sorted(maps.Keys(s.cfg.Debug)) {
-		page := s.cfg.Debug[path]
+	for _, path := range slices.Sorted(maps.Keys(s.in.Debug)) {
+		page := s.in.Debug[path]
 		rs = append(rs, route{"GET " + path, page.Handler.ServeHTTP, true, false, page.Doc})
 	}
 	if s.cfg.Profiling {

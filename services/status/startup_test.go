@@ -16,10 +16,12 @@ import (
 // ready, then the time from the status server's construction (the agent's
 // start) to that moment, and never recorded again.
 func TestStartupDurationIsRecordedAtFirstReadiness(t *testing.T) {
-	clock := testkit.NewManualClock()                           // nothing in this test waits on it: After would never fire
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()}) // the channels
+	clock := testkit.NewManualClock() // nothing in this test waits on it: After would never fire
+	f := newFixture(Config{})         // the channels
 	reg := prometheus.NewRegistry()
-	svc, err := New(Config{Addr: "127.0.0.1:0", Required: []string{"sds"}, Gatherer: reg}, f.svc.in, f.svc.out,
+	in := f.svc.in
+	in.Required, in.Metrics = []string{"sds"}, reg
+	svc, err := New(Config{Addr: "127.0.0.1:0"}, in, f.svc.out,
 		messages.NewRuntime(Name, f.health, clock, reg, nil))
 	if err != nil {
 		t.Fatal(err)

@@ -29,28 +29,15 @@ import (
 type Config struct {
 	// Addr is where to listen, ":15020" (ProxyConfig.statusPort).
 	Addr string
-	// Required are the services whose Health must be Ready (or Degraded)
-	// for /healthz/ready to answer 200.
-	Required []string
-	// RequireEnvoy: readiness also needs EnvoyState.Ready.
-	RequireEnvoy bool
 	// Chaos enables POST /debug/chaos/kill (--chaos, MESHAGENT_CHAOS=1).
 	Chaos bool
 	// Profiling serves /debug/pprof/ to loopback callers (--profiling).
 	Profiling bool
-	// Gatherer is the agent's metrics registry, served on /stats/prometheus
-	// with Istio's istio_agent_ prefix (package metricsmerge).
-	Gatherer prometheus.Gatherer
-	// Debug are read-only debug pages other services offer, by path
-	// ("/debug/ndsz"), served to loopback callers only and listed on GET /
-	// with their Doc. The tree hands them over like channels; the status
-	// server never calls a service.
-	Debug map[string]DebugPage
 	// Probes: application probe rewriting and the VM readiness probe
 	// (package appprobe).
 	Probes appprobe.Config
-	// Metrics: what /stats/prometheus merges besides Gatherer (package
-	// metricsmerge).
+	// Metrics: what /stats/prometheus merges besides the agent's registry
+	// (Inputs.Metrics; package metricsmerge).
 	Metrics metricsmerge.Config
 }
 
@@ -59,14 +46,13 @@ func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return fmt.Errorf("status address %q: %w", c.Addr, err)
 	}
-	if c.Gatherer == nil {
-		return errors.New("status server needs a metrics gatherer")
-	}
 	return nil
 }
 
-// DebugPage is a page another service offers: its handler and the line
-// GET / shows for it (the offering service says what it is).
+// DebugPage is a page of another service's package: its handler and the
+// line GET / shows for it (the offering package says what it is). The
+// handler reads what the service publishes (a channel, a directory), never
+// the service (issue 34).
 type DebugPage struct {
 	Handler http.Handler
 	Doc     string
@@ -85,6 +71,23 @@ type Inputs struct {
 	// (identityview.go, issue 22); nil when the agent has none.
 	Certs messages.Latest[messages.CertBundle]
 	Names messages.Latest[messages.NameTable]
+
+	// What the tree knows of the agent it built (issue 34: handed over
+	// like the channels, never written into Config after cmd built it).
+
+	// Required are the services whose Health must be Ready (or Degraded)
+	// for /healthz/ready to answer 200.
+	Required []string
+	// RequireEnvoy: readiness also needs EnvoyState.Ready (the agent runs
+	// Envoy).
+	RequireEnvoy bool
+	// Metrics is the agent's metrics registry, served on /stats/prometheus
+	// with Istio's istio_agent_ prefix (package metricsmerge). Required.
+	Metrics prometheus.Gatherer
+	// Debug are read-only debug pages of other services' packages, by path
+	// ("/debug/ndsz"), served to loopback callers only and listed on GET /
+	// with their Doc.
+	Debug map[string]DebugPage
 }
 
 // Outputs are what the status server sends.
@@ -145,11 +148,14 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if in.Metrics == nil {
+		return nil, errors.New("status: Inputs.Metrics (the agent's metrics registry) is required")
+	}
 	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}}
 	s.view.Store(&view{reason: "starting"})
 	s.prober = appprobe.New(cfg.Probes, rt.Log)
 	var mm messages.Metrics
-	s.metrics = metricsmerge.New(cfg.Metrics, cfg.Gatherer, rt.Log, &mm)
+	s.metrics = metricsmerge.New(cfg.Metrics, in.Metrics, rt.Log, &mm)
 	s.startedAt = rt.Clock.Now()
 	s.startup = mm.GaugeVec("startup_duration_seconds", "The time from the process starting to being marked ready.")
 	if err := rt.Register(mm.Collectors()...); err != nil {
@@ -270,7 +276,7 @@ func (s *Service) readiness() (bool, string) {
 	if h, ok := s.healths[messages.AgentService]; ok && !h.State.Serving() {
 		why = append(why, "agent: "+describe(h))
 	}
-	required := append([]string(nil), s.cfg.Required...)
+	required := append([]string(nil), s.in.Required...)
 	sort.Strings(required)
 	for _, name := range required {
 		h, ok := s.healths[name]
@@ -281,7 +287,7 @@ func (s *Service) readiness() (bool, string) {
 			why = append(why, name+": "+describe(h))
 		}
 	}
-	if s.cfg.RequireEnvoy {
+	if s.in.RequireEnvoy {
 		st, ok := s.in.Envoy.Get()
 		switch {
 		case !ok || !st.Phase.Alive():

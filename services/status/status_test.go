@@ -33,7 +33,12 @@ type fixture struct {
 	reg    *prometheus.Registry
 }
 
-func newFixture(cfg Config) *fixture {
+func newFixture(cfg Config) *fixture { return newFixtureIn(cfg, Inputs{}) }
+
+// newFixtureIn is newFixture with what the tree hands the server besides
+// its channels: in's Required, RequireEnvoy, Debug and Metrics (nil: the
+// fixture's registry).
+func newFixtureIn(cfg Config, in Inputs) *fixture {
 	f := &fixture{
 		health: messages.NewStream[messages.Health](0, nil),
 		envoy:  messages.NewCell[messages.EnvoyState](),
@@ -44,10 +49,11 @@ func newFixture(cfg Config) *fixture {
 		chaos:  messages.NewStream[messages.Chaos](0, nil),
 		reg:    prometheus.NewRegistry(),
 	}
-	if cfg.Gatherer == nil {
-		cfg.Gatherer = f.reg
+	if in.Metrics == nil {
+		in.Metrics = f.reg
 	}
-	f.svc = mustNew(cfg, Inputs{Health: f.health, Envoy: f.envoy, Tree: f.tree},
+	in.Health, in.Envoy, in.Tree = f.health, f.envoy, f.tree
+	f.svc = mustNew(cfg, in,
 		Outputs{Readiness: f.ready, Drain: f.drain, Shutdown: f.stop, Chaos: f.chaos}, nil)
 	return f
 }
@@ -58,7 +64,7 @@ func mustNew(cfg Config, in Inputs, out Outputs, log *slog.Logger) *Service {
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0" // serve picks a free port; New checks there is an address
 	}
-	reg, _ := cfg.Gatherer.(prometheus.Registerer)
+	reg, _ := in.Metrics.(prometheus.Registerer)
 	health, _ := in.Health.(messages.Sink[messages.Health])
 	svc, err := New(cfg, in, out, messages.NewRuntime(Name, health, nil, reg, log))
 	if err != nil {
@@ -107,7 +113,7 @@ func get(t *testing.T, url string) (int, string) {
 
 // Readiness needs every required service and Envoy; the 503 body says why.
 func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
-	f := newFixture(Config{Required: []string{"sds", "dns"}, RequireEnvoy: true})
+	f := newFixtureIn(Config{}, Inputs{Required: []string{"sds", "dns"}, RequireEnvoy: true})
 	base := f.serve(t)
 
 	code, body := get(t, base+"/healthz/ready")
@@ -150,7 +156,7 @@ func TestReadinessFollowsHealthAndEnvoy(t *testing.T) {
 // publishes the serving Envoy at the top of EnvoyState and the other epoch
 // in Overlap, starting then draining, with a health reason naming both.
 func TestReadinessStaysUpThroughAHotRestart(t *testing.T) {
-	f := newFixture(Config{Required: []string{messages.EnvoyService}, RequireEnvoy: true})
+	f := newFixtureIn(Config{}, Inputs{Required: []string{messages.EnvoyService}, RequireEnvoy: true})
 	base := f.serve(t)
 	f.envoy.Send(messages.EnvoyState{Phase: messages.EnvoyReady, PID: 10})
 	f.health.Send(messages.Health{Service: messages.EnvoyService, State: messages.Ready, Reason: "hot restart: epoch 0 (pid 10) serving, epoch 1 (pid 11) starting"})
@@ -192,7 +198,7 @@ func TestMetricsPassPromtool(t *testing.T) {
 
 // Endpoints that stop or break the agent refuse other hosts and non-POSTs.
 func TestDangerousEndpointsAreLoopbackOnly(t *testing.T) {
-	f := newFixture(Config{Chaos: true, Profiling: true, Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{Chaos: true, Profiling: true})
 	h := f.svc.routes()
 	for _, path := range []string{"/quitquitquit", "/drain", "/debug/chaos/kill?service=x", "/debug/pprof/"} {
 		if rec := request(h, http.MethodPost, path, "192.0.2.10:40000", nil); rec.Code != http.StatusForbidden {
@@ -212,7 +218,7 @@ func TestDangerousEndpointsAreLoopbackOnly(t *testing.T) {
 }
 
 func TestProfilingAndChaosAreOptIn(t *testing.T) {
-	f := newFixture(Config{Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{})
 	h := f.svc.routes()
 	for _, path := range []string{"/debug/pprof/", "/debug/chaos/kill?service=x"} {
 		rec := postFromLoopback(h, path)
@@ -236,13 +242,10 @@ func TestListenFailureIsAnError(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	if err := (Config{Addr: "nonsense", Gatherer: prometheus.NewRegistry()}).Validate(); err == nil {
+	if err := (Config{Addr: "nonsense"}).Validate(); err == nil {
 		t.Fatal("bad address accepted")
 	}
-	if err := (Config{Addr: ":15020"}).Validate(); err == nil {
-		t.Fatal("missing gatherer accepted")
-	}
-	if err := (Config{Addr: ":15020", Gatherer: prometheus.NewRegistry()}).Validate(); err != nil {
+	if err := (Config{Addr: ":15020"}).Validate(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -250,7 +253,7 @@ func TestConfigValidate(t *testing.T) {
 // A chaos kill names a service that is up; one that is down (in backoff)
 // is refused rather than silently dropped.
 func TestChaosKillNeedsARunningService(t *testing.T) {
-	f := newFixture(Config{Chaos: true, Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{Chaos: true})
 	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{
 		{Name: "dns", State: messages.Failed, StateName: "failed"},
 		{Name: "sds", State: messages.Starting, StateName: "starting"},
@@ -270,7 +273,7 @@ func TestChaosKillNeedsARunningService(t *testing.T) {
 // for=DUR holds the killed service down; a bad or unbounded duration is
 // refused naming the value, and nothing is killed.
 func TestChaosKillForADuration(t *testing.T) {
-	f := newFixture(Config{Chaos: true, Gatherer: prometheus.NewRegistry()})
+	f := newFixture(Config{Chaos: true})
 	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "controlplane", State: messages.Ready, StateName: "ready"}}})
 	h := f.svc.routes()
 	for query, want := range map[string]int{
@@ -297,9 +300,18 @@ func postFromLoopback(h http.Handler, path string) *httptest.ResponseRecorder {
 
 // New checks the config, once (issue 26): Serve never does again.
 func TestNewRefusesABadConfig(t *testing.T) {
-	for _, cfg := range []Config{{Addr: "no-port", Gatherer: prometheus.NewRegistry()}, {Addr: "127.0.0.1:0"}} {
-		if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, nil, nil, nil, nil)); err == nil {
-			t.Errorf("New(%+v) = nil error", cfg)
+	// And the agent's registry, which only the tree hands it (issue 34).
+	for _, tc := range []struct {
+		cfg  Config
+		in   Inputs
+		want string
+	}{
+		{Config{Addr: "no-port"}, Inputs{Metrics: prometheus.NewRegistry()}, `"no-port"`},
+		{Config{Addr: "127.0.0.1:0"}, Inputs{}, "Inputs.Metrics"},
+	} {
+		_, err := New(tc.cfg, tc.in, Outputs{}, messages.NewRuntime(Name, nil, nil, nil, nil))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)
 		}
 	}
 }

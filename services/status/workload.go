@@ -77,7 +77,7 @@ func (s *Service) sendWorkloadHealth(healthy bool, reason string) {
 // agent runs one, as Istio puts its Envoy readiness check before the
 // application's (health.EnvoyProber in the AggregateProber).
 func (s *Service) probeWorkload(ctx context.Context, wp *appprobe.WorkloadProbe) (bool, string) {
-	if s.cfg.RequireEnvoy {
+	if s.in.RequireEnvoy {
 		st, ok := s.in.Envoy.Get()
 		if !ok || st.Phase != messages.EnvoyReady {
 			return false, "envoy is not ready (" + st.Phase.String() + ")"

@@ -22,7 +22,7 @@ import (
 func workloadFixture(t *testing.T, wp *appprobe.WorkloadProbe, requireEnvoy bool) (*fixture, *messages.Stream[messages.WorkloadHealth]) {
 	t.Helper()
 	sent := messages.NewStream[messages.WorkloadHealth](0, nil)
-	f := newFixture(Config{RequireEnvoy: requireEnvoy, Probes: appprobe.Config{Host: "127.0.0.1", Workload: wp}})
+	f := newFixtureIn(Config{Probes: appprobe.Config{Host: "127.0.0.1", Workload: wp}}, Inputs{RequireEnvoy: requireEnvoy})
 	f.svc.out.WorkloadHealth = sent
 	f.serve(t)
 	return f, sent

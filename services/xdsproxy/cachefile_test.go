@@ -122,21 +122,3 @@ func TestNameTableCachedForOutage(t *testing.T) {
 		servedFromCache(t, p2, delta)
 	})
 }
-
-// A name table alone (NDS answered before Envoy acknowledged anything) is
-// a valid cache file.
-func TestCacheFileNamesOnly(t *testing.T) {
-	h := cacheHeader{nodeID: testNode, address: "istiod:15012"}
-	names := &namesEntry{b: []byte{0x0a, 0x00}, version: "n1"}
-	b := encodeCache(h, cacheSnapshot{names: names})
-	if int64(len(b)) != cacheSize(h, cacheSnapshot{names: names}) {
-		t.Errorf("cacheSize %d, file %d bytes", cacheSize(h, cacheSnapshot{names: names}), len(b))
-	}
-	_, s, err := decodeCache(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.mode != modeNone || s.names == nil || s.names.version != "n1" || !bytes.Equal(s.names.b, names.b) {
-		t.Errorf("decoded %+v, names %+v; want the name table alone", s, s.names)
-	}
-}

@@ -8,12 +8,16 @@
 //     DNS name table (NDS), the ProxyConfig's extra trust anchors, and the
 //     VM workload's health, reported upstream;
 //   - responses are forwarded as the raw bytes the control plane sent
-//     (codec.go): only the type URL and nonce are read from them;
+//     (package rawxds): only the type URL and nonce are read from them;
 //   - the configuration Envoy last acknowledged is kept, in memory and in a
 //     file, and served to an Envoy that connects while the control plane
-//     cannot be reached (lkg.go, offline.go), which no peer does;
+//     cannot be reached (package lkg, offline.go), which no peer does;
 //   - new trust roots end the upstream stream, which is dialled again with
 //     them, instead of restarting anything (roots.go, #26).
+//
+// What stands alone is a package of its own (#34): rawxds, the wire format
+// of the responses it forwards undecoded; lkg, the last-known-good cache
+// and its file; grpcbootstrap, the bootstrap file proxyless gRPC reads.
 package xdsproxy
 
 import (
@@ -25,6 +29,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
@@ -184,7 +189,7 @@ type Config struct {
 
 	// GRPCBootstrap, when its Path is set, is written when Serve starts
 	// (GRPC_XDS_BOOTSTRAP): the bootstrap proxyless gRPC clients read.
-	GRPCBootstrap GRPCBootstrap
+	GRPCBootstrap grpcbootstrap.Config
 
 	// StopTimeout bounds the graceful stop at shutdown before open streams
 	// are cut (default 5s).
@@ -295,7 +300,7 @@ func (c Config) Validate() error {
 	if c.CacheFile != "" && !filepath.IsAbs(c.CacheFile) {
 		return bad("CacheFile %q must be an absolute path", c.CacheFile)
 	}
-	if err := c.GRPCBootstrap.validate(); err != nil {
+	if err := c.GRPCBootstrap.Validate(); err != nil {
 		return bad("%v", err)
 	}
 	if err := c.Wasm.Validate(); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -42,12 +43,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"cache without node", func(c *Config) { c.NodeID = "" }, "NodeID"},
 		{"relative cache", func(c *Config) { c.CacheFile = "xds-cache.pb" }, "CacheFile"},
 		{"relative bootstrap", func(c *Config) {
-			c.GRPCBootstrap = GRPCBootstrap{Path: "grpc-bootstrap.json", Node: &corev3.Node{Id: "x"}}
+			c.GRPCBootstrap = grpcbootstrap.Config{Path: "grpc-bootstrap.json", Node: &corev3.Node{Id: "x"}}
 		}, "GRPC_XDS_BOOTSTRAP"},
-		{"bootstrap without node", func(c *Config) { c.GRPCBootstrap = GRPCBootstrap{Path: "/tmp/b.json"} }, "Node has no id"},
+		{"bootstrap without node", func(c *Config) { c.GRPCBootstrap = grpcbootstrap.Config{Path: "/tmp/b.json"} }, "Node has no id"},
 		{"two client certificates", func(c *Config) { c.ClientCertificate, c.ProvCertDir = true, "/etc/certs" }, "PROV_CERT"},
 		{"half the cert files", func(c *Config) {
-			c.GRPCBootstrap = GRPCBootstrap{Path: "/tmp/b.json", Node: &corev3.Node{Id: "x"}, CertFile: "/c.pem"}
+			c.GRPCBootstrap = grpcbootstrap.Config{Path: "/tmp/b.json", Node: &corev3.Node{Id: "x"}, CertFile: "/c.pem"}
 		}, "all set or all empty"},
 	}
 	for _, tc := range cases {

@@ -8,6 +8,9 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // maxPendingDelta bounds the Delta responses awaiting Envoy's ACK per
@@ -40,19 +43,19 @@ type deltaTracker struct {
 	first   *discoveryv3.DeltaDiscoveryRequest
 	subs    map[string]*deltaSub
 	order   []string
-	pending map[string][]*frame
+	pending map[string][]*rawxds.Frame
 	started map[string]bool // the cache was aligned with Envoy for this type
 	served  map[string]bool // cache mode: types answered
 	nonces  int
 }
 
 func (delta) newTracker(id uint64) tracker[*discoveryv3.DeltaDiscoveryRequest] {
-	return &deltaTracker{id: id, subs: map[string]*deltaSub{}, pending: map[string][]*frame{},
+	return &deltaTracker{id: id, subs: map[string]*deltaSub{}, pending: map[string][]*rawxds.Frame{},
 		started: map[string]bool{}, served: map[string]bool{}}
 }
 
-func (delta) mode() cacheMode { return modeDelta }
-func (delta) method() string  { return methodDelta }
+func (delta) mode() lkg.Mode { return lkg.ModeDelta }
+func (delta) method() string { return methodDelta }
 
 func (delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return new(discoveryv3.DeltaDiscoveryRequest)
@@ -63,10 +66,10 @@ func (delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *d
 	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (delta) agentResource(f *frame) (*anypb.Any, string, error) {
+func (delta) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
-	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
-		return nil, f.version, err
+	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
+		return nil, f.Version, err
 	}
 	if len(r.GetResources()) == 0 {
 		return nil, r.GetSystemVersionInfo(), errEmptyResource
@@ -79,7 +82,7 @@ func (delta) agentResource(f *frame) (*anypb.Any, string, error) {
 	return res.GetResource(), version, nil
 }
 
-func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg) reqInfo {
+func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
 		x.record = record
@@ -125,7 +128,7 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 	}
 	list := x.pending[t]
 	for i, f := range list {
-		if f.nonce != nonce {
+		if f.Nonce != nonce {
 			continue
 		}
 		// The frames up to this one leave the list and its array: the
@@ -134,13 +137,13 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 		clear(list[:i+1])
 		x.pending[t] = list[i+1:]
 		if info.nack == "" {
-			info.acked, info.version = true, f.version
+			info.acked, info.version = true, f.Version
 			if record {
 				if !x.started[t] {
 					x.started[t] = true
-					cache.startDelta(t, sub.initial)
+					cache.StartDelta(t, sub.initial)
 				}
-				cache.applyDelta(t, f)
+				cache.ApplyDelta(t, f)
 			}
 		}
 		break
@@ -148,16 +151,16 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 	return info
 }
 
-func (x *deltaTracker) sending(f *frame, cache *lkg) {
-	list := append(x.pending[f.typeURL], f)
+func (x *deltaTracker) sending(f *rawxds.Frame, cache *lkg.Cache) {
+	list := append(x.pending[f.TypeURL], f)
 	if len(list) > maxPendingDelta {
 		list[0] = nil
 		list = list[1:]
 		if x.record {
-			cache.dropDelta(f.typeURL, "Envoy left too many responses unacknowledged")
+			cache.DropDelta(f.TypeURL, "Envoy left too many responses unacknowledged")
 		}
 	}
-	x.pending[f.typeURL] = list
+	x.pending[f.TypeURL] = list
 }
 
 // awaitsAnswer: a wildcard subscription that acknowledges nothing
@@ -174,8 +177,8 @@ func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return r
 }
 
-func (x *deltaTracker) replay(cache *lkg) []*frame {
-	var out []*frame
+func (x *deltaTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
+	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerFirst(cache, t)...)
 	}
@@ -185,7 +188,7 @@ func (x *deltaTracker) replay(cache *lkg) []*frame {
 // answer serves a request from the cache: the whole subscription the
 // first time a type is asked for, then what each new subscription adds.
 // ACKs and NACKs of what was served are consumed.
-func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg) []*frame {
+func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if !x.served[t] {
 		return x.answerFirst(cache, t)
@@ -193,7 +196,7 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 	if len(req.GetResourceNamesSubscribe()) == 0 || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := cache.getDelta(t)
+	res, version, ok := cache.Delta(t)
 	if !ok {
 		return nil
 	}
@@ -206,41 +209,41 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 	if len(names) == 0 {
 		return nil
 	}
-	return []*frame{x.cachedFrame(t, version, res, names)}
+	return []*rawxds.Frame{x.cachedFrame(t, version, res, names)}
 }
 
-func (x *deltaTracker) answerFirst(cache *lkg, t string) []*frame {
+func (x *deltaTracker) answerFirst(cache *lkg.Cache, t string) []*rawxds.Frame {
 	sub := x.subs[t]
 	if sub == nil || !forwardable(t) {
 		return nil
 	}
-	res, version, ok := cache.getDelta(t)
+	res, version, ok := cache.Delta(t)
 	if !ok {
 		return nil
 	}
 	x.served[t] = true
 	names := make([]string, 0, len(res))
 	for n, r := range res {
-		if (sub.wildcard || sub.names[n]) && sub.initial[n] != r.version {
+		if (sub.wildcard || sub.names[n]) && sub.initial[n] != r.Version {
 			names = append(names, n)
 		}
 	}
 	sort.Strings(names)
 	// Sent even when empty: Envoy waits for a first answer per type
 	// before it finishes initialising.
-	return []*frame{x.cachedFrame(t, version, res, names)}
+	return []*rawxds.Frame{x.cachedFrame(t, version, res, names)}
 }
 
 // cachedFrame is the cache's response of type t with the resources names
 // of res, which Envoy holds from then on (deltaSub.held).
-func (x *deltaTracker) cachedFrame(t, version string, res map[string]deltaRes, names []string) *frame {
+func (x *deltaTracker) cachedFrame(t, version string, res map[string]lkg.DeltaRes, names []string) *rawxds.Frame {
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
 	pick := make([][]byte, 0, len(names))
 	sub := x.subs[t]
 	for _, n := range names {
-		pick = append(pick, res[n].b)
-		sub.held[n] = res[n].version
+		pick = append(pick, res[n].Resource)
+		sub.held[n] = res[n].Version
 	}
-	return &frame{body: body{deltaResponse(t, version, nonce, pick)}, typeURL: t, nonce: nonce, version: version, resources: len(pick)}
+	return &rawxds.Frame{Body: rawxds.Body{rawxds.DeltaResponse(t, version, nonce, pick)}, TypeURL: t, Nonce: nonce, Version: version, Resources: len(pick)}
 }

@@ -6,6 +6,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // ECDS responses with remote Wasm code (#35). Istio's agent hands each ECDS
@@ -30,13 +33,13 @@ const ecdsQueue = 16
 // ecdsResult is one ECDS response, rewritten (f) or to be NACKed (err;
 // orig is what the control plane sent).
 type ecdsResult struct {
-	f, orig *frame
+	f, orig *rawxds.Frame
 	err     error
 }
 
 // ecdsWorker is a live stream's ECDS pipeline.
 type ecdsWorker struct {
-	in   chan *frame
+	in   chan *rawxds.Frame
 	out  chan ecdsResult
 	stop context.CancelFunc // ends a fetch in progress
 }
@@ -50,7 +53,7 @@ func (st *stream[R]) startECDS(done <-chan struct{}) *ecdsWorker {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(st.down.Context())
-	w := &ecdsWorker{in: make(chan *frame, ecdsQueue), out: make(chan ecdsResult), stop: cancel}
+	w := &ecdsWorker{in: make(chan *rawxds.Frame, ecdsQueue), out: make(chan ecdsResult), stop: cancel}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -88,7 +91,7 @@ func (w *ecdsWorker) results() <-chan ecdsResult {
 
 // submitECDS hands f to the worker, forwarding the worker's results while
 // its queue is full.
-func (st *stream[R]) submitECDS(w *ecdsWorker, f *frame, done <-chan struct{}) error {
+func (st *stream[R]) submitECDS(w *ecdsWorker, f *rawxds.Frame, done <-chan struct{}) error {
 	for {
 		select {
 		case w.in <- f:
@@ -116,19 +119,19 @@ func (st *stream[R]) finishECDS(r ecdsResult) error {
 			held = x.versions[extensionConfigType]
 		}
 	})
-	st.log.Warn("rejecting (NACK) an ECDS response: its Wasm filters cannot be made local", "version", r.orig.version,
-		"nonce", r.orig.nonce, "error", r.err)
-	st.enqueue(outgoing[R]{req: st.pr.agentRequest(extensionConfigType, held, r.orig.nonce, internalError(r.err.Error())), agent: true})
+	st.log.Warn("rejecting (NACK) an ECDS response: its Wasm filters cannot be made local", "version", r.orig.Version,
+		"nonce", r.orig.Nonce, "error", r.err)
+	st.enqueue(outgoing[R]{req: st.pr.agentRequest(extensionConfigType, held, r.orig.Nonce, internalError(r.err.Error())), agent: true})
 	return nil
 }
 
 // rewriteECDS is f with the remote Wasm code of its resources made local
 // (wasm.Cache.RewriteAll); a response without any is re-encoded all the
 // same, which costs little for the few resources ECDS carries.
-func (st *stream[R]) rewriteECDS(ctx context.Context, f *frame) (*frame, error) {
+func (st *stream[R]) rewriteECDS(ctx context.Context, f *rawxds.Frame) (*rawxds.Frame, error) {
 	var b []byte
 	var err error
-	if st.pr.mode() == modeDelta {
+	if st.pr.mode() == lkg.ModeDelta {
 		b, err = rewriteDelta(ctx, st.svc, f)
 	} else {
 		b, err = rewriteSotW(ctx, st.svc, f)
@@ -136,16 +139,16 @@ func (st *stream[R]) rewriteECDS(ctx context.Context, f *frame) (*frame, error) 
 	if err != nil {
 		return nil, err
 	}
-	nf := &frame{body: body{b}}
-	if err := nf.scan(); err != nil {
+	nf := &rawxds.Frame{Body: rawxds.Body{b}}
+	if err := nf.Scan(); err != nil {
 		return nil, err
 	}
 	return nf, nil
 }
 
-func rewriteSotW(ctx context.Context, s *Service, f *frame) ([]byte, error) {
+func rewriteSotW(ctx context.Context, s *Service, f *rawxds.Frame) ([]byte, error) {
 	var r discoveryv3.DiscoveryResponse
-	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
+	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
 		return nil, err
 	}
 	if err := s.wasm.RewriteAll(ctx, r.Resources); err != nil {
@@ -154,9 +157,9 @@ func rewriteSotW(ctx context.Context, s *Service, f *frame) ([]byte, error) {
 	return proto.Marshal(&r)
 }
 
-func rewriteDelta(ctx context.Context, s *Service, f *frame) ([]byte, error) {
+func rewriteDelta(ctx context.Context, s *Service, f *rawxds.Frame) ([]byte, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
-	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
+	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
 		return nil, err
 	}
 	res := make([]*anypb.Any, len(r.GetResources()))

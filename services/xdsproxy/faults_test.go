@@ -1,6 +1,7 @@
 package xdsproxy
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -205,7 +207,7 @@ func TestCacheFileSurvivesRestart(t *testing.T) {
 // control plane is ignored with a warning and removed, never served.
 func TestBadCacheFileIgnored(t *testing.T) {
 	cfg, good := stoppedCacheOfV1(t)
-	_, snap, err := decodeCache(good)
+	_, snap, err := lkg.ReadFile(cfg.CacheFile, cfg.NodeID, cfg.DiscoveryAddress, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +219,8 @@ func TestBadCacheFileIgnored(t *testing.T) {
 		{"corrupt", flipByte(good, len(good)/2), "checksum mismatch"},
 		{"truncated", good[:len(good)-40], "checksum mismatch"},
 		{"empty", nil, "bad magic"},
-		{"other node", encodeCache(cacheHeader{nodeID: "sidecar~10.9.9.9~other.default~default.svc.cluster.local", address: cfg.DiscoveryAddress}, snap), "written for node"},
-		{"other control plane", encodeCache(cacheHeader{nodeID: cfg.NodeID, address: "istiod.elsewhere:15012"}, snap), "written for control plane"},
+		{"other node", cacheImage(lkg.Header{NodeID: "sidecar~10.9.9.9~other.default~default.svc.cluster.local", Address: cfg.DiscoveryAddress}, snap), "written for node"},
+		{"other control plane", cacheImage(lkg.Header{NodeID: cfg.NodeID, Address: "istiod.elsewhere:15012"}, snap), "written for control plane"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -233,6 +235,13 @@ func TestBadCacheFileIgnored(t *testing.T) {
 			p.wantNothingServed(t)
 		})
 	}
+}
+
+// cacheImage is the cache file lkg.Write writes for h and snap.
+func cacheImage(h lkg.Header, snap lkg.Snapshot) []byte {
+	var buf bytes.Buffer
+	_ = lkg.Write(&buf, h, snap)
+	return buf.Bytes()
 }
 
 func flipByte(b []byte, i int) []byte {

@@ -1,41 +1,22 @@
 package xdsproxy
 
 import (
-	"bytes"
-	"encoding/binary"
-	"hash/crc32"
 	"log/slog"
-	"slices"
 	"testing"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // The fuzz targets of the proxy's parsers of outside input: responses
 // from the control plane (scanned, never decoded, when forwarded; decoded
 // for the agent's own types), and the cache file.
-
-// FuzzScan: the scans of a response never panic, whatever the bytes.
-func FuzzScan(f *testing.F) {
-	f.Add(sotwResponse(f, "v", "n", 1))
-	f.Add([]byte{0x0a, 0x00})
-	f.Add(deltaResponse(resource.ClusterType, "3", "n", [][]byte{{0x1a, 0x01, 'a'}}))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fr := frame{body: body{b}}
-		_ = fr.scan()
-		_, _ = scanResource(b)
-		_, _ = splitDelta(body{b}, 0)
-	})
-}
 
 // agentResponses are responses of the agent's own types, both protocols.
 func agentResponses(f *testing.F) [][]byte {
@@ -75,8 +56,8 @@ func FuzzAgentResponse(f *testing.F) {
 		names := &lastNames{}
 		s := &Service{cfg: Config{NDS: true, ProxyConfigXDS: true}, log: slog.New(slog.DiscardHandler),
 			out: Outputs{Names: names, Anchors: messages.Discard[messages.TrustAnchors]{}}}
-		fr := &frame{body: body{b}}
-		if fr.scan() != nil {
+		fr := &rawxds.Frame{Body: rawxds.Body{b}}
+		if fr.Scan() != nil {
 			return // the codec refuses it before any handler
 		}
 		consumeAll(t, s, names, delta{}.agentResource, fr)
@@ -84,7 +65,7 @@ func FuzzAgentResponse(f *testing.F) {
 	})
 }
 
-func consumeAll(t *testing.T, s *Service, names *lastNames, agentResource func(*frame) (*anypb.Any, string, error), fr *frame) {
+func consumeAll(t *testing.T, s *Service, names *lastNames, agentResource func(*rawxds.Frame) (*anypb.Any, string, error), fr *rawxds.Frame) {
 	res, version, err := agentResource(fr)
 	if err != nil {
 		return
@@ -111,114 +92,3 @@ type lastNames struct {
 }
 
 func (l *lastNames) Send(nt messages.NameTable) { l.last, l.set = nt, true }
-
-// FuzzDeltaCache feeds Delta responses, as Envoy would have acknowledged
-// them, to the cache, then writes and reads back the cache file: what the
-// cache keeps is what the file gives back.
-func FuzzDeltaCache(f *testing.F) {
-	f.Add(deltaResponse(resource.ClusterType, "3", "n", [][]byte{{0x1a, 0x01, 'a', 0x12, 0x00}}), []byte{0x0a, 0x00})
-	f.Add(sotwResponse(f, "v", "n", 2), []byte(nil))
-	f.Fuzz(func(t *testing.T, b, table []byte) {
-		c := newLKG(1<<40, slog.New(slog.DiscardHandler))
-		fr := &frame{body: body{b}}
-		if fr.scan() != nil {
-			return
-		}
-		c.startDelta(resource.ClusterType, nil)
-		c.applyDelta(resource.ClusterType, fr)
-		c.putNames(table, "nt")
-		snap := c.snapshot()
-		h := cacheHeader{nodeID: testNode, address: "istiod:15012", written: time.Unix(1, 0)}
-		file := encodeCache(h, snap)
-		if got := cacheSize(h, snap); got != int64(len(file)) {
-			t.Fatalf("cacheSize %d, file %d bytes", got, len(file))
-		}
-		h2, back, err := decodeCache(file)
-		if err != nil {
-			t.Fatalf("the cache file written does not decode: %v", err)
-		}
-		if h2.nodeID != h.nodeID || back.mode != snap.mode || !bytes.Equal(back.names.b, table) {
-			t.Fatalf("read back %+v, %+v; wrote %+v, %+v", h2, back, h, snap)
-		}
-		for typeURL, d := range snap.delta {
-			got := back.delta[typeURL]
-			if got.version != d.version || len(got.res) != len(d.res) {
-				t.Fatalf("%s read back %d resources at %q, wrote %d at %q", typeURL, len(got.res), got.version, len(d.res), d.version)
-			}
-			for name, r := range d.res {
-				if g := got.res[name]; g.version != r.version || !bytes.Equal(g.b, r.b) {
-					t.Fatalf("%s resource %q read back differs", typeURL, name)
-				}
-			}
-		}
-	})
-}
-
-// FuzzCacheFile feeds arbitrary bytes as the cache file, as they are
-// and with a valid checksum (so that the fuzzer gets past it to the
-// payload): the decoder never panics, and what it accepts is written back
-// to a file that decodes to the same.
-func FuzzCacheFile(f *testing.F) {
-	h := cacheHeader{nodeID: testNode, address: "istiod:15012", written: time.Unix(5, 0)}
-	for _, file := range [][]byte{
-		encodeCache(h, cacheSnapshot{mode: modeSotW, sotw: map[string]sotwEntry{resource.ClusterType: {b: body{sotwResponse(f, "v1", "n", 2)}, version: "v1"}}}),
-		encodeCache(h, cacheSnapshot{mode: modeDelta, delta: map[string]deltaSnapshot{resource.ClusterType: {version: "3", res: map[string]deltaRes{
-			"a": {version: "a1", b: []byte{0x1a, 0x01, 'a', 0x0a, 0x02, 'a', '1', 0x12, 0x00}},
-		}}}, names: &namesEntry{b: []byte{0x0a, 0x00}, version: "n1"}}),
-		encodeCache(h, cacheSnapshot{names: &namesEntry{b: nil, version: ""}}),
-	} {
-		f.Add(file[len(cacheMagic) : len(file)-checksumSize])
-	}
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		_, _, _ = decodeCache(payload)
-		file := append([]byte(cacheMagic), payload...)
-		file = binary.BigEndian.AppendUint32(file, crc32.Checksum(file, castagnoli))
-		h, s, err := decodeCache(file)
-		if err != nil {
-			return
-		}
-		h2, s2, err := decodeCache(encodeCache(h, s))
-		if err != nil {
-			t.Fatalf("a decoded cache written back does not decode: %v", err)
-		}
-		if h2 != h || s2.mode != s.mode || len(s2.sotw) != len(s.sotw) || len(s2.delta) != len(s.delta) || (s2.names == nil) != (s.names == nil) {
-			t.Fatalf("round trip: %+v %+v, want %+v %+v", h2, s2, h, s)
-		}
-	})
-}
-
-// FuzzBodyFields: a message in pieces, wherever they are cut, reads field
-// for field as the same message in one slice, and fails where it fails.
-func FuzzBodyFields(f *testing.F) {
-	f.Add(sotwResponse(f, "v", "n", 3), uint8(5))
-	f.Add(deltaResponse(resource.ClusterType, "3", "n", [][]byte{{0x1a, 0x01, 'a'}}), uint8(1))
-	f.Add([]byte{0x0b, 0x10, 0x01, 0x0c, 0x22, 0x01, 'x'}, uint8(2)) // a group, then a string
-	f.Add([]byte{0x0b, 0x0b, 0x0c}, uint8(1))                        // a group never ended
-	f.Add([]byte("\xf8\xf8\xf8\xf80\xf80"), uint8(0x99))             // a field number past 2^29
-	f.Fuzz(func(t *testing.T, b []byte, step uint8) {
-		type got struct {
-			num protowire.Number
-			v   string
-		}
-		var want, have []got
-		var wantErr, haveErr bool
-		for fd, err := range fields(b, protowire.BytesType) {
-			if err != nil {
-				wantErr = true
-				break
-			}
-			want = append(want, got{fd.num, string(fd.v)})
-		}
-		all := func(protowire.Number) bool { return true }
-		for fd, err := range bodyFields(pieces(b, int(step)+1), all) {
-			if err != nil {
-				haveErr = true
-				break
-			}
-			have = append(have, got{fd.num, string(fd.v)})
-		}
-		if wantErr != haveErr || !slices.Equal(want, have) {
-			t.Fatalf("in pieces of %d: %v (error %v), in one: %v (error %v)", int(step)+1, have, haveErr, want, wantErr)
-		}
-	})
-}

@@ -23,6 +23,7 @@ import (
 	// grpc-go's own xDS client: the xds:/// resolver and its balancers.
 	_ "google.golang.org/grpc/xds"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -71,7 +72,7 @@ func TestProxylessGRPCThroughProxy(t *testing.T) {
 	cfg := testConfig(root, cp.Addr())
 	certDir := filepath.Join(root, "etc/certs")
 	meta, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "default", "INSTANCE_IPS": "127.0.0.1"})
-	cfg.GRPCBootstrap = GRPCBootstrap{
+	cfg.GRPCBootstrap = grpcbootstrap.Config{
 		Path:     filepath.Join(root, "etc/istio/proxy/grpc-bootstrap.json"),
 		Node:     &corev3.Node{Id: "sidecar~127.0.0.1~grpc-app.default~default.svc.cluster.local", Metadata: meta},
 		CertFile: filepath.Join(certDir, "cert-chain.pem"), KeyFile: filepath.Join(certDir, "key.pem"),

@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // A connected stream: the sender, the receiver and the responder between
@@ -26,7 +28,7 @@ func (st *stream[R]) live(up *upstream, resumed *resumption[R]) liveEnd {
 	// Responses wait in a channel, not a queue: the receiver must block
 	// when it is full, so that gRPC's flow control slows the control plane
 	// down to Envoy's pace.
-	resps := make(chan *frame, responseQueue)
+	resps := make(chan *rawxds.Frame, responseQueue)
 	var answered atomic.Bool
 
 	var wg sync.WaitGroup
@@ -117,24 +119,24 @@ func (st *stream[R]) sendRequest(up *upstream, o outgoing[R], upErr chan<- error
 }
 
 func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
-	resps chan<- *frame, done <-chan struct{}, upErr chan<- error,
+	resps chan<- *rawxds.Frame, done <-chan struct{}, upErr chan<- error,
 ) {
 	s := st.svc
 	for {
-		f := new(frame)
+		f := new(rawxds.Frame)
 		if err := up.stream.RecvMsg(f); err != nil {
 			upErr <- err
 			return
 		}
-		st.answered(f.typeURL)
+		st.answered(f.TypeURL)
 		if !answered.Swap(true) {
 			st.log.Info("connected to the control plane", "address", s.cfg.DiscoveryAddress)
 			st.own.connected()
 		}
 		s.m.responses.Inc()
-		label := typeLabel(f.typeURL)
+		label := typeLabel(f.TypeURL)
 		s.m.messages.WithLabelValues(label, dirResponse).Inc()
-		s.m.bytes.WithLabelValues(label, dirResponse).Add(float64(f.body.len()))
+		s.m.bytes.WithLabelValues(label, dirResponse).Add(float64(f.Body.Len()))
 		s.noteInflight(st.inflight.Add(1))
 		select {
 		case resps <- f:
@@ -147,14 +149,14 @@ func (st *stream[R]) receiveUpstream(up *upstream, answered *atomic.Bool,
 // respond hands each response to the agent (its own types) or to Envoy,
 // in the order the control plane sent them; but ECDS, when its Wasm
 // modules are fetched first (ecds.go), follows once they are.
-func (st *stream[R]) respond(resps <-chan *frame, done <-chan struct{}, downErr chan<- error) {
+func (st *stream[R]) respond(resps <-chan *rawxds.Frame, done <-chan struct{}, downErr chan<- error) {
 	ecds := st.startECDS(done)
 	defer ecds.close()
 	for {
 		var err error
 		select {
 		case f := <-resps:
-			if ecds != nil && f.typeURL == extensionConfigType {
+			if ecds != nil && f.TypeURL == extensionConfigType {
 				err = st.submitECDS(ecds, f, done)
 			} else {
 				err = st.handleResponse(f)
@@ -172,14 +174,14 @@ func (st *stream[R]) respond(resps <-chan *frame, done <-chan struct{}, downErr 
 	}
 }
 
-func (st *stream[R]) handleResponse(f *frame) error {
+func (st *stream[R]) handleResponse(f *rawxds.Frame) error {
 	s := st.svc
-	if s.agentType(f.typeURL) {
+	if s.agentType(f.TypeURL) {
 		st.consumeAgent(f)
 		return nil
 	}
-	if !forwardable(f.typeURL) {
-		st.log.Error("not forwarding a response of a type Envoy does not know", "type_url", f.typeURL)
+	if !forwardable(f.TypeURL) {
+		st.log.Error("not forwarding a response of a type Envoy does not know", "type_url", f.TypeURL)
 		return nil
 	}
 	st.sending(f)
@@ -200,14 +202,14 @@ func (st *stream[R]) records() bool {
 
 // consumeAgent applies a response of an agent type and ACKs or NACKs it
 // upstream; it never reaches Envoy.
-func (st *stream[R]) consumeAgent(f *frame) {
+func (st *stream[R]) consumeAgent(f *rawxds.Frame) {
 	res, version, err := st.pr.agentResource(f)
 	switch {
 	case errors.Is(err, errEmptyResource):
 		err = nil
 	case err == nil:
-		err = st.svc.consume(f.typeURL, res, version)
-		if err == nil && f.typeURL == nameTableType && st.records() {
+		err = st.svc.consume(f.TypeURL, res, version)
+		if err == nil && f.TypeURL == nameTableType && st.records() {
 			st.own.putNames(res.GetValue(), version)
 		}
 	}
@@ -215,12 +217,12 @@ func (st *stream[R]) consumeAgent(f *frame) {
 	// version the agent last accepted.
 	var reply R
 	if err != nil {
-		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.typeURL, "version", version, "nonce", f.nonce, "error", err)
-		reply = st.pr.agentRequest(f.typeURL, st.agentVersions[f.typeURL], f.nonce, internalError(err.Error()))
+		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.TypeURL, "version", version, "nonce", f.Nonce, "error", err)
+		reply = st.pr.agentRequest(f.TypeURL, st.agentVersions[f.TypeURL], f.Nonce, internalError(err.Error()))
 	} else {
-		st.agentVersions[f.typeURL] = f.version
-		st.own.ack(f.typeURL, f.version)
-		reply = st.pr.agentRequest(f.typeURL, f.version, f.nonce, nil)
+		st.agentVersions[f.TypeURL] = f.Version
+		st.own.ack(f.TypeURL, f.Version)
+		reply = st.pr.agentRequest(f.TypeURL, f.Version, f.Nonce, nil)
 	}
 	st.enqueue(outgoing[R]{req: reply, agent: true})
 }

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // Serving the last-known-good configuration. When an Envoy connects and
@@ -86,11 +89,11 @@ func (st *stream[R]) serveCache(cause error) error {
 	}
 }
 
-func (st *stream[R]) sendCached(f *frame) error {
-	label := typeLabel(f.typeURL)
+func (st *stream[R]) sendCached(f *rawxds.Frame) error {
+	label := typeLabel(f.TypeURL)
 	st.svc.m.messages.WithLabelValues(label, dirCache).Inc()
-	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(f.body.len()))
-	st.log.Debug("served from the cache", "type_url", f.typeURL, "version", f.version, "nonce", f.nonce)
+	st.svc.m.bytes.WithLabelValues(label, dirCache).Add(float64(f.Body.Len()))
+	st.log.Debug("served from the cache", "type_url", f.TypeURL, "version", f.Version, "nonce", f.Nonce)
 	st.own.sentCached(f)
 	return st.down.SendMsg(f)
 }
@@ -197,7 +200,7 @@ func (st *stream[R]) probeOnce(ctx context.Context) error {
 			got <- err
 			return
 		}
-		got <- up.stream.RecvMsg(new(frame))
+		got <- up.stream.RecvMsg(new(rawxds.Frame))
 	}()
 	var res error
 	received := false
@@ -230,3 +233,14 @@ func (st *stream[R]) probeOnce(ctx context.Context) error {
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
+
+// cacheNonce is a nonce of the proxy's own, for responses served from the
+// cache: it cannot be mistaken for a control plane's.
+func cacheNonce(stream uint64, n int) string {
+	return cacheNoncePrefix + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
+}
+
+const cacheNoncePrefix = "meshagent-cache-"
+
+// isCacheNonce: nonce is one of cacheNonce's.
+func isCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }

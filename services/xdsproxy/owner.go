@@ -4,6 +4,9 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // The proxy's state (proxyState) has one owner: a goroutine that Serve runs
@@ -42,11 +45,11 @@ type message struct {
 	// The stream's messages: which stream, when it happened, and what.
 	st      proxyStream
 	now     time.Time
-	typeURL string // msgSendStart (the type asked for, if any), msgAnswered
-	f       *frame // msgSending
-	req     any    // msgObserved: Envoy's request, the stream's R
-	record  bool   // msgObserved
-	seq     uint64 // msgObserved: the request's number (outgoing.seq)
+	typeURL string        // msgSendStart (the type asked for, if any), msgAnswered
+	f       *rawxds.Frame // msgSending
+	req     any           // msgObserved: Envoy's request, the stream's R
+	record  bool          // msgObserved
+	seq     uint64        // msgObserved: the request's number (outgoing.seq)
 }
 
 type msgKind uint8
@@ -72,13 +75,13 @@ func (m *message) apply(s *proxyState) {
 	case msgSendStart:
 		w := m.st.stall()
 		if m.typeURL != "" {
-			w.asked(m.now, m.typeURL)
+			w.Asked(m.now, m.typeURL)
 		}
-		w.sendStart(m.now)
+		w.SendStart(m.now)
 	case msgSendDone:
-		m.st.stall().sendDone(m.now)
+		m.st.stall().SendDone(m.now)
 	case msgAnswered:
-		m.st.stall().answered(m.now, m.typeURL)
+		m.st.stall().Answered(m.now, m.typeURL)
 	}
 }
 
@@ -159,8 +162,8 @@ type proxyStream interface {
 	redial()
 	// observe, tracked and stall apply the stream's messages.
 	observe(s *proxyState, now time.Time, req any, record bool, seq uint64)
-	tracked(s *proxyState, now time.Time, f *frame)
-	stall() *stallWatch
+	tracked(s *proxyState, now time.Time, f *rawxds.Frame)
+	stall() *stallwatch.Watch
 }
 
 // register makes st, opened by p, the active stream, and the status
@@ -274,43 +277,43 @@ func (o *owner) ack(typeURL, version string) {
 }
 
 // sentCached: a response from the cache is on its way to Envoy.
-func (o *owner) sentCached(f *frame) {
+func (o *owner) sentCached(f *rawxds.Frame) {
 	now := o.clock.Now()
 	o.post(func(s *proxyState) { s.sent(now, f) })
 }
 
-// The last-known-good configuration (lkg.go).
+// The last-known-good configuration (package lkg).
 
 // servable: which types the cache can serve on a stream of protocol m.
-func (o *owner) servable(m cacheMode) []string {
+func (o *owner) servable(m lkg.Mode) []string {
 	var types []string
-	o.ask(func(s *proxyState) { types = s.cache.servable(m) })
+	o.ask(func(s *proxyState) { types = s.cache.Servable(m) })
 	return types
 }
 
 // putNames records the name table the agent accepted.
 func (o *owner) putNames(b []byte, version string) {
-	o.post(func(s *proxyState) { s.cache.putNames(b, version) })
+	o.post(func(s *proxyState) { s.cache.PutNames(b, version) })
 }
 
 // cacheSnapshot is the cache's content now, for the writer.
-func (o *owner) cacheSnapshot() cacheSnapshot {
-	var snap cacheSnapshot
-	o.ask(func(s *proxyState) { snap = s.cache.snapshot() })
+func (o *owner) cacheSnapshot() lkg.Snapshot {
+	var snap lkg.Snapshot
+	o.ask(func(s *proxyState) { snap = s.cache.Snapshot() })
 	return snap
 }
 
 // cacheChanged is signalled after the cache changes. The channel is the
 // cache's, made with it and never replaced.
-func (o *owner) cacheChanged() <-chan struct{} { return o.state.cache.wake }
+func (o *owner) cacheChanged() <-chan struct{} { return o.state.cache.Wake() }
 
 // restore fills an empty cache from the file's snapshot, and says which
 // types it can serve then.
-func (o *owner) restore(snap cacheSnapshot) []string {
+func (o *owner) restore(snap lkg.Snapshot) []string {
 	var types []string
 	o.ask(func(s *proxyState) {
-		s.cache.restore(snap)
-		types = s.cache.servable(snap.mode)
+		s.cache.Restore(snap)
+		types = s.cache.Servable(snap.Mode)
 	})
 	return types
 }
@@ -319,7 +322,7 @@ func (o *owner) restore(snap cacheSnapshot) []string {
 // touches it, through the stream's methods below.
 type streamState[R request] struct {
 	tr    tracker[R]
-	stall *stallWatch
+	stall *stallwatch.Watch
 	// initialSent: the agent's own requests went out after Envoy's first
 	// LDS request.
 	initialSent bool
@@ -400,11 +403,11 @@ func (st *stream[R]) health(h messages.WorkloadHealth) {
 }
 
 // sending: response f is on its way to Envoy.
-func (st *stream[R]) sending(f *frame) {
+func (st *stream[R]) sending(f *rawxds.Frame) {
 	st.own.send(message{kind: msgSending, st: st, now: st.own.clock.Now(), f: f})
 }
 
-func (st *stream[R]) tracked(s *proxyState, now time.Time, f *frame) {
+func (st *stream[R]) tracked(s *proxyState, now time.Time, f *rawxds.Frame) {
 	st.owned.tr.sending(f, s.cache)
 	s.sent(now, f)
 }
@@ -417,15 +420,15 @@ func (st *stream[R]) probeRequest() R {
 }
 
 // replay answers, from the cache, every type Envoy asked for so far.
-func (st *stream[R]) replay() []*frame {
-	var out []*frame
+func (st *stream[R]) replay() []*rawxds.Frame {
+	var out []*rawxds.Frame
 	st.own.ask(func(s *proxyState) { out = st.owned.tr.replay(s.cache) })
 	return out
 }
 
 // answer answers one more of Envoy's requests from the cache.
-func (st *stream[R]) answer(req R) []*frame {
-	var out []*frame
+func (st *stream[R]) answer(req R) []*rawxds.Frame {
+	var out []*rawxds.Frame
 	st.own.ask(func(s *proxyState) { out = st.owned.tr.answer(req, s.cache) })
 	return out
 }
@@ -448,13 +451,13 @@ func (st *stream[R]) answered(typeURL string) {
 	st.own.send(message{kind: msgAnswered, st: st, now: st.own.clock.Now(), typeURL: typeURL})
 }
 
-func (st *stream[R]) stall() *stallWatch { return st.owned.stall }
+func (st *stream[R]) stall() *stallwatch.Watch { return st.owned.stall }
 
 // stalled is the stall error when requests have waited too long;
 // delivering: responses wait for Envoy.
 func (st *stream[R]) stalled(delivering bool) error {
 	now := st.own.clock.Now()
 	var err error
-	st.own.ask(func(*proxyState) { err = st.stall().stalled(now, delivering) })
+	st.own.ask(func(*proxyState) { err = st.stall().Stalled(now, delivering) })
 	return err
 }

@@ -9,6 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // What differs between State of the World (sotw.go) and Delta (delta.go):
@@ -59,7 +62,7 @@ type reqInfo struct {
 // protocol is what differs between State of the World (sotw.go) and Delta
 // (delta.go), apart from what a stream tracks (tracker). It holds no state.
 type protocol[R request] interface {
-	mode() cacheMode
+	mode() lkg.Mode
 	method() string
 	// newTracker makes the tracker of stream id.
 	newTracker(id uint64) tracker[R]
@@ -71,7 +74,7 @@ type protocol[R request] interface {
 	agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) R
 	// agentResource decodes a response of an agent type: its first
 	// resource and version (errEmptyResource when it has none).
-	agentResource(f *frame) (*anypb.Any, string, error)
+	agentResource(f *rawxds.Frame) (*anypb.Any, string, error)
 	// awaitsAnswer: a control plane must answer req (the stall rule).
 	awaitsAnswer(req R) bool
 	// afterCache is what reaches the control plane of Envoy's request req,
@@ -96,14 +99,14 @@ func wildcardFirst(nonce string, names []string) bool {
 type tracker[R request] interface {
 	// observe tracks Envoy's subscriptions and ACKs (feeding the cache when
 	// record is set); sending tracks a response about to reach Envoy.
-	observe(req R, record bool, cache *lkg) reqInfo
-	sending(f *frame, cache *lkg)
+	observe(req R, record bool, cache *lkg.Cache) reqInfo
+	sending(f *rawxds.Frame, cache *lkg.Cache)
 	// probeRequest is Envoy's first request, as a fresh subscription.
 	probeRequest() R
 	// replay answers, from the cache, every type Envoy asked for so far;
 	// answer answers one more request.
-	replay(cache *lkg) []*frame
-	answer(req R, cache *lkg) []*frame
+	replay(cache *lkg.Cache) []*rawxds.Frame
+	answer(req R, cache *lkg.Cache) []*rawxds.Frame
 	// resubscribe is what Envoy would send first on a new stream, holding
 	// what it was sent on this one: the stream moves from the cache to
 	// the control plane (reattach.go).

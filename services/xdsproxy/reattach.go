@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // Moving a stream from the cache to the control plane (#24). When the probe
@@ -93,7 +95,7 @@ func (st *stream[R]) resume() *resumption[R] {
 			}
 		}
 		res.envoySeq, res.agentSeq = st.owned.observedSeq, st.owned.agentSeq
-		st.owned.stall = newStallWatch(st.svc.cfg.StallTimeout, now)
+		st.owned.stall = stallwatch.NewWatch(st.svc.cfg.StallTimeout, now)
 	})
 	return res
 }

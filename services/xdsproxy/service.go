@@ -17,6 +17,8 @@ import (
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
+	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
 
@@ -56,7 +58,7 @@ type Service struct {
 	clock  messages.Clock
 	log    *slog.Logger
 	m      *metrics
-	codec  rawCodec
+	codec  rawxds.Codec
 	// state is what the streams share; while Serve runs, its owner
 	// goroutine alone touches it (owner.go), and it carries over to the
 	// next run.
@@ -114,7 +116,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		return nil, fmt.Errorf("%w: Inputs.Certs is nil but the configuration needs the certificate bundle (Roots=%s, ClientCertificate=%t)",
 			ErrBadConfig, cfg.Roots, cfg.ClientCertificate)
 	}
-	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: newRawCodec()}
+	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, m: newMetrics(), codec: rawxds.NewCodec()}
 	s.state = newProxyState(cfg, rt.Log, s.m, rt.Health, out.State)
 	collectors := s.m.all
 	if cfg.Wasm.Enabled() {
@@ -136,7 +138,7 @@ func (s *Service) String() string { return Name }
 func (s *Service) Serve(ctx context.Context) error {
 	s.health.Report(messages.Starting, "opening the XDS socket")
 	if s.cfg.GRPCBootstrap.Path != "" {
-		if err := WriteGRPCBootstrap(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
+		if err := grpcbootstrap.Write(s.cfg.GRPCBootstrap, s.cfg.SocketPath); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,9 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // sotw is the State of the World protocol (ADS's
@@ -20,10 +23,10 @@ type sotw struct{}
 type sotwTracker struct {
 	id      uint64 // the stream's, for the cache's nonces
 	first   *discoveryv3.DiscoveryRequest
-	names   map[string][]string // type → the names of Envoy's latest request
-	order   []string            // types in the order Envoy first asked
-	pending map[string]*frame   // type → the last response forwarded
-	served  map[string][]string // cache mode: type → names last answered
+	names   map[string][]string      // type → the names of Envoy's latest request
+	order   []string                 // types in the order Envoy first asked
+	pending map[string]*rawxds.Frame // type → the last response forwarded
+	served  map[string][]string      // cache mode: type → names last answered
 	nonces  int
 
 	// versions: type → the version_info of Envoy's latest request, the
@@ -32,12 +35,12 @@ type sotwTracker struct {
 }
 
 func (sotw) newTracker(id uint64) tracker[*discoveryv3.DiscoveryRequest] {
-	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*frame{}, served: map[string][]string{},
+	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*rawxds.Frame{}, served: map[string][]string{},
 		versions: map[string]string{}}
 }
 
-func (sotw) mode() cacheMode { return modeSotW }
-func (sotw) method() string  { return methodSotW }
+func (sotw) mode() lkg.Mode { return lkg.ModeSotW }
+func (sotw) method() string { return methodSotW }
 
 func (sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
 
@@ -45,10 +48,10 @@ func (sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Statu
 	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: version, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (sotw) agentResource(f *frame) (*anypb.Any, string, error) {
+func (sotw) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DiscoveryResponse
-	if err := proto.Unmarshal(f.body.bytes(), &r); err != nil {
-		return nil, f.version, err
+	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
+		return nil, f.Version, err
 	}
 	if len(r.GetResources()) == 0 {
 		return nil, r.GetVersionInfo(), errEmptyResource
@@ -57,7 +60,7 @@ func (sotw) agentResource(f *frame) (*anypb.Any, string, error) {
 	return r.GetResources()[0], r.GetVersionInfo(), nil
 }
 
-func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg) reqInfo {
+func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	}
@@ -68,20 +71,20 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 	}
 	x.names[t] = req.GetResourceNames()
 	x.versions[t] = req.GetVersionInfo()
-	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.nonce {
+	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.Nonce {
 		delete(x.pending, t)
 		if info.nack == "" {
-			info.acked, info.version = true, p.version
+			info.acked, info.version = true, p.Version
 			if record {
-				cache.putSotW(t, p.body, p.version)
+				cache.PutSotW(t, p.Body, p.Version)
 			}
 		}
 	}
 	return info
 }
 
-func (x *sotwTracker) sending(f *frame, _ *lkg) {
-	x.pending[f.typeURL] = f
+func (x *sotwTracker) sending(f *rawxds.Frame, _ *lkg.Cache) {
+	x.pending[f.TypeURL] = f
 }
 
 // awaitsAnswer: a wildcard request that acknowledges nothing
@@ -96,8 +99,8 @@ func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {
 	return r
 }
 
-func (x *sotwTracker) replay(cache *lkg) []*frame {
-	var out []*frame
+func (x *sotwTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
+	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerType(cache, t, x.names[t])...)
 	}
@@ -106,7 +109,7 @@ func (x *sotwTracker) replay(cache *lkg) []*frame {
 
 // answer serves a request from the cache, unless it only acknowledges
 // what was served (same names).
-func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg) []*frame {
+func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if prev, ok := x.served[t]; ok && slices.Equal(prev, req.GetResourceNames()) {
 		return nil
@@ -114,16 +117,16 @@ func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg) []*f
 	return x.answerType(cache, t, req.GetResourceNames())
 }
 
-func (x *sotwTracker) answerType(cache *lkg, t string, names []string) []*frame {
+func (x *sotwTracker) answerType(cache *lkg.Cache, t string, names []string) []*rawxds.Frame {
 	if !forwardable(t) {
 		return nil
 	}
-	e, ok := cache.getSotW(t)
+	e, ok := cache.SotW(t)
 	if !ok {
 		return nil
 	}
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return []*frame{{body: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version}}
+	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.Response, nonce), TypeURL: t, Nonce: nonce, Version: e.Version}}
 }

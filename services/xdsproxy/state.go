@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // proxyState is everything the proxy knows that more than one goroutine
@@ -29,7 +32,7 @@ type proxyState struct {
 	cfg    Config // for describe and the address in messages
 
 	status upstreamStatus
-	cache  *lkg
+	cache  *lkg.Cache
 	// lastHealth is the workload's last health, resent on every new
 	// upstream stream (Istio does).
 	lastHealth *messages.WorkloadHealth
@@ -71,7 +74,7 @@ func newProxyState(cfg Config, log *slog.Logger, m *metrics, health *messages.Re
 		log: log, m: m, health: health, out: out, cfg: cfg,
 		status: upstreamStatus{state: messages.XDSState{Address: cfg.DiscoveryAddress, LastACK: map[string]string{},
 			Types: map[string]messages.XDSTypeState{}}},
-		cache: newLKG(cfg.CacheMaxBytes, log),
+		cache: lkg.New(cfg.CacheMaxBytes, log),
 	}
 }
 
@@ -180,13 +183,13 @@ func (p *proxyState) ack(now time.Time, typeURL, version string) {
 
 // sent records a response on its way to Envoy (issue 22: what the control
 // plane last sent, for proxy-status).
-func (p *proxyState) sent(now time.Time, f *frame) {
-	if typeLabel(f.typeURL) == "other" {
+func (p *proxyState) sent(now time.Time, f *rawxds.Frame) {
+	if typeLabel(f.TypeURL) == "other" {
 		return // a type URL nobody knows must not grow the state
 	}
-	t := p.status.state.Types[f.typeURL]
-	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.version, f.nonce, f.resources, now
-	p.status.state.Types[f.typeURL] = t
+	t := p.status.state.Types[f.TypeURL]
+	t.SentVersion, t.SentNonce, t.SentResources, t.SentAt = f.Version, f.Nonce, f.Resources, now
+	p.status.state.Types[f.TypeURL] = t
 	p.publishState()
 }
 
@@ -251,7 +254,7 @@ func (c Config) describe(err error) string {
 	if err == nil {
 		return ""
 	}
-	var stall *stallError
+	var stall *stallwatch.Error
 	if errors.As(err, &stall) {
 		return stall.Error()
 	}

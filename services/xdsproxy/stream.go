@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/pushdiff"
+	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
 // One Envoy stream and its control plane stream. Five goroutines:
@@ -81,7 +83,7 @@ type stream[R request] struct {
 	requests *messages.Stream[outgoing[R]]
 	// diff is what the stream last sent Envoy, for the debug log of each
 	// push (pushdiff.go); nil until debug logging asks for it.
-	diff *pushDiff
+	diff *pushdiff.Diff
 	// firstReq is closed once node is set (Envoy's first request).
 	firstReq chan struct{}
 	node     string
@@ -114,7 +116,7 @@ func serveStream[R request](sv *server, pr protocol[R], down grpc.ServerStream) 
 	st := &stream[R]{
 		svc: s, own: sv.own, pr: pr, id: id, down: down,
 		log:           s.log.With("stream", id, "protocol", pr.mode().String()),
-		owned:         streamState[R]{tr: pr.newTracker(id), stall: newStallWatch(s.cfg.StallTimeout, s.clock.Now())},
+		owned:         streamState[R]{tr: pr.newTracker(id), stall: stallwatch.NewWatch(s.cfg.StallTimeout, s.clock.Now())},
 		requests:      messages.NewStream[outgoing[R]](requestQueue, nil),
 		firstReq:      make(chan struct{}),
 		readDone:      make(chan struct{}),

@@ -166,7 +166,7 @@ func (s *Service) dialOptions() ([]grpc.DialOption, error) {
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.ForceCodecV2(s.codec)),
 		// Ours (#24): the receive buffers are not pooled, so that a
-		// response's frame holds gRPC's buffers as they are (codec.go)
+		// response's frame holds gRPC's buffers as they are (package rawxds)
 		// instead of a copy joined out of buffers gRPC recycles. A push
 		// then allocates its size once (its DATA frames, as a pool would
 		// have) and is held once, where a copy besides pooled buffers held

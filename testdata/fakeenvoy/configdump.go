@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 )
 
 // redacted is what Envoy shows in place of a private key.

@@ -89,10 +89,10 @@ func TestConfigDumpIsEnvoysFormat(t *testing.T) {
 	if l := d.Listeners().GetDynamicListeners(); len(l) != 1 || l[0].GetName() != "virtualOutbound" || l[0].GetActiveState().GetVersionInfo() != "v3" {
 		t.Errorf("listeners dump %v", l)
 	}
-	if d.Bootstrap().GetBootstrap().GetNode().GetId() != "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local" {
-		t.Errorf("bootstrap dump %v", d.Bootstrap())
+	if envoyadmin.Bootstrap(d).GetBootstrap().GetNode().GetId() != "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local" {
+		t.Errorf("bootstrap dump %v", envoyadmin.Bootstrap(d))
 	}
-	s := d.Secret("default")
+	s := envoyadmin.Secret(d, "default")
 	if string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "CHAIN" ||
 		s.GetTlsCertificate().GetPrivateKey().GetInlineString() != redacted || strings.Contains(body, "THE-KEY") {
 		t.Errorf("secret %v: want the chain and the key redacted", s)

@@ -1,9 +1,9 @@
 // Command dnsproxyd runs meshagent's DNS proxy standalone, with its name
 // table read from a file, for benchmarks (make bench-dns).
 //
-// It calls dnsproxy.New itself, the one place outside tree/ that calls a
-// service's constructor, on purpose: a benchmark main isolates one service
-// for measurement. Under tree the proxy would share the process with the
+// It calls dnsproxy.New and nametable.New itself, outside tree/, on
+// purpose (docs/architecture.md lists the four such calls): a benchmark
+// main isolates one service for measurement. Under tree the proxy would share the process with the
 // status server, SDS, Envoy's bootstrap and their memory and goroutines, so
 // its RSS and CPU figures beside CoreDNS and dnsmasq would no longer be the
 // proxy's own (bench/agent/rss.sh measures the whole agent). It gets no

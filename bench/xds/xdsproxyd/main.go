@@ -1,9 +1,9 @@
 // Command xdsproxyd runs meshagent's XDS proxy alone, for the whole-process
 // benchmark (make bench-xds): its peak RSS is compared with Istio's
 // pilot-agent's, which needs the proxy in a process of its own. It calls
-// xdsproxy.New directly because the agent's tree and CLI do not wire the
-// service in yet, and because a process holding only the proxy shows what
-// the proxy itself costs.
+// xdsproxy.New itself, outside the tree, on purpose: a process holding only
+// the proxy shows what the proxy itself costs (the agent's tree runs it
+// beside every other service; bench/agent/rss.sh measures the whole agent).
 //
 // It prints "listening <socket>" on stdout once the socket accepts Envoy,
 // and stops on SIGINT or SIGTERM.

@@ -35,7 +35,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
@@ -55,8 +54,6 @@ type Inputs struct {
 	// Version is the agent's version: Envoy's node metadata, the start log.
 	Version string
 	Host    Host
-	// Gatherer is the metrics registry the status server serves.
-	Gatherer prometheus.Gatherer
 	// Problems holds the bad values found so far (the flags'); the build
 	// adds its own and reports them all. Nil: none yet.
 	Problems *Problems
@@ -220,7 +217,7 @@ func Build(in Inputs) (*Plan, error) {
 	if in.NoCapture {
 		c.Tree.Capture = nil
 	}
-	c.Tree.Status = statusConfig(r, statusInputs{proxyType: c.ProxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.Tree.Envoy, gatherer: in.Gatherer})
+	c.Tree.Status = statusConfig(r, statusInputs{proxyType: c.ProxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.Tree.Envoy})
 	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, certsCfg)
 	treePolicies(&c.Tree, f, pc)
 	if err := p.Err(); err != nil {

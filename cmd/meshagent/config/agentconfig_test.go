@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/spf13/pflag"
 )
 
 // With nothing set, every service gets Istio's names and paths, each from
@@ -264,12 +262,5 @@ func TestBuildLeavesServiceChecksToNew(t *testing.T) {
 	}
 	if cfg.Tree.Certs.GraceRatio != 1.5 {
 		t.Errorf("GraceRatio = %v, want 1.5 for certs.New to judge", cfg.Tree.Certs.GraceRatio)
-	}
-	f, host := &ProxyFlags{}, testHost(t, nil)
-	s := NewSettings(pflag.NewFlagSet("proxy", pflag.ContinueOnError))
-	BindProxyFlags(s, f)
-	f.Root = testRoot(t)
-	if _, err := Build(Inputs{Flags: f, Host: host, Log: quietLog()}); err != nil { // no metrics gatherer: status.New's to say
-		t.Errorf("no gatherer: %v", err)
 	}
 }

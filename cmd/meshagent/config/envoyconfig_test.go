@@ -11,7 +11,6 @@ import (
 
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/envoy"
@@ -76,7 +75,7 @@ func parseWith(t *testing.T, host Host, adjust func(*Inputs), args ...string) (*
 	}
 	_ = s.Resolve(host.Env)
 	in := Inputs{Flags: f, Args: cmd.Flags().Args(), LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: host,
-		Gatherer: prometheus.NewRegistry(), Problems: s.Problems, Log: quietLog()}
+		Problems: s.Problems, Log: quietLog()}
 	if adjust != nil {
 		adjust(&in)
 	}
@@ -108,10 +107,14 @@ func writeEnvoyBootstrap(t *testing.T, cfg *Plan) (bootstrap.File, string, []str
 	if ec == nil || ec.Bootstrap == nil {
 		t.Fatal("no envoy config")
 	}
-	b, err := bootstrap.Write(*ec.Bootstrap)
+	if err := ec.Bootstrap.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := bootstrap.Render(*ec.Bootstrap)
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := r.File
 	data, err := os.ReadFile(b.Path)
 	if err != nil {
 		t.Fatal(err)

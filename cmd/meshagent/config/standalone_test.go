@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/meshagent/meshagent/services/certs"
@@ -51,7 +50,7 @@ func parseStandalone(t *testing.T, h standaloneHost, args ...string) (*Plan, Env
 	}
 	_ = s.Resolve(h.host.Env)
 	return BuildStandalone(StandaloneInputs{
-		Inputs: Inputs{Flags: f, LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: h.host, Gatherer: prometheus.NewRegistry(), Problems: s.Problems, Log: quietLog()},
+		Inputs: Inputs{Flags: f, LogLevel: *logs.level, LogAsJSON: *logs.asJSON, Version: testVersion, Host: h.host, Problems: s.Problems, Log: quietLog()},
 		Flags:  sf, LookPath: h.LookPath, SelfDir: h.selfDir,
 	})
 }

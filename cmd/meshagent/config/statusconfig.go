@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/services/envoy"
@@ -24,8 +23,6 @@ type statusInputs struct {
 	// metrics are merged from the port its bootstrap gives its Prometheus
 	// listener (ENVOY_PROMETHEUS_PORT).
 	envoy *envoy.Config
-	// gatherer is the agent's metrics registry.
-	gatherer prometheus.Gatherer
 }
 
 // statusConfig is the status server on ProxyConfig.statusPort (all
@@ -42,7 +39,6 @@ func statusConfig(r envReader, in statusInputs) *status.Config {
 		Addr:      fmt.Sprintf(":%d", pc.StatusPort),
 		Chaos:     in.flags.chaos,
 		Profiling: in.flags.profiling,
-		Gatherer:  in.gatherer,
 		Probes:    probeConfig(r, pc, in.instanceIP),
 		Metrics:   metricsConfig(r, in),
 	}

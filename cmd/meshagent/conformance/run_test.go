@@ -26,18 +26,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/tree"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/pflag"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // confOutput is what one agent did with a case.
@@ -263,12 +265,17 @@ func runOursInProcess(t *testing.T, c confCase, istioSrc string) confOutput {
 		out.Outcome, out.log = outcomeRunning, "no Envoy (DISABLE_ENVOY)"
 		return out
 	}
-	// As the envoy service does before each start.
-	b, err := bootstrap.Write(*ec.Bootstrap)
+	// As the envoy service does: New validates, the first start renders.
+	err = ec.Bootstrap.Validate()
+	var r *bootstrap.Rendered
+	if err == nil {
+		r, err = bootstrap.Render(*ec.Bootstrap)
+	}
 	if err != nil {
 		out.Outcome, out.ExitCode, out.log = outcomeFailed, 1, err.Error()
 		return out
 	}
+	b := r.File
 	out.Outcome, out.Args = outcomeStarted, envoy.CommandLine(ec.Args, b)
 	data, err := os.ReadFile(b.Path)
 	if err != nil {
@@ -422,11 +429,11 @@ func configure(host config.Host, args []string) (*config.Plan, error) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
 	cfg, err := config.Build(config.Inputs{Flags: f, Args: fs.Args(), LogLevel: *level, LogAsJSON: *asJSON,
-		Version: e2ekit.E2EVersion, Host: host, Gatherer: reg, Problems: s.Problems, Log: log})
+		Version: e2ekit.E2EVersion, Host: host, Problems: s.Problems, Log: log})
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := tree.Build(cfg.Tree, reg, log, tree.Process{}); err != nil {
+	if _, _, err := tree.Build(cfg.Tree, log, tree.Process{Clock: messages.SystemClock{}, Metrics: reg}); err != nil {
 		return nil, err
 	}
 	return cfg, nil

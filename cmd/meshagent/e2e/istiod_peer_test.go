@@ -24,6 +24,9 @@ import (
 	"testing"
 	"time"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
@@ -265,6 +268,11 @@ type standIn struct{ admin string }
 
 // standInDump is the stand-in's /config_dump, Envoy's ConfigDump.
 type standInDump struct{ *envoyadmin.Dump }
+
+// Secret, Bootstrap and Names read the dump (package envoyadmin's).
+func (d standInDump) Secret(name string) *tlsv3.Secret        { return envoyadmin.Secret(d.Dump, name) }
+func (d standInDump) Bootstrap() *adminv3.BootstrapConfigDump { return envoyadmin.Bootstrap(d.Dump) }
+func (d standInDump) Names() map[string][]string              { return envoyadmin.Names(d.Dump) }
 
 func (e standIn) dump(t *testing.T) standInDump {
 	t.Helper()

@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -73,11 +72,6 @@ func (r *resolver) FindExtensionByNumber(message protoreflect.FullName, field pr
 	return protoregistry.GlobalTypes.FindExtensionByNumber(message, field)
 }
 
-// Marshal is protojson with the Resolver.
-func Marshal(m proto.Message) ([]byte, error) {
-	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver}.Marshal(m)
-}
-
 // Dump is a decoded /config_dump.
 type Dump struct{ *adminv3.ConfigDump }
 
@@ -102,11 +96,6 @@ func config[T proto.Message](d *Dump) T {
 	return zero
 }
 
-// Bootstrap is the bootstrap dump.
-func (d *Dump) Bootstrap() *adminv3.BootstrapConfigDump {
-	return config[*adminv3.BootstrapConfigDump](d)
-}
-
 // Clusters is the clusters dump.
 func (d *Dump) Clusters() *adminv3.ClustersConfigDump { return config[*adminv3.ClustersConfigDump](d) }
 
@@ -125,47 +114,3 @@ func (d *Dump) Endpoints() *adminv3.EndpointsConfigDump {
 
 // Secrets is the secrets dump.
 func (d *Dump) Secrets() *adminv3.SecretsConfigDump { return config[*adminv3.SecretsConfigDump](d) }
-
-// Names is, by xDS type URL (clusters, listeners, routes, endpoints), the
-// names of the dynamic resources Envoy holds.
-func (d *Dump) Names() map[string][]string {
-	out := map[string][]string{}
-	add := func(typeURL string, a *anypb.Any) {
-		m, err := anypb.UnmarshalNew(a, proto.UnmarshalOptions{Resolver: Resolver})
-		if err != nil {
-			return
-		}
-		if n, ok := m.(interface{ GetName() string }); ok && n.GetName() != "" {
-			out[typeURL] = append(out[typeURL], n.GetName())
-		} else if n, ok := m.(interface{ GetClusterName() string }); ok {
-			out[typeURL] = append(out[typeURL], n.GetClusterName())
-		}
-	}
-	for _, c := range d.Clusters().GetDynamicActiveClusters() {
-		add("type.googleapis.com/envoy.config.cluster.v3.Cluster", c.GetCluster())
-	}
-	for _, l := range d.Listeners().GetDynamicListeners() {
-		add("type.googleapis.com/envoy.config.listener.v3.Listener", l.GetActiveState().GetListener())
-	}
-	for _, r := range d.Routes().GetDynamicRouteConfigs() {
-		add("type.googleapis.com/envoy.config.route.v3.RouteConfiguration", r.GetRouteConfig())
-	}
-	for _, e := range d.Endpoints().GetDynamicEndpointConfigs() {
-		add("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", e.GetEndpointConfig())
-	}
-	return out
-}
-
-// Secret is the dynamic secret named name, nil if Envoy has none.
-func (d *Dump) Secret(name string) *tlsv3.Secret {
-	for _, s := range d.Secrets().GetDynamicActiveSecrets() {
-		if s.GetName() != name {
-			continue
-		}
-		sec := &tlsv3.Secret{}
-		if s.GetSecret().UnmarshalTo(sec) == nil {
-			return sec
-		}
-	}
-	return nil
-}

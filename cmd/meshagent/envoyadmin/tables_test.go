@@ -16,6 +16,7 @@ import (
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -186,4 +187,10 @@ func sidecarDump(t *testing.T, leaf []byte) *adminv3.ConfigDump {
 		out.Configs = append(out.Configs, pack(m))
 	}
 	return out
+}
+
+// Marshal is protojson with the Resolver (for the tests: the commands
+// print their own tables).
+func Marshal(m proto.Message) ([]byte, error) {
+	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver}.Marshal(m)
 }

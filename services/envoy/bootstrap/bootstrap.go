@@ -219,17 +219,6 @@ func (c Config) pilotSAN() []string {
 	return []string{host}
 }
 
-// Write produces Envoy's bootstrap: the custom config file as is, a rendered template, or the
-// built-in bootstrap, written atomically to <ConfigPath>/envoy-rev.json (directory created 0700).
-// The override file, if any, is read and converted to JSON for --config-yaml.
-func Write(c Config) (File, error) {
-	if err := c.Validate(); err != nil {
-		return File{}, err
-	}
-	out, _, err := write(c)
-	return out, err
-}
-
 // write is Write for a config already validated, also returning what it
 // wrote (nil for a custom config file, which it does not write).
 func write(c Config) (File, []byte, error) {

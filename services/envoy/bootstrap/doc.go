@@ -13,6 +13,6 @@
 // that build a file apart from the ones that run a process.
 //
 // Config is filled by cmd with every value (Istio's defaults are in cmd's
-// table) and validated once (Config.Validate; Write validates, Render
-// trusts its caller).
+// table) and validated once (Config.Validate, in envoy.New; Render trusts
+// its caller).
 package bootstrap

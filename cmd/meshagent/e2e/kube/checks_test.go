@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
 
@@ -171,7 +171,7 @@ func (s *suite) certificate(t *testing.T, pod, sa string) error {
 			dump, err = envoyadmin.Decode([]byte(out))
 		}
 		if err == nil {
-			if sec := dump.Secret("default"); sec != nil {
+			if sec := envoyadmin.Secret(dump, "default"); sec != nil {
 				chain = sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
 				break
 			}

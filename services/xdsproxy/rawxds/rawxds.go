@@ -1,24 +1,13 @@
-package xdsproxy
-
-import (
-	"errors"
-	"fmt"
-	"iter"
-	"slices"
-	"strconv"
-	"strings"
-
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/encoding/proto"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
-)
-
+// Package rawxds reads and writes xDS discovery responses without decoding
+// them: the XDS proxy's gRPC codec (Codec), the response as gRPC received
+// it (Frame, its Body in pieces), the scan of the few fields the proxy
+// reads, and the split and the building of a Delta response for the cache.
+//
 // A response from the control plane is forwarded to Envoy as the bytes the
 // control plane sent. Istio's proxy decodes every DiscoveryResponse and
 // encodes it again for Envoy: for a 10,000-cluster push that is tens of MB
 // of allocations and most of the proxy's CPU, for a message it only needs
-// the type URL and nonce of. Here, rawCodec hands the bytes over as a frame,
+// the type URL and nonce of. Here, Codec hands the bytes over as a Frame,
 // a scan of the top-level fields (protowire, no allocation per resource)
 // reads those two, and only the agent's own types are decoded in full.
 //
@@ -28,17 +17,36 @@ import (
 // clusters), besides the pooled buffers gRPC kept for the next one. The
 // body is forwarded to Envoy, kept as the last-known-good configuration and
 // written to the cache file as it is.
+//
+// It owns the wire format of those messages, and nothing else: what the
+// proxy does with a response (forwarding, acknowledging, caching) is
+// package xdsproxy's, the last-known-good cache and its file are package
+// lkg's. It was part of package xdsproxy until #34 split the proxy into
+// packages a reader can hold.
+package rawxds
 
-// frame is one DiscoveryResponse or DeltaDiscoveryResponse, undecoded.
-type frame struct {
-	body body
-	// typeURL, nonce and version (version_info, or system_version_info
-	// for Delta) are read from the body; resources counts the resources
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Frame is one DiscoveryResponse or DeltaDiscoveryResponse, undecoded.
+type Frame struct {
+	Body Body
+	// TypeURL, Nonce and Version (version_info, or system_version_info
+	// for Delta) are read from the body; Resources counts the resources
 	// field.
-	typeURL   string
-	nonce     string
-	version   string
-	resources int
+	TypeURL   string
+	Nonce     string
+	Version   string
+	Resources int
 }
 
 // Field numbers shared by DiscoveryResponse and DeltaDiscoveryResponse
@@ -62,30 +70,30 @@ const (
 
 var errMalformed = errors.New("malformed xDS response")
 
-// field is one field of a protobuf message: for a length-delimited field
-// v is its content, for any other its encoded value. v is a sub-slice of
+// Field is one Field of a protobuf message: for a length-delimited Field
+// V is its content, for any other its encoded value. V is a sub-slice of
 // the message, never a copy.
-type field struct {
-	num protowire.Number
-	v   []byte
+type Field struct {
+	Num protowire.Number
+	V   []byte
 }
 
-// fields yields the fields of wire type typ of message b, in order, and
+// Fields yields the Fields of wire type typ of message b, in order, and
 // skips the others: every message the proxy reads is read by one scan of
 // the fields it knows. A malformed field ends it with an error (and a zero
 // field) saying which.
-func fields(b []byte, typ protowire.Type) iter.Seq2[field, error] {
-	return func(yield func(field, error) bool) {
+func Fields(b []byte, typ protowire.Type) iter.Seq2[Field, error] {
+	return func(yield func(Field, error) bool) {
 		for len(b) > 0 {
 			num, t, n := protowire.ConsumeTag(b)
 			if n < 0 {
-				yield(field{}, protowire.ParseError(n))
+				yield(Field{}, protowire.ParseError(n))
 				return
 			}
 			b = b[n:]
 			m := protowire.ConsumeFieldValue(num, t, b)
 			if m < 0 {
-				yield(field{}, fmt.Errorf("field %d: %v", num, protowire.ParseError(m)))
+				yield(Field{}, fmt.Errorf("field %d: %v", num, protowire.ParseError(m)))
 				return
 			}
 			v := b[:m]
@@ -96,61 +104,61 @@ func fields(b []byte, typ protowire.Type) iter.Seq2[field, error] {
 			if t == protowire.BytesType {
 				v, _ = protowire.ConsumeBytes(v)
 			}
-			if !yield(field{num: num, v: v}, nil) {
+			if !yield(Field{Num: num, V: v}, nil) {
 				return
 			}
 		}
 	}
 }
 
-// scan reads the fields the proxy needs. A field repeated later wins, as in
-// protobuf: that is how withNonce replaces the nonce without re-encoding.
-func (f *frame) scan() error {
-	f.resources = 0
+// Scan reads the fields the proxy needs. A field repeated later wins, as in
+// protobuf: that is how WithNonce replaces the nonce without re-encoding.
+func (f *Frame) Scan() error {
+	f.Resources = 0
 	keep := func(n protowire.Number) bool { return n == fieldVersion || n == fieldTypeURL || n == fieldNonce }
-	for fd, err := range bodyFields(f.body, keep) {
+	for fd, err := range bodyFields(f.Body, keep) {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errMalformed, err)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case fieldVersion:
-			f.version = string(fd.v)
+			f.Version = string(fd.V)
 		case fieldResources:
-			f.resources++
+			f.Resources++
 		case fieldTypeURL:
-			f.typeURL = string(fd.v)
+			f.TypeURL = string(fd.V)
 		case fieldNonce:
-			f.nonce = string(fd.v)
+			f.Nonce = string(fd.V)
 		}
 	}
 	return nil
 }
 
-// withNonce returns the response with its nonce replaced: a nonce field
+// WithNonce returns the response with its nonce replaced: a nonce field
 // appended after the others wins when Envoy decodes it. The response's
 // pieces are shared, not copied.
-func withNonce(b body, nonce string) body {
+func WithNonce(b Body, nonce string) Body {
 	tail := protowire.AppendTag(make([]byte, 0, len(nonce)+8), fieldNonce, protowire.BytesType)
 	tail = protowire.AppendString(tail, nonce)
 	return append(slices.Clip(b), tail)
 }
 
-// rawCodec is the proxy's gRPC codec on both sides: frames pass as bytes,
+// Codec is the proxy's gRPC codec on both sides: frames pass as bytes,
 // every other message (requests) goes through gRPC's protobuf codec. Its
 // name is "proto", so that the content type on the wire stays
 // application/grpc+proto, which every control plane accepts.
-type rawCodec struct{ proto encoding.CodecV2 }
+type Codec struct{ proto encoding.CodecV2 }
 
-func newRawCodec() rawCodec { return rawCodec{proto: encoding.GetCodecV2(proto.Name)} }
+func NewCodec() Codec { return Codec{proto: encoding.GetCodecV2(proto.Name)} }
 
-func (rawCodec) Name() string { return proto.Name }
+func (Codec) Name() string { return proto.Name }
 
-func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if f, ok := v.(*frame); ok {
+func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if f, ok := v.(*Frame); ok {
 		// SliceBuffer is not pooled: gRPC's Free of it is a no-op, and the
 		// frame's bytes stay valid for the cache.
-		out := make(mem.BufferSlice, len(f.body))
-		for i, p := range f.body {
+		out := make(mem.BufferSlice, len(f.Body))
+		for i, p := range f.Body {
 			out[i] = mem.SliceBuffer(p)
 		}
 		return out, nil
@@ -158,79 +166,79 @@ func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.proto.Marshal(v)
 }
 
-func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if f, ok := v.(*frame); ok {
+func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if f, ok := v.(*Frame); ok {
 		// The buffers' bytes, not a copy: gRPC frees the buffers when
 		// this returns, but on the upstream connection their bytes are
-		// not pooled (upstream.go), so they stay as they are for as long
+		// not pooled (xdsproxy's upstream.go), so they stay as they are for as long
 		// as the frame holds them.
-		f.body = make(body, len(data))
+		f.Body = make(Body, len(data))
 		for i, buf := range data {
-			f.body[i] = buf.ReadOnlyData()
+			f.Body[i] = buf.ReadOnlyData()
 		}
-		return f.scan()
+		return f.Scan()
 	}
 	return c.proto.Unmarshal(data, v)
 }
 
-// resourceInfo is what the cache needs of one discovery.v3.Resource of a
+// ResourceInfo is what the cache needs of one discovery.v3.Resource of a
 // Delta response.
-type resourceInfo struct {
-	name    string
-	version string
-	// hasBody: the resource field is set (a resource without it is a TTL
+type ResourceInfo struct {
+	Name    string
+	Version string
+	// HasBody: the resource field is set (a resource without it is a TTL
 	// heartbeat, which refreshes and does not replace).
-	hasBody bool
-	// noCache: the resource asks not to be cached (cache_control
+	HasBody bool
+	// NoCache: the resource asks not to be cached (cache_control
 	// do_not_cache) or expires (ttl): it is never served from the cache.
-	noCache bool
+	NoCache bool
 }
 
-// scanResource reads a discovery.v3.Resource's name, version and flags.
-func scanResource(b []byte) (resourceInfo, error) {
-	var r resourceInfo
-	for fd, err := range fields(b, protowire.BytesType) {
+// ScanResource reads a discovery.v3.Resource's name, version and flags.
+func ScanResource(b []byte) (ResourceInfo, error) {
+	var r ResourceInfo
+	for fd, err := range Fields(b, protowire.BytesType) {
 		if err != nil {
 			return r, fmt.Errorf("%w: resource: %v", errMalformed, err)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case fieldResName:
-			r.name = string(fd.v)
+			r.Name = string(fd.V)
 		case fieldResResourceName:
-			if r.name == "" {
-				r.name = firstString(fd.v, 1)
+			if r.Name == "" {
+				r.Name = FirstString(fd.V, 1)
 			}
 		case fieldResVersion:
-			r.version = string(fd.v)
+			r.Version = string(fd.V)
 		case fieldResResource:
-			r.hasBody = true
+			r.HasBody = true
 		case fieldResTTL:
-			r.noCache = true
+			r.NoCache = true
 		case fieldResCacheControl:
 			// Resource.CacheControl.do_not_cache = 1 (bool).
-			if firstVarint(fd.v, 1) != 0 {
-				r.noCache = true
+			if FirstVarint(fd.V, 1) != 0 {
+				r.NoCache = true
 			}
 		}
 	}
-	if r.name == "" {
+	if r.Name == "" {
 		return r, fmt.Errorf("%w: resource without a name", errMalformed)
 	}
 	return r, nil
 }
 
-// deltaParts is a Delta response split into its resources (raw) and
+// DeltaParts is a Delta response split into its resources (raw) and
 // removals, for the cache. It is read only when Envoy acknowledges the
 // response, off the forwarding path.
-type deltaParts struct {
-	resources [][]byte
-	removed   []string
+type DeltaParts struct {
+	Resources [][]byte
+	Removed   []string
 }
 
-// splitDelta splits a Delta response's body. resources is how many it
-// holds (frame.resources), if known: the slice is made once, not grown.
-func splitDelta(b body, resources int) (deltaParts, error) {
-	d := deltaParts{resources: make([][]byte, 0, resources)}
+// SplitDelta splits a Delta response's body. resources is how many it
+// holds (Frame.Resources), if known: the slice is made once, not grown.
+func SplitDelta(b Body, resources int) (DeltaParts, error) {
+	d := DeltaParts{Resources: make([][]byte, 0, resources)}
 	keep := func(n protowire.Number) bool {
 		return n == fieldResources || n == fieldRemoved || n == fieldRemovedNames
 	}
@@ -238,26 +246,26 @@ func splitDelta(b body, resources int) (deltaParts, error) {
 		if err != nil {
 			return d, fmt.Errorf("%w: %v", errMalformed, err)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case fieldResources:
-			d.resources = append(d.resources, fd.v)
+			d.Resources = append(d.Resources, fd.V)
 		case fieldRemoved:
-			d.removed = append(d.removed, string(fd.v))
+			d.Removed = append(d.Removed, string(fd.V))
 		case fieldRemovedNames:
-			d.removed = append(d.removed, firstString(fd.v, 1))
+			d.Removed = append(d.Removed, FirstString(fd.V, 1))
 		}
 	}
 	return d, nil
 }
 
-// firstString is the string field num of message b ("" if absent or bad;
+// FirstString is the string field num of message b ("" if absent or bad;
 // the last one if repeated, as protobuf reads it).
-func firstString(b []byte, num protowire.Number) string {
+func FirstString(b []byte, num protowire.Number) string {
 	return string(fieldValue(b, num, protowire.BytesType))
 }
 
-// firstVarint is the varint field num of message b (0 if absent or bad).
-func firstVarint(b []byte, num protowire.Number) uint64 {
+// FirstVarint is the varint field num of message b (0 if absent or bad).
+func FirstVarint(b []byte, num protowire.Number) uint64 {
 	v, _ := protowire.ConsumeVarint(fieldValue(b, num, protowire.VarintType))
 	return v
 }
@@ -267,20 +275,20 @@ func firstVarint(b []byte, num protowire.Number) uint64 {
 // last read before a malformed field ends the scan.
 func fieldValue(b []byte, num protowire.Number, typ protowire.Type) []byte {
 	var out []byte
-	for fd, err := range fields(b, typ) {
+	for fd, err := range Fields(b, typ) {
 		if err != nil {
 			break
 		}
-		if fd.num == num {
-			out = fd.v
+		if fd.Num == num {
+			out = fd.V
 		}
 	}
 	return out
 }
 
-// deltaResponse builds a DeltaDiscoveryResponse from raw resources, for
+// DeltaResponse builds a DeltaDiscoveryResponse from raw resources, for
 // the cache: the resources are copied as they came, never decoded.
-func deltaResponse(typeURL, version, nonce string, resources [][]byte) []byte {
+func DeltaResponse(typeURL, version, nonce string, resources [][]byte) []byte {
 	size := len(typeURL) + len(version) + len(nonce) + 16
 	for _, r := range resources {
 		size += len(r) + 6
@@ -297,14 +305,3 @@ func deltaResponse(typeURL, version, nonce string, resources [][]byte) []byte {
 	out = protowire.AppendTag(out, fieldNonce, protowire.BytesType)
 	return protowire.AppendString(out, nonce)
 }
-
-// cacheNonce is a nonce of the proxy's own, for responses served from the
-// cache: it cannot be mistaken for a control plane's.
-func cacheNonce(stream uint64, n int) string {
-	return cacheNoncePrefix + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
-}
-
-const cacheNoncePrefix = "meshagent-cache-"
-
-// isCacheNonce: nonce is one of cacheNonce's.
-func isCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }

@@ -1,4 +1,4 @@
-package xdsproxy
+package lkg
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
+	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
 // The cache file: the last-known-good configuration, so that an agent that
@@ -48,111 +49,105 @@ const checksumSize = crc32.Size
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// errCacheFile wraps every reason a cache file is not used.
-var errCacheFile = errors.New("cache file not usable")
+// ErrFile wraps every reason a cache file is not used.
+var ErrFile = errors.New("cache file not usable")
 
-// errCacheUntrusted: the file could have been written by someone other
+// ErrUntrusted: the file could have been written by someone other
 // than the agent's user (group- or world-writable, or another owner). It
 // is not the agent's file, so it is neither served nor removed (issue
 // #21: such a file was loaded and served without a word).
-var errCacheUntrusted = errors.New("cache file could have been written by another user")
+var ErrUntrusted = errors.New("cache file could have been written by another user")
 
-type cacheHeader struct {
-	nodeID  string
-	address string
-	mode    cacheMode
-	written time.Time
+// Header says whose the file is (node and control plane), which protocol
+// its configuration is of, and when it was written.
+type Header struct {
+	NodeID  string
+	Address string
+	Mode    Mode
+	Written time.Time
 }
 
-// encodeCache is the file image of a snapshot (tests; the writer streams
-// it with writeCache instead of holding a second copy of the cache).
-func encodeCache(h cacheHeader, s cacheSnapshot) []byte {
-	var buf bytes.Buffer
-	_ = writeCache(&buf, h, s)
-	return buf.Bytes()
-}
-
-// cacheSize is the size of the file image of s, without building it.
-func cacheSize(h cacheHeader, s cacheSnapshot) int64 {
+// FileSize is the size of the file image of s, without building it.
+func FileSize(h Header, s Snapshot) int64 {
 	n := int64(len(cacheMagic) + checksumSize)
-	n += fieldSize(len(encodeHeader(h, s.mode)))
-	for _, t := range sortedKeys(s.sotw) {
-		n += fieldSize(entrySize(t, s.sotw[t].version, s.sotw[t].b, nil))
+	n += fieldSize(len(encodeHeader(h, s.Mode)))
+	for _, t := range sortedKeys(s.SotW) {
+		n += fieldSize(entrySize(t, s.SotW[t].Version, s.SotW[t].Response, nil))
 	}
-	for _, t := range sortedKeys(s.delta) {
-		n += fieldSize(entrySize(t, s.delta[t].version, nil, s.delta[t].res))
+	for _, t := range sortedKeys(s.Delta) {
+		n += fieldSize(entrySize(t, s.Delta[t].Version, nil, s.Delta[t].Resources))
 	}
-	if s.names != nil {
-		n += fieldSize(namesSize(s.names))
+	if s.Names != nil {
+		n += fieldSize(namesSize(s.Names))
 	}
 	return n
 }
 
-func namesSize(e *namesEntry) int {
-	return int(fieldSize(len(e.version)) + fieldSize(len(e.b)))
+func namesSize(e *NamesEntry) int {
+	return int(fieldSize(len(e.Version)) + fieldSize(len(e.Table)))
 }
 
 // fieldSize is the size of a length-delimited field of n bytes (field
 // numbers here are all below 16: a one-byte tag).
 func fieldSize(n int) int64 { return int64(1 + protowire.SizeVarint(uint64(n)) + n) }
 
-func entrySize(typeURL, version string, sotw body, delta map[string]deltaRes) int {
+func entrySize(typeURL, version string, sotw rawxds.Body, delta map[string]DeltaRes) int {
 	n := int(fieldSize(len(typeURL)) + fieldSize(len(version)))
 	if sotw != nil {
-		n += int(fieldSize(sotw.len()))
+		n += int(fieldSize(sotw.Len()))
 	}
 	for _, r := range delta {
-		n += int(fieldSize(len(r.b)))
+		n += int(fieldSize(len(r.Resource)))
 	}
 	return n
 }
 
-func encodeHeader(h cacheHeader, mode cacheMode) []byte {
+func encodeHeader(h Header, mode Mode) []byte {
 	var hdr []byte
 	hdr = protowire.AppendTag(hdr, 1, protowire.BytesType)
-	hdr = protowire.AppendString(hdr, h.nodeID)
+	hdr = protowire.AppendString(hdr, h.NodeID)
 	hdr = protowire.AppendTag(hdr, 2, protowire.BytesType)
-	hdr = protowire.AppendString(hdr, h.address)
+	hdr = protowire.AppendString(hdr, h.Address)
 	hdr = protowire.AppendTag(hdr, 3, protowire.VarintType)
 	hdr = protowire.AppendVarint(hdr, uint64(mode))
 	hdr = protowire.AppendTag(hdr, 4, protowire.VarintType)
-	return protowire.AppendVarint(hdr, uint64(h.written.UnixNano()))
+	return protowire.AppendVarint(hdr, uint64(h.Written.UnixNano()))
 }
 
-// writeCache streams the file image to w: the resources are written from
+// Write streams the file image to w: the resources are written from
 // the cache's own slices, the checksum computed on the way.
-func writeCache(w io.Writer, h cacheHeader, s cacheSnapshot) error {
+func Write(w io.Writer, h Header, s Snapshot) error {
 	sum := crc32.New(castagnoli)
 	out := &cacheWriter{w: io.MultiWriter(w, sum)}
 	out.raw([]byte(cacheMagic))
-	out.field(1, encodeHeader(h, s.mode))
-	entry := func(typeURL, version string, sotw body, delta map[string]deltaRes) {
+	out.field(1, encodeHeader(h, s.Mode))
+	entry := func(typeURL, version string, sotw rawxds.Body, delta map[string]DeltaRes) {
 		out.tag(2, entrySize(typeURL, version, sotw, delta))
 		out.field(1, []byte(typeURL))
 		out.field(2, []byte(version))
 		if sotw != nil {
 			// The response's pieces as received: the same bytes as one
 			// field, without joining them first.
-			out.tag(3, sotw.len())
+			out.tag(3, sotw.Len())
 			for _, p := range sotw {
 				out.raw(p)
 			}
 		}
 		// In map order: the decoder takes each resource's name from it.
 		for _, r := range delta {
-			out.field(4, r.b)
+			out.field(4, r.Resource)
 		}
 	}
-	for _, t := range sortedKeys(s.sotw) {
-		entry(t, s.sotw[t].version, s.sotw[t].b, nil)
+	for _, t := range sortedKeys(s.SotW) {
+		entry(t, s.SotW[t].Version, s.SotW[t].Response, nil)
 	}
-	for _, t := range sortedKeys(s.delta) {
-		entry(t, s.delta[t].version, nil, s.delta[t].res)
+	for _, t := range sortedKeys(s.Delta) {
+		entry(t, s.Delta[t].Version, nil, s.Delta[t].Resources)
 	}
-	if s.names != nil {
-		out.tag(3, namesSize(s.names))
-		out.field(1, []byte(s.names.version))
-		out.field(2, s.names.b)
+	if s.Names != nil {
+		out.tag(3, namesSize(s.Names))
+		out.field(1, []byte(s.Names.Version))
+		out.field(2, s.Names.Table)
 	}
 	if out.err != nil {
 		return out.err
@@ -186,79 +181,81 @@ func (c *cacheWriter) field(num protowire.Number, b []byte) {
 	c.raw(b)
 }
 
-func decodeCache(b []byte) (cacheHeader, cacheSnapshot, error) {
-	var h cacheHeader
-	s := cacheSnapshot{sotw: map[string]sotwEntry{}, delta: map[string]deltaSnapshot{}}
+// decode reads a file image: its header and the cache it holds, or an
+// ErrFile saying why it is not usable.
+func decode(b []byte) (Header, Snapshot, error) {
+	var h Header
+	s := Snapshot{SotW: map[string]SotWEntry{}, Delta: map[string]DeltaSnapshot{}}
 	if len(b) < len(cacheMagic)+checksumSize || string(b[:len(cacheMagic)]) != cacheMagic {
-		return h, s, fmt.Errorf("%w: not a meshagent xDS cache (bad magic or too short)", errCacheFile)
+		return h, s, fmt.Errorf("%w: not a meshagent xDS cache (bad magic or too short)", ErrFile)
 	}
 	body, sum := b[:len(b)-checksumSize], b[len(b)-checksumSize:]
 	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(sum) {
-		return h, s, fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", errCacheFile)
+		return h, s, fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", ErrFile)
 	}
 	p := body[len(cacheMagic):]
 	seenHeader := false
-	for fd, err := range fields(p, protowire.BytesType) {
+	for fd, err := range rawxds.Fields(p, protowire.BytesType) {
 		if err != nil {
-			return h, s, fmt.Errorf("%w: malformed payload", errCacheFile)
+			return h, s, fmt.Errorf("%w: malformed payload", ErrFile)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case 1:
 			seenHeader = true
-			h.nodeID = firstString(fd.v, 1)
-			h.address = firstString(fd.v, 2)
-			h.mode = cacheMode(firstVarint(fd.v, 3))
-			h.written = time.Unix(0, int64(firstVarint(fd.v, 4)))
+			h.NodeID = rawxds.FirstString(fd.V, 1)
+			h.Address = rawxds.FirstString(fd.V, 2)
+			h.Mode = Mode(rawxds.FirstVarint(fd.V, 3))
+			h.Written = time.Unix(0, int64(rawxds.FirstVarint(fd.V, 4)))
 		case 2:
-			if err := decodeEntry(fd.v, h.mode, &s); err != nil {
+			if err := decodeEntry(fd.V, h.Mode, &s); err != nil {
 				return h, s, err
 			}
 		case 3:
-			s.names = &namesEntry{version: firstString(fd.v, 1), b: []byte(firstString(fd.v, 2))}
+			s.Names = &NamesEntry{Version: rawxds.FirstString(fd.V, 1), Table: []byte(rawxds.FirstString(fd.V, 2))}
 		}
 	}
-	if !seenHeader || h.mode > modeDelta {
-		return h, s, fmt.Errorf("%w: no valid header", errCacheFile)
+	if !seenHeader || h.Mode > ModeDelta {
+		return h, s, fmt.Errorf("%w: no valid header", ErrFile)
 	}
-	s.mode = h.mode
+	s.Mode = h.Mode
 	return h, s, nil
 }
 
-func decodeEntry(e []byte, mode cacheMode, s *cacheSnapshot) error {
+func decodeEntry(e []byte, mode Mode, s *Snapshot) error {
 	var typeURL, version string
 	var sotwBody []byte
-	res := map[string]deltaRes{}
-	for fd, err := range fields(e, protowire.BytesType) {
+	res := map[string]DeltaRes{}
+	for fd, err := range rawxds.Fields(e, protowire.BytesType) {
 		if err != nil {
-			return fmt.Errorf("%w: malformed entry", errCacheFile)
+			return fmt.Errorf("%w: malformed entry", ErrFile)
 		}
-		switch fd.num {
+		switch fd.Num {
 		case 1:
-			typeURL = string(fd.v)
+			typeURL = string(fd.V)
 		case 2:
-			version = string(fd.v)
+			version = string(fd.V)
 		case 3:
-			sotwBody = bytes.Clone(fd.v)
+			sotwBody = bytes.Clone(fd.V)
 		case 4:
-			info, err := scanResource(fd.v)
+			info, err := rawxds.ScanResource(fd.V)
 			if err != nil {
-				return fmt.Errorf("%w: %s: %v", errCacheFile, typeURL, err)
+				return fmt.Errorf("%w: %s: %v", ErrFile, typeURL, err)
 			}
-			res[info.name] = deltaRes{version: info.version, b: bytes.Clone(fd.v)}
+			res[info.Name] = DeltaRes{Version: info.Version, Resource: bytes.Clone(fd.V)}
 		}
 	}
 	if typeURL == "" {
-		return fmt.Errorf("%w: entry without a type URL", errCacheFile)
+		return fmt.Errorf("%w: entry without a type URL", ErrFile)
 	}
 	switch mode {
-	case modeSotW:
-		f := frame{body: body{sotwBody}}
-		if err := f.scan(); err != nil || f.typeURL != typeURL {
-			return fmt.Errorf("%w: %s: bad response", errCacheFile, typeURL)
+	case ModeSotW:
+		f := rawxds.Frame{Body: rawxds.Body{sotwBody}}
+		if err := f.Scan(); err != nil || f.TypeURL != typeURL {
+			return fmt.Errorf("%w: %s: bad response", ErrFile, typeURL)
 		}
-		s.sotw[typeURL] = sotwEntry{b: body{sotwBody}, version: version}
-	case modeDelta:
-		s.delta[typeURL] = deltaSnapshot{version: version, res: res}
+		s.SotW[typeURL] = SotWEntry{Response: rawxds.Body{sotwBody}, Version: version}
+	case ModeDelta:
+		s.Delta[typeURL] = DeltaSnapshot{Version: version, Resources: res}
 	}
 	return nil
 }
@@ -272,38 +269,38 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// readCacheFile loads the cache file for this node and control plane,
+// ReadFile loads the cache file for this node and control plane,
 // reading at most max bytes. A missing file is (zero, nil); an unusable
-// one an errCacheFile saying why: errCacheUntrusted for a file another
+// one an ErrFile saying why: ErrUntrusted for a file another
 // user could have written, boundedfile.ErrNotRegular for something that
 // is not a file (a FIFO hung the service at start: issue #21),
 // boundedfile.ErrTooLarge past max (the bound applied only when writing,
 // and a 1 GiB file cost 1 GB before it was rejected).
-func readCacheFile(path, nodeID, address string, max int64) (cacheHeader, cacheSnapshot, error) {
+func ReadFile(path, nodeID, address string, max int64) (Header, Snapshot, error) {
 	f, fi, err := boundedfile.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return cacheHeader{}, cacheSnapshot{}, nil
+		return Header{}, Snapshot{}, nil
 	}
 	if err != nil {
-		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
+		return Header{}, Snapshot{}, fmt.Errorf("%w: %w", ErrFile, err)
 	}
 	defer f.Close()
 	if err := trusted(fi); err != nil {
-		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
+		return Header{}, Snapshot{}, fmt.Errorf("%w: %w", ErrFile, err)
 	}
 	b, err := boundedfile.ReadOpen(f, fi, max)
 	if err != nil {
-		return cacheHeader{}, cacheSnapshot{}, fmt.Errorf("%w: %w", errCacheFile, err)
+		return Header{}, Snapshot{}, fmt.Errorf("%w: %w", ErrFile, err)
 	}
-	h, s, err := decodeCache(b)
+	h, s, err := decode(b)
 	if err != nil {
 		return h, s, err
 	}
-	if h.nodeID != nodeID {
-		return h, s, fmt.Errorf("%w: written for node %q, this agent is node %q", errCacheFile, h.nodeID, nodeID)
+	if h.NodeID != nodeID {
+		return h, s, fmt.Errorf("%w: written for node %q, this agent is node %q", ErrFile, h.NodeID, nodeID)
 	}
-	if h.address != address {
-		return h, s, fmt.Errorf("%w: written for control plane %q, this agent uses %q", errCacheFile, h.address, address)
+	if h.Address != address {
+		return h, s, fmt.Errorf("%w: written for control plane %q, this agent uses %q", ErrFile, h.Address, address)
 	}
 	return h, s, nil
 }
@@ -314,18 +311,18 @@ func readCacheFile(path, nodeID, address string, max int64) (cacheHeader, cacheS
 func trusted(fi fs.FileInfo) error {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return fmt.Errorf("%w: cannot tell its owner", errCacheUntrusted)
+		return fmt.Errorf("%w: cannot tell its owner", ErrUntrusted)
 	}
 	if int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
 		return fmt.Errorf("%w: mode %v, owner uid %d gid %d; the agent runs as uid %d and writes it 0600",
-			errCacheUntrusted, fi.Mode().Perm(), st.Uid, st.Gid, os.Geteuid())
+			ErrUntrusted, fi.Mode().Perm(), st.Uid, st.Gid, os.Geteuid())
 	}
 	return nil
 }
 
-// writeCacheFile writes the cache atomically (0600), so that a crash
+// WriteFile writes the cache atomically (0600), so that a crash
 // leaves either the old file or the new one, never half of one.
-func writeCacheFile(path string, write func(io.Writer) error) error {
+func WriteFile(path string, write func(io.Writer) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return err
 	}

@@ -1,4 +1,15 @@
-package xdsproxy
+// Package grpcbootstrap writes the xDS bootstrap file proxyless gRPC
+// applications read from GRPC_XDS_BOOTSTRAP, as Istio's agent does
+// (pkg/istio-agent/grpcxds/grpc_bootstrap.go): the XDS proxy's socket as
+// the one server, the node with GENERATOR=grpc, and a file_watcher
+// certificate provider on the workload's certificate files.
+//
+// It owns the file's JSON shape and its validation. It does not own the
+// socket it names or the node's contents (the XDS proxy serves the one,
+// cmd builds the other); it is a library the XDS proxy calls once when it
+// starts serving. It was part of package xdsproxy until #34 split the
+// proxy into packages a reader can hold.
+package grpcbootstrap
 
 import (
 	"encoding/json"
@@ -16,21 +27,17 @@ import (
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
 )
 
-// The gRPC xDS bootstrap, for proxyless gRPC applications: they read it
-// from GRPC_XDS_BOOTSTRAP and talk xDS to this proxy over its socket, as
-// with Istio's agent (pkg/istio-agent/grpcxds/grpc_bootstrap.go).
-
-// GRPCServerListenerTemplate is Istio's
+// ServerListenerTemplate is Istio's
 // server_listener_resource_name_template: gRPC servers ask for their
 // inbound listener by this name, %s being the listening ip:port.
-const GRPCServerListenerTemplate = "xds.istio.io/grpc/lds/inbound/%s"
+const ServerListenerTemplate = "xds.istio.io/grpc/lds/inbound/%s"
 
 // grpcCertRefresh is how often gRPC's file_watcher provider rereads the
 // certificate files (Istio's 15 minutes).
 const grpcCertRefresh = 15 * time.Minute
 
-// GRPCBootstrap says what to write.
-type GRPCBootstrap struct {
+// Config says what to write.
+type Config struct {
 	// Path is where (GRPC_XDS_BOOTSTRAP, default
 	// ./etc/istio/proxy/grpc-bootstrap.json under the root); empty: none.
 	Path string
@@ -45,7 +52,9 @@ type GRPCBootstrap struct {
 	CertFile, KeyFile, CAFile string
 }
 
-func (b GRPCBootstrap) validate() error {
+// Validate checks a Config with a Path; a Config without one writes
+// nothing and is valid.
+func (b Config) Validate() error {
 	if b.Path == "" {
 		return nil
 	}
@@ -97,10 +106,10 @@ type grpcFileWatcherCfg struct {
 	RefreshInterval   string `json:"refresh_interval"`
 }
 
-// GRPCBootstrapJSON is the bootstrap for clients of the socket at
+// JSON is the bootstrap for clients of the socket at
 // socketPath: Istio's fields, the node written in protobuf's JSON form
 // (which grpc-go parses with protojson).
-func GRPCBootstrapJSON(b GRPCBootstrap, socketPath string) ([]byte, error) {
+func JSON(b Config, socketPath string) ([]byte, error) {
 	if b.Node.GetId() == "" {
 		return nil, errors.New("gRPC bootstrap: the node has no id")
 	}
@@ -125,7 +134,7 @@ func GRPCBootstrapJSON(b GRPCBootstrap, socketPath string) ([]byte, error) {
 			ServerFeatures: []string{"xds_v3"},
 		}},
 		Node:           nodeJSON,
-		ServerTemplate: GRPCServerListenerTemplate,
+		ServerTemplate: ServerListenerTemplate,
 	}
 	if b.CertFile != "" {
 		f.CertProviders = map[string]grpcCertProvider{"default": {
@@ -145,11 +154,11 @@ func GRPCBootstrapJSON(b GRPCBootstrap, socketPath string) ([]byte, error) {
 	return append(out, '\n'), nil
 }
 
-// WriteGRPCBootstrap writes the bootstrap to b.Path atomically (a reader
+// Write writes the bootstrap to b.Path atomically (a reader
 // never sees half a file), 0644 like Istio's: the application may run as
 // another user. The directory is created 0700 if missing, as Istio does.
-func WriteGRPCBootstrap(b GRPCBootstrap, socketPath string) error {
-	data, err := GRPCBootstrapJSON(b, socketPath)
+func Write(b Config, socketPath string) error {
+	data, err := JSON(b, socketPath)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package xdsproxy
+package rawxds
 
 import (
 	"errors"
@@ -10,15 +10,15 @@ import (
 )
 
 // A response as gRPC received it, in pieces, and the reading of its
-// fields across them (#24: codec.go says why it is never joined).
+// fields across them (#24: the package comment says why it is never joined).
 
-// body is a message as gRPC received it: its pieces, in order. A piece is
-// never modified, nor recycled while the body is held: the upstream
-// connection's receive buffers are not pooled (upstream.go).
-type body [][]byte
+// Body is a message as gRPC received it: its pieces, in order. A piece is
+// never modified, nor recycled while the Body is held: the upstream
+// connection's receive buffers are not pooled (xdsproxy's upstream.go).
+type Body [][]byte
 
-// len is the message's size.
-func (b body) len() int {
+// Len is the message's size.
+func (b Body) Len() int {
 	n := 0
 	for _, p := range b {
 		n += len(p)
@@ -26,32 +26,32 @@ func (b body) len() int {
 	return n
 }
 
-// bytes is the message in one slice: its one piece, or a copy of them
+// Bytes is the message in one slice: its one piece, or a copy of them
 // joined (the agent's own types, which are small; debug logs; tests).
-func (b body) bytes() []byte {
+func (b Body) Bytes() []byte {
 	if len(b) == 1 {
 		return b[0]
 	}
-	out := make([]byte, 0, b.len())
+	out := make([]byte, 0, b.Len())
 	for _, p := range b {
 		out = append(out, p...)
 	}
 	return out
 }
 
-// bodyFields is fields(b, protowire.BytesType) for a message in pieces:
+// bodyFields is Fields(b, protowire.BytesType) for a message in pieces:
 // the values of the field numbers keep accepts are sub-slices of a piece,
 // or copies when they span two; the others are skipped (v nil).
-func bodyFields(b body, keep func(protowire.Number) bool) iter.Seq2[field, error] {
-	return func(yield func(field, error) bool) {
-		c := cursor{b: b, left: b.len()}
+func bodyFields(b Body, keep func(protowire.Number) bool) iter.Seq2[Field, error] {
+	return func(yield func(Field, error) bool) {
+		c := cursor{b: b, left: b.Len()}
 		for !c.done() {
 			num, typ, err := c.tag()
 			if err == nil && typ != protowire.BytesType {
 				err = c.skip(num, typ, 0)
 			}
 			if err != nil {
-				yield(field{}, err)
+				yield(Field{}, err)
 				return
 			}
 			if typ != protowire.BytesType {
@@ -63,10 +63,10 @@ func bodyFields(b body, keep func(protowire.Number) bool) iter.Seq2[field, error
 				v, err = c.next(n, keep(num))
 			}
 			if err != nil {
-				yield(field{}, fmt.Errorf("field %d: %w", num, err))
+				yield(Field{}, fmt.Errorf("field %d: %w", num, err))
 				return
 			}
-			if !yield(field{num: num, v: v}, nil) {
+			if !yield(Field{Num: num, V: v}, nil) {
 				return
 			}
 		}
@@ -75,7 +75,7 @@ func bodyFields(b body, keep func(protowire.Number) bool) iter.Seq2[field, error
 
 // cursor reads a body in order.
 type cursor struct {
-	b    body
+	b    Body
 	i    int // the piece
 	off  int // in it
 	left int // bytes not read yet
