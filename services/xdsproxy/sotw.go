@@ -5,6 +5,7 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -125,5 +126,21 @@ func (x *sotwTracker) answerType(cache *lkg, t string, names []string) []*frame 
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return []*frame{{body: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version}}
+	return []*frame{{body: withNonce(e.b, nonce), typeURL: t, nonce: nonce, version: e.version, resources: countResources(e.b)}}
+}
+
+// countResources is the number of resources of a response: what
+// /debug/tree shows as sent (#33: a response of the cache counted none,
+// and showed "0 resources" until the control plane's next push).
+func countResources(b body) int {
+	n := 0
+	for fd, err := range bodyFields(b, func(protowire.Number) bool { return false }) {
+		if err != nil {
+			break
+		}
+		if fd.num == fieldResources {
+			n++
+		}
+	}
+	return n
 }
