@@ -295,7 +295,7 @@ func CheckRoot(root string, p *Problems) string {
 // getDNSDomain and IP discovery).
 func podConfig(r envReader, f *ProxyFlags, host Host) podInfo {
 	pod := podInfo{
-		name:           envVar(r, "POD_NAME", "", ParseString),
+		name:           envVar(r, "POD_NAME", "", ParsePodName),
 		namespace:      envVar(r, "POD_NAMESPACE", "", ParseDNSLabel),
 		serviceAccount: envVar(r, "SERVICE_ACCOUNT", "", ParseDNSSubdomain),
 		domain:         f.domain,

@@ -107,6 +107,16 @@ func ParseDNSSubdomain(s string) (string, error) {
 	return s, nil
 }
 
+// ParsePodName is POD_NAME, a Kubernetes pod name: a DNS-1123 subdomain,
+// as the API server checks it (#33: 100 KB, or unicode, went into the
+// node id, Envoy's metadata and every xDS request).
+func ParsePodName(s string) (string, error) {
+	if _, err := ParseDNSSubdomain(s); err != nil {
+		return "", fmt.Errorf("want a Kubernetes pod name (DNS-1123 subdomain): dot-separated labels of lowercase letters, digits and '-', at most %d bytes", maxDNSSubdomain)
+	}
+	return s, nil
+}
+
 // ParseKeyAlgorithm is ECC_SIGNATURE_ALGORITHM. Istio's agent compares the
 // value with "ECDSA" and makes an RSA key for anything else, so a typo
 // ("ecdsa", "EC") silently gave RSA; RSA, the default, may be named.
