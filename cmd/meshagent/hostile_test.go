@@ -104,6 +104,8 @@ func TestCLIAgainstAHostileServer(t *testing.T) {
 			var stdout, stderr countingBuffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			err := cmd.Run()
+			// An upper bound on the command's peak: exec after Go's vfork
+			// starts the child's maxrss at this process's own peak.
 			rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
 			t.Logf("%v: exit %v, peak RSS %d MiB, %d bytes out, stderr %.300q", tc.args, err, rss>>20, stdout.n, stderr.String())
 			if err == nil {
