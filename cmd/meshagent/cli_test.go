@@ -191,3 +191,15 @@ func TestServiceConfigErrorsAreUsageErrors(t *testing.T) {
 		t.Errorf("SECRET_GRACE_PERIOD_RATIO=1.5: exit %d, output:\n%s\nwant exit 2 naming the variable and the value once", code, out)
 	}
 }
+
+// POD_NAME is checked as Kubernetes checks a pod name (#33: 100 KB, or
+// unicode, were taken): a usage error naming the variable, exit 2.
+func TestBadPodNameIsAUsageError(t *testing.T) {
+	for _, name := range []string{strings.Repeat("a", 100<<10), "ré-views", "Reviews", "-app"} {
+		t.Setenv("POD_NAME", name)
+		code, _, stderr := runCLI("proxy", "--root", t.TempDir())
+		if code != 2 || !strings.Contains(stderr, "POD_NAME") || !strings.Contains(stderr, "Kubernetes pod name") || len(stderr) > 4<<10 {
+			t.Errorf("POD_NAME of %d bytes: exit %d, stderr %.300q; want 2 naming POD_NAME, briefly", len(name), code, stderr)
+		}
+	}
+}

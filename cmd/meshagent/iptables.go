@@ -46,6 +46,10 @@ func withCaptureSettings(cmd *cobra.Command, host config.Host, run func(*cobra.C
 		if err != nil {
 			return usageError("%s: %v", cmd.Name(), err)
 		}
+		if cmd.Flags().Changed("network-namespace") && cfg.NetworkNamespace == "" {
+			// Not "no namespace": it would program the caller's own (#33).
+			return usageError("%s: --network-namespace is empty: want a network namespace file (/proc/PID/ns/net, /var/run/netns/NAME)", cmd.Name())
+		}
 		return run(cmd, cfg)
 	}
 	return cmd
@@ -178,26 +182,39 @@ func newCleanIptablesCommand(host config.Host) *cobra.Command {
 			return usageError("clean-iptables: %v", err)
 		}
 		log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("cmd", "clean-iptables")
-		if cfg.NativeNftables {
-			return cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+		if cfg.NetworkNamespace != "" {
+			// The pod's rules, not the caller's (#33: the flag was taken
+			// and the node's own capture rules removed).
+			return inNetworkNamespace(cfg.NetworkNamespace, log, func() error {
+				return cleanCapture(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+			})
 		}
-		// With neither backend named, our nftables tables go too: clean-iptables
-		// is the remedy for a node holding both sets (#23).
-		if cfg.ForceIptablesBinary == "" && !cfg.DryRun {
-			if r, err := capture.ProbeResidue(cmd.Context(), log); err == nil && r.Nftables {
-				if err := cleanNftables(cmd.Context(), cfg, cmd.OutOrStdout(), log); err != nil {
-					return err
-				}
-				if !r.IptablesUsable {
-					return nil
-				}
+		return cleanCapture(cmd.Context(), cfg, cmd.OutOrStdout(), log)
+	})
+}
+
+// cleanCapture is clean-iptables in the network namespace the calling
+// thread is in.
+func cleanCapture(ctx context.Context, cfg capture.RulesConfig, stdout io.Writer, log *slog.Logger) error {
+	if cfg.NativeNftables {
+		return cleanNftables(ctx, cfg, stdout, log)
+	}
+	// With neither backend named, our nftables tables go too: clean-iptables
+	// is the remedy for a node holding both sets (#23).
+	if cfg.ForceIptablesBinary == "" && !cfg.DryRun {
+		if r, err := capture.ProbeResidue(ctx, log); err == nil && r.Nftables {
+			if err := cleanNftables(ctx, cfg, stdout, log); err != nil {
+				return err
+			}
+			if !r.IptablesUsable {
+				return nil
 			}
 		}
-		if err := cleanIptables(cfg, cmd.OutOrStdout(), log); err != nil {
-			return fmt.Errorf("clean-iptables: %w", err)
-		}
-		return nil
-	})
+	}
+	if err := cleanIptables(cfg, stdout, log); err != nil {
+		return fmt.Errorf("clean-iptables: %w", err)
+	}
+	return nil
 }
 
 // cleanIptables removes every ISTIO_* chain and jump, and the rules of

@@ -34,15 +34,11 @@ var errNetnsLocked = errors.New("another capture step holds the network namespac
 // namespace at path (a /proc/PID/ns/net or /var/run/netns/NAME file),
 // holding the namespace's lock, and returns to the original namespace.
 func inNetworkNamespace(path string, log *slog.Logger, fn func() error) error {
-	ns, err := os.Open(path)
+	ns, err := openNetworkNamespace(path)
 	if err != nil {
-		return fmt.Errorf("--network-namespace: %w", err)
+		return err
 	}
 	defer ns.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(ns.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
-		return fmt.Errorf("--network-namespace %s: not a namespace file (nsfs)", path)
-	}
 	if err := lockNetns(ns, path, log); err != nil {
 		return err
 	}
@@ -70,6 +66,54 @@ func inNetworkNamespace(path string, log *slog.Logger, fn func() error) error {
 	}()
 	log.Info("entered network namespace", "path", path)
 	return fn()
+}
+
+// openNetworkNamespace opens the network namespace file at path, or says
+// why it is not one, naming the flag (#33). It is opened with O_NONBLOCK:
+// a FIFO named there was an open blocked for ever, with no log line; and
+// it must be a namespace file (nsfs) of a network namespace, not a mount
+// or a PID namespace's, before anything is applied.
+func openNetworkNamespace(path string) (*os.File, error) {
+	if path == "" {
+		return nil, errors.New("--network-namespace is empty: want a network namespace file (/proc/PID/ns/net, /var/run/netns/NAME)")
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("--network-namespace %s: %w", path, err)
+	}
+	ns := os.NewFile(uintptr(fd), path)
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		kind := fileKind(ns)
+		ns.Close()
+		return nil, fmt.Errorf("--network-namespace %s: not a namespace file (nsfs): %s", path, kind)
+	}
+	kind, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	if err != nil || kind != unix.CLONE_NEWNET {
+		ns.Close()
+		return nil, fmt.Errorf("--network-namespace %s: a namespace file, but not of a network namespace", path)
+	}
+	return ns, nil
+}
+
+// fileKind says what an open file is, for an error.
+func fileKind(f *os.File) string {
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return err.Error()
+	case fi.Mode()&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case fi.Mode()&os.ModeCharDevice != 0:
+		return "a character device"
+	case fi.Mode()&os.ModeDevice != 0:
+		return "a block device"
+	case fi.Mode()&os.ModeSocket != 0:
+		return "a socket"
+	case fi.IsDir():
+		return "a directory"
+	}
+	return "a regular file"
 }
 
 // lockNetns takes the exclusive flock on the namespace file, waiting up to

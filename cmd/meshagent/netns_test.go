@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -127,5 +128,81 @@ func TestIstioIptablesNetworkNamespaceNotANamespace(t *testing.T) {
 	code, _, errOut := runIptables(t, nil, "ipv4", nil, "istio-iptables", "--network-namespace", os.DevNull, "--native-nftables", "--dry-run")
 	if code != 1 || !strings.Contains(errOut, "not a namespace file") {
 		t.Errorf("exit %d, %q; want 1 naming the file as not a namespace", code, errOut)
+	}
+}
+
+// clean-iptables --network-namespace cleans the pod's namespace, not the
+// caller's (#33: it took the flag, never entered the namespace, removed
+// the node's capture rules and left the pod's).
+func TestCleanIptablesNetworkNamespace(t *testing.T) {
+	testkit.RequireRoot(t, "enters network namespaces", "unshare", "nsenter", "ip", "iptables-save")
+	runtime.LockOSThread() // "the host": a namespace of this test's own, as above
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-i", "*", "-b", "*", "-d", "15020,15021,15090"}
+	if code, _, errOut := runIptables(t, nil, "ipv4", nil, append([]string{"istio-iptables"}, args...)...); code != 0 {
+		t.Fatalf("capture in the host namespace: exit %d: %s", code, errOut)
+	}
+	pod := podNetns(t)
+	if code, _, errOut := runIptables(t, nil, "ipv4", nil, append([]string{"istio-iptables", "--network-namespace", pod}, args...)...); code != 0 {
+		t.Fatalf("capture in the pod: exit %d: %s", code, errOut)
+	}
+	code, _, errOut := runIptables(t, nil, "ipv4", nil, "clean-iptables", "--network-namespace", pod)
+	if code != 0 {
+		t.Fatalf("clean-iptables --network-namespace: exit %d: %s", code, errOut)
+	}
+	if got := nsRun(t, pod, "iptables-save"); strings.Contains(got, "ISTIO_") {
+		t.Errorf("the pod's rules are still there:\n%s", got)
+	}
+	if out, _ := exec.Command("iptables-save", "-t", "nat").CombinedOutput(); !strings.Contains(string(out), ":ISTIO_OUTPUT") {
+		t.Errorf("the host's rules were removed:\n%s", out)
+	}
+}
+
+// Every command that takes --network-namespace checks it names a network
+// namespace before anything is applied (#33): a FIFO failed to return
+// (the open blocked for ever, no log line); an empty value programmed the
+// caller's own namespace; another kind of namespace is not a network one.
+func TestNetworkNamespaceFlagIsChecked(t *testing.T) {
+	testkit.RequireRoot(t, "opens this process's mount namespace file")
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"istio-iptables", "clean-iptables"} {
+		for _, tc := range []struct {
+			path, want string
+			code       int
+		}{
+			{fifo, "--network-namespace " + fifo + ": not a namespace file (nsfs): a FIFO", 1},
+			{"", "--network-namespace is empty", 2},
+			{"/proc/self/ns/mnt", "a namespace file, but not of a network namespace", 1},
+			{os.DevNull, "not a namespace file (nsfs): a character device", 1},
+		} {
+			t.Run(cmd+" "+tc.path, func(t *testing.T) {
+				type result struct {
+					code   int
+					stderr string
+				}
+				done := make(chan result, 1)
+				go func() {
+					code, _, errOut := runIptables(t, nil, "ipv4", nil, cmd, "--network-namespace", tc.path, "--dry-run")
+					done <- result{code, errOut}
+				}()
+				var r result
+				testkit.WaitFor(t, cmd+" to return", func() bool {
+					select {
+					case r = <-done:
+						return true
+					default:
+						return false
+					}
+				})
+				if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+					t.Errorf("exit %d, %q; want %d saying %q", r.code, r.stderr, tc.code, tc.want)
+				}
+			})
+		}
 	}
 }

@@ -94,14 +94,18 @@ func proxyConfigTable(common *proxyConfigFlags, use string, aliases []string, sh
 	}
 }
 
+// maxConfigDump bounds Envoy's /config_dump as proxy-config reads it: a
+// large mesh's dump runs to tens of MiB, and decoding one costs a few times
+// its size (#33: with 256 MiB, proxy-config peaked at 0.84-1.32 GB).
+const maxConfigDump = 64 << 20
+
 // fetchConfigDump reads and decodes Envoy's /config_dump at admin.
 func fetchConfigDump(admin string, withEDS bool) (*envoyadmin.Dump, error) {
 	url := "http://" + admin + "/config_dump"
 	if withEDS {
 		url += "?include_eds"
 	}
-	// A real mesh's dump runs to tens of MiB; this bounds a runaway one.
-	resp, body, err := getLocal(url, 256<<20, "Envoy running, with its admin API at "+admin)
+	resp, body, err := getLocal(url, maxConfigDump, "Envoy running, with its admin API at "+admin)
 	if err != nil {
 		return nil, err
 	}

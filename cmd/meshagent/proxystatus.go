@@ -19,6 +19,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/boundedhttp"
+
 	"github.com/meshagent/meshagent/services/status"
 )
 
@@ -73,31 +75,35 @@ func newProxyStatusCommand() *cobra.Command {
 // when it answers 404.
 func getStatusDoc(addr, path string) ([]byte, error) {
 	url := "http://" + addr + path
+	// The agent's pages are KiBs; the name table's summary, not its names.
 	resp, body, err := getLocal(url, 4<<20, "the agent running, with its status port at "+addr)
-	if err != nil {
+	if err != nil || resp.StatusCode == http.StatusNotFound {
 		return nil, err
 	}
-	switch resp.StatusCode {
-	case http.StatusOK:
-		return body, nil
-	case http.StatusNotFound:
-		return nil, nil
-	}
-	return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	return body, nil
 }
 
-// getLocal is GET url on this pod's agent or Envoy, with at most limit
-// bytes of the body read (the response's body is closed); what names what
-// should answer there, for the error when nothing does.
+// getLocal is GET url on this pod's agent or Envoy: the body of a 200 of
+// at most limit bytes (boundedhttp.ErrCut past it, naming the bound), no
+// body with a 404, an error quoting the start of any other answer's body
+// (#33). what names what should answer there, for the error when nothing
+// does.
 func getLocal(url string, limit int64, what string) (*http.Response, []byte, error) {
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+	resp, err := boundedhttp.Client(10 * time.Second).Get(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w (is %s?)", err, what)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return resp, nil, nil
+	default:
+		return nil, nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, boundedhttp.Excerpt(resp.Body))
+	}
+	body, err := boundedhttp.Read(resp.Body, limit)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading %s: %w", url, err)
+		return nil, nil, fmt.Errorf("GET %s: %w", url, err)
 	}
 	return resp, body, nil
 }

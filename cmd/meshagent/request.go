@@ -8,11 +8,19 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/boundedhttp"
 )
 
 // requestPorts are the local ports `request` may call, as in Istio: Envoy's
 // admin, Envoy's health, the agent's status, and istiod's debug port.
 var requestPorts = []int{15000, 15021, 15020, 15004}
+
+// maxRequestAnswer bounds what `request` prints (#33): Envoy's largest
+// answers, /config_dump?include_eds and /stats of a large mesh, run to
+// tens of MiB. The answer is streamed, so the bound is time and output,
+// not memory.
+const maxRequestAnswer = 1 << 30
 
 // newRequestCommand is Istio's `pilot-agent request METHOD PATH [BODY]`:
 // call a local admin endpoint (Envoy's by default) and print the answer.
@@ -42,20 +50,19 @@ func newRequestCommand() *cobra.Command {
 			if err != nil {
 				return usageError("request %s %s: %v", method, url, err)
 			}
-			resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+			resp, err := boundedhttp.Client(60 * time.Second).Do(req)
 			if err != nil {
 				return fmt.Errorf("request %s %s: %w", method, url, err)
 			}
 			defer resp.Body.Close()
-			out, err := io.ReadAll(resp.Body)
-			if err != nil {
+			if resp.StatusCode > 399 && resp.StatusCode != http.StatusNotFound {
+				return fmt.Errorf("request %s %s: %s: %s", method, url, resp.Status, boundedhttp.Excerpt(resp.Body))
+			}
+			// Streamed, not held (#33: an endless body was an OOM kill).
+			if _, err := boundedhttp.Copy(cmd.OutOrStdout(), resp.Body, maxRequestAnswer); err != nil {
 				return fmt.Errorf("request %s %s: reading the answer: %w", method, url, err)
 			}
-			if resp.StatusCode > 399 && resp.StatusCode != http.StatusNotFound {
-				return fmt.Errorf("request %s %s: %s: %s", method, url, resp.Status, strings.TrimSpace(string(out)))
-			}
-			_, err = cmd.OutOrStdout().Write(out)
-			return err
+			return nil
 		},
 	}
 	cmd.Flags().IntVar(&debugPort, "debug-port", 15000, "Set the port to make a local request to. The default points to the Envoy admin API.")

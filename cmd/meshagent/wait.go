@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/boundedhttp"
 )
 
 // newWaitCommand is Istio's `pilot-agent wait`: poll the readiness URL
@@ -34,7 +35,7 @@ func newWaitCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "Waiting for Envoy proxy to be ready (timeout: %d seconds)...\n", timeoutSeconds)
-			client := &http.Client{Timeout: time.Duration(requestTimeoutMillis) * time.Millisecond}
+			client := boundedhttp.Client(time.Duration(requestTimeoutMillis) * time.Millisecond)
 			deadline := time.Now().Add(time.Duration(timeoutSeconds) * time.Second)
 			var lastErr error
 			for {
@@ -70,9 +71,8 @@ func checkReady(ctx context.Context, client *http.Client, url string) error {
 		return err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP status code %v: %s", resp.StatusCode, body)
+		return fmt.Errorf("HTTP status code %v: %s", resp.StatusCode, boundedhttp.Excerpt(resp.Body))
 	}
 	return nil
 }

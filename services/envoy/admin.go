@@ -24,7 +24,8 @@ func newAdminClient(addr string) *adminClient {
 		// Envoy's admin is on loopback: no proxy from the environment. One
 		// kept-alive connection serves the readiness polls; Serve closes
 		// it when it returns (closeIdle).
-		http: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: 10 * time.Second}},
+		http: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1, IdleConnTimeout: 10 * time.Second,
+			MaxResponseHeaderBytes: 1 << 20}},
 	}
 }
 
@@ -207,9 +208,18 @@ func (a *adminClient) do(ctx context.Context, method, path string, timeout time.
 		return "", 0, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminAnswer+1))
+	if err == nil && len(body) > maxAdminAnswer {
+		// Said, not cut silently (#33): a cut /stats would read as fewer
+		// connections than Envoy has.
+		return "", resp.StatusCode, fmt.Errorf("envoy admin %s %s: answer cut at %d MiB (the bound)", method, path, maxAdminAnswer>>20)
+	}
 	return string(body), resp.StatusCode, err
 }
+
+// maxAdminAnswer bounds an answer of Envoy's admin API as the agent reads
+// it: the readiness stats and the active connections are a few lines.
+const maxAdminAnswer = 4 << 20
 
 // readiness is one verdict of the readiness poll.
 type readiness struct {

@@ -1,7 +1,13 @@
 package envoy
 
 import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
@@ -38,5 +44,25 @@ listener.0.0.0.0_15021.downstream_cx_active: 5
 				t.Fatalf("sum = %d; want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// An admin answer past the bound is an error naming it, not a silent cut
+// (#33).
+func TestAdminAnswerPastTheBoundIsAnError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for range maxAdminAnswer/len(chunk) + 1 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	defer srv.Close()
+	a := newAdminClient(strings.TrimPrefix(srv.URL, "http://"))
+	defer a.closeIdle()
+	_, _, err := a.do(context.Background(), http.MethodGet, "/stats", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "answer cut at 4 MiB (the bound)") {
+		t.Fatalf("do = %v; want the bound named", err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
 const (
@@ -34,6 +35,17 @@ const (
 	// keeps: Envoy's last words (an assertion, a bad-config error, the
 	// backtrace of a crash) fit in it, a log flood does not grow it.
 	StderrTailBytes = 64 << 10
+	// MaxCrashRecordBytes bounds one record read back (#33: a 1 GiB sparse
+	// file named as a record took the agent to 1.6 GB through
+	// os.ReadFile). A record is StderrTailBytes of stderr, JSON-escaped
+	// (at most six bytes a byte for control characters), and a few xDS
+	// versions: under 400 KiB.
+	MaxCrashRecordBytes = 1 << 20
+	// crashPageSlots bounds the /debug/crashes requests served at once;
+	// one more gets 503 at once. Each reads up to MaxCrashRecords records
+	// of MaxCrashRecordBytes: two at once hold at most ~10 MiB, and an
+	// operator looks at the page by hand.
+	crashPageSlots = 2
 	// crashFilePrefix names the records; the rest of the name is the UTC
 	// time and the epoch, so that names sort by age.
 	crashFilePrefix = "envoy-crash-"
@@ -133,17 +145,22 @@ func crashFiles(dir string) ([]string, error) {
 	return names, nil
 }
 
-// ReadCrashRecords returns the records kept in dir, newest first. A record
-// that does not parse is skipped: the others still tell their story.
+// ReadCrashRecords returns the newest MaxCrashRecords records kept in
+// dir, newest first. A record that does not parse, or is not a regular
+// file of at most MaxCrashRecordBytes (boundedfile), is skipped: the
+// others still tell their story.
 func ReadCrashRecords(dir string) ([]CrashRecord, error) {
 	names, err := crashFiles(dir)
 	if err != nil {
 		return nil, err
 	}
+	if len(names) > MaxCrashRecords {
+		names = names[len(names)-MaxCrashRecords:] // more were put there by hand
+	}
 	recs := make([]CrashRecord, 0, len(names))
 	for _, name := range slices.Backward(names) {
 		path := filepath.Join(dir, name)
-		data, err := os.ReadFile(path)
+		data, err := boundedfile.Read(path, MaxCrashRecordBytes)
 		if err != nil {
 			continue
 		}
@@ -158,9 +175,22 @@ func ReadCrashRecords(dir string) ([]CrashRecord, error) {
 }
 
 // CrashesHandler serves the records kept in dir on /debug/crashes: a JSON
-// list, newest first (an empty list when Envoy never crashed).
+// list, newest first (an empty list when Envoy never crashed). At most
+// crashPageSlots requests are served at once; another gets 503.
 func CrashesHandler(dir string) http.Handler {
+	return crashesHandler(dir, make(chan struct{}, crashPageSlots))
+}
+
+func crashesHandler(dir string, slots chan struct{}) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("/debug/crashes: %d requests already served at once (the bound); try again", cap(slots)), http.StatusServiceUnavailable)
+			return
+		}
 		recs, err := ReadCrashRecords(dir)
 		if err != nil {
 			http.Error(w, fmt.Sprintf("reading crash records in %s: %v", dir, err), http.StatusInternalServerError)

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,5 +128,70 @@ func TestTailBufferKeepsTheEnd(t *testing.T) {
 		if got := tail.Bytes(); !bytes.Equal(got, want) {
 			t.Fatalf("after %q: tail %q; want %q", w, got, want)
 		}
+	}
+}
+
+// A huge file named as a record (#33: a 1 GiB sparse envoy-crash-*.json
+// and three concurrent GETs took the agent to 1.6 GB) is skipped without
+// being read: the page still lists the real records, and what the GETs
+// allocate stays far below the file's size.
+func TestCrashesPageSkipsAHugeRecord(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	for i := range 2 {
+		if _, err := writeCrashRecord(dir, CrashRecord{Time: start.Add(time.Duration(i) * time.Second), Epoch: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const huge = 256 << 20
+	f, err := os.Create(filepath.Join(dir, crashFilePrefix+"99999999T999999.999999999Z-epoch9.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(huge); err != nil { // sparse: no disk, all zeros
+		t.Fatal(err)
+	}
+	f.Close()
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	h := CrashesHandler(dir)
+	var wg sync.WaitGroup
+	bodies := make([]string, crashPageSlots)
+	for i := range bodies {
+		wg.Go(func() {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/debug/crashes", nil))
+			bodies[i] = fmt.Sprint(w.Code, " ", w.Body.String())
+		})
+	}
+	wg.Wait()
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > huge/4 {
+		t.Errorf("%d GETs allocated %d MiB with a %d MiB file named as a record", len(bodies), alloc>>20, huge>>20)
+	}
+	for _, b := range bodies {
+		if !strings.HasPrefix(b, "200 ") || strings.Count(b, `"epoch"`) != 2 {
+			t.Errorf("/debug/crashes = %.300s; want the two real records", b)
+		}
+	}
+}
+
+// Requests past the bound get 503 at once, not a share of memory.
+func TestCrashesPageBoundsConcurrentRequests(t *testing.T) {
+	slots := make(chan struct{}, crashPageSlots)
+	for range crashPageSlots {
+		slots <- struct{}{} // every slot taken
+	}
+	w := httptest.NewRecorder()
+	crashesHandler(t.TempDir(), slots).ServeHTTP(w, httptest.NewRequest("GET", "/debug/crashes", nil))
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "the bound") {
+		t.Fatalf("with every slot taken: %d %q; want 503 naming the bound", w.Code, w.Body.String())
+	}
+	<-slots
+	w = httptest.NewRecorder()
+	crashesHandler(t.TempDir(), slots).ServeHTTP(w, httptest.NewRequest("GET", "/debug/crashes", nil))
+	if w.Code != http.StatusOK {
+		t.Fatalf("with a slot free: %d %q", w.Code, w.Body.String())
 	}
 }

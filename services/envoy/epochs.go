@@ -15,6 +15,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/internal/cgroupmem"
 	"github.com/meshagent/meshagent/services/internal/filewatch"
 )
 
@@ -49,6 +51,10 @@ type hotRun struct {
 	stopValidate context.CancelFunc
 	// pending is the change that came during an overlap, "" if none.
 	pending string
+	// refused says why the last hot restart did not happen ("" after one
+	// that did): /debug/tree shows it on the envoy line (#33: a binary
+	// that could not be read left it saying "ready" and nothing else).
+	refused string
 }
 
 // validation is the result of validating a new generation.
@@ -132,6 +138,8 @@ func (r *run) watchInputs() error {
 	}
 	r.hot.watch = w
 	r.hot.stamp = r.inputStamp()
+	_, err = cgroupmem.Self(hr.CgroupRoot)
+	r.memoryUnknown(err) // said from the start, not at the first change
 	r.s.log.Info("hot restart on: watching envoy's inputs", "dirs", r.hot.dirs, "base_id", hr.BaseID)
 	return nil
 }
@@ -235,6 +243,7 @@ func (r *run) consider(ctx context.Context, reason string) {
 	log := s.log.With("old_epoch", r.child.restartEpoch, "reason", reason)
 	if s.hotBlocked != "" {
 		log.Error("hot restart refused; the running envoy keeps serving, and the change waits for its next start", "outcome", "refused", "why", s.hotBlocked)
+		r.refuse(errors.New(s.hotBlocked))
 		return
 	}
 	cfg, err := s.cfg.HotRestart.Reload()
@@ -254,17 +263,32 @@ func (r *run) consider(ctx context.Context, reason string) {
 	}
 	if err != nil {
 		log.Error("hot restart: envoy's inputs do not make a configuration; envoy left alone", "error", err)
+		r.refuse(err)
 		return
 	}
 	g, err := render(cfg)
 	if err != nil {
 		s.restore(s.gen)
-		log.Error("hot restart: envoy's bootstrap does not render; envoy left alone", "error", err)
+		log.Error("hot restart: envoy's bootstrap or binary cannot be prepared; envoy left alone", "error", err)
+		r.refuse(err)
 		return
 	}
-	what := s.gen.changes(g, r.child.pid)
-	if len(what) == 0 {
+	what, err := s.gen.changes(g, r.child.pid)
+	if err == nil && len(what) == 0 {
 		log.Info("envoy's inputs changed but not its bootstrap, command line or binary; no hot restart")
+		r.refuse(nil)
+		return
+	}
+	if err == nil {
+		// Before envoy --mode validate, which loads the whole bootstrap
+		// as a second Envoy would: with little headroom the validation
+		// itself was the OOM kill (#33).
+		err = r.roomForTwo()
+	}
+	if err != nil {
+		s.restore(s.gen)
+		log.Error("hot restart refused; the running envoy keeps serving", "outcome", "refused", "error", err)
+		r.refuse(err)
 		return
 	}
 	log.Info("hot restart: validating the new bootstrap", "what", strings.Join(what, ", "), "binary", g.binary)
@@ -272,6 +296,42 @@ func (r *run) consider(ctx context.Context, reason string) {
 	ch := make(chan validation, 1)
 	r.hot.validated, r.hot.stopValidate = ch, cancel
 	go func() { ch <- validation{gen: g, reason: reason, err: validateBootstrap(vctx, g)} }()
+}
+
+// refuse records why a hot restart did not happen (nil: there was nothing
+// to restart for) and shows it on the envoy line of /debug/tree.
+func (r *run) refuse(err error) {
+	r.hot.refused = ""
+	if err != nil {
+		r.hot.refused = "hot restart refused: " + err.Error()
+	}
+	if r.state.Phase == messages.EnvoyReady && !r.hot.busy() {
+		r.s.setHealth(messages.Ready, r.overlapNote())
+	}
+}
+
+// roomForTwo is the memory check of a second epoch. A memory cgroup the
+// agent cannot find is no check at all: it is logged once and shown on the
+// envoy line of /debug/tree (#33; it was skipped without a word).
+func (r *run) roomForTwo() error {
+	err := roomForTwo(r.s.cfg.HotRestart.CgroupRoot, r.child.pid)
+	if r.memoryUnknown(err) {
+		return nil
+	}
+	return err
+}
+
+// memoryUnknown says whether err is cgroupmem.ErrUnknown, and notes it the
+// first time.
+func (r *run) memoryUnknown(err error) bool {
+	if !errors.Is(err, cgroupmem.ErrUnknown) {
+		return false
+	}
+	if r.s.memoryUnknown == "" {
+		r.s.memoryUnknown = "no memory check before a hot restart: " + err.Error()
+		r.s.log.Warn("hot restart: the memory cgroup cannot be read; a second epoch starts without a memory check", "error", err)
+	}
+	return true
 }
 
 // validated goes on with a validated generation: the memory check, then
@@ -286,7 +346,8 @@ func (r *run) validated(ctx context.Context, v validation) {
 		err = fmt.Errorf("a drain began")
 	}
 	if err == nil {
-		err = roomForTwo(s.cfg.HotRestart.CgroupRoot, r.child.pid)
+		// Again: the container's use may have grown during the validation.
+		err = r.roomForTwo()
 	}
 	var next *child
 	if err == nil {
@@ -295,6 +356,7 @@ func (r *run) validated(ctx context.Context, v validation) {
 	if err != nil {
 		s.restore(s.gen)
 		log.Error("hot restart refused; the running envoy keeps serving", "outcome", "refused", "error", err)
+		r.refuse(err)
 		r.afterOverlap(ctx)
 		return
 	}
@@ -320,6 +382,7 @@ func (r *run) nextReadiness(v readiness) {
 	}
 	old := r.child
 	r.child, r.hot.parent, r.hot.next, r.hot.nextDeadline = next, old, nil, nil
+	r.hot.refused = ""
 	r.adopt(r.hot.nextGen)
 	hr := r.s.cfg.HotRestart
 	r.hot.parentDeadline = r.s.clock.After(hr.ParentShutdownDuration + r.s.cfg.KillGrace)
@@ -374,11 +437,12 @@ func (r *run) nextFailed() {
 	r.s.restore(r.s.gen)
 	r.state.Overlap = messages.EnvoyProcess{}
 	r.publish()
-	r.s.setHealth(messages.Ready, "")
 	msg := "hot restart failed: the new epoch exited before taking over; the old one keeps serving"
 	if path := r.s.keepCrashRecord(next, gen.rendered); path != "" {
 		msg += "; crash record " + path
 	}
+	r.hot.refused = msg
+	r.s.setHealth(messages.Ready, r.overlapNote())
 	r.s.hotBlocked = fmt.Sprintf("epoch %d (pid %d) died before it took over (%s), leaving Envoy's shared memory marked initializing", next.restartEpoch, next.pid, reason)
 	r.s.log.Error(msg, "outcome", "failed", "old_epoch", r.child.restartEpoch, "new_epoch", next.restartEpoch,
 		"pid", next.pid, "exit_code", code, "status", reason, "reason", r.hot.reason)
@@ -413,7 +477,7 @@ func (r *run) parentExited() {
 	r.state.Overlap = messages.EnvoyProcess{}
 	r.publish()
 	if r.state.Phase == messages.EnvoyReady {
-		r.s.setHealth(messages.Ready, "")
+		r.s.setHealth(messages.Ready, r.overlapNote())
 	}
 	log := r.s.log.With("old_epoch", p.restartEpoch, "old_pid", p.pid, "status", reason, "epoch", r.child.restartEpoch)
 	if code == 0 {
@@ -474,7 +538,8 @@ func (r *run) children() []*child {
 }
 
 // overlapNote is the health reason during an overlap, which /debug/tree
-// shows on the envoy line; "" otherwise.
+// shows on the envoy line; otherwise why the last hot restart was refused
+// and whether memory goes unchecked, or "".
 func (r *run) overlapNote() string {
 	switch {
 	case r.hot.next != nil:
@@ -484,5 +549,11 @@ func (r *run) overlapNote() string {
 		return fmt.Sprintf("hot restart: epoch %d (pid %d) serving, epoch %d (pid %d) draining",
 			r.child.restartEpoch, r.child.pid, r.hot.parent.restartEpoch, r.hot.parent.pid)
 	}
-	return ""
+	var notes []string
+	for _, n := range []string{r.hot.refused, r.s.memoryUnknown} {
+		if n != "" {
+			notes = append(notes, n)
+		}
+	}
+	return strings.Join(notes, "; ")
 }

@@ -25,7 +25,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/services/internal/atomicfile"
+	"github.com/meshagent/meshagent/services/internal/boundedfile"
 	"github.com/meshagent/meshagent/services/internal/cgroupmem"
 )
 
@@ -157,10 +157,15 @@ type generation struct {
 }
 
 // changes names what differs between the serving generation g, run by
-// process pid, and o; none when o starts the same Envoy.
-func (g *generation) changes(o *generation, pid int) []string {
+// process pid, and o; none when o starts the same Envoy. An error: o's
+// binary cannot be read (ErrBinary).
+func (g *generation) changes(o *generation, pid int) ([]string, error) {
 	var what []string
-	if !g.sameBinary(o, pid) {
+	same, err := g.sameBinary(o, pid)
+	if err != nil {
+		return nil, err
+	}
+	if !same {
 		what = append(what, "binary")
 	}
 	if g.bootPath != o.bootPath || string(g.boot) != string(o.boot) {
@@ -169,27 +174,33 @@ func (g *generation) changes(o *generation, pid int) []string {
 	if !slices.Equal(g.args, o.args) {
 		what = append(what, "command line")
 	}
-	return what
+	return what, nil
 }
 
 // sameBinary says whether o's binary is the one g's Envoy (process pid)
 // runs: the same path and file, or, for another file at the path, the same
 // content as the running executable (/proc/<pid>/exe, which still reads
 // the old file after a new one was renamed over it). Hashing only then
-// keeps a cold start of Envoy from reading its whole binary (#25).
-func (g *generation) sameBinary(o *generation, pid int) bool {
+// keeps a cold start of Envoy from reading its whole binary (#25). o's
+// binary is read through the bounded reader: a FIFO or a device put at the
+// path is an error at once, never a hash that blocks or reads for ever in
+// the run loop (#33).
+func (g *generation) sameBinary(o *generation, pid int) (bool, error) {
 	if g.binary != o.binary {
-		return false
+		return false, nil
 	}
 	if g.binaryFile == o.binaryFile {
-		return true
+		return true, nil
+	}
+	now, err := hashFile(o.binary)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrBinary, err)
 	}
 	running, err := hashFile(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
-		return false // unreadable: a hot restart is the safe side
+		return false, nil // the running one unreadable: a hot restart is the safe side
 	}
-	now, err := hashFile(o.binary)
-	return err == nil && now == running
+	return now == running, nil
 }
 
 // fileID identifies a file's version: a file replaced or written has
@@ -221,7 +232,7 @@ func newGeneration(cfg Config, args []string, rendered *bootstrap.Rendered) (*ge
 	}
 	g.binaryFile = id
 	if g.bootPath = configPathArg(args); g.bootPath != "" {
-		if g.boot, err = os.ReadFile(g.bootPath); err != nil {
+		if g.boot, err = boundedfile.Read(g.bootPath, boundedfile.MaxConfig); err != nil {
 			return nil, fmt.Errorf("read the bootstrap: %w", err)
 		}
 	}
@@ -265,16 +276,13 @@ func configPathArg(args []string) string {
 	return ""
 }
 
+// hashFile is the SHA-256 of the regular file at path, at most
+// boundedfile.MaxBinary long.
 func hashFile(path string) ([sha256.Size]byte, error) {
 	var sum [sha256.Size]byte
-	f, err := os.Open(path)
-	if err != nil {
-		return sum, err
-	}
-	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return sum, fmt.Errorf("read %s: %w", path, err)
+	if _, err := boundedfile.Copy(h, path, boundedfile.MaxBinary); err != nil {
+		return sum, err
 	}
 	copy(sum[:], h.Sum(nil))
 	return sum, nil
@@ -300,10 +308,14 @@ func validateBootstrap(ctx context.Context, g *generation) error {
 
 // roomForTwo says whether the container's memory limit holds a second
 // Envoy the size of the running one (pid) beside what the container uses
-// now; it is nil when no limit is known.
+// now; it is nil when the cgroup has no limit, and cgroupmem.ErrUnknown
+// when there is no cgroup to read.
 func roomForTwo(cgroupRoot string, pid int) error {
 	m, err := cgroupmem.Self(cgroupRoot)
-	if errors.Is(err, cgroupmem.ErrUnknown) || (err == nil && m.Limit == 0) {
+	if errors.Is(err, cgroupmem.ErrUnknown) {
+		return err
+	}
+	if err == nil && m.Limit == 0 {
 		return nil
 	}
 	if err != nil {

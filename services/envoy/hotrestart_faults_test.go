@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -243,6 +245,14 @@ func TestHotRestartRefusedWithoutRoomForTwo(t *testing.T) {
 	h.edit("v1")
 	h.logs.WaitLine(t, "hot restart refused", "memory limit cannot hold two envoys", "8 MiB limit")
 	h.stillAlone(first, "after a refused hot restart")
+	// The check comes before envoy --mode validate, which loads the
+	// bootstrap as a second Envoy would (#33: the validation was the OOM).
+	if strings.Contains(h.logs.String(), "validating the new bootstrap") {
+		t.Errorf("envoy --mode validate ran although the memory check refuses:\n%s", h.logs.String())
+	}
+	if !h.sawHealth(messages.Ready, "memory limit cannot hold two envoys") {
+		t.Error("the refusal is not on the envoy line of /debug/tree")
+	}
 }
 
 // A change of the admin address waits for Envoy's next start: the
@@ -258,4 +268,81 @@ func TestHotRestartRefusesANewAdminAddress(t *testing.T) {
 	h.edit("v1")
 	h.logs.WaitLine(t, "hot restart: envoy's inputs do not make a configuration", "admin address changed")
 	h.stillAlone(first, "after a refused hot restart")
+}
+
+// A FIFO or an endless device put at Envoy's binary path (#33): the hash
+// that compares it with the running binary blocked the run loop for good
+// (a FIFO) or read at a full core for ever (/dev/zero's device numbers),
+// nothing logged, /debug/tree saying "ready", a good binary put there
+// later never applied, SIGTERM not heard. Now the refusal is logged and
+// on the envoy line, and a good binary afterwards is a hot restart.
+func TestHotRestartBinaryNotAFile(t *testing.T) {
+	skipIfReal(t)
+	if os.Geteuid() != 0 {
+		t.Skip("mknod needs root")
+	}
+	for _, tc := range []struct {
+		name, mode string
+		put        func(path string) error
+	}{
+		{"FIFO", "p", func(p string) error { return syscall.Mkfifo(p, 0o755) }},
+		{"endless device", "D", func(p string) error {
+			return syscall.Mknod(p, syscall.S_IFCHR|0o755, int(unix.Mkdev(1, 5)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := filepath.Join(t.TempDir(), "envoy")
+			good := testkit.InstallExecutable(t, envoyBinary, bin)
+			h := newHotHarness(t, true, nil, func(cfg *Config) { cfg.BinaryPath = bin })
+			ctx, cancel := context.WithCancel(context.Background())
+			done := h.supervise(ctx)
+			first := h.wait("epoch 0 ready", alone(0))
+			if err := os.Remove(bin); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.put(bin); err != nil {
+				t.Fatal(err)
+			}
+			h.logs.WaitLine(t, "hot restart", "envoy left alone", bin, "not a regular file")
+			testkit.WaitFor(t, "the refusal on the envoy line of /debug/tree", func() bool {
+				return h.sawHealth(messages.Ready, "hot restart refused: ") && h.sawHealth(messages.Ready, "not a regular file")
+			})
+			h.stillAlone(first, "after a binary that is not a file")
+
+			// A good binary afterwards is applied: the loop was not stuck.
+			tmp := bin + ".new"
+			if err := os.WriteFile(tmp, append(good, "new build"...), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, bin); err != nil {
+				t.Fatal(err)
+			}
+			st := h.wait("epoch 1 alone", alone(1))
+			h.onlyServing(st)
+			cancel() // SIGTERM: heard, Serve returns
+			if err := h.waitServe(done); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Serve after the stop: %v", err)
+			}
+		})
+	}
+}
+
+// Without a memory cgroup to read, the memory check of a second epoch is
+// off: it is said once in the log and on the envoy line of /debug/tree
+// (#33: it was skipped without a word).
+func TestHotRestartSaysMemoryUnchecked(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, nil) // CgroupRoot: an empty directory
+	h.run()
+	h.wait("epoch 0 ready", alone(0))
+	h.edit("v1")
+	h.wait("epoch 1 alone", alone(1))
+	h.edit("v2")
+	h.wait("epoch 2 alone", alone(2))
+	if !h.sawHealth(messages.Ready, "no memory check before a hot restart") {
+		t.Error("the envoy line never said the memory check is off")
+	}
+	if n := strings.Count(h.logs.String(), "the memory cgroup cannot be read"); n != 1 {
+		t.Errorf("the missing cgroup was logged %d times, want once:\n%s", n, h.logs.String())
+	}
 }

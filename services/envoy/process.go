@@ -108,6 +108,9 @@ func checkBinary(path string) error {
 		return fmt.Errorf("%w: %s: %v", ErrBinary, path, err)
 	case st.IsDir():
 		return fmt.Errorf("%w: %s is a directory", ErrBinary, path)
+	case !st.Mode().IsRegular():
+		// A FIFO or a device: never a program, and never read (#33).
+		return fmt.Errorf("%w: %s is not a regular file (mode %v)", ErrBinary, path, st.Mode())
 	case st.Mode().Perm()&0o111 == 0:
 		return fmt.Errorf("%w: %s is not executable (mode %v)", ErrBinary, path, st.Mode().Perm())
 	}

@@ -69,6 +69,9 @@ type Service struct {
 	// epoch of the base id fails on it ("previous envoy process is still
 	// initializing") until an epoch 0 starts afresh.
 	hotBlocked string
+	// memoryUnknown says, once the memory cgroup could not be read for a
+	// hot restart's memory check, that the check is off (#33).
+	memoryUnknown string
 }
 
 // New validates cfg, once (Serve does not check it again), and returns the

@@ -88,7 +88,7 @@ func (s *Service) routes() http.Handler {
 	mux := http.NewServeMux()
 	table := s.routeTable()
 	for _, r := range table {
-		h := r.handler
+		h := s.limits.wrap(r.pattern, r.handler)
 		if r.loopback {
 			h = loopbackOnly(h)
 		}

@@ -134,6 +134,9 @@ type Service struct {
 	// survives restarts of this service, and is touched only by the state
 	// loop.
 	startupRecorded bool
+	// limits bound the requests served at once, per route class
+	// (limits.go).
+	limits limiter
 }
 
 // view is an immutable snapshot for the HTTP handlers.
@@ -151,7 +154,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	if in.Metrics == nil {
 		return nil, errors.New("status: Inputs.Metrics (the agent's metrics registry) is required")
 	}
-	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}}
+	s := &Service{cfg: cfg, in: in, out: out, health: rt.Health, clock: rt.Clock, log: rt.Log, healths: map[string]messages.Health{}, limits: newLimiter()}
 	s.view.Store(&view{reason: "starting"})
 	s.prober = appprobe.New(cfg.Probes, rt.Log)
 	var mm messages.Metrics
@@ -172,11 +175,8 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("status server: listen %s: %w", s.cfg.Addr, err)
 	}
-	srv := &http.Server{
-		Handler:           s.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
+	ln = limitListener(ln)
+	srv := newServer(ctx, s.routes())
 	// The first verdict is reached before the first request is answered,
 	// so that a probe never sees a bare "starting" from a server that
 	// already knows why it is not ready.

@@ -161,6 +161,11 @@ func TestOfflineCacheServesAndResynchronises(t *testing.T) {
 		if st.Since.IsZero() || st.LastError == "" {
 			t.Errorf("XDSState %+v: want since and the last error", st)
 		}
+		// What the cache sent counts its resources (#33: /debug/tree said
+		// "cds (0 resources)" from then on while Envoy held them all).
+		if n := st.Types[resource.ClusterType].SentResources; n != 3 {
+			t.Errorf("CDS served from the cache: %d resources sent, want 3", n)
+		}
 		h := p.waitHealth(t, "Degraded", func(h messages.Health) bool { return h.State == messages.Degraded })
 		testkit.Contains(t, "health reason", h.Reason, "serving cached configuration", "unreachable since", cp.Addr())
 		if got := p.metric(t, "xds_proxy_serving_cache"); got != 1 {

@@ -128,5 +128,5 @@ func (x *sotwTracker) answerType(cache *lkg.Cache, t string, names []string) []*
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
-	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.Response, nonce), TypeURL: t, Nonce: nonce, Version: e.Version}}
+	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.Response, nonce), TypeURL: t, Nonce: nonce, Version: e.Version, Resources: rawxds.CountResources(e.Response)}}
 }

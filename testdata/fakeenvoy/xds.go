@@ -4,6 +4,7 @@ import (
 	"context"
 	"log"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -67,9 +68,11 @@ func (e *envoy) keepStreaming(ctx context.Context, cluster string, src *corev3.A
 	go func() {
 		defer e.wg.Done()
 		retry := newBackoff(src)
+		recv := maxReceive(src)
 		for ctx.Err() == nil {
 			err := func() error {
-				conn, err := grpc.NewClient("unix:"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				conn, err := grpc.NewClient("unix:"+path, grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(recv)))
 				if err != nil {
 					return err
 				}
@@ -339,4 +342,17 @@ func decode(a *anypb.Any) proto.Message {
 		return a
 	}
 	return m
+}
+
+// maxReceive is the largest xDS message Envoy takes on src: its
+// envoy_grpc.max_receive_message_length, else no limit (Envoy's default,
+// and Istio's bootstrap sets none). gRPC's own 4 MiB default made the
+// stand-in refuse pushes Envoy takes (#33).
+func maxReceive(src *corev3.ApiConfigSource) int {
+	for _, g := range src.GetGrpcServices() {
+		if m := g.GetEnvoyGrpc().GetMaxReceiveMessageLength(); m.GetValue() > 0 {
+			return int(min(m.GetValue(), math.MaxInt32))
+		}
+	}
+	return math.MaxInt32
 }

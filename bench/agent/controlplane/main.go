@@ -12,6 +12,11 @@
 // ADDR for the last name until the new address comes back and prints
 // "swap-ms MS" (from the table handed to the server to the first answer
 // that has it): the time an agent takes to swap a new table in.
+//
+// For hack/attack (#33), two more stdin lines: "push MIB" replaces the
+// clusters with ones that make a single CDS response of about MIB MiB, and
+// "names N" replaces the name table with one of N services; each answers
+// "pushed" once the snapshot is set.
 package main
 
 import (
@@ -25,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/miekg/dns"
 
 	"github.com/meshagent/meshagent/messages/nds"
@@ -51,9 +58,7 @@ func main() {
 		fail(err)
 	}
 	fmt.Println(cp.Addr())
-	if *names > 0 {
-		go swaps(cp, *names, *probe)
-	}
+	go swaps(cp, *names, *probe, *ns)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
@@ -84,13 +89,43 @@ func meshIP(i, gen int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
+// padded are clusters whose CDS response is about mib MiB: 4 KiB of
+// alt_stat_name each (one string shared by all, so the control plane holds
+// it once and only the response is large).
+func padded(mib int) []types.Resource {
+	const each = 4 << 10
+	pad := strings.Repeat("p", each)
+	cs := xdsserver.Clusters(mib<<20/each, "attack")
+	for _, c := range cs {
+		c.(*clusterv3.Cluster).AltStatName = pad
+	}
+	return cs
+}
+
 // swaps replaces the table on every "swap" line of stdin and, with a probe
 // address, times how long the agent there takes to answer from it.
-func swaps(cp *xdsserver.Server, n int, probe string) {
+func swaps(cp *xdsserver.Server, n int, probe, ns string) {
 	gen := 1
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		if strings.TrimSpace(in.Text()) != "swap" {
+		var arg int
+		if _, err := fmt.Sscanf(in.Text(), "push %d", &arg); err == nil {
+			gen++
+			c, l, r, e := xdsserver.SmallMesh(fmt.Sprintf("v%d", gen), ns)
+			if err := cp.SetSnapshot(fmt.Sprintf("v%d", gen), append(c, padded(arg)...), l, r, e, nil); err != nil {
+				fail(err)
+			}
+			fmt.Println("pushed")
+			continue
+		}
+		if _, err := fmt.Sscanf(in.Text(), "names %d", &arg); err == nil {
+			if err := cp.SetNameTable(meshTable(arg, gen)); err != nil {
+				fail(err)
+			}
+			fmt.Println("pushed")
+			continue
+		}
+		if strings.TrimSpace(in.Text()) != "swap" || n == 0 {
 			continue
 		}
 		gen++

@@ -52,7 +52,7 @@ const (
 // that stands in for a flag is bound with envFlagVar instead.
 var (
 	// The pod: who the workload is (Istio's injector sets these).
-	envPodName        = setting(asText("string"), "POD_NAME", "", svcPod, "the pod's name: node id, metadata")
+	envPodName        = setting(asPodName, "POD_NAME", "", svcPod, "the pod's name: node id, metadata")
 	envPodNamespace   = setting(asDNSLabel, "POD_NAMESPACE", "", svcPod, "the pod's namespace: node id, DNS domain, SPIFFE ID")
 	envServiceAccount = setting(asDNSSubdomain, "SERVICE_ACCOUNT", "", svcPod, "the pod's service account: SPIFFE ID")
 	envInstanceIP     = setting(asText("IP list"), "INSTANCE_IP", "", svcPod, "the pod's IPs, comma separated, before the host's: node id, probes' destination")

@@ -67,6 +67,7 @@ var (
 	asNumber       = kind[float64]{name: "number", parse: parseFloat}
 	asDNSLabel     = kind[string]{name: "DNS label", parse: parseDNSLabel}
 	asDNSSubdomain = kind[string]{name: "DNS subdomain", parse: parseDNSSubdomain}
+	asPodName      = kind[string]{name: "pod name", parse: parsePodName}
 	asTrustDomain  = kind[string]{name: "trust domain", parse: parseTrustDomain}
 	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: parseKeyAlgorithm}
 	asECCCurve     = kind[string]{name: "P256 or P384", parse: parseECCCurve}
@@ -174,6 +175,16 @@ func parseDNSSubdomain(s string) (string, error) {
 	}
 	if bad {
 		return "", fmt.Errorf("want a Kubernetes service account name (DNS-1123 subdomain): dot-separated labels of lowercase letters, digits and '-', at most %d bytes", maxDNSSubdomain)
+	}
+	return s, nil
+}
+
+// parsePodName is POD_NAME, a Kubernetes pod name: a DNS-1123 subdomain,
+// as the API server checks it (#33: 100 KB, or unicode, went into the
+// node id, Envoy's metadata and every xDS request).
+func parsePodName(s string) (string, error) {
+	if _, err := parseDNSSubdomain(s); err != nil {
+		return "", fmt.Errorf("want a Kubernetes pod name (DNS-1123 subdomain): dot-separated labels of lowercase letters, digits and '-', at most %d bytes", maxDNSSubdomain)
 	}
 	return s, nil
 }

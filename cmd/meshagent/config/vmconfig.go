@@ -71,7 +71,10 @@ func vmDefaults(vars map[string]string, host Host, p *Problems) {
 	} // else the host's addresses, as the script's `hostname --all-ip-addresses`
 	if vars["POD_NAME"] == "" && host.Hostname != nil {
 		if name, err := host.Hostname(); err == nil {
-			vars["POD_NAME"], _, _ = strings.Cut(name, ".") // hostname -s
+			// hostname -s, lowercased: a host name is case-blind, a pod
+			// name (POD_NAME, checked as one) lowercase.
+			short, _, _ := strings.Cut(name, ".")
+			vars["POD_NAME"] = strings.ToLower(short)
 		}
 	}
 	// CA_ADDR > PILOT_ADDRESS > ISTIO_PILOT_PORT > istiod's default.

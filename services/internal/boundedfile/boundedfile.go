@@ -40,6 +40,12 @@ const MaxConfig = 16 << 20
 // MaxToken bounds a JWT file (the service account token): a few KiB.
 const MaxToken = 1 << 20
 
+// MaxBinary bounds a program the agent hashes (Envoy's binary, for a hot
+// restart, #33): Envoy's release binary is about 130 MiB with symbols
+// stripped and 400 MiB with them (a debug build); 1 GiB is more than twice
+// that, and hashing it is a few seconds, not for ever.
+const MaxBinary = 1 << 30
+
 // Read returns the content of the regular file at path, or an error naming
 // the path: ErrNotRegular (with the file's type), ErrTooLarge (with the
 // bound), or the file system's error (fs.ErrNotExist for a missing file,
@@ -89,6 +95,30 @@ func Open(path string) (*os.File, fs.FileInfo, error) {
 // ReadOpen reads a file Open returned through the bound.
 func ReadOpen(f *os.File, fi fs.FileInfo, max int64) ([]byte, error) {
 	return readAll(f, fi, max)
+}
+
+// Copy writes the content of the regular file at path to w (a hash, say)
+// without holding it, through the same checks and bound as Read: a FIFO
+// or a device at path is ErrNotRegular, at once; a file longer than max is
+// ErrTooLarge once max bytes were copied (#33: a hash of /dev/zero read
+// for ever).
+func Copy(w io.Writer, path string, max int64) (int64, error) {
+	f, fi, err := Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if fi.Size() > max {
+		return 0, tooLarge(path, fi.Size(), max)
+	}
+	n, err := io.Copy(w, io.LimitReader(f, max+1))
+	if err != nil {
+		return n, fmt.Errorf("read %s: %w", path, err)
+	}
+	if n > max {
+		return n, tooLarge(path, -1, max)
+	}
+	return n, nil
 }
 
 func readAll(f *os.File, fi fs.FileInfo, max int64) ([]byte, error) {

@@ -69,6 +69,23 @@ func TestRead(t *testing.T) {
 				t.Errorf("Read(%s) = %q, want it to name the path and say %q", tc.path, err, tc.wantMsg)
 			}
 		})
+		// Copy (a hash of Envoy's binary, #33) takes the same checks.
+		t.Run("Copy "+tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			n, err := Copy(&out, tc.path, 100)
+			if tc.wantErr == nil {
+				if err != nil || n != int64(tc.size) || out.Len() != tc.size {
+					t.Fatalf("Copy(%s) = %d bytes, %v; want %d bytes", tc.path, n, err, tc.size)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("Copy(%s) = %v, want %v saying %q", tc.path, err, tc.wantErr, tc.wantMsg)
+			}
+			if out.Len() > 101 {
+				t.Errorf("Copy(%s) wrote %d bytes past a bound of 100", tc.path, out.Len())
+			}
+		})
 	}
 }
 

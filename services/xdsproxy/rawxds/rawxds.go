@@ -134,6 +134,22 @@ func (f *Frame) Scan() error {
 	return nil
 }
 
+// CountResources is the number of resources of a response: what
+// /debug/tree shows as sent (#33: a response of the cache counted none,
+// and showed "0 resources" until the control plane's next push).
+func CountResources(b Body) int {
+	n := 0
+	for fd, err := range bodyFields(b, func(protowire.Number) bool { return false }) {
+		if err != nil {
+			break
+		}
+		if fd.Num == fieldResources {
+			n++
+		}
+	}
+	return n
+}
+
 // WithNonce returns the response with its nonce replaced: a nonce field
 // appended after the others wins when Envoy decodes it. The response's
 // pieces are shared, not copied.
