@@ -463,3 +463,12 @@ func TestLocalBaseToFile(t *testing.T) {
 		t.Errorf("temporary files left: %v", leftovers)
 	}
 }
+
+func platformOf(t *testing.T, s string) v1.Platform {
+	t.Helper()
+	p, err := v1.ParsePlatform(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *p
+}
