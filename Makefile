@@ -25,19 +25,25 @@ build:
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
 
-# The sidecar image in the layout of Istio's proxyv2 (#20), built without a
-# container daemon by hack/mkimage into a docker-archive tarball whose path
-# is the last line printed; load it on a node with
+# The sidecar image of our tests, in the layout of Istio's proxyv2 (#20),
+# built without a container daemon the way users build theirs on Istio's
+# own proxyv2 (#32): hack/mkimage lays out a proxyv2-shaped base (the
+# stand-in Envoy, Istio's bootstrap template, iptables, uid 1337, a
+# placeholder where Istio's agent goes), then `meshagent image` layers the
+# agent and its init onto it, as onto Istio's image. The docker-archive's
+# path is the last line printed; load it on a node with
 #   ctr -n k8s.io images import bin/meshagent-proxyv2-image.tar
 # Envoy in it is the stand-in (testdata/fakeenvoy, static): it relays
 # captured TCP but is no Envoy, and the image's labels and the agent's first
 # log line say so.
-# `make image-istio` builds the same image with Istio's own pilot-agent (the
-# oracle of the kube suite). iptables and the libraries come from this host
-# (apt-get install iptables). Istio's bootstrap template comes from the
-# Istio source the conformance suite reads (Go's module cache).
+# `make image-istio` builds the same layout with Istio's own pilot-agent (the
+# oracle of the kube suite); it is a valid base for `meshagent image` too.
+# iptables and the libraries come from this host (apt-get install
+# iptables). Istio's bootstrap template comes from the Istio source the
+# conformance suite reads (Go's module cache).
 IMAGE_TAG        ?= localhost/meshagent-proxyv2:dev
 IMAGE_TAR        ?= $(BIN)/meshagent-proxyv2-image.tar
+STANDIN_BASE_TAR ?= $(BIN)/standin-proxyv2-base.tar
 ISTIO_IMAGE_TAG  ?= localhost/istio-proxyv2:oracle
 ISTIO_IMAGE_TAR  ?= $(BIN)/istio-proxyv2-image.tar
 ISTIO_MODULE     := $(shell sed -n 's/^const IstioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/internal/e2ekit/istio.go)
@@ -45,18 +51,30 @@ ISTIO_SRC        ?= $(shell $(GO) env GOMODCACHE)/$(ISTIO_MODULE)
 ISTIO_TEMPLATE   := $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json
 STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy; relays captured TCP to its original destination, no TLS, routing or load balancing
 IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_TEMPLATE) \
-	-label '$(STAND_IN_LABEL)' -env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
+	-label '$(STAND_IN_LABEL)' -label 'io.istio.version=1.31 pre-release ($(ISTIO_MODULE))' \
+	-env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
 
-.PHONY: image image-istio fakeenvoy-static istio-template
-image: build fakeenvoy-static istio-template
-	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent -init $(BIN)/meshagent-init $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
-	  -label io.meshagent.agent=meshagent -label org.opencontainers.image.version=$(VERSION) \
-	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+.PHONY: image image-base image-istio fakeenvoy-static istio-template
+image: build image-base
+	$(BIN)/meshagent image --base $(STANDIN_BASE_TAR) -o $(IMAGE_TAR) --tag $(IMAGE_TAG) \
+	  --label org.opencontainers.image.version=$(VERSION) --label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+	@echo $(abspath $(IMAGE_TAR))
+
+image-base: fakeenvoy-static istio-template
+	$(GO) run ./hack/mkimage -placeholder-agent $(IMAGE_FLAGS) -tag localhost/standin-proxyv2:base -o $(STANDIN_BASE_TAR)
 
 image-istio: peer-istio-agent fakeenvoy-static istio-template
 	$(GO) run ./hack/mkimage -agent $(ISTIO_AGENT) $(IMAGE_FLAGS) -tag $(ISTIO_IMAGE_TAG) -o $(ISTIO_IMAGE_TAR) \
 	  -label 'io.meshagent.agent=istio pilot-agent (../shared/peers/istio-agent), the oracle' \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+
+# The agent and its init for another platform (CGO_ENABLED=0, as `make
+# build`), for `meshagent image --agent linux/arm64=bin/linux-arm64/meshagent`
+# on a multi-platform base; the init is found beside the agent.
+.PHONY: build-linux-arm64 build-linux-amd64
+build-linux-arm64 build-linux-amd64: build-linux-%:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/linux-$*/meshagent ./cmd/meshagent
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -ldflags '-s -w' -o $(BIN)/linux-$*/meshagent-init ./cmd/meshagent-init
 
 # Static, as `make build` builds the agent: it loads none of the image's
 # libraries (those are there for iptables and a dynamic Istio agent).
