@@ -107,14 +107,18 @@ run: build fakeenvoy
 	@echo "Edit $(RUN_MESH) (add a service): config_dump and dig follow within a second. Ctrl-C drains and stops."
 	$(BIN)/meshagent standalone --root $(RUN_ROOT) --mesh $(RUN_MESH) --chaos
 
-# The whole suite with the race detector. Tests that need root or network
-# namespaces run when they can and skip with a reason otherwise.
-test: lint
+# The whole suite with the race detector, alone on a fresh Debian machine
+# (#32): as root it installs the Debian packages the tests use (`make
+# deps`) and builds every missing peer into the cache (`make peers`), then
+# runs the suite. As another user it installs nothing and builds only the
+# peers that need no root; tests that need root or network namespaces skip
+# with a reason. What was skipped, and why, is printed last.
+test: deps peers lint
 	@mkdir -p .tmp && rm -f .tmp/e2e-summary.txt
 	@# The end-to-end suites against Istio's istiod and the kube node say
 	@# last whether they ran, or why they skipped (#20).
 	MESHAGENT_E2E_SUMMARY=$(CURDIR)/.tmp/e2e-summary.txt $(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA); \
-	  rc=$$?; cat .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
+	  rc=$$?; cat $(PREREQ_SUMMARY) .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
 	@# Every benchmark once, so that none rots unnoticed (two had: their
 	@# Envoy never turned ready once readiness followed Istio's).
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA)
@@ -190,12 +194,49 @@ bench-xds:
 bench-status:
 	$(GO) test -run '^$$' -bench Scrape -benchmem ./services/status
 
+# The peers (../shared/peers beside the checkout, or one level up for a
+# worktree), built once per machine into PEER_CACHE, never into the repo:
+# each skipped when cached. PREREQ_SUMMARY gathers what `make test` skipped.
+PEERS          ?= $(firstword $(wildcard $(abspath $(CURDIR)/../shared/peers $(CURDIR)/../../shared/peers)) $(abspath $(CURDIR)/../shared/peers))
+PEER_CACHE     ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/meshagent-peers
+PREREQ_SUMMARY := .tmp/prereq-summary.txt
+ROOT           := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+# build-peer NAME, COMMAND: runs it, timed, so that a log shows where a cold
+# machine's time goes.
+build-peer = start=$$(date +%s); echo "building peer: $(1)"; $(2) && echo "peer $(1) built in $$(( $$(date +%s) - start )) s"
+
+.PHONY: deps peers peer-istiod peer-kube
+# The Debian packages the tests use (hack/install-deps.sh; as root only).
+deps:
+	@mkdir -p .tmp && rm -f $(PREREQ_SUMMARY)
+	@bash hack/install-deps.sh $(PREREQ_SUMMARY)
+
+peers: peer-istio-agent peer-istiod peer-kube
+
 # Istio's own pilot-agent, the oracle of the conformance suite and the
-# baseline of the benchmarks: built once into a cache, never into the repo.
-PEERS        ?= $(CURDIR)/../shared/peers
-ISTIO_AGENT  ?= $(HOME)/.cache/meshagent-peers/pilot-agent
-peer-istio-agent:
-	@test -x $(ISTIO_AGENT) || bash $(PEERS)/istio-agent/build.sh $(ISTIO_AGENT)
+# baseline of the benchmarks (Go only: built as any user).
+ISTIO_AGENT  ?= $(PEER_CACHE)/pilot-agent
+peer-istio-agent: deps
+	@test -x $(ISTIO_AGENT) || { test -d $(PEERS)/istio-agent || { echo "no $(PEERS): clone meshagent's shared/ beside the checkout" >&2; exit 1; }; \
+	  $(call build-peer,istio-agent,bash $(PEERS)/istio-agent/build.sh $(ISTIO_AGENT)); }
+
+# Istio's istiod (../shared/peers/istiod): its suite needs root (a network
+# namespace), so another user skips the 4-6 minute build.
+ISTIOD_PEER ?= $(PEER_CACHE)/istiod
+peer-istiod: deps
+	@if [ -x $(ISTIOD_PEER)/istiod-local ] && [ -x $(ISTIOD_PEER)/jwtlocal ]; then :; \
+	elif [ "$(ROOT)" != yes ]; then mkdir -p .tmp; echo "skipped: building the istiod peer (its suite, TestIstiodEndToEnd, needs root)" | tee -a $(PREREQ_SUMMARY); \
+	else $(call build-peer,istiod,sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)); fi
+
+# The kube node and Istio on it (../shared/peers/kube, hack/kube/build-istio.sh;
+# each binary skipped when cached): root only, as the node is.
+KUBE_BUILT = . hack/kube/common.sh && for f in $$KUBE_BIN/kube-apiserver $$KUBE_BIN/kubelet $$KUBE_BIN/kubectl \
+	  $$KUBE_BIN/kube-scheduler $$KUBE_BIN/kube-controller-manager $$KUBE_IMAGES/images.tar \
+	  $$ISTIO_KUBE_BIN/pilot-discovery $$ISTIO_KUBE_BIN/istioctl $$ISTIO_KUBE_BIN/kube-proxy $$ISTIO_KUBE_BIN/coredns; do [ -e $$f ] || exit 1; done
+peer-kube: deps
+	@if [ "$(ROOT)" != yes ]; then mkdir -p .tmp; echo "skipped: building the kube node and Istio on it (the kube suite needs root)" | tee -a $(PREREQ_SUMMARY); \
+	elif PEERS=$(PEERS) bash -c '$(KUBE_BUILT)' 2>/dev/null; then :; \
+	else mkdir -p .tmp; $(call build-peer,kube,PEERS=$(PEERS) bash hack/kube/build-istio.sh kube >.tmp/peer-kube.log 2>&1 || { tail -20 .tmp/peer-kube.log; exit 1; }); fi
 
 # The differential suite: every case run by Istio's agent and by ours with a
 # stand-in Envoy that records what it was given, compared field by field;
@@ -233,10 +274,8 @@ clean:
 # same istiod: the whole chain, a ServiceEntry change, an istiod restart,
 # the differential and the figures. Root (a network namespace of its own).
 # `make test` runs it only when both are already built.
-ISTIOD_PEER ?= $(HOME)/.cache/meshagent-peers/istiod
 .PHONY: e2e-istiod
-e2e-istiod: peer-istio-agent
-	@test -x $(ISTIOD_PEER)/istiod-local || sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)
+e2e-istiod: peer-istio-agent peer-istiod
 	@mkdir -p .tmp
 	@MESHAGENT_ISTIOD_DIR=$(ISTIOD_PEER) MESHAGENT_ISTIOD_RUN=$(PEERS)/istiod/run MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) \
 	  $(GO) test -count=1 -run '^TestIstiodEndToEnd$$' -v ./cmd/meshagent/e2e >.tmp/e2e-istiod.log 2>&1; \
@@ -267,11 +306,11 @@ install-vm: build
 # rendered by istioctl, and pods injected by Istio's webhook, once with our
 # image (`make image`) and once with Istio's agent in it (`make image-istio`),
 # every check a named subtest, then the figures side by side. Root. The
-# binaries are built once into the cache (.ci/run does it too); `make test`
-# runs the short form (one injected pod of ours: Ready, certificate, delete).
+# binaries are built once into the cache (`make peer-kube`, run by `make
+# test`); `make test` runs the short form (one injected pod of ours: Ready,
+# certificate, delete).
 .PHONY: peers-kube e2e-kube
-peers-kube:
-	bash hack/kube/build-istio.sh kube
+peers-kube: peer-kube
 e2e-kube:
 	@mkdir -p .tmp
 	@MESHAGENT_KUBE=full $(GO) test -count=1 -timeout 45m -run '^TestKube$$' -v ./cmd/meshagent/e2e/kube >.tmp/e2e-kube.log 2>&1; \
