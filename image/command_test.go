@@ -69,7 +69,7 @@ func TestMeshagentImageCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkLayered(t, OwnPlatform(), was, own, BinariesBeside(bin), reg+"/istio/proxyv2:1.28.1@")
+	checkLayered(t, OwnPlatform(), was, own, BinariesBeside(bin), reg+"/istio/proxyv2:1.28.1@", "1.28.1 (the base's tag)")
 
 	// Without --agent for the other platform: refused, nothing pushed.
 	code, _, stderr = run("--base", reg+"/istio/proxyv2:1.28.1", "--push", reg+"/mesh/half:1")
@@ -88,13 +88,4 @@ func TestMeshagentImageCommand(t *testing.T) {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, stderr)
 		}
 	}
-}
-
-func mustRef(t *testing.T, s string) name.Reference {
-	t.Helper()
-	r, err := name.ParseReference(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }

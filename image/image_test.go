@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -88,13 +89,7 @@ func tarLayer(t *testing.T, files map[string]string) v1.Layer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, p := range slices.Sorted(func(yield func(string) bool) {
-		for k := range files {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, p := range slices.Sorted(maps.Keys(files)) {
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(p, "/"), Mode: 0o755, Size: int64(len(files[p]))}
 		if err := tw.WriteHeader(h); err != nil {
 			t.Fatal(err)
@@ -229,13 +224,15 @@ func TestLayersMeshagentOntoProxyv2(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				checkLayered(t, pl, was, got, agents[pl], tc.base+"@")
+				checkLayered(t, pl, was, got, agents[pl], tc.base+"@", "1.28.1 (the base's tag)")
 			}
 		})
 	}
 }
 
-func checkLayered(t *testing.T, pl string, was, got v1.Image, bin Binaries, baseLabel string) {
+// checkLayered: got is was with one layer (bin's agent and init, the
+// meshagent name) and labels added, its Envoy and config otherwise kept.
+func checkLayered(t *testing.T, pl string, was, got v1.Image, bin Binaries, baseLabel, istioVersion string) {
 	t.Helper()
 	wasLayers, _ := was.Layers()
 	gotLayers, err := got.Layers()
@@ -273,7 +270,7 @@ func checkLayered(t *testing.T, pl string, was, got v1.Image, bin Binaries, base
 	}
 	wasCF, _ := was.ConfigFile()
 	gotCF, _ := got.ConfigFile()
-	wantLabels := map[string]string{"vendor": "istio", LabelVersion: "v1.2.3-test", LabelIstioVersion: "1.28.1 (the base's tag)", LabelAgent: "meshagent"}
+	wantLabels := map[string]string{"vendor": "istio", LabelVersion: "v1.2.3-test", LabelIstioVersion: istioVersion, LabelAgent: "meshagent"}
 	for k, v := range wantLabels {
 		if gotCF.Config.Labels[k] != v {
 			t.Errorf("%s: label %s=%q, want %q", pl, k, gotCF.Config.Labels[k], v)
@@ -380,7 +377,7 @@ func TestRefusesBadBasesAndPushesNothing(t *testing.T) {
 			}
 		})
 	}
-	repos, err := remote.Catalog(context.Background(), mustRegistry(t, reg))
+	repos, err := remote.Catalog(context.Background(), mustRef(t, reg+"/out/x").Context().Registry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,15 +386,6 @@ func TestRefusesBadBasesAndPushesNothing(t *testing.T) {
 			t.Errorf("%s was pushed", r)
 		}
 	}
-}
-
-func mustRegistry(t *testing.T, reg string) name.Registry {
-	t.Helper()
-	r, err := name.NewRegistry(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // A local base (`make image`: hack/mkimage's tarball) written to a file:
@@ -424,20 +412,14 @@ func TestLocalBaseToFile(t *testing.T) {
 	if d, _ := got.Digest(); d != res.Digest {
 		t.Fatalf("digest %s, the file holds %s", res.Digest, d)
 	}
-	was, _ := tarball.ImageFromPath(baseTar, nil)
-	cf, _ := got.ConfigFile()
-	if cf.Config.Labels["io.meshagent.envoy"] != "stand-in" || cf.Config.Labels[LabelIstioVersion] != "unknown" {
-		t.Errorf("labels %v", cf.Config.Labels)
+	was, err := tarball.ImageFromPath(baseTar, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	delete(cf.Config.Labels, "io.meshagent.envoy")
-	checkLabelsAndFiles := func() {
-		wasLayers, _ := was.Layers()
-		gotLayers, _ := got.Layers()
-		if len(gotLayers) != len(wasLayers)+1 {
-			t.Fatalf("%d layers, want %d", len(gotLayers), len(wasLayers)+1)
-		}
+	checkLayered(t, "linux/amd64", was, got, agents["linux/amd64"], baseTar+"@", "unknown")
+	if cf, _ := got.ConfigFile(); cf.Config.Labels["io.meshagent.envoy"] != "stand-in" {
+		t.Errorf("labels %v: no io.meshagent.envoy asked for", cf.Config.Labels)
 	}
-	checkLabelsAndFiles()
 
 	// An index goes to an OCI archive: index.json names it.
 	multi := filepath.Join(dir, "multi.tar")
@@ -471,4 +453,13 @@ func platformOf(t *testing.T, s string) v1.Platform {
 		t.Fatal(err)
 	}
 	return *p
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	r, err := name.ParseReference(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
