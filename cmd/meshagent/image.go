@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -82,7 +81,6 @@ stderr.
 			return nil
 		},
 	}
-	cmd.SetContext(context.Background())
 	f := cmd.Flags()
 	f.StringVar(&o.Base, "base", "", "the base: Istio's proxyv2 image of your release (a reference), or tarball:PATH, oci:DIR")
 	f.StringVar(&o.Push, "push", "", "push the result to this reference")
