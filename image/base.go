@@ -47,7 +47,7 @@ func (o Options) openBase(ctx context.Context, cacheDir string) (*base, error) {
 			return nil, fmt.Errorf("%w %s: %w", ErrNotImage, o.Base, err)
 		}
 	default:
-		ref, err := name.ParseReference(o.Base)
+		ref, err := name.ParseReference(o.Base, o.nameOptions()...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: --base %q is neither a reference nor an existing file: %w", ErrBase, o.Base, err)
 		}
@@ -252,6 +252,15 @@ func (i cachedIndex) Image(h v1.Hash) (v1.Image, error) {
 		return nil, err
 	}
 	return cache.Image(img, i.c), nil
+}
+
+// nameOptions: with Insecure, registries are spoken to over plain HTTP
+// (go-containerregistry already does for localhost and private addresses).
+func (o Options) nameOptions() []name.Option {
+	if o.Insecure {
+		return []name.Option{name.Insecure}
+	}
+	return nil
 }
 
 func (o Options) remoteOptions(ctx context.Context) []remote.Option {

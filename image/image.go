@@ -100,6 +100,9 @@ type Options struct {
 	// Keychain finds registry credentials (default authn.DefaultKeychain:
 	// docker's config.json, as `docker login` writes it).
 	Keychain authn.Keychain
+	// Insecure speaks plain HTTP to the registries named (a test registry
+	// with a public name; loopback and private addresses need not say).
+	Insecure bool
 	// Transport is the HTTP transport to registries (nil: the default).
 	Transport http.RoundTripper
 	// Progress receives what is done, one line per step; with Terminal it
@@ -217,7 +220,7 @@ func (o Options) destination() (destination, error) {
 	case (o.Push == "") == (o.Output == ""):
 		return destination{}, fmt.Errorf("%w: give exactly one of --push REF and -o FILE", ErrOutput)
 	case o.Push != "":
-		ref, err := name.ParseReference(o.Push)
+		ref, err := name.ParseReference(o.Push, o.nameOptions()...)
 		if err != nil {
 			return destination{}, fmt.Errorf("%w: --push %q: %w", ErrOutput, o.Push, err)
 		}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log"
 	"maps"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -462,4 +464,26 @@ func mustRef(t *testing.T, s string) name.Reference {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// A plain-HTTP registry under a name that is no loopback or private
+// address is spoken to only with Insecure (--insecure).
+func TestInsecureRegistryByName(t *testing.T) {
+	reg := serve(t)
+	_, port, _ := strings.Cut(reg, ":")
+	push(t, reg+"/istio/proxyv2:1.28.1", proxyv2(t, "amd64", baseFiles("amd64")))
+	// registry.test resolves, for this transport only, to the loopback registry.
+	dialer := &net.Dialer{}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialer.DialContext(ctx, network, strings.Replace(addr, "registry.test", "127.0.0.1", 1))
+	}
+	o := Options{Base: "registry.test:" + port + "/istio/proxyv2:1.28.1", Push: "registry.test:" + port + "/mesh/out:1", Transport: transport}
+	if _, _, err := build(t, o); !errors.Is(err, ErrBase) || !strings.Contains(err.Error(), "https://registry.test:"+port) {
+		t.Fatalf("without Insecure: %v, want the base unreadable over HTTPS", err)
+	}
+	o.Insecure = true
+	if _, progress, err := build(t, o); err != nil {
+		t.Fatalf("with Insecure: %v\n%s", err, progress)
+	}
 }

@@ -89,6 +89,7 @@ stderr.
 	f.StringSliceVar(&o.Platforms, "platform", nil, "the platforms to build, OS/ARCH (default: every platform of the base)")
 	f.StringArrayVar(&agents, "agent", nil, "OS/ARCH=PATH: the meshagent binary for a platform, meshagent-init beside it (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "KEY=VALUE: a label to add (repeatable)")
+	f.BoolVar(&o.Insecure, "insecure", false, "plain HTTP to the registries (loopback and private addresses always are)")
 	return cmd
 }
 
