@@ -113,8 +113,9 @@ type Options struct {
 
 // Result is what was built.
 type Result struct {
-	// Digest is the pushed or written manifest's (the index's for several
-	// platforms): what `crane digest` and the registry say.
+	// Digest is the pushed or written manifest's: the index's when the base
+	// is an index and the result is pushed (what `crane digest` and the
+	// registry say), the image's in a docker-archive.
 	Digest v1.Hash
 	// Platforms are the platforms built.
 	Platforms []string
@@ -173,11 +174,8 @@ func Build(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	digest, err := result.Digest()
+	digest, err := dest.write(ctx, result, o, p)
 	if err != nil {
-		return Result{}, err
-	}
-	if err := dest.write(ctx, result, o, p); err != nil {
 		return Result{}, err
 	}
 	return Result{Digest: digest, Platforms: platforms}, nil

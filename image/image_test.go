@@ -442,6 +442,22 @@ func TestLocalBaseToFile(t *testing.T) {
 	if _, ok := entries["/oci-layout"]; !ok {
 		t.Error("no oci-layout in the archive")
 	}
+	// One platform of an index, to a file: a docker-archive of that image.
+	arm := filepath.Join(dir, "arm64.tar")
+	res, progress, err = build(t, Options{Base: reg + "/istio/proxyv2:1.28.1", Platforms: []string{"linux/arm64"}, Output: arm, Tag: "localhost/meshagent-proxyv2:arm64"})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress)
+	}
+	img, err := tarball.ImageFromPath(arm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cf, _ := img.ConfigFile(); cf.Architecture != "arm64" {
+		t.Errorf("%s holds a %s image", arm, cf.Architecture)
+	}
+	if d, _ := img.Digest(); d != res.Digest {
+		t.Errorf("digest %s, the file holds %s", res.Digest, d)
+	}
 	leftovers, _ := filepath.Glob(filepath.Join(dir, "*.tar.*"))
 	if len(leftovers) > 0 {
 		t.Errorf("temporary files left: %v", leftovers)

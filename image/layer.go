@@ -178,25 +178,23 @@ func checkBinary(p, pl string) error {
 	return nil
 }
 
-// built is the result: one image, or an index of one per platform.
+// built is the result: the index of one image per platform when the base
+// is an index, and the image when there is one platform.
 type built struct {
 	image v1.Image
 	index v1.ImageIndex
-}
-
-func (r built) Digest() (v1.Hash, error) {
-	if r.index != nil {
-		return r.index.Digest()
-	}
-	return r.image.Digest()
 }
 
 // assemble puts the layered images together as the base was: a single
 // image stays one, an index gives an index of the same media type with
 // each platform's descriptor platform kept.
 func assemble(b *base, platforms []string, images map[string]v1.Image) (built, error) {
+	var r built
+	if len(platforms) == 1 {
+		r.image = images[platforms[0]]
+	}
 	if b.index == nil {
-		return built{image: images[platforms[0]]}, nil
+		return r, nil
 	}
 	mt, err := b.index.MediaType()
 	if err != nil {
@@ -207,5 +205,6 @@ func assemble(b *base, platforms []string, images map[string]v1.Image) (built, e
 		d := b.descs[pl]
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: images[pl], Descriptor: v1.Descriptor{Platform: d.Platform}})
 	}
-	return built{index: idx}, nil
+	r.index = idx
+	return r, nil
 }
