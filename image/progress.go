@@ -39,7 +39,11 @@ func (p *progress) show(step string, done, total int64) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "\r\033[K%s: %s / %s", step, mib(done), mib(total))
+	if total > 0 {
+		fmt.Fprintf(p.w, "\r\033[K%s: %s / %s", step, mib(done), mib(total))
+	} else {
+		fmt.Fprintf(p.w, "\r\033[K%s: %s", step, mib(done))
+	}
 	p.live = true
 }
 
