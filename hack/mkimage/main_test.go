@@ -321,3 +321,36 @@ func (fs *imageFiles) resolve(p string) (string, error) {
 	}
 	return "", fmt.Errorf("%s: too many symlinks", orig)
 }
+
+// `make image-istio`'s layout (an agent in Istio's place, no placeholder)
+// is a base `meshagent image` takes as it takes Istio's proxyv2 (#32): the
+// agent replaced, the rest kept.
+func TestAgentLayoutIsABase(t *testing.T) {
+	builtImage(t)
+	oracle := &options{
+		agent: built.envoy, // any executable stands for Istio's agent here
+		envoy: built.envoy, template: built.tmpl,
+		tag: "localhost/istio-proxyv2:test", out: filepath.Join(built.dir, "out", "oracle.tar"),
+	}
+	if err := build(oracle, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(built.dir, "out", "on-oracle.tar")
+	if _, err := image.Build(context.Background(), image.Options{
+		Base: oracle.out, Output: out, Version: "v0-test",
+		Agents: map[string]image.Binaries{image.OwnPlatform(): image.BinariesBeside(built.agent)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fs := files(t, load(t, &options{out: out}))
+	want, err := os.ReadFile(built.agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(fs.content[image.AgentPath], want) {
+		t.Errorf("%s is not meshagent", image.AgentPath)
+	}
+	if envoy, _ := os.ReadFile(built.envoy); !bytes.Equal(fs.content[image.EnvoyPath], envoy) {
+		t.Errorf("%s is not the base's Envoy", image.EnvoyPath)
+	}
+}
