@@ -26,6 +26,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -64,14 +65,7 @@ type Binaries struct {
 // BinariesBeside are agent and the init found beside it, as the agent looks
 // for its init beside itself.
 func BinariesBeside(agent string) Binaries {
-	return Binaries{Agent: agent, Init: strings.TrimSuffix(agent, baseName(agent)) + InitName}
-}
-
-func baseName(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[i+1:]
-	}
-	return p
+	return Binaries{Agent: agent, Init: filepath.Join(filepath.Dir(agent), InitName)}
 }
 
 // Options are one build.

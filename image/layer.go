@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -113,7 +114,7 @@ func agentTar(bin Binaries) tarball.Opener {
 			}
 			if err == nil {
 				err = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: strings.TrimPrefix(AgentAlias, "/"),
-					Linkname: baseName(AgentPath), Mode: 0o777, ModTime: epoch, Format: tar.FormatPAX})
+					Linkname: path.Base(AgentPath), Mode: 0o777, ModTime: epoch, Format: tar.FormatPAX})
 			}
 			if err == nil {
 				err = tw.Close()
