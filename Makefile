@@ -25,19 +25,25 @@ build:
 fakeenvoy:
 	$(GO) build -o $(BIN)/fakeenvoy ./testdata/fakeenvoy
 
-# The sidecar image in the layout of Istio's proxyv2 (#20), built without a
-# container daemon by hack/mkimage into a docker-archive tarball whose path
-# is the last line printed; load it on a node with
+# The sidecar image of our tests, in the layout of Istio's proxyv2 (#20),
+# built without a container daemon the way users build theirs on Istio's
+# own proxyv2 (#32): hack/mkimage lays out a proxyv2-shaped base (the
+# stand-in Envoy, Istio's bootstrap template, iptables, uid 1337, a
+# placeholder where Istio's agent goes), then `meshagent image` layers the
+# agent and its init onto it, as onto Istio's image. The docker-archive's
+# path is the last line printed; load it on a node with
 #   ctr -n k8s.io images import bin/meshagent-proxyv2-image.tar
 # Envoy in it is the stand-in (testdata/fakeenvoy, static): it relays
 # captured TCP but is no Envoy, and the image's labels and the agent's first
 # log line say so.
-# `make image-istio` builds the same image with Istio's own pilot-agent (the
-# oracle of the kube suite). iptables and the libraries come from this host
-# (apt-get install iptables). Istio's bootstrap template comes from the
-# Istio source the conformance suite reads (Go's module cache).
+# `make image-istio` builds the same layout with Istio's own pilot-agent (the
+# oracle of the kube suite); it is a valid base for `meshagent image` too.
+# iptables and the libraries come from this host (apt-get install
+# iptables). Istio's bootstrap template comes from the Istio source the
+# conformance suite reads (Go's module cache).
 IMAGE_TAG        ?= localhost/meshagent-proxyv2:dev
 IMAGE_TAR        ?= $(BIN)/meshagent-proxyv2-image.tar
+STANDIN_BASE_TAR ?= $(BIN)/standin-proxyv2-base.tar
 ISTIO_IMAGE_TAG  ?= localhost/istio-proxyv2:oracle
 ISTIO_IMAGE_TAR  ?= $(BIN)/istio-proxyv2-image.tar
 ISTIO_MODULE     := $(shell sed -n 's/^const IstioSourceVersion = "\(.*\)"$$/\1/p' cmd/meshagent/internal/e2ekit/istio.go)
@@ -45,18 +51,30 @@ ISTIO_SRC        ?= $(shell $(GO) env GOMODCACHE)/$(ISTIO_MODULE)
 ISTIO_TEMPLATE   := $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json
 STAND_IN_LABEL   := io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy; relays captured TCP to its original destination, no TLS, routing or load balancing
 IMAGE_FLAGS       = -envoy $(BIN)/fakeenvoy-static -bootstrap-template $(ISTIO_TEMPLATE) \
-	-label '$(STAND_IN_LABEL)' -env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
+	-label '$(STAND_IN_LABEL)' -label 'io.istio.version=1.31 pre-release ($(ISTIO_MODULE))' \
+	-env 'ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-$(VERSION)'
 
-.PHONY: image image-istio fakeenvoy-static istio-template
-image: build fakeenvoy-static istio-template
-	$(GO) run ./hack/mkimage -agent $(BIN)/meshagent -init $(BIN)/meshagent-init $(IMAGE_FLAGS) -tag $(IMAGE_TAG) -o $(IMAGE_TAR) \
-	  -label io.meshagent.agent=meshagent -label org.opencontainers.image.version=$(VERSION) \
-	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+.PHONY: image image-base image-istio fakeenvoy-static istio-template
+image: build image-base
+	$(BIN)/meshagent image --base $(STANDIN_BASE_TAR) -o $(IMAGE_TAR) --tag $(IMAGE_TAG) \
+	  --label org.opencontainers.image.version=$(VERSION) --label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+	@echo $(abspath $(IMAGE_TAR))
+
+image-base: fakeenvoy-static istio-template
+	$(GO) run ./hack/mkimage -placeholder-agent $(IMAGE_FLAGS) -tag localhost/standin-proxyv2:base -o $(STANDIN_BASE_TAR)
 
 image-istio: peer-istio-agent fakeenvoy-static istio-template
 	$(GO) run ./hack/mkimage -agent $(ISTIO_AGENT) $(IMAGE_FLAGS) -tag $(ISTIO_IMAGE_TAG) -o $(ISTIO_IMAGE_TAR) \
 	  -label 'io.meshagent.agent=istio pilot-agent (../shared/peers/istio-agent), the oracle' \
 	  -label org.opencontainers.image.revision=$(shell git rev-parse HEAD 2>/dev/null)
+
+# The agent and its init for another platform (CGO_ENABLED=0, as `make
+# build`), for `meshagent image --agent linux/arm64=bin/linux-arm64/meshagent`
+# on a multi-platform base; the init is found beside the agent.
+.PHONY: build-linux-arm64 build-linux-amd64
+build-linux-arm64 build-linux-amd64: build-linux-%:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/linux-$*/meshagent ./cmd/meshagent
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -ldflags '-s -w' -o $(BIN)/linux-$*/meshagent-init ./cmd/meshagent-init
 
 # Static, as `make build` builds the agent: it loads none of the image's
 # libraries (those are there for iptables and a dynamic Istio agent).
@@ -89,14 +107,18 @@ run: build fakeenvoy
 	@echo "Edit $(RUN_MESH) (add a service): config_dump and dig follow within a second. Ctrl-C drains and stops."
 	$(BIN)/meshagent standalone --root $(RUN_ROOT) --mesh $(RUN_MESH) --chaos
 
-# The whole suite with the race detector. Tests that need root or network
-# namespaces run when they can and skip with a reason otherwise.
-test: lint
+# The whole suite with the race detector, alone on a fresh Debian machine
+# (#32): as root it installs the Debian packages the tests use (`make
+# deps`) and builds every missing peer into the cache (`make peers`), then
+# runs the suite. As another user it installs nothing and builds only the
+# peers that need no root; tests that need root or network namespaces skip
+# with a reason. What was skipped, and why, is printed last.
+test: deps peers lint
 	@mkdir -p .tmp && rm -f .tmp/e2e-summary.txt
 	@# The end-to-end suites against Istio's istiod and the kube node say
 	@# last whether they ran, or why they skipped (#20).
 	MESHAGENT_E2E_SUMMARY=$(CURDIR)/.tmp/e2e-summary.txt $(GO) test -race -count=1 -timeout 12m ./... $(TESTDATA); \
-	  rc=$$?; cat .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
+	  rc=$$?; cat $(PREREQ_SUMMARY) .tmp/e2e-summary.txt 2>/dev/null; exit $$rc
 	@# Every benchmark once, so that none rots unnoticed (two had: their
 	@# Envoy never turned ready once readiness followed Istio's).
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... $(TESTDATA)
@@ -178,12 +200,49 @@ bench-xds:
 bench-status:
 	$(GO) test -run '^$$' -bench Scrape -benchmem ./services/status
 
+# The peers (../shared/peers beside the checkout, or one level up for a
+# worktree), built once per machine into PEER_CACHE, never into the repo:
+# each skipped when cached. PREREQ_SUMMARY gathers what `make test` skipped.
+PEERS          ?= $(firstword $(wildcard $(abspath $(CURDIR)/../shared/peers $(CURDIR)/../../shared/peers)) $(abspath $(CURDIR)/../shared/peers))
+PEER_CACHE     ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/meshagent-peers
+PREREQ_SUMMARY := .tmp/prereq-summary.txt
+ROOT           := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+# build-peer NAME, COMMAND: runs it, timed, so that a log shows where a cold
+# machine's time goes.
+build-peer = start=$$(date +%s); echo "building peer: $(1)"; $(2) && echo "peer $(1) built in $$(( $$(date +%s) - start )) s"
+
+.PHONY: deps peers peer-istiod peer-kube
+# The Debian packages the tests use (hack/install-deps.sh; as root only).
+deps:
+	@mkdir -p .tmp && rm -f $(PREREQ_SUMMARY)
+	@bash hack/install-deps.sh $(PREREQ_SUMMARY)
+
+peers: peer-istio-agent peer-istiod peer-kube
+
 # Istio's own pilot-agent, the oracle of the conformance suite and the
-# baseline of the benchmarks: built once into a cache, never into the repo.
-PEERS        ?= $(CURDIR)/../shared/peers
-ISTIO_AGENT  ?= $(HOME)/.cache/meshagent-peers/pilot-agent
-peer-istio-agent:
-	@test -x $(ISTIO_AGENT) || bash $(PEERS)/istio-agent/build.sh $(ISTIO_AGENT)
+# baseline of the benchmarks (Go only: built as any user).
+ISTIO_AGENT  ?= $(PEER_CACHE)/pilot-agent
+peer-istio-agent: deps
+	@test -x $(ISTIO_AGENT) || { test -d $(PEERS)/istio-agent || { echo "no $(PEERS): clone meshagent's shared/ beside the checkout" >&2; exit 1; }; \
+	  $(call build-peer,istio-agent,bash $(PEERS)/istio-agent/build.sh $(ISTIO_AGENT)); }
+
+# Istio's istiod (../shared/peers/istiod): its suite needs root (a network
+# namespace), so another user skips the 4-6 minute build.
+ISTIOD_PEER ?= $(PEER_CACHE)/istiod
+peer-istiod: deps
+	@if [ -x $(ISTIOD_PEER)/istiod-local ] && [ -x $(ISTIOD_PEER)/jwtlocal ]; then :; \
+	elif [ "$(ROOT)" != yes ]; then mkdir -p .tmp; echo "skipped: building the istiod peer (its suite, TestIstiodEndToEnd, needs root)" | tee -a $(PREREQ_SUMMARY); \
+	else $(call build-peer,istiod,sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)); fi
+
+# The kube node and Istio on it (../shared/peers/kube, hack/kube/build-istio.sh;
+# each binary skipped when cached): root only, as the node is.
+KUBE_BUILT = . hack/kube/common.sh && for f in $$KUBE_BIN/kube-apiserver $$KUBE_BIN/kubelet $$KUBE_BIN/kubectl \
+	  $$KUBE_BIN/kube-scheduler $$KUBE_BIN/kube-controller-manager $$KUBE_IMAGES/images.tar \
+	  $$ISTIO_KUBE_BIN/pilot-discovery $$ISTIO_KUBE_BIN/istioctl $$ISTIO_KUBE_BIN/kube-proxy $$ISTIO_KUBE_BIN/coredns; do [ -e $$f ] || exit 1; done
+peer-kube: deps
+	@if [ "$(ROOT)" != yes ]; then mkdir -p .tmp; echo "skipped: building the kube node and Istio on it (the kube suite needs root)" | tee -a $(PREREQ_SUMMARY); \
+	elif PEERS=$(PEERS) bash -c '$(KUBE_BUILT)' 2>/dev/null; then :; \
+	else mkdir -p .tmp; $(call build-peer,kube,PEERS=$(PEERS) bash hack/kube/build-istio.sh kube >.tmp/peer-kube.log 2>&1 || { tail -20 .tmp/peer-kube.log; exit 1; }); fi
 
 # The differential suite: every case run by Istio's agent and by ours with a
 # stand-in Envoy that records what it was given, compared field by field;
@@ -221,10 +280,8 @@ clean:
 # same istiod: the whole chain, a ServiceEntry change, an istiod restart,
 # the differential and the figures. Root (a network namespace of its own).
 # `make test` runs it only when both are already built.
-ISTIOD_PEER ?= $(HOME)/.cache/meshagent-peers/istiod
 .PHONY: e2e-istiod
-e2e-istiod: peer-istio-agent
-	@test -x $(ISTIOD_PEER)/istiod-local || sh $(PEERS)/istiod/build.sh $(ISTIOD_PEER)
+e2e-istiod: peer-istio-agent peer-istiod
 	@mkdir -p .tmp
 	@MESHAGENT_ISTIOD_DIR=$(ISTIOD_PEER) MESHAGENT_ISTIOD_RUN=$(PEERS)/istiod/run MESHAGENT_ISTIO_AGENT=$(ISTIO_AGENT) \
 	  $(GO) test -count=1 -run '^TestIstiodEndToEnd$$' -v ./cmd/meshagent/e2e >.tmp/e2e-istiod.log 2>&1; \
@@ -255,11 +312,11 @@ install-vm: build
 # rendered by istioctl, and pods injected by Istio's webhook, once with our
 # image (`make image`) and once with Istio's agent in it (`make image-istio`),
 # every check a named subtest, then the figures side by side. Root. The
-# binaries are built once into the cache (.ci/run does it too); `make test`
-# runs the short form (one injected pod of ours: Ready, certificate, delete).
+# binaries are built once into the cache (`make peer-kube`, run by `make
+# test`); `make test` runs the short form (one injected pod of ours: Ready,
+# certificate, delete).
 .PHONY: peers-kube e2e-kube
-peers-kube:
-	bash hack/kube/build-istio.sh kube
+peers-kube: peer-kube
 e2e-kube:
 	@mkdir -p .tmp
 	@MESHAGENT_KUBE=full $(GO) test -count=1 -timeout 45m -run '^TestKube$$' -v ./cmd/meshagent/e2e/kube >.tmp/e2e-kube.log 2>&1; \

@@ -88,6 +88,7 @@ func newRootCommand(cli *cliContext) *cobra.Command {
 		newProxyStatusCommand(),
 		newProxyConfigCommand(),
 		newVersionCommand(),
+		newImageCommand(cli),
 		newEnvHelpTopic(),
 		newIstioIptablesCommand(cli.host), newCleanIptablesCommand(cli.host),
 	)

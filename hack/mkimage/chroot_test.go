@@ -27,7 +27,7 @@ import (
 // test's own (#20).
 func TestImageRunsInItsRoot(t *testing.T) {
 	testkit.RequireRoot(t, "chroot into the unpacked image, a network namespace, iptables in it", "ip", "chroot", "mount")
-	o := image(t)
+	o := builtImage(t)
 	root := unpack(t, o)
 	ns := netns(t)
 	run := func(user string, args ...string) (string, error) {
@@ -144,6 +144,11 @@ func unpack(t *testing.T, o *options) string {
 			t.Fatal(err)
 		}
 		p := filepath.Join(root, filepath.Clean("/"+h.Name))
+		// mutate.Extract gives the top layer's entries first: `meshagent
+		// image`'s layer has no directory entries (it keeps the base's).
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		switch h.Typeflag {
 		case tar.TypeDir:
 			err = os.MkdirAll(p, 0o755)

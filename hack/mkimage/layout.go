@@ -3,25 +3,10 @@ package main
 // The layout of Istio's proxyv2 image (pilot/docker/Dockerfile.proxyv2 and
 // the injector's manifests/charts/istio-control/istio-discovery/files/
 // injection-template.yaml), which an injected pod and Istio's tools rely on
-// by path (#20).
+// by path (#20), beyond the files package image names.
+// The paths of proxyv2's files are package image's (image.AgentPath...):
+// `meshagent image` checks a base for them and layers onto them.
 const (
-	// agentPath is the ENTRYPOINT; the injector's hooks exec "pilot-agent
-	// wait" and "pilot-agent request ... POST drain" by name through PATH,
-	// and its istio-init container runs "pilot-agent istio-iptables".
-	agentPath = "/usr/local/bin/pilot-agent"
-	// agentAlias is the same binary under our own name, so that a user who
-	// types "meshagent" in the container finds it and its help says so.
-	agentAlias = "/usr/local/bin/meshagent"
-	// initPath is meshagent's small init, beside the agent where the agent
-	// looks for it when it starts as PID 1 (cmd/meshagent-init, #24).
-	initPath = "/usr/local/bin/meshagent-init"
-	// envoyPath is where both agents look for Envoy (ProxyConfig binaryPath).
-	envoyPath = "/usr/local/bin/envoy"
-	// templatePath is Istio's bootstrap template; Istio's agent needs it
-	// (pkg/bootstrap DefaultCfgDir), meshagent renders it only when asked
-	// (ISTIO_BOOTSTRAP, --templateFile) and otherwise has it built in.
-	templatePath = "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
-
 	proxyUID  = 1337 // istio-proxy: the injector's runAsUser and the capture rules' exempt owner
 	proxyGID  = 1337
 	proxyUser = "istio-proxy"

@@ -7,8 +7,11 @@
 //	    -bootstrap-template envoy_bootstrap.json -tag localhost/meshagent-proxyv2:dev \
 //	    -o bin/meshagent-proxyv2-image.tar [-label k=v]... [-env K=V]...
 //
-// The same tool builds the oracle image with Istio's own pilot-agent as
-// -agent (`make image-istio`). The image has two layers: the system one
+// `make image` runs it with -placeholder-agent: the result is the base
+// that `meshagent image` then layers meshagent onto (#32), as it layers it
+// onto Istio's own proxyv2 for users, so that one code path puts the agent
+// in both. The same tool builds the oracle image with Istio's own
+// pilot-agent as -agent (`make image-istio`), itself a valid base. The image has two layers: the system one
 // (iptables and the shared libraries it and a dynamically linked agent load,
 // copied from this host, plus /etc/passwd and /etc/group with istio-proxy)
 // and the proxy one (agent, Envoy, bootstrap template, the writable
@@ -34,11 +37,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/meshagent/meshagent/image"
 )
 
 // options are the tool's flags.
 type options struct {
 	agent, init, envoy, template string // host paths of what goes in (init: optional)
+	placeholder                  bool   // a placeholder instead of agent: a base for `meshagent image`
 	tag, out                     string
 	labels, env                  keyValues
 }
@@ -61,10 +67,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.agent, "agent", "", "the agent binary, installed as "+agentPath+" (required)")
-	fs.StringVar(&o.init, "init", "", "the agent's init (cmd/meshagent-init), installed as "+initPath+" (optional: Istio's agent has none)")
-	fs.StringVar(&o.envoy, "envoy", "", "the Envoy binary, installed as "+envoyPath+" (required)")
-	fs.StringVar(&o.template, "bootstrap-template", "", "Istio's envoy_bootstrap.json, installed as "+templatePath+" (required)")
+	fs.StringVar(&o.agent, "agent", "", "the agent binary, installed as "+image.AgentPath+" (or -placeholder-agent)")
+	fs.BoolVar(&o.placeholder, "placeholder-agent", false, "lay out a base for `meshagent image`: a placeholder file where Istio's agent goes, no init")
+	fs.StringVar(&o.init, "init", "", "the agent's init (cmd/meshagent-init), installed as "+image.InitPath+" (optional: Istio's agent has none)")
+	fs.StringVar(&o.envoy, "envoy", "", "the Envoy binary, installed as "+image.EnvoyPath+" (required)")
+	fs.StringVar(&o.template, "bootstrap-template", "", "Istio's envoy_bootstrap.json, installed as "+image.TemplatePath+" (required)")
 	fs.StringVar(&o.tag, "tag", "localhost/meshagent-proxyv2:dev", "the image's name:tag")
 	fs.StringVar(&o.out, "o", "bin/meshagent-proxyv2-image.tar", "the docker-archive tarball to write")
 	fs.Var(&o.labels, "label", "an image label KEY=VALUE (repeatable)")
@@ -72,9 +79,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if o.agent == "" || o.envoy == "" || o.template == "" || fs.NArg() > 0 {
+	if (o.agent == "") == !o.placeholder || o.envoy == "" || o.template == "" || fs.NArg() > 0 {
 		fs.Usage()
-		return nil, fmt.Errorf("%w: -agent, -envoy and -bootstrap-template are required, and no arguments", errUsage)
+		return nil, fmt.Errorf("%w: one of -agent and -placeholder-agent, -envoy and -bootstrap-template are required, and no arguments", errUsage)
+	}
+	if o.placeholder && o.init != "" {
+		return nil, fmt.Errorf("%w: -init goes with -agent; `meshagent image` adds the init beside the agent", errUsage)
 	}
 	return o, nil
 }
@@ -102,7 +112,11 @@ func build(o *options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	system, err := systemTree(triplet, o.agent, o.envoy)
+	bins := []string{o.envoy}
+	if o.agent != "" {
+		bins = append(bins, o.agent)
+	}
+	system, err := systemTree(triplet, bins...)
 	if err != nil {
 		return err
 	}
@@ -180,6 +194,10 @@ func systemTree(triplet string, bins ...string) (*tree, error) {
 	return t, nil
 }
 
+// placeholderAgent holds Istio's agent's place in a base for `meshagent
+// image`, which replaces it; run, it fails with this message.
+const placeholderAgent = "#!/bin/false\n# placeholder: `meshagent image` puts the agent here (make image)\n"
+
 // proxyTree is proxyv2's own layer.
 func proxyTree(o *options) (*tree, error) {
 	t := newTree()
@@ -187,20 +205,24 @@ func proxyTree(o *options) (*tree, error) {
 		dst, src string
 		mode     int64
 	}{
-		{agentPath, o.agent, 0o755},
-		{envoyPath, o.envoy, 0o755},
-		{templatePath, o.template, 0o644},
+		{image.EnvoyPath, o.envoy, 0o755},
+		{image.TemplatePath, o.template, 0o644},
 	} {
 		if err := t.copyFile(f.dst, f.src, f.mode); err != nil {
 			return nil, err
 		}
 	}
+	if o.placeholder {
+		t.file(image.AgentPath, 0o755, 0, 0, []byte(placeholderAgent))
+	} else if err := t.copyFile(image.AgentPath, o.agent, 0o755); err != nil {
+		return nil, err
+	}
 	if o.init != "" {
-		if err := t.copyFile(initPath, o.init, 0o755); err != nil {
+		if err := t.copyFile(image.InitPath, o.init, 0o755); err != nil {
 			return nil, err
 		}
 	}
-	t.symlink(agentAlias, filepath.Base(agentPath))
+	t.symlink(image.AgentAlias, filepath.Base(image.AgentPath))
 	for _, d := range proxyDirs {
 		t.dir(d, 0o755, proxyUID, proxyGID)
 	}
@@ -229,7 +251,7 @@ func configure(img v1.Image, o *options) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
 	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
-	cf.Config.Entrypoint = []string{agentPath}
+	cf.Config.Entrypoint = []string{image.AgentPath}
 	cf.Config.Cmd = nil
 	cf.Config.WorkingDir = "/"
 	cf.Config.User = fmt.Sprintf("%d:%d", proxyUID, proxyGID)

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"debug/elf"
 	"fmt"
 	"io"
@@ -17,22 +18,27 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/meshagent/meshagent/image"
 )
 
-// built is the image every test reads, built once: the agent and the
-// stand-in Envoy static, as `make image` builds them.
+// built is the image every test reads, built once as `make image` builds
+// it: hack/mkimage lays out the base (the stand-in Envoy static, a
+// placeholder for Istio's agent), then `meshagent image` (package image)
+// layers the agent and its init onto it (#32).
 var built struct {
 	once               sync.Once
 	err                error
-	dir, out, stdout   string
+	dir, stdout        string
 	agent, init, envoy string
 	tmpl               string
-	opts               *options
+	base               *options // mkimage's
+	opts               *options // what the final image holds, out its tarball
 }
 
 const templateContent = `{"node": {"id": "{{ .nodeID }}"}}` // the tool copies it, never reads it
 
-func image(t *testing.T) *options {
+func builtImage(t *testing.T) *options {
 	t.Helper()
 	for _, bin := range []string{"/usr/sbin/xtables-nft-multi", "/usr/sbin/xtables-legacy-multi"} {
 		if _, err := os.Stat(bin); err != nil {
@@ -57,15 +63,23 @@ func image(t *testing.T) *options {
 		if built.err = os.WriteFile(built.tmpl, []byte(templateContent), 0o600); built.err != nil {
 			return
 		}
-		built.opts = &options{
-			agent: built.agent, init: built.init, envoy: built.envoy, template: built.tmpl,
-			tag: "localhost/meshagent-proxyv2:test", out: filepath.Join(built.dir, "out", "image.tar"),
+		built.base = &options{
+			placeholder: true, envoy: built.envoy, template: built.tmpl,
+			tag: "localhost/standin-proxyv2:test", out: filepath.Join(built.dir, "out", "base.tar"),
 			labels: keyValues{"io.meshagent.envoy=stand-in (testdata/fakeenvoy): no real Envoy", "org.opencontainers.image.version=v0-test"},
 			env:    keyValues{"ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-test"},
 		}
 		var stdout bytes.Buffer
-		built.err = build(built.opts, &stdout)
+		if built.err = build(built.base, &stdout); built.err != nil {
+			return
+		}
 		built.stdout = stdout.String()
+		built.opts = &options{agent: built.agent, init: built.init, envoy: built.envoy, template: built.tmpl,
+			tag: "localhost/meshagent-proxyv2:test", out: filepath.Join(built.dir, "out", "image.tar")}
+		_, built.err = image.Build(context.Background(), image.Options{
+			Base: built.base.out, Output: built.opts.out, Tag: built.opts.tag, Version: "v0-test",
+			Agents: map[string]image.Binaries{image.OwnPlatform(): image.BinariesBeside(built.agent)},
+		})
 	})
 	if built.err != nil {
 		t.Fatal(built.err)
@@ -84,7 +98,8 @@ func TestMain(m *testing.M) {
 // The tarball's path is the last line printed (scripts take it from there),
 // and the tarball is a docker archive with the tag.
 func TestPrintsThePathLast(t *testing.T) {
-	o := image(t)
+	builtImage(t)
+	o := built.base
 	lines := strings.Split(strings.TrimSpace(built.stdout), "\n")
 	if lines[len(lines)-1] != o.out {
 		t.Fatalf("last line %q, want the tarball's absolute path %q (output %q)", lines[len(lines)-1], o.out, built.stdout)
@@ -101,7 +116,7 @@ func TestPrintsThePathLast(t *testing.T) {
 // The image config is proxyv2's: ENTRYPOINT pilot-agent, WORKDIR /, plus
 // USER istio-proxy, the labels and the environment asked for.
 func TestImageConfig(t *testing.T) {
-	o := image(t)
+	o := builtImage(t)
 	img := load(t, o)
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -114,7 +129,7 @@ func TestImageConfig(t *testing.T) {
 	if c.User != "1337:1337" || c.WorkingDir != "/" {
 		t.Errorf("user %q workdir %q, want 1337:1337 and /", c.User, c.WorkingDir)
 	}
-	if c.Labels["io.meshagent.envoy"] != "stand-in (testdata/fakeenvoy): no real Envoy" || c.Labels["org.opencontainers.image.version"] != "v0-test" {
+	if c.Labels["io.meshagent.envoy"] != "stand-in (testdata/fakeenvoy): no real Envoy" || c.Labels[image.LabelVersion] != "v0-test" {
 		t.Errorf("labels %v", c.Labels)
 	}
 	if !slices.Contains(c.Env, "PATH="+path) || !slices.Contains(c.Env, "ISTIO_META_ISTIO_PROXY_SHA=fakeenvoy-test") {
@@ -128,7 +143,7 @@ func TestImageConfig(t *testing.T) {
 // Every file at its path with its mode and owner: the proxy's, and what
 // the capture step execs, with every library it loads.
 func TestImageFiles(t *testing.T) {
-	o := image(t)
+	o := builtImage(t)
 	fs := files(t, load(t, o))
 	for _, f := range []struct {
 		path string
@@ -305,4 +320,37 @@ func (fs *imageFiles) resolve(p string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: too many symlinks", orig)
+}
+
+// `make image-istio`'s layout (an agent in Istio's place, no placeholder)
+// is a base `meshagent image` takes as it takes Istio's proxyv2 (#32): the
+// agent replaced, the rest kept.
+func TestAgentLayoutIsABase(t *testing.T) {
+	builtImage(t)
+	oracle := &options{
+		agent: built.envoy, // any executable stands for Istio's agent here
+		envoy: built.envoy, template: built.tmpl,
+		tag: "localhost/istio-proxyv2:test", out: filepath.Join(built.dir, "out", "oracle.tar"),
+	}
+	if err := build(oracle, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(built.dir, "out", "on-oracle.tar")
+	if _, err := image.Build(context.Background(), image.Options{
+		Base: oracle.out, Output: out, Version: "v0-test",
+		Agents: map[string]image.Binaries{image.OwnPlatform(): image.BinariesBeside(built.agent)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fs := files(t, load(t, &options{out: out}))
+	want, err := os.ReadFile(built.agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(fs.content[image.AgentPath], want) {
+		t.Errorf("%s is not meshagent", image.AgentPath)
+	}
+	if envoy, _ := os.ReadFile(built.envoy); !bytes.Equal(fs.content[image.EnvoyPath], envoy) {
+		t.Errorf("%s is not the base's Envoy", image.EnvoyPath)
+	}
 }

@@ -126,11 +126,18 @@ func (s *Service) verdict(missing []string, err error, reason string) {
 	case err != nil:
 		s.notVerified(err)
 	case len(missing) > 0:
-		s.report(messages.Degraded, "traffic capture incomplete: missing "+summarize(missing))
+		s.report(messages.Degraded, incomplete+summarize(missing))
 	default:
 		s.report(messages.Ready, reason)
 	}
 }
+
+// incomplete starts a sidecar's Degraded reason with why it matters and
+// who installs the rules, so that the tree explains itself: a newcomer's
+// first `meshagent standalone` shows capture degraded, with no istio-init
+// having run (#32). The tree's text view keeps both ends of a long reason.
+const incomplete = "traffic capture incomplete, so traffic may bypass Envoy " +
+	"(istio-init, the CNI or `pilot-agent istio-iptables` installs the rules; `meshagent standalone` never does): missing "
 
 // noApplier is Serve's end when neither backend's applier could be made:
 // in a sidecar a verdict (the rules are not verified), in a VM an error.

@@ -50,8 +50,8 @@ func TestKernelServiceSidecar(t *testing.T) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
 	}
 	h, _ := health.Get()
-	if h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_OUTPUT") || h.Service != "capture" {
-		t.Errorf("without rules: %+v; want Degraded naming ISTIO_OUTPUT", h)
+	if h.State != messages.Degraded || !strings.Contains(h.Reason, "ISTIO_OUTPUT") || !strings.Contains(h.Reason, "istio-init") || h.Service != "capture" {
+		t.Errorf("without rules: %+v; want Degraded naming ISTIO_OUTPUT and who installs the rules", h)
 	}
 	a, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {

@@ -90,11 +90,13 @@ func (s *Service) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Any change in the mesh file's directory is read again (an unchanged
-	// file is then a no-op): an atomic rename or a Kubernetes ..data swap
-	// names another file than the one we read. A directory not there yet
-	// is waited for, serving nothing meanwhile (Starting).
-	watcher, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce},
+	// A change of the mesh file, by its name or by a Kubernetes ..data
+	// swap, is read again (an unchanged file is then a no-op); other files
+	// of its directory are not: a bad file's warning written to a log in
+	// the same directory would wake the watcher for ever (#32). A
+	// directory not there yet is waited for, serving nothing meanwhile
+	// (Starting).
+	watcher, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce, Files: []string{s.cfg.MeshFile}},
 		filewatch.DirsOf(s.cfg.MeshFile)...)
 	if err != nil {
 		return fmt.Errorf("controlplane: mesh file %s: %w", s.cfg.MeshFile, err)

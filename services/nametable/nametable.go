@@ -95,7 +95,9 @@ func (s *Service) String() string { return Name }
 // until ctx is done. A directory that does not exist yet is waited for
 // (Degraded meanwhile, naming the file), as a volume mounted late is.
 func (s *Service) Serve(ctx context.Context) error {
-	w, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce},
+	// The file's own events only (and a ..data swap): not a log's written
+	// beside it (#32).
+	w, err := filewatch.Start(filewatch.Options{Clock: s.clock, Log: s.log, Debounce: s.cfg.Debounce, Files: []string{s.cfg.File}},
 		filewatch.DirsOf(s.cfg.File)...)
 	if err != nil {
 		return fmt.Errorf("name table file %s: %w", s.cfg.File, err)

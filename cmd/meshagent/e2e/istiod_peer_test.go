@@ -55,7 +55,7 @@ const (
 // the cache build.sh writes) and its run/ directory (MESHAGENT_ISTIOD_RUN,
 // default ../shared/peers/istiod/run beside the checkout). It skips only
 // when the test cannot run at all (not root); as root a missing peer fails
-// the test, since .ci/run builds every peer (#20: a fresh machine's
+// the test, since `make test` builds every peer (#20: a fresh machine's
 // `make test` skipped it without a word).
 func istiodPeerPaths(t *testing.T) (bin, run string) {
 	t.Helper()
@@ -72,7 +72,7 @@ func istiodPeerPaths(t *testing.T) (bin, run string) {
 	}
 	for _, name := range []string{"istiod-local", "jwtlocal"} {
 		if fi, err := os.Stat(filepath.Join(bin, name)); err != nil || fi.Mode()&0o111 == 0 {
-			t.Fatalf("the istiod peer is not built (%s missing; .ci/run or `make e2e-istiod` builds it, or set MESHAGENT_ISTIOD_DIR)", filepath.Join(bin, name))
+			t.Fatalf("the istiod peer is not built (%s missing; `make test`, `make peers` or `make e2e-istiod` builds it, or set MESHAGENT_ISTIOD_DIR)", filepath.Join(bin, name))
 		}
 	}
 	candidates := []string{os.Getenv("MESHAGENT_ISTIOD_RUN")}

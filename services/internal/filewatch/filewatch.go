@@ -8,8 +8,12 @@
 // Directories, not files, are watched: Kubernetes swaps a "..data" symlink
 // and editors write a temporary file and rename it over the old one, and a
 // watch on the old inode would see neither. Any event in a watched directory
-// counts; the owner then reads its files, and their content decides whether
-// anything changed, so an unrelated event costs a read and nothing else.
+// counts, unless Options.Files names the files the owner reads: then only
+// events on those names (and on Kubernetes's "..data" entries) do. The
+// owner then reads its files, and their content decides whether anything
+// changed, so an unrelated event costs a read; but an owner that logs a
+// warning per bad read, with its log written into the same directory, would
+// otherwise wake itself for ever (#32).
 //
 // A directory that does not exist (a volume not mounted yet, a ConfigMap
 // not projected yet, a CRL directory a plugged-in CA has not created) is
@@ -28,6 +32,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -56,6 +61,12 @@ type Options struct {
 	// Retry is how often missing directories are tried again; DefaultRetry
 	// when 0.
 	Retry time.Duration
+	// Files, if set, are the only files whose events count in their
+	// directories (besides Kubernetes's atomic-writer entries, "..data" and
+	// its temporaries, whose swap replaces every file of a mounted volume).
+	// Events on other files of those directories are ignored. Directories
+	// added without a file of theirs in Files still count every event.
+	Files []string
 	// OnError, if set, is called on every failure to watch a directory and
 	// every error fsnotify reports: the certs service counts them as
 	// Istio's num_file_watcher_failures_total.
@@ -74,8 +85,9 @@ type Watcher struct {
 	done    chan struct{}
 
 	// Owned by the loop (by Start before it runs).
-	refs    map[string]int  // wanted directories, counted
-	missing map[string]bool // wanted but not watched yet
+	refs    map[string]int             // wanted directories, counted
+	files   map[string]map[string]bool // Options.Files: base names by directory
+	missing map[string]bool            // wanted but not watched yet
 	retry   <-chan time.Time
 }
 
@@ -109,6 +121,15 @@ func Start(opts Options, dirs ...string) (*Watcher, error) {
 		done:    make(chan struct{}),
 		refs:    map[string]int{},
 		missing: map[string]bool{},
+		files:   map[string]map[string]bool{},
+	}
+	for _, f := range opts.Files {
+		dir, name := filepath.Split(filepath.Clean(f))
+		dir = filepath.Clean(dir)
+		if w.files[dir] == nil {
+			w.files[dir] = map[string]bool{}
+		}
+		w.files[dir][name] = true
 	}
 	w.add(dirs)
 	go w.run()
@@ -180,8 +201,14 @@ func (w *Watcher) run() {
 				w.failed <- ErrClosed
 				return
 			}
+			dirs := w.affected(ev)
+			if len(dirs) == 0 {
+				// Not even a debug line: it would be written into the
+				// directory of a log file, and wake this loop again.
+				continue
+			}
 			w.opts.Log.Debug("watched directory changed", "file", ev.Name, "op", ev.Op.String())
-			for _, dir := range w.affected(ev) {
+			for _, dir := range dirs {
 				pending[dir] = true
 			}
 			debounce = w.opts.Clock.After(w.opts.Debounce)
@@ -285,7 +312,7 @@ func (w *Watcher) retryMissing() []string {
 // (which ends its watch: it is tried again until it is back).
 func (w *Watcher) affected(ev fsnotify.Event) []string {
 	var out []string
-	if dir := filepath.Dir(ev.Name); w.refs[dir] > 0 {
+	if dir := filepath.Dir(ev.Name); w.refs[dir] > 0 && w.counts(dir, filepath.Base(ev.Name)) {
 		out = append(out, dir)
 	}
 	if name := filepath.Clean(ev.Name); w.refs[name] > 0 && !w.missing[name] && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
@@ -294,6 +321,12 @@ func (w *Watcher) affected(ev fsnotify.Event) []string {
 		w.markMissing(name)
 	}
 	return out
+}
+
+// counts says whether an event on file name in dir concerns the owner.
+func (w *Watcher) counts(dir, name string) bool {
+	names, filtered := w.files[dir]
+	return !filtered || names[name] || strings.HasPrefix(name, "..")
 }
 
 func (w *Watcher) onError(err error) {

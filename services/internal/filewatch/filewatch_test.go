@@ -25,8 +25,14 @@ type harness struct {
 
 func start(t *testing.T, dirs ...string) *harness {
 	t.Helper()
+	return startFiles(t, nil, dirs...)
+}
+
+// startFiles is start with Options.Files.
+func startFiles(t *testing.T, files []string, dirs ...string) *harness {
+	t.Helper()
 	h := &harness{clock: testkit.NewManualClock(), logs: testkit.NewLogBuffer(t)}
-	w, err := Start(Options{Clock: h.clock, Log: h.logs.Logger(), Debounce: debounce, Retry: retry}, dirs...)
+	w, err := Start(Options{Clock: h.clock, Log: h.logs.Logger(), Debounce: debounce, Retry: retry, Files: files}, dirs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +212,34 @@ func TestAddRemoveCounted(t *testing.T) {
 	// Events come in order: once a's is taken, b's would have been.
 	h.seen(t, filepath.Join(a, "f"), "WRITE")
 	want(t, h.next(t), a)
+}
+
+// With Files, only the named files (and a Kubernetes ..data swap) count:
+// a log file written beside the mesh file wakes nothing, even when every
+// read of the mesh file logs a warning into it (#32).
+func TestFilesIgnoresOtherFilesOfTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	mesh, logFile := filepath.Join(dir, "mesh.yaml"), filepath.Join(dir, "agent.log")
+	write(t, mesh, "v1")
+	h := startFiles(t, []string{mesh}, DirsOf(mesh)...)
+	for i := range 20 {
+		write(t, logFile, strings.Repeat("warn\n", i+1))
+	}
+	write(t, mesh, "v2") // events come in order: the log's are taken before
+	h.seen(t, mesh, "WRITE")
+	want(t, h.next(t), dir)
+	if strings.Contains(h.logs.String(), logFile) {
+		t.Errorf("an event on %s was taken:\n%s", logFile, h.logs.String())
+	}
+	// One more log write after the delivery: no timer armed, nothing due.
+	write(t, logFile, "warn again\n")
+	write(t, filepath.Join(dir, "other"), "x")
+	testkit.ProjectVolume(t, dir, map[string][]byte{"unrelated": []byte("v1")})
+	h.seen(t, filepath.Join(dir, "..data"), "CREATE") // the swap still counts
+	want(t, h.next(t), dir)
+	if strings.Contains(h.logs.String(), "file="+filepath.Join(dir, "other")) {
+		t.Errorf("an event on another file was taken:\n%s", h.logs.String())
+	}
 }
 
 func TestDirsOf(t *testing.T) {

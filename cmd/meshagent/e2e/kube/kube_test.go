@@ -13,7 +13,7 @@
 // for both agents and both injection modes, and prints the figures.
 //
 // Root only (a network namespace, cgroups, mounts); the node's and Istio's
-// binaries must be built (.ci/run builds them): missing ones fail the test.
+// binaries must be built (`make test` builds them): missing ones fail the test.
 package kube
 
 import (
@@ -60,10 +60,10 @@ func TestKube(t *testing.T) {
 		detail = why
 		t.Skip(why)
 	}
-	// As root the suite runs or fails: .ci/run installs these.
+	// As root the suite runs or fails: `make test` installs these (hack/install-deps.sh).
 	for _, tool := range []string{"nsenter", "ctr", "curl", "yq", "jq", "dig", "iptables-nft-save"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is not installed (.ci/run installs it): %v", tool, err)
+			t.Fatalf("%s is not installed (`make test` installs it: hack/install-deps.sh): %v", tool, err)
 		}
 	}
 	n := layout(t)

@@ -54,7 +54,7 @@ func layout(t *testing.T) *node {
 	return &node{repo: repo, hack: hack, kubePeer: f[0], kubeBin: f[1], istioBin: f[2], root: f[3], istioRoot: f[4], netns: f[5]}
 }
 
-// requireBuilt fails (never skips: CI builds them in .ci/run) when a binary
+// requireBuilt fails (never skips: `make test` builds them) when a binary
 // the suite needs is missing, naming the script that builds it.
 func (n *node) requireBuilt(t *testing.T) {
 	t.Helper()
@@ -68,7 +68,7 @@ func (n *node) requireBuilt(t *testing.T) {
 		{n.istioBin, "coredns", "hack/kube/build-istio.sh"},
 	} {
 		if _, err := os.Stat(filepath.Join(b.dir, b.name)); err != nil {
-			t.Fatalf("%s is not built (%v): run %s (.ci/run builds every peer once per machine)", b.name, err, b.how)
+			t.Fatalf("%s is not built (%v): run %s (`make test` or `make peers` builds every peer once per machine)", b.name, err, b.how)
 		}
 	}
 }
