@@ -17,6 +17,7 @@ packages=(
   prometheus             # promtool checks the metrics exposition
   protobuf-compiler      # protoc, to check generated protos
   util-linux procps      # unshare, ps
+  time                   # /usr/bin/time: the CLI's own peak memory against a hostile server (#33)
   systemd                # systemd-analyze verifies the VM unit
   chromium               # headless: a screenshot of the status page (/debug/)
   # the kube node (../shared/peers/kube/build.sh) and Istio on it (hack/kube)
