@@ -40,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
+	"github.com/meshagent/meshagent/messages/compliance"
 	"github.com/meshagent/meshagent/services/envoy"
 	"github.com/meshagent/meshagent/services/nametable"
 	"github.com/meshagent/meshagent/tree"
@@ -129,6 +130,9 @@ type sharedVars struct {
 	// workloadSocketFile is WORKLOAD_IDENTITY_SOCKET_FILE: the SDS socket's
 	// name, which Envoy's bootstrap names too.
 	workloadSocketFile string
+	// compliancePolicy is COMPLIANCE_POLICY: Envoy's bootstrap, the CA
+	// client's and the XDS upstream's TLS (#35).
+	compliancePolicy compliance.Policy
 }
 
 func readSharedVars(r envReader) sharedVars {
@@ -138,6 +142,7 @@ func readSharedVars(r envReader) sharedVars {
 		istiodSAN:          envVar(r, "ISTIOD_SAN", "", ParseString),
 		clusterID:          envVar(r, "ISTIO_META_CLUSTER_ID", "", ParseString),
 		workloadSocketFile: envVar(r, "WORKLOAD_IDENTITY_SOCKET_FILE", workloadSocketFile, ParseString),
+		compliancePolicy:   envVar(r, "COMPLIANCE_POLICY", compliance.None, compliance.Parse),
 	}
 }
 

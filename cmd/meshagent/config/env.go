@@ -81,7 +81,7 @@ var Env = []Var{
 	{Name: "ENVOY_SKIP_DEPRECATED_LOGS", Default: "true", Type: "bool", Service: svcEnvoy, Doc: "Envoy's --skip-deprecated-logs"},
 	{Name: "ISTIO_ENVOY_ENABLE_CORE_DUMP", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "Envoy's --enable-core-dump"},
 	{Name: "DISABLE_ENVOY", Default: "false", Type: "bool", Service: svcEnvoy, Doc: "no Envoy (proxyless gRPC): the agent serves xDS and certificates only"},
-	{Name: "COMPLIANCE_POLICY", Type: "string", Service: svcEnvoy, Doc: "TLS compliance policy (fips-140-2) in the bootstrap"},
+	{Name: "COMPLIANCE_POLICY", Type: "fips-140-2, fips-140-3 or pqc", Service: svcEnvoy + ", " + svcCerts + ", " + svcXDS, Doc: "TLS compliance policy: Envoy's bootstrap (fips-140-2), the agent's TLS to the CA and the control plane (versions, suites, curves; pqc: X25519MLKEM768 only)"},
 	{Name: "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", Default: "true", Type: "bool", Service: svcEnvoy, Doc: "false keeps a URL's #fragment in the path"},
 	{Name: "CLOUD_PLATFORM", Type: "string", Service: svcEnvoy, Doc: "the platform whose metadata goes in the node (gcp; none)"},
 	{Name: "GCP_METADATA", Type: "string", Service: svcEnvoy, Doc: "GCP's project|number|cluster|location, instead of the metadata server"},

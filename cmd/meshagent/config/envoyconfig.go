@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -99,7 +100,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		SecureMetricsPort:          envVar(r, "ENVOY_SECURE_METRICS_PORT", 0, ParsePortOrOff),
 		SecureMergedMetricsPort:    envVar(r, "ENVOY_SECURE_MERGED_METRICS_PORT", 0, ParsePortOrOff),
 		StatusPortProxyProtocol:    envVar(r, "ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false, ParseBool),
-		CompliancePolicy:           envVar(r, "COMPLIANCE_POLICY", "", ParseString),
+		CompliancePolicy:           string(in.shared.compliancePolicy),
 		KeepPathFragment:           !envVar(r, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, ParseBool),
 		Platform:                   platform(r),
 	}
@@ -160,7 +161,9 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		ExcludedListeners:           b.AgentListenerStats(),
 		KillGrace:                   envoy.DefaultKillGrace,
 		ReadyPollInterval:           envoy.DefaultReadyPollInterval,
-		Env:                         env,
+		// Envoy inherits the environment, with what COMPLIANCE_POLICY adds
+		// to it as Istio's agent does (#35).
+		Env: append(slices.Clip(env), in.shared.compliancePolicy.EnvoyEnv()...),
 		// Crash records (issue 22) beside the bootstrap, in the directory
 		// Istio's injector mounts writable (istio-envoy, an emptyDir).
 		CrashDir: Rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),

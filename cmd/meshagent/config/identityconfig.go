@@ -55,6 +55,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, shared sha
 	}
 	cc.FileDebounce = envVar(r, "FILE_DEBOUNCE_DURATION", cc.FileDebounce, ParseDuration)
 	cc.ClusterID = shared.clusterID
+	cc.CompliancePolicy = shared.compliancePolicy
 	cc.CertSigner = envVar(r, "ISTIO_META_CERT_SIGNER", "", ParseString)
 	cc.CAHeaders = r.env.Prefixed("CA_HEADER_")
 	cc.TrustDomain = envVar(r, "TRUST_DOMAIN", cc.TrustDomain, ParseTrustDomain)

@@ -50,6 +50,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
 	c.ServerName = in.shared.istiodSAN
+	c.CompliancePolicy = in.shared.compliancePolicy
 	// Istio's GetKeyCertsForXDS: PROV_CERT's files, else the file-mounted
 	// certificate.
 	if prov := in.shared.provCert; prov != "" {
