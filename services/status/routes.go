@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/klauspost/compress/gzhttp"
+
 	"github.com/meshagent/meshagent/messages"
 )
 
@@ -95,7 +97,17 @@ func (s *Service) routes() http.Handler {
 		mux.HandleFunc(r.pattern, h)
 	}
 	mux.HandleFunc("GET /{$}", indexHandler(table))
-	return mux
+	return compressed(mux)
+}
+
+// compressed is Istio's status server's compression (#35): every answer,
+// whatever its endpoint, through klauspost/compress's gzhttp with its
+// defaults (pilot/cmd/pilot-agent/status/server.go serves
+// gzhttp.GzipHandler(mux)): zstd or gzip by Accept-Encoding, zstd when both
+// are accepted with the same q, nothing below 1 KiB or for a HEAD, and
+// "Vary: Accept-Encoding" on every answer.
+func compressed(h http.Handler) http.Handler {
+	return gzhttp.GzipHandler(h)
 }
 
 // indexHandler answers GET / with one line per endpoint: what it is, whose
