@@ -117,12 +117,19 @@ func (e *envoy) allStats(usedOnly bool) map[string]int {
 	e.mu.Unlock()
 	if n := e.businessConnections(); n >= 0 {
 		// What a sidecar's inbound listener reports, with the per-worker
-		// and http. duplicates and an internal listener, none of which may
-		// be counted twice by the agent.
+		// and http. duplicates, none of which may be counted twice by the
+		// agent; and the HBONE internal listeners of an ambient gateway or
+		// waypoint (the names of Istio's agent_test.go), whose pipe
+		// connections last as long as the tunnel pool, through a drain:
+		// Istio 1.30.3 leaves them out of the count (#35).
 		out["listener.0.0.0.0_15006.downstream_cx_active"] = n
 		out["listener.0.0.0.0_15006.worker_0.downstream_cx_active"] = n
 		out["http.inbound_0.0.0.0_15006.downstream_cx_active"] = n
-		out["listener.envoy_internal_connect_originate.downstream_cx_active"] = 7
+		for name, held := range map[string]int{"connect_originate": 7, "connect_terminate": 4, "main_internal": 3,
+			"inner_connect_originate": 1, "outer_connect_originate": 1} {
+			out["listener.envoy_internal_"+name+".downstream_cx_active"] = held
+			out["listener.envoy_internal_"+name+".worker_0.downstream_cx_active"] = held
+		}
 	}
 	return out
 }
