@@ -172,8 +172,10 @@ func writeJSON(w http.ResponseWriter, v any) {
 	}
 }
 
+// mustProtoJSON is m as Envoy's admin writes a message: proto field names
+// (/server_info's node: user_agent_name, not userAgentName) (#35).
 func mustProtoJSON(m proto.Message) []byte {
-	raw, err := protojson.Marshal(m)
+	raw, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 	if err != nil || len(raw) == 0 {
 		return []byte("{}")
 	}

@@ -105,6 +105,32 @@ func TestConfigDumpIsEnvoysFormat(t *testing.T) {
 	}
 }
 
+// The dump's JSON has Envoy's field names, the proto ones, not protobuf
+// JSON's camelCase: a script or test written against the stand-in reads
+// Envoy's dump (#35). /server_info's node too.
+func TestAdminAnswersUseEnvoysFieldNames(t *testing.T) {
+	e := heldEnvoy(t)
+	e.boot.Admin = &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 15000}}}}}
+	e.boot.Node.UserAgentName = "envoy"
+	_, body := getDump(t, e, "")
+	for _, name := range []string{`"dynamic_active_clusters"`, `"static_clusters"`, `"version_info"`, `"last_updated"`, `"dynamic_listeners"`,
+		`"active_state"`, `"socket_address"`, `"port_value"`, `"static_resources"`, `"dynamic_active_secrets"`, `"tls_certificate"`,
+		`"certificate_chain"`, `"inline_bytes"`, `"user_agent_name"`} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/config_dump lacks Envoy's field name %s", name)
+		}
+	}
+	for _, camel := range []string{"dynamicActiveClusters", "versionInfo", "lastUpdated", "socketAddress", "staticResources", "userAgentName"} {
+		if strings.Contains(body, camel) {
+			t.Errorf("/config_dump has protobuf JSON's %s, not Envoy's name", camel)
+		}
+	}
+	if node := string(mustProtoJSON(e.boot.GetNode())); !strings.Contains(node, `"user_agent_name"`) {
+		t.Errorf("/server_info's node %s: want Envoy's user_agent_name", node)
+	}
+}
+
 // ?resource= gives the entries of one repeated field, each alone; ?mask=
 // keeps only the fields named; an unknown resource is a 404, as Envoy's.
 func TestConfigDumpResourceAndMask(t *testing.T) {

@@ -73,9 +73,13 @@ func (r *resolver) FindExtensionByNumber(message protoreflect.FullName, field pr
 	return protoregistry.GlobalTypes.FindExtensionByNumber(message, field)
 }
 
-// Marshal is protojson with the Resolver.
+// Marshal is protojson as Envoy's admin API writes it: the proto field
+// names (dynamic_active_clusters, socket_address, version_info,
+// last_updated), not protobuf JSON's camelCase, which a script written
+// against the stand-in would then expect of Envoy (#35); with the Resolver.
+// Decode reads both.
 func Marshal(m proto.Message) ([]byte, error) {
-	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver}.Marshal(m)
+	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver, UseProtoNames: true}.Marshal(m)
 }
 
 // Dump is a decoded /config_dump.
