@@ -49,6 +49,8 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 				"mode":                 "Serve",
 				"config_path":          o.configPath,
 				"concurrency":          o.concurrency,
+				"log_level":            o.logLevel,
+				"component_log_level":  o.componentLogLevel,
 			},
 			"uptime_current_epoch": fmt.Sprintf("%ds", int(time.Since(e.started).Seconds())),
 			"uptime_all_epochs":    fmt.Sprintf("%ds", int(time.Since(e.firstStarted).Seconds())),
@@ -92,6 +94,7 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 		}
 	})
 	mux.HandleFunc("GET /config_dump", e.handleConfigDump)
+	mux.HandleFunc("/logging", e.handleLogging)
 	return mux
 }
 
