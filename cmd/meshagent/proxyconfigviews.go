@@ -278,16 +278,13 @@ func logLevelQueries(value string) ([]string, error) {
 	var all string
 	var named []string
 	for part := range strings.SplitSeq(value, ",") {
-		name, lvl, found := strings.Cut(part, ":")
-		if !found {
-			name, lvl, found = strings.Cut(part, "=")
-		}
-		if !found {
-			name, lvl = "", part
-		}
 		// A logger may be given with its namespace (istioctl: a::b:level).
-		if i := strings.LastIndex(name, "::"); i >= 0 {
-			name = name[i+2:]
+		if i := strings.LastIndex(part, "::"); i >= 0 {
+			part = part[i+2:]
+		}
+		name, lvl := "", part
+		if i := strings.IndexAny(part, ":="); i >= 0 {
+			name, lvl = part[:i], part[i+1:]
 		}
 		envoyLevel, ok := envoyLogLevels[strings.TrimSpace(lvl)]
 		if !ok {
