@@ -7,6 +7,7 @@ package main
 // the control plane is down.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -86,10 +87,8 @@ func proxyConfigTable(common *proxyConfigFlags, use string, aliases []string, sh
 	return &cobra.Command{
 		Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch common.output {
-			case "short", "json", "yaml":
-			default:
-				return usageError("proxy-config %s: -o %q: want short, json or yaml", use, common.output)
+			if err := checkOutput(use, common.output, "short", "json", "yaml"); err != nil {
+				return err
 			}
 			dump, err := fetchConfigDump(common.admin, withEDS)
 			if err != nil {
@@ -140,11 +139,17 @@ func writeProxyConfig(w io.Writer, t envoyadmin.Table, output string) error {
 	if err != nil {
 		return err
 	}
+	return writeDocument(w, out, output)
+}
+
+// writeDocument prints a JSON document as it is (-o json) or as YAML.
+func writeDocument(w io.Writer, js []byte, output string) error {
 	if output == "yaml" {
-		if out, err = yaml.JSONToYAML(out); err != nil {
+		var err error
+		if js, err = yaml.JSONToYAML(js); err != nil {
 			return err
 		}
 	}
-	_, err = fmt.Fprintln(w, string(out))
+	_, err := fmt.Fprintln(w, string(bytes.TrimSpace(js)))
 	return err
 }

@@ -9,7 +9,6 @@ package main
 // ask the pod.
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/x509"
 	"encoding/json"
@@ -26,7 +25,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 	"github.com/meshagent/meshagent/services/status"
@@ -131,13 +129,7 @@ func writeProto(w io.Writer, m proto.Message, output string) error {
 	if err != nil {
 		return err
 	}
-	if output == "yaml" {
-		if out, err = yaml.JSONToYAML(out); err != nil {
-			return err
-		}
-	}
-	_, err = fmt.Fprintln(w, string(out))
-	return err
+	return writeDocument(w, out, output)
 }
 
 // newAllView is istioctl's `proxy-config all`: every table in turn (-o
@@ -207,13 +199,7 @@ func writeRawDump(w io.Writer, admin, output string) error {
 	if _, err := envoyadmin.Decode(body); err != nil {
 		return fmt.Errorf("proxy-config all: %s: %w", url, err)
 	}
-	if output == "yaml" {
-		if body, err = yaml.JSONToYAML(body); err != nil {
-			return err
-		}
-	}
-	_, err = fmt.Fprintln(w, string(bytes.TrimSpace(body)))
-	return err
+	return writeDocument(w, body, output)
 }
 
 // envoyLogLevels are istioctl's level names (proxyconfig.go stringToLevel),
@@ -479,14 +465,7 @@ func newSecretView(common *proxyConfigFlags) *cobra.Command {
 			if common.output != "short" {
 				// The note on stderr: stdout stays the document.
 				fmt.Fprintln(cmd.ErrOrStderr(), note)
-				out := raw
-				if common.output == "yaml" {
-					if out, err = yaml.JSONToYAML(raw); err != nil {
-						return err
-					}
-				}
-				_, err = fmt.Fprintln(w, string(bytes.TrimSpace(out)))
-				return err
+				return writeDocument(w, raw, common.output)
 			}
 			fmt.Fprintln(w, note+":")
 			return writeProxyConfig(w, agentSecretTable(certs, now), "short")
