@@ -9,6 +9,7 @@ package main
 // ask the pod.
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/x509"
 	"encoding/json"
@@ -123,13 +124,18 @@ func writeBootstrapSummary(w io.Writer, b *adminv3.BootstrapConfigDump) error {
 }
 
 // writeProto prints one message as istioctl does: protobuf JSON indented
-// by four, or that as YAML.
+// by four, or that as YAML. Indented by encoding/json: protojson's own
+// spacing varies from build to build on purpose.
 func writeProto(w io.Writer, m proto.Message, output string) error {
-	out, err := protojson.MarshalOptions{Resolver: envoyadmin.Resolver, Indent: "    "}.Marshal(m)
+	out, err := protojson.MarshalOptions{Resolver: envoyadmin.Resolver}.Marshal(m)
 	if err != nil {
 		return err
 	}
-	return writeDocument(w, out, output)
+	var indented bytes.Buffer
+	if err := json.Indent(&indented, out, "", "    "); err != nil {
+		return err
+	}
+	return writeDocument(w, indented.Bytes(), output)
 }
 
 // newAllView is istioctl's `proxy-config all`: every table in turn (-o
