@@ -95,6 +95,8 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 	})
 	mux.HandleFunc("GET /config_dump", e.handleConfigDump)
 	mux.HandleFunc("/logging", e.handleLogging)
+	mux.HandleFunc("GET /listeners", e.handleListeners)
+	mux.HandleFunc("GET /clusters", e.handleClusters)
 	return mux
 }
 

@@ -65,13 +65,7 @@ func (e *envoy) handleConfigDump(w http.ResponseWriter, r *http.Request) {
 	}
 	// Types the stand-in does not link in (an Istio filter's config) are
 	// shown by their type URL alone: Envoy would show their fields.
-	js, err := envoyadmin.Marshal(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(js)
+	writeAdminProto(w, out)
 }
 
 // configDump is the dumps in Envoy's order.

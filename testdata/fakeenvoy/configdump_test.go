@@ -27,19 +27,12 @@ func heldEnvoy(t *testing.T) *envoy {
 		Node:            &corev3.Node{Id: "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local"},
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{{Name: "xds-grpc"}}},
 	}, knobs{})
-	anys := func(ms ...proto.Message) []*anypb.Any {
-		var out []*anypb.Any
-		for _, m := range ms {
-			out = append(out, mustAny(m))
-		}
-		return out
-	}
 	for _, u := range []update{
-		{typeURL: typeCluster, version: "v1", sotw: true, added: anys(&clusterv3.Cluster{Name: "outbound|80||a.ns.svc.cluster.local"},
+		{typeURL: typeCluster, version: "v1", sotw: true, added: anysOf(&clusterv3.Cluster{Name: "outbound|80||a.ns.svc.cluster.local"},
 			&clusterv3.Cluster{Name: "outbound|80||b.ns.svc.cluster.local"})},
-		{typeURL: typeEndpoint, added: anys(&endpointv3.ClusterLoadAssignment{ClusterName: "outbound|80||a.ns.svc.cluster.local"}),
+		{typeURL: typeEndpoint, added: anysOf(&endpointv3.ClusterLoadAssignment{ClusterName: "outbound|80||a.ns.svc.cluster.local"}),
 			addedVersions: []string{"e7"}},
-		{typeURL: typeListener, version: "v3", sotw: true, added: anys(&listenerv3.Listener{Name: "virtualOutbound"})},
+		{typeURL: typeListener, version: "v3", sotw: true, added: anysOf(&listenerv3.Listener{Name: "virtualOutbound"})},
 	} {
 		if err := e.apply(u); err != nil {
 			t.Fatal(err)
@@ -50,6 +43,15 @@ func heldEnvoy(t *testing.T) *envoy {
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: []byte("THE-KEY")}},
 	}}})
 	return e
+}
+
+// anysOf is each message in an Any.
+func anysOf(ms ...proto.Message) []*anypb.Any {
+	var out []*anypb.Any
+	for _, m := range ms {
+		out = append(out, mustAny(m))
+	}
+	return out
 }
 
 func getDump(t *testing.T, e *envoy, query string) (int, string) {

@@ -7,6 +7,8 @@
 package envoyadmin
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -77,9 +79,19 @@ func (r *resolver) FindExtensionByNumber(message protoreflect.FullName, field pr
 // names (dynamic_active_clusters, socket_address, version_info,
 // last_updated), not protobuf JSON's camelCase, which a script written
 // against the stand-in would then expect of Envoy (#35); with the Resolver.
-// Decode reads both.
+// Decode reads both. Indented as Envoy indents (two spaces, ": ") by
+// encoding/json: protojson's own spacing varies on purpose from build to
+// build, which a script matching text would trip on.
 func Marshal(m proto.Message) ([]byte, error) {
-	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver, UseProtoNames: true}.Marshal(m)
+	js, err := protojson.MarshalOptions{Resolver: Resolver, UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, js, "", "  "); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 // Dump is a decoded /config_dump.
