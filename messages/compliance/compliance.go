@@ -9,6 +9,7 @@
 package compliance
 
 import (
+	"crypto/fips140"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -90,4 +91,15 @@ func (p Policy) EnvoyEnv() []string {
 		return nil
 	}
 	return []string{"GRPC_SSL_CIPHER_SUITES=ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384"}
+}
+
+// Warning is what Istio's agent warns of for the policy at start, "" if
+// nothing: under fips-140-3 without Go's FIPS 140-3 mode
+// (GODEBUG=fips140=only, or on), TLS 1.3's suites are not restricted.
+func (p Policy) Warning() string {
+	if p != FIPS1403 || fips140.Enabled() {
+		return ""
+	}
+	return "COMPLIANCE_POLICY is fips-140-3 but Go's FIPS 140-3 mode is not enabled: TLS 1.3 cipher suites " +
+		"are not restricted to FIPS-approved algorithms; set GODEBUG=fips140=only for full FIPS 140-3 compliance"
 }

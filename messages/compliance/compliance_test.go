@@ -1,6 +1,7 @@
 package compliance
 
 import (
+	"crypto/fips140"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -118,5 +119,18 @@ func TestParse(t *testing.T) {
 		if _, err := Parse(v); !errors.Is(err, ErrUnknown) {
 			t.Errorf("Parse(%q) = %v; want ErrUnknown", v, err)
 		}
+	}
+}
+
+// fips-140-3 warns, as Istio's agent does, unless Go runs in FIPS 140-3
+// mode; the other policies never do.
+func TestWarning(t *testing.T) {
+	for _, p := range []Policy{None, FIPS1402, PQC} {
+		if w := p.Warning(); w != "" {
+			t.Errorf("%q warns %q", p, w)
+		}
+	}
+	if w := FIPS1403.Warning(); (w == "") != fips140.Enabled() {
+		t.Errorf("fips-140-3 with fips140.Enabled()=%v warns %q", fips140.Enabled(), w)
 	}
 }

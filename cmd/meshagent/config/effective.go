@@ -26,6 +26,12 @@ import (
 func LogEffective(log *slog.Logger, cfg *Agent) {
 	parts := effectiveParts(cfg)
 	log.Info("effective configuration", "type", parts["type"], "root", parts["root"], "version", parts["version"])
+	if cfg.Tree.XDS != nil {
+		// Istio's agent warns of this at start too (pkg/model/fips.go, #35).
+		if w := cfg.Tree.XDS.CompliancePolicy.Warning(); w != "" {
+			log.Warn(w)
+		}
+	}
 	log.Info("effective configuration", append([]any{"part", "proxyConfig"}, configAttrs(parts["proxyConfig"])...)...)
 	tree, _ := parts["tree"].(map[string]any)
 	var treeOwn []any
