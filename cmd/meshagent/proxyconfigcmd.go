@@ -1,7 +1,8 @@
 package main
 
 // `meshagent proxy-config cluster|listener|route|endpoint|secret` (issue
-// 22; bootstrap, all, log and rootca-compare: proxyconfigviews.go, #35):
+// 22; bootstrap, all, log and rootca-compare: proxyconfigviews.go,
+// proxyconfiglog.go, proxyconfigsecret.go, #35):
 // istioctl's tables read from inside the pod, from Envoy's admin
 // /config_dump, so that they work without istiod or kubectl, and while
 // the control plane is down.
