@@ -104,15 +104,10 @@ func TestCompliancePolicyAgainstIstio(t *testing.T) {
 						fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"discoveryAddress":"127.0.0.1:1","controlPlaneAuthPolicy":"NONE"}`,
 							ports[0], ports[1])}
 					log := &testkit.LogBuffer{}
-					cmd.Stdout, cmd.Stderr = log, log
-					if err := cmd.Start(); err != nil {
-						t.Fatal(err)
-					}
-					who := map[bool]string{false: "Istio's agent", true: "meshagent"}[ours]
-					outcome[ours] = rec.first()
-					_ = cmd.Process.Kill()
-					_ = cmd.Wait()
-					if outcome[ours] == "" {
+					cmd.Stdout = log // Istio's agent logs there
+					(&e2ekit.AgentProcess{Cmd: cmd, Stderr: log, Exited: make(chan error, 1)}).Start(t)
+					if outcome[ours] = rec.first(); outcome[ours] == "" {
+						who := map[bool]string{false: "Istio's agent", true: "meshagent"}[ours]
 						t.Fatalf("%s never dialed the CA:\n%s", who, e2ekit.Tail(log.String(), 30))
 					}
 				}

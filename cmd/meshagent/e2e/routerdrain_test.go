@@ -60,16 +60,9 @@ func TestRouterDrainAgainstIstio(t *testing.T) {
 				fmt.Sprintf(`PROXY_CONFIG={"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q,"discoveryAddress":"127.0.0.1:1",`+
 					`"controlPlaneAuthPolicy":"NONE","terminationDrainDuration":"120s"}`, ports[0], ports[1], e2ekit.EnvoyBinary)}
 			log := &testkit.LogBuffer{}
-			cmd.Stdout, cmd.Stderr = log, log
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			defer func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			}()
+			cmd.Stdout = log // Istio's agent logs there, and the stand-in's stderr to stderr
+			p := &e2ekit.AgentProcess{Cmd: cmd, Stderr: log, Exited: make(chan error, 1)}
+			p.Start(t)
 			admin := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 				code, body := e2ekit.HTTPGet(admin + "/stats?filter=envoy_internal")
@@ -85,8 +78,8 @@ func TestRouterDrainAgainstIstio(t *testing.T) {
 			}
 			// A hang guard, not a timing check: the drain is 120 s.
 			select {
-			case <-exited:
-				exited <- nil
+			case err := <-p.Exited:
+				p.Exited <- err // for Start's cleanup
 			case <-time.After(60 * time.Second):
 				t.Fatalf("%s still draining 60 s after SIGTERM: it counts the internal listeners\n%s", who, e2ekit.Tail(log.String(), 30))
 			}
