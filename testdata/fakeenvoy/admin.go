@@ -163,6 +163,22 @@ func (e *envoy) handleStats(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.Strings(names)
+	if r.URL.Query().Get("format") == "json" {
+		// Envoy's /stats?format=json: {"stats": [{"name", "value"}, ...]}
+		// (#35); the stand-in has no histograms.
+		type stat struct {
+			Name  string `json:"name"`
+			Value int    `json:"value"`
+		}
+		out := struct {
+			Stats []stat `json:"stats"`
+		}{Stats: []stat{}}
+		for _, n := range names {
+			out.Stats = append(out.Stats, stat{n, stats[n]})
+		}
+		writeJSON(w, out)
+		return
+	}
 	for _, n := range names {
 		fmt.Fprintf(w, "%s: %d\n", n, stats[n])
 	}

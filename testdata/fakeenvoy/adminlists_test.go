@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -83,5 +84,22 @@ func TestListenersAndClusters(t *testing.T) {
 		len(cs.GetClusterStatuses()[1].GetHostStatuses()) != 2 || !strings.Contains(js, `"cluster_statuses"`) || !strings.Contains(js, `"host_statuses"`) ||
 		!strings.Contains(js, `"eds_health_status": "UNHEALTHY"`) {
 		t.Errorf("/clusters?format=json: %v\n%s", err, js)
+	}
+}
+
+// /stats?format=json is Envoy's {"stats": [{"name", "value"}]}, filtered as
+// the text form (#35).
+func TestStatsJSON(t *testing.T) {
+	e := newEnvoy(&bootstrapv3.Bootstrap{}, knobs{})
+	rec := httptest.NewRecorder()
+	e.adminMux(make(chan int, 1)).ServeHTTP(rec, httptest.NewRequest("GET", "/stats?format=json&filter=^server\\.state$", nil))
+	var got struct {
+		Stats []struct {
+			Name  string `json:"name"`
+			Value *int   `json:"value"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || len(got.Stats) != 1 || got.Stats[0].Name != "server.state" || got.Stats[0].Value == nil {
+		t.Errorf("/stats?format=json&filter=^server\\.state$: %v\n%s", err, rec.Body)
 	}
 }
