@@ -1,6 +1,7 @@
 package status
 
 import (
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -101,13 +102,21 @@ func (s *Service) routes() http.Handler {
 }
 
 // compressed is Istio's status server's compression (#35): every answer,
-// whatever its endpoint, through klauspost/compress's gzhttp with its
-// defaults (pilot/cmd/pilot-agent/status/server.go serves
-// gzhttp.GzipHandler(mux)): zstd or gzip by Accept-Encoding, zstd when both
-// are accepted with the same q, nothing below 1 KiB or for a HEAD, and
-// "Vary: Accept-Encoding" on every answer.
+// whatever its endpoint, through klauspost/compress's gzhttp
+// (pilot/cmd/pilot-agent/status/server.go serves gzhttp.GzipHandler(mux)):
+// zstd or gzip by Accept-Encoding, zstd when both are accepted with the
+// same q, nothing below 1 KiB or for a HEAD, and "Vary: Accept-Encoding"
+// on every answer. One setting differs from Istio's defaults: gzip at its
+// fastest level, as our merged metrics were before (Prometheus asks for
+// gzip on every scrape, and the scrape's CPU is the agent's: 1.6x less
+// CPU than gzhttp's default level for a 10% larger answer on
+// testdata/envoy-stats.prom). zstd keeps gzhttp's (and Istio's) fastest.
 func compressed(h http.Handler) http.Handler {
-	return gzhttp.GzipHandler(h)
+	wrap, err := gzhttp.NewWrapper(gzhttp.CompressionLevel(gzip.BestSpeed))
+	if err != nil {
+		panic(fmt.Sprintf("gzhttp refused gzip.BestSpeed: %v", err)) // a valid level: cannot happen
+	}
+	return wrap(h)
 }
 
 // indexHandler answers GET / with one line per endpoint: what it is, whose
