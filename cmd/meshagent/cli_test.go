@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/messages/compliance"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -201,5 +202,43 @@ func TestBadPodNameIsAUsageError(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr, "POD_NAME") || !strings.Contains(stderr, "Kubernetes pod name") || len(stderr) > 4<<10 {
 			t.Errorf("POD_NAME of %d bytes: exit %d, stderr %.300q; want 2 naming POD_NAME, briefly", len(name), code, stderr)
 		}
+	}
+}
+
+// COMPLIANCE_POLICY is read once and reaches Envoy's bootstrap, the CA
+// client and the XDS upstream (#35); a value Istio does not know stops the
+// start with exit 2, naming the variable, the value and the known ones.
+func TestCompliancePolicy(t *testing.T) {
+	root := testkit.ShortTempDir(t, "ma")
+	resolv := filepath.Join(root, "resolv.conf")
+	testkit.WriteFile(t, resolv, []byte("nameserver 127.0.0.1\n"))
+	host := func(policy string) config.Host {
+		return config.Host{Env: config.MapEnvironment(map[string]string{"COMPLIANCE_POLICY": policy}), EUID: 1337, ResolvConf: resolv,
+			InterfaceAddrs: func() ([]netip.Prefix, error) { return []netip.Prefix{netip.MustParsePrefix("10.9.8.7/24")}, nil }}
+	}
+	cfg, code, out := configureOnHost(host("pqc"), "proxy", "--root", root)
+	if cfg == nil {
+		t.Fatalf("COMPLIANCE_POLICY=pqc: exit %d:\n%s", code, out)
+	}
+	tc := cfg.Tree
+	if tc.Certs.CompliancePolicy != compliance.PQC || tc.XDS.CompliancePolicy != compliance.PQC || tc.Envoy.Bootstrap.CompliancePolicy != "pqc" {
+		t.Errorf("policy: certs %q, xds %q, envoy %q; want pqc in all three",
+			tc.Certs.CompliancePolicy, tc.XDS.CompliancePolicy, tc.Envoy.Bootstrap.CompliancePolicy)
+	}
+	if slices.ContainsFunc(tc.Envoy.Env, func(v string) bool { return strings.HasPrefix(v, "GRPC_SSL_CIPHER_SUITES=") }) {
+		t.Error("pqc set GRPC_SSL_CIPHER_SUITES in Envoy's environment; Istio sets it for the FIPS policies only")
+	}
+	cfg.Release()
+	cfg, code, out = configureOnHost(host("fips-140-3"), "proxy", "--root", root)
+	if cfg == nil {
+		t.Fatalf("COMPLIANCE_POLICY=fips-140-3: exit %d:\n%s", code, out)
+	}
+	if !slices.Contains(cfg.Tree.Envoy.Env, "GRPC_SSL_CIPHER_SUITES=ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384") {
+		t.Error("fips-140-3: Envoy's environment lacks Istio's GRPC_SSL_CIPHER_SUITES")
+	}
+	cfg.Release()
+	cfg, code, out = configureOnHost(host("fips-140-4"), "proxy", "--root", root)
+	if cfg != nil || code != 2 || !strings.Contains(out, `COMPLIANCE_POLICY="fips-140-4"`) || !strings.Contains(out, "pqc") {
+		t.Errorf("COMPLIANCE_POLICY=fips-140-4: exit %d, output:\n%s\nwant exit 2 naming the variable, the value and the known ones", code, out)
 	}
 }

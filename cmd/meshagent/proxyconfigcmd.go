@@ -1,18 +1,20 @@
 package main
 
 // `meshagent proxy-config cluster|listener|route|endpoint|secret` (issue
-// 22): istioctl's tables read from inside the pod, from Envoy's admin
+// 22; bootstrap, all, log and rootca-compare: proxyconfigviews.go,
+// proxyconfiglog.go, proxyconfigsecret.go, #35):
+// istioctl's tables read from inside the pod, from Envoy's admin
 // /config_dump, so that they work without istiod or kubectl, and while
 // the control plane is down.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -21,9 +23,11 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshagent/envoyadmin"
 )
 
-// proxyConfigFlags are the flags every proxy-config table takes.
+// proxyConfigFlags are the flags every proxy-config view takes: Envoy's
+// admin, the agent's status server (what the agent serves, #35) and the
+// output.
 type proxyConfigFlags struct {
-	admin, output string
+	admin, status, output string
 }
 
 func newProxyConfigCommand() *cobra.Command {
@@ -31,12 +35,18 @@ func newProxyConfigCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "proxy-config",
 		Aliases: []string{"pc"},
-		Short:   "Shows Envoy's clusters, listeners, routes, endpoints or secrets as istioctl proxy-config does, from inside the pod",
+		Short:   "Shows Envoy's bootstrap, clusters, listeners, routes, endpoints, secrets or log levels as istioctl proxy-config does, from inside the pod",
 		Example: "  meshagent proxy-config cluster --fqdn reviews.default.svc.cluster.local\n" +
 			"  meshagent proxy-config listener --port 9080 -o yaml\n" +
+			"  meshagent proxy-config log --level http:debug\n" +
 			"  kubectl exec POD -c istio-proxy -- pilot-agent proxy-config secret",
+		// A name that is no view is an error naming the views (#35);
+		// cobra alone would print the help and exit 0.
+		Args: cobra.ArbitraryArgs,
+		RunE: unknownView,
 	}
 	cmd.PersistentFlags().StringVar(&common.admin, "admin", "localhost:15000", "Envoy's admin address (host:port)")
+	cmd.PersistentFlags().StringVar(&common.status, "status-addr", "localhost:15020", "the agent's status server (host:port): secret, rootca-compare")
 	cmd.PersistentFlags().StringVarP(&common.output, "output", "o", "short", "short (a table), json or yaml")
 
 	var cf envoyadmin.ClusterFilter
@@ -66,10 +76,8 @@ func newProxyConfigCommand() *cobra.Command {
 	endpoint.Flags().StringVar(&ef.Cluster, "cluster", "", "only endpoints of this cluster")
 	endpoint.Flags().StringVar(&ef.Status, "status", "", "only endpoints of this health status (HEALTHY, UNHEALTHY, ...)")
 
-	secret := proxyConfigTable(&common, "secret", []string{"secrets", "s"}, "Envoy's secrets: type, status, serial number and validity",
-		false, func(d *envoyadmin.Dump) envoyadmin.Table { return d.SecretTable(time.Now()) })
-
-	cmd.AddCommand(cluster, listener, route, endpoint, secret)
+	cmd.AddCommand(cluster, listener, route, endpoint, newSecretView(&common),
+		newBootstrapView(&common), newAllView(&common), newLogView(&common), newRootCACompareView(&common))
 	return cmd
 }
 
@@ -80,10 +88,8 @@ func proxyConfigTable(common *proxyConfigFlags, use string, aliases []string, sh
 	return &cobra.Command{
 		Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch common.output {
-			case "short", "json", "yaml":
-			default:
-				return usageError("proxy-config %s: -o %q: want short, json or yaml", use, common.output)
+			if err := checkOutput(use, common.output, "short", "json", "yaml"); err != nil {
+				return err
 			}
 			dump, err := fetchConfigDump(common.admin, withEDS)
 			if err != nil {
@@ -138,11 +144,17 @@ func writeProxyConfig(w io.Writer, t envoyadmin.Table, output string) error {
 	if err != nil {
 		return err
 	}
+	return writeDocument(w, out, output)
+}
+
+// writeDocument prints a JSON document as it is (-o json) or as YAML.
+func writeDocument(w io.Writer, js []byte, output string) error {
 	if output == "yaml" {
-		if out, err = yaml.JSONToYAML(out); err != nil {
+		var err error
+		if js, err = yaml.JSONToYAML(js); err != nil {
 			return err
 		}
 	}
-	_, err = fmt.Fprintln(w, string(out))
+	_, err := fmt.Fprintln(w, string(bytes.TrimSpace(js)))
 	return err
 }

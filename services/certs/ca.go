@@ -282,6 +282,7 @@ func (s *Service) dialCA() (*grpc.ClientConn, error) {
 			// its onboarding token has expired (Istio's GetKeyCertsForCA).
 			tc.GetClientCertificate = clientcert.InDir(s.cfg.ProvCertDir).GetClientCertificate(s.clock.Now, s.log, "the CA")
 		}
+		s.cfg.CompliancePolicy.Apply(tc)
 		creds = credentials.NewTLS(tc)
 	}
 	conn, err := grpc.NewClient(s.cfg.CAAddr,

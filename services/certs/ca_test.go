@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/messages/compliance"
 	meshca "github.com/meshagent/meshagent/services/ca"
 	"github.com/meshagent/meshagent/services/internal/pemblock"
 	"github.com/meshagent/meshagent/testdata/testkit"
@@ -29,14 +31,17 @@ const testToken = "test-jwt-token"
 // shortChainCA answers every request with one certificate and no root,
 // as a CA that leaves its root out of cert_chain would (the real CA of
 // the test kit never does). It serves TLS for 127.0.0.1 with a
-// certificate from root, and returns its address.
-func shortChainCA(t *testing.T, root *pki.CA) string {
+// certificate from root, offering only curves when given, and returns its
+// address.
+func shortChainCA(t *testing.T, root *pki.CA, curves ...tls.CurveID) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(root.ServerTLS(t, "127.0.0.1"))))
+	serverTLS := root.ServerTLS(t, "127.0.0.1")
+	serverTLS.CurvePreferences = curves
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(serverTLS)))
 	pb.RegisterIstioCertificateServiceServer(srv, shortChain{chain: string(root.CertPEM)})
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
@@ -287,6 +292,33 @@ func TestCAShortChainRejected(t *testing.T) {
 	c.health.WaitState(t, messages.Starting, ErrShortChain.Error())
 	if _, ok := c.out.Get(); ok {
 		t.Fatal("published a certificate without a root")
+	}
+}
+
+// COMPLIANCE_POLICY=pqc on the CA client (#35): the agent's CA (Go's
+// defaults, which offer X25519MLKEM768) issues; a CA offering only
+// classical key exchanges is refused at the handshake, where without the
+// policy the same CA is reached (and answers its short chain).
+func TestCACompliancePolicyPQC(t *testing.T) {
+	c := newCASetup(t, time.Hour)
+	c.cfg.CompliancePolicy = compliance.PQC
+	c.ca.Start(t)
+	c.start(t)
+	c.out.WaitLast(t, "certificate over a post-quantum handshake", func(b messages.CertBundle) bool { return b.Version != "" })
+
+	classical := []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384}
+	for _, policy := range []compliance.Policy{compliance.None, compliance.PQC} {
+		t.Run("policy="+string(policy), func(t *testing.T) {
+			c := newCASetup(t, time.Hour)
+			c.cfg.CompliancePolicy = policy
+			c.cfg.CAAddr = shortChainCA(t, c.ca.Root, classical...)
+			c.start(t)
+			if policy == compliance.None {
+				c.health.WaitState(t, messages.Starting, ErrShortChain.Error())
+				return
+			}
+			c.health.WaitState(t, messages.Starting, "handshake failure")
+		})
 	}
 }
 

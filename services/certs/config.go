@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/messages/compliance"
 	"github.com/meshagent/meshagent/services/internal/boundedfile"
 )
 
@@ -129,6 +130,10 @@ type Config struct {
 	CASystemRoots bool
 	// CAPlaintext: no TLS (Istio does this for a CA_ADDR on port 15010).
 	CAPlaintext bool
+	// CompliancePolicy (COMPLIANCE_POLICY) sets the TLS versions, suites
+	// and curves of the connection to the CA, as Istio's
+	// EnforceGoCompliance does to its CA client (#35).
+	CompliancePolicy compliance.Policy
 	// TokenFile: JWT sent as "authorization: Bearer <token>", read fresh on
 	// every call; a missing file sends no header
 	// (<root>/var/run/secrets/tokens/istio-token).
@@ -332,6 +337,9 @@ func (c Config) validateCA() error {
 	}
 	if !c.CAPlaintext && !c.CASystemRoots && c.CARootFile == "" {
 		return fmt.Errorf("certs config: CARootFile (CA_ROOT_CA) is empty and neither CASystemRoots nor CAPlaintext is set")
+	}
+	if _, err := compliance.Parse(string(c.CompliancePolicy)); err != nil {
+		return fmt.Errorf("certs config: CompliancePolicy (COMPLIANCE_POLICY): %w", err)
 	}
 	if c.TrustDomain == "" || c.Namespace == "" || c.ServiceAccount == "" {
 		return fmt.Errorf("certs config: TrustDomain %q, Namespace %q and ServiceAccount %q must all be set (TRUST_DOMAIN, POD_NAMESPACE, SERVICE_ACCOUNT)",

@@ -265,7 +265,7 @@ func TestFakeEnvoyListenersAndXDS(t *testing.T) {
 			if !slices.Contains(envoyadmin.Names(cd)[resource.ClusterType], "outbound|9080||reviews.default.svc.cluster.local") {
 				t.Fatalf("config_dump lacks the xDS cluster: %s", dump)
 			}
-			if envoyadmin.Secret(cd, "ROOTCA") == nil {
+			if cd.Secret("ROOTCA") == nil {
 				t.Fatalf("config_dump lacks the ROOTCA secret: %s", dump)
 			}
 

@@ -575,6 +575,30 @@ func TestGatewayDrainQuery(t *testing.T) {
 	}
 }
 
+// A router (an ambient ingress gateway, a waypoint) drains every listener
+// (Istio's drain_listeners?graceful, not inboundonly) and, with
+// EXIT_ON_ZERO_ACTIVE_CONNECTIONS, exits once its client connections are
+// gone although its HBONE internal listeners (envoy_internal_*) still hold
+// pipe connections, as Istio 1.30.3 does (releasenotes 60731,
+// pkg/envoy/agent.go activeProxyConnections) (#35). Counting them, the
+// drain would last the hour of TerminationDrainDuration.
+func TestRouterDrainLeavesHBONEInternalListenersOut(t *testing.T) {
+	skipIfReal(t)
+	h := newHarness(t, []string{"FAKE_ENVOY_ACTIVE_CONNECTIONS=3", "FAKE_ENVOY_DRAIN_SECONDS=0.2"}, func(c *Config) {
+		c.DrainQuery = "graceful" // the config's for proxy type router
+		c.ExitOnZeroActiveConnections = true
+		c.MinimumDrainDuration = 0
+		c.TerminationDrainDuration = time.Hour
+	})
+	if err := h.drainToExit(); !errors.Is(err, ErrDrained) {
+		t.Fatalf("Serve = %v; want ErrDrained", err)
+	}
+	if !strings.Contains(h.stderr.String(), "drain_listeners?graceful\n") {
+		t.Fatalf("fakeenvoy did not log drain_listeners?graceful:\n%s", h.stderr)
+	}
+	testkit.Contains(t, "the service log", h.logs.String(), "waiting for active connections to end", "no more active connections")
+}
+
 // MinimumDrainDuration 0 (MINIMUM_DRAIN_DURATION=0) means no minimum: the
 // first look at the active connections is asked for at once, not after a
 // default.

@@ -38,8 +38,20 @@ type CertReport struct {
 	// RootSHA256 are the SHA-256 fingerprints of the roots the certificate
 	// chains to, as `openssl x509 -fingerprint -sha256` prints them.
 	RootSHA256 []string `json:"root_sha256,omitempty"`
+	// Roots are those roots, each with its serial and validity, in the
+	// same order: what the agent serves as ROOTCA over SDS, for
+	// `meshagent proxy-config secret` when Envoy holds none (#35).
+	Roots []RootReport `json:"roots,omitempty"`
 	// Error says why the published chain could not be read.
 	Error string `json:"error,omitempty"`
+}
+
+// RootReport is one root of a CertReport.
+type RootReport struct {
+	SHA256    string    `json:"sha256"`
+	Serial    string    `json:"serial"` // hex
+	NotBefore time.Time `json:"not_before"`
+	NotAfter  time.Time `json:"not_after"`
 }
 
 // NamesReport is /debug/names (proxy-status decodes it).
@@ -96,13 +108,20 @@ func (s *Service) certReportOf(b messages.CertBundle) *CertReport {
 		out.RenewAt = &at
 	}
 	for der := range pemblock.Certificates(b.RootsPEM) {
-		out.RootSHA256 = append(out.RootSHA256, fingerprint(der))
+		fp := Fingerprint(der)
+		out.RootSHA256 = append(out.RootSHA256, fp)
+		if root, err := x509.ParseCertificate(der); err == nil {
+			out.Roots = append(out.Roots, RootReport{SHA256: fp, Serial: root.SerialNumber.Text(16),
+				NotBefore: root.NotBefore.UTC(), NotAfter: root.NotAfter.UTC()})
+		}
 	}
 	return out
 }
 
-// fingerprint is der's SHA-256 as openssl prints it: AB:CD:...
-func fingerprint(der []byte) string {
+// Fingerprint is der's SHA-256 as openssl prints it (AB:CD:...), as
+// /debug/certs shows the roots: `meshagent proxy-config rootca-compare`
+// prints Envoy's ROOTCA the same way (#35).
+func Fingerprint(der []byte) string {
 	sum := sha256.Sum256(der)
 	hex := strings.ToUpper(fmt.Sprintf("%x", sum))
 	var b strings.Builder

@@ -251,3 +251,55 @@ func TestDifferentialBadAppProbers(t *testing.T) {
 		})
 	}
 }
+
+// TestDifferentialCompression asks Istio's agent and ours the same paths
+// with the same Accept-Encoding and compares the Content-Encoding each
+// answers with (#35: Istio 1.30's gzhttp over its whole status mux): an
+// application probe's 20 KiB answer, a short one, readiness, a 400, the
+// merged metrics, by GET and by HEAD.
+func TestDifferentialCompression(t *testing.T) {
+	binary, why := istioAgentBinary()
+	if binary == "" {
+		t.Skip(why)
+	}
+	httpPort, _, _, _ := differentialApps(t)
+	value := fmt.Sprintf(`{"/app-health/big/livez":{"httpGet":{"path":"/big","port":%d}},"/app-health/ok/livez":{"httpGet":{"path":"/ok","port":%d}}}`,
+		httpPort, httpPort)
+	istio := startIstioAgent(t, binary, "", appprobe.AppProbersEnv+"="+value)
+	ours := newFixtureIn(Config{Probes: appprobe.Config{Host: "127.0.0.1", App: probers(t, value)}}, Inputs{Metrics: agentRegistry()})
+	oursURL := ours.serve(t)
+	// The raw answer: no client decompression, one connection each.
+	raw := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DisableCompression: true}, Timeout: 10 * time.Second}
+	encoding := func(method, url, accept string) (string, bool) {
+		t.Helper()
+		req, err := http.NewRequest(method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if accept != "-" {
+			req.Header.Set("Accept-Encoding", accept)
+		}
+		resp, err := raw.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.Header.Get("Content-Encoding"), strings.Contains(resp.Header.Get("Vary"), "Accept-Encoding")
+	}
+	differences, compared := 0, 0
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		for _, path := range []string{"/app-health/big/livez", "/app-health/ok/livez", "/healthz/ready", "/app-health/none/livez", "/stats/prometheus"} {
+			for _, accept := range []string{"zstd", "gzip", "gzip, zstd", "zstd;q=0.5, gzip", "gzip, deflate, br, zstd", "br", "identity", "gzip;q=0", "-"} {
+				ie, iv := encoding(method, istio.statusURL+path, accept)
+				oe, ov := encoding(method, oursURL+path, accept)
+				compared++
+				if ie != oe || iv != ov {
+					differences++
+					t.Errorf("%s %s, Accept-Encoding %q: Istio %q (Vary %v), ours %q (Vary %v)", method, path, accept, ie, iv, oe, ov)
+				}
+			}
+		}
+	}
+	t.Logf("%d requests, %d differences", compared, differences)
+}

@@ -7,11 +7,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -408,27 +410,60 @@ func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 	}
 }
 
-func TestMergedMetricsGzip(t *testing.T) {
+// Compression as Istio's status server (gzhttp over the whole mux, #35):
+// zstd or gzip by Accept-Encoding, zstd when both are equally welcome, none
+// when refused; a zstd scrape decodes and parses, for expfmt and promtool.
+func TestCompressedAnswers(t *testing.T) {
 	f := newFixtureIn(Config{}, Inputs{Metrics: agentRegistry()})
 	base := f.serve(t)
-	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"Accept-Encoding": {"gzip"}})
-	if resp.Header.Get("Content-Encoding") != "gzip" {
-		t.Fatalf("Content-Encoding %q for a gzip-accepting caller", resp.Header.Get("Content-Encoding"))
+	decode := map[string]func(io.Reader) (io.Reader, error){
+		"":     func(r io.Reader) (io.Reader, error) { return r, nil },
+		"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
+		"zstd": func(r io.Reader) (io.Reader, error) {
+			d, err := zstd.NewReader(r)
+			if err != nil {
+				return nil, err
+			}
+			return d.IOReadCloser(), nil
+		},
 	}
-	zr, err := gzip.NewReader(strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct{ accept, want string }{
+		{"zstd", "zstd"},
+		{"gzip", "gzip"},
+		{"gzip, deflate, br, zstd", "zstd"}, // a browser's: equal q, zstd preferred
+		{"zstd;q=0.5, gzip", "gzip"},
+		{"gzip;q=0, identity", ""},
+		{"", ""},
+	} {
+		resp, body := scrape(t, base+"/stats/prometheus", http.Header{"Accept-Encoding": {c.accept}})
+		if got := resp.Header.Get("Content-Encoding"); got != c.want {
+			t.Errorf("Accept-Encoding %q: Content-Encoding %q, want %q", c.accept, got, c.want)
+			continue
+		}
+		if !slices.Contains(resp.Header.Values("Vary"), "Accept-Encoding") {
+			t.Errorf("Accept-Encoding %q: no Vary: Accept-Encoding (%q)", c.accept, resp.Header.Values("Vary"))
+		}
+		r, err := decode[c.want](strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("Accept-Encoding %q: %v", c.accept, err)
+		}
+		plain, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatalf("Accept-Encoding %q: decoding the %s answer: %v", c.accept, c.want, err)
+		}
+		testkit.MetricSample(t, parseText(t, string(plain)), "istio_agent_meshagent_service_restarts_total", "service", "dns")
+		if c.want == "zstd" {
+			promtoolCheck(t, string(plain))
+		}
 	}
-	plain, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
+	// Every endpoint, not only the metrics: the index is compressed, a
+	// readiness answer under gzhttp's 1 KiB is not.
+	for path, want := range map[string]string{"/": "zstd", "/healthz/ready": ""} {
+		resp, _ := scrape(t, base+path, http.Header{"Accept-Encoding": {"zstd, gzip"}})
+		if got := resp.Header.Get("Content-Encoding"); got != want {
+			t.Errorf("GET %s: Content-Encoding %q, want %q", path, got, want)
+		}
 	}
-	testkit.MetricSample(t, parseText(t, string(plain)), "istio_agent_meshagent_service_restarts_total", "service", "dns")
-	resp, body = scrape(t, base+"/stats/prometheus", http.Header{"Accept-Encoding": {"gzip;q=0, identity"}})
-	if resp.Header.Get("Content-Encoding") != "" {
-		t.Fatalf("gzip sent to a caller that refuses it")
-	}
-	parseText(t, body)
 }
 
 // METRICS_LOCALHOST_ACCESS_ONLY=true refuses other hosts. (A real caller

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/messages/compliance"
 	"github.com/meshagent/meshagent/services/internal/uds"
 	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
@@ -123,6 +124,10 @@ type Config struct {
 	// Plaintext: no TLS to the control plane
 	// (ProxyConfig.controlPlaneAuthPolicy: NONE).
 	Plaintext bool
+	// CompliancePolicy (COMPLIANCE_POLICY) sets the TLS versions, suites
+	// and curves of the connection to the control plane, as Istio's
+	// EnforceGoCompliance does to its XDS client (#35).
+	CompliancePolicy compliance.Policy
 	// Roots and RootCAFile: see ControlPlaneRootsSource.
 	Roots      ControlPlaneRootsSource
 	RootCAFile string
@@ -280,6 +285,9 @@ func (c Config) Validate() error {
 		default:
 			return bad("Roots %d is not a ControlPlaneRootsSource", int(c.Roots))
 		}
+	}
+	if _, err := compliance.Parse(string(c.CompliancePolicy)); err != nil {
+		return bad("CompliancePolicy (COMPLIANCE_POLICY): %v", err)
 	}
 	if c.ClientCertificate && c.ProvCertDir != "" {
 		return bad("ClientCertificate (file-mounted certs) and ProvCertDir (PROV_CERT %q) are both set: one client certificate is presented", c.ProvCertDir)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/messages/compliance"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
@@ -202,6 +203,39 @@ func TestClientCertificateFromProvisioningDir(t *testing.T) {
 			}
 			if got, _ := presented.Load().([]byte); !bytes.Equal(got, want) {
 				t.Errorf("the proxy presented %d bytes of leaf, want %d (the PROV_CERT file's)", len(got), len(want))
+			}
+		})
+	}
+}
+
+// COMPLIANCE_POLICY=pqc on the XDS upstream (#35): a control plane with
+// Go's defaults (X25519MLKEM768 offered) serves; one offering only
+// classical key exchanges is refused at the handshake, and says so.
+func TestCompliancePolicyPQC(t *testing.T) {
+	ca := pki.NewRoot(t, "istio-ca")
+	for _, classicalOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "post-quantum server", true: "classical-only server"}[classicalOnly], func(t *testing.T) {
+			serverTLS := ca.ServerTLS(t, "istiod.istio-system.svc", "127.0.0.1")
+			if classicalOnly {
+				serverTLS.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384}
+			}
+			cp := controlPlane(t, xdsserver.Options{TLS: serverTLS})
+			snapshot(t, cp, "v1", 1)
+			cfg := tlsProxyConfig(t, cp.Addr(), ca.CertPEM, "")
+			cfg.ServerName = "istiod.istio-system.svc"
+			cfg.CompliancePolicy = compliance.PQC
+			p := startProxy(t, cfg, proxyOpts{})
+			c := p.client(t, !classicalOnly)
+			if !classicalOnly {
+				if err := c.WaitFor(waitCtx(t), hasVersion(resource.ClusterType, "v1", 1)); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			st := p.waitState(t, "the upstream down", func(s messages.XDSState) bool { return s.Upstream == messages.XDSDown })
+			testkit.Contains(t, "XDSState.LastError", st.LastError, "TLS handshake with the control plane failed")
+			if c.State().Counts[resource.ClusterType] != 0 {
+				t.Error("the client got configuration through a refused handshake")
 			}
 		})
 	}

@@ -219,6 +219,7 @@ func (s *Service) tlsConfig() (*tls.Config, error) {
 	case s.cfg.ProvCertDir != "":
 		tc.GetClientCertificate = clientcert.InDir(s.cfg.ProvCertDir).GetClientCertificate(s.clock.Now, s.log, "the control plane")
 	}
+	s.cfg.CompliancePolicy.Apply(tc)
 	return tc, nil
 }
 

@@ -49,6 +49,8 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 				"mode":                 "Serve",
 				"config_path":          o.configPath,
 				"concurrency":          o.concurrency,
+				"log_level":            o.logLevel,
+				"component_log_level":  o.componentLogLevel,
 			},
 			"uptime_current_epoch": fmt.Sprintf("%ds", int(time.Since(e.started).Seconds())),
 			"uptime_all_epochs":    fmt.Sprintf("%ds", int(time.Since(e.firstStarted).Seconds())),
@@ -92,6 +94,9 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 		}
 	})
 	mux.HandleFunc("GET /config_dump", e.handleConfigDump)
+	mux.HandleFunc("/logging", e.handleLogging)
+	mux.HandleFunc("GET /listeners", e.handleListeners)
+	mux.HandleFunc("GET /clusters", e.handleClusters)
 	return mux
 }
 
@@ -117,12 +122,19 @@ func (e *envoy) allStats(usedOnly bool) map[string]int {
 	e.mu.Unlock()
 	if n := e.businessConnections(); n >= 0 {
 		// What a sidecar's inbound listener reports, with the per-worker
-		// and http. duplicates and an internal listener, none of which may
-		// be counted twice by the agent.
+		// and http. duplicates, none of which may be counted twice by the
+		// agent; and the HBONE internal listeners of an ambient gateway or
+		// waypoint (the names of Istio's agent_test.go), whose pipe
+		// connections last as long as the tunnel pool, through a drain:
+		// Istio 1.30.3 leaves them out of the count (#35).
 		out["listener.0.0.0.0_15006.downstream_cx_active"] = n
 		out["listener.0.0.0.0_15006.worker_0.downstream_cx_active"] = n
 		out["http.inbound_0.0.0.0_15006.downstream_cx_active"] = n
-		out["listener.envoy_internal_connect_originate.downstream_cx_active"] = 7
+		for name, held := range map[string]int{"connect_originate": 7, "connect_terminate": 4, "main_internal": 3,
+			"inner_connect_originate": 1, "outer_connect_originate": 1} {
+			out["listener.envoy_internal_"+name+".downstream_cx_active"] = held
+			out["listener.envoy_internal_"+name+".worker_0.downstream_cx_active"] = held
+		}
 	}
 	return out
 }
@@ -151,6 +163,22 @@ func (e *envoy) handleStats(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.Strings(names)
+	if r.URL.Query().Get("format") == "json" {
+		// Envoy's /stats?format=json: {"stats": [{"name", "value"}, ...]}
+		// (#35); the stand-in has no histograms.
+		type stat struct {
+			Name  string `json:"name"`
+			Value int    `json:"value"`
+		}
+		out := struct {
+			Stats []stat `json:"stats"`
+		}{Stats: []stat{}}
+		for _, n := range names {
+			out.Stats = append(out.Stats, stat{n, stats[n]})
+		}
+		writeJSON(w, out)
+		return
+	}
 	for _, n := range names {
 		fmt.Fprintf(w, "%s: %d\n", n, stats[n])
 	}
@@ -165,8 +193,10 @@ func writeJSON(w http.ResponseWriter, v any) {
 	}
 }
 
+// mustProtoJSON is m as Envoy's admin writes a message: proto field names
+// (/server_info's node: user_agent_name, not userAgentName) (#35).
 func mustProtoJSON(m proto.Message) []byte {
-	raw, err := protojson.Marshal(m)
+	raw, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 	if err != nil || len(raw) == 0 {
 		return []byte("{}")
 	}

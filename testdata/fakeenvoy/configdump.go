@@ -16,11 +16,14 @@ import (
 	"strings"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
@@ -62,13 +65,7 @@ func (e *envoy) handleConfigDump(w http.ResponseWriter, r *http.Request) {
 	}
 	// Types the stand-in does not link in (an Istio filter's config) are
 	// shown by their type URL alone: Envoy would show their fields.
-	js, err := envoyadmin.Marshal(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(js)
+	writeAdminProto(w, out)
 }
 
 // configDump is the dumps in Envoy's order.
@@ -128,7 +125,7 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		})
 	}
 
-	dumps := []proto.Message{&adminv3.BootstrapConfigDump{Bootstrap: e.boot, LastUpdated: started}, clusters}
+	dumps := []proto.Message{&adminv3.BootstrapConfigDump{Bootstrap: withUserAgent(e.boot), LastUpdated: started}, clusters}
 	if includeEDS {
 		endpoints := &adminv3.EndpointsConfigDump{}
 		endpoints.DynamicEndpointConfigs = dynamicEntries(x, typeEndpoint, func(_ string, d dynamicResource) *adminv3.EndpointsConfigDump_DynamicEndpointConfig {
@@ -137,6 +134,23 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 		dumps = append(dumps, endpoints)
 	}
 	return append(dumps, listeners, &adminv3.ScopedRoutesConfigDump{}, routes, secrets)
+}
+
+// withUserAgent is the bootstrap as Envoy dumps it: its node with the
+// user agent Envoy fills in (name and build version, whose metadata
+// istioctl's bootstrap summary prints), the stand-in naming itself in the
+// build label (#35).
+func withUserAgent(b *bootstrapv3.Bootstrap) *bootstrapv3.Bootstrap {
+	b = proto.Clone(b).(*bootstrapv3.Bootstrap)
+	if b.Node == nil {
+		b.Node = &corev3.Node{}
+	}
+	md, _ := structpb.NewStruct(map[string]any{"build.label": "fakeenvoy", "revision.status": "Clean",
+		"build.type": "RELEASE", "ssl.version": "BoringSSL"})
+	b.Node.UserAgentName = "envoy"
+	b.Node.UserAgentVersionType = &corev3.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corev3.BuildVersion{
+		Version: &typev3.SemanticVersion{}, Metadata: md}}
+	return b
 }
 
 // dynamicResource is what a dump's dynamic entry says of a resource held.

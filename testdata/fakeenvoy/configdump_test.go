@@ -27,19 +27,12 @@ func heldEnvoy(t *testing.T) *envoy {
 		Node:            &corev3.Node{Id: "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local"},
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{{Name: "xds-grpc"}}},
 	}, knobs{})
-	anys := func(ms ...proto.Message) []*anypb.Any {
-		var out []*anypb.Any
-		for _, m := range ms {
-			out = append(out, mustAny(m))
-		}
-		return out
-	}
 	for _, u := range []update{
-		{typeURL: typeCluster, version: "v1", sotw: true, added: anys(&clusterv3.Cluster{Name: "outbound|80||a.ns.svc.cluster.local"},
+		{typeURL: typeCluster, version: "v1", sotw: true, added: anysOf(&clusterv3.Cluster{Name: "outbound|80||a.ns.svc.cluster.local"},
 			&clusterv3.Cluster{Name: "outbound|80||b.ns.svc.cluster.local"})},
-		{typeURL: typeEndpoint, added: anys(&endpointv3.ClusterLoadAssignment{ClusterName: "outbound|80||a.ns.svc.cluster.local"}),
+		{typeURL: typeEndpoint, added: anysOf(&endpointv3.ClusterLoadAssignment{ClusterName: "outbound|80||a.ns.svc.cluster.local"}),
 			addedVersions: []string{"e7"}},
-		{typeURL: typeListener, version: "v3", sotw: true, added: anys(&listenerv3.Listener{Name: "virtualOutbound"})},
+		{typeURL: typeListener, version: "v3", sotw: true, added: anysOf(&listenerv3.Listener{Name: "virtualOutbound"})},
 	} {
 		if err := e.apply(u); err != nil {
 			t.Fatal(err)
@@ -50,6 +43,15 @@ func heldEnvoy(t *testing.T) *envoy {
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: []byte("THE-KEY")}},
 	}}})
 	return e
+}
+
+// anysOf is each message in an Any.
+func anysOf(ms ...proto.Message) []*anypb.Any {
+	var out []*anypb.Any
+	for _, m := range ms {
+		out = append(out, mustAny(m))
+	}
+	return out
 }
 
 func getDump(t *testing.T, e *envoy, query string) (int, string) {
@@ -89,10 +91,10 @@ func TestConfigDumpIsEnvoysFormat(t *testing.T) {
 	if l := d.Listeners().GetDynamicListeners(); len(l) != 1 || l[0].GetName() != "virtualOutbound" || l[0].GetActiveState().GetVersionInfo() != "v3" {
 		t.Errorf("listeners dump %v", l)
 	}
-	if envoyadmin.Bootstrap(d).GetBootstrap().GetNode().GetId() != "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local" {
-		t.Errorf("bootstrap dump %v", envoyadmin.Bootstrap(d))
+	if d.Bootstrap().GetBootstrap().GetNode().GetId() != "sidecar~10.0.0.1~p.ns~ns.svc.cluster.local" {
+		t.Errorf("bootstrap dump %v", d.Bootstrap())
 	}
-	s := envoyadmin.Secret(d, "default")
+	s := d.Secret("default")
 	if string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "CHAIN" ||
 		s.GetTlsCertificate().GetPrivateKey().GetInlineString() != redacted || strings.Contains(body, "THE-KEY") {
 		t.Errorf("secret %v: want the chain and the key redacted", s)
@@ -102,6 +104,32 @@ func TestConfigDumpIsEnvoysFormat(t *testing.T) {
 	d, _ = envoyadmin.Decode([]byte(body))
 	if eds := d.Endpoints().GetDynamicEndpointConfigs(); len(eds) != 1 || eds[0].GetVersionInfo() != "e7" {
 		t.Errorf("?include_eds: endpoints %v; want the one assignment at its Delta version", eds)
+	}
+}
+
+// The dump's JSON has Envoy's field names, the proto ones, not protobuf
+// JSON's camelCase: a script or test written against the stand-in reads
+// Envoy's dump (#35). /server_info's node too.
+func TestAdminAnswersUseEnvoysFieldNames(t *testing.T) {
+	e := heldEnvoy(t)
+	e.boot.Admin = &bootstrapv3.Admin{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 15000}}}}}
+	e.boot.Node.UserAgentName = "envoy"
+	_, body := getDump(t, e, "")
+	for _, name := range []string{`"dynamic_active_clusters"`, `"static_clusters"`, `"version_info"`, `"last_updated"`, `"dynamic_listeners"`,
+		`"active_state"`, `"socket_address"`, `"port_value"`, `"static_resources"`, `"dynamic_active_secrets"`, `"tls_certificate"`,
+		`"certificate_chain"`, `"inline_bytes"`, `"user_agent_name"`} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/config_dump lacks Envoy's field name %s", name)
+		}
+	}
+	for _, camel := range []string{"dynamicActiveClusters", "versionInfo", "lastUpdated", "socketAddress", "staticResources", "userAgentName"} {
+		if strings.Contains(body, camel) {
+			t.Errorf("/config_dump has protobuf JSON's %s, not Envoy's name", camel)
+		}
+	}
+	if node := string(mustProtoJSON(e.boot.GetNode())); !strings.Contains(node, `"user_agent_name"`) {
+		t.Errorf("/server_info's node %s: want Envoy's user_agent_name", node)
 	}
 }
 

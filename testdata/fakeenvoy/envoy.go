@@ -47,8 +47,11 @@ type envoy struct {
 	healthFailed bool
 	drains       []string // raw queries of POST /drain_listeners
 	drainStarted time.Time
-	active       map[string]int // listener stat name -> open connections
-	received     map[string]map[string]heldResource
+	// loggers: each logger's level (POST /logging), from the command line
+	// until changed; nil until first asked.
+	loggers  map[string]string
+	active   map[string]int // listener stat name -> open connections
+	received map[string]map[string]heldResource
 	// received: type URL -> resource name -> resource, for what is not in
 	// xds (secrets, other types).
 	xds *xdsConfig

@@ -18,6 +18,8 @@ import (
 	"slices"
 	"text/tabwriter"
 	"time"
+
+	"github.com/meshagent/meshagent/messages/compliance"
 )
 
 // Services a variable feeds, besides the services' own names: the pod's
@@ -78,7 +80,7 @@ var (
 	envEnvoySkipDeprecatedLogs                   = setting(asBool, "ENVOY_SKIP_DEPRECATED_LOGS", true, svcEnvoy, "Envoy's --skip-deprecated-logs")
 	envIstioEnvoyEnableCoreDump                  = setting(asBool, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, svcEnvoy, "Envoy's --enable-core-dump")
 	envDisableEnvoy                              = setting(asBool, "DISABLE_ENVOY", false, svcEnvoy, "no Envoy (proxyless gRPC): the agent serves xDS and certificates only")
-	envCompliancePolicy                          = setting(asText("string"), "COMPLIANCE_POLICY", "", svcEnvoy, "TLS compliance policy (fips-140-2) in the bootstrap")
+	envCompliancePolicy                          = setting(asCompliancePolicy, "COMPLIANCE_POLICY", compliance.None, svcEnvoy+", "+svcCerts+", "+svcXDS, "TLS compliance policy: Envoy's bootstrap (fips-140-2), the agent's TLS to the CA and the control plane (versions, suites, curves; pqc: X25519MLKEM768 only)")
 	envHTTPStripFragmentFromPathUnsafeIfDisabled = setting(asBool, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, svcEnvoy, "false keeps a URL's #fragment in the path")
 	envCloudPlatform                             = setting(asText("string"), "CLOUD_PLATFORM", "", svcEnvoy, "the platform whose metadata goes in the node (gcp; none)")
 	envGCPMetadata                               = setting(asText("string"), "GCP_METADATA", "", svcEnvoy, "GCP's project|number|cluster|location, instead of the metadata server")

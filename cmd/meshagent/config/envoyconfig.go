@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -98,7 +99,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		SecureMetricsPort:          get(r, envEnvoySecureMetricsPort),
 		SecureMergedMetricsPort:    get(r, envEnvoySecureMergedMetricsPort),
 		StatusPortProxyProtocol:    get(r, envEnvoyStatusPortEnableProxyProtocol),
-		CompliancePolicy:           get(r, envCompliancePolicy),
+		CompliancePolicy:           string(get(r, envCompliancePolicy)),
 		KeepPathFragment:           !get(r, envHTTPStripFragmentFromPathUnsafeIfDisabled),
 		Platform:                   platform(r),
 	}
@@ -156,7 +157,9 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		ExcludedListeners:           b.AgentListenerStats(),
 		KillGrace:                   envoy.DefaultKillGrace,
 		ReadyPollInterval:           envoy.DefaultReadyPollInterval,
-		Env:                         env,
+		// Envoy inherits the environment, with what COMPLIANCE_POLICY adds
+		// to it as Istio's agent does (#35).
+		Env: append(slices.Clip(env), get(r, envCompliancePolicy).EnvoyEnv()...),
 		// Crash records (issue 22) beside the bootstrap, in the directory
 		// Istio's injector mounts writable (istio-envoy, an emptyDir).
 		CrashDir: Rooted(in.root, filepath.Join(pc.ConfigPath, envoyCrashDir)),

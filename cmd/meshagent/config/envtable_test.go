@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/messages/compliance"
 )
 
 // effective is one variable's value as the agent uses it, formatted as
@@ -96,7 +98,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		eff(envEnvoySkipDeprecatedLogs, e.Args.SkipDeprecatedLogs),
 		eff(envIstioEnvoyEnableCoreDump, e.Args.EnableCoreDump),
 		eff(envDisableEnvoy, tc.Envoy == nil),
-		eff(envCompliancePolicy, b.CompliancePolicy),
+		eff(envCompliancePolicy, compliance.Policy(b.CompliancePolicy)),
 		eff(envHTTPStripFragmentFromPathUnsafeIfDisabled, !b.KeepPathFragment),
 		eff(envGCPZone, b.Platform.Zone),
 

@@ -55,6 +55,7 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshco
 	}
 	cc.FileDebounce = get(r, envFileDebounceDuration)
 	cc.ClusterID = get(r, envIstioMetaClusterID)
+	cc.CompliancePolicy = get(r, envCompliancePolicy)
 	cc.CertSigner = get(r, envIstioMetaCertSigner)
 	cc.CAHeaders = r.env.prefixed(envCAHeader)
 	cc.TrustDomain = get(r, envTrustDomain)

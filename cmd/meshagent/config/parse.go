@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/messages/compliance"
 )
 
 // parseFunc turns a flag's or a variable's text into a value, or says what a
@@ -59,21 +61,22 @@ func (k kind[T]) format(v T) string {
 
 // The kinds of the table's entries.
 var (
-	asBool         = kind[bool]{name: "bool", parse: parseBool}
-	asDuration     = kind[time.Duration]{name: "duration", parse: parseDuration}
-	asPort         = kind[int]{name: "port", parse: parsePort}
-	asPortOrOff    = kind[int]{name: "port or 0", parse: parsePortOrOff, zero: "0 (off)"}
-	asCount        = kind[int]{name: "count", parse: parseCount}
-	asNumber       = kind[float64]{name: "number", parse: parseFloat}
-	asDNSLabel     = kind[string]{name: "DNS label", parse: parseDNSLabel}
-	asDNSSubdomain = kind[string]{name: "DNS subdomain", parse: parseDNSSubdomain}
-	asPodName      = kind[string]{name: "pod name", parse: parsePodName}
-	asTrustDomain  = kind[string]{name: "trust domain", parse: parseTrustDomain}
-	asKeyAlgorithm = kind[string]{name: "ECDSA or RSA", parse: parseKeyAlgorithm}
-	asECCCurve     = kind[string]{name: "P256 or P384", parse: parseECCCurve}
-	asGCPercent    = kind[int]{name: "count or off", parse: parseGCPercent}
-	asHostPort     = kind[string]{name: "host:port", parse: parseHostPort}
-	asIP           = kind[string]{name: "IP", parse: parseIP}
+	asBool             = kind[bool]{name: "bool", parse: parseBool}
+	asDuration         = kind[time.Duration]{name: "duration", parse: parseDuration}
+	asPort             = kind[int]{name: "port", parse: parsePort}
+	asPortOrOff        = kind[int]{name: "port or 0", parse: parsePortOrOff, zero: "0 (off)"}
+	asCount            = kind[int]{name: "count", parse: parseCount}
+	asNumber           = kind[float64]{name: "number", parse: parseFloat}
+	asDNSLabel         = kind[string]{name: "DNS label", parse: parseDNSLabel}
+	asDNSSubdomain     = kind[string]{name: "DNS subdomain", parse: parseDNSSubdomain}
+	asPodName          = kind[string]{name: "pod name", parse: parsePodName}
+	asCompliancePolicy = kind[compliance.Policy]{name: "fips-140-2, fips-140-3 or pqc", parse: compliance.Parse, zero: "-"}
+	asTrustDomain      = kind[string]{name: "trust domain", parse: parseTrustDomain}
+	asKeyAlgorithm     = kind[string]{name: "ECDSA or RSA", parse: parseKeyAlgorithm}
+	asECCCurve         = kind[string]{name: "P256 or P384", parse: parseECCCurve}
+	asGCPercent        = kind[int]{name: "count or off", parse: parseGCPercent}
+	asHostPort         = kind[string]{name: "host:port", parse: parseHostPort}
+	asIP               = kind[string]{name: "IP", parse: parseIP}
 	// asOptionalPort is a port that is none when unset.
 	asOptionalPort = kind[int]{name: "port", parse: parsePort, zero: "-"}
 )

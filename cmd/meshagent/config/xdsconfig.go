@@ -50,6 +50,7 @@ func xdsConfig(r envReader, in xdsInputs) *xdsproxy.Config {
 	c.Plaintext = pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_NONE
 	c.Roots, c.RootCAFile = xdsRoots(r, in)
 	c.ServerName = get(r, envIstiodSAN)
+	c.CompliancePolicy = get(r, envCompliancePolicy)
 	// Istio's GetKeyCertsForXDS: PROV_CERT's files, else the file-mounted
 	// certificate.
 	if prov := get(r, envProvCert); prov != "" {

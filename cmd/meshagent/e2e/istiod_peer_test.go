@@ -270,8 +270,8 @@ type standIn struct{ admin string }
 type standInDump struct{ *envoyadmin.Dump }
 
 // Secret, Bootstrap and Names read the dump (package envoyadmin's).
-func (d standInDump) Secret(name string) *tlsv3.Secret        { return envoyadmin.Secret(d.Dump, name) }
-func (d standInDump) Bootstrap() *adminv3.BootstrapConfigDump { return envoyadmin.Bootstrap(d.Dump) }
+func (d standInDump) Secret(name string) *tlsv3.Secret        { return d.Dump.Secret(name) }
+func (d standInDump) Bootstrap() *adminv3.BootstrapConfigDump { return d.Dump.Bootstrap() }
 func (d standInDump) Names() map[string][]string              { return envoyadmin.Names(d.Dump) }
 
 func (e standIn) dump(t *testing.T) standInDump {

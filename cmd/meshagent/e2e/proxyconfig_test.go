@@ -95,6 +95,12 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 		}
 	}
 
+	// rootca-compare: Envoy's ROOTCA, got over SDS, holds the agent's root (#35).
+	if out, err := exec.Command(e2ekit.AgentBinary, "proxy-config", "rootca-compare", "--admin", admin,
+		"--status-addr", strings.TrimPrefix(p.Base, "http://")).CombinedOutput(); err != nil || !strings.Contains(string(out), "identical ROOTCA") {
+		t.Errorf("proxy-config rootca-compare: %v\n%s", err, out)
+	}
+
 	// Installed as Istio's agent, the same command.
 	pilotAgent := filepath.Join(t.TempDir(), "pilot-agent")
 	if err := os.Symlink(e2ekit.AgentBinary, pilotAgent); err != nil {
@@ -102,6 +108,93 @@ func TestProxyConfigTablesMatchTheConfigDump(t *testing.T) {
 	}
 	if rows := proxyConfigRows(t, pilotAgent, "secret", "--admin", admin); len(rows) != len(tables["secret"]) {
 		t.Errorf("pilot-agent proxy-config secret: %v, want %v", rows, tables["secret"])
+	}
+}
+
+// istioctl's other views against the standalone mesh (#35): bootstrap
+// (its node), all (every table; -o json Envoy's own dump, in Envoy's field
+// names), secret showing the agent's SDS secrets while Envoy has asked for
+// none (the sample mesh names no secret), rootca-compare refusing an Envoy
+// without ROOTCA, log levels set and reset through Envoy's admin, and an
+// unknown view refused with a suggestion.
+func TestProxyConfigViews(t *testing.T) {
+	mesh, _ := sampleMesh(t)
+	p := e2ekit.StartStandalone(t, mesh, "", "--cert-lifetime", "1h")
+	p.WaitStatus(t, "/healthz/ready", 200)
+	p.WaitConfigDump(t, "outbound|9080||reviews.default.svc.cluster.local")
+	served := e2ekit.NextCertificate(t, e2ekit.WatchSDSCertificates(t, filepath.Join(p.Root, "var/run/secrets/workload-spiffe-uds/socket")), "certificate")
+	admin := fmt.Sprintf("127.0.0.1:%d", p.AdminPort)
+	statusAddr := strings.TrimPrefix(p.Base, "http://")
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(e2ekit.AgentBinary, append([]string{"proxy-config"}, append(args, "--admin", admin, "--status-addr", statusAddr)...)...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		_ = cmd.Run()
+		return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
+	}
+
+	out, errOut, code := run("bootstrap")
+	var boot struct {
+		Bootstrap struct {
+			Node struct {
+				ID       string         `json:"id"`
+				Metadata map[string]any `json:"metadata"`
+			} `json:"node"`
+		} `json:"bootstrap"`
+	}
+	if err := json.Unmarshal([]byte(out), &boot); code != 0 || err != nil || !strings.HasPrefix(boot.Bootstrap.Node.ID, "sidecar~") ||
+		boot.Bootstrap.Node.Metadata["ISTIO_VERSION"] == nil {
+		t.Errorf("bootstrap: exit %d, %v, node %+v\n%s%s", code, err, boot.Bootstrap.Node, out, errOut)
+	}
+	out, errOut, code = run("bootstrap", "-o", "short")
+	testkit.Contains(t, "bootstrap -o short", out+errOut, "Node:", boot.Bootstrap.Node.ID, "Istio Version:", "Envoy Version:")
+
+	out, errOut, code = run("all")
+	if code != 0 {
+		t.Errorf("all: exit %d\n%s", code, errOut)
+	}
+	testkit.Contains(t, "all", out, boot.Bootstrap.Node.ID, "reviews.default.svc.cluster.local     9080", "Route: 9080",
+		"RESOURCE NAME", "127.0.0.1:19080", "outbound|9080||reviews.default.svc.cluster.local")
+	out, _, code = run("all", "-o", "json")
+	if _, err := envoyadmin.Decode([]byte(out)); code != 0 || err != nil || !strings.Contains(out, `"dynamic_active_clusters"`) ||
+		!strings.Contains(out, `"dynamic_endpoint_configs"`) {
+		t.Errorf("all -o json: exit %d, %v: want Envoy's own dump, with its endpoints, in its field names\n%.2000s", code, err, out)
+	}
+
+	out, errOut, code = run("secret")
+	testkit.Contains(t, "secret", out, "showing what the agent serves over SDS",
+		"default           Cert Chain     ACTIVE (agent)     true           "+served.SerialNumber.Text(16), "ROOTCA ")
+	if code != 0 {
+		t.Errorf("secret: exit %d\n%s", code, errOut)
+	}
+	out, errOut, code = run("secret", "-o", "json")
+	if !json.Valid([]byte(out)) || !strings.Contains(errOut, "showing what the agent serves") || code != 0 {
+		t.Errorf("secret -o json: exit %d; stdout must stay JSON, the note on stderr:\n%s\n%s", code, out, errOut)
+	}
+
+	out, errOut, code = run("rootca-compare")
+	if code != 1 || !strings.Contains(errOut, "holds no ROOTCA") || !strings.Contains(out, "AGENT (SDS ROOTCA") {
+		t.Errorf("rootca-compare against an Envoy without ROOTCA: exit %d\n%s%s", code, out, errOut)
+	}
+
+	out, _, code = run("log", "--level", "http:debug")
+	if code != 0 || !strings.Contains(out, "  http: debug\n") || !strings.Contains(out, "  router: warning\n") {
+		t.Errorf("log --level http:debug: exit %d\n%s", code, out)
+	}
+	out, _, code = run("log", "--reset")
+	if code != 0 || !strings.Contains(out, "  http: warning\n") {
+		t.Errorf("log --reset: exit %d; want Envoy's start level (warning) back\n%s", code, out)
+	}
+	if _, errOut, code = run("log", "--level", "nosuchlogger:debug"); code != 1 || !strings.Contains(errOut, "unknown logger name") {
+		t.Errorf("log --level nosuchlogger:debug: exit %d, %s; want Envoy's refusal", code, errOut)
+	}
+
+	for view, want := range map[string]string{"boostrap": "did you mean bootstrap?", "nonsense": "unknown view"} {
+		out, errOut, code = run(view)
+		if code != 2 || !strings.Contains(errOut, want) || strings.Contains(out, "Available Commands") {
+			t.Errorf("proxy-config %s: exit %d, stdout %q, stderr %q; want exit 2 and %q, no help", view, code, out, errOut, want)
+		}
 	}
 }
 

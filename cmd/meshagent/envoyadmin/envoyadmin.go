@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -114,3 +115,24 @@ func (d *Dump) Endpoints() *adminv3.EndpointsConfigDump {
 
 // Secrets is the secrets dump.
 func (d *Dump) Secrets() *adminv3.SecretsConfigDump { return config[*adminv3.SecretsConfigDump](d) }
+
+// Bootstrap is the bootstrap dump (`proxy-config bootstrap`, #35), nil if
+// absent.
+func (d *Dump) Bootstrap() *adminv3.BootstrapConfigDump {
+	return config[*adminv3.BootstrapConfigDump](d)
+}
+
+// Secret is the dynamic secret named name, nil if Envoy has none
+// (`proxy-config secret`, rootca-compare, #35).
+func (d *Dump) Secret(name string) *tlsv3.Secret {
+	for _, s := range d.Secrets().GetDynamicActiveSecrets() {
+		if s.GetName() != name {
+			continue
+		}
+		sec := &tlsv3.Secret{}
+		if s.GetSecret().UnmarshalTo(sec) == nil {
+			return sec
+		}
+	}
+	return nil
+}

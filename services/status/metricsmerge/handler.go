@@ -2,12 +2,10 @@ package metricsmerge
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -52,7 +50,6 @@ type Handler struct {
 	failures *prometheus.CounterVec
 
 	buffers sync.Pool // *bytes.Buffer: source bodies and the answer
-	gzips   sync.Pool // *gzip.Writer
 	// conflicts are the family names already logged as refused, so a
 	// conflict is logged once rather than on every scrape.
 	conflicts sync.Map
@@ -155,7 +152,7 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		m.encode(out, format, m.merge(agent, sources, results))
 	}
-	m.send(w, r, format, out.Bytes())
+	m.send(w, format, out.Bytes())
 }
 
 // passThrough reports whether the sources can be written as they came:
@@ -318,26 +315,11 @@ func (m *Handler) encode(buf *bytes.Buffer, format expfmt.Format, fams []*dto.Me
 	}
 }
 
-// send answers with body, gzipped when the caller accepts it.
-func (m *Handler) send(w http.ResponseWriter, r *http.Request, format expfmt.Format, body []byte) {
+// send answers with body. Compression is the status server's, for every
+// answer (#35).
+func (m *Handler) send(w http.ResponseWriter, format expfmt.Format, body []byte) {
 	w.Header().Set("Content-Type", string(format))
-	w.Header().Add("Vary", "Accept-Encoding")
-	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
-		_, _ = w.Write(body)
-		return
-	}
-	w.Header().Set("Content-Encoding", "gzip")
-	gz, _ := m.gzips.Get().(*gzip.Writer)
-	if gz == nil {
-		// The fastest level: a scrape is large and repetitive, so speed
-		// costs little in size, and the scrape's CPU is the agent's.
-		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
-	} else {
-		gz.Reset(w)
-	}
-	_, _ = gz.Write(body)
-	_ = gz.Close()
-	m.gzips.Put(gz)
+	_, _ = w.Write(body)
 }
 
 func (m *Handler) buffer() *bytes.Buffer {
@@ -372,21 +354,4 @@ func scrapeBudget(h http.Header) time.Duration {
 		}
 	}
 	return timeout - timeout/10
-}
-
-// acceptsGzip reads an Accept-Encoding header: gzip, unless its q is 0.
-func acceptsGzip(header string) bool {
-	for part := range strings.SplitSeq(header, ",") {
-		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
-		if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
-			continue
-		}
-		q, found := strings.CutPrefix(strings.TrimSpace(params), "q=")
-		if !found {
-			return true
-		}
-		v, err := strconv.ParseFloat(q, 64)
-		return err == nil && v > 0
-	}
-	return false
 }

@@ -6,8 +6,9 @@
 package envoyadmin
 
 import (
-	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"bytes"
+	"encoding/json"
+
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -26,21 +27,24 @@ func Decode(body []byte) (*Dump, error) { return envoyadmin.Decode(body) }
 
 // The accessors only tests read (issue 34: kept out of the agent).
 
-// Marshal is protojson with the Resolver (the stand-in Envoy's
-// /config_dump).
+// Marshal is protojson as Envoy's admin API writes it (the stand-in
+// Envoy's /config_dump): the proto field names (dynamic_active_clusters,
+// socket_address, version_info, last_updated), not protobuf JSON's
+// camelCase, which a script written against the stand-in would then
+// expect of Envoy (#35); with the Resolver. Decode reads both. Indented as
+// Envoy indents (two spaces, ": ") by encoding/json: protojson's own
+// spacing varies on purpose from build to build, which a script matching
+// text would trip on.
 func Marshal(m proto.Message) ([]byte, error) {
-	return protojson.MarshalOptions{Indent: "  ", Resolver: Resolver}.Marshal(m)
-}
-
-// Bootstrap is the bootstrap dump of d, nil if absent.
-func Bootstrap(d *Dump) *adminv3.BootstrapConfigDump {
-	for _, a := range d.GetConfigs() {
-		m, err := anypb.UnmarshalNew(a, proto.UnmarshalOptions{Resolver: Resolver})
-		if b, ok := m.(*adminv3.BootstrapConfigDump); err == nil && ok {
-			return b
-		}
+	js, err := protojson.MarshalOptions{Resolver: Resolver, UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	var out bytes.Buffer
+	if err := json.Indent(&out, js, "", "  "); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 // Names is, by xDS type URL (clusters, listeners, routes, endpoints), the
@@ -71,18 +75,4 @@ func Names(d *Dump) map[string][]string {
 		add("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", e.GetEndpointConfig())
 	}
 	return out
-}
-
-// Secret is the dynamic secret of d named name, nil if Envoy has none.
-func Secret(d *Dump, name string) *tlsv3.Secret {
-	for _, s := range d.Secrets().GetDynamicActiveSecrets() {
-		if s.GetName() != name {
-			continue
-		}
-		sec := &tlsv3.Secret{}
-		if s.GetSecret().UnmarshalTo(sec) == nil {
-			return sec
-		}
-	}
-	return nil
 }

@@ -171,7 +171,7 @@ func (s *suite) certificate(t *testing.T, pod, sa string) error {
 			dump, err = envoyadmin.Decode([]byte(out))
 		}
 		if err == nil {
-			if sec := envoyadmin.Secret(dump, "default"); sec != nil {
+			if sec := dump.Secret("default"); sec != nil {
 				chain = sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
 				break
 			}
