@@ -45,30 +45,6 @@ type Request interface {
 	GetNode() *corev3.Node
 }
 
-// nackOf is the message of a request's error_detail, which makes it a
-// NACK: never empty then, so that "" means no NACK.
-func nackOf[R Request](req R) string {
-	d := req.GetErrorDetail()
-	if d == nil {
-		return ""
-	}
-	if d.GetMessage() == "" {
-		return "rejected without a message"
-	}
-	return d.GetMessage()
-}
-
-// ReqInfo is what the proxy learns from one of Envoy's requests.
-type ReqInfo struct {
-	TypeURL string
-	// Acked: it acknowledges a response forwarded on this stream, whose
-	// version is Version.
-	Acked   bool
-	Version string
-	// Nack is the error_detail's message when Envoy rejected a response.
-	Nack string
-}
-
 // Protocol is what differs between State of the World (sotw.go) and Delta
 // (delta.go), apart from what a stream tracks (Tracker). It holds no state.
 type Protocol[R Request] interface {
@@ -94,15 +70,6 @@ type Protocol[R Request] interface {
 	AfterCache(req, last R) (R, bool)
 }
 
-// wildcardFirst is the stall rule's request in either protocol: it
-// acknowledges nothing (no nonce) and is a wildcard subscription (no
-// names, or "*" among them). Istio's control plane answers every such
-// request on a new stream, whatever version Envoy holds; a request naming
-// resources may go unanswered when they do not exist.
-func wildcardFirst(nonce string, names []string) bool {
-	return nonce == "" && (len(names) == 0 || slices.Contains(names, "*"))
-}
-
 // Tracker is what a stream of one protocol learns of Envoy's requests and
 // of the responses sent to it. Part of the proxy's state: only its owner
 // calls it, and hands it the cache.
@@ -126,6 +93,17 @@ type Tracker[R Request] interface {
 	Resubscribe() []R
 }
 
+// ReqInfo is what the proxy learns from one of Envoy's requests.
+type ReqInfo struct {
+	TypeURL string
+	// Acked: it acknowledges a response forwarded on this stream, whose
+	// version is Version.
+	Acked   bool
+	Version string
+	// Nack is the error_detail's message when Envoy rejected a response.
+	Nack string
+}
+
 // Type URLs, as Istio names them (pkg/model/xds.go).
 const (
 	envoyTypePrefix = "type.googleapis.com/envoy."
@@ -145,6 +123,9 @@ func Forwardable(typeURL string) bool {
 // is acknowledged and changes nothing (Istio's agent skips it).
 var ErrEmptyResource = errors.New("no resource")
 
+// IsCacheNonce: nonce is one of cacheNonce's.
+func IsCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }
+
 // cacheNonce is a nonce of the proxy's own, for responses served from the
 // cache: it cannot be mistaken for a control plane's.
 func cacheNonce(stream uint64, n int) string {
@@ -153,5 +134,24 @@ func cacheNonce(stream uint64, n int) string {
 
 const cacheNoncePrefix = "meshagent-cache-"
 
-// IsCacheNonce: nonce is one of cacheNonce's.
-func IsCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }
+// nackOf is the message of a request's error_detail, which makes it a
+// NACK: never empty then, so that "" means no NACK.
+func nackOf[R Request](req R) string {
+	d := req.GetErrorDetail()
+	if d == nil {
+		return ""
+	}
+	if d.GetMessage() == "" {
+		return "rejected without a message"
+	}
+	return d.GetMessage()
+}
+
+// wildcardFirst is the stall rule's request in either protocol: it
+// acknowledges nothing (no nonce) and is a wildcard subscription (no
+// names, or "*" among them). Istio's control plane answers every such
+// request on a new stream, whatever version Envoy holds; a request naming
+// resources may go unanswered when they do not exist.
+func wildcardFirst(nonce string, names []string) bool {
+	return nonce == "" && (len(names) == 0 || slices.Contains(names, "*"))
+}
