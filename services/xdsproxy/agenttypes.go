@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -15,14 +17,14 @@ import (
 	"github.com/meshagent/meshagent/messages/nds"
 )
 
-// Type URLs, as Istio names them (pkg/model/xds.go).
+// Type URLs, as Istio names them (pkg/model/xds.go). Which types reach
+// Envoy is protocol.Forwardable.
 const (
-	typePrefix      = "type.googleapis.com/"
-	envoyTypePrefix = typePrefix + "envoy."
-	clusterType     = typePrefix + "envoy.config.cluster.v3.Cluster"
-	endpointType    = typePrefix + "envoy.config.endpoint.v3.ClusterLoadAssignment"
-	listenerType    = typePrefix + "envoy.config.listener.v3.Listener"
-	routeType       = typePrefix + "envoy.config.route.v3.RouteConfiguration"
+	typePrefix   = "type.googleapis.com/"
+	clusterType  = typePrefix + "envoy.config.cluster.v3.Cluster"
+	endpointType = typePrefix + "envoy.config.endpoint.v3.ClusterLoadAssignment"
+	listenerType = typePrefix + "envoy.config.listener.v3.Listener"
+	routeType    = typePrefix + "envoy.config.route.v3.RouteConfiguration"
 	// extensionConfigType (ECDS): remote Wasm modules (http, oci) are
 	// fetched and the resources rewritten to local files before Envoy
 	// gets them, as Istio's agent does (ecds.go, #35).
@@ -32,25 +34,19 @@ const (
 	proxyConfigType = typePrefix + "istio.mesh.v1alpha1.ProxyConfig"
 	// healthInfoType is only ever sent upstream (VM health).
 	healthInfoType = typePrefix + "istio.v1.HealthInformation"
-	// workloadType (ambient's WDS) is the one non-Envoy type Istio
-	// forwards to its client.
-	workloadType = typePrefix + "istio.workload.Workload"
 )
-
-// forwardable: Istio forwards Envoy's types and istio.workload.Workload,
-// and drops anything else a control plane sends.
-func forwardable(typeURL string) bool {
-	return strings.HasPrefix(typeURL, envoyTypePrefix) || typeURL == workloadType
-}
 
 // agentType reports whether responses of typeURL are consumed by the agent.
 func (s *Service) agentType(typeURL string) bool {
 	return (typeURL == nameTableType && s.cfg.NDS) || (typeURL == proxyConfigType && s.cfg.ProxyConfigXDS)
 }
 
-// errEmptyResource: a response of an agent type holding no resource, which
-// is acknowledged and changes nothing (Istio's agent skips it).
-var errEmptyResource = errors.New("no resource")
+// internalError is the error_detail of the agent's own requests (a NACK
+// of an agent type, Istio's report of an unhealthy workload): code
+// Internal, as Istio's agent sends.
+func internalError(msg string) *rpcstatus.Status {
+	return &rpcstatus.Status{Code: int32(codes.Internal), Message: msg}
+}
 
 // consume applies one resource of an agent type: the name table goes to the
 // DNS proxy, the ProxyConfig's trust anchors to SDS. An error is the NACK's

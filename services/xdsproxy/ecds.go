@@ -114,14 +114,10 @@ func (st *stream[R]) finishECDS(r ecdsResult) error {
 		return st.handleResponse(r.f)
 	}
 	var held string
-	st.own.ask(func(*proxyState) {
-		if x, ok := any(st.owned.tr).(*sotwTracker); ok {
-			held = x.versions[extensionConfigType]
-		}
-	})
+	st.own.ask(func(*proxyState) { held = st.owned.tr.HeldVersion(extensionConfigType) })
 	st.log.Warn("rejecting (NACK) an ECDS response: its Wasm filters cannot be made local", "version", r.orig.Version,
 		"nonce", r.orig.Nonce, "error", r.err)
-	st.enqueue(outgoing[R]{req: st.pr.agentRequest(extensionConfigType, held, r.orig.Nonce, internalError(r.err.Error())), agent: true})
+	st.enqueue(outgoing[R]{req: st.pr.AgentRequest(extensionConfigType, held, r.orig.Nonce, internalError(r.err.Error())), agent: true})
 	return nil
 }
 
@@ -131,7 +127,7 @@ func (st *stream[R]) finishECDS(r ecdsResult) error {
 func (st *stream[R]) rewriteECDS(ctx context.Context, f *rawxds.Frame) (*rawxds.Frame, error) {
 	var b []byte
 	var err error
-	if st.pr.mode() == lkg.ModeDelta {
+	if st.pr.Mode() == lkg.ModeDelta {
 		b, err = rewriteDelta(ctx, st.svc, f)
 	} else {
 		b, err = rewriteSotW(ctx, st.svc, f)

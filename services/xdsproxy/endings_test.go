@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 )
 
 // Envoy gets the control plane's own status, or an OK end for an orderly
@@ -42,12 +44,12 @@ func TestEndings(t *testing.T) {
 // keeps the agent's own.
 func TestForwardable(t *testing.T) {
 	for typ, want := range map[string]bool{
-		clusterType: true, extensionConfigType: true, workloadType: true,
+		clusterType: true, extensionConfigType: true, typePrefix + "istio.workload.Workload": true,
 		nameTableType: false, proxyConfigType: false, healthInfoType: false,
 		typePrefix + "example.Other": false,
 	} {
-		if forwardable(typ) != want {
-			t.Errorf("forwardable(%s) = %v", typ, !want)
+		if protocol.Forwardable(typ) != want {
+			t.Errorf("Forwardable(%s) = %v", typ, !want)
 		}
 	}
 }

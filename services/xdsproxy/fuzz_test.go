@@ -10,6 +10,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -60,8 +61,8 @@ func FuzzAgentResponse(f *testing.F) {
 		if fr.Scan() != nil {
 			return // the codec refuses it before any handler
 		}
-		consumeAll(t, s, names, delta{}.agentResource, fr)
-		consumeAll(t, s, names, sotw{}.agentResource, fr)
+		consumeAll(t, s, names, protocol.Delta{}.AgentResource, fr)
+		consumeAll(t, s, names, protocol.SotW{}.AgentResource, fr)
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
@@ -100,7 +101,7 @@ func (st *stream[R]) sendRequest(up *upstream, o outgoing[R], upErr chan<- error
 	s := st.svc
 	t := o.req.GetTypeUrl()
 	asked := ""
-	if !o.agent && st.pr.awaitsAnswer(o.req) {
+	if !o.agent && st.pr.AwaitsAnswer(o.req) {
 		asked = t
 	}
 	s.m.requests.Inc()
@@ -180,7 +181,7 @@ func (st *stream[R]) handleResponse(f *rawxds.Frame) error {
 		st.consumeAgent(f)
 		return nil
 	}
-	if !forwardable(f.TypeURL) {
+	if !protocol.Forwardable(f.TypeURL) {
 		st.log.Error("not forwarding a response of a type Envoy does not know", "type_url", f.TypeURL)
 		return nil
 	}
@@ -203,9 +204,9 @@ func (st *stream[R]) records() bool {
 // consumeAgent applies a response of an agent type and ACKs or NACKs it
 // upstream; it never reaches Envoy.
 func (st *stream[R]) consumeAgent(f *rawxds.Frame) {
-	res, version, err := st.pr.agentResource(f)
+	res, version, err := st.pr.AgentResource(f)
 	switch {
-	case errors.Is(err, errEmptyResource):
+	case errors.Is(err, protocol.ErrEmptyResource):
 		err = nil
 	case err == nil:
 		err = st.svc.consume(f.TypeURL, res, version)
@@ -218,11 +219,11 @@ func (st *stream[R]) consumeAgent(f *rawxds.Frame) {
 	var reply R
 	if err != nil {
 		st.log.Warn("rejecting (NACK) a response for the agent", "type_url", f.TypeURL, "version", version, "nonce", f.Nonce, "error", err)
-		reply = st.pr.agentRequest(f.TypeURL, st.agentVersions[f.TypeURL], f.Nonce, internalError(err.Error()))
+		reply = st.pr.AgentRequest(f.TypeURL, st.agentVersions[f.TypeURL], f.Nonce, internalError(err.Error()))
 	} else {
 		st.agentVersions[f.TypeURL] = f.Version
 		st.own.ack(f.TypeURL, f.Version)
-		reply = st.pr.agentRequest(f.TypeURL, f.Version, f.Nonce, nil)
+		reply = st.pr.AgentRequest(f.TypeURL, f.Version, f.Nonce, nil)
 	}
 	st.enqueue(outgoing[R]{req: reply, agent: true})
 }

@@ -1,11 +1,10 @@
 package xdsproxy
 
 import (
-	"strings"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 )
 
 // metrics are Istio's XDS proxy metrics (pkg/istio-agent/metrics), by the
@@ -74,9 +73,8 @@ func newMetrics() *metrics {
 // could send any type URL, a metric must not grow with them.
 func typeLabel(typeURL string) string {
 	switch {
-	case strings.HasPrefix(typeURL, envoyTypePrefix),
-		typeURL == nameTableType, typeURL == proxyConfigType, typeURL == healthInfoType,
-		typeURL == workloadType:
+	case protocol.Forwardable(typeURL),
+		typeURL == nameTableType, typeURL == proxyConfigType, typeURL == healthInfoType:
 		if len(typeURL) <= 120 {
 			return typeURL
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +44,7 @@ func (st *stream[R]) canServeCache() bool {
 	case <-st.ended:
 		return false
 	}
-	return s.records(st.node) && len(st.own.servable(st.pr.mode())) > 0
+	return s.records(st.node) && len(st.own.servable(st.pr.Mode())) > 0
 }
 
 // serveCache serves the cache on this stream until the control plane is
@@ -54,7 +53,7 @@ func (st *stream[R]) serveCache(cause error) error {
 	s := st.svc
 	st.own.failed(cause, true)
 	st.log.Warn("serving cached configuration to Envoy: control plane unreachable",
-		"address", s.cfg.DiscoveryAddress, "types", st.own.servable(st.pr.mode()), "error", s.cfg.describe(cause))
+		"address", s.cfg.DiscoveryAddress, "types", st.own.servable(st.pr.Mode()), "error", s.cfg.describe(cause))
 	for _, f := range st.replay() {
 		if err := st.sendCached(f); err != nil {
 			return envoyError(err)
@@ -189,7 +188,7 @@ var errNoAnswer = errors.New("the control plane accepted the stream but did not 
 // opens and then refuses the token is not back).
 func (st *stream[R]) probeOnce(ctx context.Context) error {
 	s := st.svc
-	up, err := s.openUpstream(ctx, st.pr.method())
+	up, err := s.openUpstream(ctx, st.pr.Method())
 	if err != nil {
 		s.m.istiodFailures.Inc()
 		return err
@@ -233,14 +232,3 @@ func (st *stream[R]) probeOnce(ctx context.Context) error {
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
-
-// cacheNonce is a nonce of the proxy's own, for responses served from the
-// cache: it cannot be mistaken for a control plane's.
-func cacheNonce(stream uint64, n int) string {
-	return cacheNoncePrefix + strconv.FormatUint(stream, 10) + "-" + strconv.Itoa(n)
-}
-
-const cacheNoncePrefix = "meshagent-cache-"
-
-// isCacheNonce: nonce is one of cacheNonce's.
-func isCacheNonce(nonce string) bool { return strings.HasPrefix(nonce, cacheNoncePrefix) }

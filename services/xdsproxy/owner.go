@@ -5,6 +5,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
@@ -320,8 +321,8 @@ func (o *owner) restore(snap lkg.Snapshot) []string {
 
 // streamState is a stream's own part of the proxy's state: only the owner
 // touches it, through the stream's methods below.
-type streamState[R request] struct {
-	tr    tracker[R]
+type streamState[R protocol.Request] struct {
+	tr    protocol.Tracker[R]
 	stall *stallwatch.Watch
 	// initialSent: the agent's own requests went out after Envoy's first
 	// LDS request.
@@ -340,15 +341,15 @@ func (st *stream[R]) observed(req R, record bool, seq uint64) {
 func (st *stream[R]) observe(s *proxyState, now time.Time, r any, record bool, seq uint64) {
 	req := r.(R)
 	st.owned.observedSeq = seq
-	info := st.owned.tr.observe(req, record, s.cache)
-	if info.acked {
-		s.ack(now, info.typeURL, info.version)
+	info := st.owned.tr.Observe(req, record, s.cache)
+	if info.Acked {
+		s.ack(now, info.TypeURL, info.Version)
 	}
-	if info.nack != "" {
+	if info.Nack != "" {
 		nonce := req.GetResponseNonce()
-		version := s.nacked(now, info.typeURL, nonce, info.nack)
-		st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.typeURL, "version", version,
-			"nonce", nonce, "error", info.nack)
+		version := s.nacked(now, info.TypeURL, nonce, info.Nack)
+		st.log.Warn("Envoy rejected a configuration (NACK)", "type_url", info.TypeURL, "version", version,
+			"nonce", nonce, "error", info.Nack)
 	}
 }
 
@@ -375,10 +376,10 @@ func (st *stream[R]) initialRequests(s *proxyState) []R {
 	cfg := st.svc.cfg
 	var out []R
 	if cfg.NDS {
-		out = append(out, st.pr.agentRequest(nameTableType, "", "", nil))
+		out = append(out, st.pr.AgentRequest(nameTableType, "", "", nil))
 	}
 	if cfg.ProxyConfigXDS {
-		out = append(out, st.pr.agentRequest(proxyConfigType, "", "", nil))
+		out = append(out, st.pr.AgentRequest(proxyConfigType, "", "", nil))
 	}
 	if cfg.HealthUpdates && s.lastHealth != nil {
 		out = append(out, st.healthRequest(*s.lastHealth))
@@ -408,28 +409,28 @@ func (st *stream[R]) sending(f *rawxds.Frame) {
 }
 
 func (st *stream[R]) tracked(s *proxyState, now time.Time, f *rawxds.Frame) {
-	st.owned.tr.sending(f, s.cache)
+	st.owned.tr.Sending(f, s.cache)
 	s.sent(now, f)
 }
 
 // probeRequest is Envoy's first request, as a fresh subscription.
 func (st *stream[R]) probeRequest() R {
 	var r R
-	st.own.ask(func(*proxyState) { r = st.owned.tr.probeRequest() })
+	st.own.ask(func(*proxyState) { r = st.owned.tr.ProbeRequest() })
 	return r
 }
 
 // replay answers, from the cache, every type Envoy asked for so far.
 func (st *stream[R]) replay() []*rawxds.Frame {
 	var out []*rawxds.Frame
-	st.own.ask(func(s *proxyState) { out = st.owned.tr.replay(s.cache) })
+	st.own.ask(func(s *proxyState) { out = st.owned.tr.Replay(s.cache) })
 	return out
 }
 
 // answer answers one more of Envoy's requests from the cache.
 func (st *stream[R]) answer(req R) []*rawxds.Frame {
 	var out []*rawxds.Frame
-	st.own.ask(func(s *proxyState) { out = st.owned.tr.answer(req, s.cache) })
+	st.own.ask(func(s *proxyState) { out = st.owned.tr.Answer(req, s.cache) })
 	return out
 }
 

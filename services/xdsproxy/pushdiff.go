@@ -24,7 +24,7 @@ func (st *stream[R]) logPushDiff(f *rawxds.Frame) {
 	if st.diff == nil {
 		st.diff = pushdiff.New()
 	}
-	added, removed, changed, err := st.diff.Apply(f, st.pr.mode() == lkg.ModeDelta)
+	added, removed, changed, err := st.diff.Apply(f, st.pr.Mode() == lkg.ModeDelta)
 	if err != nil {
 		st.log.Debug("push diff: response not decoded", "type_url", f.TypeURL, "error", err)
 		return

@@ -1,14 +1,10 @@
 package xdsproxy
 
 import (
-	"maps"
-	"slices"
-
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
 
@@ -17,38 +13,24 @@ import (
 // not ended (Envoy would wait out a retry, up to 500 ms of its jittered
 // backoff, before it resynchronised): the proxy opens the upstream stream
 // on the probe's connection and resubscribes on Envoy's behalf with what
-// Envoy holds, exactly what Envoy sends first on a new stream (Envoy's
-// grpc_mux_impl.cc and delta_subscription_state.cc):
-//
-//   - State of the World: per type, in the order Envoy first asked, its
-//     last request's resource names and version_info (the version it
-//     holds), no nonce; the node on the first.
-//   - Delta: per type, resource_names_subscribe as Envoy subscribed (none
-//     for a legacy wildcard, "*" and the names for an explicit one) and
-//     initial_resource_versions, the resources Envoy holds: those it came
-//     with and those the cache sent it, acknowledged or still in flight
-//     (Envoy takes them before anything the control plane sends on the
-//     stream; it accepted the same configuration before). istiod counts
-//     them as watched and removes, in its first response, those that no
-//     longer exist (pilot/pkg/xds/delta.go, pushDeltaXds): left out, they
-//     would stay at Envoy.
-//
-// then the agent's own subscriptions (NDS, ProxyConfig, the last health)
-// as on any new upstream stream. From then on the stream is live: Envoy's
-// requests that the resubscription covers are dropped, and those that
-// answer a response of the cache (in flight across the switch) stay here
-// unless they change a subscription (afterCache). If the switch fails (the
-// upstream cannot be opened, or fails before answering), Envoy's stream
-// ends as before the switch existed, with Unavailable.
+// Envoy holds, exactly what Envoy sends first on a new stream (the stream's
+// Tracker.Resubscribe: package protocol's resubscribe.go says what that is
+// per protocol), then the agent's own subscriptions (NDS, ProxyConfig, the
+// last health) as on any new upstream stream. From then on the stream is
+// live: Envoy's requests that the resubscription covers are dropped, and
+// those that answer a response of the cache (in flight across the switch)
+// stay here unless they change a subscription (Protocol.AfterCache). If the
+// switch fails (the upstream cannot be opened, or fails before answering),
+// Envoy's stream ends as before the switch existed, with Unavailable.
 
 // resumption is what a stream sends first on the upstream it moves to,
 // and which queued requests that covers.
-type resumption[R request] struct {
+type resumption[R protocol.Request] struct {
 	reqs []outgoing[R]
 	// envoySeq, agentSeq: the last of Envoy's requests, and of the agent's,
 	// that reqs account for (outgoing.seq).
 	envoySeq, agentSeq uint64
-	// last is Envoy's last request sent upstream, by type (afterCache).
+	// last is Envoy's last request sent upstream, by type (AfterCache).
 	last map[string]R
 }
 
@@ -85,7 +67,7 @@ func (st *stream[R]) resume() *resumption[R] {
 	now := st.own.clock.Now()
 	res := &resumption[R]{last: map[string]R{}}
 	st.own.ask(func(s *proxyState) {
-		for _, r := range st.owned.tr.resubscribe() {
+		for _, r := range st.owned.tr.Resubscribe() {
 			res.reqs = append(res.reqs, outgoing[R]{req: r})
 			res.last[r.GetTypeUrl()] = r
 		}
@@ -102,8 +84,8 @@ func (st *stream[R]) resume() *resumption[R] {
 
 // pass is what the sender does with queued request o after the switch:
 // drop it (false) when the resubscription covers it, or send what
-// afterCache makes of a request that answers the cache.
-func (r *resumption[R]) pass(pr protocol[R], o outgoing[R]) (outgoing[R], bool) {
+// AfterCache makes of a request that answers the cache.
+func (r *resumption[R]) pass(pr protocol.Protocol[R], o outgoing[R]) (outgoing[R], bool) {
 	upTo := r.envoySeq
 	if o.agent {
 		upTo = r.agentSeq
@@ -115,8 +97,8 @@ func (r *resumption[R]) pass(pr protocol[R], o outgoing[R]) (outgoing[R], bool) 
 		return o, true
 	}
 	t := o.req.GetTypeUrl()
-	if isCacheNonce(o.req.GetResponseNonce()) {
-		req, ok := pr.afterCache(o.req, r.last[t])
+	if protocol.IsCacheNonce(o.req.GetResponseNonce()) {
+		req, ok := pr.AfterCache(o.req, r.last[t])
 		if !ok {
 			return o, false
 		}
@@ -124,82 +106,4 @@ func (r *resumption[R]) pass(pr protocol[R], o outgoing[R]) (outgoing[R], bool) 
 	}
 	r.last[t] = o.req
 	return o, true
-}
-
-// afterCache: an ACK or NACK of the cache's response stays here, unless
-// Envoy's names changed since its last request upstream; then it goes as
-// a request of its own (no nonce: the control plane never sent that one).
-func (sotw) afterCache(req, last *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryRequest, bool) {
-	if last != nil && slices.Equal(req.GetResourceNames(), last.GetResourceNames()) {
-		return nil, false
-	}
-	r := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
-	r.ResponseNonce, r.ErrorDetail = "", nil
-	return r, true
-}
-
-// afterCache: an ACK or NACK of the cache's response stays here; the
-// subscriptions it carries, if any, go as a request of their own.
-func (delta) afterCache(req, _ *discoveryv3.DeltaDiscoveryRequest) (*discoveryv3.DeltaDiscoveryRequest, bool) {
-	if len(req.GetResourceNamesSubscribe()) == 0 && len(req.GetResourceNamesUnsubscribe()) == 0 {
-		return nil, false
-	}
-	r := proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
-	r.ResponseNonce, r.ErrorDetail, r.InitialResourceVersions = "", nil, nil
-	return r, true
-}
-
-// resubscribe: per type, Envoy's last names and the version it holds
-// (Envoy's GrpcMuxImpl keeps both in its request, and clears the nonce on
-// a new stream); the node on the first.
-func (x *sotwTracker) resubscribe() []*discoveryv3.DiscoveryRequest {
-	out := make([]*discoveryv3.DiscoveryRequest, 0, len(x.order))
-	for _, t := range x.order {
-		r := &discoveryv3.DiscoveryRequest{TypeUrl: t, ResourceNames: slices.Clone(x.names[t]), VersionInfo: x.versions[t]}
-		if len(out) == 0 {
-			r.Node = x.first.GetNode()
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// resubscribe: per type, Envoy's subscriptions and what it holds, as
-// DeltaSubscriptionState::getNextRequestAckless builds the first request
-// of a stream; a type Envoy subscribed to nothing of is left out (Envoy
-// sends nothing for it, and an empty request would be a wildcard). What
-// the stream tracks of each type restarts from there: the cache, on the
-// first ACK of the control plane's response, keeps what Envoy holds.
-func (x *deltaTracker) resubscribe() []*discoveryv3.DeltaDiscoveryRequest {
-	out := make([]*discoveryv3.DeltaDiscoveryRequest, 0, len(x.order))
-	for _, t := range x.order {
-		sub := x.subs[t]
-		names := slices.Sorted(maps.Keys(sub.names))
-		if !sub.wildcard && len(names) == 0 {
-			continue
-		}
-		r := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t}
-		if len(names) > 0 {
-			if sub.wildcard {
-				names = append([]string{"*"}, names...)
-			}
-			r.ResourceNamesSubscribe = names
-		}
-		held := make(map[string]string, len(sub.held))
-		for n, v := range sub.held {
-			if sub.wildcard || sub.names[n] {
-				held[n] = v
-			}
-		}
-		if len(held) > 0 {
-			r.InitialResourceVersions = maps.Clone(held)
-		}
-		if len(out) == 0 {
-			r.Node = x.first.GetNode()
-		}
-		out = append(out, r)
-		sub.initial, sub.held = held, maps.Clone(held)
-		x.started[t] = false
-	}
-	return out
 }

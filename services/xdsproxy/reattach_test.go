@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -22,7 +23,7 @@ func noCacheNonceUpstream(t *testing.T, cp *xdsserver.Server) {
 	t.Helper()
 	for typ, nonces := range cp.Stats().Nonces {
 		for _, n := range nonces {
-			if isCacheNonce(n) {
+			if protocol.IsCacheNonce(n) {
 				t.Errorf("the control plane received the cache's nonce %q for %s", n, typ)
 			}
 		}

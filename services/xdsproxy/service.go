@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/services/internal/grpcstop"
 	"github.com/meshagent/meshagent/services/internal/uds"
 	"github.com/meshagent/meshagent/services/xdsproxy/grpcbootstrap"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
 )
@@ -287,7 +288,7 @@ var adsServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName: "StreamAggregatedResources",
 			Handler: func(srv any, ss grpc.ServerStream) error {
-				return serveStream[*discoveryv3.DiscoveryRequest](srv.(*server), sotw{}, ss)
+				return serveStream[*discoveryv3.DiscoveryRequest](srv.(*server), protocol.SotW{}, ss)
 			},
 			ServerStreams: true, ClientStreams: true,
 		},
@@ -295,7 +296,7 @@ var adsServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName: "DeltaAggregatedResources",
 			Handler: func(srv any, ss grpc.ServerStream) error {
-				return serveStream[*discoveryv3.DeltaDiscoveryRequest](srv.(*server), delta{}, ss)
+				return serveStream[*discoveryv3.DeltaDiscoveryRequest](srv.(*server), protocol.Delta{}, ss)
 			},
 			ServerStreams: true, ClientStreams: true,
 		},

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
 	"github.com/meshagent/meshagent/services/xdsproxy/pushdiff"
 	"github.com/meshagent/meshagent/services/xdsproxy/stallwatch"
 )
@@ -57,7 +58,7 @@ var errRequestQueueFull = status.Errorf(codes.ResourceExhausted,
 	"more than %d requests wait for the control plane: ending the stream, reconnect to restate them", requestQueue)
 
 // outgoing is a request on its way to the control plane.
-type outgoing[R request] struct {
+type outgoing[R protocol.Request] struct {
 	req   R
 	agent bool // the agent's own (NDS, ProxyConfig, health, ACKs of those)
 	// seq numbers Envoy's requests (the reader's count) and the agent's
@@ -68,10 +69,10 @@ type outgoing[R request] struct {
 	seq uint64
 }
 
-type stream[R request] struct {
+type stream[R protocol.Request] struct {
 	svc  *Service
 	own  *owner
-	pr   protocol[R]
+	pr   protocol.Protocol[R]
 	id   uint64
 	log  *slog.Logger
 	down grpc.ServerStream
@@ -110,13 +111,13 @@ var errShuttingDown = status.Error(codes.Unavailable, "the agent's XDS proxy is 
 
 // serveStream is the body of both ADS handlers (adsServiceDesc): a new
 // stream of Serve's run sv, numbered, in protocol pr.
-func serveStream[R request](sv *server, pr protocol[R], down grpc.ServerStream) error {
+func serveStream[R protocol.Request](sv *server, pr protocol.Protocol[R], down grpc.ServerStream) error {
 	s := sv.svc
 	id := s.streamIDs.Add(1)
 	st := &stream[R]{
 		svc: s, own: sv.own, pr: pr, id: id, down: down,
-		log:           s.log.With("stream", id, "protocol", pr.mode().String()),
-		owned:         streamState[R]{tr: pr.newTracker(id), stall: stallwatch.NewWatch(s.cfg.StallTimeout, s.clock.Now())},
+		log:           s.log.With("stream", id, "protocol", pr.Mode().String()),
+		owned:         streamState[R]{tr: pr.NewTracker(id), stall: stallwatch.NewWatch(s.cfg.StallTimeout, s.clock.Now())},
 		requests:      messages.NewStream[outgoing[R]](requestQueue, nil),
 		firstReq:      make(chan struct{}),
 		readDone:      make(chan struct{}),
@@ -179,7 +180,7 @@ func (st *stream[R]) healthRequest(h messages.WorkloadHealth) R {
 	if !h.Healthy {
 		detail = internalError(h.Reason)
 	}
-	return st.pr.agentRequest(healthInfoType, "", "", detail)
+	return st.pr.AgentRequest(healthInfoType, "", "", detail)
 }
 
 // read forwards Envoy's requests to the queue, never blocking on the
@@ -192,7 +193,7 @@ func (st *stream[R]) read() {
 	first := true
 	var seq uint64
 	for {
-		req := st.pr.newRequest()
+		req := st.pr.NewRequest()
 		if err := st.down.RecvMsg(req); err != nil {
 			if status.Code(err) == codes.ResourceExhausted {
 				st.log.Warn("refused a request on the XDS socket: larger than the bound", "max_bytes", maxRequestSize, "error", err)
@@ -245,7 +246,7 @@ func (st *stream[R]) run() error {
 
 // dial opens the stream's upstream, counting a failure.
 func (st *stream[R]) dial() (*upstream, error) {
-	up, err := st.svc.openUpstream(st.down.Context(), st.pr.method())
+	up, err := st.svc.openUpstream(st.down.Context(), st.pr.Method())
 	if err != nil {
 		st.svc.m.istiodFailures.Inc()
 	}

@@ -31,8 +31,6 @@ import (
 
 const (
 	adsService   = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-	methodSotW   = "/" + adsService + "/StreamAggregatedResources"
-	methodDelta  = "/" + adsService + "/DeltaAggregatedResources"
 	windowSize   = 1 << 20 // see dialOptions
 	maxMsgSize   = math.MaxInt32
 	clusterIDKey = "ClusterID"
@@ -60,9 +58,9 @@ func (u *upstream) release() *grpc.ClientConn {
 	return u.conn
 }
 
-// openUpstream connects and opens an ADS stream (method: methodSotW or
-// methodDelta), with the per-stream metadata: ClusterID, XDS_HEADER_*
-// headers, and the bearer token, read afresh.
+// openUpstream connects and opens an ADS stream (method: the protocol's,
+// protocol.Protocol.Method), with the per-stream metadata: ClusterID,
+// XDS_HEADER_* headers, and the bearer token, read afresh.
 func (s *Service) openUpstream(ctx context.Context, method string) (*upstream, error) {
 	conn := s.warm.take() // warmconn.go
 	if conn == nil {

@@ -7,9 +7,9 @@
 // It owns what is kept, its bound (past the bound nothing is cached) and
 // the file's format. It does not own when responses are recorded or served:
 // the proxy's stream trackers feed it with what Envoy acknowledged and
-// replay it (package xdsproxy's sotw.go, delta.go, offline.go), and the
-// proxy's state owner is the one goroutine that touches a Cache. It was
-// part of package xdsproxy until #34 split the proxy into packages a
+// replay it (package protocol's Tracker, package xdsproxy's offline.go),
+// and the proxy's state owner is the one goroutine that touches a Cache. It
+// was part of package xdsproxy until #34 split the proxy into packages a
 // reader can hold.
 package lkg
 

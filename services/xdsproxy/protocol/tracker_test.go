@@ -1,4 +1,4 @@
-package xdsproxy
+package protocol
 
 import (
 	"log/slog"
@@ -21,9 +21,9 @@ func TestLastKnownGoodHoldsTheReceivedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := lkg.New(1<<30, slog.New(slog.DiscardHandler))
-	x := sotw{}.newTracker(1)
-	x.sending(f, c)
-	x.observe(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: "n1"}, true, c)
+	x := SotW{}.NewTracker(1)
+	x.Sending(f, c)
+	x.Observe(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: "n1"}, true, c)
 	e, ok := c.SotW(resource.ClusterType)
 	if !ok || len(e.Response) != len(f.Body) {
 		t.Fatalf("cached %v: %d pieces, want %d", ok, len(e.Response), len(f.Body))
@@ -34,7 +34,7 @@ func TestLastKnownGoodHoldsTheReceivedBytes(t *testing.T) {
 		}
 	}
 	// A reply from the cache shares them too: only the new nonce is new.
-	served := x.replay(c)
+	served := x.Replay(c)
 	if len(served) != 1 || &served[0].Body[0][0] != &f.Body[0][0] || len(served[0].Body) != len(f.Body)+1 {
 		t.Fatalf("served %d frames", len(served))
 	}
@@ -45,16 +45,16 @@ func TestLastKnownGoodHoldsTheReceivedBytes(t *testing.T) {
 // response) goes (#24: the pending list's array kept it until the next).
 func TestAcknowledgedDeltaFrameIsReleased(t *testing.T) {
 	c := lkg.New(1<<30, slog.New(slog.DiscardHandler))
-	x := delta{}.newTracker(1)
-	x.observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType}, true, c)
+	x := Delta{}.NewTracker(1)
+	x.Observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType}, true, c)
 	f := &rawxds.Frame{Body: xdsserver.Pieces(rawxds.DeltaResponse(resource.ClusterType, "1", "n1", [][]byte{xdsserver.DeltaResource(t, "a", "a1", nil)}), 100)}
 	if err := f.Scan(); err != nil {
 		t.Fatal(err)
 	}
-	x.sending(f, c)
+	x.Sending(f, c)
 	held := weak.Make(f)
 	f = nil
-	x.observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: "n1"}, true, c)
+	x.Observe(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: "n1"}, true, c)
 	if _, _, ok := c.Delta(resource.ClusterType); !ok {
 		t.Fatal("the acknowledged response is not cached")
 	}

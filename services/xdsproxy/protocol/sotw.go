@@ -1,4 +1,4 @@
-package xdsproxy
+package protocol
 
 import (
 	"slices"
@@ -12,14 +12,15 @@ import (
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
 )
 
-// sotw is the State of the World protocol (ADS's
+// SotW is the State of the World protocol (ADS's
 // StreamAggregatedResources).
-type sotw struct{}
+type SotW struct{}
 
 // sotwTracker tracks a State of the World stream: per type, the names Envoy
 // asked for and the response it has not acknowledged yet. An ACK makes that
 // response the type's last-known-good. It has no lock: the proxy's state
-// owner keeps it (owner.go), and hands it the cache it feeds and reads.
+// owner keeps it (package xdsproxy's owner.go), and hands it the cache it
+// feeds and reads.
 type sotwTracker struct {
 	id      uint64 // the stream's, for the cache's nonces
 	first   *discoveryv3.DiscoveryRequest
@@ -30,42 +31,44 @@ type sotwTracker struct {
 	nonces  int
 
 	// versions: type → the version_info of Envoy's latest request, the
-	// version it holds (reattach.go).
+	// version it holds (HeldVersion, Resubscribe).
 	versions map[string]string
 }
 
-func (sotw) newTracker(id uint64) tracker[*discoveryv3.DiscoveryRequest] {
+func (SotW) NewTracker(id uint64) Tracker[*discoveryv3.DiscoveryRequest] {
 	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*rawxds.Frame{}, served: map[string][]string{},
 		versions: map[string]string{}}
 }
 
-func (sotw) mode() lkg.Mode { return lkg.ModeSotW }
-func (sotw) method() string { return methodSotW }
+func (SotW) Mode() lkg.Mode { return lkg.ModeSotW }
+func (SotW) Method() string {
+	return discoveryv3.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName
+}
 
-func (sotw) newRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
+func (SotW) NewRequest() *discoveryv3.DiscoveryRequest { return new(discoveryv3.DiscoveryRequest) }
 
-func (sotw) agentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
+func (SotW) AgentRequest(typeURL, version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
 	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: version, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (sotw) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
+func (SotW) AgentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DiscoveryResponse
 	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
 		return nil, f.Version, err
 	}
 	if len(r.GetResources()) == 0 {
-		return nil, r.GetVersionInfo(), errEmptyResource
+		return nil, r.GetVersionInfo(), ErrEmptyResource
 	}
 	// Agent types are singletons (Istio's handlers take the first).
 	return r.GetResources()[0], r.GetVersionInfo(), nil
 }
 
-func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
+func (x *sotwTracker) Observe(req *discoveryv3.DiscoveryRequest, record bool, cache *lkg.Cache) ReqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	}
 	t := req.GetTypeUrl()
-	info := reqInfo{typeURL: t, nack: nackOf(req)}
+	info := ReqInfo{TypeURL: t, Nack: nackOf(req)}
 	if _, ok := x.names[t]; !ok {
 		x.order = append(x.order, t)
 	}
@@ -73,8 +76,8 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 	x.versions[t] = req.GetVersionInfo()
 	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.Nonce {
 		delete(x.pending, t)
-		if info.nack == "" {
-			info.acked, info.version = true, p.Version
+		if info.Nack == "" {
+			info.Acked, info.Version = true, p.Version
 			if record {
 				cache.PutSotW(t, p.Body, p.Version)
 			}
@@ -83,23 +86,25 @@ func (x *sotwTracker) observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 	return info
 }
 
-func (x *sotwTracker) sending(f *rawxds.Frame, _ *lkg.Cache) {
+func (x *sotwTracker) Sending(f *rawxds.Frame, _ *lkg.Cache) {
 	x.pending[f.TypeURL] = f
 }
 
-// awaitsAnswer: a wildcard request that acknowledges nothing
+func (x *sotwTracker) HeldVersion(typeURL string) string { return x.versions[typeURL] }
+
+// AwaitsAnswer: a wildcard request that acknowledges nothing
 // (wildcardFirst).
-func (sotw) awaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
+func (SotW) AwaitsAnswer(req *discoveryv3.DiscoveryRequest) bool {
 	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNames())
 }
 
-func (x *sotwTracker) probeRequest() *discoveryv3.DiscoveryRequest {
+func (x *sotwTracker) ProbeRequest() *discoveryv3.DiscoveryRequest {
 	r := proto.Clone(x.first).(*discoveryv3.DiscoveryRequest)
 	r.VersionInfo, r.ResponseNonce, r.ErrorDetail = "", "", nil
 	return r
 }
 
-func (x *sotwTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
+func (x *sotwTracker) Replay(cache *lkg.Cache) []*rawxds.Frame {
 	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerType(cache, t, x.names[t])...)
@@ -107,9 +112,9 @@ func (x *sotwTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
 	return out
 }
 
-// answer serves a request from the cache, unless it only acknowledges
+// Answer serves a request from the cache, unless it only acknowledges
 // what was served (same names).
-func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
+func (x *sotwTracker) Answer(req *discoveryv3.DiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if prev, ok := x.served[t]; ok && slices.Equal(prev, req.GetResourceNames()) {
 		return nil
@@ -118,7 +123,7 @@ func (x *sotwTracker) answer(req *discoveryv3.DiscoveryRequest, cache *lkg.Cache
 }
 
 func (x *sotwTracker) answerType(cache *lkg.Cache, t string, names []string) []*rawxds.Frame {
-	if !forwardable(t) {
+	if !Forwardable(t) {
 		return nil
 	}
 	e, ok := cache.SotW(t)

@@ -1,4 +1,4 @@
-package xdsproxy
+package protocol
 
 import (
 	"maps"
@@ -26,17 +26,18 @@ type deltaSub struct {
 	// (initial_resource_versions).
 	initial map[string]string
 	// held is what Envoy holds while the cache serves it: initial, and
-	// the resources of the cache's responses (reattach.go).
+	// the resources of the cache's responses (Resubscribe).
 	held map[string]string
 }
 
-// delta is the Delta protocol (ADS's DeltaAggregatedResources).
-type delta struct{}
+// Delta is the Delta protocol (ADS's DeltaAggregatedResources).
+type Delta struct{}
 
 // deltaTracker tracks a Delta stream: subscriptions, and the responses
 // forwarded and not acknowledged yet. Each ACK applies its response to the
 // type's cached resource set. It has no lock: the proxy's state owner keeps
-// it (owner.go), and hands it the cache it feeds and reads.
+// it (package xdsproxy's owner.go), and hands it the cache it feeds and
+// reads.
 type deltaTracker struct {
 	id      uint64 // the stream's, for the cache's nonces
 	record  bool
@@ -49,30 +50,32 @@ type deltaTracker struct {
 	nonces  int
 }
 
-func (delta) newTracker(id uint64) tracker[*discoveryv3.DeltaDiscoveryRequest] {
+func (Delta) NewTracker(id uint64) Tracker[*discoveryv3.DeltaDiscoveryRequest] {
 	return &deltaTracker{id: id, subs: map[string]*deltaSub{}, pending: map[string][]*rawxds.Frame{},
 		started: map[string]bool{}, served: map[string]bool{}}
 }
 
-func (delta) mode() lkg.Mode { return lkg.ModeDelta }
-func (delta) method() string { return methodDelta }
+func (Delta) Mode() lkg.Mode { return lkg.ModeDelta }
+func (Delta) Method() string {
+	return discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName
+}
 
-func (delta) newRequest() *discoveryv3.DeltaDiscoveryRequest {
+func (Delta) NewRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return new(discoveryv3.DeltaDiscoveryRequest)
 }
 
-// agentRequest has no version: a Delta request carries none.
-func (delta) agentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *discoveryv3.DeltaDiscoveryRequest {
+// AgentRequest has no version: a Delta request carries none.
+func (Delta) AgentRequest(typeURL, _, nonce string, detail *rpcstatus.Status) *discoveryv3.DeltaDiscoveryRequest {
 	return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: nonce, ErrorDetail: detail}
 }
 
-func (delta) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
+func (Delta) AgentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	var r discoveryv3.DeltaDiscoveryResponse
 	if err := proto.Unmarshal(f.Body.Bytes(), &r); err != nil {
 		return nil, f.Version, err
 	}
 	if len(r.GetResources()) == 0 {
-		return nil, r.GetSystemVersionInfo(), errEmptyResource
+		return nil, r.GetSystemVersionInfo(), ErrEmptyResource
 	}
 	res := r.GetResources()[0]
 	version := res.GetVersion()
@@ -82,13 +85,13 @@ func (delta) agentResource(f *rawxds.Frame) (*anypb.Any, string, error) {
 	return res.GetResource(), version, nil
 }
 
-func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg.Cache) reqInfo {
+func (x *deltaTracker) Observe(req *discoveryv3.DeltaDiscoveryRequest, record bool, cache *lkg.Cache) ReqInfo {
 	if x.first == nil {
 		x.first = proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
 		x.record = record
 	}
 	t := req.GetTypeUrl()
-	info := reqInfo{typeURL: t, nack: nackOf(req)}
+	info := ReqInfo{TypeURL: t, Nack: nackOf(req)}
 	sub := x.subs[t]
 	if sub == nil {
 		sub = &deltaSub{names: map[string]bool{}, initial: maps.Clone(req.GetInitialResourceVersions())}
@@ -136,8 +139,8 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 		// its whole response alive past the next push (#24).
 		clear(list[:i+1])
 		x.pending[t] = list[i+1:]
-		if info.nack == "" {
-			info.acked, info.version = true, f.Version
+		if info.Nack == "" {
+			info.Acked, info.Version = true, f.Version
 			if record {
 				if !x.started[t] {
 					x.started[t] = true
@@ -151,7 +154,7 @@ func (x *deltaTracker) observe(req *discoveryv3.DeltaDiscoveryRequest, record bo
 	return info
 }
 
-func (x *deltaTracker) sending(f *rawxds.Frame, cache *lkg.Cache) {
+func (x *deltaTracker) Sending(f *rawxds.Frame, cache *lkg.Cache) {
 	list := append(x.pending[f.TypeURL], f)
 	if len(list) > maxPendingDelta {
 		list[0] = nil
@@ -163,13 +166,16 @@ func (x *deltaTracker) sending(f *rawxds.Frame, cache *lkg.Cache) {
 	x.pending[f.TypeURL] = list
 }
 
-// awaitsAnswer: a wildcard subscription that acknowledges nothing
+// HeldVersion: a Delta request says no version.
+func (x *deltaTracker) HeldVersion(string) string { return "" }
+
+// AwaitsAnswer: a wildcard subscription that acknowledges nothing
 // (wildcardFirst).
-func (delta) awaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
+func (Delta) AwaitsAnswer(req *discoveryv3.DeltaDiscoveryRequest) bool {
 	return wildcardFirst(req.GetResponseNonce(), req.GetResourceNamesSubscribe())
 }
 
-func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
+func (x *deltaTracker) ProbeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	r := proto.Clone(x.first).(*discoveryv3.DeltaDiscoveryRequest)
 	// A fresh subscription: a control plane answers it even when nothing
 	// changed.
@@ -177,7 +183,7 @@ func (x *deltaTracker) probeRequest() *discoveryv3.DeltaDiscoveryRequest {
 	return r
 }
 
-func (x *deltaTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
+func (x *deltaTracker) Replay(cache *lkg.Cache) []*rawxds.Frame {
 	var out []*rawxds.Frame
 	for _, t := range x.order {
 		out = append(out, x.answerFirst(cache, t)...)
@@ -185,15 +191,15 @@ func (x *deltaTracker) replay(cache *lkg.Cache) []*rawxds.Frame {
 	return out
 }
 
-// answer serves a request from the cache: the whole subscription the
+// Answer serves a request from the cache: the whole subscription the
 // first time a type is asked for, then what each new subscription adds.
 // ACKs and NACKs of what was served are consumed.
-func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
+func (x *deltaTracker) Answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg.Cache) []*rawxds.Frame {
 	t := req.GetTypeUrl()
 	if !x.served[t] {
 		return x.answerFirst(cache, t)
 	}
-	if len(req.GetResourceNamesSubscribe()) == 0 || !forwardable(t) {
+	if len(req.GetResourceNamesSubscribe()) == 0 || !Forwardable(t) {
 		return nil
 	}
 	res, version, ok := cache.Delta(t)
@@ -214,7 +220,7 @@ func (x *deltaTracker) answer(req *discoveryv3.DeltaDiscoveryRequest, cache *lkg
 
 func (x *deltaTracker) answerFirst(cache *lkg.Cache, t string) []*rawxds.Frame {
 	sub := x.subs[t]
-	if sub == nil || !forwardable(t) {
+	if sub == nil || !Forwardable(t) {
 		return nil
 	}
 	res, version, ok := cache.Delta(t)
