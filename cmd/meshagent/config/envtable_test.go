@@ -6,8 +6,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // effective is one variable's value as the agent uses it, formatted as
@@ -335,6 +338,39 @@ func TestAbsoluteMeshConfigIsUnderRoot(t *testing.T) {
 	for _, want := range []string{`--meshConfig "/etc/mesh.yaml"`, filepath.Join(root, "etc/mesh.yaml"), "under --root"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}
+
+// The test kit's reading of the table (testkit.TableDefault, for the
+// services' tests, which cannot import this package) finds every constant
+// default as the table holds it.
+func TestTestKitReadsTheTable(t *testing.T) {
+	for _, e := range table {
+		switch s := e.(type) {
+		case *envVar[string]:
+			if got := testkit.TableDefault[string](t, s.Name); got != s.Default {
+				t.Errorf("%s: test kit %q, table %q", s.Name, got, s.Default)
+			}
+		case *envVar[bool]:
+			if got := testkit.TableDefault[bool](t, s.Name); got != s.Default {
+				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
+			}
+		case *envVar[int]:
+			if got := testkit.TableDefault[int](t, s.Name); got != s.Default {
+				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
+			}
+		case *envVar[float64]:
+			if got := testkit.TableDefault[float64](t, s.Name); got != s.Default {
+				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
+			}
+		case *envVar[time.Duration]:
+			if got := testkit.TableDefault[time.Duration](t, s.Name); got != s.Default {
+				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
+			}
+		case *envPrefix:
+		default:
+			t.Errorf("%T: a kind of entry the test kit is not checked on", e)
 		}
 	}
 }

@@ -1,0 +1,174 @@
+package testkit
+
+// The env table's defaults, for tests (#34): each default lives once, in
+// the table (cmd/meshagent/config/env.go), and the services take every
+// table value as a required field of their Config. A service's own tests
+// cannot import the config package (it imports the services: an import
+// cycle), so TableDefault reads the table's source instead: the entry
+// `setting(kind, "NAME", default, ...)` and its default expression, a
+// constant (24*time.Hour, 256<<20, "cluster.local", 0.5, true).
+
+import (
+	"fmt"
+	"go/ast"
+	"go/constant"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tableFile is the table, relative to the module's root.
+const tableFile = "cmd/meshagent/config/env.go"
+
+// TableDefault is the default of the table's variable name, as a T. A
+// variable not in the table, a default that is not a constant or not a
+// T fails the test.
+func TableDefault[T string | bool | int | int64 | uint16 | float64 | time.Duration](t testing.TB, name string) T {
+	t.Helper()
+	defaults, err := tableDefaults()
+	if err != nil {
+		t.Fatalf("reading the env table: %v", err)
+	}
+	v, ok := defaults[name]
+	if !ok {
+		t.Fatalf("%s: not a setting of the env table (%s) with a constant default", name, tableFile)
+	}
+	var out T
+	bad := func() { t.Fatalf("%s: the table's default %s is not a %T", name, v, out) }
+	switch p := any(&out).(type) {
+	case *string:
+		if v.Kind() != constant.String {
+			bad()
+		}
+		*p = constant.StringVal(v)
+	case *bool:
+		if v.Kind() != constant.Bool {
+			bad()
+		}
+		*p = constant.BoolVal(v)
+	case *float64:
+		if v.Kind() != constant.Float && v.Kind() != constant.Int {
+			bad()
+		}
+		*p, _ = constant.Float64Val(constant.ToFloat(v))
+	default:
+		n, exact := constant.Int64Val(constant.ToInt(v))
+		if !exact {
+			bad()
+		}
+		switch p := p.(type) {
+		case *int:
+			*p = int(n)
+		case *int64:
+			*p = n
+		case *uint16:
+			*p = uint16(n)
+		case *time.Duration:
+			*p = time.Duration(n)
+		}
+	}
+	return out
+}
+
+var tableDefaults = sync.OnceValues(func() (map[string]constant.Value, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, tableFile), nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]constant.Value{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) < 3 {
+			return true
+		}
+		if fn, ok := call.Fun.(*ast.Ident); !ok || fn.Name != "setting" {
+			return true
+		}
+		lit, ok := call.Args[1].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		name, err := strconv.Unquote(lit.Value)
+		if err != nil {
+			return true
+		}
+		if v := constValue(call.Args[2]); v.Kind() != constant.Unknown {
+			out[name] = v
+		}
+		return true
+	})
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no setting(...) entries found", tableFile)
+	}
+	return out, nil
+})
+
+// timeUnits are the time package's constants a default may be written in.
+var timeUnits = map[string]time.Duration{
+	"Nanosecond": time.Nanosecond, "Microsecond": time.Microsecond, "Millisecond": time.Millisecond,
+	"Second": time.Second, "Minute": time.Minute, "Hour": time.Hour,
+}
+
+// constValue evaluates a constant expression of the table; Unknown when
+// it is not one.
+func constValue(e ast.Expr) constant.Value {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		return constant.MakeFromLiteral(e.Value, e.Kind, 0)
+	case *ast.Ident:
+		switch e.Name {
+		case "true", "false":
+			return constant.MakeBool(e.Name == "true")
+		}
+	case *ast.ParenExpr:
+		return constValue(e.X)
+	case *ast.SelectorExpr:
+		if pkg, ok := e.X.(*ast.Ident); ok && pkg.Name == "time" {
+			if d, ok := timeUnits[e.Sel.Name]; ok {
+				return constant.MakeInt64(int64(d))
+			}
+		}
+	case *ast.BinaryExpr:
+		x, y := constValue(e.X), constValue(e.Y)
+		if x.Kind() == constant.Unknown || y.Kind() == constant.Unknown {
+			break
+		}
+		if e.Op == token.SHL || e.Op == token.SHR {
+			s, ok := constant.Uint64Val(y)
+			if !ok {
+				break
+			}
+			return constant.Shift(x, e.Op, uint(s))
+		}
+		return constant.BinaryOp(x, e.Op, y)
+	}
+	return constant.MakeUnknown()
+}
+
+// moduleRoot is the directory of go.mod above the working directory (a
+// test's package directory).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
