@@ -18,7 +18,7 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	good := DefaultConfig("/etc/mesh.yaml")
+	good := NewConfig("127.0.0.1:0", "/etc/mesh.yaml")
 	testkit.EachEditRejected(t, good, map[string]func(*Config){
 		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16010" },
 		"listen without port": func(c *Config) { c.Listen = "127.0.0.1" },

@@ -8,12 +8,10 @@ import (
 	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
-// The service's own defaults. Istio's paths (the sockets, the CRL file) come
-// from cmd's table, as explicit values.
-const (
-	DefaultFileDebounce = 100 * time.Millisecond
-	DefaultStopTimeout  = 5 * time.Second
-)
+// stopTimeout is the service's own tuning. Istio's paths (the sockets, the
+// CRL file) and FILE_DEBOUNCE_DURATION come from cmd's tables, as
+// explicit values (#34).
+const stopTimeout = 5 * time.Second
 
 // SystemRootFiles are the OS trust stores Istio looks for, in its order
 // (security.GetOSRootFilePath, after crypto/x509's root_linux.go): the first
@@ -54,7 +52,7 @@ type Config struct {
 	FilesSocketPath string
 	// SocketOwner: who the socket is chowned to (default uds.Unowned).
 	SocketOwner uds.Owner
-	// FileDebounce (FILE_DEBOUNCE_DURATION, default 100ms): quiet time after
+	// FileDebounce (FILE_DEBOUNCE_DURATION; 0: none): quiet time after
 	// the last change of a watched file before file secrets and the CRL
 	// are read again.
 	FileDebounce time.Duration
@@ -71,16 +69,17 @@ type Config struct {
 	StopTimeout time.Duration
 }
 
-// NewConfig is the config for a server on socketPath with the service's own
-// defaults: the socket's owner left alone, no files-only socket and no CRL
-// (cmd sets those paths), Istio's trust-store list.
-func NewConfig(socketPath string) Config {
+// NewConfig is the config for a server on socketPath, quiet for
+// fileDebounce after a file changes (FILE_DEBOUNCE_DURATION), with the
+// service's own defaults: the socket's owner left alone, no files-only
+// socket and no CRL (cmd sets those paths), Istio's trust-store list.
+func NewConfig(socketPath string, fileDebounce time.Duration) Config {
 	return Config{
 		SocketPath:      socketPath,
 		SocketOwner:     uds.Unowned,
-		FileDebounce:    DefaultFileDebounce,
+		FileDebounce:    fileDebounce,
 		SystemRootFiles: SystemRootFiles(),
-		StopTimeout:     DefaultStopTimeout,
+		StopTimeout:     stopTimeout,
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
+	"github.com/meshagent/meshagent/testdata/testkit/svcconfig"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -47,11 +48,11 @@ func newAgent(t testing.TB) *agent {
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	a.log = a.logs.Logger()
-	a.certCfg = certs.DefaultConfig()
+	a.certCfg = svcconfig.Certs(t)
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
-	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
-	a.sdsCfg.WorkloadIdentitySocketFile = "socket"
+	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), a.certCfg.FileDebounce)
+	a.sdsCfg.WorkloadIdentitySocketFile = testkit.TableDefault[string](t, "WORKLOAD_IDENTITY_SOCKET_FILE")
 	a.sdsCfg.FilesSocketPath = filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
 	a.sdsCfg.CRLFile = filepath.Join(root, "var/run/secrets/istio/crl/ca-crl.pem")
 	// The OS trust store file-root:system serves is the test's.

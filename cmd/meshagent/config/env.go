@@ -188,8 +188,10 @@ var (
 	envMeshagentChaos                = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
 	envMeshagentMesh                 = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
 	envMeshagentCertLifetime         = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
-	envMeshagentControlplaneListen   = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
-	envMeshagentCAListen             = setting(asHostPort, "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
+	// The embedded peers' ports are istiod's (15010, 15012) moved out of
+	// 15000-15090, where the agent's and Envoy's own ports live.
+	envMeshagentControlplaneListen = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
+	envMeshagentCAListen           = setting(asHostPort, "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
 
 	// A VM (istio-start.sh's variables, from cluster.env and sidecar.env).
 	envIstioClusterConfig   = setting(asText("path"), "ISTIO_CLUSTER_CONFIG", "./var/lib/istio/envoy/cluster.env", svcVM, "--cluster-env: the VM's settings")

@@ -69,6 +69,9 @@ const (
 // Identity.
 const (
 	proxyUID = 1337 // Envoy's uid/gid when the agent must switch (DNS on :53 as root)
+	// unsetIdentityName is the namespace and service account a CSR names
+	// when POD_NAMESPACE or SERVICE_ACCOUNT is unset (a VM without them).
+	unsetIdentityName = "default"
 )
 
 // defaultProxyConfig is Istio's DefaultProxyConfig (pkg/config/mesh). It
