@@ -28,7 +28,7 @@ const tableFile = "cmd/meshagent/config/env.go"
 // TableDefault is the default of the table's variable name, as a T. A
 // variable not in the table, a default that is not a constant or not a
 // T fails the test.
-func TableDefault[T string | bool | int | int64 | uint16 | float64 | time.Duration](t testing.TB, name string) T {
+func TableDefault[T string | bool | int | int64 | uint16 | float64 | time.Duration](t Failer, name string) T {
 	t.Helper()
 	defaults, err := tableDefaults()
 	if err != nil {
@@ -73,6 +73,26 @@ func TableDefault[T string | bool | int | int64 | uint16 | float64 | time.Durati
 		}
 	}
 	return out
+}
+
+// Failer is what TableDefault needs of its caller: a testing.TB, or
+// ExitOnFatal in a test binary's helper process, which has no test.
+type Failer interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+var _ Failer = testing.TB(nil)
+
+// ExitOnFatal is the Failer of a helper process (a TestMain that runs
+// as a child): it prints the failure and exits 2.
+type ExitOnFatal struct{}
+
+func (ExitOnFatal) Helper() {}
+
+func (ExitOnFatal) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+	os.Exit(2)
 }
 
 var tableDefaults = sync.OnceValues(func() (map[string]constant.Value, error) {

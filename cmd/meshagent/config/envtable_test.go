@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -371,6 +372,53 @@ func TestTestKitReadsTheTable(t *testing.T) {
 		case *envPrefix:
 		default:
 			t.Errorf("%T: a kind of entry the test kit is not checked on", e)
+		}
+	}
+}
+
+// GRPC_KEEPALIVE_INTERVAL=0s is Istio's 0: handed to gRPC as given (its
+// floor, 10s, upstream), not the table's 30s (#34: the proxy's fallback
+// turned it into 30s without a word). A negative one has no meaning in
+// Istio either (gRPC would clamp it) and is refused, naming the variable.
+func TestKeepaliveZeroIsIstios(t *testing.T) {
+	plan, err := parseForTest(t, map[string]string{"GRPC_KEEPALIVE_INTERVAL": "0s", "GRPC_KEEPALIVE_TIMEOUT": "0s"}, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := plan.Tree.XDS; x.KeepaliveInterval != 0 || x.KeepaliveTimeout != 0 {
+		t.Errorf("keepalive %v/%v, want 0/0 as set", x.KeepaliveInterval, x.KeepaliveTimeout)
+	}
+	if err := plan.Tree.XDS.Validate(); err != nil {
+		t.Errorf("the XDS proxy refuses Istio's 0: %v", err)
+	}
+	for _, name := range []string{"GRPC_KEEPALIVE_INTERVAL", "GRPC_KEEPALIVE_TIMEOUT"} {
+		_, err := parseForTest(t, map[string]string{name: "-1s"}, "--root", testRoot(t))
+		if err == nil || !strings.Contains(err.Error(), name+`="-1s"`) {
+			t.Errorf("%s=-1s: %v, want an error naming it", name, err)
+		}
+	}
+}
+
+// WASM_PURGE_INTERVAL=0 and WASM_MODULE_EXPIRY=0 are Istio's default
+// (pkg/wasm/cache.go), the table's.
+func TestWasmZeroIsIstiosDefault(t *testing.T) {
+	plan, err := parseForTest(t, map[string]string{"WASM_PURGE_INTERVAL": "0s", "WASM_MODULE_EXPIRY": "0s"}, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := plan.Tree.XDS.Wasm; w.PurgeInterval != envWasmPurgeInterval.Default || w.ModuleExpiry != envWasmModuleExpiry.Default {
+		t.Errorf("purge %v, expiry %v, want the table's %v, %v", w.PurgeInterval, w.ModuleExpiry, envWasmPurgeInterval.Default, envWasmModuleExpiry.Default)
+	}
+}
+
+// A setting whose 0 its service cannot honour is refused at start,
+// naming its variable, not replaced by a default (#34).
+func TestZeroRefused(t *testing.T) {
+	for name, value := range map[string]string{"WASM_HTTP_REQUEST_TIMEOUT": "0s", "WASM_HTTP_REQUEST_MAX_RETRIES": "0",
+		"ISTIO_WASM_MAX_BINARY_SIZE_BYTES": "0", "MESHAGENT_CAPTURE_CHECK_INTERVAL": "0s"} {
+		_, err := parseForTest(t, map[string]string{name: value}, "--root", testRoot(t))
+		if err == nil || !strings.Contains(err.Error(), name+"="+strconv.Quote(value)+": want more than 0") {
+			t.Errorf("%s=%s: %v, want an error naming it", name, value, err)
 		}
 	}
 }
