@@ -23,16 +23,16 @@ import (
 // table of Istio's names.
 type RulesConfig struct {
 	ProxyPort                string        // -p --envoy-port
-	InboundCapturePort       string        // -z --inbound-capture-port
-	InboundTunnelPort        string        // -e --inbound-tunnel-port
+	InboundCapturePort       string        `env:"INBOUND_CAPTURE_PORT"` // -z --inbound-capture-port
+	InboundTunnelPort        string        `env:"INBOUND_TUNNEL_PORT"`  // -e --inbound-tunnel-port
 	ProxyUID                 string        // -u --proxy-uid, comma list
 	ProxyGID                 string        // -g --proxy-gid, comma list (default = ProxyUID)
 	InboundInterceptionMode  string        // -m: "" / REDIRECT / TPROXY
-	InboundTProxyMark        string        // -t
-	InboundTProxyRouteTable  string        // -r
+	InboundTProxyMark        string        `env:"ISTIO_INBOUND_TPROXY_MARK"`        // -t
+	InboundTProxyRouteTable  string        `env:"ISTIO_INBOUND_TPROXY_ROUTE_TABLE"` // -r
 	InboundPortsInclude      string        // -b: "" none, "*" all, or list
 	InboundPortsExclude      string        // -d: only used with -b '*'
-	OwnerGroupsInclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS
+	OwnerGroupsInclude       string        `env:"ISTIO_OUTBOUND_OWNER_GROUPS"` // env ISTIO_OUTBOUND_OWNER_GROUPS
 	OwnerGroupsExclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE
 	OutboundPortsInclude     string        // -q
 	OutboundPortsExclude     string        // -o
@@ -40,8 +40,8 @@ type RulesConfig struct {
 	OutboundIPRangesExclude  string        // -x: CIDR list ("*" is an error for IPv4)
 	RerouteVirtualInterfaces string        // -k
 	ExcludeInterfaces        string        // -c
-	IptablesProbePort        uint16        // --iptables-probe-port
-	ProbeTimeout             time.Duration // --probe-timeout
+	IptablesProbePort        uint16        `env:"IPTABLES_PROBE_PORT"` // --iptables-probe-port
+	ProbeTimeout             time.Duration `env:"PROBE_TIMEOUT"`       // --probe-timeout
 	DryRun                   bool          // -n --dry-run
 	SkipRuleApply            bool          // --skip-rule-apply
 	RunValidation            bool          // --run-validation
@@ -53,7 +53,7 @@ type RulesConfig struct {
 	DNSServersV6             []string
 	NetworkNamespace         string     // --network-namespace
 	CNIMode                  bool       // --cni-mode
-	HostIPv4LoopbackCidr     string     // env ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR
+	HostIPv4LoopbackCidr     string     `env:"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"` // env ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR
 	HostIP                   netip.Addr // the address EnableIPv6 was decided from
 	DualStack                bool       // --dual-stack
 	Reconcile                bool       // --reconcile

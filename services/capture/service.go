@@ -35,7 +35,7 @@ type Config struct {
 	Rules RulesConfig
 	// CheckInterval is how often VM mode re-checks the rules
 	// (MESHAGENT_CAPTURE_CHECK_INTERVAL); required in VM mode.
-	CheckInterval time.Duration
+	CheckInterval time.Duration `env:"MESHAGENT_CAPTURE_CHECK_INTERVAL"`
 }
 
 // Validate checks the config, naming the field and value.

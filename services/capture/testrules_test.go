@@ -1,8 +1,6 @@
 package capture
 
 import (
-	"time"
-
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -10,17 +8,7 @@ import (
 // it: the env table's defaults (#34) and istio-iptables' flag-only
 // --envoy-port and uid (cmd's istio.go).
 func testRules(t testkit.Failer) RulesConfig {
-	return RulesConfig{
-		ProxyPort:               "15001",
-		InboundCapturePort:      testkit.TableDefault[string](t, "INBOUND_CAPTURE_PORT"),
-		InboundTunnelPort:       testkit.TableDefault[string](t, "INBOUND_TUNNEL_PORT"),
-		ProxyUID:                "1337",
-		ProxyGID:                "1337",
-		InboundTProxyMark:       testkit.TableDefault[string](t, "ISTIO_INBOUND_TPROXY_MARK"),
-		InboundTProxyRouteTable: testkit.TableDefault[string](t, "ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
-		OwnerGroupsInclude:      testkit.TableDefault[string](t, "ISTIO_OUTBOUND_OWNER_GROUPS"),
-		IptablesProbePort:       testkit.TableDefault[uint16](t, "IPTABLES_PROBE_PORT"),
-		ProbeTimeout:            testkit.TableDefault[time.Duration](t, "PROBE_TIMEOUT"),
-		HostIPv4LoopbackCidr:    testkit.TableDefault[string](t, "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"),
-	}
+	cfg := RulesConfig{ProxyPort: "15001", ProxyUID: "1337", ProxyGID: "1337"}
+	testkit.FillFromTable(t, &cfg)
+	return cfg
 }

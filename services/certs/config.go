@@ -106,7 +106,7 @@ type Config struct {
 	RootCertFile  string
 	// FileDebounce: quiet time after the last change before re-reading
 	// (FILE_DEBOUNCE_DURATION; 0: none).
-	FileDebounce time.Duration
+	FileDebounce time.Duration `env:"FILE_DEBOUNCE_DURATION"`
 
 	// --- CA client ---
 
@@ -144,25 +144,25 @@ type Config struct {
 	CertSigner string
 	// TrustDomain, Namespace, ServiceAccount make the SPIFFE ID
 	// spiffe://<TRUST_DOMAIN>/ns/<POD_NAMESPACE>/sa/<SERVICE_ACCOUNT>.
-	TrustDomain    string
+	TrustDomain    string `env:"TRUST_DOMAIN"`
 	Namespace      string
 	ServiceAccount string
 	// SecretTTL: requested certificate lifetime (SECRET_TTL).
-	SecretTTL time.Duration
+	SecretTTL time.Duration `env:"SECRET_TTL"`
 	// GraceRatio: renew when this fraction of the lifetime remains
 	// (SECRET_GRACE_PERIOD_RATIO), ± GraceJitter
 	// (SECRET_GRACE_PERIOD_RATIO_JITTER).
-	GraceRatio  float64
-	GraceJitter float64
+	GraceRatio  float64 `env:"SECRET_GRACE_PERIOD_RATIO"`
+	GraceJitter float64 `env:"SECRET_GRACE_PERIOD_RATIO_JITTER"`
 	// KeyAlgorithm: RSA or ECDSA (ECC_SIGNATURE_ALGORITHM).
-	KeyAlgorithm KeyAlgorithm
+	KeyAlgorithm KeyAlgorithm `env:"ECC_SIGNATURE_ALGORITHM"`
 	// RSAKeySize: WORKLOAD_RSA_KEY_SIZE, at least 2048.
-	RSAKeySize int
+	RSAKeySize int `env:"WORKLOAD_RSA_KEY_SIZE"`
 	// ECCCurve: "P256" or "P384" (ECC_CURVE).
-	ECCCurve string
+	ECCCurve string `env:"ECC_CURVE"`
 	// PKCS8Key: encode the private key as PKCS#8 (PKCS8_KEY); otherwise
 	// PKCS#1 (RSA) or SEC 1 (EC).
-	PKCS8Key bool
+	PKCS8Key bool `env:"PKCS8_KEY"`
 	// RetryInitial, RetryMax: exponential backoff (with ±20% jitter) between
 	// failed CA calls.
 	RetryInitial time.Duration

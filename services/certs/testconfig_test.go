@@ -3,7 +3,6 @@ package certs
 import (
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -18,19 +17,11 @@ const (
 )
 
 // testConfig is the config cmd builds by default, with every path under
-// root: the env table's defaults (as svcconfig.Certs, which this package
-// cannot import), Istio's paths and CA address.
+// root: the env table's defaults, Istio's paths and CA address.
 func testConfig(t testing.TB, root string) Config {
 	cfg := NewConfig()
-	cfg.FileDebounce = testkit.TableDefault[time.Duration](t, "FILE_DEBOUNCE_DURATION")
-	cfg.TrustDomain = testkit.TableDefault[string](t, "TRUST_DOMAIN")
+	testkit.FillFromTable(t, &cfg)
 	cfg.Namespace, cfg.ServiceAccount = "default", "default"
-	cfg.SecretTTL = testkit.TableDefault[time.Duration](t, "SECRET_TTL")
-	cfg.GraceRatio = testkit.TableDefault[float64](t, "SECRET_GRACE_PERIOD_RATIO")
-	cfg.GraceJitter = testkit.TableDefault[float64](t, "SECRET_GRACE_PERIOD_RATIO_JITTER")
-	cfg.KeyAlgorithm = KeyAlgorithm(testkit.TableDefault[string](t, "ECC_SIGNATURE_ALGORITHM"))
-	cfg.RSAKeySize = testkit.TableDefault[int](t, "WORKLOAD_RSA_KEY_SIZE")
-	cfg.ECCCurve = testkit.TableDefault[string](t, "ECC_CURVE")
 	etc := filepath.Join(root, testEtcCertsDir)
 	cfg.CertChainFile = filepath.Join(etc, CertChainFileName)
 	cfg.KeyFile = filepath.Join(etc, KeyFileName)

@@ -44,7 +44,7 @@ type Config struct {
 	// FilesSocketPath; when it names another socket than SocketPath's and
 	// nothing answers there, Serve fails naming it. Empty is SocketPath's
 	// own name.
-	WorkloadIdentitySocketFile string
+	WorkloadIdentitySocketFile string `env:"WORKLOAD_IDENTITY_SOCKET_FILE"`
 	// FilesSocketPath: where file secrets are served when an external SDS
 	// server serves the workload identity
 	// (<root>/var/run/secrets/credential-uds/files-socket). Empty: not
@@ -55,7 +55,7 @@ type Config struct {
 	// FileDebounce (FILE_DEBOUNCE_DURATION; 0: none): quiet time after
 	// the last change of a watched file before file secrets and the CRL
 	// are read again.
-	FileDebounce time.Duration
+	FileDebounce time.Duration `env:"FILE_DEBOUNCE_DURATION"`
 	// SystemRootFiles: the OS trust stores "file-root:system" is read from,
 	// the first that exists (default SystemRootFiles(), Istio's list).
 	SystemRootFiles []string

@@ -111,8 +111,8 @@ type Config struct {
 	// as in Istio, not a default of ours. Upstream, an interval under 10s
 	// (0 too) is gRPC's floor, 10s; downstream, 0 is gRPC's server
 	// default, 2h; a timeout of 0 is gRPC's 20s on both sides.
-	KeepaliveInterval time.Duration
-	KeepaliveTimeout  time.Duration
+	KeepaliveInterval time.Duration `env:"GRPC_KEEPALIVE_INTERVAL"`
+	KeepaliveTimeout  time.Duration `env:"GRPC_KEEPALIVE_TIMEOUT"`
 
 	// DiscoveryAddress is the control plane, host:port
 	// (ProxyConfig.discoveryAddress).
@@ -168,7 +168,7 @@ type Config struct {
 	// OfflineCache keeps the configuration Envoy last acknowledged and
 	// serves it to an Envoy that connects while the control plane cannot be
 	// reached (ours: XDS_OFFLINE_CACHE).
-	OfflineCache bool
+	OfflineCache bool `env:"XDS_OFFLINE_CACHE"`
 	// CacheFile persists it (0600, written atomically); empty keeps it in
 	// memory only. The caller passes <ConfigPath>/xds-cache.pb.
 	CacheFile string

@@ -17,7 +17,6 @@ import (
 	"github.com/meshagent/meshagent/services/certs"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
-	"github.com/meshagent/meshagent/testdata/testkit/svcconfig"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,7 +38,9 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 
 	token := filepath.Join(dir, "istio-token")
 	testkit.WriteFile(t, token, []byte("a-token\n"))
-	certsCfg := svcconfig.Certs(t)
+	certsCfg := certs.NewConfig()
+	testkit.FillFromTable(t, &certsCfg)
+	certsCfg.Namespace, certsCfg.ServiceAccount = "default", "default"
 	certsCfg.Source = certs.SourceCA
 	certsCfg.CAAddr = caSvc.Addr() // 127.0.0.1:<port>: the serving certificate has that IP
 	certsCfg.CARootFile = caCfg.RootCertPath()

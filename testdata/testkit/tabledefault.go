@@ -16,6 +16,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
@@ -30,49 +31,63 @@ const tableFile = "cmd/meshagent/config/env.go"
 // T fails the test.
 func TableDefault[T string | bool | int | int64 | uint16 | float64 | time.Duration](t Failer, name string) T {
 	t.Helper()
+	v, err := tableValue(name, reflect.TypeFor[T]())
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return v.Interface().(T)
+}
+
+// FillFromTable sets every field of the struct cfg points to whose tag
+// names a variable of the table (`env:"SECRET_TTL"`) to that variable's
+// default: a service's Config as cmd builds it with no variable set, for
+// the service's own tests and others alike.
+func FillFromTable(t Failer, cfg any) {
+	t.Helper()
+	v := reflect.ValueOf(cfg).Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		name, ok := f.Tag.Lookup("env")
+		if !ok {
+			continue
+		}
+		val, err := tableValue(name, f.Type)
+		if err != nil {
+			t.Fatalf("%s.%s: %v", v.Type(), f.Name, err)
+		}
+		v.Field(i).Set(val)
+	}
+}
+
+// tableValue is the default of the table's variable name as a value of
+// typ (a string, bool, number or duration type).
+func tableValue(name string, typ reflect.Type) (reflect.Value, error) {
 	defaults, err := tableDefaults()
 	if err != nil {
-		t.Fatalf("reading the env table: %v", err)
+		return reflect.Value{}, fmt.Errorf("reading the env table: %w", err)
 	}
-	v, ok := defaults[name]
+	c, ok := defaults[name]
 	if !ok {
-		t.Fatalf("%s: not a setting of the env table (%s) with a constant default", name, tableFile)
+		return reflect.Value{}, fmt.Errorf("%s: not a setting of the env table (%s) with a constant default", name, tableFile)
 	}
-	var out T
-	bad := func() { t.Fatalf("%s: the table's default %s is not a %T", name, v, out) }
-	switch p := any(&out).(type) {
-	case *string:
-		if v.Kind() != constant.String {
-			bad()
-		}
-		*p = constant.StringVal(v)
-	case *bool:
-		if v.Kind() != constant.Bool {
-			bad()
-		}
-		*p = constant.BoolVal(v)
-	case *float64:
-		if v.Kind() != constant.Float && v.Kind() != constant.Int {
-			bad()
-		}
-		*p, _ = constant.Float64Val(constant.ToFloat(v))
-	default:
-		n, exact := constant.Int64Val(constant.ToInt(v))
+	var val any
+	switch k := c.Kind(); {
+	case typ.Kind() == reflect.String && k == constant.String:
+		val = constant.StringVal(c)
+	case typ.Kind() == reflect.Bool && k == constant.Bool:
+		val = constant.BoolVal(c)
+	case typ.Kind() == reflect.Float64 && (k == constant.Float || k == constant.Int):
+		val, _ = constant.Float64Val(constant.ToFloat(c))
+	case typ.Kind() == reflect.Int || typ.Kind() == reflect.Int64 || typ.Kind() == reflect.Uint16:
+		n, exact := constant.Int64Val(constant.ToInt(c))
 		if !exact {
-			bad()
+			return reflect.Value{}, fmt.Errorf("%s: the table's default %s is not a whole number", name, c)
 		}
-		switch p := p.(type) {
-		case *int:
-			*p = int(n)
-		case *int64:
-			*p = n
-		case *uint16:
-			*p = uint16(n)
-		case *time.Duration:
-			*p = time.Duration(n)
-		}
+		val = n
+	default:
+		return reflect.Value{}, fmt.Errorf("%s: the table's default %s is not a %s", name, c, typ)
 	}
-	return out
+	return reflect.ValueOf(val).Convert(typ), nil
 }
 
 // Failer is what TableDefault needs of its caller: a testing.TB, or

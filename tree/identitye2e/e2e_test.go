@@ -23,7 +23,6 @@ import (
 	"github.com/meshagent/meshagent/services/sds"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
-	"github.com/meshagent/meshagent/testdata/testkit/svcconfig"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -48,7 +47,9 @@ func newAgent(t testing.TB) *agent {
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	a.log = a.logs.Logger()
-	a.certCfg = svcconfig.Certs(t)
+	a.certCfg = certs.NewConfig()
+	testkit.FillFromTable(t, &a.certCfg)
+	a.certCfg.Namespace, a.certCfg.ServiceAccount = "default", "default"
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
 	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), a.certCfg.FileDebounce)

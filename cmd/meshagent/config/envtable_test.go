@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -420,5 +421,40 @@ func TestZeroRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), name+"="+strconv.Quote(value)+": want more than 0") {
 			t.Errorf("%s=%s: %v, want an error naming it", name, value, err)
 		}
+	}
+}
+
+// A service's Config field tagged with its variable (`env:"SECRET_TTL"`,
+// what testkit.FillFromTable fills for tests) holds that variable's
+// default in the plan of a start with no variable set: the tag names
+// the variable the field really takes.
+func TestTaggedFieldsTakeTheirVariable(t *testing.T) {
+	plan, err := parseForTest(t, nil, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := plan.Tree
+	tagged := 0
+	for _, cfg := range []any{tc.Certs, tc.SDS, tc.XDS, &tc.XDS.Wasm, tc.Capture, &tc.Capture.Rules} {
+		got := reflect.ValueOf(cfg).Elem()
+		want := reflect.New(got.Type())
+		testkit.FillFromTable(t, want.Interface())
+		for i := range got.NumField() {
+			f := got.Type().Field(i)
+			name, ok := f.Tag.Lookup("env")
+			if !ok {
+				continue
+			}
+			tagged++
+			if _, ok := find(name); !ok {
+				t.Errorf("%s.%s: env %s is not in the table", got.Type(), f.Name, name)
+			}
+			if g, w := got.Field(i).Interface(), want.Elem().Field(i).Interface(); g != w {
+				t.Errorf("%s.%s (env %s): the plan has %v, the table's default is %v", got.Type(), f.Name, name, g, w)
+			}
+		}
+	}
+	if tagged == 0 {
+		t.Fatal("no tagged field found")
 	}
 }

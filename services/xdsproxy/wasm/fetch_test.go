@@ -15,19 +15,12 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
 )
 
-// testConfig is the fetch's config with the env table's values (as
-// svcconfig.Wasm, which this package cannot import) and the modules in
-// dir, retried without a pause.
+// testConfig is the fetch's config with the env table's values and the
+// modules in dir, retried without a pause.
 func testConfig(t testing.TB, dir string) Config {
-	return Config{
-		Dir:                   dir,
-		ModuleExpiry:          testkit.TableDefault[time.Duration](t, "WASM_MODULE_EXPIRY"),
-		PurgeInterval:         testkit.TableDefault[time.Duration](t, "WASM_PURGE_INTERVAL"),
-		HTTPRequestTimeout:    testkit.TableDefault[time.Duration](t, "WASM_HTTP_REQUEST_TIMEOUT"),
-		HTTPRequestMaxRetries: testkit.TableDefault[int](t, "WASM_HTTP_REQUEST_MAX_RETRIES"),
-		MaxModuleBytes:        testkit.TableDefault[int64](t, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES"),
-		RetryBackoff:          time.Millisecond,
-	}
+	cfg := Config{Dir: dir, RetryBackoff: time.Millisecond}
+	testkit.FillFromTable(t, &cfg)
+	return cfg
 }
 
 // startCache is a running cache in a fresh directory; edit changes its

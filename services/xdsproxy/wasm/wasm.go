@@ -55,17 +55,17 @@ type Config struct {
 	// ModuleExpiry: a module not used for this long is removed at the next
 	// purge (WASM_MODULE_EXPIRY); PurgeInterval: how often the cache
 	// looks (WASM_PURGE_INTERVAL).
-	ModuleExpiry  time.Duration
-	PurgeInterval time.Duration
+	ModuleExpiry  time.Duration `env:"WASM_MODULE_EXPIRY"`
+	PurgeInterval time.Duration `env:"WASM_PURGE_INTERVAL"`
 	// HTTPRequestTimeout bounds each HTTP(S) request
 	// (WASM_HTTP_REQUEST_TIMEOUT); HTTPRequestMaxRetries is how many
 	// attempts an HTTP(S) fetch makes (WASM_HTTP_REQUEST_MAX_RETRIES).
-	HTTPRequestTimeout    time.Duration
-	HTTPRequestMaxRetries int
+	HTTPRequestTimeout    time.Duration `env:"WASM_HTTP_REQUEST_TIMEOUT"`
+	HTTPRequestMaxRetries int           `env:"WASM_HTTP_REQUEST_MAX_RETRIES"`
 	// MaxModuleBytes bounds a module, and what is read to find it (a
 	// layer, an archive); a larger one fails the fetch
 	// (ISTIO_WASM_MAX_BINARY_SIZE_BYTES).
-	MaxModuleBytes int64
+	MaxModuleBytes int64 `env:"ISTIO_WASM_MAX_BINARY_SIZE_BYTES"`
 	// RetryBackoff is the first wait between HTTP attempts (0:
 	// DefaultRetryBackoff).
 	RetryBackoff time.Duration
