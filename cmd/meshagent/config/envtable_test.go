@@ -351,29 +351,26 @@ func TestTestKitReadsTheTable(t *testing.T) {
 	for _, e := range table {
 		switch s := e.(type) {
 		case *envVar[string]:
-			if got := testkit.TableDefault[string](t, s.Name); got != s.Default {
-				t.Errorf("%s: test kit %q, table %q", s.Name, got, s.Default)
-			}
+			testKitReads(t, s)
 		case *envVar[bool]:
-			if got := testkit.TableDefault[bool](t, s.Name); got != s.Default {
-				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
-			}
+			testKitReads(t, s)
 		case *envVar[int]:
-			if got := testkit.TableDefault[int](t, s.Name); got != s.Default {
-				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
-			}
+			testKitReads(t, s)
 		case *envVar[float64]:
-			if got := testkit.TableDefault[float64](t, s.Name); got != s.Default {
-				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
-			}
+			testKitReads(t, s)
 		case *envVar[time.Duration]:
-			if got := testkit.TableDefault[time.Duration](t, s.Name); got != s.Default {
-				t.Errorf("%s: test kit %v, table %v", s.Name, got, s.Default)
-			}
+			testKitReads(t, s)
 		case *envPrefix:
 		default:
 			t.Errorf("%T: a kind of entry the test kit is not checked on", e)
 		}
+	}
+}
+
+func testKitReads[T string | bool | int | float64 | time.Duration](t *testing.T, s *envVar[T]) {
+	t.Helper()
+	if got := testkit.TableDefault[T](t, s.Name); got != s.Default {
+		t.Errorf("%s: the test kit reads %v, the table holds %v", s.Name, got, s.Default)
 	}
 }
 

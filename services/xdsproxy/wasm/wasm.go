@@ -108,16 +108,13 @@ func (c Config) Validate() error {
 	}
 	// Required with Dir: a zero would purge without pause, never wait for
 	// an answer, fetch nothing or fit no module.
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"ModuleExpiry (WASM_MODULE_EXPIRY)", c.ModuleExpiry},
-		{"PurgeInterval (WASM_PURGE_INTERVAL)", c.PurgeInterval},
-		{"HTTPRequestTimeout (WASM_HTTP_REQUEST_TIMEOUT)", c.HTTPRequestTimeout},
+	for name, d := range map[string]time.Duration{
+		"ModuleExpiry (WASM_MODULE_EXPIRY)":              c.ModuleExpiry,
+		"PurgeInterval (WASM_PURGE_INTERVAL)":            c.PurgeInterval,
+		"HTTPRequestTimeout (WASM_HTTP_REQUEST_TIMEOUT)": c.HTTPRequestTimeout,
 	} {
-		if d.v <= 0 {
-			return bad("%s %v must be positive", d.name, d.v)
+		if d <= 0 {
+			return bad("%s %v must be positive", name, d)
 		}
 	}
 	if c.HTTPRequestMaxRetries < 1 {
