@@ -20,7 +20,8 @@ import (
 // as Istio's). String fields hold what the flag or env var held: every
 // field is the caller's, the defaults of the variables in cmd's env table
 // (#34), istio-iptables' flag-only --envoy-port and its uid 1337 in cmd's
-// table of Istio's names.
+// table of Istio's names. A field tagged env:"NAME" takes that variable's
+// value (the test kit fills it from the table: testkit.FillFromTable).
 type RulesConfig struct {
 	ProxyPort                string        // -p --envoy-port
 	InboundCapturePort       string        `env:"INBOUND_CAPTURE_PORT"` // -z --inbound-capture-port
@@ -32,7 +33,7 @@ type RulesConfig struct {
 	InboundTProxyRouteTable  string        `env:"ISTIO_INBOUND_TPROXY_ROUTE_TABLE"` // -r
 	InboundPortsInclude      string        // -b: "" none, "*" all, or list
 	InboundPortsExclude      string        // -d: only used with -b '*'
-	OwnerGroupsInclude       string        `env:"ISTIO_OUTBOUND_OWNER_GROUPS"` // env ISTIO_OUTBOUND_OWNER_GROUPS
+	OwnerGroupsInclude       string        `env:"ISTIO_OUTBOUND_OWNER_GROUPS"`
 	OwnerGroupsExclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE
 	OutboundPortsInclude     string        // -q
 	OutboundPortsExclude     string        // -o
@@ -53,7 +54,7 @@ type RulesConfig struct {
 	DNSServersV6             []string
 	NetworkNamespace         string     // --network-namespace
 	CNIMode                  bool       // --cni-mode
-	HostIPv4LoopbackCidr     string     `env:"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"` // env ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR
+	HostIPv4LoopbackCidr     string     `env:"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"`
 	HostIP                   netip.Addr // the address EnableIPv6 was decided from
 	DualStack                bool       // --dual-stack
 	Reconcile                bool       // --reconcile

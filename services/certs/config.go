@@ -87,7 +87,8 @@ const (
 // Config is everything the certs service needs, as plain values. cmd fills it
 // from Istio's environment variables (named on each field), every one of
 // them: NewConfig gives only the client's own tuning, ChooseSource Istio's
-// choice of source.
+// choice of source. A field tagged env:"NAME" takes that variable's value
+// (the test kit fills it from the table: testkit.FillFromTable).
 type Config struct {
 	// Source selects files or the CA for the certificate (see
 	// ChooseSource).

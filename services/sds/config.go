@@ -30,7 +30,8 @@ func SystemRootFiles() []string {
 	}
 }
 
-// Config is the SDS server's configuration.
+// Config is the SDS server's configuration. A field tagged env:"NAME"
+// takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// SocketPath: the unix socket this server serves Envoy on
 	// (<root>/var/run/secrets/workload-spiffe-uds/socket).

@@ -98,7 +98,8 @@ func (r ControlPlaneRootsSource) String() string {
 // Config is the XDS proxy's configuration: plain values, resolved by the
 // caller from Istio's flags, environment and ProxyConfig. A zero tuning
 // duration or size (DialTimeout, ..., CacheMaxBytes) means its default
-// above; a variable's value is taken as given.
+// above; a variable's value is taken as given. A field tagged env:"NAME"
+// takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// SocketPath is the unix socket Envoy connects to:
 	// <root>/etc/istio/proxy/XDS (Istio: <ConfigPath>/XDS).

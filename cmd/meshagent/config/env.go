@@ -49,7 +49,10 @@ const (
 // is computed from something else, and help should say so), then read it
 // in the builder of its service with get(r, envMyThing) (lookup when unset
 // differs from the default), and name it in docs/reference.md. A variable
-// that stands in for a flag is bound with envFlagVar instead.
+// that stands in for a flag is bound with envFlagVar instead. The service
+// holds no default of its own: the Config field that takes the value as
+// it is gets the tag env:"MY_THING", from which its tests take the
+// table's default (testkit.FillFromTable; TestTaggedFieldsTakeTheirVariable).
 var (
 	// The pod: who the workload is (Istio's injector sets these).
 	envPodName        = setting(asText("string"), "POD_NAME", "", svcPod, "the pod's name: node id, metadata")

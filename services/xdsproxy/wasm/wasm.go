@@ -41,7 +41,8 @@ const (
 )
 
 // Config is the module cache's configuration. With Dir set, every
-// variable's value is required: Validate refuses a zero.
+// variable's value is required: Validate refuses a zero. A field tagged
+// env:"NAME" takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// Dir holds the modules: <Dir>/<sha256 of the module's name>/<sha256
 	// of the module>.wasm (Istio: /var/lib/istio/data). Empty: ECDS is
