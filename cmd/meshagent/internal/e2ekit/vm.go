@@ -22,7 +22,7 @@ import (
 )
 
 // CAHelperEnv makes the test binary an Istio CA (services/ca) serving
-// "ADDR DIR" (DIR holds its root certificate and key) until it is
+// "ADDR DIR TRUST_DOMAIN" (DIR holds its root certificate and key) until it is
 // signalled: the agent in a network namespace reaches it on that
 // namespace's loopback, over TLS.
 const CAHelperEnv = "MESHAGENT_CA_HELPER"
