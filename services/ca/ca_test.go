@@ -485,6 +485,8 @@ func testConfig(t testing.TB, dir string) Config {
 func TestConfigValidate(t *testing.T) {
 	testkit.EachEditRejected(t, testConfig(t, "/tmp/ca"), map[string]func(*Config){
 		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16012" },
+		"no listen":           func(c *Config) { c.Listen = "" },
+		"no trust domain":     func(c *Config) { c.TrustDomain = "" },
 		"no root dir":         func(c *Config) { c.RootDir = "" },
 		"no lifetime":         func(c *Config) { c.CertLifetime = 0 },
 		"bad trust domain":    func(c *Config) { c.TrustDomain = "Cluster Local" },
