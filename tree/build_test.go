@@ -25,8 +25,7 @@ import (
 // once, each named by its service (#26): the capture service and the
 // embedded peers used to find theirs only in Serve, after the tree started.
 func TestBuildReportsEveryBadService(t *testing.T) {
-	bad := capture.DefaultRules()
-	bad.ProxyPort = "x"
+	bad := capture.RulesConfig{ProxyPort: "x"}
 	cfg := Config{
 		Capture:      &capture.Config{Mode: capture.VM, Rules: bad},
 		CA:           &ca.Config{},

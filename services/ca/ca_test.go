@@ -50,10 +50,8 @@ func startCA(t *testing.T, dir string, edit func(*Config)) *server {
 	if dir == "" {
 		dir = filepath.Join(t.TempDir(), "ca")
 	}
-	s := &server{cfg: DefaultConfig(dir), now: time.Now().Truncate(time.Second),
+	s := &server{cfg: testConfig(t, dir), now: time.Now().Truncate(time.Second),
 		health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
-	s.cfg.Listen = "127.0.0.1:0"
-	s.cfg.CertLifetime = time.Hour
 	if edit != nil {
 		edit(&s.cfg)
 	}
@@ -478,9 +476,17 @@ func TestServingCertificateNames(t *testing.T) {
 	}
 }
 
+// testConfig is a CA on a free loopback port with its root in dir, issuing
+// for an hour in the env table's trust domain.
+func testConfig(t testing.TB, dir string) Config {
+	return NewConfig("127.0.0.1:0", dir, time.Hour, testkit.TableDefault[string](t, "TRUST_DOMAIN"))
+}
+
 func TestConfigValidate(t *testing.T) {
-	testkit.EachEditRejected(t, DefaultConfig("/tmp/ca"), map[string]func(*Config){
+	testkit.EachEditRejected(t, testConfig(t, "/tmp/ca"), map[string]func(*Config){
 		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16012" },
+		"no listen":           func(c *Config) { c.Listen = "" },
+		"no trust domain":     func(c *Config) { c.TrustDomain = "" },
 		"no root dir":         func(c *Config) { c.RootDir = "" },
 		"no lifetime":         func(c *Config) { c.CertLifetime = 0 },
 		"bad trust domain":    func(c *Config) { c.TrustDomain = "Cluster Local" },

@@ -9,14 +9,10 @@ import (
 	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
-// Defaults. The port is istiod's CA port (15012) moved out of 15000-15090,
-// where the agent's and Envoy's own ports live.
-const (
-	DefaultListen       = "127.0.0.1:16012"
-	DefaultCertLifetime = 24 * time.Hour
-	DefaultTrustDomain  = "cluster.local"
-	DefaultStopTimeout  = 5 * time.Second
-)
+// stopTimeout is the CA's own tuning: its address, lifetime and trust
+// domain are the caller's (MESHAGENT_CA_LISTEN, MESHAGENT_CERT_LIFETIME,
+// TRUST_DOMAIN: cmd's env table holds their defaults, #34).
+const stopTimeout = 5 * time.Second
 
 // The root's files in RootDir, named as Istio names its self-signed root.
 const (
@@ -53,14 +49,15 @@ type Config struct {
 	StopTimeout time.Duration
 }
 
-// DefaultConfig is the defaults with the root under rootDir.
-func DefaultConfig(rootDir string) Config {
+// NewConfig is a CA on listen with its root under rootDir, issuing for
+// lifetime in trustDomain, with the CA's own stop timeout.
+func NewConfig(listen, rootDir string, lifetime time.Duration, trustDomain string) Config {
 	return Config{
-		Listen:       DefaultListen,
+		Listen:       listen,
 		RootDir:      rootDir,
-		CertLifetime: DefaultCertLifetime,
-		TrustDomain:  DefaultTrustDomain,
-		StopTimeout:  DefaultStopTimeout,
+		CertLifetime: lifetime,
+		TrustDomain:  trustDomain,
+		StopTimeout:  stopTimeout,
 	}
 }
 

@@ -70,7 +70,7 @@ func TestProbeResidueInNetns(t *testing.T) {
 	if r := probe(); r.Iptables || r.Nftables || !r.IptablesUsable || !r.NftablesUsable {
 		t.Fatalf("fresh namespace: %+v", r)
 	}
-	cfg := sidecarConfig(false, "")
+	cfg := sidecarConfig(t, false, "")
 	n, err := NewNftApplier(log)
 	if err != nil {
 		t.Fatal(err)

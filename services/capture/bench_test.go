@@ -31,7 +31,7 @@ func enterNetnsB(b *testing.B) {
 // of one iptables process per chain and rule, measured in the same run.
 func BenchmarkApplySidecarRules(b *testing.B) {
 	enterNetnsB(b)
-	cfg := sidecarBenchRules()
+	cfg := sidecarBenchRules(b)
 	rs := Build(cfg)
 	a, err := NewApplier("", false, testkit.TestLogger(b))
 	if err != nil {
@@ -87,8 +87,8 @@ func timeAgainst(b *testing.B, apply, undo, baseline, undoBaseline func() error)
 
 // sidecarBenchRules is the typical sidecar both benchmarks apply: REDIRECT,
 // all outbound, all inbound but the agent's ports.
-func sidecarBenchRules() RulesConfig {
-	cfg := DefaultRules()
+func sidecarBenchRules(b testing.TB) RulesConfig {
+	cfg := testRules(b)
 	cfg.InboundInterceptionMode = "REDIRECT"
 	cfg.OutboundIPRangesInclude = "*"
 	cfg.InboundPortsInclude = "*"
@@ -130,7 +130,7 @@ func BenchmarkApplySidecarRulesNft(b *testing.B) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		b.Skip("nft not installed (Debian package nftables)")
 	}
-	cfg := sidecarBenchRules()
+	cfg := sidecarBenchRules(b)
 	rs, ipt := BuildNft(cfg), Build(cfg)
 	log := testkit.TestLogger(b)
 	n, err := NewNftApplier(log)

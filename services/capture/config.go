@@ -17,19 +17,23 @@ import (
 )
 
 // RulesConfig mirrors Istio's tools/common/config.Config field for field (names
-// as Istio's). String fields hold what the flag or env var held.
+// as Istio's). String fields hold what the flag or env var held: every
+// field is the caller's, the defaults of the variables in cmd's env table
+// (#34), istio-iptables' flag-only --envoy-port and its uid 1337 in cmd's
+// table of Istio's names. A field tagged env:"NAME" takes that variable's
+// value (the test kit fills it from the table: testkit.FillFromTable).
 type RulesConfig struct {
-	ProxyPort                string        // -p --envoy-port, default 15001
-	InboundCapturePort       string        // -z --inbound-capture-port, default 15006
-	InboundTunnelPort        string        // -e --inbound-tunnel-port, default 15008
+	ProxyPort                string        // -p --envoy-port
+	InboundCapturePort       string        `env:"INBOUND_CAPTURE_PORT"` // -z --inbound-capture-port
+	InboundTunnelPort        string        `env:"INBOUND_TUNNEL_PORT"`  // -e --inbound-tunnel-port
 	ProxyUID                 string        // -u --proxy-uid, comma list
 	ProxyGID                 string        // -g --proxy-gid, comma list (default = ProxyUID)
 	InboundInterceptionMode  string        // -m: "" / REDIRECT / TPROXY
-	InboundTProxyMark        string        // -t, default 1337
-	InboundTProxyRouteTable  string        // -r, default 133
+	InboundTProxyMark        string        `env:"ISTIO_INBOUND_TPROXY_MARK"`        // -t
+	InboundTProxyRouteTable  string        `env:"ISTIO_INBOUND_TPROXY_ROUTE_TABLE"` // -r
 	InboundPortsInclude      string        // -b: "" none, "*" all, or list
 	InboundPortsExclude      string        // -d: only used with -b '*'
-	OwnerGroupsInclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS, default "*"
+	OwnerGroupsInclude       string        `env:"ISTIO_OUTBOUND_OWNER_GROUPS"`
 	OwnerGroupsExclude       string        // env ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE
 	OutboundPortsInclude     string        // -q
 	OutboundPortsExclude     string        // -o
@@ -37,8 +41,8 @@ type RulesConfig struct {
 	OutboundIPRangesExclude  string        // -x: CIDR list ("*" is an error for IPv4)
 	RerouteVirtualInterfaces string        // -k
 	ExcludeInterfaces        string        // -c
-	IptablesProbePort        uint16        // --iptables-probe-port, default 15002
-	ProbeTimeout             time.Duration // --probe-timeout, default 5s
+	IptablesProbePort        uint16        `env:"IPTABLES_PROBE_PORT"` // --iptables-probe-port
+	ProbeTimeout             time.Duration `env:"PROBE_TIMEOUT"`       // --probe-timeout
 	DryRun                   bool          // -n --dry-run
 	SkipRuleApply            bool          // --skip-rule-apply
 	RunValidation            bool          // --run-validation
@@ -50,7 +54,7 @@ type RulesConfig struct {
 	DNSServersV6             []string
 	NetworkNamespace         string     // --network-namespace
 	CNIMode                  bool       // --cni-mode
-	HostIPv4LoopbackCidr     string     // env ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, default 127.0.0.1/32
+	HostIPv4LoopbackCidr     string     `env:"ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR"`
 	HostIP                   netip.Addr // the address EnableIPv6 was decided from
 	DualStack                bool       // --dual-stack
 	Reconcile                bool       // --reconcile
@@ -58,25 +62,6 @@ type RulesConfig struct {
 	ForceApply               bool       // --force-apply
 	NativeNftables           bool       // --native-nftables
 	ForceIptablesBinary      string     // --force-iptables-binary: "", legacy, nft
-}
-
-// Default returns Istio's defaults (tools/istio-iptables/pkg/cmd/root.go and
-// tools/common/config). ProxyUID/ProxyGID default to 1337 here; the CLI
-// resolves $ENVOY_USER first.
-func DefaultRules() RulesConfig {
-	return RulesConfig{
-		ProxyPort:               "15001",
-		InboundCapturePort:      "15006",
-		InboundTunnelPort:       "15008",
-		ProxyUID:                "1337",
-		ProxyGID:                "1337",
-		InboundTProxyMark:       "1337",
-		InboundTProxyRouteTable: "133",
-		OwnerGroupsInclude:      "*",
-		IptablesProbePort:       15002,
-		ProbeTimeout:            5 * time.Second,
-		HostIPv4LoopbackCidr:    "127.0.0.1/32",
-	}
 }
 
 // ErrInvalidConfig wraps every validation error.

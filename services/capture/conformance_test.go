@@ -53,7 +53,7 @@ func loadCases(t *testing.T) []conformanceCase {
 // cmd/meshagent's TestIstioIptablesConformanceCLI.
 func configFromCase(t *testing.T, c conformanceCase) RulesConfig {
 	t.Helper()
-	cfg := DefaultRules()
+	cfg := testRules(t)
 	cfg.IptablesProbePort, cfg.ProbeTimeout = 0, 0 // not part of Istio's test config
 	js, err := json.Marshal(c.Config)
 	if err != nil {

@@ -35,7 +35,7 @@ func TestEnableIPv6FromHostAddress(t *testing.T) {
 		{[]string{"192.0.2.10/24", "fe80::2/64"}, true, "192.0.2.10", false},
 		{[]string{"169.254.1.1/16", "::ffff:192.0.2.10/128"}, false, "192.0.2.10", false},
 	} {
-		cfg := DefaultRules()
+		cfg := testRules(t)
 		cfg.DualStack = tc.dual
 		if err := cfg.FillHostInputs(HostInputs{InterfaceAddrs: prefixes(tc.addrs...)}); err != nil {
 			t.Fatal(err)
@@ -44,7 +44,7 @@ func TestEnableIPv6FromHostAddress(t *testing.T) {
 			t.Errorf("%v dual=%v: HostIP %s EnableIPv6 %v; want %s %v", tc.addrs, tc.dual, cfg.HostIP, cfg.EnableIPv6, tc.wantIP, tc.wantIPv6)
 		}
 	}
-	cfg := DefaultRules()
+	cfg := testRules(t)
 	if err := cfg.FillHostInputs(HostInputs{InterfaceAddrs: prefixes("127.0.0.1/8", "fe80::1/64")}); !errors.Is(err, ErrNoLocalIP) {
 		t.Errorf("only loopback/link-local: err %v, want ErrNoLocalIP", err)
 	}
@@ -53,7 +53,7 @@ func TestEnableIPv6FromHostAddress(t *testing.T) {
 func TestDNSServersFromResolvConf(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "resolv.conf")
 	os.WriteFile(path, []byte("search svc.cluster.local\nnameserver 10.96.0.10\nnameserver ::127.0.0.53\nnameserver 2001:db8::53\noptions ndots:5\n"), 0o644)
-	cfg := DefaultRules()
+	cfg := testRules(t)
 	cfg.RedirectDNS = true
 	if err := cfg.FillHostInputs(HostInputs{ResolvConf: path, InterfaceAddrs: prefixes("192.0.2.1/24")}); err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestDNSServersFromResolvConf(t *testing.T) {
 		t.Errorf("servers v4 %v v6 %v", cfg.DNSServersV4, cfg.DNSServersV6)
 	}
 	// Capture-all does not read resolv.conf; a missing file is an error otherwise.
-	cfg = DefaultRules()
+	cfg = testRules(t)
 	cfg.RedirectDNS, cfg.CaptureAllDNS = true, true
 	if err := cfg.FillHostInputs(HostInputs{ResolvConf: "/nonexistent", InterfaceAddrs: prefixes("192.0.2.1/24")}); err != nil {
 		t.Errorf("capture-all read resolv.conf: %v", err)
@@ -77,7 +77,7 @@ func TestDNSServersFromResolvConf(t *testing.T) {
 // TestCaptureAllDNSRules: without servers, capture-all redirects every DNS
 // query in both families, with the conntrack zones unqualified.
 func TestCaptureAllDNSRules(t *testing.T) {
-	cfg := DefaultRules()
+	cfg := testRules(t)
 	cfg.RedirectDNS, cfg.CaptureAllDNS, cfg.EnableIPv6 = true, true, true
 	rs := Build(cfg)
 	for _, rules := range [][]Rule{rs.V4, rs.V6} {

@@ -24,7 +24,7 @@ func TestKernelVerifyReconcile(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	log := testkit.TestLogger(t)
-	cfg := sidecarConfig(true, "")
+	cfg := sidecarConfig(t, true, "")
 	cfg.ExcludeInterfaces = "eth9"
 	cfg.RerouteVirtualInterfaces = "virt0"
 	rs := Build(cfg)
@@ -101,7 +101,7 @@ func TestKernelFailedApplyLeavesNothing(t *testing.T) {
 		return
 	}
 	log := testkit.TestLogger(t)
-	cfg := sidecarConfig(true, "")
+	cfg := sidecarConfig(t, true, "")
 	rs := Build(cfg)
 	rs.V6 = append(rs.V6, Rule{Table: "nat", Chain: ChainOutput, Params: []string{"-j", "NO_SUCH_TARGET_X"}})
 	a, err := NewApplier("", true, log)
@@ -128,7 +128,7 @@ func TestKernelCleanState(t *testing.T) {
 	sh(t, "iptables", "-t", "nat", "-A", "OUTPUT", "-m", "comment", "--comment", "keep me", "-j", "FOREIGN")
 	sh(t, "ip6tables", "-t", "filter", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
 	before4, before6 := saveState(t, false).Normalized(), saveState(t, true).Normalized()
-	cfg := sidecarConfig(true, "TPROXY")
+	cfg := sidecarConfig(t, true, "TPROXY")
 	cfg.DropInvalid = true
 	a, err := NewApplier("", true, log)
 	if err != nil {
@@ -165,7 +165,7 @@ func TestKernelValidator(t *testing.T) {
 	if out := run("1500ms"); !strings.Contains(out, "probe connection was not redirected") {
 		t.Errorf("validator without rules: %q; want a failure", out)
 	}
-	cfg := sidecarConfig(false, "")
+	cfg := sidecarConfig(t, false, "")
 	a, err := NewApplier("", false, testkit.TestLogger(t))
 	if err != nil {
 		t.Fatal(err)

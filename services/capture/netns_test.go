@@ -48,7 +48,7 @@ func runHelper() bool {
 		os.Exit(0)
 	case "sidecar":
 		health := messages.NewCell[messages.Health]()
-		svc, err := New(Config{Mode: Sidecar, Rules: sidecarConfig(false, "")}, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, nil))
+		svc, err := New(Config{Mode: Sidecar, Rules: sidecarConfig(testkit.ExitOnFatal{}, false, "")}, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, nil))
 		if err == nil {
 			err = svc.Serve(context.Background())
 		}
@@ -56,7 +56,7 @@ func runHelper() bool {
 		fmt.Printf("%v|%s|%s\n", err, h.State, h.Reason)
 		os.Exit(0)
 	case "validate":
-		cfg := sidecarConfig(false, "")
+		cfg := sidecarConfig(testkit.ExitOnFatal{}, false, "")
 		cfg.HostIP = netip.MustParseAddr("192.0.2.1")
 		cfg.ProbeTimeout, _ = time.ParseDuration(os.Getenv(envArgs))
 		if err := ValidateCapture(context.Background(), cfg); err != nil {
@@ -352,8 +352,8 @@ func saveState(t *testing.T, v6 bool) SaveState {
 
 // sidecarConfig is the injector's init-container config plus DNS capture
 // and one excluded outbound port.
-func sidecarConfig(v6 bool, mode string) RulesConfig {
-	cfg := DefaultRules()
+func sidecarConfig(t testkit.Failer, v6 bool, mode string) RulesConfig {
+	cfg := testRules(t)
 	cfg.InboundInterceptionMode = mode
 	cfg.OutboundIPRangesInclude = "*"
 	cfg.InboundPortsInclude = "*"
@@ -430,7 +430,7 @@ func captureTraffic(t *testing.T, newBackend func(*testing.T) trafficBackend, v6
 	b := newBackend(t)
 	before := b.state(t)
 
-	cfg := sidecarConfig(v6, mode)
+	cfg := sidecarConfig(t, v6, mode)
 	cfg.OutboundIPRangesExclude = "198.51.100.8/32,2001:db8:1::8/128"
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

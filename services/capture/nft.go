@@ -104,9 +104,6 @@ func BuildNft(cfg RulesConfig) NftRuleSet {
 	nat, mangle := NftNatTable, NftMangleTable
 	tproxy := cfg.InboundInterceptionMode == "TPROXY"
 	lo4 := cfg.HostIPv4LoopbackCidr
-	if lo4 == "" {
-		lo4 = "127.0.0.1/32"
-	}
 	exclude4, exclude6 := splitRanges(cfg.OutboundIPRangesExclude)
 	include4, include6 := splitRanges(cfg.OutboundIPRangesInclude)
 	redirectDNS := cfg.RedirectDNS && (cfg.CaptureAllDNS || len(cfg.DNSServersV4)+len(cfg.DNSServersV6) > 0)

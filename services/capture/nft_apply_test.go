@@ -17,8 +17,8 @@ func requireNft(t *testing.T) {
 	}
 }
 
-func nftConfig(mode string) RulesConfig {
-	cfg := DefaultRules()
+func nftConfig(t testing.TB, mode string) RulesConfig {
+	cfg := testRules(t)
 	cfg.InboundPortsInclude, cfg.OutboundIPRangesInclude = "*", "*"
 	cfg.InboundInterceptionMode = mode
 	cfg.EnableIPv6 = true
@@ -61,7 +61,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 		}
 		return st
 	}
-	tproxy := nftConfig("TPROXY")
+	tproxy := nftConfig(t, "TPROXY")
 	if missing, err := a.Missing(ctx, BuildNft(tproxy)); err != nil || len(missing) != 3 {
 		t.Errorf("before apply, Missing = %q, %v; want our three tables", missing, err)
 	}
@@ -86,7 +86,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 		}
 	}
 
-	redirect := run(nftConfig("REDIRECT"), Reconciled)
+	redirect := run(nftConfig(t, "REDIRECT"), Reconciled)
 	if strings.Contains(redirect, NftMangleTable) {
 		t.Errorf("after the switch to REDIRECT the mangle table is still there:\n%s", redirect)
 	}
@@ -96,7 +96,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 
 	// A group nft cannot resolve fails the transaction at load: none of it
 	// may land, not even the removal of the old tables that precedes it.
-	bad := nftConfig("TPROXY")
+	bad := nftConfig(t, "TPROXY")
 	bad.OwnerGroupsInclude = "no-such-group-23"
 	if _, err := ExecuteNft(ctx, bad, BuildNft(bad), a, log); err == nil {
 		t.Fatal("apply with an unknown group succeeded")
@@ -105,7 +105,7 @@ func TestNftApplyReconcileClean(t *testing.T) {
 		t.Errorf("a failed apply changed the tables:\n%s", testkit.LineDiff(redirect, st))
 	}
 
-	clean := nftConfig("REDIRECT")
+	clean := nftConfig(t, "REDIRECT")
 	clean.CleanupOnly = true
 	if got, err := ExecuteNft(ctx, clean, NftRuleSet{}, a, log); err != nil || got != CleanedUp {
 		t.Fatalf("cleanup: %q, %v", got, err)

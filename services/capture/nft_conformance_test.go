@@ -47,7 +47,7 @@ func loadNftCases(t *testing.T) []nftCase {
 	var out []nftCase
 	for _, c := range cs.Cases {
 		// Istio's constructTestConfig(): only the base fields, nothing of
-		// DefaultRules() beyond them; then the case's fields.
+		// testRules(t) beyond them; then the case's fields.
 		var cfg RulesConfig
 		for _, layer := range []map[string]any{cs.Base, c.Set} {
 			js, _ := json.Marshal(layer)

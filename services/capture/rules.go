@@ -131,9 +131,6 @@ func Build(cfg RulesConfig) RuleSet {
 	b := &builder{}
 	tproxy := cfg.InboundInterceptionMode == "TPROXY"
 	lo4 := cfg.HostIPv4LoopbackCidr
-	if lo4 == "" {
-		lo4 = "127.0.0.1/32"
-	}
 	const lo6 = "::1/128"
 	exclude4, exclude6 := splitRanges(cfg.OutboundIPRangesExclude)
 	include4, include6 := splitRanges(cfg.OutboundIPRangesInclude)

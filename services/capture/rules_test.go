@@ -31,7 +31,7 @@ func TestMultiportChunking(t *testing.T) {
 	}
 
 	// Through the builder: 16 excluded outbound ports = 2 tcp + 2 udp rules.
-	cfg := DefaultRules()
+	cfg := testRules(t)
 	cfg.OutboundPortsExclude = strings.Join(ports[:16], ",")
 	n := 0
 	for _, r := range Build(cfg).V4 {
@@ -73,7 +73,7 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 		{func(c *RulesConfig) { c.InboundTProxyMark = "x" }, []string{"--istio-inbound-tproxy-mark", "x"}},
 		{func(c *RulesConfig) { c.ForceIptablesBinary = "foo" }, []string{"--force-iptables-binary", "foo"}},
 	} {
-		cfg := DefaultRules()
+		cfg := testRules(t)
 		tc.mutate(&cfg)
 		err := cfg.Validate()
 		if err == nil {
@@ -86,7 +86,7 @@ func TestValidateNamesFlagAndValue(t *testing.T) {
 			}
 		}
 	}
-	ok := DefaultRules()
+	ok := testRules(t)
 	ok.InboundPortsInclude, ok.InboundPortsExclude, ok.OutboundIPRangesInclude = "*", "15090,15021,15020", "*"
 	if err := ok.Validate(); err != nil {
 		t.Errorf("default sidecar config rejected: %v", err)

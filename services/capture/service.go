@@ -33,8 +33,9 @@ type Config struct {
 	// Rules is what the rules are built from: istio-iptables' config (host
 	// inputs already filled: EnableIPv6, DNS servers).
 	Rules RulesConfig
-	// CheckInterval is how often VM mode re-checks the rules (default 30s).
-	CheckInterval time.Duration
+	// CheckInterval is how often VM mode re-checks the rules
+	// (MESHAGENT_CAPTURE_CHECK_INTERVAL); required in VM mode.
+	CheckInterval time.Duration `env:"MESHAGENT_CAPTURE_CHECK_INTERVAL"`
 }
 
 // Validate checks the config, naming the field and value.
@@ -42,8 +43,8 @@ func (c Config) Validate() error {
 	if c.Mode != Sidecar && c.Mode != VM {
 		return fmt.Errorf("%w: capture Mode %d: must be Sidecar or VM", ErrInvalidConfig, c.Mode)
 	}
-	if c.CheckInterval < 0 {
-		return fmt.Errorf("%w: capture CheckInterval %s: must not be negative", ErrInvalidConfig, c.CheckInterval)
+	if c.CheckInterval < 0 || c.Mode == VM && c.CheckInterval == 0 {
+		return fmt.Errorf("%w: capture CheckInterval (MESHAGENT_CAPTURE_CHECK_INTERVAL) %s: must be positive", ErrInvalidConfig, c.CheckInterval)
 	}
 	return c.Rules.Validate()
 }
@@ -71,9 +72,6 @@ type Outputs struct{}
 func New(cfg Config, _ Inputs, _ Outputs, rt messages.Runtime) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.CheckInterval == 0 {
-		cfg.CheckInterval = 30 * time.Second
 	}
 	return &Service{cfg: cfg, health: rt.Health, clock: rt.Clock, log: rt.Log}, nil
 }

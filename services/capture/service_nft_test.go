@@ -24,7 +24,7 @@ func TestKernelServiceNft(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	ctx := context.Background()
-	capCfg := sidecarConfig(false, "")
+	capCfg := sidecarConfig(t, false, "")
 	capCfg.NativeNftables = true
 	rs := BuildNft(capCfg)
 	a, err := NewNftApplier(testkit.TestLogger(t))

@@ -17,17 +17,21 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	cfg := Config{Mode: Mode(7), Rules: DefaultRules()}
+	cfg := Config{Mode: Mode(7), Rules: testRules(t)}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Mode 7") {
 		t.Errorf("bad mode: %v", err)
 	}
-	cfg = Config{Mode: VM, Rules: DefaultRules()}
+	cfg = Config{Mode: VM, Rules: testRules(t)}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "MESHAGENT_CAPTURE_CHECK_INTERVAL") {
+		t.Errorf("VM mode without a check interval: %v", err)
+	}
+	cfg.CheckInterval = time.Hour
 	cfg.Rules.ProxyPort = "x"
 	if _, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, testkit.TestLogger(t))); err == nil ||
 		!strings.Contains(err.Error(), "--envoy-port") {
 		t.Errorf("New with bad config: %v", err)
 	}
-	s, err := New(Config{Rules: DefaultRules()}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
+	s, err := New(Config{Rules: testRules(t)}, Inputs{}, Outputs{}, messages.NewRuntime(Name, messages.NewCell[messages.Health](), nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +48,7 @@ func TestKernelServiceSidecar(t *testing.T) {
 	}
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
-	cfg := Config{Mode: Sidecar, Rules: sidecarConfig(false, "")}
+	cfg := Config{Mode: Sidecar, Rules: sidecarConfig(t, false, "")}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, nil, nil, testkit.TestLogger(t)))
 	if err := svc.Serve(context.Background()); !errors.Is(err, suture.ErrDoNotRestart) {
 		t.Fatalf("Serve = %v, want ErrDoNotRestart", err)
@@ -91,7 +95,7 @@ func TestKernelServiceVM(t *testing.T) {
 	sh(t, "ip", "link", "set", "lo", "up")
 	health := messages.NewCell[messages.Health]()
 	clock := testkit.NewManualClock()
-	cfg := Config{Mode: VM, Rules: sidecarConfig(false, ""), CheckInterval: time.Hour}
+	cfg := Config{Mode: VM, Rules: sidecarConfig(t, false, ""), CheckInterval: time.Hour}
 	svc := mustNew(t, cfg, messages.NewRuntime(Name, health, clock, nil, testkit.TestLogger(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -17,7 +17,7 @@ import (
 func BenchmarkCSRRoundTrip(b *testing.B) {
 	ca := istioca.Start(b, istioca.Options{Lifetime: time.Hour, Token: testToken})
 	root := b.TempDir()
-	cfg := testConfig(root)
+	cfg := testConfig(b, root)
 	cfg.CAAddr, cfg.KeyAlgorithm = ca.Addr, ECDSA
 	testkit.WriteFile(b, cfg.CARootFile, ca.Root.CertPEM)
 	testkit.WriteFile(b, cfg.TokenFile, []byte(testToken))

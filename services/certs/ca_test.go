@@ -72,7 +72,7 @@ func newCASetup(t *testing.T, lifetime time.Duration) *caSetup {
 	ca := istioca.New(t, istioca.Options{Lifetime: lifetime, Token: testToken})
 	root := t.TempDir()
 	c := &caSetup{ca: ca, root: root, out: &testkit.Recorder[messages.CertBundle]{}, health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
-	c.cfg = chooseSource(testConfig(root), root, false)
+	c.cfg = chooseSource(testConfig(t, root), root, false)
 	c.cfg.CAAddr = ca.Addr
 	c.cfg.KeyAlgorithm = ECDSA // fast; RSA is covered by TestCARSAKey
 	c.cfg.ClusterID = "Kubernetes"
@@ -357,7 +357,7 @@ func TestCARestartKeepsValidCert(t *testing.T) {
 }
 
 func TestConfigValidateNamesField(t *testing.T) {
-	base := testConfig("/")
+	base := testConfig(t, "/")
 	cases := map[string]func(*Config){
 		"CAAddr":         func(c *Config) { c.CAAddr = "nohostport" },
 		"SecretTTL":      func(c *Config) { c.SecretTTL = 0 },
@@ -433,7 +433,7 @@ func TestChooseSource(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			cfg := testConfig(root)
+			cfg := testConfig(t, root)
 			if tc.outputIsEtcCerts {
 				cfg.OutputCertsDir = filepath.Join(root, testEtcCertsDir)
 			}
@@ -470,7 +470,7 @@ func TestChooseSource(t *testing.T) {
 // Roots must fit Source: the file roots go with a CA certificate, the CA's
 // roots with a file certificate.
 func TestConfigValidateRoots(t *testing.T) {
-	c := testConfig("/")
+	c := testConfig(t, "/")
 	c.Roots = RootsFromCA // with SourceCA
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "Roots") {
 		t.Errorf("RootsFromCA with SourceCA: %v", err)

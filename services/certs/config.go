@@ -64,23 +64,17 @@ func (r MeshRootsSource) String() string {
 	return "with the certificate"
 }
 
-// The file names of a certificate directory (Istio's), and the defaults of
-// the CA client's own settings, which cmd reads from Istio's environment
-// variables (SECRET_TTL, ...). Paths and addresses are not defaults here:
-// cmd gives them, from its table of Istio's paths.
+// The file names of a certificate directory (Istio's), and the CA
+// client's own tuning, which no variable sets. What a variable sets
+// (TRUST_DOMAIN, SECRET_TTL, ...) has its default in cmd's env table
+// alone (#34): here it is a required field of Config.
 const (
-	CertChainFileName    = "cert-chain.pem"
-	KeyFileName          = "key.pem"
-	RootCertFileName     = "root-cert.pem"
-	DefaultTrustDomain   = "cluster.local"
-	DefaultSecretTTL     = 24 * time.Hour
-	DefaultFileDebounce  = 100 * time.Millisecond
-	DefaultGraceRatio    = 0.5
-	DefaultGraceJitter   = 0.01
-	DefaultRSAKeySize    = 2048
-	DefaultRetryInitial  = 200 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultRequestTimout = 10 * time.Second
+	CertChainFileName = "cert-chain.pem"
+	KeyFileName       = "key.pem"
+	RootCertFileName  = "root-cert.pem"
+	retryInitial      = 200 * time.Millisecond
+	retryMax          = 30 * time.Second
+	requestTimeout    = 10 * time.Second
 )
 
 // KeyAlgorithm is the workload key type for CSRs.
@@ -92,8 +86,10 @@ const (
 )
 
 // Config is everything the certs service needs, as plain values. cmd fills it
-// from Istio's environment variables (named on each field); DefaultConfig and
-// ChooseSource give Istio's defaults and its choice of source.
+// from Istio's environment variables (named on each field), every one of
+// them: NewConfig gives only the client's own tuning, ChooseSource Istio's
+// choice of source. A field tagged env:"NAME" takes that variable's value
+// (the test kit fills it from the table: testkit.FillFromTable).
 type Config struct {
 	// Source selects files or the CA for the certificate (see
 	// ChooseSource).
@@ -111,8 +107,8 @@ type Config struct {
 	KeyFile       string
 	RootCertFile  string
 	// FileDebounce: quiet time after the last change before re-reading
-	// (FILE_DEBOUNCE_DURATION, default 100ms).
-	FileDebounce time.Duration
+	// (FILE_DEBOUNCE_DURATION; 0: none).
+	FileDebounce time.Duration `env:"FILE_DEBOUNCE_DURATION"`
 
 	// --- CA client ---
 
@@ -154,25 +150,25 @@ type Config struct {
 	CertSigner string
 	// TrustDomain, Namespace, ServiceAccount make the SPIFFE ID
 	// spiffe://<TRUST_DOMAIN>/ns/<POD_NAMESPACE>/sa/<SERVICE_ACCOUNT>.
-	TrustDomain    string
+	TrustDomain    string `env:"TRUST_DOMAIN"`
 	Namespace      string
 	ServiceAccount string
-	// SecretTTL: requested certificate lifetime (SECRET_TTL, default 24h).
-	SecretTTL time.Duration
+	// SecretTTL: requested certificate lifetime (SECRET_TTL).
+	SecretTTL time.Duration `env:"SECRET_TTL"`
 	// GraceRatio: renew when this fraction of the lifetime remains
-	// (SECRET_GRACE_PERIOD_RATIO, 0.5), ± GraceJitter
-	// (SECRET_GRACE_PERIOD_RATIO_JITTER, 0.01).
-	GraceRatio  float64
-	GraceJitter float64
-	// KeyAlgorithm: RSA (default) or ECDSA (ECC_SIGNATURE_ALGORITHM).
-	KeyAlgorithm KeyAlgorithm
-	// RSAKeySize: WORKLOAD_RSA_KEY_SIZE (2048).
-	RSAKeySize int
-	// ECCCurve: "P256" (default) or "P384" (ECC_CURVE).
-	ECCCurve string
+	// (SECRET_GRACE_PERIOD_RATIO), ± GraceJitter
+	// (SECRET_GRACE_PERIOD_RATIO_JITTER).
+	GraceRatio  float64 `env:"SECRET_GRACE_PERIOD_RATIO"`
+	GraceJitter float64 `env:"SECRET_GRACE_PERIOD_RATIO_JITTER"`
+	// KeyAlgorithm: RSA or ECDSA (ECC_SIGNATURE_ALGORITHM).
+	KeyAlgorithm KeyAlgorithm `env:"ECC_SIGNATURE_ALGORITHM"`
+	// RSAKeySize: WORKLOAD_RSA_KEY_SIZE, at least 2048.
+	RSAKeySize int `env:"WORKLOAD_RSA_KEY_SIZE"`
+	// ECCCurve: "P256" or "P384" (ECC_CURVE).
+	ECCCurve string `env:"ECC_CURVE"`
 	// PKCS8Key: encode the private key as PKCS#8 (PKCS8_KEY); otherwise
 	// PKCS#1 (RSA) or SEC 1 (EC).
-	PKCS8Key bool
+	PKCS8Key bool `env:"PKCS8_KEY"`
 	// RetryInitial, RetryMax: exponential backoff (with ±20% jitter) between
 	// failed CA calls.
 	RetryInitial time.Duration
@@ -190,27 +186,15 @@ type Config struct {
 	OutputFileMode os.FileMode
 }
 
-// DefaultConfig returns the defaults of the values: Istio's for its
-// variables (TRUST_DOMAIN, SECRET_TTL, SECRET_GRACE_PERIOD_RATIO(_JITTER),
-// WORKLOAD_RSA_KEY_SIZE, ECC_CURVE, FILE_DEBOUNCE_DURATION) and the
-// client's own retry and timeout. The paths, the CA address and the
-// workload's identity are the caller's to set.
-func DefaultConfig() Config {
+// NewConfig is a config with the client's own tuning (retries, the
+// request timeout, output files 0600); the caller sets the rest, every
+// variable's value from the env table included (#34).
+func NewConfig() Config {
 	return Config{
 		Source:         SourceCA,
-		FileDebounce:   DefaultFileDebounce,
-		TrustDomain:    DefaultTrustDomain,
-		Namespace:      "default",
-		ServiceAccount: "default",
-		SecretTTL:      DefaultSecretTTL,
-		GraceRatio:     DefaultGraceRatio,
-		GraceJitter:    DefaultGraceJitter,
-		KeyAlgorithm:   RSA,
-		RSAKeySize:     DefaultRSAKeySize,
-		ECCCurve:       "P256",
-		RetryInitial:   DefaultRetryInitial,
-		RetryMax:       DefaultRetryMax,
-		RequestTimeout: DefaultRequestTimout,
+		RetryInitial:   retryInitial,
+		RetryMax:       retryMax,
+		RequestTimeout: requestTimeout,
 		OutputFileMode: 0o600,
 	}
 }

@@ -42,10 +42,7 @@ func generateKey(alg KeyAlgorithm, rsaBits int, curve string) (crypto.Signer, er
 			c = elliptic.P384()
 		}
 		return ecdsa.GenerateKey(c, rand.Reader)
-	case RSA, "":
-		if rsaBits == 0 {
-			rsaBits = DefaultRSAKeySize
-		}
+	case RSA:
 		return rsa.GenerateKey(rand.Reader, rsaBits)
 	}
 	return nil, fmt.Errorf("key algorithm %q: want RSA or ECDSA", alg)

@@ -34,7 +34,7 @@ func newFileSetup(t *testing.T) *fileSetup {
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f.cfg = chooseSource(testConfig(root), root, true)
+	f.cfg = chooseSource(testConfig(t, root), root, true)
 	f.cfg.FileDebounce = 20 * time.Millisecond
 	return f
 }

@@ -1,6 +1,11 @@
 package certs
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
 
 // Istio's certificate directories under a test root (cmd's table has the
 // production spelling).
@@ -12,9 +17,11 @@ const (
 )
 
 // testConfig is the config cmd builds by default, with every path under
-// root: DefaultConfig plus Istio's paths and CA address.
-func testConfig(root string) Config {
-	cfg := DefaultConfig()
+// root: the env table's defaults, Istio's paths and CA address.
+func testConfig(t testing.TB, root string) Config {
+	cfg := NewConfig()
+	testkit.FillFromTable(t, &cfg)
+	cfg.Namespace, cfg.ServiceAccount = "default", "default"
 	etc := filepath.Join(root, testEtcCertsDir)
 	cfg.CertChainFile = filepath.Join(etc, CertChainFileName)
 	cfg.KeyFile = filepath.Join(etc, KeyFileName)

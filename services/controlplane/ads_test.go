@@ -318,8 +318,7 @@ func TestMeshDirectoryAppearsLate(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "mesh")
 	file := filepath.Join(dir, "mesh.yaml")
 	health := &testkit.HealthRecorder{}
-	cfg := DefaultConfig(file)
-	cfg.Listen = "127.0.0.1:0"
+	cfg := NewConfig("127.0.0.1:0", file)
 	svc, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, testkit.NewLogBuffer(t).Logger()))
 	if err != nil {
 		t.Fatal(err)

@@ -7,13 +7,11 @@ import (
 	"github.com/meshagent/meshagent/services/internal/loopback"
 )
 
-// Defaults. The port is istiod's plaintext xDS port (15010) moved out of
-// 15000-15090, where the agent's and Envoy's own ports live, so that the
-// embedded control plane can run beside an agent on the same host.
+// The control plane's own tuning: its address is the caller's
+// (MESHAGENT_CONTROLPLANE_LISTEN: cmd's env table holds its default, #34).
 const (
-	DefaultListen      = "127.0.0.1:16010"
-	DefaultDebounce    = 100 * time.Millisecond
-	DefaultStopTimeout = 5 * time.Second
+	debounce    = 100 * time.Millisecond
+	stopTimeout = 5 * time.Second
 )
 
 // Config is the embedded control plane's configuration.
@@ -46,9 +44,10 @@ type TLSFiles struct {
 	ClientCAFile string
 }
 
-// DefaultConfig is the defaults with the mesh file given.
-func DefaultConfig(meshFile string) Config {
-	return Config{Listen: DefaultListen, MeshFile: meshFile, Debounce: DefaultDebounce, StopTimeout: DefaultStopTimeout}
+// NewConfig is a control plane on listen serving meshFile, with its own
+// debounce and stop timeout.
+func NewConfig(listen, meshFile string) Config {
+	return Config{Listen: listen, MeshFile: meshFile, Debounce: debounce, StopTimeout: stopTimeout}
 }
 
 // Validate names the field and value that are wrong.

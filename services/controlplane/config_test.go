@@ -18,9 +18,10 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	good := DefaultConfig("/etc/mesh.yaml")
+	good := NewConfig("127.0.0.1:0", "/etc/mesh.yaml")
 	testkit.EachEditRejected(t, good, map[string]func(*Config){
 		"non-loopback listen": func(c *Config) { c.Listen = "0.0.0.0:16010" },
+		"no listen":           func(c *Config) { c.Listen = "" },
 		"listen without port": func(c *Config) { c.Listen = "127.0.0.1" },
 		"no mesh file":        func(c *Config) { c.MeshFile = "" },
 		"cert without key":    func(c *Config) { c.TLS.CertFile = "/c.pem" },

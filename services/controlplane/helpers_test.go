@@ -31,8 +31,7 @@ func startServer(t *testing.T, mesh []byte, want messages.HealthState, edit func
 	dir := t.TempDir()
 	s := &server{file: filepath.Join(dir, "mesh.yaml"), health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
 	testkit.WriteFile(t, s.file, mesh)
-	cfg := DefaultConfig(s.file)
-	cfg.Listen = "127.0.0.1:0"
+	cfg := NewConfig("127.0.0.1:0", s.file)
 	if edit != nil {
 		edit(&cfg)
 	}

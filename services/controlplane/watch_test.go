@@ -24,8 +24,7 @@ func TestBadMeshFileWarnsOnceWithItsLogBesideIt(t *testing.T) {
 	}
 	defer logFile.Close()
 	health := &testkit.HealthRecorder{}
-	cfg := DefaultConfig(mesh)
-	cfg.Listen = "127.0.0.1:0"
+	cfg := NewConfig("127.0.0.1:0", mesh)
 	cfg.Debounce = 1e6 // 1 ms: a watcher woken by its own log would warn hundreds of times a second
 	svc, err := New(cfg, Inputs{}, Outputs{}, messages.NewRuntime(Name, health, nil, nil, slog.New(slog.NewTextHandler(logFile, nil))))
 	if err != nil {

@@ -8,12 +8,10 @@ import (
 	"github.com/meshagent/meshagent/services/internal/uds"
 )
 
-// The service's own defaults. Istio's paths (the sockets, the CRL file) come
-// from cmd's table, as explicit values.
-const (
-	DefaultFileDebounce = 100 * time.Millisecond
-	DefaultStopTimeout  = 5 * time.Second
-)
+// stopTimeout is the service's own tuning. Istio's paths (the sockets, the
+// CRL file) and FILE_DEBOUNCE_DURATION come from cmd's tables, as
+// explicit values (#34).
+const stopTimeout = 5 * time.Second
 
 // SystemRootFiles are the OS trust stores Istio looks for, in its order
 // (security.GetOSRootFilePath, after crypto/x509's root_linux.go): the first
@@ -32,7 +30,8 @@ func SystemRootFiles() []string {
 	}
 }
 
-// Config is the SDS server's configuration.
+// Config is the SDS server's configuration. A field tagged env:"NAME"
+// takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// SocketPath: the unix socket this server serves Envoy on
 	// (<root>/var/run/secrets/workload-spiffe-uds/socket).
@@ -46,7 +45,7 @@ type Config struct {
 	// FilesSocketPath; when it names another socket than SocketPath's and
 	// nothing answers there, Serve fails naming it. Empty is SocketPath's
 	// own name.
-	WorkloadIdentitySocketFile string
+	WorkloadIdentitySocketFile string `env:"WORKLOAD_IDENTITY_SOCKET_FILE"`
 	// FilesSocketPath: where file secrets are served when an external SDS
 	// server serves the workload identity
 	// (<root>/var/run/secrets/credential-uds/files-socket). Empty: not
@@ -54,10 +53,10 @@ type Config struct {
 	FilesSocketPath string
 	// SocketOwner: who the socket is chowned to (default uds.Unowned).
 	SocketOwner uds.Owner
-	// FileDebounce (FILE_DEBOUNCE_DURATION, default 100ms): quiet time after
+	// FileDebounce (FILE_DEBOUNCE_DURATION; 0: none): quiet time after
 	// the last change of a watched file before file secrets and the CRL
 	// are read again.
-	FileDebounce time.Duration
+	FileDebounce time.Duration `env:"FILE_DEBOUNCE_DURATION"`
 	// SystemRootFiles: the OS trust stores "file-root:system" is read from,
 	// the first that exists (default SystemRootFiles(), Istio's list).
 	SystemRootFiles []string
@@ -71,16 +70,17 @@ type Config struct {
 	StopTimeout time.Duration
 }
 
-// NewConfig is the config for a server on socketPath with the service's own
-// defaults: the socket's owner left alone, no files-only socket and no CRL
-// (cmd sets those paths), Istio's trust-store list.
-func NewConfig(socketPath string) Config {
+// NewConfig is the config for a server on socketPath, quiet for
+// fileDebounce after a file changes (FILE_DEBOUNCE_DURATION), with the
+// service's own defaults: the socket's owner left alone, no files-only
+// socket and no CRL (cmd sets those paths), Istio's trust-store list.
+func NewConfig(socketPath string, fileDebounce time.Duration) Config {
 	return Config{
 		SocketPath:      socketPath,
 		SocketOwner:     uds.Unowned,
-		FileDebounce:    DefaultFileDebounce,
+		FileDebounce:    fileDebounce,
 		SystemRootFiles: SystemRootFiles(),
-		StopTimeout:     DefaultStopTimeout,
+		StopTimeout:     stopTimeout,
 	}
 }
 

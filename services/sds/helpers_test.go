@@ -50,7 +50,7 @@ type server struct {
 func newServer(t *testing.T, configure ...func(*Config)) *server {
 	t.Helper()
 	root := testkit.ShortTempDir(t, "sds")
-	s := &server{cfg: testConfig(root), root: root, certs: messages.NewCell[messages.CertBundle](),
+	s := &server{cfg: testConfig(t, root), root: root, certs: messages.NewCell[messages.CertBundle](),
 		anchors: messages.NewCell[messages.TrustAnchors](), health: &testkit.HealthRecorder{}, logs: testkit.NewLogBuffer(t)}
 	s.cfg.SystemRootFiles = []string{filepath.Join(root, "os/ssl/missing.crt"), filepath.Join(root, "os/ssl/ca-certificates.crt")}
 	s.cfg.FileDebounce = 10 * time.Millisecond

@@ -110,7 +110,8 @@ func staleSocket(t *testing.T, path string) {
 // Ready, saying that the external server is in use, and serves file secrets
 // only, on the files socket; "default" and "ROOTCA" are refused there.
 func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
-	for _, file := range []string{testWorkloadSocketFile, "spire-agent.sock"} {
+	istios := testkit.TableDefault[string](t, "WORKLOAD_IDENTITY_SOCKET_FILE")
+	for _, file := range []string{istios, "spire-agent.sock"} {
 		t.Run(file, func(t *testing.T) {
 			s := newServer(t, func(c *Config) { c.WorkloadIdentitySocketFile = file })
 			external := filepath.Join(filepath.Dir(s.cfg.SocketPath), file)
@@ -124,7 +125,7 @@ func TestLiveSocketMeansExternalSDSAndFilesOnly(t *testing.T) {
 			if !SocketLive(external) {
 				t.Fatal("the external server's socket was taken over or removed")
 			}
-			if file != testWorkloadSocketFile {
+			if file != istios {
 				if _, err := os.Stat(s.cfg.SocketPath); !os.IsNotExist(err) {
 					t.Fatalf("listening on %s beside the external server: %v", s.cfg.SocketPath, err)
 				}
@@ -186,7 +187,7 @@ func TestNonDefaultSocketFileWithoutServerFails(t *testing.T) {
 // config (#26).
 func TestWorkloadIdentitySocketFileMustBeAName(t *testing.T) {
 	for _, bad := range []string{"sub/socket", "../socket", "/var/run/spire.sock", ".."} {
-		cfg := testConfig(testkit.ShortTempDir(t, "sds"))
+		cfg := testConfig(t, testkit.ShortTempDir(t, "sds"))
 		cfg.WorkloadIdentitySocketFile = bad
 		_, err := New(cfg, Inputs{Certs: messages.NewCell[messages.CertBundle]()}, Outputs{}, messages.NewRuntime(Name, &testkit.HealthRecorder{}, nil, nil, nil))
 		if err == nil || !strings.Contains(err.Error(), "WORKLOAD_IDENTITY_SOCKET_FILE") || !strings.Contains(err.Error(), bad) {
@@ -236,7 +237,7 @@ func TestSocketLive(t *testing.T) {
 func TestSocketChownedToProxy(t *testing.T) {
 	testkit.RequireRoot(t, "chown")
 	root := testkit.ShortTempDir(t, "sds")
-	cfg := testConfig(root)
+	cfg := testConfig(t, root)
 	cfg.SocketOwner = uds.Owner{UID: 1337, GID: 1337}
 	health := messages.NewCell[messages.Health]()
 	svc := newService(t, cfg, messages.NewCell[messages.CertBundle](), health, nil)

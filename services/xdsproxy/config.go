@@ -37,13 +37,11 @@ import (
 // Name is the service's name in logs, metrics, health and /debug/tree.
 const Name = "xds"
 
-// Istio's defaults (pilot-agent), and ours where Istio has none. Istio's
-// paths and addresses are not defaults here: cmd gives them from its table.
+// The proxy's own tuning, which no variable sets: Istio's where it has
+// one, ours where it has none. What a variable sets (GRPC_KEEPALIVE_*,
+// XDS_OFFLINE_CACHE, ...) and Istio's paths and addresses are the caller's,
+// from cmd's env table (#34).
 const (
-	// DefaultKeepaliveInterval and DefaultKeepaliveTimeout are
-	// GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT's defaults.
-	DefaultKeepaliveInterval = 30 * time.Second
-	DefaultKeepaliveTimeout  = 10 * time.Second
 	// DefaultDialTimeout bounds the opening of an upstream stream (Istio's
 	// 5s dial context).
 	DefaultDialTimeout = 5 * time.Second
@@ -104,8 +102,10 @@ func (r ControlPlaneRootsSource) String() string {
 }
 
 // Config is the XDS proxy's configuration: plain values, resolved by the
-// caller from Istio's flags, environment and ProxyConfig. A zero duration
-// or size means its default.
+// caller from Istio's flags, environment and ProxyConfig. A zero tuning
+// duration or size (DialTimeout, ..., CacheMaxBytes) means its default
+// above; a variable's value is taken as given. A field tagged env:"NAME"
+// takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// SocketPath is the unix socket Envoy connects to:
 	// <root>/etc/istio/proxy/XDS (Istio: <ConfigPath>/XDS).
@@ -113,10 +113,13 @@ type Config struct {
 	// SocketOwner: who the socket is chowned to (default uds.Unowned).
 	SocketOwner uds.Owner
 	// KeepaliveInterval, KeepaliveTimeout: HTTP/2 keepalive on both sides
-	// (GRPC_KEEPALIVE_INTERVAL, default 30s; GRPC_KEEPALIVE_TIMEOUT,
-	// default 10s).
-	KeepaliveInterval time.Duration
-	KeepaliveTimeout  time.Duration
+	// (GRPC_KEEPALIVE_INTERVAL, GRPC_KEEPALIVE_TIMEOUT), handed to gRPC as
+	// Istio's agent hands them (pkg/keepalive): 0 is gRPC's own meaning,
+	// as in Istio, not a default of ours. Upstream, an interval under 10s
+	// (0 too) is gRPC's floor, 10s; downstream, 0 is gRPC's server
+	// default, 2h; a timeout of 0 is gRPC's 20s on both sides.
+	KeepaliveInterval time.Duration `env:"GRPC_KEEPALIVE_INTERVAL"`
+	KeepaliveTimeout  time.Duration `env:"GRPC_KEEPALIVE_TIMEOUT"`
 
 	// DiscoveryAddress is the control plane, host:port
 	// (ProxyConfig.discoveryAddress).
@@ -175,8 +178,8 @@ type Config struct {
 
 	// OfflineCache keeps the configuration Envoy last acknowledged and
 	// serves it to an Envoy that connects while the control plane cannot be
-	// reached (ours: XDS_OFFLINE_CACHE, default true).
-	OfflineCache bool
+	// reached (ours: XDS_OFFLINE_CACHE).
+	OfflineCache bool `env:"XDS_OFFLINE_CACHE"`
 	// CacheFile persists it (0600, written atomically); empty keeps it in
 	// memory only. The caller passes <ConfigPath>/xds-cache.pb.
 	CacheFile string
@@ -208,28 +211,26 @@ type Config struct {
 
 // NewConfig is the config of a proxy serving Envoy on socketPath with the
 // service's own defaults: the socket's owner left alone, TLS with roots from
-// a file (RootCAFile is the caller's to set), the last-known-good cache on.
+// a file (RootCAFile is the caller's to set). The last-known-good cache
+// (XDS_OFFLINE_CACHE) and the keepalive are the caller's to set.
 func NewConfig(socketPath string) Config {
 	return Config{
-		SocketPath:   socketPath,
-		SocketOwner:  uds.Unowned,
-		Roots:        RootsFile,
-		OfflineCache: true,
+		SocketPath:  socketPath,
+		SocketOwner: uds.Unowned,
+		Roots:       RootsFile,
 	}
 }
 
 // ErrBadConfig is wrapped by every Validate error.
 var ErrBadConfig = errors.New("bad xds proxy configuration")
 
-// withDefaults fills the zero durations and sizes.
+// withDefaults fills the zero tuning durations and sizes.
 func (c Config) withDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
 		}
 	}
-	def(&c.KeepaliveInterval, DefaultKeepaliveInterval)
-	def(&c.KeepaliveTimeout, DefaultKeepaliveTimeout)
 	def(&c.DialTimeout, DefaultDialTimeout)
 	def(&c.StallTimeout, DefaultStallTimeout)
 	def(&c.ReconnectBackoff, DefaultReconnectBackoff)

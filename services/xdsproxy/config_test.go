@@ -159,3 +159,13 @@ func TestSocketPathNotASocket(t *testing.T) {
 		t.Error("the file was replaced")
 	}
 }
+
+// A keepalive of 0 reaches gRPC as 0, its own meaning, as in Istio's agent
+// (#34: it became 30s here, so GRPC_KEEPALIVE_INTERVAL=0s was not Istio's);
+// a negative one is refused, naming the variable.
+func TestKeepaliveZeroIsGRPCs(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.KeepaliveInterval != 0 || c.KeepaliveTimeout != 0 {
+		t.Errorf("keepalive 0/0 became %v/%v", c.KeepaliveInterval, c.KeepaliveTimeout)
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/wasm"
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
@@ -68,7 +69,9 @@ func wasmProxy(t *testing.T, cp *xdsserver.Server, edit ...func(*wasm.Config)) *
 	t.Helper()
 	root := tempRoot(t)
 	cfg := testConfig(root, cp.Addr())
-	cfg.Wasm = wasm.Config{Dir: filepath.Join(root, "var/lib/istio/data"), RetryBackoff: time.Millisecond, HTTPRequestMaxRetries: 2}
+	cfg.Wasm = wasm.Config{Dir: filepath.Join(root, "var/lib/istio/data")}
+	testkit.FillFromTable(t, &cfg.Wasm)
+	cfg.Wasm.RetryBackoff, cfg.Wasm.HTTPRequestMaxRetries = time.Millisecond, 2
 	for _, e := range edit {
 		e(&cfg.Wasm)
 	}

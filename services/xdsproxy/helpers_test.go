@@ -117,6 +117,7 @@ func tempRoot(t testing.TB) string { return testkit.ShortTempDir(t, "xds") }
 // its socket and cache under root.
 func testConfig(root, addr string) Config {
 	cfg := NewConfig(filepath.Join(root, "etc/istio/proxy/XDS"))
+	cfg.OfflineCache = true
 	cfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
 	cfg.RootCAFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	cfg.DiscoveryAddress = addr

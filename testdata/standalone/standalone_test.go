@@ -27,9 +27,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 	dir := t.TempDir()
 	caHealth := &testkit.HealthRecorder{}
-	caCfg := ca.DefaultConfig(filepath.Join(dir, "ca"))
-	caCfg.Listen = "127.0.0.1:0"
-	caCfg.CertLifetime = 4 * time.Second // the sample uses 1m; 4s keeps the test short
+	// the sample uses 1m; 4s keeps the test short
+	caCfg := ca.NewConfig("127.0.0.1:0", filepath.Join(dir, "ca"), 4*time.Second, testkit.TableDefault[string](t, "TRUST_DOMAIN"))
 	caSvc, err := ca.New(caCfg, ca.Inputs{}, ca.Outputs{}, messages.NewRuntime(ca.Name, caHealth, nil, nil, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +38,9 @@ func TestAgentCAClientGetsAndRotatesItsCertificate(t *testing.T) {
 
 	token := filepath.Join(dir, "istio-token")
 	testkit.WriteFile(t, token, []byte("a-token\n"))
-	certsCfg := certs.DefaultConfig()
+	certsCfg := certs.NewConfig()
+	testkit.FillFromTable(t, &certsCfg)
+	certsCfg.Namespace, certsCfg.ServiceAccount = "default", "default"
 	certsCfg.Source = certs.SourceCA
 	certsCfg.CAAddr = caSvc.Addr() // 127.0.0.1:<port>: the serving certificate has that IP
 	certsCfg.CARootFile = caCfg.RootCertPath()

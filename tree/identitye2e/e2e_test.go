@@ -47,11 +47,13 @@ func newAgent(t testing.TB) *agent {
 	a := &agent{root: root, bundles: messages.NewCell[messages.CertBundle](), anchors: messages.NewCell[messages.TrustAnchors](),
 		health: &testkit.HealthRecorder{}, logs: &testkit.LogBuffer{}}
 	a.log = a.logs.Logger()
-	a.certCfg = certs.DefaultConfig()
+	a.certCfg = certs.NewConfig()
+	testkit.FillFromTable(t, &a.certCfg)
+	a.certCfg.Namespace, a.certCfg.ServiceAccount = "default", "default"
 	a.certCfg.CARootFile = filepath.Join(root, "var/run/secrets/istio/root-cert.pem")
 	a.certCfg.TokenFile = filepath.Join(root, "var/run/secrets/tokens/istio-token")
-	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
-	a.sdsCfg.WorkloadIdentitySocketFile = "socket"
+	a.sdsCfg = sds.NewConfig(filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"), a.certCfg.FileDebounce)
+	a.sdsCfg.WorkloadIdentitySocketFile = testkit.TableDefault[string](t, "WORKLOAD_IDENTITY_SOCKET_FILE")
 	a.sdsCfg.FilesSocketPath = filepath.Join(root, "var/run/secrets/credential-uds/files-socket")
 	a.sdsCfg.CRLFile = filepath.Join(root, "var/run/secrets/istio/crl/ca-crl.pem")
 	// The OS trust store file-root:system serves is the test's.

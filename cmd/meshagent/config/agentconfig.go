@@ -218,7 +218,7 @@ func Build(in Inputs) (*Plan, error) {
 		c.Tree.Capture = nil
 	}
 	c.Tree.Status = statusConfig(r, statusInputs{proxyType: c.ProxyType, flags: f, instanceIP: pod.instanceIP, proxy: pc, envoy: c.Tree.Envoy})
-	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, certsCfg)
+	c.Tree.ControlPlane, c.Tree.CA = in.standalone.peers(c.Root, get(r, envTrustDomain))
 	treePolicies(&c.Tree, f, pc)
 	if err := p.Err(); err != nil {
 		c.Release()

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"strconv"
+
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/services/capture"
@@ -30,11 +32,11 @@ func BindCaptureSettings(fs *pflag.FlagSet) *CaptureSettings {
 		envFlagVar(s, p, flagSpec{name: name, short: short, usage: usage}, env...)
 	}
 	// --envoy-port has no env binding in Istio (ENVOY_PORT is not read).
-	flagVar(s, &cfg.ProxyPort, capture.DefaultRules().ProxyPort, parseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
+	flagVar(s, &cfg.ProxyPort, istioIptablesEnvoyPort, parseString, flagSpec{name: "envoy-port", short: "p", usage: "Envoy port to which all outbound TCP traffic is redirected"})
 	str(&cfg.InboundCapturePort, "inbound-capture-port", "z", "Port to which all inbound TCP traffic is redirected", envInboundCapturePort)
 	str(&cfg.InboundTunnelPort, "inbound-tunnel-port", "e", "Envoy's HBONE tunnel port (never captured)", envInboundTunnelPort)
 	optionalFlagVar(s, &c.proxyUID, parseString, flagSpec{name: "proxy-uid", short: "u",
-		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + capture.DefaultRules().ProxyUID + ")"}, envProxyUID)
+		usage: "UID(s) of the proxy, comma separated: their traffic is not captured (default: uid of $ENVOY_USER, else " + strconv.Itoa(proxyUID) + ")"}, envProxyUID)
 	optionalFlagVar(s, &c.proxyGID, parseString, flagSpec{name: "proxy-gid", short: "g",
 		usage: "GID(s) of the proxy, comma separated (default: same as --proxy-uid)"}, envProxyGID)
 	str(&cfg.InboundInterceptionMode, "istio-inbound-interception-mode", "m", "Inbound interception mode: REDIRECT or TPROXY", envIstioInboundInterceptionMode)
@@ -77,7 +79,7 @@ func (c *CaptureSettings) Config(host Host) (capture.RulesConfig, error) {
 	_ = c.s.Resolve(host.Env)
 	cfg := c.cfg
 	cfg.IptablesProbePort = uint16(c.probePort)
-	cfg.ProxyUID = capture.DefaultRules().ProxyUID
+	cfg.ProxyUID = strconv.Itoa(proxyUID)
 	if c.proxyUID != nil {
 		cfg.ProxyUID = *c.proxyUID
 	} else if host.LookupUID != nil {

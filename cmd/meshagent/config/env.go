@@ -18,8 +18,6 @@ import (
 	"slices"
 	"text/tabwriter"
 	"time"
-
-	"github.com/meshagent/meshagent/messages/compliance"
 )
 
 // Services a variable feeds, besides the services' own names: the pod's
@@ -51,7 +49,10 @@ const (
 // is computed from something else, and help should say so), then read it
 // in the builder of its service with get(r, envMyThing) (lookup when unset
 // differs from the default), and name it in docs/reference.md. A variable
-// that stands in for a flag is bound with envFlagVar instead.
+// that stands in for a flag is bound with envFlagVar instead. The service
+// holds no default of its own: the Config field that takes the value as
+// it is gets the tag env:"MY_THING", from which its tests take the
+// table's default (testkit.FillFromTable; TestTaggedFieldsTakeTheirVariable).
 var (
 	// The pod: who the workload is (Istio's injector sets these).
 	envPodName        = setting(asPodName, "POD_NAME", "", svcPod, "the pod's name: node id, metadata")
@@ -80,7 +81,7 @@ var (
 	envEnvoySkipDeprecatedLogs                   = setting(asBool, "ENVOY_SKIP_DEPRECATED_LOGS", true, svcEnvoy, "Envoy's --skip-deprecated-logs")
 	envIstioEnvoyEnableCoreDump                  = setting(asBool, "ISTIO_ENVOY_ENABLE_CORE_DUMP", false, svcEnvoy, "Envoy's --enable-core-dump")
 	envDisableEnvoy                              = setting(asBool, "DISABLE_ENVOY", false, svcEnvoy, "no Envoy (proxyless gRPC): the agent serves xDS and certificates only")
-	envCompliancePolicy                          = setting(asCompliancePolicy, "COMPLIANCE_POLICY", compliance.None, svcEnvoy+", "+svcCerts+", "+svcXDS, "TLS compliance policy: Envoy's bootstrap (fips-140-2), the agent's TLS to the CA and the control plane (versions, suites, curves; pqc: X25519MLKEM768 only)")
+	envCompliancePolicy                          = setting(asCompliancePolicy, "COMPLIANCE_POLICY", "", svcEnvoy+", "+svcCerts+", "+svcXDS, "TLS compliance policy: Envoy's bootstrap (fips-140-2), the agent's TLS to the CA and the control plane (versions, suites, curves; pqc: X25519MLKEM768 only)")
 	envHTTPStripFragmentFromPathUnsafeIfDisabled = setting(asBool, "HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true, svcEnvoy, "false keeps a URL's #fragment in the path")
 	envCloudPlatform                             = setting(asText("string"), "CLOUD_PLATFORM", "", svcEnvoy, "the platform whose metadata goes in the node (gcp; none)")
 	envGCPMetadata                               = setting(asText("string"), "GCP_METADATA", "", svcEnvoy, "GCP's project|number|cluster|location, instead of the metadata server")
@@ -114,18 +115,18 @@ var (
 	// The XDS proxy.
 	envXDSRootCA                = setting(asText("path or SYSTEM"), "XDS_ROOT_CA", "", svcXDS, "the roots verifying istiod (else ./etc/certs, PROV_CERT, the CA root)")
 	envXDSHeader                = prefix("XDS_HEADER_", "string", svcXDS, "gRPC headers on the upstream xDS stream, one per variable")
-	envGRPCKeepaliveInterval    = setting(asDuration, "GRPC_KEEPALIVE_INTERVAL", 30*time.Second, svcXDS, "keepalive pings on the upstream stream")
-	envGRPCKeepaliveTimeout     = setting(asDuration, "GRPC_KEEPALIVE_TIMEOUT", 10*time.Second, svcXDS, "keepalive ping timeout")
+	envGRPCKeepaliveInterval    = setting(asDuration, "GRPC_KEEPALIVE_INTERVAL", 30*time.Second, svcXDS, "keepalive pings on the upstream stream (0: gRPC's own, as in Istio: every 10s)")
+	envGRPCKeepaliveTimeout     = setting(asDuration, "GRPC_KEEPALIVE_TIMEOUT", 10*time.Second, svcXDS, "keepalive ping timeout (0: gRPC's own, 20s, as in Istio)")
 	envProxyConfigXDSAgent      = setting(asBool, "PROXY_CONFIG_XDS_AGENT", false, svcXDS, "ask istiod for ProxyConfig (its caCertificatesPem)")
 	envXDSOfflineCache          = setting(asBool, "XDS_OFFLINE_CACHE", true, svcXDS, "ours: keep Envoy's last ACKed config and serve it while istiod is away")
 	envGRPCXDSBootstrap         = setting(asText("path"), "GRPC_XDS_BOOTSTRAP", "./etc/istio/proxy/grpc-bootstrap.json", svcXDS, "where proxyless gRPC's bootstrap is written")
 	envWasmRemoteLoadConversion = setting(asBool, "ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", true, svcXDS, "fetch the remote Wasm modules of ECDS resources into ./var/lib/istio/data and give Envoy the local file")
 	envWasmInsecureRegistries   = setting(asText("host list or *"), "WASM_INSECURE_REGISTRIES", "", svcXDS, "registries and HTTPS servers of Wasm modules fetched without verifying their certificate (or over plain HTTP)")
-	envWasmModuleExpiry         = setting(asDuration, "WASM_MODULE_EXPIRY", 24*time.Hour, svcXDS, "a cached Wasm module unused for this long is removed")
-	envWasmPurgeInterval        = setting(asDuration, "WASM_PURGE_INTERVAL", time.Hour, svcXDS, "how often expired Wasm modules are removed")
-	envWasmHTTPRequestTimeout   = setting(asDuration, "WASM_HTTP_REQUEST_TIMEOUT", 15*time.Second, svcXDS, "timeout of each HTTP(S) request for a Wasm module")
-	envWasmHTTPRequestRetries   = setting(asCount, "WASM_HTTP_REQUEST_MAX_RETRIES", 5, svcXDS, "attempts of an HTTP(S) Wasm module fetch")
-	envWasmMaxBinarySize        = setting(asCount, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", 256<<20, svcXDS, "the largest Wasm module fetched (256 MiB)")
+	envWasmModuleExpiry         = setting(asDuration, "WASM_MODULE_EXPIRY", 24*time.Hour, svcXDS, "a cached Wasm module unused for this long is removed (0: the default, as in Istio)")
+	envWasmPurgeInterval        = setting(asDuration, "WASM_PURGE_INTERVAL", time.Hour, svcXDS, "how often expired Wasm modules are removed (0: the default, as in Istio)")
+	envWasmHTTPRequestTimeout   = setting(asPositive, "WASM_HTTP_REQUEST_TIMEOUT", 15*time.Second, svcXDS, "timeout of each HTTP(S) request for a Wasm module")
+	envWasmHTTPRequestRetries   = setting(asPositiveCount, "WASM_HTTP_REQUEST_MAX_RETRIES", 5, svcXDS, "attempts of an HTTP(S) Wasm module fetch")
+	envWasmMaxBinarySize        = setting(asPositiveCount, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", 256<<20, svcXDS, "the largest Wasm module fetched (256 MiB)")
 
 	// The DNS proxy.
 	envIstioMetaDNSCapture      = setting(asBool, "ISTIO_META_DNS_CAPTURE", false, svcDNS+", "+svcCapture, "the DNS proxy on, and DNS redirected to it (sidecars)")
@@ -185,13 +186,15 @@ var (
 	// The commands' own settings (flags first, then these).
 	envMeshagentRoot                 = setting(asText("path"), "MESHAGENT_ROOT", "/", svcProcess, "ours: --root, the directory every agent path lives under")
 	envMeshagentCapture              = setting(asBool, "MESHAGENT_CAPTURE", false, svcCapture, "ours: proxy --capture, the agent applies and keeps the capture rules (VM)")
-	envMeshagentCaptureCheckInterval = setting(asDuration, "MESHAGENT_CAPTURE_CHECK_INTERVAL", 30*time.Second, svcCapture, "ours: proxy --capture-check-interval")
+	envMeshagentCaptureCheckInterval = setting(asPositive, "MESHAGENT_CAPTURE_CHECK_INTERVAL", 30*time.Second, svcCapture, "ours: proxy --capture-check-interval")
 	envMeshagentHotRestart           = setting(asBool, "MESHAGENT_HOT_RESTART", false, svcEnvoy, "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)")
 	envMeshagentChaos                = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
 	envMeshagentMesh                 = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
 	envMeshagentCertLifetime         = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
-	envMeshagentControlplaneListen   = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
-	envMeshagentCAListen             = setting(asHostPort, "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
+	// The embedded peers' ports are istiod's (15010, 15012) moved out of
+	// 15000-15090, where the agent's and Envoy's own ports live.
+	envMeshagentControlplaneListen = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")
+	envMeshagentCAListen           = setting(asHostPort, "MESHAGENT_CA_LISTEN", "127.0.0.1:16012", svcStandalone, "ours: standalone --ca-listen")
 
 	// A VM (istio-start.sh's variables, from cluster.env and sidecar.env).
 	envIstioClusterConfig   = setting(asText("path"), "ISTIO_CLUSTER_CONFIG", "./var/lib/istio/envoy/cluster.env", svcVM, "--cluster-env: the VM's settings")

@@ -3,13 +3,17 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/messages/compliance"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // effective is one variable's value as the agent uses it, formatted as
@@ -338,5 +342,121 @@ func TestAbsoluteMeshConfigIsUnderRoot(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
+	}
+}
+
+// The test kit's reading of the table (testkit.TableDefault, for the
+// services' tests, which cannot import this package) finds every constant
+// default as the table holds it.
+func TestTestKitReadsTheTable(t *testing.T) {
+	for _, e := range table {
+		switch s := e.(type) {
+		case *envVar[string]:
+			testKitReads(t, s)
+		case *envVar[bool]:
+			testKitReads(t, s)
+		case *envVar[int]:
+			testKitReads(t, s)
+		case *envVar[float64]:
+			testKitReads(t, s)
+		case *envVar[time.Duration]:
+			testKitReads(t, s)
+		case *envVar[compliance.Policy]:
+			if got := testkit.TableDefault[string](t, s.Name); got != string(s.Default) {
+				t.Errorf("%s: the test kit reads %v, the table holds %v", s.Name, got, s.Default)
+			}
+		case *envPrefix:
+		default:
+			t.Errorf("%T: a kind of entry the test kit is not checked on", e)
+		}
+	}
+}
+
+func testKitReads[T string | bool | int | float64 | time.Duration](t *testing.T, s *envVar[T]) {
+	t.Helper()
+	if got := testkit.TableDefault[T](t, s.Name); got != s.Default {
+		t.Errorf("%s: the test kit reads %v, the table holds %v", s.Name, got, s.Default)
+	}
+}
+
+// GRPC_KEEPALIVE_INTERVAL=0s is Istio's 0: handed to gRPC as given (its
+// floor, 10s, upstream), not the table's 30s (#34: the proxy's fallback
+// turned it into 30s without a word). A negative one has no meaning in
+// Istio either (gRPC would clamp it) and is refused, naming the variable.
+func TestKeepaliveZeroIsIstios(t *testing.T) {
+	plan, err := parseForTest(t, map[string]string{"GRPC_KEEPALIVE_INTERVAL": "0s", "GRPC_KEEPALIVE_TIMEOUT": "0s"}, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := plan.Tree.XDS; x.KeepaliveInterval != 0 || x.KeepaliveTimeout != 0 {
+		t.Errorf("keepalive %v/%v, want 0/0 as set", x.KeepaliveInterval, x.KeepaliveTimeout)
+	}
+	if err := plan.Tree.XDS.Validate(); err != nil {
+		t.Errorf("the XDS proxy refuses Istio's 0: %v", err)
+	}
+	for _, name := range []string{"GRPC_KEEPALIVE_INTERVAL", "GRPC_KEEPALIVE_TIMEOUT"} {
+		_, err := parseForTest(t, map[string]string{name: "-1s"}, "--root", testRoot(t))
+		if err == nil || !strings.Contains(err.Error(), name+`="-1s"`) {
+			t.Errorf("%s=-1s: %v, want an error naming it", name, err)
+		}
+	}
+}
+
+// WASM_PURGE_INTERVAL=0 and WASM_MODULE_EXPIRY=0 are Istio's default
+// (pkg/wasm/cache.go), the table's.
+func TestWasmZeroIsIstiosDefault(t *testing.T) {
+	plan, err := parseForTest(t, map[string]string{"WASM_PURGE_INTERVAL": "0s", "WASM_MODULE_EXPIRY": "0s"}, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := plan.Tree.XDS.Wasm; w.PurgeInterval != envWasmPurgeInterval.Default || w.ModuleExpiry != envWasmModuleExpiry.Default {
+		t.Errorf("purge %v, expiry %v, want the table's %v, %v", w.PurgeInterval, w.ModuleExpiry, envWasmPurgeInterval.Default, envWasmModuleExpiry.Default)
+	}
+}
+
+// A setting whose 0 its service cannot honour is refused at start,
+// naming its variable, not replaced by a default (#34).
+func TestZeroRefused(t *testing.T) {
+	for name, value := range map[string]string{"WASM_HTTP_REQUEST_TIMEOUT": "0s", "WASM_HTTP_REQUEST_MAX_RETRIES": "0",
+		"ISTIO_WASM_MAX_BINARY_SIZE_BYTES": "0", "MESHAGENT_CAPTURE_CHECK_INTERVAL": "0s"} {
+		_, err := parseForTest(t, map[string]string{name: value}, "--root", testRoot(t))
+		if err == nil || !strings.Contains(err.Error(), name+"="+strconv.Quote(value)+": want more than 0") {
+			t.Errorf("%s=%s: %v, want an error naming it", name, value, err)
+		}
+	}
+}
+
+// A service's Config field tagged with its variable (`env:"SECRET_TTL"`,
+// what testkit.FillFromTable fills for tests) holds that variable's
+// default in the plan of a start with no variable set: the tag names
+// the variable the field really takes.
+func TestTaggedFieldsTakeTheirVariable(t *testing.T) {
+	plan, err := parseForTest(t, nil, "--root", testRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := plan.Tree
+	tagged := 0
+	for _, cfg := range []any{tc.Certs, tc.SDS, tc.XDS, &tc.XDS.Wasm, tc.Capture, &tc.Capture.Rules} {
+		got := reflect.ValueOf(cfg).Elem()
+		want := reflect.New(got.Type())
+		testkit.FillFromTable(t, want.Interface())
+		for i := range got.NumField() {
+			f := got.Type().Field(i)
+			name, ok := f.Tag.Lookup("env")
+			if !ok {
+				continue
+			}
+			tagged++
+			if _, ok := find(name); !ok {
+				t.Errorf("%s.%s: env %s is not in the table", got.Type(), f.Name, name)
+			}
+			if g, w := got.Field(i).Interface(), want.Elem().Field(i).Interface(); g != w {
+				t.Errorf("%s.%s (env %s): the plan has %v, the table's default is %v", got.Type(), f.Name, name, g, w)
+			}
+		}
+	}
+	if tagged == 0 {
+		t.Fatal("no tagged field found")
 	}
 }

@@ -14,7 +14,7 @@ import (
 // variables and paths. Both are nil with PILOT_CERT_PROVIDER=none and no
 // mounted certificates: no certificate source, nothing for SDS to serve.
 func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshconfig.ProxyConfig) (*certs.Config, *sds.Config) {
-	cc := certs.DefaultConfig()
+	cc := certs.NewConfig()
 	provider := get(r, envPilotCertProvider)
 	switch provider {
 	case "istiod", "kubernetes", "custom", "none":
@@ -59,15 +59,13 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshco
 	cc.CertSigner = get(r, envIstioMetaCertSigner)
 	cc.CAHeaders = r.env.prefixed(envCAHeader)
 	cc.TrustDomain = get(r, envTrustDomain)
-	cc.Namespace = nonEmpty(pod.namespace, cc.Namespace)
-	cc.ServiceAccount = nonEmpty(pod.serviceAccount, cc.ServiceAccount)
+	cc.Namespace = nonEmpty(pod.namespace, unsetIdentityName)
+	cc.ServiceAccount = nonEmpty(pod.serviceAccount, unsetIdentityName)
 	cc.SecretTTL = get(r, envSecretTTL)
 	cc.GraceRatio = get(r, envSecretGracePeriodRatio)
 	cc.GraceJitter = get(r, envSecretGracePeriodRatioJitter)
 	cc.RSAKeySize = get(r, envWorkloadRSAKeySize)
-	if get(r, envECCSignatureAlgorithm) == "ECDSA" {
-		cc.KeyAlgorithm = certs.ECDSA
-	}
+	cc.KeyAlgorithm = certs.KeyAlgorithm(get(r, envECCSignatureAlgorithm))
 	cc.ECCCurve = get(r, envECCCurve)
 	cc.PKCS8Key = get(r, envPKCS8Key)
 	if out := get(r, envOutputCerts); out != "" {
@@ -82,12 +80,11 @@ func identityConfig(r envReader, host Host, root string, pod podInfo, pc *meshco
 		return nil, nil
 	}
 
-	sc := sds.NewConfig(Rooted(root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default))
+	sc := sds.NewConfig(Rooted(root, workloadIdentityDir+"/"+envWorkloadIdentitySocketFile.Default), cc.FileDebounce)
 	// A file name in the SDS socket's directory; a path is refused by
 	// Validate, naming the variable, as Istio refuses it.
 	sc.WorkloadIdentitySocketFile = get(r, envWorkloadIdentitySocketFile)
 	sc.FilesSocketPath = Rooted(root, credentialFilesSocket)
-	sc.FileDebounce = cc.FileDebounce
 	if get(r, envPilotEnableCACRL) {
 		sc.CRLFile = Rooted(root, caCRLFile)
 	}

@@ -6,8 +6,6 @@ package config
 // values. The defaults of what a variable sets are in the table (env.go). Values are
 // those of Istio's pilot-agent (pkg/config/constants, pkg/security,
 // pilot/cmd/pilot-agent/options, pkg/config/mesh DefaultProxyConfig).
-// istio-iptables' own defaults live with its RulesConfig (capture.DefaultRules), the
-// package that mirrors Istio's tools/common/config field for field.
 
 import (
 	"path/filepath"
@@ -19,8 +17,9 @@ import (
 
 // Ports.
 const (
-	adminPort       = 15000 // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
-	agentStatusPort = 15020 // ProxyConfig.statusPort: the agent's status server
+	istioIptablesEnvoyPort = "15001" // istio-iptables' --envoy-port: outbound TCP is redirected there
+	adminPort              = 15000   // ProxyConfig.proxyAdminPort: Envoy admin, loopback only
+	agentStatusPort        = 15020   // ProxyConfig.statusPort: the agent's status server
 )
 
 // Paths, relative to --root ("/" in production), in Istio's spelling.
@@ -68,7 +67,10 @@ const (
 
 // Identity.
 const (
-	proxyUID = 1337 // Envoy's uid/gid when the agent must switch (DNS on :53 as root)
+	proxyUID = 1337 // Envoy's uid/gid when the agent must switch (DNS on :53 as root); --proxy-uid's last resort
+	// unsetIdentityName is the namespace and service account a CSR names
+	// when POD_NAMESPACE or SERVICE_ACCOUNT is unset (a VM without them).
+	unsetIdentityName = "default"
 )
 
 // defaultProxyConfig is Istio's DefaultProxyConfig (pkg/config/mesh). It

@@ -61,11 +61,16 @@ func (k kind[T]) format(v T) string {
 
 // The kinds of the table's entries.
 var (
-	asBool             = kind[bool]{name: "bool", parse: parseBool}
-	asDuration         = kind[time.Duration]{name: "duration", parse: parseDuration}
-	asPort             = kind[int]{name: "port", parse: parsePort}
-	asPortOrOff        = kind[int]{name: "port or 0", parse: parsePortOrOff, zero: "0 (off)"}
-	asCount            = kind[int]{name: "count", parse: parseCount}
+	asBool      = kind[bool]{name: "bool", parse: parseBool}
+	asDuration  = kind[time.Duration]{name: "duration", parse: parseDuration}
+	asPort      = kind[int]{name: "port", parse: parsePort}
+	asPortOrOff = kind[int]{name: "port or 0", parse: parsePortOrOff, zero: "0 (off)"}
+	asCount     = kind[int]{name: "count", parse: parseCount}
+	// asPositive and asPositiveCount are a duration and a count where 0
+	// means nothing a service can do (a fetch with no attempt, no time):
+	// refused, naming the variable, not a silent default (#34).
+	asPositive         = kind[time.Duration]{name: "duration > 0", parse: positive(parseDuration)}
+	asPositiveCount    = kind[int]{name: "count > 0", parse: positive(parseCount)}
 	asNumber           = kind[float64]{name: "number", parse: parseFloat}
 	asDNSLabel         = kind[string]{name: "DNS label", parse: parseDNSLabel}
 	asDNSSubdomain     = kind[string]{name: "DNS subdomain", parse: parseDNSSubdomain}
@@ -84,6 +89,17 @@ var (
 // asText is a variable taken as it is; name is its type as help says it
 // ("path", "host:port").
 func asText(name string) kind[string] { return kind[string]{name: name, parse: parseString} }
+
+// positive is parse, refusing 0.
+func positive[T int | time.Duration](parse parseFunc[T]) parseFunc[T] {
+	return func(s string) (T, error) {
+		v, err := parse(s)
+		if err == nil && v == 0 {
+			err = errors.New("want more than 0")
+		}
+		return v, err
+	}
+}
 
 // parseGCPercent is GOGC as Go's runtime reads it: a percentage, or off.
 func parseGCPercent(s string) (int, error) {

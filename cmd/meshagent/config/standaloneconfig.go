@@ -97,23 +97,17 @@ func (l *standaloneLayer) proxyConfigLayer() string {
 }
 
 // peers are the embedded control plane and CA; the CA keeps its root under
-// root and signs for the agent's trust domain.
-func (l *standaloneLayer) peers(root string, agentCerts *certs.Config) (*controlplane.Config, *ca.Config) {
+// root and signs for the agent's trust domain (TRUST_DOMAIN).
+func (l *standaloneLayer) peers(root, trustDomain string) (*controlplane.Config, *ca.Config) {
 	if l == nil {
 		return nil, nil
 	}
 	var cpc *controlplane.Config
 	if l.meshFile != "" { // else --mesh was refused, and said so once (#21)
-		cp := controlplane.DefaultConfig(l.meshFile)
-		cp.Listen = l.cpListen
+		cp := controlplane.NewConfig(l.cpListen, l.meshFile)
 		cpc = &cp
 	}
-	c := ca.DefaultConfig(Rooted(root, standaloneCADir))
-	c.Listen = l.caListen
-	c.CertLifetime = l.certLifetime
-	if agentCerts != nil {
-		c.TrustDomain = agentCerts.TrustDomain
-	}
+	c := ca.NewConfig(l.caListen, Rooted(root, standaloneCADir), l.certLifetime, trustDomain)
 	return cpc, &c
 }
 

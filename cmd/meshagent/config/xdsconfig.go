@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"path/filepath"
 	"strings"
 
@@ -127,8 +128,10 @@ func wasmConfig(r envReader, root string) wasm.Config {
 	if v := get(r, envWasmInsecureRegistries); v != "" {
 		c.InsecureRegistries = strings.Split(v, ",")
 	}
-	c.ModuleExpiry = get(r, envWasmModuleExpiry)
-	c.PurgeInterval = get(r, envWasmPurgeInterval)
+	// Istio takes 0 for its default (pkg/wasm/cache.go); the fetch
+	// refuses a zero of the others, naming the variable.
+	c.ModuleExpiry = cmp.Or(get(r, envWasmModuleExpiry), envWasmModuleExpiry.Default)
+	c.PurgeInterval = cmp.Or(get(r, envWasmPurgeInterval), envWasmPurgeInterval.Default)
 	c.HTTPRequestTimeout = get(r, envWasmHTTPRequestTimeout)
 	c.HTTPRequestMaxRetries = get(r, envWasmHTTPRequestRetries)
 	c.MaxModuleBytes = int64(get(r, envWasmMaxBinarySize))

@@ -15,11 +15,19 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
 )
 
+// testConfig is the fetch's config with the env table's values and the
+// modules in dir, retried without a pause.
+func testConfig(t testing.TB, dir string) Config {
+	cfg := Config{Dir: dir, RetryBackoff: time.Millisecond}
+	testkit.FillFromTable(t, &cfg)
+	return cfg
+}
+
 // startCache is a running cache in a fresh directory; edit changes its
 // config first. It stops at the end of the test.
 func startCache(t *testing.T, clock messages.Clock, edit ...func(*Config)) (*Cache, Config) {
 	t.Helper()
-	cfg := Config{Dir: filepath.Join(t.TempDir(), "data"), RetryBackoff: time.Millisecond}
+	cfg := testConfig(t, filepath.Join(t.TempDir(), "data"))
 	for _, e := range edit {
 		e(&cfg)
 	}
@@ -348,21 +356,31 @@ func TestPullPolicy(t *testing.T) {
 
 // Bad settings are named.
 func TestConfigValidate(t *testing.T) {
+	good := testConfig(t, "/var/lib/istio/data")
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("off (no Dir), nothing is required: %v", err)
+	}
 	for _, tc := range []struct {
-		cfg  Config
+		edit func(*Config)
 		want string
 	}{
-		{Config{Dir: "relative"}, "Dir"},
-		{Config{ModuleExpiry: -time.Second}, "WASM_MODULE_EXPIRY"},
-		{Config{PurgeInterval: -time.Second}, "WASM_PURGE_INTERVAL"},
-		{Config{HTTPRequestTimeout: -time.Second}, "WASM_HTTP_REQUEST_TIMEOUT"},
-		{Config{HTTPRequestMaxRetries: -1}, "WASM_HTTP_REQUEST_MAX_RETRIES"},
-		{Config{MaxModuleBytes: -1}, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES"},
-		{Config{InsecureRegistries: []string{"a b"}}, "WASM_INSECURE_REGISTRIES"},
+		{func(c *Config) { c.Dir = "relative" }, "Dir"},
+		{func(c *Config) { c.ModuleExpiry = -time.Second }, "WASM_MODULE_EXPIRY"},
+		{func(c *Config) { c.ModuleExpiry = 0 }, "WASM_MODULE_EXPIRY"},
+		{func(c *Config) { c.PurgeInterval = 0 }, "WASM_PURGE_INTERVAL"},
+		{func(c *Config) { c.HTTPRequestTimeout = 0 }, "WASM_HTTP_REQUEST_TIMEOUT"},
+		{func(c *Config) { c.HTTPRequestMaxRetries = 0 }, "WASM_HTTP_REQUEST_MAX_RETRIES"},
+		{func(c *Config) { c.MaxModuleBytes = 0 }, "ISTIO_WASM_MAX_BINARY_SIZE_BYTES"},
+		{func(c *Config) { c.InsecureRegistries = []string{"a b"} }, "WASM_INSECURE_REGISTRIES"},
 	} {
-		err := tc.cfg.Validate()
+		cfg := good
+		tc.edit(&cfg)
+		err := cfg.Validate()
 		if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: %v, want ErrBadConfig naming %s", tc.cfg, err, tc.want)
+			t.Errorf("%+v: %v, want ErrBadConfig naming %s", cfg, err, tc.want)
 		}
 	}
 }

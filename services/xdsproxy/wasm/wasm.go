@@ -28,15 +28,10 @@ import (
 	"time"
 )
 
-// Istio's defaults (pkg/wasm/options.go; pilot/pkg/features for the size).
+// The fetch's own tuning, which no variable sets (Istio's). What a variable
+// sets (WASM_*, ISTIO_WASM_MAX_BINARY_SIZE_BYTES) has its default in cmd's
+// env table alone (#34): here it is a required field of Config.
 const (
-	DefaultPurgeInterval         = time.Hour        // WASM_PURGE_INTERVAL
-	DefaultModuleExpiry          = 24 * time.Hour   // WASM_MODULE_EXPIRY
-	DefaultHTTPRequestTimeout    = 15 * time.Second // WASM_HTTP_REQUEST_TIMEOUT
-	DefaultHTTPRequestMaxRetries = 5                // WASM_HTTP_REQUEST_MAX_RETRIES
-	// DefaultMaxModuleBytes is ISTIO_WASM_MAX_BINARY_SIZE_BYTES's default:
-	// 256 MiB, the most the agent reads of one module (docs/bounds.md).
-	DefaultMaxModuleBytes = 256 << 20
 	// DefaultRetryBackoff is the first wait between HTTP attempts (Istio's
 	// 500ms, doubling).
 	DefaultRetryBackoff = 500 * time.Millisecond
@@ -45,8 +40,9 @@ const (
 	DefaultFetchTimeout = 5 * time.Second
 )
 
-// Config is the module cache's configuration. A zero duration, count or
-// size means its default.
+// Config is the module cache's configuration. With Dir set, every
+// variable's value is required: Validate refuses a zero. A field tagged
+// env:"NAME" takes that variable's value (testkit.FillFromTable).
 type Config struct {
 	// Dir holds the modules: <Dir>/<sha256 of the module's name>/<sha256
 	// of the module>.wasm (Istio: /var/lib/istio/data). Empty: ECDS is
@@ -58,20 +54,21 @@ type Config struct {
 	// (WASM_INSECURE_REGISTRIES, comma separated).
 	InsecureRegistries []string
 	// ModuleExpiry: a module not used for this long is removed at the next
-	// purge (WASM_MODULE_EXPIRY, 24h); PurgeInterval: how often the cache
-	// looks (WASM_PURGE_INTERVAL, 1h).
-	ModuleExpiry  time.Duration
-	PurgeInterval time.Duration
+	// purge (WASM_MODULE_EXPIRY); PurgeInterval: how often the cache
+	// looks (WASM_PURGE_INTERVAL).
+	ModuleExpiry  time.Duration `env:"WASM_MODULE_EXPIRY"`
+	PurgeInterval time.Duration `env:"WASM_PURGE_INTERVAL"`
 	// HTTPRequestTimeout bounds each HTTP(S) request
-	// (WASM_HTTP_REQUEST_TIMEOUT, 15s); HTTPRequestMaxRetries is how many
-	// attempts an HTTP(S) fetch makes (WASM_HTTP_REQUEST_MAX_RETRIES, 5).
-	HTTPRequestTimeout    time.Duration
-	HTTPRequestMaxRetries int
+	// (WASM_HTTP_REQUEST_TIMEOUT); HTTPRequestMaxRetries is how many
+	// attempts an HTTP(S) fetch makes (WASM_HTTP_REQUEST_MAX_RETRIES).
+	HTTPRequestTimeout    time.Duration `env:"WASM_HTTP_REQUEST_TIMEOUT"`
+	HTTPRequestMaxRetries int           `env:"WASM_HTTP_REQUEST_MAX_RETRIES"`
 	// MaxModuleBytes bounds a module, and what is read to find it (a
 	// layer, an archive); a larger one fails the fetch
-	// (ISTIO_WASM_MAX_BINARY_SIZE_BYTES, 256 MiB).
-	MaxModuleBytes int64
-	// RetryBackoff is the first wait between HTTP attempts (500ms).
+	// (ISTIO_WASM_MAX_BINARY_SIZE_BYTES).
+	MaxModuleBytes int64 `env:"ISTIO_WASM_MAX_BINARY_SIZE_BYTES"`
+	// RetryBackoff is the first wait between HTTP attempts (0:
+	// DefaultRetryBackoff).
 	RetryBackoff time.Duration
 }
 
@@ -81,22 +78,11 @@ var ErrBadConfig = errors.New("bad wasm configuration")
 // Enabled: ECDS resources with remote Wasm code are rewritten.
 func (c Config) Enabled() bool { return c.Dir != "" }
 
-// WithDefaults fills the zero values.
+// WithDefaults fills the zero RetryBackoff, the one tuning knob a caller
+// may leave out.
 func (c Config) WithDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.ModuleExpiry, DefaultModuleExpiry)
-	def(&c.PurgeInterval, DefaultPurgeInterval)
-	def(&c.HTTPRequestTimeout, DefaultHTTPRequestTimeout)
-	def(&c.RetryBackoff, DefaultRetryBackoff)
-	if c.HTTPRequestMaxRetries == 0 {
-		c.HTTPRequestMaxRetries = DefaultHTTPRequestMaxRetries
-	}
-	if c.MaxModuleBytes == 0 {
-		c.MaxModuleBytes = DefaultMaxModuleBytes
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = DefaultRetryBackoff
 	}
 	return c
 }
@@ -110,26 +96,33 @@ func (c Config) Validate() error {
 	if c.Dir != "" && !filepath.IsAbs(c.Dir) {
 		return bad("Dir %q must be an absolute path", c.Dir)
 	}
-	for name, d := range map[string]time.Duration{
-		"ModuleExpiry (WASM_MODULE_EXPIRY)":              c.ModuleExpiry,
-		"PurgeInterval (WASM_PURGE_INTERVAL)":            c.PurgeInterval,
-		"HTTPRequestTimeout (WASM_HTTP_REQUEST_TIMEOUT)": c.HTTPRequestTimeout,
-		"RetryBackoff": c.RetryBackoff,
-	} {
-		if d < 0 {
-			return bad("%s %v must not be negative", name, d)
-		}
-	}
-	if c.HTTPRequestMaxRetries < 0 {
-		return bad("HTTPRequestMaxRetries (WASM_HTTP_REQUEST_MAX_RETRIES) %d must not be negative", c.HTTPRequestMaxRetries)
-	}
-	if c.MaxModuleBytes < 0 {
-		return bad("MaxModuleBytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES) %d must not be negative", c.MaxModuleBytes)
+	if c.RetryBackoff < 0 {
+		return bad("RetryBackoff %v must not be negative", c.RetryBackoff)
 	}
 	for _, h := range c.InsecureRegistries {
 		if h == "" || strings.ContainsAny(h, " /") {
 			return bad("InsecureRegistries (WASM_INSECURE_REGISTRIES) has %q: want a host or host:port", h)
 		}
+	}
+	if !c.Enabled() {
+		return nil
+	}
+	// Required with Dir: a zero would purge without pause, never wait for
+	// an answer, fetch nothing or fit no module.
+	for name, d := range map[string]time.Duration{
+		"ModuleExpiry (WASM_MODULE_EXPIRY)":              c.ModuleExpiry,
+		"PurgeInterval (WASM_PURGE_INTERVAL)":            c.PurgeInterval,
+		"HTTPRequestTimeout (WASM_HTTP_REQUEST_TIMEOUT)": c.HTTPRequestTimeout,
+	} {
+		if d <= 0 {
+			return bad("%s %v must be positive", name, d)
+		}
+	}
+	if c.HTTPRequestMaxRetries < 1 {
+		return bad("HTTPRequestMaxRetries (WASM_HTTP_REQUEST_MAX_RETRIES) %d must be at least 1", c.HTTPRequestMaxRetries)
+	}
+	if c.MaxModuleBytes <= 0 {
+		return bad("MaxModuleBytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES) %d must be positive", c.MaxModuleBytes)
 	}
 	return nil
 }

@@ -57,9 +57,7 @@ func New(t testing.TB, o Options) *CA {
 	t.Helper()
 	root := pki.NewRoot(t, "istioca test root")
 	dir := filepath.Join(t.TempDir(), "ca")
-	cfg := ca.DefaultConfig(dir)
-	cfg.Listen = testkit.FreeAddr(t)
-	cfg.CertLifetime = time.Hour
+	cfg := ca.NewConfig(testkit.FreeAddr(t), dir, time.Hour, testkit.TableDefault[string](t, "TRUST_DOMAIN"))
 	if o.Lifetime > 0 {
 		cfg.CertLifetime = o.Lifetime
 	}

@@ -22,15 +22,15 @@ import (
 )
 
 // CAHelperEnv makes the test binary an Istio CA (services/ca) serving
-// "ADDR DIR" (DIR holds its root certificate and key) until it is
+// "ADDR DIR TRUST_DOMAIN" (DIR holds its root certificate and key) until it is
 // signalled: the agent in a network namespace reaches it on that
 // namespace's loopback, over TLS.
 const CAHelperEnv = "MESHAGENT_CA_HELPER"
 
 func RunCAHelper(spec string) int {
-	addr, dir, _ := strings.Cut(spec, " ")
-	cfg := ca.DefaultConfig(dir)
-	cfg.Listen = addr
+	addr, rest, _ := strings.Cut(spec, " ")
+	dir, trustDomain, _ := strings.Cut(rest, " ")
+	cfg := ca.NewConfig(addr, dir, time.Hour, trustDomain)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	svc, err := ca.New(cfg, ca.Inputs{}, ca.Outputs{}, messages.NewRuntime(ca.Name, &testkit.HealthRecorder{}, nil, prometheus.NewRegistry(), log))
 	if err != nil {
@@ -51,7 +51,7 @@ func RunCAHelper(spec string) int {
 func StartCAIn(t *testing.T, ns, addr string, root *pki.CA) {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := ca.DefaultConfig(dir)
+	cfg := ca.NewConfig(addr, dir, time.Hour, testkit.TableDefault[string](t, "TRUST_DOMAIN"))
 	testkit.WriteFile(t, cfg.RootCertPath(), root.CertPEM)
 	testkit.WriteFile(t, cfg.RootKeyPath(), pki.KeyPEM(t, root.Key))
 	self, err := os.Executable()
@@ -59,7 +59,7 @@ func StartCAIn(t *testing.T, ns, addr string, root *pki.CA) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns, self)
-	cmd.Env = append(os.Environ(), CAHelperEnv+"="+addr+" "+dir)
+	cmd.Env = append(os.Environ(), CAHelperEnv+"="+addr+" "+dir+" "+cfg.TrustDomain)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
