@@ -182,7 +182,7 @@ func startAgent(cp *controlPlane, appPort int) (*agent, error) {
 	if err := exec.Command("cp", *envoyBin, a.binary).Run(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(5)
+	ports, err := testkit.FreePorts(5)
 	if err != nil {
 		return nil, err
 	}
@@ -658,25 +658,6 @@ func get(url string, _ http.Header) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, string(b)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func writeFile(path, s string) error {
