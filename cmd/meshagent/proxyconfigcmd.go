@@ -85,19 +85,13 @@ func newProxyConfigCommand() *cobra.Command {
 // withEDS asks Envoy for its endpoints too.
 func proxyConfigTable(common *proxyConfigFlags, use string, aliases []string, short string, withEDS bool,
 	table func(*envoyadmin.Dump) envoyadmin.Table) *cobra.Command {
-	return &cobra.Command{
-		Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(use, common.output, "short", "json", "yaml"); err != nil {
-				return err
-			}
-			dump, err := fetchConfigDump(common.admin, withEDS)
-			if err != nil {
-				return fmt.Errorf("proxy-config %s: %w", use, err)
-			}
-			return writeProxyConfig(cmd.OutOrStdout(), table(dump), common.output)
-		},
-	}
+	return proxyConfigView(use, aliases, short, &common.output, []string{"short", "json", "yaml"}, func(cmd *cobra.Command) error {
+		dump, err := fetchConfigDump(common.admin, withEDS)
+		if err != nil {
+			return fmt.Errorf("proxy-config %s: %w", use, err)
+		}
+		return writeProxyConfig(cmd.OutOrStdout(), table(dump), common.output)
+	})
 }
 
 // maxConfigDump bounds Envoy's /config_dump as proxy-config reads it: a

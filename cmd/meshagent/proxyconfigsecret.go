@@ -112,13 +112,9 @@ func rootFingerprints(inline []byte, inlineString string) []string {
 // holds; when its dump holds none (it has asked for none over SDS), the
 // secrets the agent serves, from its /debug/certs, saying so.
 func newSecretView(common *proxyConfigFlags) *cobra.Command {
-	return &cobra.Command{
-		Use: "secret", Aliases: []string{"secrets", "s"}, Args: cobra.NoArgs,
-		Short: "Envoy's secrets: type, status, serial number and validity (the agent's SDS secrets when Envoy holds none)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput("secret", common.output, "short", "json", "yaml"); err != nil {
-				return err
-			}
+	return proxyConfigView("secret", []string{"secrets", "s"},
+		"Envoy's secrets: type, status, serial number and validity (the agent's SDS secrets when Envoy holds none)",
+		&common.output, []string{"short", "json", "yaml"}, func(cmd *cobra.Command) error {
 			dump, err := fetchConfigDump(common.admin, false)
 			if err != nil {
 				return fmt.Errorf("proxy-config secret: %w", err)
@@ -140,8 +136,7 @@ func newSecretView(common *proxyConfigFlags) *cobra.Command {
 			}
 			fmt.Fprintln(w, note+":")
 			return writeProxyConfig(w, agentSecretTable(certs, now), "short")
-		},
-	}
+		})
 }
 
 // agentSecretTable is the secret table of what the agent serves: "default"

@@ -50,25 +50,28 @@ func unknownView(cmd *cobra.Command, args []string) error {
 	return usageError("%s (views: %s)", msg, strings.Join(views, ", "))
 }
 
-// checkOutput refuses an -o the view does not print.
-func checkOutput(view, output string, allowed ...string) error {
-	if !slices.Contains(allowed, output) {
-		return usageError("proxy-config %s: -o %q: want %s", view, output, strings.Join(allowed, ", "))
+// proxyConfigView is one view of proxy-config: it refuses an -o
+// (*output) the view does not print, then runs.
+func proxyConfigView(use string, aliases []string, short string, output *string, allowed []string,
+	run func(cmd *cobra.Command) error) *cobra.Command {
+	return &cobra.Command{
+		Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !slices.Contains(allowed, *output) {
+				return usageError("proxy-config %s: -o %q: want %s", use, *output, strings.Join(allowed, ", "))
+			}
+			return run(cmd)
+		},
 	}
-	return nil
 }
 
 // newBootstrapView is istioctl's `proxy-config bootstrap`: the bootstrap
 // dump as JSON (its default) or YAML, or the versions (-o short).
 func newBootstrapView(common *proxyConfigFlags) *cobra.Command {
 	var output string
-	c := &cobra.Command{
-		Use: "bootstrap", Aliases: []string{"b"}, Args: cobra.NoArgs,
-		Short: "Envoy's bootstrap: node, static resources, admin (JSON by default, as istioctl)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput("bootstrap", output, "json", "yaml", "short"); err != nil {
-				return err
-			}
+	c := proxyConfigView("bootstrap", []string{"b"},
+		"Envoy's bootstrap: node, static resources, admin (JSON by default, as istioctl)",
+		&output, []string{"json", "yaml", "short"}, func(cmd *cobra.Command) error {
 			dump, err := fetchConfigDump(common.admin, false)
 			if err != nil {
 				return fmt.Errorf("proxy-config bootstrap: %w", err)
@@ -81,8 +84,7 @@ func newBootstrapView(common *proxyConfigFlags) *cobra.Command {
 				return writeBootstrapSummary(cmd.OutOrStdout(), b)
 			}
 			return writeProto(cmd.OutOrStdout(), b, output)
-		},
-	}
+		})
 	// istioctl's bootstrap defaults to json: a local -o over the parent's.
 	c.Flags().StringVarP(&output, "output", "o", "json", "json, yaml or short")
 	return c
@@ -138,13 +140,9 @@ func writeProto(w io.Writer, m proto.Message, output string) error {
 // (-o json) or as YAML.
 func newAllView(common *proxyConfigFlags) *cobra.Command {
 	var withHeaders bool
-	c := &cobra.Command{
-		Use: "all", Aliases: []string{"a"}, Args: cobra.NoArgs,
-		Short: "Everything: bootstrap, clusters, listeners, routes, secrets and endpoints (-o json: Envoy's whole config_dump)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput("all", common.output, "short", "json", "yaml"); err != nil {
-				return err
-			}
+	c := proxyConfigView("all", []string{"a"},
+		"Everything: bootstrap, clusters, listeners, routes, secrets and endpoints (-o json: Envoy's whole config_dump)",
+		&common.output, []string{"short", "json", "yaml"}, func(cmd *cobra.Command) error {
 			w := cmd.OutOrStdout()
 			if common.output != "short" {
 				return writeRawDump(w, common.admin, common.output)
@@ -179,8 +177,7 @@ func newAllView(common *proxyConfigFlags) *cobra.Command {
 				}
 			}
 			return nil
-		},
-	}
+		})
 	c.Flags().BoolVar(&withHeaders, "with-headers", false, "a title above each table, as istioctl's")
 	return c
 }

@@ -182,7 +182,7 @@ func startAgent(cp *controlPlane, appPort int) (*agent, error) {
 	if err := exec.Command("cp", *envoyBin, a.binary).Run(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(5)
+	ports, err := testkit.FreePorts(5)
 	if err != nil {
 		return nil, err
 	}
@@ -212,16 +212,13 @@ func startAgent(cp *controlPlane, appPort int) (*agent, error) {
 		return nil, err
 	}
 	why := ""
-	for i := 0; i < 300; i++ {
+	err = a.await(30*time.Second, 100*time.Millisecond, func() bool {
 		code, body := get(a.url("/healthz/ready"), nil)
-		if code == http.StatusOK {
-			return a, nil
-		}
 		why = body
-		if !a.running() {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+		return code == http.StatusOK
+	})
+	if err == nil {
+		return a, nil
 	}
 	a.stop()
 	tail, _ := os.ReadFile(a.stderr)
@@ -232,18 +229,37 @@ func (a *agent) url(path string) string { return fmt.Sprintf("http://127.0.0.1:%
 
 func (a *agent) running() bool { return syscall.Kill(a.pid, 0) == nil && !testkit.IsZombie(a.pid) }
 
-// alive: the agent still runs and answers readiness.
-func (a *agent) alive() error {
-	if !a.running() {
-		return errors.New("the agent died")
-	}
-	for i := 0; i < 100; i++ {
-		if code, _ := get(a.url("/healthz/ready"), nil); code == http.StatusOK {
+// The ways an await ends without its condition.
+var (
+	errDied = errors.New("the agent died")
+	errLate = errors.New("not in time")
+)
+
+// await asks ok every interval until it holds (nil), the agent is gone
+// (errDied), or within has passed (errLate): one wait for every poll of
+// the agent's endpoints.
+func (a *agent) await(within, every time.Duration, ok func() bool) error {
+	for start := time.Now(); time.Since(start) < within; time.Sleep(every) {
+		if ok() {
 			return nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		if !a.running() {
+			return errDied
+		}
 	}
-	return errors.New("the agent no longer answers /healthz/ready with 200")
+	return errLate
+}
+
+// alive: the agent still runs and answers readiness.
+func (a *agent) alive() error {
+	err := a.await(10*time.Second, 100*time.Millisecond, func() bool {
+		code, _ := get(a.url("/healthz/ready"), nil)
+		return code == http.StatusOK
+	})
+	if errors.Is(err, errLate) {
+		return errors.New("the agent no longer answers /healthz/ready with 200")
+	}
+	return err
 }
 
 func (a *agent) stop() {
@@ -418,14 +434,17 @@ func badBinary(a *agent, kind string) (string, error) {
 		_ = os.WriteFile(tmp, good, 0o755)
 		_ = os.Rename(tmp, a.binary)
 	}()
-	for i := 0; i < 100; i++ {
+	err = a.await(10*time.Second, 100*time.Millisecond, func() bool {
 		_, tree := get(a.url("/debug/tree"), nil)
-		if strings.Contains(tree, "not a regular file") {
-			return "refused, shown in /debug/tree", nil
-		}
-		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(tree, "not a regular file")
+	})
+	switch {
+	case errors.Is(err, errLate):
+		return "", errors.New("no refusal on /debug/tree within 10 s")
+	case err != nil:
+		return "", err
 	}
-	return "", errors.New("no refusal on /debug/tree within 10 s")
+	return "refused, shown in /debug/tree", nil
 }
 
 func push(a *agent) (string, error) {
@@ -455,18 +474,19 @@ func push(a *agent) (string, error) {
 // awaitClusters waits (1 min at most) until /debug/xds says the number of
 // clusters last sent to Envoy is ok.
 func awaitClusters(a *agent, ok func(int) bool) (string, error) {
-	start := time.Now()
-	for time.Since(start) < time.Minute {
+	n := 0
+	err := a.await(time.Minute, 200*time.Millisecond, func() bool {
 		_, body := get(a.url("/debug/xds"), nil)
-		if n := sentResources(body, "Cluster"); ok(n) {
-			return fmt.Sprintf("%d clusters sent to Envoy", n), nil
-		}
-		if !a.running() {
-			return "", errors.New("the agent died")
-		}
-		time.Sleep(200 * time.Millisecond)
+		n = sentResources(body, "Cluster")
+		return ok(n)
+	})
+	switch {
+	case errors.Is(err, errLate):
+		return "", errors.New("not forwarded within 1 min")
+	case err != nil:
+		return "", err
 	}
-	return "", errors.New("not forwarded within 1 min")
+	return fmt.Sprintf("%d clusters sent to Envoy", n), nil
 }
 
 func nds(a *agent) (string, error) {
@@ -475,17 +495,17 @@ func nds(a *agent) (string, error) {
 		return "", err
 	}
 	var body string
-	for time.Since(start) < time.Minute {
+	err := a.await(time.Minute, 200*time.Millisecond, func() bool {
 		_, body = get(a.url("/debug/names"), nil)
-		if strings.Contains(body, fmt.Sprintf(`"names": %d`, *names)) {
-			return fmt.Sprintf("table of %d names taken in %.1fs", *names, time.Since(start).Seconds()), nil
-		}
-		if !a.running() {
-			return "", errors.New("the agent died")
-		}
-		time.Sleep(200 * time.Millisecond)
+		return strings.Contains(body, fmt.Sprintf(`"names": %d`, *names))
+	})
+	switch {
+	case errors.Is(err, errLate):
+		return "", fmt.Errorf("table not taken within 1 min: /debug/names says %s", strings.Join(strings.Fields(body), " "))
+	case err != nil:
+		return "", err
 	}
-	return "", fmt.Errorf("table not taken within 1 min: /debug/names says %s", strings.Join(strings.Fields(body), " "))
+	return fmt.Sprintf("table of %d names taken in %.1fs", *names, time.Since(start).Seconds()), nil
 }
 
 // sentResources reads the sent_resources of the type whose URL ends with
@@ -658,25 +678,6 @@ func get(url string, _ http.Header) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, string(b)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func writeFile(path, s string) error {

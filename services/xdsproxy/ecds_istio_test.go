@@ -11,18 +11,15 @@ import (
 	"testing"
 	"time"
 
-	udpa "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
@@ -192,15 +189,7 @@ func asTypedStruct(t *testing.T, ec *corev3.TypedExtensionConfig) *corev3.TypedE
 	if err := ec.GetTypedConfig().UnmarshalTo(f); err != nil {
 		t.Fatal(err)
 	}
-	js, err := protojson.Marshal(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := new(structpb.Struct)
-	if err := protojson.Unmarshal(js, st); err != nil {
-		t.Fatal(err)
-	}
-	a, err := anypb.New(&udpa.TypedStruct{TypeUrl: ec.GetTypedConfig().GetTypeUrl(), Value: st})
+	a, err := anypb.New(xdsserver.TypedStruct(t, f))
 	if err != nil {
 		t.Fatal(err)
 	}

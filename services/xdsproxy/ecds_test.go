@@ -94,14 +94,7 @@ func filterOf(t *testing.T, c *xdsserver.Client, name string) any {
 	if a == nil {
 		t.Fatalf("the client holds no extension config %s", name)
 	}
-	ec := new(corev3.TypedExtensionConfig)
-	if err := a.UnmarshalTo(ec); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ec.GetTypedConfig().UnmarshalNew()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := xdsserver.ExtensionConfig(t, a)
 	return m
 }
 

@@ -173,19 +173,10 @@ func echo(network, addr, who string) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "%s got %s from %s\n", who, strings.TrimSpace(line), c.RemoteAddr())
-			}()
-		}
-	}()
+	testkit.ServeConns(ln, func(c net.Conn) {
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		fmt.Fprintf(c, "%s got %s from %s\n", who, strings.TrimSpace(line), c.RemoteAddr())
+	})
 	return nil
 }
 

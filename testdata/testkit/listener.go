@@ -29,3 +29,21 @@ func AcceptAndClose(t testing.TB, l net.Listener) {
 	}()
 	t.Cleanup(func() { l.Close(); <-done })
 }
+
+// ServeConns accepts every connection on l until l is closed, and runs
+// handle on each in a goroutine of its own, closing the connection when
+// handle returns: a test's server of one small exchange per connection.
+func ServeConns(l net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}

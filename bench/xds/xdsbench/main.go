@@ -46,6 +46,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
@@ -294,7 +295,7 @@ func (b *bench) startAgent(a agentSpec) (*target, error) {
 // startWholeAgent runs `bin proxy sidecar` in dir; rm is removed when it
 // stops (empty: nothing).
 func (b *bench) startWholeAgent(name, bin, dir string, env, args []string, rm string) (*target, error) {
-	ports, err := freePorts(2)
+	ports, err := testkit.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -342,25 +343,6 @@ func (b *bench) startWholeAgent(name, bin, dir string, env, args []string, rm st
 	}
 	t.proc = cmd
 	return t, nil
-}
-
-func freePorts(n int) ([]int, error) {
-	var out []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
 
 func stopAll(targets []*target) {

@@ -273,11 +273,7 @@ func conformanceGolden(t *testing.T) []caseResult {
 
 // conformanceLive runs both agents on every case.
 func conformanceLive(t *testing.T, update bool) []caseResult {
-	istioAgent, err := e2ekit.IstioAgentBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	istioSrc, err := e2ekit.IstioSource()
+	istioAgent, istioSrc, err := e2ekit.IstioPeer()
 	if err != nil {
 		t.Fatal(err)
 	}

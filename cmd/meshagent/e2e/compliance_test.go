@@ -34,28 +34,19 @@ func recordHandshakes(t *testing.T, ca *pki.CA, curves []tls.CurveID) *handshake
 	}
 	t.Cleanup(func() { ln.Close() })
 	r := &handshakeRecorder{addr: ln.Addr().String(), seen: make(chan string, 64)}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				tc := tls.Server(c, conf)
-				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-				outcome := "refused"
-				if err := tc.Handshake(); err == nil {
-					st := tc.ConnectionState()
-					outcome = fmt.Sprintf("%s %v %s", tls.VersionName(st.Version), st.CurveID, tls.CipherSuiteName(st.CipherSuite))
-				}
-				select {
-				case r.seen <- outcome:
-				default:
-				}
-			}()
+	testkit.ServeConns(ln, func(c net.Conn) {
+		tc := tls.Server(c, conf)
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		outcome := "refused"
+		if err := tc.Handshake(); err == nil {
+			st := tc.ConnectionState()
+			outcome = fmt.Sprintf("%s %v %s", tls.VersionName(st.Version), st.CurveID, tls.CipherSuiteName(st.CipherSuite))
 		}
-	}()
+		select {
+		case r.seen <- outcome:
+		default:
+		}
+	})
 	return r
 }
 

@@ -148,11 +148,7 @@ func istiodAgents(t *testing.T, ours string) ([]istiodAgent, error) {
 	agents := []istiodAgent{{name: "meshagent", command: func(root string) *exec.Cmd {
 		return exec.Command(ours, "proxy", "sidecar", "--root", root, "--domain", "ns.svc.cluster.local")
 	}}}
-	istio, istioMissing := e2ekit.IstioAgentBinary()
-	var istioSrc string
-	if istioMissing == nil {
-		istioSrc, istioMissing = e2ekit.IstioSource() // its bootstrap template
-	}
+	istio, istioSrc, istioMissing := e2ekit.IstioPeer() // the source: its bootstrap template
 	if istioMissing == nil {
 		template, err := os.ReadFile(filepath.Join(istioSrc, e2ekit.IstioTemplateSource))
 		if err != nil {

@@ -22,11 +22,7 @@ import (
 // leaves them out of the count (releasenotes 60731). An agent counting
 // them would wait out the 120 s drain (Istio's own: forever).
 func TestRouterDrainAgainstIstio(t *testing.T) {
-	istioAgent, err := e2ekit.IstioAgentBinary()
-	if err != nil {
-		t.Skip(err)
-	}
-	istioSrc, err := e2ekit.IstioSource()
+	istioAgent, istioSrc, err := e2ekit.IstioPeer()
 	if err != nil {
 		t.Skip(err)
 	}

@@ -99,11 +99,11 @@ func (c *Cache) rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, string
 	if tc == nil {
 		return nil, unmarshalFailure, fmt.Errorf("typed extension config %s does not contain any typed config", ec.GetName())
 	}
-	var filter filterConfig
+	var filter *filterConfig
 	switch tc.GetTypeUrl() {
 	case httpWasmType, networkWasmType:
 		filter = newFilter(tc.GetTypeUrl())
-		if err := tc.UnmarshalTo(filter.message()); err != nil {
+		if err := tc.UnmarshalTo(filter.wasm); err != nil {
 			return nil, unmarshalFailure, fmt.Errorf("failed to unmarshal extension config resource into Wasm filter: %w", err)
 		}
 	case typedStructType:
@@ -116,7 +116,7 @@ func (c *Cache) rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, string
 		}
 		js, err := protojson.Marshal(ts.GetValue())
 		if err == nil {
-			err = protojson.Unmarshal(js, filter.message())
+			err = protojson.Unmarshal(js, filter.wasm)
 		}
 		if err != nil {
 			return nil, unmarshalFailure, fmt.Errorf("failed to convert extension config %s's struct to a Wasm filter: %w", ec.GetName(), err)
@@ -124,7 +124,7 @@ func (c *Cache) rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, string
 	default:
 		return res, noRemoteLoad, nil
 	}
-	plugin := filter.plugin()
+	plugin := filter.wasm.GetConfig()
 	code := plugin.GetVmConfig().GetCode()
 	if code.GetRemote() == nil {
 		if code.GetLocal() == nil {
@@ -139,7 +139,7 @@ func (c *Cache) rewrite(ctx context.Context, res *anypb.Any) (*anypb.Any, string
 			"fail_open", failOpen, "error", err)
 		return mustAny(&corev3.TypedExtensionConfig{Name: ec.GetName(), TypedConfig: filter.standIn(failOpen)}), result, nil
 	}
-	wasmAny, err := anypb.New(filter.message())
+	wasmAny, err := anypb.New(filter.wasm)
 	if err != nil {
 		return nil, marshalFailure, fmt.Errorf("failed to marshal new wasm filter: %w", err)
 	}
@@ -212,48 +212,39 @@ func failsOpen(p *wasmv3.PluginConfig) bool {
 	return p.GetFailOpen() //nolint:staticcheck // Istio reads it still
 }
 
-// filterConfig is an HTTP or a network Wasm filter.
-type filterConfig interface {
-	message() proto.Message
-	plugin() *wasmv3.PluginConfig
-	// standIn is Istio's RBAC filter of the same kind: no rules allow
-	// everything, empty rules deny everything.
-	standIn(failOpen bool) *anypb.Any
+// filterConfig is an HTTP or a network Wasm filter, and Istio's RBAC
+// filters of the same kind that stand in for it when its module cannot be
+// had: no rules allow everything, empty rules deny everything. The two
+// kinds differ only in these messages.
+type filterConfig struct {
+	wasm interface {
+		proto.Message
+		GetConfig() *wasmv3.PluginConfig
+	}
+	allow, deny proto.Message
 }
 
 // newFilter is the filter of a Wasm type URL; nil for any other.
-func newFilter(typeURL string) filterConfig {
+func newFilter(typeURL string) *filterConfig {
 	switch typeURL {
 	case httpWasmType:
-		return &httpFilter{new(httpwasm.Wasm)}
+		return &filterConfig{wasm: new(httpwasm.Wasm),
+			allow: &httprbac.RBAC{RulesStatPrefix: allowStatPrefix},
+			deny:  &httprbac.RBAC{Rules: &rbacv3.RBAC{}, RulesStatPrefix: denyStatPrefix}}
 	case networkWasmType:
-		return &networkFilter{new(netwasm.Wasm)}
+		return &filterConfig{wasm: new(netwasm.Wasm),
+			allow: &netrbac.RBAC{StatPrefix: allowStatPrefix},
+			deny:  &netrbac.RBAC{Rules: &rbacv3.RBAC{}, StatPrefix: denyStatPrefix}}
 	}
 	return nil
 }
 
-type httpFilter struct{ m *httpwasm.Wasm }
-
-func (f *httpFilter) message() proto.Message       { return f.m }
-func (f *httpFilter) plugin() *wasmv3.PluginConfig { return f.m.GetConfig() }
-func (f *httpFilter) standIn(failOpen bool) *anypb.Any {
-	r := &httprbac.RBAC{RulesStatPrefix: allowStatPrefix}
-	if !failOpen {
-		r = &httprbac.RBAC{Rules: &rbacv3.RBAC{}, RulesStatPrefix: denyStatPrefix}
+// standIn is the RBAC filter for the plugin's failure policy.
+func (f *filterConfig) standIn(failOpen bool) *anypb.Any {
+	if failOpen {
+		return mustAny(f.allow)
 	}
-	return mustAny(r)
-}
-
-type networkFilter struct{ m *netwasm.Wasm }
-
-func (f *networkFilter) message() proto.Message       { return f.m }
-func (f *networkFilter) plugin() *wasmv3.PluginConfig { return f.m.GetConfig() }
-func (f *networkFilter) standIn(failOpen bool) *anypb.Any {
-	r := &netrbac.RBAC{StatPrefix: allowStatPrefix}
-	if !failOpen {
-		r = &netrbac.RBAC{Rules: &rbacv3.RBAC{}, StatPrefix: denyStatPrefix}
-	}
-	return mustAny(r)
+	return mustAny(f.deny)
 }
 
 func mustAny(m proto.Message) *anypb.Any {

@@ -12,13 +12,12 @@ import (
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
+	"github.com/meshagent/meshagent/testdata/testkit/xdsserver"
 )
 
 // plugin is a WasmPlugin as istiod sends it: remote code at url, the
@@ -51,19 +50,6 @@ func extensionConfig(t *testing.T, name string, filter proto.Message) *anypb.Any
 	return a
 }
 
-func unpack(t *testing.T, a *anypb.Any) (*corev3.TypedExtensionConfig, proto.Message) {
-	t.Helper()
-	ec := new(corev3.TypedExtensionConfig)
-	if err := a.UnmarshalTo(ec); err != nil {
-		t.Fatal(err)
-	}
-	m, err := ec.GetTypedConfig().UnmarshalNew()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ec, m
-}
-
 // A remote module is fetched and the resource rewritten to the local file,
 // the agent's variables gone from the VM's environment and the plugin's
 // own kept; HTTP and network filters alike, and a TypedStruct one too
@@ -76,15 +62,7 @@ func TestRewriteRemoteToLocal(t *testing.T) {
 
 	httpFilter := &httpwasm.Wasm{Config: plugin(url, wasmserver.Sum(wasmserver.Module), wasmv3.FailurePolicy_FAIL_CLOSED, nil)}
 	netFilter := &netwasm.Wasm{Config: plugin(url, "nil", wasmv3.FailurePolicy_FAIL_CLOSED, nil)}
-	js, err := protojson.Marshal(httpFilter)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := new(structpb.Struct)
-	if err := protojson.Unmarshal(js, st); err != nil {
-		t.Fatal(err)
-	}
-	typedStruct := &udpa.TypedStruct{TypeUrl: httpWasmType, Value: st}
+	typedStruct := xdsserver.TypedStruct(t, httpFilter)
 
 	for _, tc := range []struct {
 		name string
@@ -95,7 +73,7 @@ func TestRewriteRemoteToLocal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ec, m := unpack(t, out)
+			ec, m := xdsserver.ExtensionConfig(t, out)
 			if ec.GetName() != "ns.plugin" {
 				t.Errorf("name %q, want ns.plugin", ec.GetName())
 			}
@@ -151,7 +129,7 @@ func TestRewriteFetchFailure(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ec, m := unpack(t, out)
+				ec, m := xdsserver.ExtensionConfig(t, out)
 				if ec.GetName() != "ns.plugin" {
 					t.Errorf("stand-in named %q, want the plugin's ns.plugin", ec.GetName())
 				}
@@ -175,7 +153,7 @@ func TestRewriteFetchFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, m := unpack(t, out); !strings.Contains(string(m.ProtoReflect().Descriptor().FullName()), "rbac") {
+	if _, m := xdsserver.ExtensionConfig(t, out); !strings.Contains(string(m.ProtoReflect().Descriptor().FullName()), "rbac") {
 		t.Errorf("empty pull secret: %T, want the deny stand-in", m)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"testing"
 
 	udpa "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // ErrRemoteWasm: a Wasm filter's code is remote. Envoy cannot load an
@@ -102,4 +104,34 @@ func CheckWasm(a *anypb.Any, files FileRoot) error {
 		return fmt.Errorf("extension config %s: %s is not a Wasm module", ec.GetName(), local.GetFilename())
 	}
 	return nil
+}
+
+// ExtensionConfig is an ECDS resource as a client holds it: the
+// TypedExtensionConfig, and the filter it configures decoded.
+func ExtensionConfig(t testing.TB, a *anypb.Any) (*corev3.TypedExtensionConfig, proto.Message) {
+	t.Helper()
+	ec := new(corev3.TypedExtensionConfig)
+	if err := a.UnmarshalTo(ec); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ec.GetTypedConfig().UnmarshalNew()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ec, m
+}
+
+// TypedStruct is filter inside a TypedStruct (its fields as JSON, under
+// its own type URL), as some control planes send a filter.
+func TypedStruct(t testing.TB, filter proto.Message) *udpa.TypedStruct {
+	t.Helper()
+	js, err := protojson.Marshal(filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := new(structpb.Struct)
+	if err := protojson.Unmarshal(js, st); err != nil {
+		t.Fatal(err)
+	}
+	return &udpa.TypedStruct{TypeUrl: "type.googleapis.com/" + string(filter.ProtoReflect().Descriptor().FullName()), Value: st}
 }

@@ -11,7 +11,6 @@ package e2ekit
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -49,18 +48,13 @@ func FreePort(t *testing.T) int {
 	return FreePorts(t, 1)[0]
 }
 
-// FreePorts are n distinct free ports: each listener stays open until all
-// are chosen, so that one agent never gets the same port twice.
+// FreePorts are n distinct free ports (testkit.FreePorts), so that one
+// agent never gets the same port twice.
 func FreePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	ports, err := testkit.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

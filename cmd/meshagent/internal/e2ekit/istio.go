@@ -50,6 +50,19 @@ func IstioSource() (string, error) {
 	return p, nil
 }
 
+// IstioPeer is Istio's pilot-agent and Istio's source beside it (its
+// bootstrap template, its golden inputs): what a test that runs Istio's
+// agent as the oracle needs; the error says which one is missing.
+func IstioPeer() (agent, src string, err error) {
+	if agent, err = IstioAgentBinary(); err != nil {
+		return "", "", err
+	}
+	if src, err = IstioSource(); err != nil {
+		return "", "", err
+	}
+	return agent, src, nil
+}
+
 // IstioTemplatePath is where Istio's agent looks for its bootstrap template
 // (pkg/bootstrap DefaultCfgDir); the proxyv2 image ships it there.
 const IstioTemplatePath = "var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
