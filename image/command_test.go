@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
@@ -61,11 +62,11 @@ func TestMeshagentImageCommand(t *testing.T) {
 	if digest, _, _ := strings.Cut(stdout, " "); digest != head.Digest.String() {
 		t.Fatalf("printed %q, the registry has %s", stdout, head.Digest)
 	}
-	own, err := remote.Image(ref, remote.WithPlatform(platformOf(t, OwnPlatform())))
+	own, err := remote.Image(ref, remote.WithPlatform(*must(v1.ParsePlatform(OwnPlatform()))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	was, err := remote.Image(mustRef(t, reg+"/istio/proxyv2:1.28.1"), remote.WithPlatform(platformOf(t, OwnPlatform())))
+	was, err := remote.Image(must(name.ParseReference(reg+"/istio/proxyv2:1.28.1")), remote.WithPlatform(*must(v1.ParsePlatform(OwnPlatform()))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestMeshagentImageCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "give --agent "+other+"=PATH") {
 		t.Fatalf("exit %d, stderr %q; want 1 and the missing platform named", code, stderr)
 	}
-	if _, err := remote.Head(mustRef(t, reg+"/mesh/half:1")); err == nil {
+	if _, err := remote.Head(must(name.ParseReference(reg + "/mesh/half:1"))); err == nil {
 		t.Fatal("mesh/half:1 was pushed")
 	}
 	for _, args := range [][]string{

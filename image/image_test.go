@@ -401,22 +401,13 @@ func TestLocalBaseToFile(t *testing.T) {
 	}
 }
 
-func platformOf(t *testing.T, s string) v1.Platform {
-	t.Helper()
-	p, err := v1.ParsePlatform(s)
+// must is v of a parse of the test's own fixed text, which cannot fail
+// but by a mistake in the test (a panic names it).
+func must[T any](v T, err error) T {
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
-	return *p
-}
-
-func mustRef(t *testing.T, s string) name.Reference {
-	t.Helper()
-	r, err := name.ParseReference(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return v
 }
 
 // A plain-HTTP registry under a name that is no loopback or private

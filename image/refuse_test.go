@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
@@ -62,7 +63,7 @@ func TestRefusesBadBasesAndPushesNothing(t *testing.T) {
 			}
 		})
 	}
-	repos, err := remote.Catalog(context.Background(), mustRef(t, reg+"/out/x").Context().Registry)
+	repos, err := remote.Catalog(context.Background(), must(name.ParseReference(reg+"/out/x")).Context().Registry)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,10 +63,9 @@ type Cache struct {
 	m     *metrics
 }
 
-// NewCache returns the cache of cfg (its defaults filled); Run must run
+// NewCache returns the cache of cfg; Run must run
 // for Get to answer.
 func NewCache(cfg Config, clock messages.Clock, log *slog.Logger) *Cache {
-	cfg = cfg.WithDefaults()
 	if clock == nil {
 		clock = messages.SystemClock{}
 	}

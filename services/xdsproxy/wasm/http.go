@@ -3,6 +3,7 @@ package wasm
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -48,7 +49,7 @@ func (f *httpFetcher) fetch(ctx context.Context, url string, insecure bool) ([]b
 	if insecure {
 		c = f.insecureClient
 	}
-	wait := f.cfg.RetryBackoff
+	wait := cmp.Or(f.cfg.RetryBackoff, DefaultRetryBackoff)
 	var last error
 	attempts := 0
 	for attempts < f.cfg.HTTPRequestMaxRetries {

@@ -68,7 +68,7 @@ type Config struct {
 	// (ISTIO_WASM_MAX_BINARY_SIZE_BYTES).
 	MaxModuleBytes int64 `env:"ISTIO_WASM_MAX_BINARY_SIZE_BYTES"`
 	// RetryBackoff is the first wait between HTTP attempts (0:
-	// DefaultRetryBackoff).
+	// DefaultRetryBackoff, taken where it is used).
 	RetryBackoff time.Duration
 }
 
@@ -78,18 +78,8 @@ var ErrBadConfig = errors.New("bad wasm configuration")
 // Enabled: ECDS resources with remote Wasm code are rewritten.
 func (c Config) Enabled() bool { return c.Dir != "" }
 
-// WithDefaults fills the zero RetryBackoff, the one tuning knob a caller
-// may leave out.
-func (c Config) WithDefaults() Config {
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = DefaultRetryBackoff
-	}
-	return c
-}
-
 // Validate names the setting that is wrong.
 func (c Config) Validate() error {
-	c = c.WithDefaults()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
 	}
