@@ -476,16 +476,6 @@ func captureTraffic(t *testing.T, newBackend func(*testing.T) trafficBackend, v6
 	expect(t, "outbound after cleanup", tp.dialAs(t, 0, "tcp", remote+":8080"), "peer "+remote+":8080")
 }
 
-func stripComments(s string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if !strings.HasPrefix(l, "#") {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
 // Both backends, both capture modes, each for IPv4 and IPv6, in a network
 // namespace of their own.
 func TestKernelCapture(t *testing.T) {

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -347,16 +346,4 @@ func sameJSON(a, b string) bool {
 type recordedBootstrap struct {
 	data []byte
 	yaml bool
-}
-
-// topLevel groups differences by their first path element, for the summary.
-func topLevel(diffs []fieldDiff) []string {
-	var out []string
-	for _, d := range diffs {
-		first := splitFieldPath(d.Path)[0]
-		if !slices.Contains(out, first) {
-			out = append(out, first)
-		}
-	}
-	return out
 }

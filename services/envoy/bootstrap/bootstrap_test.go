@@ -469,10 +469,3 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
-
-func must[T any](v T, err error) T {
-	if err != nil {
-		panic(err)
-	}
-	return v
-}

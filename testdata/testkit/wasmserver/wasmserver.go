@@ -118,9 +118,6 @@ func NewRegistry(t testing.TB, o RegistryOptions) *Registry {
 // Host is the registry's host:port.
 func (r *Registry) Host() string { return r.srv.Listener.Addr().String() }
 
-// Client is an HTTP client that trusts the registry's certificate.
-func (r *Registry) Client() *http.Client { return r.srv.Client() }
-
 // Push stores module at repo:tag in layout, with the registry's
 // credentials when it has any, and returns the image's manifest digest
 // (hex), which names the module in the agent's cache.
