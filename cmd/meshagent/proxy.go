@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/memlimit"
 	"github.com/meshagent/meshagent/tree"
 )
 
@@ -77,6 +78,7 @@ func runAgent(cfg *config.Agent, agent *tree.Agent, ch *tree.Channels, reg *prom
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	setSidecarGC(cfg.GOGC, log)
+	memlimit.Apply(cfg.MemoryLimitRatio, "", log) // Istio's automemlimit rule (#36)
 	log.Info("meshagent starting", "version", currentVersion().Version, "type", cfg.ProxyType, "root", cfg.Root,
 		"envoy", describeEnvoy(cfg.Proxy.BinaryPath))
 	config.LogEffective(log, cfg)

@@ -94,6 +94,11 @@ type Agent struct {
 	// GOGC is GOGC as the operator set it (even empty); nil: the agent
 	// sets its own GC target (cmd's memory.go).
 	GOGC *string
+	// MemoryLimitRatio is the share of its cgroup's memory limit the agent
+	// sets as Go's soft memory limit, as Istio's agent does (it imports
+	// automemlimit: AUTOMEMLIMIT, default 0.9); 0: none (AUTOMEMLIMIT=off,
+	// or GOMEMLIMIT set: Go's runtime applies that itself). #36.
+	MemoryLimitRatio float64
 }
 
 // Release drops the root's lock: at exit, or when the run stops before
@@ -141,6 +146,29 @@ func readSharedVars(r envReader) sharedVars {
 	}
 }
 
+// memoryLimitRatio is automemlimit's rule, as Istio's pilot-agent applies
+// it: nothing when GOMEMLIMIT is set (even empty), else AUTOMEMLIMIT, a
+// ratio in (0, 1] or "off", 0.9 when unset.
+func memoryLimitRatio(r envReader) float64 {
+	if _, ok := r.env.Lookup("GOMEMLIMIT"); ok {
+		return 0
+	}
+	return envVar(r, "AUTOMEMLIMIT", defaultMemoryLimitRatio, parseMemoryLimitRatio)
+}
+
+const defaultMemoryLimitRatio = 0.9
+
+func parseMemoryLimitRatio(s string) (float64, error) {
+	if strings.TrimSpace(s) == "off" {
+		return 0, nil
+	}
+	f, err := ParseFloat(s)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, errors.New(`want a ratio in (0, 1], or "off"`)
+	}
+	return f, nil
+}
+
 // Build turns the inputs into every service's config. Every bad value it
 // finds — of a flag, a variable, a file — is in the error, each naming where
 // it came from and the value. The services' configs are not validated here:
@@ -157,6 +185,7 @@ func Build(in Inputs) (*Agent, error) {
 	if v, ok := in.Host.Env.Lookup("GOGC"); ok {
 		c.GOGC = &v
 	}
+	c.MemoryLimitRatio = memoryLimitRatio(r)
 	if len(in.Args) > 0 {
 		c.ProxyType = in.Args[0]
 	}

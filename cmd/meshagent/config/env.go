@@ -201,6 +201,8 @@ var Env = []Var{
 
 	// The process.
 	{Name: "GOGC", Default: "50", Type: "count or off", Service: svcProcess, Doc: "Go's GC target; unset, the agent's own (50)"},
+	{Name: "GOMEMLIMIT", Type: "bytes or off", Service: svcProcess, Doc: "Go's soft memory limit (Go's runtime reads it); set, AUTOMEMLIMIT does nothing"},
+	{Name: "AUTOMEMLIMIT", Default: "0.9", Type: "ratio or off", Service: svcProcess, Doc: "Go's memory limit as this share of the cgroup's memory limit, as Istio's agent (automemlimit)"},
 	{Name: "NOTIFY_SOCKET", Type: "path", Service: svcProcess, Doc: "systemd's readiness socket (read by go-systemd in tree)"},
 	{Name: "WATCHDOG_USEC", Type: "count", Service: svcProcess, Doc: "systemd's watchdog interval (read by go-systemd in tree)"},
 }
