@@ -130,7 +130,7 @@ lint:
 # (`proxy sidecar`) and Istio's pilot-agent, interleaved in one run, one
 # table: start → ready, memory as Kubernetes counts it (each agent in a
 # cgroup of its own: working set, anon, RSS), xDS pushes through the whole
-# agent and the GC settings (root: cgroups; ~10 minutes).
+# agent and the GC settings (root: cgroups; ~15 minutes).
 bench-vs-istio: build peer-istio-agent
 	bash bench/vs-istio/run.sh
 
