@@ -11,16 +11,20 @@
 #     /healthz/ready, with the stand-in Envoy (testdata/fakeenvoy) taking
 #     its configuration from a plaintext control plane (bench/agent/
 #     controlplane) and file-mounted dev certs; START_ROUNDS starts each.
-#  2. Memory as Kubernetes counts it: each agent (and its stand-in Envoy)
-#     in a cgroup v1 memory cgroup of its own (limit 512M), started from a
-#     fresh copy of its binary whose page cache was dropped first (a node
-#     that has not run the image yet: the pages the agent reads are charged
-#     to its cgroup, as a pod's are), IDLE seconds idle with a readiness
-#     probe a second and two Prometheus scrapes; then the cgroup's working
-#     set as the kubelet computes it (memory.usage_in_bytes −
-#     total_inactive_file), its anon (total_rss) and page cache
-#     (total_cache), and the agent process's VmRSS/RssAnon/RssFile.
-#     MEM_ROUNDS rounds. (It also ran meshagent with its start-up code pages
+#  2. Memory and CPU at idle, as Kubernetes counts them: each agent in a
+#     cgroup v1 memory cgroup of its own (limit 512M) and its stand-in Envoy
+#     in another (the two are the istio-proxy container; the agent's own is
+#     the agent alone, #36), started from a fresh copy of its binary whose
+#     page cache was dropped first (a node that has not run the image yet:
+#     the pages the agent reads are charged to its cgroup, as a pod's are),
+#     IDLE seconds idle with a readiness probe a second and a Prometheus
+#     scrape every 15 s (the kubelet's and Prometheus's defaults); then each
+#     cgroup's working set as the kubelet computes it
+#     (memory.usage_in_bytes − total_inactive_file), its anon (total_rss)
+#     and page cache (total_cache), the agent process's
+#     VmRSS/RssAnon/RssFile, and the agent's CPU time across the idle window
+#     (cpuacct.usage of a cpuacct cgroup of its own, the stand-in in
+#     another), scaled to seconds per hour. MEM_ROUNDS rounds. (It also ran meshagent with its start-up code pages
 #     kept mapped; that showed the unmapping doubled the working set after an
 #     exec, and the agent no longer unmaps them: #24, docs/performance.md.)
 #     Then the binary is run once more in the cgroup (`BIN version`, as a
@@ -55,7 +59,7 @@ set -euo pipefail
 # PHASES: which of start, mem, xds, dns, names, istiod to run.
 PHASES=${PHASES:-start mem xds dns names}
 ISTIOD_ROUNDS=${ISTIOD_ROUNDS:-5}
-IDLE=${IDLE:-60}
+IDLE=${IDLE:-150} # past the Go runtime's 2-minute forced GC: part of the idle cost
 MEM_ROUNDS=${MEM_ROUNDS:-2}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
@@ -75,6 +79,8 @@ if [ ! -x "$PILOT_AGENT" ]; then
 fi
 cgroot=/sys/fs/cgroup/memory
 [ -w "$cgroot" ] || { echo "bench-vs-istio: no cgroup v1 memory hierarchy at $cgroot: skipped"; exit 0; }
+cpuroot=/sys/fs/cgroup/cpuacct
+[ -w "$cpuroot" ] || { echo "bench-vs-istio: no cgroup v1 cpuacct hierarchy at $cpuroot: skipped"; exit 0; }
 tmpl=$(ls "$(go env GOMODCACHE)"/istio.io/istio@*/tools/packaging/common/envoy_bootstrap.json 2>/dev/null | head -1)
 [ -n "$tmpl" ] || { echo "bench-vs-istio: Istio's envoy_bootstrap.json is not in the module cache (make peer-istio-agent): skipped"; exit 0; }
 
@@ -89,7 +95,7 @@ cleanup() {
 	for cg in "${cgroups[@]}"; do
 		[ -d "$cg" ] || continue
 		# Any straggler goes back to the root cgroup, so the directory can go.
-		while read -r p; do echo "$p" >"$cgroot/cgroup.procs" 2>/dev/null || true; done <"$cg/cgroup.procs"
+		while read -r p; do echo "$p" >"${cg%/*}/cgroup.procs" 2>/dev/null || true; done <"$cg/cgroup.procs"
 		rmdir "$cg" 2>/dev/null || true
 	done
 	rm -rf "$work"
@@ -134,27 +140,40 @@ evict() {
 # launch VARIANT DIR CGROUP: start the agent of VARIANT (meshagent,
 # istio) in DIR, in its own process group (and CGROUP unless
 # empty); its pid in $agent_pid, its status port in $status_port.
+# envoy_cgroups (cgroup directories) are where its stand-in Envoy runs
+# instead of beside it: the agent runs a wrapper that joins them and
+# execs the stand-in (the same process, pid and signals).
 # launch_env (VAR=value...) overrides the environment of both;
 # meshagent_args are more flags for meshagent; istio_wrap is a command
 # Istio's agent runs under (the DNS phases: a mount namespace whose
 # /etc/resolv.conf names the bench's resolver).
-launch_env=() meshagent_args=() istio_wrap=()
+launch_env=() meshagent_args=() istio_wrap=() agent_cgroups=() envoy_cgroups=()
 launch() {
 	local variant=$1 dir=$2 cg=$3
 	mkdir -p "$dir/root/etc" "$dir/root/var/lib/istio/envoy" "$dir/bin"
 	[ -d "$dir/root/etc/certs" ] || cp -r "$work/certs" "$dir/root/etc/certs"
 	cp "$tmpl" "$dir/root/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 	status_port=$(free_port)
-	local admin bin args=() env=()
+	local admin bin args=() env=() envoy=$dir/bin/fakeenvoy c
 	admin=$(free_port)
+	if [ ${#envoy_cgroups[@]} -gt 0 ]; then
+		envoy=$dir/bin/envoy-in-cgroup
+		{
+			echo '#!/bin/sh'
+			for c in "${envoy_cgroups[@]}"; do echo "echo \$\$ >$c/cgroup.procs"; done
+			echo "exec $dir/bin/fakeenvoy \"\$@\""
+		} >"$envoy"
+		chmod +x "$envoy"
+	fi
 	case $variant in
 	istio) bin=$dir/bin/pilot-agent env=("${istio_wrap[@]}") ;;
 	*) bin=$dir/bin/meshagent args=(--root "$dir/root" "${meshagent_args[@]}") ;;
 	esac
 	local join=":"
 	[ -n "$cg" ] && join="echo \$\$ >$cg/cgroup.procs"
+	for c in "${agent_cgroups[@]}"; do join="$join && echo \$\$ >$c/cgroup.procs"; done
 	(cd "$dir/root" && exec setsid sh -c "$join && exec \"\$@\"" sh "${env[@]}" env \
-		PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status_port,\"proxyAdminPort\":$admin,\"binaryPath\":\"$dir/bin/fakeenvoy\"}" \
+		PROXY_CONFIG="{\"discoveryAddress\":\"$xds\",\"controlPlaneAuthPolicy\":\"NONE\",\"statusPort\":$status_port,\"proxyAdminPort\":$admin,\"binaryPath\":\"$envoy\"}" \
 		ENVOY_STATUS_PORT="$(free_port)" ENVOY_PROMETHEUS_PORT="$(free_port)" FILE_MOUNTED_CERTS=true CLOUD_PLATFORM=none \
 		POD_NAME=bench-0 POD_NAMESPACE=ns0 INSTANCE_IP=127.0.0.1 SERVICE_ACCOUNT=default \
 		ISTIO_META_DNS_CAPTURE=false ISTIO_META_DNS_AUTO_ALLOCATE=false "${launch_env[@]}" \
@@ -189,6 +208,8 @@ rotate() { local i n=${#variants[@]}; for ((i = 0; i < n; i++)); do echo "${vari
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 : >"$work/results"
 : >"$work/xds.tsv"
+record binary-mb meshagent "$(stat -c %s "$work/bin/meshagent" | awk '{printf "%.1f", $1 / 1e6}')"
+record binary-mb istio "$(stat -c %s "$work/bin/pilot-agent" | awk '{printf "%.1f", $1 / 1e6}')"
 
 # 1. Start → ready, warm.
 has start || START_ROUNDS=-1
@@ -214,9 +235,16 @@ for ((r = 0; r <= START_ROUNDS; r++)); do
 done
 sample_load
 
-# 2. Memory in a cgroup, idle.
-declare -A cg_of pid_of port_of
+# 2. Memory and CPU in cgroups, idle.
+declare -A cg_of ecg_of cpu_of pid_of port_of cpu0_of
 cgval() { awk -v k="$2" '$1 == k {print $2}' "$1/memory.stat"; }
+# ws CGROUP...: the cgroups' working set summed, bytes.
+ws() {
+	local c t=0
+	for c in "$@"; do t=$((t + $(cat "$c/memory.usage_in_bytes") - $(cgval "$c" total_inactive_file))); done
+	echo $t
+}
+mib() { awk -v u="$1" 'BEGIN {printf "%.1f", u / 1048576}'; }
 has mem || MEM_ROUNDS=0
 for ((r = 0; r < MEM_ROUNDS; r++)); do
 	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
@@ -226,31 +254,43 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		cp "$work/bin/fakeenvoy" "$dir/bin/"
 		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$dir/bin/"; else cp "$work/bin/meshagent" "$dir/bin/"; fi
 		evict "$dir"/bin/*
-		cg=$cgroot/meshagent-bench-$$-$v-$r
-		mkdir "$cg"
-		cgroups+=("$cg")
+		name=meshagent-bench-$$-$v-$r
+		cg=$cgroot/$name ecg=$cgroot/$name-envoy cpu=$cpuroot/$name ecpu=$cpuroot/$name-envoy
+		mkdir "$cg" "$ecg" "$cpu" "$ecpu"
+		cgroups+=("$cg" "$ecg" "$cpu" "$ecpu")
 		echo 512M >"$cg/memory.limit_in_bytes"
+		echo 512M >"$ecg/memory.limit_in_bytes"
+		agent_cgroups=("$cpu") envoy_cgroups=("$ecg" "$ecpu")
 		launch "$v" "$dir" "$cg"
+		agent_cgroups=() envoy_cgroups=()
 		wait_ready "$status_port" "$agent_pid" || { echo "bench-vs-istio: $v never became ready" >&2; tail -20 "$dir/agent.log" >&2; exit 1; }
-		cg_of[$v]=$cg pid_of[$v]=$agent_pid port_of[$v]=$status_port
+		cg_of[$v]=$cg ecg_of[$v]=$ecg cpu_of[$v]=$cpu pid_of[$v]=$agent_pid port_of[$v]=$status_port
 	done
+	for v in "${variants[@]}"; do cpu0_of[$v]=$(cat "${cpu_of[$v]}/cpuacct.usage"); done
+	t0=$(now_ms)
 	for ((s = 0; s < IDLE; s++)); do
 		for v in "${variants[@]}"; do
 			curl -s -o /dev/null "http://127.0.0.1:${port_of[$v]}/healthz/ready" || true
-			if [ $s -eq 1 ] || [ $s -eq $((IDLE / 2)) ]; then curl -s -o /dev/null "http://127.0.0.1:${port_of[$v]}/stats/prometheus" || true; fi
+			if [ $((s % 15)) -eq 1 ]; then curl -s -o /dev/null "http://127.0.0.1:${port_of[$v]}/stats/prometheus" || true; fi
 		done
 		sleep 1
 	done
+	t1=$(now_ms)
 	sample_load
 	for v in "${variants[@]}"; do
-		cg=${cg_of[$v]} pid=${pid_of[$v]}
-		usage=$(cat "$cg/memory.usage_in_bytes")
-		inactive=$(cgval "$cg" total_inactive_file)
-		record ws-mib "$v" "$(awk -v u="$usage" -v i="$inactive" 'BEGIN {printf "%.1f", (u - i) / 1048576}')"
-		record usage-mib "$v" "$(awk -v u="$usage" 'BEGIN {printf "%.1f", u / 1048576}')"
+		cg=${cg_of[$v]} ecg=${ecg_of[$v]} pid=${pid_of[$v]}
+		# The agent's CPU across the idle window (its cgroup: the agent
+		# alone), in seconds per hour.
+		record idle-cpu-s-per-h "$v" "$(awk -v c="$(($(cat "${cpu_of[$v]}/cpuacct.usage") - cpu0_of[$v]))" -v ms=$((t1 - t0)) 'BEGIN {printf "%.2f", c / 1e9 * 3600000 / ms}')"
+		# The container (agent and stand-in Envoy) as the earlier rows,
+		# and the agent's cgroup alone.
+		record ws-mib "$v" "$(mib "$(ws "$cg" "$ecg")")"
+		record agent-ws-mib "$v" "$(mib "$(ws "$cg")")"
+		record usage-mib "$v" "$(mib $(($(cat "$cg/memory.usage_in_bytes") + $(cat "$ecg/memory.usage_in_bytes"))))"
 		for k in total_rss total_cache total_mapped_file total_active_file total_inactive_file; do
-			record "cg-$k-mib" "$v" "$(awk -v u="$(cgval "$cg" $k)" 'BEGIN {printf "%.1f", u / 1048576}')"
+			record "cg-$k-mib" "$v" "$(mib $(($(cgval "$cg" $k) + $(cgval "$ecg" $k))))"
 		done
+		record agent-cg-total_rss-mib "$v" "$(mib "$(cgval "$cg" total_rss)")"
 		for k in VmRSS RssAnon RssFile; do
 			record "proc-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/status")"
 		done
@@ -268,12 +308,10 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		bin=$work/mem-$v-$r/bin/meshagent
 		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
 		sh -c "echo \$\$ >$cg/cgroup.procs && exec $bin version" >/dev/null 2>&1 || true
-		usage=$(cat "$cg/memory.usage_in_bytes")
-		inactive=$(cgval "$cg" total_inactive_file)
-		record ws-exec-mib "$v" "$(awk -v u="$usage" -v i="$inactive" 'BEGIN {printf "%.1f", (u - i) / 1048576}')"
-		record cg-active-exec-mib "$v" "$(awk -v u="$(cgval "$cg" total_active_file)" 'BEGIN {printf "%.1f", u / 1048576}')"
+		record ws-exec-mib "$v" "$(mib "$(ws "$cg" "$ecg")")"
+		record cg-active-exec-mib "$v" "$(mib $(($(cgval "$cg" total_active_file) + $(cgval "$ecg" total_active_file))))"
 		stop "$pid"
-		rmdir "$cg" 2>/dev/null || true
+		rmdir "$cg" "$ecg" "${cpu_of[$v]}" "${cpu_of[$v]}-envoy" 2>/dev/null || true
 	done
 done
 
@@ -636,7 +674,9 @@ def row(name, a, b, sa="", sb="", fmt="{:.1f}"):
 if vals.get(("start-ready-ms", "istio")):
   row(f"start → ready, ms (median [min–max] of {startr})", med("start-ready-ms", "meshagent"), med("start-ready-ms", "istio"),
     spread("start-ready-ms", "meshagent"), spread("start-ready-ms", "istio"), "{:.0f}")
-for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (total_rss)"),
+for f, label in [("agent-ws-mib", "agent's cgroup (the agent alone): working set"),
+                 ("agent-cg-total_rss-mib", "agent's cgroup (the agent alone): anon (total_rss)"),
+                 ("ws-mib", "container (agent + stand-in Envoy) working set"), ("cg-total_rss-mib", "cgroup anon (total_rss)"),
                  ("cg-total_cache-mib", "cgroup page cache"), ("cg-total_active_file-mib", "cgroup active file"),
                  ("cg-total_mapped_file-mib", "cgroup mapped file"),
                  ("ws-exec-mib", "working set after one more exec of the binary"),
@@ -646,6 +686,10 @@ for f, label in [("ws-mib", "working set"), ("cg-total_rss-mib", "cgroup anon (t
                  ("smaps-Private_Clean-mib", "agent private clean (smaps)"), ("smaps-Shared_Clean-mib", "agent shared clean (smaps)")]:
     if not vals.get((f, "istio")): continue
     row(f"idle {label}, MiB (median [min–max] of {memr})", med(f, "meshagent"), med(f, "istio"), spread(f, "meshagent"), spread(f, "istio"))
+if vals.get(("idle-cpu-s-per-h", "istio")):
+    row(f"idle agent CPU, s per hour ({idle} s windows, median [min–max] of {memr})", med("idle-cpu-s-per-h", "meshagent"), med("idle-cpu-s-per-h", "istio"),
+        spread("idle-cpu-s-per-h", "meshagent"), spread("idle-cpu-s-per-h", "istio"), "{:.2f}")
+row("binary size, MB", med("binary-mb", "meshagent"), med("binary-mb", "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
                  ("reconnect-ms", "istiod back after 2 s down → reconnected (from its start), ms"),
                  ("reconnect-after-ports-ms", "  the same, from istiod's ports open, ms")]:

@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/envoy"
+	"github.com/meshagent/meshagent/services/memlimit"
 	"github.com/meshagent/meshagent/tree"
 )
 
@@ -91,6 +92,7 @@ func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prom
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	setSidecarGC(plan.GCPercent, log)
+	memlimit.Apply(plan.MemoryLimitRatio, "", log) // Istio's automemlimit rule (#36)
 	log.Info("meshagent starting", append([]any{"version", currentVersion().Version, "envoy", describeEnvoy(plan.Proxy.BinaryPath)}, plan.Essentials()...)...)
 	config.LogEffective(log, plan)
 

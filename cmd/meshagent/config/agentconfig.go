@@ -89,6 +89,11 @@ type Plan struct {
 	// default; nil when GOGC is set (even empty), which Go's runtime
 	// applied itself.
 	GCPercent *int
+	// MemoryLimitRatio is the share of its cgroup's memory limit the agent
+	// sets as Go's soft memory limit, as Istio's agent does (it imports
+	// automemlimit: AUTOMEMLIMIT, default 0.9); 0: none (AUTOMEMLIMIT=off,
+	// or GOMEMLIMIT set: Go's runtime applies that itself). #36.
+	MemoryLimitRatio float64
 }
 
 // Release drops the root's lock: at exit, or when the run stops before
@@ -98,6 +103,16 @@ func (c *Plan) Release() {
 		c.lock.Close()
 		c.lock = nil
 	}
+}
+
+// memoryLimitRatio is automemlimit's rule, as Istio's pilot-agent applies
+// it: nothing when GOMEMLIMIT is set (even empty), else AUTOMEMLIMIT, a
+// ratio in (0, 1] or "off" (0).
+func memoryLimitRatio(r envReader) float64 {
+	if present(r.env, envGOMEMLIMIT) {
+		return 0
+	}
+	return get(r, envAUTOMEMLIMIT)
 }
 
 // Build turns the inputs into every service's config. Every bad value it
@@ -116,6 +131,7 @@ func Build(in Inputs) (*Plan, error) {
 	if !present(in.Host.Env, envGOGC) {
 		c.GCPercent = &envGOGC.Default
 	}
+	c.MemoryLimitRatio = memoryLimitRatio(r)
 	if len(in.Args) > 0 {
 		c.ProxyType = in.Args[0]
 	}

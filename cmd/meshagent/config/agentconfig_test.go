@@ -264,3 +264,41 @@ func TestBuildLeavesServiceChecksToNew(t *testing.T) {
 		t.Errorf("GraceRatio = %v, want 1.5 for certs.New to judge", cfg.Tree.Certs.GraceRatio)
 	}
 }
+
+// Go's memory limit follows automemlimit's rule, as Istio's agent: 0.9 of
+// the cgroup's by default, AUTOMEMLIMIT's ratio or "off", nothing when
+// GOMEMLIMIT is set (even to a value AUTOMEMLIMIT would refuse beside it);
+// a bad AUTOMEMLIMIT stops the start, named (#36).
+func TestMemoryLimitRatio(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want float64
+		bad  string
+	}{
+		{env: nil, want: 0.9},
+		{env: map[string]string{"AUTOMEMLIMIT": "0.5"}, want: 0.5},
+		{env: map[string]string{"AUTOMEMLIMIT": "1"}, want: 1},
+		{env: map[string]string{"AUTOMEMLIMIT": "off"}, want: 0},
+		{env: map[string]string{"GOMEMLIMIT": "100MiB", "AUTOMEMLIMIT": "0.5"}, want: 0},
+		{env: map[string]string{"GOMEMLIMIT": "", "AUTOMEMLIMIT": "junk"}, want: 0},
+		{env: map[string]string{"AUTOMEMLIMIT": "0"}, bad: "AUTOMEMLIMIT"},
+		{env: map[string]string{"AUTOMEMLIMIT": "1.5"}, bad: "AUTOMEMLIMIT"},
+		{env: map[string]string{"AUTOMEMLIMIT": "-0.5"}, bad: "AUTOMEMLIMIT"},
+		{env: map[string]string{"AUTOMEMLIMIT": "NaN"}, bad: "AUTOMEMLIMIT"},
+		{env: map[string]string{"AUTOMEMLIMIT": "90%"}, bad: "AUTOMEMLIMIT"},
+	} {
+		cfg, err := parseForTest(t, tc.env, "--root", testRoot(t))
+		if tc.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.bad) || !strings.Contains(err.Error(), tc.env[tc.bad]) {
+				t.Errorf("%v: err = %v, want one naming %s and its value", tc.env, err, tc.bad)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.env, err)
+		}
+		if cfg.MemoryLimitRatio != tc.want {
+			t.Errorf("%v: ratio = %v, want %v", tc.env, cfg.MemoryLimitRatio, tc.want)
+		}
+	}
+}

@@ -197,6 +197,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		eff(envIstioCPAuth, vmProxyConfig("controlPlaneAuthPolicy")),
 
 		eff(envGOGC, *plan.GCPercent),
+		eff(envAUTOMEMLIMIT, plan.MemoryLimitRatio),
 	}
 	// Entries whose unset value is not a value of the plan: a choice among
 	// others, a layer, or a variable only others read.
@@ -215,6 +216,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		"ISTIO_SVC_IP":                 "the VM's INSTANCE_IP: none",
 		"PILOT_ADDRESS":                "istiod's address on a VM: none",
 		"ISTIO_PILOT_PORT":             "istiod's port on a VM: none",
+		"GOMEMLIMIT":                   "read by Go's runtime; set, no AUTOMEMLIMIT",
 		"NOTIFY_SOCKET":                "read by go-systemd",
 		"WATCHDOG_USEC":                "read by go-systemd",
 	}

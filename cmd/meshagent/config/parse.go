@@ -80,6 +80,7 @@ var (
 	asKeyAlgorithm     = kind[string]{name: "ECDSA or RSA", parse: parseKeyAlgorithm}
 	asECCCurve         = kind[string]{name: "P256 or P384", parse: parseECCCurve}
 	asGCPercent        = kind[int]{name: "count or off", parse: parseGCPercent}
+	asMemoryLimitRatio = kind[float64]{name: "ratio or off", parse: parseMemoryLimitRatio}
 	asHostPort         = kind[string]{name: "host:port", parse: parseHostPort}
 	asIP               = kind[string]{name: "IP", parse: parseIP}
 	// asOptionalPort is a port that is none when unset.
@@ -99,6 +100,19 @@ func positive[T int | time.Duration](parse parseFunc[T]) parseFunc[T] {
 		}
 		return v, err
 	}
+}
+
+// parseMemoryLimitRatio is AUTOMEMLIMIT as automemlimit reads it (#36): a
+// share of the cgroup's limit in (0, 1], or off (0).
+func parseMemoryLimitRatio(s string) (float64, error) {
+	if strings.TrimSpace(s) == "off" {
+		return 0, nil
+	}
+	f, err := parseFloat(s)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, errors.New(`want a ratio in (0, 1], or "off"`)
+	}
+	return f, nil
 }
 
 // parseGCPercent is GOGC as Go's runtime reads it: a percentage, or off.

@@ -50,7 +50,7 @@ func (h *harness) next(t *testing.T) []string {
 	for {
 		n, added := h.clock.Pending()
 		if n > 0 {
-			h.clock.Advance(retry)
+			h.clock.Advance(DefaultMaxRetry) // whatever is due: a debounce, a retry however backed off
 		}
 		select {
 		case dirs := <-h.w.Changes():
@@ -244,4 +244,57 @@ func TestFilesIgnoresOtherFilesOfTheDirectory(t *testing.T) {
 
 func TestDirsOf(t *testing.T) {
 	want(t, DirsOf("/etc/certs/cert-chain.pem", "/etc/certs/key.pem", "/var/run/root.pem"), "/etc/certs", "/var/run")
+}
+
+// A directory that stays missing is tried at doubling intervals up to
+// MaxRetry, not every Retry: the idle agent's CRL directory, which never
+// comes without a plugged-in CA, woke it every second (#36). A directory
+// that goes missing meanwhile is tried Retry after, the backoff starting
+// over.
+func TestMissingDirectoryBacksOff(t *testing.T) {
+	clock := testkit.NewManualClock()
+	tries := make(chan time.Time, 100)
+	base := t.TempDir()
+	w, err := Start(Options{Clock: clock, Debounce: debounce, Retry: time.Second, MaxRetry: 8 * time.Second,
+		OnError: func(error) { tries <- clock.Now() }}, filepath.Join(base, "crl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	try := func() time.Time {
+		t.Helper()
+		select {
+		case at := <-tries:
+			return at
+		case <-time.After(testkit.Timeout):
+			t.Fatal("no try")
+			return time.Time{}
+		}
+	}
+	last := try()
+	var gaps []time.Duration
+	for range 5 {
+		clock.AdvanceToNext(t)
+		at := try()
+		gaps = append(gaps, at.Sub(last))
+		last = at
+	}
+	if want := []time.Duration{1, 2, 4, 8, 8}; !slices.Equal(gaps, scale(want, time.Second)) {
+		t.Errorf("retries after %v, want %v", gaps, scale(want, time.Second))
+	}
+	w.Add(filepath.Join(base, "other")) // missing too: tried at once, and again a Retry later
+	last = try()
+	clock.AdvanceToNext(t)
+	try()
+	if at := try(); at.Sub(last) != time.Second {
+		t.Errorf("after a new missing directory, the next try came %v later, want 1s", at.Sub(last))
+	}
+}
+
+func scale(ds []time.Duration, unit time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d * unit
+	}
+	return out
 }
