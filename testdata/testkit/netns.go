@@ -1,7 +1,9 @@
 package testkit
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"runtime"
 	"testing"
 
@@ -18,6 +20,32 @@ func InNetns(t testing.TB, ns string, f func() error) {
 	go func() { errc <- enterNetns(ns, f) }()
 	if err := <-errc; err != nil {
 		t.Fatalf("in %s: %v", ns, err)
+	}
+}
+
+// NetnsDialer dials from network namespace ns (a name under /run/netns),
+// for a client in the test process that must reach an address only ns
+// routes (an HTTP transport's DialContext: the kube node's registry, #32).
+// Each connection costs a thread, which InNetns's rule retires.
+func NetnsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type dialed struct {
+			conn net.Conn
+			err  error
+		}
+		done := make(chan dialed, 1)
+		go func() {
+			var d dialed
+			if err := enterNetns(ns, func() error {
+				d.conn, d.err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return nil
+			}); err != nil {
+				d.err = err
+			}
+			done <- d
+		}()
+		d := <-done
+		return d.conn, d.err
 	}
 }
 

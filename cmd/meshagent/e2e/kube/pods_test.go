@@ -139,6 +139,7 @@ type probe struct {
 type containerStatus struct {
 	Name         string `json:"name"`
 	ContainerID  string `json:"containerID"`
+	ImageID      string `json:"imageID"`
 	RestartCount int    `json:"restartCount"`
 	Ready        bool   `json:"ready"`
 }
