@@ -57,14 +57,14 @@ func (s *suite) canaries(t *testing.T, agents []agent) {
 		// Istio → Istio: a restart by a template change, and its undo.
 		t.Run(oracle.name, func(t *testing.T) {
 			s.check(t, oracle, "", "canary-rollout-rollback", func(t *testing.T) error {
-				return s.canaryRun(t, oracle, []string{"rollout", "restart", "deployment/" + canaryApp}, oracle.image)
+				return s.canaryRun(t, oracle, []string{"rollout", "restart", "deployment/" + canaryApp}, oracle.image, oracle.image)
 			})
 		})
 		// Istio → meshagent by the annotation, and back.
 		t.Run(ours.name, func(t *testing.T) {
 			s.check(t, ours, "", "canary-rollout-rollback", func(t *testing.T) error {
 				patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"sidecar.istio.io/proxyImage":%q}}}}}`, ours.image)
-				return s.canaryRun(t, ours, []string{"patch", "deployment/" + canaryApp, "--type=merge", "-p", patch}, ours.image)
+				return s.canaryRun(t, ours, []string{"patch", "deployment/" + canaryApp, "--type=merge", "-p", patch}, ours.image, oracle.image)
 			})
 		})
 		n.kubectl("", "-n", testNS, "delete", "pod/"+canaryClient, "deployment/"+canaryApp, "--wait=false")
@@ -72,9 +72,9 @@ func (s *suite) canaries(t *testing.T, agents []agent) {
 }
 
 // canaryRun changes the Deployment with change, waits for its rollout to
-// runImage, rolls it back to the oracle's image, and counts what the client
-// saw meanwhile.
-func (s *suite) canaryRun(t *testing.T, a agent, change []string, runImage string) error {
+// runImage, rolls it back (to backImage), and counts what the client saw
+// meanwhile.
+func (s *suite) canaryRun(t *testing.T, a agent, change []string, runImage, backImage string) error {
 	before, err := s.clientCounts(t)
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ func (s *suite) canaryRun(t *testing.T, a agent, change []string, runImage strin
 	if _, err := s.n.kubectl("", "-n", testNS, "rollout", "undo", "deployment/"+canaryApp); err != nil {
 		return err
 	}
-	if err := s.rolledOut(t, "" /* whatever the previous revision ran */); err != nil {
+	if err := s.rolledOut(t, backImage); err != nil {
 		return err
 	}
 	// The client prints its totals every second: one more line after the
@@ -113,14 +113,11 @@ func (s *suite) canaryRun(t *testing.T, a agent, change []string, runImage strin
 	return nil
 }
 
-// rolledOut waits for the Deployment's rollout and, unless image is "",
-// checks every pod it runs has image as its sidecar.
+// rolledOut waits for the Deployment's rollout and checks every pod it
+// runs has image as its sidecar.
 func (s *suite) rolledOut(t *testing.T, image string) error {
 	if out, err := s.n.kubectl("", "-n", testNS, "rollout", "status", "deployment/"+canaryApp, "--timeout=5m"); err != nil {
 		return fmt.Errorf("%v: %s", err, out)
-	}
-	if image == "" {
-		return nil
 	}
 	// The old pods may still be terminating (a deletion time, a third
 	// field): the others are what the rollout left running.
