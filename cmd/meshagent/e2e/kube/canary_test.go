@@ -101,12 +101,17 @@ func (s *suite) canaryRun(t *testing.T, a agent, change []string, runImage, back
 		return err
 	}
 	total, failed := after.ok+after.fail-before.ok-before.fail, after.fail-before.fail
+	newPods := after.pods[len(before.pods):]
 	s.figure(a, "", "canary requests failed / sent", fmt.Sprintf("%d / %d", failed, total))
-	t.Logf("%s: rollout %v, rollout and rollback %v: %d requests, %d failed", a.name, rolled.Round(100*time.Millisecond),
-		time.Since(start).Round(100*time.Millisecond), total, failed)
+	t.Logf("%s: rollout %v, rollout and rollback %v: %d requests, %d failed; answered by %d new pods %v", a.name, rolled.Round(100*time.Millisecond),
+		time.Since(start).Round(100*time.Millisecond), total, failed, len(newPods), newPods)
 	switch {
 	case total == 0:
 		return fmt.Errorf("the client sent no request during the rollout")
+	case len(newPods) < 6:
+		// 3 pods rolled out and 3 rolled back: had the client stayed on
+		// its old connections, nothing would have been tested.
+		return fmt.Errorf("only %d pods started by the rollout and rollback answered the client (%v), want 6", len(newPods), newPods)
 	case failed > 0:
 		return fmt.Errorf("%d of %d requests failed across the rollout and rollback; the first: %s", failed, total, strings.Join(after.failures[min(before.fails, len(after.failures)):min(before.fails+5, len(after.failures))], "; "))
 	}
@@ -160,6 +165,7 @@ type clientCounts struct {
 	ok, fail int
 	fails    int      // failure lines in the log
 	failures []string // every failure line
+	pods     []string // the pods that answered, in the order first seen
 }
 
 var countLine = regexp.MustCompile(`^count ok=(\d+) fail=(\d+)$`)
@@ -177,6 +183,8 @@ func (s *suite) clientCounts(t *testing.T) (clientCounts, error) {
 			c.fail, _ = strconv.Atoi(m[2])
 		} else if strings.HasPrefix(l, "fail ") {
 			c.failures = append(c.failures, l)
+		} else if pod, ok := strings.CutPrefix(l, "from "); ok {
+			c.pods = append(c.pods, pod)
 		}
 	}
 	c.fails = len(c.failures)

@@ -31,6 +31,7 @@ type podSpec struct {
 	proxyImage                string
 	native                    bool
 	proxyConfig               string // JSON for proxy.istio.io/config, or ""
+	proxyCPU                  string // sidecar.istio.io/proxyCPU (the sidecar's CPU request), or "" for the injector's 100m
 	appDrain                  time.Duration
 	drainGet                  string // a URL the app GETs while it drains, or ""
 }
@@ -39,6 +40,9 @@ func (p podSpec) manifest(n *node) string {
 	annotations := fmt.Sprintf("    sidecar.istio.io/proxyImage: %q\n    sidecar.istio.io/nativeSidecar: %q\n", p.proxyImage, fmt.Sprint(p.native))
 	if p.proxyConfig != "" {
 		annotations += fmt.Sprintf("    proxy.istio.io/config: %q\n", p.proxyConfig)
+	}
+	if p.proxyCPU != "" {
+		annotations += fmt.Sprintf("    sidecar.istio.io/proxyCPU: %q\n", p.proxyCPU)
 	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod

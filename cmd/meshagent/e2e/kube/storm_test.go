@@ -80,8 +80,12 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 
 	var manifests []string
 	for i := range pods {
+		// The injector requests 100m of CPU per sidecar: the node's 2
+		// cores would schedule 20 pods at most. 10m lets 30 and more in;
+		// a request only weighs the container's CPU shares, the same for
+		// both agents.
 		manifests = append(manifests, podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
-			proxyImage: a.image, native: true}.manifest(n))
+			proxyImage: a.image, native: true, proxyCPU: "10m"}.manifest(n))
 	}
 	// The image on the node first, as for a scale-up on a node that runs
 	// it already: the storm measures the pods, not the first pull.

@@ -11,8 +11,9 @@
 //	    to the pods still serving, and at the end it closes gracefully,
 //	    as an app that is rolled without failed requests does (#32).
 //	kubeapp load URL     GETs URL without pause, for ever; every second
-//	                     prints "count ok=N fail=M" (totals), and each
-//	                     failure as "fail <time> <error>"
+//	                     prints "count ok=N fail=M" (totals), each
+//	                     failure as "fail <time> <error>", and each pod
+//	                     that answers for the first time as "from <pod>"
 //	kubeapp get URL      prints the body of a GET, exits 1 unless 200
 //	kubeapp hold ADDR D  opens a TCP connection to ADDR and keeps it open for D
 //	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
@@ -28,6 +29,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -149,18 +151,34 @@ func serve(args []string) error {
 }
 
 // load is a client that never pauses: what a rollout must not fail. A
-// request taking over 2 s counts as failed.
+// request taking over 2 s counts as failed. Every 20th request closes its
+// connection, so that new connections keep reaching every pod of the
+// Service, a new one as soon as it is in the Service's endpoints (a client
+// on one connection for ever would meet a new pod only when its old one
+// drains).
 func load(url string) {
 	c := &http.Client{Timeout: 2 * time.Second}
 	var ok, fail int
+	seen := map[string]bool{}
 	report := time.Now().Add(time.Second)
-	for {
-		resp, err := c.Get(url)
+	for i := 0; ; i++ {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			fmt.Println("fail", err)
+			return
+		}
+		req.Close = i%20 == 19
+		resp, err := c.Do(req)
 		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
+			var body []byte
+			body, err = io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if err == nil && resp.StatusCode != http.StatusOK {
 				err = fmt.Errorf("%s", resp.Status)
+			}
+			if pod, _, found := strings.Cut(string(body), " says hello"); err == nil && found && !seen[pod] {
+				seen[pod] = true
+				fmt.Printf("from %s\n", pod)
 			}
 		}
 		if err != nil {
