@@ -354,8 +354,10 @@ func (s *suite) waitSynced(label string, pods int, since time.Time, timeout time
 	return synced
 }
 
-// timeoutLine is a certificate or xDS timeout as either agent logs it.
-var timeoutLine = regexp.MustCompile(`(?i)(timed? ?out|deadline exceeded)`)
+// timeoutLine is a timeout as either agent logs it (certificate, xDS, or
+// the readiness check's call to Envoy), and not a setting whose name ends
+// in Timeout (our "effective configuration" line at start).
+var timeoutLine = regexp.MustCompile(`(?i)(timed out|deadline exceeded|i/o timeout|\btimeout\b[^=])`)
 
 // sidecarTimeouts greps the istio-proxy logs of the pods (the kubelet's
 // files) for timeouts.
