@@ -10,6 +10,7 @@ package kube
 // change, then the same undo). Goal: no failed request.
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -47,7 +48,7 @@ func (s *suite) canaries(t *testing.T, agents []agent) {
 		if err := s.rolledOut(t, oracle.image); err != nil {
 			t.Fatal(err)
 		}
-		n.mustKubectl(t, canaryClientManifest(oracle.image), "apply", "-f", "-")
+		n.mustKubectl(t, canaryClientPod(oracle.image).manifest(n), "apply", "-f", "-")
 		if _, err := n.kubectl("", "-n", testNS, "wait", "--for=condition=Ready", "pod/"+canaryClient, "--timeout=3m"); err != nil {
 			t.Fatalf("%v\n%s", err, n.describe(canaryClient))
 		}
@@ -191,9 +192,27 @@ func (s *suite) clientCounts(t *testing.T) (clientCounts, error) {
 	return c, nil
 }
 
-// canaryManifests are the Deployment (3 replicas of kubeapp, injected as
-// native sidecars with image), its Service and service account.
+// canaryPods are the Deployment's pods (kubeapp serve, draining for
+// canaryDrain, native sidecars with image).
+func canaryPods(image string) podSpec {
+	return podSpec{app: canaryApp, serviceAccount: "sa-" + canaryApp, proxyImage: image, native: true, appDrain: canaryDrain}
+}
+
+// canaryManifests are the Deployment of 3 canaryPods, its Service and
+// service account.
 func canaryManifests(n *node, image string) string {
+	deployment, err := json.Marshal(map[string]any{
+		"apiVersion": "apps/v1", "kind": "Deployment",
+		"metadata": map[string]any{"name": canaryApp, "namespace": testNS},
+		"spec": map[string]any{
+			"replicas": 3,
+			"selector": map[string]any{"matchLabels": map[string]string{"app": canaryApp}},
+			"template": canaryPods(image).template(n),
+		},
+	})
+	if err != nil {
+		panic(err) // maps of strings and numbers
+	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
 metadata: {name: sa-%[1]s, namespace: %[2]s}
@@ -205,53 +224,13 @@ spec:
   selector: {app: %[1]s}
   ports: [{name: http, port: 8080, targetPort: 8080}]
 ---
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: %[1]s, namespace: %[2]s}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: %[1]s}}
-  template:
-    metadata:
-      labels: {app: %[1]s}
-      annotations:
-        sidecar.istio.io/proxyImage: %[3]q
-        sidecar.istio.io/nativeSidecar: "true"
-    spec:
-      serviceAccountName: sa-%[1]s
-      terminationGracePeriodSeconds: %[4]d
-      containers:
-      - name: app
-        image: %[5]s
-        imagePullPolicy: IfNotPresent
-        command: [/kubeapp, serve, -addr, ":8080", -drain, %[6]q]
-        env:
-        - name: POD_NAME
-          valueFrom: {fieldRef: {fieldPath: metadata.name}}
-        ports: [{containerPort: 8080, name: http}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
-`, canaryApp, testNS, image, int(grace/time.Second), appImage, canaryDrain.String())
+%[3]s
+`, canaryApp, testNS, deployment)
 }
 
-// canaryClientManifest is the meshed client pod: its app calls the Service
-// by name without pause.
-func canaryClientManifest(image string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-  labels: {app: %[1]s}
-  annotations:
-    sidecar.istio.io/proxyImage: %[3]q
-    sidecar.istio.io/nativeSidecar: "true"
-spec:
-  serviceAccountName: sa-%[4]s
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: app
-    image: %[5]s
-    imagePullPolicy: IfNotPresent
-    command: [/kubeapp, load, "http://%[4]s.%[2]s.svc.cluster.local:8080/"]
-`, canaryClient, testNS, image, canaryApp, appImage)
+// canaryClientPod is the meshed client pod: its app calls the Service by name
+// without pause.
+func canaryClientPod(image string) podSpec {
+	return podSpec{name: canaryClient, app: canaryClient, serviceAccount: "sa-" + canaryApp, proxyImage: image, native: true,
+		command: []string{"/kubeapp", "load", "http://" + canaryApp + "." + testNS + ".svc.cluster.local:8080/"}}
 }
