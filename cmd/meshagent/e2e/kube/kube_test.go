@@ -61,7 +61,7 @@ func TestKube(t *testing.T) {
 		detail = why
 		t.Skip(why)
 	}
-	agents := s.setUp(t, s.full)
+	agents := s.setUp(t, s.full, "Always")
 	defer func() { detail = form + ", " + s.summary() }()
 
 	for _, a := range agents {
@@ -84,10 +84,11 @@ func TestKube(t *testing.T) {
 }
 
 // setUp builds the images, brings the node up, serves the registry and
-// pushes the images to it, starts Istio and creates the test namespace
-// with its service accounts and services; it returns the agents under
-// test, Istio's (the oracle) first when withOracle.
-func (s *suite) setUp(t *testing.T, withOracle bool) []agent {
+// pushes the images to it, starts Istio (the injected containers'
+// imagePullPolicy pullPolicy) and creates the test namespace with its
+// service accounts and services; it returns the agents under test, Istio's
+// (the oracle) first when withOracle.
+func (s *suite) setUp(t *testing.T, withOracle bool, pullPolicy string) []agent {
 	t.Helper()
 	// As root the suite runs or fails: .ci/run installs these.
 	for _, tool := range []string{"nsenter", "ctr", "curl", "yq", "jq", "dig", "iptables-nft-save"} {
@@ -122,7 +123,7 @@ func (s *suite) setUp(t *testing.T, withOracle bool) []agent {
 		agents = append(agents, agent{name: "istio", image: reg.ref(oracleRepo), digest: digest, oracle: true})
 	}
 	agents = append(agents, agent{name: "meshagent", image: reg.ref(oursRepo), digest: reg.pushOurs(t, ours)})
-	n.istioUp(t, reg.ref(oursRepo))
+	n.istioUp(t, reg.ref(oursRepo), pullPolicy)
 
 	var accounts, apps []string
 	for _, a := range agents {

@@ -94,13 +94,13 @@ func (n *node) up(t *testing.T) {
 }
 
 // istioUp starts Istio on the node (istio-up.sh). The injector's default
-// image is defaultImage, and every injected container's imagePullPolicy is
-// Always, so that the kubelet pulls each sidecar from the registry (#32);
-// every pod of the suite names its own image by annotation.
-func (n *node) istioUp(t *testing.T, defaultImage string) {
+// image is defaultImage, and every injected container has pullPolicy
+// (Always: the kubelet pulls each sidecar from the registry, #32); every
+// pod of the suite names its own image by annotation.
+func (n *node) istioUp(t *testing.T, defaultImage, pullPolicy string) {
 	t.Helper()
 	start := time.Now()
-	n.script(t, 4*time.Minute, []string{"MESHAGENT_PROXY_IMAGE=" + defaultImage, "ISTIO_VALUES=--set values.global.imagePullPolicy=Always"},
+	n.script(t, 4*time.Minute, []string{"MESHAGENT_PROXY_IMAGE=" + defaultImage, "ISTIO_VALUES=--set values.global.imagePullPolicy=" + pullPolicy},
 		filepath.Join(n.hack, "istio-up.sh"))
 	t.Logf("istio up in %v", time.Since(start).Round(100*time.Millisecond))
 }
