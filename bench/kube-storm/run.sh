@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make bench-kube-storm: the start and reconnect storms on the kube node
 # (#36). STORM_PODS pods (default 30), native sidecars injected by Istio's
-# webhook, certificates from istiod's CA, created at once, once with Istio's
+# webhook, certificates from istiod's CA, the image already on the node
+# (IfNotPresent), after one unmeasured pod of each agent (a warm istiod),
+# created at once, once with Istio's
 # agent and once with meshagent, in one run (TestKubeStorm in
 # cmd/meshagent/e2e/kube/storm_test.go, which brings the node, the registry
 # and Istio up, and always down): per pod created → Ready p50/p95/max, the
