@@ -10,7 +10,7 @@ TESTDATA  := ./testdata/standalone ./testdata/testkit/... ./testdata/fakeenvoy
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS   := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(shell git rev-parse HEAD 2>/dev/null)
 
-.PHONY: all build fakeenvoy run test test-short fuzz attack lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status bench-vs-istio golden conformance conformance-update peer-istio-agent chaos soak clean
+.PHONY: all build fakeenvoy run test test-short fuzz attack lint bench bench-tree bench-capture bench-envoy bench-restart bench-identity bench-dns bench-rss bench-xds bench-status bench-vs-istio bench-kube-storm golden conformance conformance-update peer-istio-agent chaos soak clean
 
 all: build
 
@@ -161,6 +161,13 @@ lint:
 # agent and the GC settings (root: cgroups; ~15 minutes).
 bench-vs-istio: build peer-istio-agent
 	bash bench/vs-istio/run.sh
+
+# The start and reconnect storms on the kube node (#36): STORM_PODS pods
+# (default 30) created at once, once with each agent, then istiod restarted
+# under them; one table (bench/kube-storm/run.sh). Root; the kube peers
+# built (`make peers-kube`).
+bench-kube-storm:
+	bash bench/kube-storm/run.sh
 
 # The part benchmarks, for profiling: each part printed beside its
 # baseline from the same run. `make bench-vs-istio` measures the product.

@@ -45,6 +45,7 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 		return
 	}
 	s.figure(a, mode, "created->Ready", secs(ready))
+	s.check(t, a, mode, "pulled-from-registry", func(t *testing.T) error { return s.pulled(t, podA.name, a) })
 	s.check(t, a, mode, "certificate", func(t *testing.T) error { return s.certificate(t, podA.name, podA.serviceAccount) })
 	s.check(t, a, mode, "syncz", func(t *testing.T) error { return s.syncz(t, podA.name) })
 	s.check(t, a, mode, "pilot-agent-commands", func(t *testing.T) error { return s.agentCommands(t, podA.name) })

@@ -33,7 +33,8 @@ import (
 // agent is one sidecar image under test.
 type agent struct {
 	name   string // "meshagent", or "istio" for the oracle
-	image  string // the reference ctr imported
+	image  string // the reference in the node's registry, repo:tag
+	digest string // the same image by digest, as the kubelet reports it
 	oracle bool
 }
 
@@ -60,6 +61,35 @@ func TestKube(t *testing.T) {
 		detail = why
 		t.Skip(why)
 	}
+	agents := s.setUp(t, s.full, "Always")
+	defer func() { detail = form + ", " + s.summary() }()
+
+	for _, a := range agents {
+		t.Run(a.name, func(t *testing.T) {
+			for _, mode := range s.modes() {
+				t.Run(mode, func(t *testing.T) { s.runMode(t, a, mode == "native") })
+			}
+			if s.full {
+				s.check(t, a, "", "istiod-outage", func(t *testing.T) error { return s.istiodOutage(t, a) })
+			}
+			if !a.oracle {
+				s.check(t, a, "", "registry-no-such-image", func(t *testing.T) error { return s.noSuchImage(t, a) })
+			}
+		})
+	}
+	if s.full {
+		s.canaries(t, agents)
+	}
+	s.report(t, agents)
+}
+
+// setUp builds the images, brings the node up, serves the registry and
+// pushes the images to it, starts Istio (the injected containers'
+// imagePullPolicy pullPolicy) and creates the test namespace with its
+// service accounts and services; it returns the agents under test, Istio's
+// (the oracle) first when withOracle.
+func (s *suite) setUp(t *testing.T, withOracle bool, pullPolicy string) []agent {
+	t.Helper()
 	// As root the suite runs or fails: `make test` installs these (hack/install-deps.sh).
 	for _, tool := range []string{"nsenter", "ctr", "curl", "yq", "jq", "dig", "iptables-nft-save"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -69,7 +99,6 @@ func TestKube(t *testing.T) {
 	n := layout(t)
 	s.n = n
 	n.requireBuilt(t)
-	defer func() { detail = form + ", " + s.summary() }()
 
 	// Images first (no node needed), so a build failure costs no node.
 	work := t.TempDir()
@@ -79,18 +108,22 @@ func TestKube(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building kubeapp: %v\n%s", err, out)
 	}
-	tarballs := map[string]string{"meshagent": s.makeImage(t, "image")}
-	if s.full {
-		tarballs["istio"] = s.makeImage(t, "image-istio")
+	ours := s.makeImage(t, "image")
+	var oracleTar string
+	if withOracle {
+		oracleTar = s.makeImage(t, "image-istio")
 	}
 
 	n.up(t)
 	n.loadBinary(t, appImage, app, "/kubeapp")
+	reg := n.serveRegistry(t)
 	var agents []agent
-	if s.full {
-		agents = append(agents, agent{name: "istio", image: n.importImage(t, tarballs["istio"]), oracle: true})
+	if withOracle {
+		digest := reg.pushTarball(t, oracleTar, oracleRepo)
+		agents = append(agents, agent{name: "istio", image: reg.ref(oracleRepo), digest: digest, oracle: true})
 	}
-	agents = append(agents, agent{name: "meshagent", image: n.importImage(t, tarballs["meshagent"])})
+	agents = append(agents, agent{name: "meshagent", image: reg.ref(oursRepo), digest: reg.pushOurs(t, ours)})
+	n.istioUp(t, reg.ref(oursRepo), pullPolicy)
 
 	var accounts, apps []string
 	for _, a := range agents {
@@ -104,18 +137,7 @@ func TestKube(t *testing.T) {
 		_, err := n.kubectl("", "-n", testNS, "get", "configmap", "istio-ca-root-cert")
 		return err == nil
 	})
-
-	for _, a := range agents {
-		t.Run(a.name, func(t *testing.T) {
-			for _, mode := range s.modes() {
-				t.Run(mode, func(t *testing.T) { s.runMode(t, a, mode == "native") })
-			}
-			if s.full {
-				s.check(t, a, "", "istiod-outage", func(t *testing.T) error { return s.istiodOutage(t, a) })
-			}
-		})
-	}
-	s.report(t, agents)
+	return agents
 }
 
 // summary counts each agent's passed checks, for make test's last lines.

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,6 +31,7 @@ type node struct {
 	root       string // the node's state (/tmp/kubenode)
 	istioRoot  string // what istio-up.sh started (pids, logs)
 	netns      string
+	registry   string // $KN_REGISTRY: host:port the node's containerd pulls from over plain HTTP
 	downOnce   sync.Once
 }
 
@@ -43,15 +43,15 @@ func layout(t *testing.T) *node {
 		t.Fatal(err)
 	}
 	hack := filepath.Join(repo, "hack", "kube")
-	out, err := exec.Command("bash", "-c", `. "$0/common.sh" && printf '%s\n' "$KUBE_PEER" "$KUBE_BIN" "$ISTIO_KUBE_BIN" "$KN_ROOT" "$IK_ROOT" "$KN_NETNS"`, hack).CombinedOutput()
+	out, err := exec.Command("bash", "-c", `. "$0/common.sh" && printf '%s\n' "$KUBE_PEER" "$KUBE_BIN" "$ISTIO_KUBE_BIN" "$KN_ROOT" "$IK_ROOT" "$KN_NETNS" "$KN_REGISTRY"`, hack).CombinedOutput()
 	if err != nil {
 		t.Fatalf("hack/kube/common.sh: %v\n%s", err, out)
 	}
 	f := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(f) != 6 {
+	if len(f) != 7 {
 		t.Fatalf("hack/kube/common.sh printed %q", out)
 	}
-	return &node{repo: repo, hack: hack, kubePeer: f[0], kubeBin: f[1], istioBin: f[2], root: f[3], istioRoot: f[4], netns: f[5]}
+	return &node{repo: repo, hack: hack, kubePeer: f[0], kubeBin: f[1], istioBin: f[2], root: f[3], istioRoot: f[4], netns: f[5], registry: f[6]}
 }
 
 // requireBuilt fails (never skips: `make test` builds them) when a binary
@@ -73,11 +73,10 @@ func (n *node) requireBuilt(t *testing.T) {
 	}
 }
 
-// up starts the node and Istio on it, and registers their teardown first,
-// so that a failure half-way still stops everything. The teardown also runs
+// up starts the node, and registers its teardown (Istio's too) first, so
+// that a failure half-way still stops everything. The teardown also runs
 // on SIGINT/SIGTERM and shortly before the test binary's deadline, when a
-// cleanup would not run (a timeout panics). The injector's default image
-// is istio-up.sh's; every pod of the suite names its own by annotation.
+// cleanup would not run (a timeout panics).
 func (n *node) up(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/run/netns/" + n.netns); err == nil {
@@ -92,8 +91,17 @@ func (n *node) up(t *testing.T) {
 	start := time.Now()
 	n.script(t, 3*time.Minute, nil, filepath.Join(n.kubePeer, "up.sh"))
 	t.Logf("node up in %v", time.Since(start).Round(100*time.Millisecond))
-	start = time.Now()
-	n.script(t, 4*time.Minute, nil, filepath.Join(n.hack, "istio-up.sh"))
+}
+
+// istioUp starts Istio on the node (istio-up.sh). The injector's default
+// image is defaultImage, and every injected container has pullPolicy
+// (Always: the kubelet pulls each sidecar from the registry, #32); every
+// pod of the suite names its own image by annotation.
+func (n *node) istioUp(t *testing.T, defaultImage, pullPolicy string) {
+	t.Helper()
+	start := time.Now()
+	n.script(t, 4*time.Minute, []string{"MESHAGENT_PROXY_IMAGE=" + defaultImage, "ISTIO_VALUES=--set values.global.imagePullPolicy=" + pullPolicy},
+		filepath.Join(n.hack, "istio-up.sh"))
 	t.Logf("istio up in %v", time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -195,25 +203,6 @@ func (n *node) mustKubectl(t testing.TB, stdin string, args ...string) string {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// importedRef matches ctr's "unpacking <ref> (sha256:...)...done".
-var importedRef = regexp.MustCompile(`unpacking (\S+) \(sha256:`)
-
-// importImage loads a docker-archive tarball into the node's containerd (the
-// kubelet's k8s.io namespace), as the peer's load-image.sh does, and returns
-// the image reference it holds.
-func (n *node) importImage(t *testing.T, tarball string) string {
-	t.Helper()
-	out, err := exec.Command("ctr", "--address", filepath.Join(n.root, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "import", tarball).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ctr images import %s: %v\n%s", tarball, err, out)
-	}
-	m := importedRef.FindStringSubmatch(string(out))
-	if m == nil {
-		t.Fatalf("ctr images import %s: no image reference in %q", tarball, out)
-	}
-	return m[1]
 }
 
 // loadBinary packs a static binary as an image with the peer's

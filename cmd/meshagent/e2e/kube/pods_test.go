@@ -31,41 +31,56 @@ type podSpec struct {
 	proxyImage                string
 	native                    bool
 	proxyConfig               string // JSON for proxy.istio.io/config, or ""
+	proxyCPU                  string // sidecar.istio.io/proxyCPU (the sidecar's CPU request), or "" for the injector's 100m
 	appDrain                  time.Duration
-	drainGet                  string // a URL the app GETs while it drains, or ""
+	drainGet                  string   // a URL the app GETs while it drains, or ""
+	command                   []string // the app's command instead of kubeapp serve (then no readiness probe), or nil
 }
 
+// manifest is the Pod, as JSON (which kubectl takes as YAML).
 func (p podSpec) manifest(n *node) string {
-	annotations := fmt.Sprintf("    sidecar.istio.io/proxyImage: %q\n    sidecar.istio.io/nativeSidecar: %q\n", p.proxyImage, fmt.Sprint(p.native))
-	if p.proxyConfig != "" {
-		annotations += fmt.Sprintf("    proxy.istio.io/config: %q\n", p.proxyConfig)
+	pod := p.template(n)
+	pod["apiVersion"], pod["kind"] = "v1", "Pod"
+	pod["metadata"].(map[string]any)["name"] = p.name
+	pod["metadata"].(map[string]any)["namespace"] = testNS
+	out, err := json.Marshal(pod)
+	if err != nil {
+		panic(err) // maps of strings and numbers
 	}
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-  labels: {app: %[3]s}
-  annotations:
-%[4]s
-spec:
-  serviceAccountName: %[5]s
-  terminationGracePeriodSeconds: %[6]d
-  containers:
-  - name: app
-    image: %[7]s
-    imagePullPolicy: IfNotPresent
-    command: [/kubeapp, serve, -addr, ":8080", -events, "/events/$(POD_NAME).log", -drain, %[8]q, -drain-get, %[10]q]
-    env:
-    - name: POD_NAME
-      valueFrom: {fieldRef: {fieldPath: metadata.name}}
-    ports: [{containerPort: 8080, name: http}]
-    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
-    volumeMounts: [{name: events, mountPath: /events}]
-  volumes:
-  - name: events
-    hostPath: {path: %[9]q, type: DirectoryOrCreate}
-`, p.name, testNS, p.app, annotations, p.serviceAccount, int(grace/time.Second), appImage, p.appDrain.String(), n.root+"/"+eventsDir, p.drainGet)
+	return string(out) + "\n"
+}
+
+// template is the pod's metadata (labels, annotations) and spec: a Pod's
+// without its name, a Deployment's pod template.
+func (p podSpec) template(n *node) map[string]any {
+	annotations := map[string]string{"sidecar.istio.io/proxyImage": p.proxyImage, "sidecar.istio.io/nativeSidecar": fmt.Sprint(p.native)}
+	if p.proxyConfig != "" {
+		annotations["proxy.istio.io/config"] = p.proxyConfig
+	}
+	if p.proxyCPU != "" {
+		annotations["sidecar.istio.io/proxyCPU"] = p.proxyCPU
+	}
+	app := map[string]any{
+		"name": "app", "image": appImage, "imagePullPolicy": "IfNotPresent",
+		"command":        []string{"/kubeapp", "serve", "-addr", ":8080", "-events", "/events/$(POD_NAME).log", "-drain", p.appDrain.String(), "-drain-get", p.drainGet},
+		"env":            []any{map[string]any{"name": "POD_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "metadata.name"}}}},
+		"ports":          []any{map[string]any{"containerPort": 8080, "name": "http"}},
+		"readinessProbe": map[string]any{"httpGet": map[string]any{"path": "/healthz", "port": 8080}, "periodSeconds": 1},
+		"volumeMounts":   []any{map[string]any{"name": "events", "mountPath": "/events"}},
+	}
+	if p.command != nil {
+		app["command"] = p.command
+		delete(app, "readinessProbe")
+	}
+	return map[string]any{
+		"metadata": map[string]any{"labels": map[string]string{"app": p.app}, "annotations": annotations},
+		"spec": map[string]any{
+			"serviceAccountName":            p.serviceAccount,
+			"terminationGracePeriodSeconds": int(grace / time.Second),
+			"containers":                    []any{app},
+			"volumes":                       []any{map[string]any{"name": "events", "hostPath": map[string]any{"path": n.root + "/" + eventsDir, "type": "DirectoryOrCreate"}}},
+		},
+	}
 }
 
 // baseManifests is the namespace, labelled for Istio's injector, and the
@@ -139,6 +154,7 @@ type probe struct {
 type containerStatus struct {
 	Name         string `json:"name"`
 	ContainerID  string `json:"containerID"`
+	ImageID      string `json:"imageID"`
 	RestartCount int    `json:"restartCount"`
 	Ready        bool   `json:"ready"`
 }

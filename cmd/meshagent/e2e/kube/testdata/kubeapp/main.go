@@ -6,7 +6,14 @@
 //	    "<time> <pod> app-term" to FILE, keeps serving for D (and GETs URL
 //	    every 250 ms meanwhile, appending drain-get-ok or drain-get-fail:
 //	    what an app finishing its work still sends through its sidecar),
-//	    appends "<time> <pod> app-exit" and exits 0.
+//	    appends "<time> <pod> app-exit" and exits 0. From SIGTERM on it
+//	    answers with "Connection: close", so that keep-alive clients move
+//	    to the pods still serving, and at the end it closes gracefully,
+//	    as an app that is rolled without failed requests does (#32).
+//	kubeapp load URL     GETs URL without pause, for ever; every second
+//	                     prints "count ok=N fail=M" (totals), each
+//	                     failure as "fail <time> <error>", and each pod
+//	                     that answers for the first time as "from <pod>"
 //	kubeapp get URL      prints the body of a GET, exits 1 unless 200
 //	kubeapp hold ADDR D  opens a TCP connection to ADDR and keeps it open for D
 //	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
@@ -22,13 +29,14 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kubeapp serve|get URL|resolve NAME")
+		fmt.Fprintln(os.Stderr, "usage: kubeapp serve|get URL|load URL|hold ADDR D|resolve NAME")
 		os.Exit(2)
 	}
 	var err error
@@ -37,6 +45,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "get":
 		err = get(os.Args[2])
+	case "load":
+		load(os.Args[2])
 	case "hold":
 		err = hold(os.Args[2], os.Args[3])
 	case "resolve":
@@ -114,12 +124,14 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	go http.Serve(ln, mux)
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
 	event("app-start")
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
 	event("app-term")
+	srv.SetKeepAlivesEnabled(false)
 	for end := time.Now().Add(*drain); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		if *drainGet == "" {
 			continue
@@ -131,6 +143,54 @@ func serve(args []string) error {
 			event("drain-get-ok")
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(ctx)
 	event("app-exit")
 	return nil
+}
+
+// load is a client that never pauses: what a rollout must not fail. A
+// request taking over 2 s counts as failed. Every 20th request closes its
+// connection, so that new connections keep reaching every pod of the
+// Service, a new one as soon as it is in the Service's endpoints (a client
+// on one connection for ever would meet a new pod only when its old one
+// drains).
+func load(url string) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	var ok, fail int
+	seen := map[string]bool{}
+	report := time.Now().Add(time.Second)
+	for i := 0; ; i++ {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			fmt.Println("fail", err)
+			return
+		}
+		req.Close = i%20 == 19
+		resp, err := c.Do(req)
+		if err == nil {
+			var body []byte
+			body, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s", resp.Status)
+			}
+			if pod, _, found := strings.Cut(string(body), " says hello"); err == nil && found && !seen[pod] {
+				seen[pod] = true
+				fmt.Printf("from %s\n", pod)
+			}
+		}
+		if err != nil {
+			fail++
+			fmt.Printf("fail %s %v\n", time.Now().UTC().Format(time.RFC3339Nano), err)
+			time.Sleep(10 * time.Millisecond) // a refused connection fails at once
+		} else {
+			ok++
+		}
+		if time.Now().After(report) {
+			fmt.Printf("count ok=%d fail=%d\n", ok, fail)
+			report = time.Now().Add(time.Second)
+		}
+	}
 }

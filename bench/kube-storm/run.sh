@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# make bench-kube-storm: the start and reconnect storms on the kube node
+# (#36). STORM_PODS pods (default 30), native sidecars injected by Istio's
+# webhook, certificates from istiod's CA, the image already on the node
+# (IfNotPresent), after one unmeasured pod of each agent (a warm istiod),
+# created at once, once with Istio's
+# agent and once with meshagent, in one run (TestKubeStorm in
+# cmd/meshagent/e2e/kube/storm_test.go, which brings the node, the registry
+# and Istio up, and always down): per pod created → Ready p50/p95/max, the
+# CSRs istiod's CA counted, the sum of the istio-proxy containers' working
+# sets (the kubelet's resource metrics), delete → all gone, restarts, timeouts
+# in the sidecars' logs; then istiod stopped for 5 s and started again with
+# the pods connected: time until istiod's syncz lists every pod synced, the
+# spread of those times, pods leaving Ready meanwhile. One table, ours /
+# Istio's / ratio. Istio's agent storms first; STORM_FIRST=meshagent swaps
+# the order. Root; costs the whole machine for 4-5 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. bench/lib.sh
+require_root bench-kube-storm "the kube node: a network namespace, cgroups and mounts"
+mkdir -p .tmp
+log=.tmp/kube-storm.log
+rc=0
+MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
+  ./cmd/meshagent/e2e/kube >"$log" 2>&1 || rc=$?
+# The table (the test logs it indented), and any failure.
+sed -n '/storm table/,/^[^ ]/p' "$log" | sed 's/^        //' | grep -v '^--- \|^=== \|^PASS\|^FAIL\|^ok' || true
+grep -E '^\s+storm_test.go:[0-9]+: .*(pods Ready|all gone|synced at)|--- FAIL|^(FAIL|ok)' "$log" | sed 's/^ *//' || true
+[ "$rc" -eq 0 ] || echo "details: $log"
+exit "$rc"

@@ -1,0 +1,481 @@
+package kube
+
+// The start and reconnect storms (#36, `make bench-kube-storm`): N pods
+// (STORM_PODS, default 30), native sidecars injected by Istio's webhook,
+// certificates from istiod's CA, created at once, once with each agent, in
+// one run on the one node; then istiod stopped and started again with the N
+// pods connected. One table, ours beside Istio's agent's.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
+
+// TestKubeStorm runs only when MESHAGENT_KUBE_STORM is set (as root): it
+// costs the whole machine for minutes.
+func TestKubeStorm(t *testing.T) {
+	if os.Getenv("MESHAGENT_KUBE_STORM") == "" {
+		t.Skip("MESHAGENT_KUBE_STORM is not set (make bench-kube-storm)")
+	}
+	if ok, why := testkit.CanRoot("a network namespace, cgroups and mounts for the kube node"); !ok {
+		t.Skip(why)
+	}
+	pods := 30
+	if v := os.Getenv("STORM_PODS"); v != "" {
+		var err error
+		if pods, err = strconv.Atoi(v); err != nil || pods < 1 {
+			t.Fatalf("STORM_PODS=%q: want a number of pods, at least 1", v)
+		}
+	}
+	s := &suite{results: map[string]map[string]error{}, figures: map[string]map[string]string{}}
+	// IfNotPresent, the image pulled on the node before each storm: with
+	// Always every container start is a pull, and the kubelet's pull rate
+	// limit (registryPullQPS 5, burst 10) failed dozens of them with "pull
+	// QPS exceeded", then backed off for seconds, pod by pod at random.
+	agents := s.setUp(t, true, "IfNotPresent")
+	// Istio's agent first (setUp's order) unless STORM_FIRST=meshagent:
+	// on a shared machine the load drifts between the two storms.
+	if os.Getenv("STORM_FIRST") == "meshagent" {
+		slices.Reverse(agents)
+	}
+	// One pod of each agent first, not measured: the first storm would
+	// otherwise also pay for a cold istiod (its first pushes, CSRs and
+	// TokenReviews) and node, which the second finds warm.
+	for _, a := range agents {
+		s.n.pull(t, a.image)
+		warm := podSpec{name: "warm-up-" + a.name, app: "warm-up", serviceAccount: "sa-" + a.name, proxyImage: a.image, native: true, proxyCPU: "10m"}
+		if _, err := s.n.createReady(t, warm, 3*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.deletePod(t, warm.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]*stormResult{}
+	for _, a := range agents {
+		got[a.name] = s.storm(t, a, pods)
+	}
+	printStormTable(t, pods, got["meshagent"], got["istio"])
+}
+
+// stormResult is one agent's storm.
+type stormResult struct {
+	ready           []time.Duration // created → Ready, per pod
+	readyAll        time.Duration   // the last pod's
+	csrs, csrErrors float64         // at istiod's CA, during the start
+	workingSet      float64         // sum of the istio-proxy containers', bytes
+	gone            time.Duration   // delete → all gone
+	restarts        int             // of any container of the pods
+	timeouts        []string        // certificate or xDS timeouts in the sidecars' logs, at start
+	synced          []time.Duration // istiod restarted → each pod synced again
+	syncedAll       time.Duration
+	unready         int      // Ready → not Ready transitions while istiod was away
+	reconnectLogs   []string // the same grep: lines new since the start
+}
+
+// storm creates the pods of one agent at once, measures them, restarts
+// istiod under them, and deletes them.
+func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
+	n := s.n
+	r := &stormResult{}
+	label := "storm-" + a.name
+	w := n.watchPods(t, label)
+	defer w.stop()
+
+	var manifests []string
+	for i := range pods {
+		// The injector requests 100m of CPU per sidecar: the node's 2
+		// cores would schedule 20 pods at most. 10m lets 30 and more in;
+		// a request only weighs the container's CPU shares, the same for
+		// both agents.
+		manifests = append(manifests, podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
+			proxyImage: a.image, native: true, proxyCPU: "10m"}.manifest(n))
+	}
+	// The image on the node first, as for a scale-up on a node that runs
+	// it already: the storm measures the pods, not the pull.
+	n.pull(t, a.image)
+	csrBefore, errBefore := s.csrCounts(t)
+	start := time.Now()
+	n.mustKubectl(t, strings.Join(manifests, "---\n"), "apply", "-f", "-")
+	if !w.waitReady(pods, 10*time.Minute) {
+		t.Fatalf("%s: %d of %d pods Ready after 10 minutes", a.name, len(w.readyTimes()), pods)
+	}
+	for _, at := range w.readyTimes() {
+		r.ready = append(r.ready, at.Sub(start))
+	}
+	slices.Sort(r.ready)
+	r.readyAll = r.ready[len(r.ready)-1]
+	csrAfter, errAfter := s.csrCounts(t)
+	r.csrs, r.csrErrors = csrAfter-csrBefore, errAfter-errBefore
+	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
+	r.timeouts = s.sidecarTimeouts(label, pods)
+
+	// The kubelet's resource metrics come from cAdvisor's housekeeping
+	// (every 10-15 s): let a round pass with every pod up.
+	time.Sleep(20 * time.Second)
+	r.workingSet = s.workingSetSum(t)
+
+	// The reconnect storm: istiod away with every pod connected.
+	w.markReadyBaseline()
+	s.n.script(t, time.Minute, nil, filepath.Join(s.n.hack, "istio-down.sh"), "istiod")
+	time.Sleep(5 * time.Second)
+	restart := time.Now()
+	up := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "bash", filepath.Join(s.n.hack, "istio-up.sh"), "istiod").CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("istio-up.sh istiod: %v\n%s", err, out)
+		}
+		up <- err
+	}()
+	synced := s.waitSynced(label, pods, restart, 5*time.Minute)
+	if err := <-up; err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range synced {
+		r.synced = append(r.synced, d)
+	}
+	slices.Sort(r.synced)
+	if len(r.synced) < pods {
+		t.Errorf("%s: %d of %d pods synced at istiod 5 minutes after its restart", a.name, len(r.synced), pods)
+	}
+	if len(r.synced) > 0 {
+		r.syncedAll = r.synced[len(r.synced)-1]
+	}
+	time.Sleep(2 * time.Second)
+	r.unready = w.unreadySinceBaseline()
+	for _, l := range s.sidecarTimeouts(label, pods) {
+		if !slices.Contains(r.timeouts, l) {
+			r.reconnectLogs = append(r.reconnectLogs, l)
+		}
+	}
+	r.restarts = s.restarts(t, label)
+
+	start = time.Now()
+	n.mustKubectl(t, "", "-n", testNS, "delete", "pods", "-l", "app="+label, "--wait=false")
+	if !w.waitGone(10 * time.Minute) {
+		t.Fatalf("%s: pods left 10 minutes after the delete", a.name)
+	}
+	r.gone = time.Since(start)
+	t.Logf("%s: all gone %v after the delete", a.name, r.gone.Round(100*time.Millisecond))
+	return r
+}
+
+// podWatch follows the pods of one app label through `kubectl get
+// --watch`: when each turned Ready, when it left Ready, when it was deleted.
+type podWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	changed  chan struct{} // closed and replaced at every event
+	readyAt  map[string]time.Time
+	ready    map[string]bool
+	live     map[string]bool
+	unready  int // Ready → not Ready transitions since the baseline
+	baseline bool
+}
+
+func (n *node) watchPods(t *testing.T, label string) *podWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &podWatch{cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}),
+		readyAt: map[string]time.Time{}, ready: map[string]bool{}, live: map[string]bool{}}
+	cmd := n.inNetns(ctx, filepath.Join(n.kubeBin, "kubectl"), "--kubeconfig", filepath.Join(n.root, "pki", "admin.kubeconfig"),
+		"-n", testNS, "get", "pods", "-l", "app="+label, "--watch", "--output-watch-events", "-o",
+		`jsonpath={.type} {.object.metadata.name} {.object.status.conditions[?(@.type=="Ready")].status}{"\n"}`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(w.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			w.event(strings.Fields(sc.Text()), time.Now())
+		}
+		cmd.Wait()
+	}()
+	return w
+}
+
+func (w *podWatch) event(f []string, at time.Time) {
+	if len(f) < 2 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	name := f[1]
+	ready := len(f) > 2 && f[2] == "True"
+	switch f[0] {
+	case "DELETED":
+		delete(w.live, name)
+	default:
+		w.live[name] = true
+		if ready && w.readyAt[name].IsZero() {
+			w.readyAt[name] = at
+		}
+		if w.baseline && w.ready[name] && !ready {
+			w.unready++
+		}
+		w.ready[name] = ready
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// waitFor waits until cond (called with w.mu held) holds.
+func (w *podWatch) waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.After(timeout)
+	for {
+		w.mu.Lock()
+		ok, changed := cond(), w.changed
+		w.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+func (w *podWatch) waitReady(pods int, timeout time.Duration) bool {
+	return w.waitFor(timeout, func() bool { return len(w.readyAt) >= pods })
+}
+
+func (w *podWatch) waitGone(timeout time.Duration) bool {
+	return w.waitFor(timeout, func() bool { return len(w.live) == 0 })
+}
+
+func (w *podWatch) readyTimes() []time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []time.Time
+	for _, at := range w.readyAt {
+		out = append(out, at)
+	}
+	return out
+}
+
+// markReadyBaseline starts counting pods that leave Ready.
+func (w *podWatch) markReadyBaseline() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.baseline, w.unready = true, 0
+}
+
+func (w *podWatch) unreadySinceBaseline() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.unready
+}
+
+func (w *podWatch) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// istiodMetrics scrapes istiod's monitoring port (15014, in the node's
+// netns).
+func (s *suite) istiodMetrics(t *testing.T) testkit.Families {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := s.n.inNetns(ctx, "curl", "-sf", "http://127.0.0.1:15014/metrics").Output()
+	if err != nil {
+		t.Fatalf("istiod's metrics: %v", err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(out)))
+	if err != nil {
+		t.Fatalf("istiod's metrics: %v", err)
+	}
+	return fams
+}
+
+// csrCounts are istiod's CA counters: CSRs received, and those that failed
+// (authentication, parsing, identity, signing). istiod has no CSR latency
+// metric.
+func (s *suite) csrCounts(t *testing.T) (csrs, failed float64) {
+	m := s.istiodMetrics(t)
+	for _, name := range []string{"citadel_server_authentication_failure_count", "citadel_server_csr_parsing_err_count",
+		"citadel_server_id_extraction_err_count", "citadel_server_csr_sign_err_count"} {
+		failed += testkit.MetricValue(t, m, name)
+	}
+	return testkit.MetricValue(t, m, "citadel_server_csr_count"), failed
+}
+
+// workingSetSum is the sum of the istio-proxy containers' working sets in
+// the test namespace, from the kubelet's resource metrics (what `kubectl
+// top` and the eviction manager read).
+func (s *suite) workingSetSum(t *testing.T) float64 {
+	out := s.n.mustKubectl(t, "", "get", "--raw", "/api/v1/nodes/kubenode/proxy/metrics/resource")
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(out))
+	if err != nil {
+		t.Fatalf("the kubelet's resource metrics: %v", err)
+	}
+	return testkit.MetricValue(t, testkit.Families(fams), "container_memory_working_set_bytes", "namespace", testNS, "container", "istio-proxy")
+}
+
+// waitSynced polls istiod's syncz until every pod of the label is listed
+// with its CDS and LDS acknowledged, and returns when each was first seen
+// so, from since.
+func (s *suite) waitSynced(label string, pods int, since time.Time, timeout time.Duration) map[string]time.Duration {
+	synced := map[string]time.Duration{}
+	for deadline := time.Now().Add(timeout); len(synced) < pods && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out, err := s.n.istiodGet("/debug/syncz")
+		if err != nil {
+			continue
+		}
+		at := time.Since(since)
+		var entries []struct {
+			Proxy         string `json:"proxy"`
+			ClusterSent   string `json:"cluster_sent"`
+			ClusterAcked  string `json:"cluster_acked"`
+			ListenerSent  string `json:"listener_sent"`
+			ListenerAcked string `json:"listener_acked"`
+		}
+		if json.Unmarshal([]byte(out), &entries) != nil {
+			continue
+		}
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Proxy, label+"-") || e.ClusterAcked == "" || e.ClusterAcked != e.ClusterSent || e.ListenerAcked != e.ListenerSent {
+				continue
+			}
+			if _, ok := synced[e.Proxy]; !ok {
+				synced[e.Proxy] = at
+			}
+		}
+	}
+	return synced
+}
+
+// timeoutLine is a timeout as either agent logs it (certificate, xDS, or
+// the readiness check's call to Envoy), and not a setting whose name ends
+// in Timeout (our "effective configuration" line at start).
+var timeoutLine = regexp.MustCompile(`(?i)(timed out|deadline exceeded|i/o timeout|\btimeout\b[^=])`)
+
+// sidecarTimeouts greps the istio-proxy logs of the pods (the kubelet's
+// files) for timeouts.
+func (s *suite) sidecarTimeouts(label string, pods int) []string {
+	var hits []string
+	for i := range pods {
+		files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s-%d_*", testNS, label, i), "istio-proxy", "*.log"))
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(data), "\n") {
+				if timeoutLine.MatchString(l) {
+					hits = append(hits, fmt.Sprintf("%s-%d: %s", label, i, l))
+				}
+			}
+		}
+	}
+	return hits
+}
+
+// restarts sums the restart counts of every container of the label's pods.
+func (s *suite) restarts(t *testing.T, label string) int {
+	out := s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o",
+		`jsonpath={range .items[*]}{.status.initContainerStatuses[*].restartCount} {.status.containerStatuses[*].restartCount} {end}`)
+	sum := 0
+	for _, f := range strings.Fields(out) {
+		v, _ := strconv.Atoi(f)
+		sum += v
+	}
+	return sum
+}
+
+// quantile is the q-quantile of sorted durations (nearest rank).
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// printStormTable prints the storm's one table: ours, Istio's agent's, and
+// the ratio.
+func printStormTable(t *testing.T, pods int, ours, istio *stormResult) {
+	type row struct {
+		name   string
+		o, i   float64
+		format func(float64) string
+	}
+	dur := func(v float64) string { return fmt.Sprintf("%.1f s", v) }
+	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	ds := func(d time.Duration) float64 { return d.Seconds() }
+	spread := func(r *stormResult) float64 {
+		if len(r.synced) == 0 {
+			return 0
+		}
+		return ds(r.synced[len(r.synced)-1] - r.synced[0])
+	}
+	rows := []row{
+		{"created → Ready p50", ds(quantile(ours.ready, 0.5)), ds(quantile(istio.ready, 0.5)), dur},
+		{"created → Ready p95", ds(quantile(ours.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
+		{"created → Ready max", ds(ours.readyAll), ds(istio.readyAll), dur},
+		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
+		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
+		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
+		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
+		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
+		{"istiod restarted → all synced", ds(ours.syncedAll), ds(istio.syncedAll), dur},
+		{"  first synced", ds(quantile(ours.synced, 0)), ds(quantile(istio.synced, 0)), dur},
+		{"  p50 synced", ds(quantile(ours.synced, 0.5)), ds(quantile(istio.synced, 0.5)), dur},
+		{"  spread first → last", spread(ours), spread(istio), dur},
+		{"pods synced again", float64(len(ours.synced)), float64(len(istio.synced)), count},
+		{"pods leaving Ready meanwhile", float64(ours.unready), float64(istio.unready), count},
+		{"timeouts in sidecar logs, after", float64(len(ours.reconnectLogs)), float64(len(istio.reconnectLogs)), count},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "storm table, %d pods, native sidecars, %s\n", pods, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", "", "meshagent", "Istio's", "ratio")
+	fmt.Fprintf(&b, "|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 12), strings.Repeat("-", 12), strings.Repeat("-", 7))
+	for _, r := range rows {
+		ratio := "-"
+		if r.i != 0 {
+			ratio = fmt.Sprintf("%.2f", r.o/r.i)
+		}
+		fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", r.name, r.format(r.o), r.format(r.i), ratio)
+	}
+	for _, x := range []struct {
+		who string
+		r   *stormResult
+	}{{"meshagent", ours}, {"istio", istio}} {
+		for _, l := range append(x.r.timeouts[:min(3, len(x.r.timeouts))], x.r.reconnectLogs[:min(3, len(x.r.reconnectLogs))]...) {
+			fmt.Fprintf(&b, "  %s timeout line: %.200s\n", x.who, l)
+		}
+	}
+	t.Log("\n" + b.String())
+}
