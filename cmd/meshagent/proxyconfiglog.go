@@ -7,12 +7,13 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/boundedhttp"
 )
 
 // envoyLogLevels are istioctl's level names (proxyconfig.go stringToLevel),
@@ -137,24 +138,31 @@ func startLogLevels(admin string) ([]string, error) {
 }
 
 // postLogging is POST /logging?query at Envoy's admin: its answer, the
-// loggers and their levels; an error with Envoy's own when it refuses.
+// loggers and their levels; an error with Envoy's own when it refuses. It
+// goes through the CLI's one bounded client and reader (#33), as getLocal
+// does: an answer past maxLoggingAnswer is an error naming the bound, not
+// a silently cut list.
 func postLogging(admin, query string) ([]byte, error) {
 	url := "http://" + admin + "/logging"
 	if query != "" {
 		url += "?" + query
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Post(url, "", nil)
+	resp, err := boundedhttp.Client(10*time.Second).Post(url, "", nil)
 	if err != nil {
 		return nil, fmt.Errorf("proxy-config log: %w (is Envoy running, with its admin API at %s?)", err, admin)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		first, _, _ := strings.Cut(boundedhttp.Excerpt(resp.Body), "\n")
+		return nil, fmt.Errorf("proxy-config log: Envoy refused %s: %s (%s)", query, first, resp.Status)
+	}
+	body, err := boundedhttp.Read(resp.Body, maxLoggingAnswer)
 	if err != nil {
 		return nil, fmt.Errorf("proxy-config log: reading %s: %w", url, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		first, _, _ := strings.Cut(string(body), "\n")
-		return nil, fmt.Errorf("proxy-config log: Envoy refused %s: %s (%s)", query, first, resp.Status)
-	}
 	return body, nil
 }
+
+// maxLoggingAnswer bounds Envoy's list of loggers: about 100 lines of a
+// few dozen bytes in Envoy 1.3x.
+const maxLoggingAnswer = 1 << 20
