@@ -10,6 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/wasmserver"
@@ -398,4 +403,39 @@ func TestPartialDownloadRemovedAtStart(t *testing.T) {
 	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the partial download is still there: %v", err)
 	}
+}
+
+// A compat layer that is small compressed but large decompressed (zeros
+// before plugin.wasm) fails the fetch naming the bound, rather than
+// decompressing until the fetch's timeout (#33's class, in #35's reader).
+func TestCompatLayerDecompressionBound(t *testing.T) {
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	module := wasmserver.ModuleWith("small")
+	layer := wasmserver.TarGzFiles(t,
+		wasmserver.File{Name: "padding", Content: make([]byte, 1<<20)},
+		wasmserver.File{Name: "plugin.wasm", Content: module})
+	img, err := mutate.AppendLayers(empty.Image, static.NewLayer(layer, types.DockerLayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := wasmserver.NewRegistry(t, wasmserver.RegistryOptions{})
+	reg.PushImage(t, "plugins/padded", "compat", img, wasmserver.RegistryOptions{})
+
+	const max = 64 << 10
+	if int64(len(layer)) > max {
+		t.Fatalf("the padded layer is %d bytes compressed: the test needs it under the bound", len(layer))
+	}
+	c, _ := startCache(t, nil, func(c *Config) { c.MaxModuleBytes = max })
+	_, err = c.Get(ctxOf(t), "oci://"+reg.Host()+"/plugins/padded:compat", GetOptions{})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "decompressed") {
+		t.Fatalf("got %v, want ErrTooLarge naming the decompressed content", err)
+	}
+	// The same layer passes under a bound it fits: the bound, not the
+	// layout, refused it.
+	c2, cfg2 := startCache(t, nil, func(c *Config) { c.MaxModuleBytes = 1 << 20 })
+	path, err := c2.Get(ctxOf(t), "oci://"+reg.Host()+"/plugins/padded:compat", GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantModule(t, cfg2, path, module)
 }

@@ -107,6 +107,31 @@ func readBounded(r io.Reader, max int64) ([]byte, error) {
 	return b, nil
 }
 
+// boundedReader reads r, failing with ErrTooLarge (naming what and the
+// bound) once more than max bytes come, where io.LimitReader would end the
+// stream as if it were whole.
+type boundedReader struct {
+	r        io.Reader
+	max, got int64
+	what     string
+}
+
+func newBoundedReader(r io.Reader, max int64, what string) *boundedReader {
+	return &boundedReader{r: r, max: max, what: what}
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if room := b.max + 1 - b.got; int64(len(p)) > room {
+		p = p[:room]
+	}
+	n, err := b.r.Read(p)
+	b.got += int64(n)
+	if b.got > b.max {
+		return n, fmt.Errorf("%w: %s is more than %d bytes", ErrTooLarge, b.what, b.max)
+	}
+	return n, err
+}
+
 var (
 	wasmMagic = []byte("\x00asm")
 	gzipMagic = []byte{0x1f, 0x8b}

@@ -126,11 +126,21 @@ func (o *ociImage) compat(layers []v1.Layer, want types.MediaType) ([]byte, erro
 		return nil, err
 	}
 	defer rc.Close()
-	zr, err := gzip.NewReader(io.LimitReader(rc, o.max))
+	// Both sides of the gzip are bounded, each an ErrTooLarge naming its
+	// bound rather than a silent cut (#33): the compressed layer, and the
+	// bytes decompressed from it, which the tar reader reads to skip the
+	// files before plugin.wasm. A small gzip of zeros would otherwise
+	// decompress for as long as the fetch's timeout lets it. A compat
+	// layer holds the module and a few headers; twice the module's bound
+	// leaves room for a layer with other small files.
+	zr, err := gzip.NewReader(newBoundedReader(rc, o.max, "the layer"))
 	if err != nil {
+		if errors.Is(err, ErrTooLarge) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("failed to parse layer as tar.gz: %w", err)
 	}
-	tr := tar.NewReader(zr)
+	tr := tar.NewReader(newBoundedReader(zr, 2*o.max, "the layer's decompressed content"))
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {

@@ -123,7 +123,13 @@ func (r *Registry) Host() string { return r.srv.Listener.Addr().String() }
 // (hex), which names the module in the agent's cache.
 func (r *Registry) Push(t testing.TB, repo, tag string, layout Layout, module []byte, o RegistryOptions) string {
 	t.Helper()
-	img := Image(t, layout, module)
+	return r.PushImage(t, repo, tag, Image(t, layout, module), o)
+}
+
+// PushImage stores img at repo:tag, as Push does, for a test that builds
+// an image of its own (a hostile layer).
+func (r *Registry) PushImage(t testing.TB, repo, tag string, img v1.Image, o RegistryOptions) string {
+	t.Helper()
 	opts := []name.Option{}
 	if !o.TLS {
 		opts = append(opts, name.Insecure)
@@ -172,14 +178,28 @@ func Image(t testing.TB, layout Layout, module []byte) v1.Image {
 // TarGz is a tar.gz holding one file.
 func TarGz(t testing.TB, file string, content []byte) []byte {
 	t.Helper()
+	return TarGzFiles(t, File{file, content})
+}
+
+// File is a file of a tar.
+type File struct {
+	Name    string
+	Content []byte
+}
+
+// TarGzFiles is a tar.gz holding files, in order.
+func TarGzFiles(t testing.TB, files ...File) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(zw)
-	if err := tw.WriteHeader(&tar.Header{Name: file, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tw.Write(content); err != nil {
-		t.Fatal(err)
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: f.Name, Mode: 0o644, Size: int64(len(f.Content)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(f.Content); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
