@@ -448,14 +448,28 @@ func (r *run) nextFailed() {
 		"pid", next.pid, "exit_code", code, "status", reason, "reason", r.hot.reason)
 }
 
-// oldExitedFirst: the serving Envoy died while the new epoch starts. The
-// new one carries on as the one Envoy; Envoy's child aborts when it next
-// asks its dead parent something (to drain, to terminate), and that exit
-// ends the Serve call as any crash does: the next start is cold, epoch 0.
-func (r *run) oldExitedFirst() {
+// oldExitedFirst: the serving Envoy exited while the new epoch starts.
+//
+// An exit 0 is most likely the hot restart's end seen early: Envoy's child
+// tells its parent to terminate parent_shutdown_time after its own workers
+// started, i.e. once it was ready, and the readiness poll may not have
+// seen that yet (a loaded machine; the poll's slow interval). Then the new
+// epoch is asked once more, and ready, it takes over and the old one's
+// exit ends the overlap: readiness never drops (TestHotRestartOldExitsBeforeThePollSeesTheNew).
+//
+// Otherwise the serving Envoy died: the new one carries on as the one
+// Envoy; Envoy's child aborts when it next asks its dead parent something
+// (to drain, to terminate), and that exit ends the Serve call as any crash
+// does: the next start is cold, epoch 0.
+func (r *run) oldExitedFirst(ctx context.Context) {
 	old, next := r.child, r.hot.next
 	old.wait()
 	code, reason := old.exitStatus()
+	if code == 0 && r.nextIsReady(ctx) {
+		r.nextReadiness(readiness{epoch: next.epoch, ready: true})
+		r.parentExited()
+		return
+	}
 	r.s.keepCrashRecord(old, r.s.bootstrap)
 	r.s.log.Warn("the serving envoy exited during a hot restart; the new epoch carries on alone",
 		"old_epoch", old.restartEpoch, "old_pid", old.pid, "exit_code", code, "status", reason,
@@ -466,6 +480,21 @@ func (r *run) oldExitedFirst() {
 		RestartEpoch: next.restartEpoch, ExitCode: code, ExitReason: reason}
 	r.publish()
 	r.s.setHealth(messages.Starting, "the old envoy exited during a hot restart; the new one is starting")
+}
+
+// nextIsReady is the new epoch's readiness now: a verdict the poll sent
+// and the loop has not read yet, else one question to its admin API.
+func (r *run) nextIsReady(ctx context.Context) bool {
+	next := r.hot.next
+	select {
+	case v := <-r.poll.out:
+		if v.epoch == next.epoch && v.ready {
+			return true
+		}
+	default:
+	}
+	ready, _ := r.s.admin.readiness(ctx, next.restartEpoch)
+	return ready
 }
 
 // parentExited ends the overlap.

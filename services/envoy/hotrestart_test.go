@@ -302,6 +302,34 @@ func TestHotRestartRefusesNoConnection(t *testing.T) {
 	h.logs.WaitLine(t, "hot restart: the new epoch took over", "old_epoch=9", "new_epoch=10", "reason=\"changed: "+h.input)
 }
 
+// The old epoch exits (at its child's request, parent_shutdown_time after
+// the child turned ready) before the agent's readiness poll has seen the
+// new epoch ready: a loaded machine, or a slow poll, as here. That is the
+// end of a hot restart, not the serving Envoy dying: the new epoch takes
+// over and readiness never drops (TestHotRestartRefusesNoConnection
+// failed this way under make test's load).
+func TestHotRestartOldExitsBeforeThePollSeesTheNew(t *testing.T) {
+	skipIfReal(t)
+	h := newHotHarness(t, true, nil, func(cfg *Config) {
+		// Longer than the parent shutdown time (1 s): the poll's next
+		// question comes after the old epoch has gone.
+		cfg.ReadyPollInterval = 3 * time.Second
+	})
+	h.run()
+	h.wait("epoch 0 ready", alone(0))
+	h.edit("v1")
+	h.wait("epoch 1 alone", alone(1))
+	for _, st := range h.state.All() {
+		if st.Phase != messages.EnvoyReady && st.RestartEpoch > 0 || st.Phase == messages.EnvoyExited {
+			t.Errorf("published %v (epoch %d, pid %d) during the hot restart: readiness dropped", st.Phase, st.RestartEpoch, st.PID)
+		}
+	}
+	if got := h.logs.String(); strings.Count(got, "hot restart done: the old epoch exited") != 1 ||
+		strings.Contains(got, "the serving envoy exited during a hot restart") {
+		t.Errorf("want the old epoch's exit logged as the hot restart's end:\n%s", got)
+	}
+}
+
 func TestColdRestartRefusesConnections(t *testing.T) {
 	skipIfReal(t)
 	const restarts = 10

@@ -191,7 +191,7 @@ func (r *run) loop(ctx context.Context) error {
 			if r.hot.next != nil {
 				// The old epoch died while the new one starts: the new
 				// one carries on alone (epochs.go).
-				r.oldExitedFirst()
+				r.oldExitedFirst(ctx)
 				continue
 			}
 			if r.drain == exitDraining {
