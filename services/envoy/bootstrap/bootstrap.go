@@ -283,7 +283,8 @@ func renderDefault(c Config) ([]byte, error) {
 }
 
 // parseBootstrap checks that JSON or YAML text is a Bootstrap Envoy can load: known types, valid
-// field values (unknown fields are allowed, as Envoy runs with --allow-unknown-static-fields).
+// field values (unknown fields are allowed, as Envoy runs with --allow-unknown-static-fields), and
+// Envoy's validation rules where the build carries them (checkEnvoyRules).
 func parseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
@@ -293,7 +294,7 @@ func parseBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(js, b); err != nil {
 		return nil, err
 	}
-	if err := b.ValidateAll(); err != nil {
+	if err := checkEnvoyRules(b); err != nil {
 		return nil, err
 	}
 	return b, nil
