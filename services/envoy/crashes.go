@@ -9,6 +9,7 @@ package envoy
 // container and its logs go with the next restart's rotation).
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -233,4 +234,19 @@ func (t *tailBuffer) Bytes() []byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return slices.Clone(t.buf)
+}
+
+// lastLine is the last non-empty line of Envoy's stderr, at most 512
+// bytes: Envoy's reason for exiting (a bootstrap rule it refused, #36's
+// build without the agent's own copy of Envoy's validators), for the exit's
+// log line and health, beside the crash record that keeps the whole tail.
+func (t *tailBuffer) lastLine() string {
+	b := bytes.TrimRight(t.Bytes(), "\r\n\t ")
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	if len(b) > 512 {
+		b = append(b[:509:509], "..."...)
+	}
+	return strings.ToValidUTF8(string(b), "?")
 }

@@ -45,6 +45,11 @@ func TestCrashLeavesARecord(t *testing.T) {
 	if rec.UptimeSeconds <= 0 || rec.PID == 0 {
 		t.Errorf("record uptime %v, pid %d", rec.UptimeSeconds, rec.PID)
 	}
+	// Envoy's reason is said where a user looks first: the health
+	// (/debug/tree) and the exit's log line.
+	if !h.sawHealth(messages.Failed, "its last line: ") || !h.sawHealth(messages.Failed, "crashing with exit code 7") {
+		t.Errorf("health does not carry Envoy's last line: %+v", h.health.All())
+	}
 	if !h.sawHealth(messages.Failed, "crash record "+rec.File) {
 		t.Errorf("health does not name the record %s: %+v", rec.File, h.health.All())
 	}

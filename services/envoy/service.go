@@ -291,8 +291,12 @@ func (r *run) exited() error {
 	if reason == "signal: killed" {
 		r.s.log.Warn("envoy was killed; it may have run out of memory", "pid", r.child.pid)
 	}
-	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason)
+	last := r.child.stderr.lastLine()
+	r.s.log.Error("envoy exited", "pid", r.child.pid, "epoch", r.child.epoch, "status", reason, "last_line", last)
 	health := err.Error()
+	if last != "" {
+		health += "; its last line: " + last
+	}
 	if path := r.s.keepCrashRecord(r.child, r.s.bootstrap); path != "" {
 		health += "; crash record " + path
 	}
