@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/meshagent/meshagent/services/internal/loopback"
@@ -68,8 +69,9 @@ func (c Config) RootCertPath() string { return filepath.Join(c.RootDir, RootCert
 func (c Config) RootKeyPath() string { return filepath.Join(c.RootDir, RootKeyFile) }
 
 // trustDomainSyntax is a SPIFFE trust domain: lower case letters, digits,
-// dots, dashes and underscores.
-var trustDomainSyntax = regexp.MustCompile(`^[a-z0-9._-]+$`)
+// dots, dashes and underscores. Compiled on first use: a sidecar runs no CA,
+// and a package-level regexp is live heap in every pod (#36).
+var trustDomainSyntax = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9._-]+$`) })
 
 // Validate names the field and value that are wrong.
 func (c Config) Validate() error {
@@ -82,7 +84,7 @@ func (c Config) Validate() error {
 	if c.CertLifetime <= 0 {
 		return fmt.Errorf("ca config: CertLifetime %v must be positive", c.CertLifetime)
 	}
-	if !trustDomainSyntax.MatchString(c.TrustDomain) {
+	if !trustDomainSyntax().MatchString(c.TrustDomain) {
 		return fmt.Errorf("ca config: TrustDomain %q is not a SPIFFE trust domain (a-z, 0-9, '.', '-', '_')", c.TrustDomain)
 	}
 	for _, san := range c.ServingSANs {

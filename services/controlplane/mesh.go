@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 
@@ -143,15 +144,19 @@ func (s MeshService) FQDN(domain string) string {
 }
 
 // dnsLabel is RFC 1123, as Kubernetes requires of names and namespaces.
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+// This and dnsName are compiled on first use: a sidecar never checks a
+// mesh file, and a package-level regexp is live heap in every pod (#36).
+var dnsLabel = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`) })
 
 // dnsName is a host name of such labels, a leading "*." allowed.
-var dnsName = regexp.MustCompile(`^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+var dnsName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+})
 
 // check validates what the decoder cannot: names, addresses, and ports that
 // would produce conflicting listeners.
 func (m Mesh) check() error {
-	if !dnsName.MatchString(m.Domain) {
+	if !dnsName().MatchString(m.Domain) {
 		return fmt.Errorf("domain %q is not a DNS name", m.Domain)
 	}
 	hosts := map[string]int{}    // host → line, across services and external names
@@ -166,10 +171,10 @@ func (m Mesh) check() error {
 	ports := map[uint32]portUse{}
 	for _, s := range m.Services {
 		at := fmt.Sprintf("line %d: service %q", s.line, s.Name)
-		if !dnsLabel.MatchString(s.Name) {
+		if !dnsLabel().MatchString(s.Name) {
 			return fmt.Errorf("%s: name must be a DNS label (lower case letters, digits, '-')", at)
 		}
-		if !dnsLabel.MatchString(s.Namespace) {
+		if !dnsLabel().MatchString(s.Namespace) {
 			return fmt.Errorf("%s: namespace %q must be a DNS label (lower case letters, digits, '-')", at, s.Namespace)
 		}
 		at = fmt.Sprintf("line %d: service %s/%s", s.line, s.Namespace, s.Name)
@@ -222,7 +227,7 @@ func (m Mesh) check() error {
 	}
 	for _, e := range m.ExternalNames {
 		at := fmt.Sprintf("line %d: external name %q", e.line, e.Host)
-		if !dnsName.MatchString(e.Host) || !strings.Contains(e.Host, ".") {
+		if !dnsName().MatchString(e.Host) || !strings.Contains(e.Host, ".") {
 			return fmt.Errorf("%s: host must be a fully qualified DNS name in lower case", at)
 		}
 		if prev, dup := hosts[e.Host]; dup {

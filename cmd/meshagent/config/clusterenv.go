@@ -16,10 +16,12 @@ import (
 	"io/fs"
 	"regexp"
 	"strings"
+	"sync"
 )
 
-// envFileName is a shell variable name.
-var envFileName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// envFileName is a shell variable name; compiled on first use (only `vm`
+// reads an env file; #36).
+var envFileName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 
 // readEnvFile reads a KEY=VALUE file as Istio's VM bundle writes it: blank
 // lines and # comments; an optional `export `; values bare, 'single quoted'
@@ -64,7 +66,7 @@ func parseEnvLine(line string) (string, string, error) {
 	if !ok {
 		return "", "", fmt.Errorf("%s: want KEY=VALUE", quoteValue(line))
 	}
-	if !envFileName.MatchString(key) {
+	if !envFileName().MatchString(key) {
 		return "", "", fmt.Errorf("%s is not a variable name", quoteValue(key))
 	}
 	value, rest, err := unquoteEnvValue(raw)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -137,7 +138,9 @@ var (
 	// secretName matches a field that holds a secret itself rather than a
 	// path to one (TokenFile and KeyFile are paths; a Token or PrivateKey
 	// field would not be).
-	secretName = regexp.MustCompile(`(?i)(token|secret|password|privatekey|credential|httpheader)s?$`)
+	secretName = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?i)(token|secret|password|privatekey|credential|httpheader)s?$`)
+	})
 )
 
 var durationType = reflect.TypeOf(time.Duration(0))
@@ -192,7 +195,7 @@ func describe(v reflect.Value, path string) any {
 			if path != "" {
 				p = path + "." + field.Name
 			}
-			if secretName.MatchString(field.Name) && !v.Field(i).IsZero() {
+			if secretName().MatchString(field.Name) && !v.Field(i).IsZero() {
 				out[field.Name] = redacted
 				continue
 			}

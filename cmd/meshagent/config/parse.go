@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/meshagent/meshagent/messages/compliance"
@@ -177,15 +178,17 @@ const (
 	maxDNSSubdomain = 253 // Kubernetes: a service account is a DNS-1123 subdomain
 )
 
+// Compiled on first use rather than at start: a package-level regexp is
+// live heap in every pod, used or not (#36).
 var (
-	trustDomainChars = regexp.MustCompile(`^[a-z0-9._-]+$`)
-	dnsLabel         = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	trustDomainChars = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9._-]+$`) })
+	dnsLabel         = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`) })
 )
 
 // parseTrustDomain is a SPIFFE trust domain: lowercase letters, digits,
 // dots, dashes and underscores, at most 255 bytes.
 func parseTrustDomain(s string) (string, error) {
-	if len(s) > maxTrustDomain || !trustDomainChars.MatchString(s) {
+	if len(s) > maxTrustDomain || !trustDomainChars().MatchString(s) {
 		return "", fmt.Errorf("want a SPIFFE trust domain: lowercase letters, digits, '.', '-' and '_', at most %d bytes", maxTrustDomain)
 	}
 	return s, nil
@@ -193,7 +196,7 @@ func parseTrustDomain(s string) (string, error) {
 
 // parseDNSLabel is a Kubernetes namespace name: a DNS-1123 label.
 func parseDNSLabel(s string) (string, error) {
-	if len(s) > maxDNSLabel || !dnsLabel.MatchString(s) {
+	if len(s) > maxDNSLabel || !dnsLabel().MatchString(s) {
 		return "", fmt.Errorf("want a Kubernetes namespace name (DNS-1123 label): lowercase letters, digits and '-', starting and ending with a letter or digit, at most %d bytes", maxDNSLabel)
 	}
 	return s, nil
@@ -204,7 +207,7 @@ func parseDNSLabel(s string) (string, error) {
 func parseDNSSubdomain(s string) (string, error) {
 	bad := len(s) > maxDNSSubdomain
 	for _, label := range strings.Split(s, ".") {
-		bad = bad || !dnsLabel.MatchString(label)
+		bad = bad || !dnsLabel().MatchString(label)
 	}
 	if bad {
 		return "", fmt.Errorf("want a Kubernetes service account name (DNS-1123 subdomain): dot-separated labels of lowercase letters, digits and '-', at most %d bytes", maxDNSSubdomain)

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -19,8 +20,11 @@ const AppProbersEnv = "ISTIO_KUBE_APP_PROBERS"
 var ErrInvalidAppProbe = errors.New("invalid application probe")
 
 // appProbePath is the form the injector gives a rewritten probe's path
-// (Istio's appProberPattern; FormatProberURL makes these).
-var appProbePath = regexp.MustCompile(`^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$`)
+// (Istio's appProberPattern; FormatProberURL makes these). Compiled on first
+// use: a pod without application probes never needs it (#36).
+var appProbePath = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$`)
+})
 
 // defaultProbeTimeout is kubelet's default timeoutSeconds. Istio uses 0 as
 // it comes (no timeout for HTTP and TCP, an instant failure for gRPC); the
@@ -157,8 +161,8 @@ func ParseAppProbers(value string) (AppProbers, error) {
 
 func parseAppProbe(path string, raw json.RawMessage) (AppProbe, error) {
 	var p AppProbe
-	if !appProbePath.MatchString(path) {
-		return p, fmt.Errorf("the path must match %s", appProbePath)
+	if !appProbePath().MatchString(path) {
+		return p, fmt.Errorf("the path must match %s", appProbePath())
 	}
 	if err := json.Unmarshal(raw, &p); err != nil {
 		return p, err

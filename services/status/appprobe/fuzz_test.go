@@ -35,7 +35,7 @@ func FuzzParseAppProbers(f *testing.F) {
 			return
 		}
 		for path, p := range probers {
-			if !appProbePath.MatchString(path) {
+			if !appProbePath().MatchString(path) {
 				t.Fatalf("accepted a probe at %q", path)
 			}
 			kinds := 0
