@@ -59,9 +59,17 @@ func TestKubeStorm(t *testing.T) {
 	// One pod of each agent first, not measured: the first storm would
 	// otherwise also pay for a cold istiod (its first pushes, CSRs and
 	// TokenReviews) and node, which the second finds warm.
+	// STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
+	// agents, as the proxy.istio.io/config annotation: with
+	// {"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}} both agents
+	// make ECDSA keys (Istio's agent reads the same variable, #36).
+	proxyConfig := os.Getenv("STORM_PROXY_CONFIG")
+	if proxyConfig != "" && !json.Valid([]byte(proxyConfig)) {
+		t.Fatalf("STORM_PROXY_CONFIG=%q: want a ProxyConfig as JSON", proxyConfig)
+	}
 	for _, a := range agents {
 		s.n.pull(t, a.image)
-		warm := podSpec{name: "warm-up-" + a.name, app: "warm-up", serviceAccount: "sa-" + a.name, proxyImage: a.image, native: true, proxyCPU: "10m"}
+		warm := podSpec{name: "warm-up-" + a.name, app: "warm-up", serviceAccount: "sa-" + a.name, proxyImage: a.image, native: true, proxyCPU: "10m", proxyConfig: proxyConfig}
 		if _, err := s.n.createReady(t, warm, 3*time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +79,7 @@ func TestKubeStorm(t *testing.T) {
 	}
 	got := map[string]*stormResult{}
 	for _, a := range agents {
-		got[a.name] = s.storm(t, a, pods)
+		got[a.name] = s.storm(t, a, pods, proxyConfig)
 	}
 	printStormTable(t, pods, got["meshagent"], got["istio"])
 }
@@ -93,7 +101,7 @@ type stormResult struct {
 
 // storm creates the pods of one agent at once, measures them, restarts
 // istiod under them, and deletes them.
-func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
+func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stormResult {
 	n := s.n
 	r := &stormResult{}
 	label := "storm-" + a.name
@@ -106,8 +114,14 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 		// cores would schedule 20 pods at most. 10m lets 30 and more in;
 		// a request only weighs the container's CPU shares, the same for
 		// both agents.
-		manifests = append(manifests, podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
-			proxyImage: a.image, native: true, proxyCPU: "10m"}.manifest(n))
+		p := podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
+			proxyImage: a.image, native: true, proxyCPU: "10m", proxyConfig: proxyConfig}
+		if i == 0 {
+			// One pod of each agent logs at debug, with the kubelet's
+			// timestamps: where its start's time goes (keepSidecarLog).
+			p.agentLogLevel = "default:debug"
+		}
+		manifests = append(manifests, p.manifest(n))
 	}
 	// The image on the node first, as for a scale-up on a node that runs
 	// it already: the storm measures the pods, not the pull.
@@ -170,6 +184,7 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 		}
 	}
 	r.restarts = s.restarts(t, label)
+	s.keepSidecarLog(t, label+"-0")
 
 	start = time.Now()
 	n.mustKubectl(t, "", "-n", testNS, "delete", "pods", "-l", "app="+label, "--wait=false")
@@ -400,6 +415,26 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 		}
 	}
 	return hits
+}
+
+// keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
+// line with its time) to .tmp/kube-storm-logs before the pod is deleted.
+func (s *suite) keepSidecarLog(t *testing.T, pod string) {
+	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
+	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Log(err)
+		return
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), data, 0o644)
+		}
+		if err != nil {
+			t.Log(err)
+		}
+	}
 }
 
 // restarts sums the restart counts of every container of the label's pods.
