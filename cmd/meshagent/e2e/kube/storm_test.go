@@ -90,6 +90,7 @@ type stormResult struct {
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	workingSet      float64         // sum of the istio-proxy containers', bytes
+	cpu             float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
 	gone            time.Duration   // delete → all gone
 	restarts        int             // of any container of the pods
 	timeouts        []string        // certificate or xDS timeouts in the sidecars' logs, at start
@@ -145,7 +146,7 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
 	// (every 10-15 s): let a round pass with every pod up.
 	time.Sleep(20 * time.Second)
-	r.workingSet = s.workingSetSum(t)
+	r.workingSet, r.cpu = s.resourceSums(t)
 
 	// The reconnect storm: istiod away with every pod connected.
 	w.markReadyBaseline()
@@ -345,17 +346,22 @@ func (s *suite) csrCounts(t *testing.T) (csrs, failed float64) {
 	return testkit.MetricValue(t, m, "citadel_server_csr_count"), failed
 }
 
-// workingSetSum is the sum of the istio-proxy containers' working sets in
-// the test namespace, from the kubelet's resource metrics (what `kubectl
-// top` and the eviction manager read).
-func (s *suite) workingSetSum(t *testing.T) float64 {
+// resourceSums are the sums of the istio-proxy containers' working sets
+// (bytes) and CPU (seconds since each started: the agent's and the
+// stand-in Envoy's start, then idle) in the test namespace, from the
+// kubelet's resource metrics (what `kubectl top` and the eviction manager
+// read).
+func (s *suite) resourceSums(t *testing.T) (workingSet, cpu float64) {
 	out := s.n.mustKubectl(t, "", "get", "--raw", "/api/v1/nodes/kubenode/proxy/metrics/resource")
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(out))
 	if err != nil {
 		t.Fatalf("the kubelet's resource metrics: %v", err)
 	}
-	return testkit.MetricValue(t, testkit.Families(fams), "container_memory_working_set_bytes", "namespace", testNS, "container", "istio-proxy")
+	sum := func(name string) float64 {
+		return testkit.MetricValue(t, testkit.Families(fams), name, "namespace", testNS, "container", "istio-proxy")
+	}
+	return sum("container_memory_working_set_bytes"), sum("container_cpu_usage_seconds_total")
 }
 
 // waitSynced polls istiod's syncz until every pod of the label is listed
@@ -482,6 +488,7 @@ func printStormTable(t *testing.T, pods int, ours, istio *stormResult) {
 		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
 		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
 		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
 		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
 		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
