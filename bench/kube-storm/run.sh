@@ -15,9 +15,9 @@
 # Istio's / ratio. Istio's agent storms first; STORM_FIRST=meshagent swaps
 # the order. STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
 # agents, e.g. '{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}}'.
-# Pod 0 of each storm logs at debug; its sidecar's log is kept in
+# Pod 0 of each storm logs at debug; every sidecar's log is kept in
 # .tmp/kube-storm-logs (MESHAGENT_KUBE_LOGS=1 keeps the node's and istiod's
-# in .tmp/kube-logs). Root; costs the whole machine for 15-25 minutes.
+# in .tmp/kube-logs). Root; costs the whole machine for about 4 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/lib.sh

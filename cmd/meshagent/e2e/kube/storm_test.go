@@ -119,7 +119,8 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 			proxyImage: a.image, native: true, proxyCPU: "10m", proxyConfig: proxyConfig}
 		if i == 0 {
 			// One pod of each agent logs at debug, with the kubelet's
-			// timestamps: where its start's time goes (keepSidecarLog).
+			// timestamps: where its start's time goes, step by step
+			// (keepSidecarLog keeps every pod's log).
 			p.agentLogLevel = "default:debug"
 		}
 		manifests = append(manifests, p.manifest(n))
@@ -185,7 +186,9 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 		}
 	}
 	r.restarts = s.restarts(t, label)
-	s.keepSidecarLog(t, label+"-0")
+	for i := range pods {
+		s.keepSidecarLog(t, fmt.Sprintf("%s-%d", label, i))
+	}
 
 	start = time.Now()
 	n.mustKubectl(t, "", "-n", testNS, "delete", "pods", "-l", "app="+label, "--wait=false")
@@ -424,7 +427,9 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 }
 
 // keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
-// line with its time) to .tmp/kube-storm-logs before the pod is deleted.
+// line with its time) to .tmp/kube-storm-logs before the pod is deleted:
+// with the node's logs (MESHAGENT_KUBE_LOGS=1), where each pod's start
+// went, container started → the agent's first line → its ready line.
 func (s *suite) keepSidecarLog(t *testing.T, pod string) {
 	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
 	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
