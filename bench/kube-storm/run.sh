@@ -13,7 +13,11 @@
 # the pods connected: time until istiod's syncz lists every pod synced, the
 # spread of those times, pods leaving Ready meanwhile. One table, ours /
 # Istio's / ratio. Istio's agent storms first; STORM_FIRST=meshagent swaps
-# the order. Root; costs the whole machine for 4-5 minutes.
+# the order. STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
+# agents, e.g. '{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}}'.
+# Pod 0 of each storm logs at debug; every sidecar's log is kept in
+# .tmp/kube-storm-logs (MESHAGENT_KUBE_LOGS=1 keeps the node's and istiod's
+# in .tmp/kube-logs). Root; costs the whole machine for about 4 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/lib.sh
@@ -21,7 +25,7 @@ require_root bench-kube-storm "the kube node: a network namespace, cgroups and m
 mkdir -p .tmp
 log=.tmp/kube-storm.log
 rc=0
-MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
+MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} STORM_PROXY_CONFIG=${STORM_PROXY_CONFIG:-} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
   ./cmd/meshagent/e2e/kube >"$log" 2>&1 || rc=$?
 # The table (the test logs it indented), and any failure.
 sed -n '/storm table/,/^[^ ]/p' "$log" | sed 's/^        //' | grep -v '^--- \|^=== \|^PASS\|^FAIL\|^ok' || true

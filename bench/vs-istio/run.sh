@@ -691,6 +691,7 @@ if vals.get(("idle-cpu-s-per-h", "istio")):
         spread("idle-cpu-s-per-h", "meshagent"), spread("idle-cpu-s-per-h", "istio"), "{:.2f}")
 row("binary size, MB", med("binary-mb", "meshagent"), med("binary-mb", "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
+                 ("start-cpu-ms", "  CPU of the agent and its Envoy at ready, ms"),
                  ("reconnect-ms", "istiod back after 2 s down → reconnected (from its start), ms"),
                  ("reconnect-after-ports-ms", "  the same, from istiod's ports open, ms")]:
     f = "istiod-" + f

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/services/certs"
 )
 
 // cliContext is one execution of the command line: its arguments, the host
@@ -25,6 +26,9 @@ type cliContext struct {
 	// tree is built (its services' configs validated), instead of running
 	// it: tests that check what a command line configures.
 	startAgent func(cfg *config.Plan) error
+	// workloadKey: the key main started generating (proxy, #36), for the
+	// certs service; nil: none.
+	workloadKey *certs.EarlyKey
 }
 
 func (cli *cliContext) commandName() string {

@@ -11,13 +11,26 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/config"
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/certs"
 )
 
 func main() {
 	if code, handled := runAsInit(); handled {
 		os.Exit(code)
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	// The workload key first (#36): an RSA key is ~80 ms of CPU on an idle
+	// core and the certificate is on the path to Ready, so it is made
+	// while the configuration is parsed, the tree built and Envoy started;
+	// the certs service takes it (Config.EarlyKey).
+	host := realHost()
+	var key *certs.EarlyKey
+	if ks, ok := config.WorkloadKey(host.Env, os.Args[1:]); ok {
+		key = certs.StartKey(ks, messages.SystemClock{})
+	}
+	os.Exit(execute(&cliContext{name: calledAs(os.Args[0]), args: os.Args[1:], host: host, workloadKey: key, stdout: os.Stdout, stderr: os.Stderr}))
 }
 
 // run executes the command line on the real host and returns the process

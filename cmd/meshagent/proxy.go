@@ -48,6 +48,9 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 			return &exitError{code: 2, err: err}
 		}
 		defer plan.Release()
+		if plan.Tree.Certs != nil {
+			plan.Tree.Certs.EarlyKey = cli.workloadKey
+		}
 		return cli.start(plan, reg, log)
 	}
 	return cmd

@@ -84,6 +84,14 @@ func (s *Service) String() string { return Name }
 // CheckInterval and re-apply drifted or flushed rules; on cancel remove the
 // rules and return ctx.Err().
 func (s *Service) Serve(ctx context.Context) error {
+	if s.cfg.Mode == Sidecar && !mayReadFirewall() {
+		// Istio's sidecar runs without CAP_NET_ADMIN (istio-init had it):
+		// every iptables-save and nft it would exec can only be refused.
+		// In a start storm those execs took 0.3-3 s of a starved pod's
+		// CPU, and readiness waits for this verdict (#36).
+		s.notVerified(fmt.Errorf("%w: the agent's effective capabilities lack it, so nothing was run", ErrPermission))
+		return suture.ErrDoNotRestart
+	}
 	if nft, err := s.useNft(ctx); err != nil || nft {
 		return s.serveNftOr(ctx, err)
 	}

@@ -317,7 +317,11 @@ func (s *Service) caRoots() (*x509.CertPool, error) {
 // requestCertificate generates a key, sends the CSR and checks the answer.
 func (s *Service) requestCertificate(ctx context.Context, client pb.IstioCertificateServiceClient) (messages.CertBundle, error) {
 	began := s.clock.Now()
-	keyPEM, csrPEM, err := newKeyAndCSR(s.cfg)
+	key, err := s.workloadKey(ctx)
+	if err != nil {
+		return messages.CertBundle{}, err
+	}
+	keyPEM, csrPEM, err := newCSR(key, s.cfg)
 	if err != nil {
 		return messages.CertBundle{}, err
 	}

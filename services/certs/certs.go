@@ -28,6 +28,9 @@ type Service struct {
 	log     *slog.Logger
 	clock   messages.Clock
 	m       metrics
+	// early: the key generated ahead of the service (Config.EarlyKey),
+	// until the first CSR takes it; touched only by Serve's goroutine.
+	early *EarlyKey
 
 	// Survive restarts; touched only by Serve's goroutine.
 	caIssued messages.CertBundle // the CA's last certificate, with its root (zero if none)
@@ -69,7 +72,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 	if out.Certs == nil {
 		return nil, errors.New("certs: Outputs.Certs is required")
 	}
-	s := &Service{cfg: cfg, anchors: in.TrustAnchors, out: out.Certs, health: rt.Health, log: rt.Log, clock: rt.Clock}
+	s := &Service{cfg: cfg, anchors: in.TrustAnchors, out: out.Certs, health: rt.Health, log: rt.Log, clock: rt.Clock, early: cfg.EarlyKey}
 	s.m = newMetrics(s.expirySeconds)
 	if err := rt.Register(s.m.all...); err != nil {
 		return nil, err

@@ -169,6 +169,10 @@ type Config struct {
 	// PKCS8Key: encode the private key as PKCS#8 (PKCS8_KEY); otherwise
 	// PKCS#1 (RSA) or SEC 1 (EC).
 	PKCS8Key bool `env:"PKCS8_KEY"`
+	// EarlyKey, when set, is a key of the settings above being generated
+	// since the process started (StartKey, #36): the first CSR uses it if
+	// it fits them. nil: the first CSR generates its key.
+	EarlyKey *EarlyKey
 	// RetryInitial, RetryMax: exponential backoff (with ±20% jitter) between
 	// failed CA calls.
 	RetryInitial time.Duration

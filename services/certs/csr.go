@@ -3,7 +3,6 @@ package certs
 import (
 	"crypto"
 	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -12,13 +11,9 @@ import (
 	"net/url"
 )
 
-// newKeyAndCSR generates the workload key and a CSR for the SPIFFE ID. The
+// newCSR encodes the workload key and makes a CSR for the SPIFFE ID. The
 // CSR carries the ID as its only URI SAN, as Istio's CA requires.
-func newKeyAndCSR(cfg Config) (keyPEM, csrPEM []byte, err error) {
-	key, err := generateKey(cfg.KeyAlgorithm, cfg.RSAKeySize, cfg.ECCCurve)
-	if err != nil {
-		return nil, nil, err
-	}
+func newCSR(key crypto.Signer, cfg Config) (keyPEM, csrPEM []byte, err error) {
 	keyPEM, err = encodeKey(key, cfg.PKCS8Key)
 	if err != nil {
 		return nil, nil, err
@@ -37,11 +32,7 @@ func newKeyAndCSR(cfg Config) (keyPEM, csrPEM []byte, err error) {
 func generateKey(alg KeyAlgorithm, rsaBits int, curve string) (crypto.Signer, error) {
 	switch alg {
 	case ECDSA:
-		c := elliptic.P256()
-		if curve == "P384" {
-			c = elliptic.P384()
-		}
-		return ecdsa.GenerateKey(c, rand.Reader)
+		return ecdsa.GenerateKey(curveOf(curve), rand.Reader)
 	case RSA:
 		return rsa.GenerateKey(rand.Reader, rsaBits)
 	}

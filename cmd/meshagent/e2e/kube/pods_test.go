@@ -32,6 +32,7 @@ type podSpec struct {
 	native                    bool
 	proxyConfig               string // JSON for proxy.istio.io/config, or ""
 	proxyCPU                  string // sidecar.istio.io/proxyCPU (the sidecar's CPU request), or "" for the injector's 100m
+	agentLogLevel             string // sidecar.istio.io/agentLogLevel (the agent's --log_output_level), or ""
 	appDrain                  time.Duration
 	drainGet                  string   // a URL the app GETs while it drains, or ""
 	command                   []string // the app's command instead of kubeapp serve (then no readiness probe), or nil
@@ -59,6 +60,9 @@ func (p podSpec) template(n *node) map[string]any {
 	}
 	if p.proxyCPU != "" {
 		annotations["sidecar.istio.io/proxyCPU"] = p.proxyCPU
+	}
+	if p.agentLogLevel != "" {
+		annotations["sidecar.istio.io/agentLogLevel"] = p.agentLogLevel
 	}
 	app := map[string]any{
 		"name": "app", "image": appImage, "imagePullPolicy": "IfNotPresent",

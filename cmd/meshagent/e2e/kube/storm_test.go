@@ -59,9 +59,17 @@ func TestKubeStorm(t *testing.T) {
 	// One pod of each agent first, not measured: the first storm would
 	// otherwise also pay for a cold istiod (its first pushes, CSRs and
 	// TokenReviews) and node, which the second finds warm.
+	// STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
+	// agents, as the proxy.istio.io/config annotation: with
+	// {"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}} both agents
+	// make ECDSA keys (Istio's agent reads the same variable, #36).
+	proxyConfig := os.Getenv("STORM_PROXY_CONFIG")
+	if proxyConfig != "" && !json.Valid([]byte(proxyConfig)) {
+		t.Fatalf("STORM_PROXY_CONFIG=%q: want a ProxyConfig as JSON", proxyConfig)
+	}
 	for _, a := range agents {
 		s.n.pull(t, a.image)
-		warm := podSpec{name: "warm-up-" + a.name, app: "warm-up", serviceAccount: "sa-" + a.name, proxyImage: a.image, native: true, proxyCPU: "10m"}
+		warm := podSpec{name: "warm-up-" + a.name, app: "warm-up", serviceAccount: "sa-" + a.name, proxyImage: a.image, native: true, proxyCPU: "10m", proxyConfig: proxyConfig}
 		if _, err := s.n.createReady(t, warm, 3*time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +79,7 @@ func TestKubeStorm(t *testing.T) {
 	}
 	got := map[string]*stormResult{}
 	for _, a := range agents {
-		got[a.name] = s.storm(t, a, pods)
+		got[a.name] = s.storm(t, a, pods, proxyConfig)
 	}
 	printStormTable(t, pods, got["meshagent"], got["istio"])
 }
@@ -82,6 +90,7 @@ type stormResult struct {
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	workingSet      float64         // sum of the istio-proxy containers', bytes
+	cpu             float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
 	gone            time.Duration   // delete → all gone
 	restarts        int             // of any container of the pods
 	timeouts        []string        // certificate or xDS timeouts in the sidecars' logs, at start
@@ -93,7 +102,7 @@ type stormResult struct {
 
 // storm creates the pods of one agent at once, measures them, restarts
 // istiod under them, and deletes them.
-func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
+func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stormResult {
 	n := s.n
 	r := &stormResult{}
 	label := "storm-" + a.name
@@ -106,8 +115,15 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 		// cores would schedule 20 pods at most. 10m lets 30 and more in;
 		// a request only weighs the container's CPU shares, the same for
 		// both agents.
-		manifests = append(manifests, podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
-			proxyImage: a.image, native: true, proxyCPU: "10m"}.manifest(n))
+		p := podSpec{name: fmt.Sprintf("%s-%d", label, i), app: label, serviceAccount: "sa-" + a.name,
+			proxyImage: a.image, native: true, proxyCPU: "10m", proxyConfig: proxyConfig}
+		if i == 0 {
+			// One pod of each agent logs at debug, with the kubelet's
+			// timestamps: where its start's time goes, step by step
+			// (keepSidecarLog keeps every pod's log).
+			p.agentLogLevel = "default:debug"
+		}
+		manifests = append(manifests, p.manifest(n))
 	}
 	// The image on the node first, as for a scale-up on a node that runs
 	// it already: the storm measures the pods, not the pull.
@@ -131,7 +147,7 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
 	// (every 10-15 s): let a round pass with every pod up.
 	time.Sleep(20 * time.Second)
-	r.workingSet = s.workingSetSum(t)
+	r.workingSet, r.cpu = s.resourceSums(t)
 
 	// The reconnect storm: istiod away with every pod connected.
 	w.markReadyBaseline()
@@ -170,6 +186,9 @@ func (s *suite) storm(t *testing.T, a agent, pods int) *stormResult {
 		}
 	}
 	r.restarts = s.restarts(t, label)
+	for i := range pods {
+		s.keepSidecarLog(t, fmt.Sprintf("%s-%d", label, i))
+	}
 
 	start = time.Now()
 	n.mustKubectl(t, "", "-n", testNS, "delete", "pods", "-l", "app="+label, "--wait=false")
@@ -330,17 +349,22 @@ func (s *suite) csrCounts(t *testing.T) (csrs, failed float64) {
 	return testkit.MetricValue(t, m, "citadel_server_csr_count"), failed
 }
 
-// workingSetSum is the sum of the istio-proxy containers' working sets in
-// the test namespace, from the kubelet's resource metrics (what `kubectl
-// top` and the eviction manager read).
-func (s *suite) workingSetSum(t *testing.T) float64 {
+// resourceSums are the sums of the istio-proxy containers' working sets
+// (bytes) and CPU (seconds since each started: the agent's and the
+// stand-in Envoy's start, then idle) in the test namespace, from the
+// kubelet's resource metrics (what `kubectl top` and the eviction manager
+// read).
+func (s *suite) resourceSums(t *testing.T) (workingSet, cpu float64) {
 	out := s.n.mustKubectl(t, "", "get", "--raw", "/api/v1/nodes/kubenode/proxy/metrics/resource")
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(out))
 	if err != nil {
 		t.Fatalf("the kubelet's resource metrics: %v", err)
 	}
-	return testkit.MetricValue(t, testkit.Families(fams), "container_memory_working_set_bytes", "namespace", testNS, "container", "istio-proxy")
+	sum := func(name string) float64 {
+		return testkit.MetricValue(t, testkit.Families(fams), name, "namespace", testNS, "container", "istio-proxy")
+	}
+	return sum("container_memory_working_set_bytes"), sum("container_cpu_usage_seconds_total")
 }
 
 // waitSynced polls istiod's syncz until every pod of the label is listed
@@ -402,6 +426,28 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 	return hits
 }
 
+// keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
+// line with its time) to .tmp/kube-storm-logs before the pod is deleted:
+// with the node's logs (MESHAGENT_KUBE_LOGS=1), where each pod's start
+// went, container started → the agent's first line → its ready line.
+func (s *suite) keepSidecarLog(t *testing.T, pod string) {
+	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
+	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Log(err)
+		return
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), data, 0o644)
+		}
+		if err != nil {
+			t.Log(err)
+		}
+	}
+}
+
 // restarts sums the restart counts of every container of the label's pods.
 func (s *suite) restarts(t *testing.T, label string) int {
 	out := s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o",
@@ -447,6 +493,7 @@ func printStormTable(t *testing.T, pods int, ours, istio *stormResult) {
 		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
 		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
 		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
 		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
 		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
