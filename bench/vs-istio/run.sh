@@ -22,7 +22,8 @@
 #     as the kubelet sends it, to the stand-in Envoy's 15021 listener
 #     (ENVOY_STATUS_PORT), which forwards it to the agent over a pooled
 #     connection as Envoy does, and the scrape with Prometheus 3's headers:
-#     Accept preferring OpenMetrics, gzip, the scrape timeout; #36); then each
+#     Accept preferring OpenMetrics, gzip, the scrape timeout; the probe
+#     order turned every second; #36); then each
 #     cgroup's working set as the kubelet computes it
 #     (memory.usage_in_bytes − total_inactive_file), its anon (total_rss)
 #     and page cache (total_cache), the agent process's
@@ -265,8 +266,9 @@ idle_window() {
 	for ((s = 0; s < secs; s++)); do
 		# The order turns every second: the agent probed first after the
 		# sleep pays for waking the idle machine (~100 µs a probe more
-		# than the second one, measured with two copies of one server,
-		# #36), and meshagent was always first.
+		# than the second one: two Go HTTP servers that differ only in
+		# their timeouts, each first in turn, #36), and meshagent was
+		# always first.
 		for v in $(rotate "$s"); do
 			curl -s -o /dev/null "http://127.0.0.1:${probe_port[$v]}/healthz/ready" || true
 			if [ $((s % 15)) -eq 1 ]; then curl -s -o /dev/null "$@" "http://127.0.0.1:${port_of[$v]}/stats/prometheus" || true; fi
