@@ -216,6 +216,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		"ISTIO_SVC_IP":                 "the VM's INSTANCE_IP: none",
 		"PILOT_ADDRESS":                "istiod's address on a VM: none",
 		"ISTIO_PILOT_PORT":             "istiod's port on a VM: none",
+		"GODEBUG":                      "read by Go's runtime; its default is the binary's //go:debug (TestUpdateMaxProcsOff)",
 		"GOMEMLIMIT":                   "read by Go's runtime; set, no AUTOMEMLIMIT",
 		"NOTIFY_SOCKET":                "read by go-systemd",
 		"WATCHDOG_USEC":                "read by go-systemd",

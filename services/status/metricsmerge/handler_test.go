@@ -78,3 +78,42 @@ shop_orders_created{kind="book"} 1700000000
 		}
 	}
 }
+
+// Text sources are answered in text even when the caller prefers
+// OpenMetrics, as Istio's agent answers, as long as it accepts text:
+// Prometheus does, and OpenMetrics would add nothing to text sources but
+// the cost of parsing Envoy's every line (#36). A caller that accepts only
+// OpenMetrics still gets it.
+func TestTextSourcesAnsweredInText(t *testing.T) {
+	envoyBody := "# TYPE envoy_server_live gauge\nenvoy_server_live 1\n"
+	envoy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = io.WriteString(w, envoyBody)
+	}))
+	t.Cleanup(envoy.Close)
+	port, _ := strconv.Atoi(envoy.URL[strings.LastIndex(envoy.URL, ":")+1:])
+	var mm messages.Metrics
+	h := New(Config{EnvoyPort: port}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), &mm)
+	defer h.CloseIdleConnections()
+	answer := func(accept string) (expfmt.FormatType, string) {
+		req := httptest.NewRequest(http.MethodGet, "/stats/prometheus", nil)
+		req.Header.Set("Accept", accept)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("Accept %q: answer %d", accept, rec.Code)
+		}
+		return expfmt.Format(rec.Header().Get("Content-Type")).FormatType(), rec.Body.String()
+	}
+	// Prometheus 3's default Accept.
+	prometheus3 := "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4," +
+		"text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+	for _, accept := range []string{prometheus3, "application/openmetrics-text;version=1.0.0,*/*;q=0.1"} {
+		if ft, body := answer(accept); ft != expfmt.TypeTextPlain || body != envoyBody {
+			t.Errorf("Accept %q: %v answer %q, want Envoy's text as it came", accept, ft, body)
+		}
+	}
+	if ft, body := answer("application/openmetrics-text;version=1.0.0"); ft != expfmt.TypeOpenMetrics || !strings.HasSuffix(body, "# EOF\n") {
+		t.Errorf("an OpenMetrics-only caller got %v:\n%s", ft, body)
+	}
+}
