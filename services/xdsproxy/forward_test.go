@@ -54,6 +54,12 @@ func TestForwardsBothWays(t *testing.T) {
 		if got := p.metric(t, "xds_proxy_requests"); got < 4 {
 			t.Errorf("xds_proxy_requests = %v, want >= 4", got)
 		}
+		// Istio's gauge of the largest request Envoy sent: the first,
+		// with the node, is tens of bytes at least; a largest, not a sum
+		// of the requests.
+		if got := p.metric(t, "pilot_xds_recv_max"); got < 20 || got > maxRequestSize {
+			t.Errorf("pilot_xds_recv_max = %v, want the largest request's size", got)
+		}
 		if got := c.State().Streams; got != 1 {
 			t.Errorf("client opened %d streams, want 1", got)
 		}

@@ -1,7 +1,11 @@
 package xdsproxy
 
 import (
+	"context"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/stats"
 
 	"github.com/meshagent/meshagent/messages"
 	"github.com/meshagent/meshagent/services/xdsproxy/protocol"
@@ -25,6 +29,7 @@ type metrics struct {
 	stalls       prometheus.Counter
 	cacheWrites  *prometheus.CounterVec // result: ok | error | too_large
 	nacks        *prometheus.CounterVec // type_url
+	recvMax      prometheus.Gauge
 
 	all []prometheus.Collector // every one above, to register
 }
@@ -64,6 +69,9 @@ func newMetrics() *metrics {
 			"Writes of the last-known-good configuration file, by result.", "result"),
 		nacks: mm.CounterVec("xds_proxy_nacks_total",
 			"Responses Envoy rejected (NACK), by type URL (issue 22).", "type_url"),
+		// Istio's name and help (pkg/xds/monitoring.go), exported by its
+		// agent as istio_agent_pilot_xds_recv_max.
+		recvMax: mm.Gauge("pilot_xds_recv_max", "The maximum size request we have received so far."),
 	}
 	m.all = mm.Collectors()
 	return m
@@ -81,3 +89,36 @@ func typeLabel(typeURL string) string {
 	}
 	return "other"
 }
+
+// recvMaxHandler is a gRPC stats handler of the XDS socket's server that
+// keeps pilot_xds_recv_max, the largest request Envoy has sent, as Istio's
+// agent's server does (pilot/pkg/grpc's statsHandler): the figure to watch
+// against the bound on a request (maxRequestSize).
+type recvMaxHandler struct {
+	max   atomic.Int64
+	gauge prometheus.Gauge
+}
+
+func (h *recvMaxHandler) HandleRPC(_ context.Context, s stats.RPCStats) {
+	in, ok := s.(*stats.InPayload)
+	if !ok {
+		return
+	}
+	n := int64(in.Length)
+	for {
+		cur := h.max.Load()
+		if n <= cur {
+			return
+		}
+		if h.max.CompareAndSwap(cur, n) {
+			h.gauge.Set(float64(n))
+			return
+		}
+	}
+}
+
+func (h *recvMaxHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (h *recvMaxHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (h *recvMaxHandler) HandleConn(context.Context, stats.ConnStats) {}

@@ -274,6 +274,7 @@ func (s *Service) serverOptions() []grpc.ServerOption {
 		// policy): a stricter one would close Envoy's connection with a
 		// GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.cfg.KeepaliveInterval / 2, PermitWithoutStream: true}),
+		grpc.StatsHandler(&recvMaxHandler{gauge: s.m.recvMax}),
 	}
 }
 
