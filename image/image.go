@@ -1,10 +1,12 @@
 // Package image builds the sidecar image a user runs: meshagent layered onto
 // Istio's own proxyv2 image, pulled from the user's registry, without a
 // container daemon (#32). The base keeps everything it has (Istio's Envoy,
-// user, entrypoint, environment, labels); one layer is appended that puts
+// user, command, environment, labels); one layer is appended that puts
 // meshagent at /usr/local/bin/pilot-agent, where Istio's injector, hooks and
 // tools find Istio's agent, with its init beside it; labels name both
-// versions.
+// versions. The entrypoint alone changes (#36): Istio's, the agent, becomes
+// meshagent-init in front of the agent, so that a pod starts the agent's
+// large binary once (layer.go, entrypoint).
 //
 // A base is checked before anything is written: it must be an image (or an
 // index of images) with proxyv2's shape and every platform asked for, and
@@ -159,10 +161,11 @@ func Build(ctx context.Context, o Options) (Result, error) {
 		if err := checkShape(base, o.Base, pl, p); err != nil {
 			return Result{}, err
 		}
-		if built[pl], err = o.layer(base, bins[pl], b); err != nil {
+		var entry string
+		if built[pl], entry, err = o.layer(base, bins[pl], b); err != nil {
 			return Result{}, fmt.Errorf("%s: %w", pl, err)
 		}
-		p.stepf("%s: meshagent layered onto %s (%s)", pl, o.Base, bins[pl].Agent)
+		p.stepf("%s: meshagent layered onto %s (%s); %s", pl, o.Base, bins[pl].Agent, entry)
 	}
 	result, err := assemble(b, platforms, built)
 	if err != nil {

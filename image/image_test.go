@@ -126,6 +126,7 @@ func proxyv2(t *testing.T, arch string, files map[string]string, extra ...v1.Lay
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", arch
 	cf.Config.Entrypoint = []string{AgentPath}
+	cf.Config.Cmd = []string{"proxy", "sidecar"} // Istio's has none; a base's command must stay
 	cf.Config.WorkingDir = "/"
 	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin", "ISTIO_META_ISTIO_PROXY_SHA=abc123"}
 	cf.Config.Labels = map[string]string{"vendor": "istio"}
@@ -210,7 +211,7 @@ func TestLayersMeshagentOntoProxyv2(t *testing.T) {
 			if head.Digest != res.Digest {
 				t.Fatalf("digest %s, the registry has %s", res.Digest, head.Digest)
 			}
-			for _, want := range []string{"layer 1/2", "has proxyv2's shape", "meshagent layered onto", "pushing " + dest} {
+			for _, want := range []string{"layer 1/2", "has proxyv2's shape", "meshagent layered onto", "behind its init", "pushing " + dest} {
 				if !strings.Contains(progress, want) {
 					t.Errorf("progress lacks %q:\n%s", want, progress)
 				}
@@ -233,7 +234,8 @@ func TestLayersMeshagentOntoProxyv2(t *testing.T) {
 }
 
 // checkLayered: got is was with one layer (bin's agent and init, the
-// meshagent name) and labels added, its Envoy and config otherwise kept.
+// meshagent name) and labels added, the init in front of the agent as
+// entrypoint, its Envoy and config otherwise kept.
 func checkLayered(t *testing.T, pl string, was, got v1.Image, bin Binaries, baseLabel, istioVersion string) {
 	t.Helper()
 	wasLayers, _ := was.Layers()
@@ -281,10 +283,20 @@ func checkLayered(t *testing.T, pl string, was, got v1.Image, bin Binaries, base
 	if !strings.HasPrefix(gotCF.Config.Labels[LabelBase], baseLabel+"sha256:") {
 		t.Errorf("%s: label %s=%q, want the base with its digest", pl, LabelBase, gotCF.Config.Labels[LabelBase])
 	}
+	// Istio's entrypoint becomes the init in front of the agent (#36); the
+	// base's command and the rest stay.
+	if !slices.Equal(wasCF.Config.Entrypoint, []string{AgentPath}) {
+		t.Fatalf("%s: the base's entrypoint is %q, not Istio's", pl, wasCF.Config.Entrypoint)
+	}
+	want := []string{"/usr/local/bin/meshagent-init", "/usr/local/bin/pilot-agent", "pilot-agent"}
+	if !slices.Equal(gotCF.Config.Entrypoint, want) {
+		t.Errorf("%s: entrypoint %q, want %q", pl, gotCF.Config.Entrypoint, want)
+	}
 	a, b := wasCF.Config, gotCF.Config
 	a.Labels, b.Labels = nil, nil
+	a.Entrypoint, b.Entrypoint = nil, nil
 	if fmt.Sprint(a) != fmt.Sprint(b) || wasCF.OS != gotCF.OS || wasCF.Architecture != gotCF.Architecture {
-		t.Errorf("%s: config changed beyond labels:\n%+v\nwas\n%+v", pl, b, a)
+		t.Errorf("%s: config changed beyond labels and entrypoint:\n%+v\nwas\n%+v", pl, b, a)
 	}
 }
 
@@ -429,5 +441,40 @@ func TestInsecureRegistryByName(t *testing.T) {
 	o.Insecure = true
 	if _, progress, err := build(t, o); err != nil {
 		t.Fatalf("with Insecure: %v\n%s", err, progress)
+	}
+}
+
+// A base whose entrypoint is not Istio's (its own wrapper around
+// pilot-agent) keeps it, and the progress says so: the init in front would
+// bypass the wrapper (#36).
+func TestForeignEntrypointKept(t *testing.T) {
+	dir := t.TempDir()
+	base := proxyv2(t, "amd64", baseFiles("amd64"))
+	cf, err := base.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.Config.Entrypoint = []string{"/usr/local/bin/wrapper.sh", "pilot-agent"}
+	base = must(mutate.ConfigFile(base, cf))
+	baseTar := filepath.Join(dir, "base.tar")
+	if err := tarball.WriteToFile(baseTar, must(name.NewTag("localhost/proxyv2-wrapped:base")), base); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out.tar")
+	_, progress, err := build(t, Options{Base: baseTar, Output: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress)
+	}
+	got, err := tarball.ImageFromPath(out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotCF := must(got.ConfigFile())
+	if !slices.Equal(gotCF.Config.Entrypoint, cf.Config.Entrypoint) || !slices.Equal(gotCF.Config.Cmd, cf.Config.Cmd) {
+		t.Errorf("entrypoint %q cmd %q, want the base's %q %q", gotCF.Config.Entrypoint, gotCF.Config.Cmd, cf.Config.Entrypoint, cf.Config.Cmd)
+	}
+	if !strings.Contains(progress, `entrypoint ["/usr/local/bin/wrapper.sh" "pilot-agent"] kept: not Istio's`) {
+		t.Errorf("progress does not say the entrypoint was kept:\n%s", progress)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,13 +24,14 @@ import (
 // layer digest.
 var epoch = time.Unix(0, 0).UTC()
 
-// layer is base with meshagent's layer on top and the labels added; nothing
-// else of the base's config changes. The layer is hashed here, before any
-// push.
-func (o Options) layer(base v1.Image, bin Binaries, b *base) (v1.Image, error) {
+// layer is base with meshagent's layer on top, the labels added and the
+// entrypoint as entrypoint says; nothing else of the base's config changes.
+// The layer is hashed here, before any push. entry says what became of the
+// entrypoint, for the progress.
+func (o Options) layer(base v1.Image, bin Binaries, b *base) (img v1.Image, entry string, err error) {
 	mt, err := base.MediaType()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	layerType := types.DockerLayer
 	if mt == types.OCIManifestSchema1 {
@@ -38,33 +40,54 @@ func (o Options) layer(base v1.Image, bin Binaries, b *base) (v1.Image, error) {
 	l, err := tarball.LayerFromOpener(agentTar(bin), tarball.WithMediaType(layerType),
 		tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithCompressedCaching)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	img, err := mutate.Append(base, mutate.Addendum{Layer: l, History: v1.History{
+	img, err = mutate.Append(base, mutate.Addendum{Layer: l, History: v1.History{
 		Created:   v1.Time{Time: epoch},
 		CreatedBy: "meshagent image: meshagent " + o.Version + " as " + AgentPath + ", " + InitName + " beside it",
 		Comment:   "meshagent (#32)",
 	}})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cf = cf.DeepCopy()
 	if cf.Config.Labels == nil {
 		cf.Config.Labels = map[string]string{}
 	}
 	maps.Copy(cf.Config.Labels, o.labels(cf, b))
+	cf.Config.Entrypoint, entry = entrypoint(cf.Config.Entrypoint)
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if _, err := img.Digest(); err != nil { // reads and compresses the layer now
-		return nil, err
+		return nil, "", err
 	}
-	return img, nil
+	return img, entry, nil
+}
+
+// entrypoint is the result's ENTRYPOINT (#36). Istio's ([AgentPath]) becomes
+// meshagent-init in front of the agent (AgentEntrypoint), so that a pod
+// starts the agent's large binary once: with the agent as PID 1, it
+// replaced itself with its init, which started it again, and its runtime
+// and package initialisation ran twice, tenths of a second of CPU in a
+// start storm's starved containers. The base's Cmd stays (Istio's injector
+// sets only args: proxy sidecar, which the kubelet appends).
+//
+// Any other entrypoint (a base that wraps pilot-agent in its own script) is
+// kept, not refused: the image works as before, the agent as PID 1 running
+// its init itself, only without the saving; putting the init in front
+// would bypass the wrapper.
+func entrypoint(base []string) (ep []string, what string) {
+	if slices.Equal(base, []string{AgentPath}) {
+		return slices.Clone(AgentEntrypoint), fmt.Sprintf("entrypoint %q (the agent once per start, behind its init)", AgentEntrypoint)
+	}
+	return base, fmt.Sprintf("entrypoint %q kept: not Istio's [%s], so %s is not put in front of it (the agent, as PID 1, still runs its init itself)",
+		base, AgentPath, InitName)
 }
 
 // labels are what the result says of itself: meshagent's version, the

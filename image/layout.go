@@ -5,7 +5,7 @@ package image
 // injection-template.yaml), which an injected pod and Istio's tools rely on
 // by path (#20). hack/mkimage lays out the stand-in base with the same names.
 const (
-	// AgentPath is the ENTRYPOINT; the injector's hooks exec "pilot-agent
+	// AgentPath is Istio's ENTRYPOINT (ours: AgentEntrypoint); the injector's hooks exec "pilot-agent
 	// wait" and "pilot-agent request ... POST drain" by name through PATH,
 	// and its istio-init container runs "pilot-agent istio-iptables".
 	AgentPath = "/usr/local/bin/pilot-agent"
@@ -22,6 +22,13 @@ const (
 	// (ISTIO_BOOTSTRAP, --templateFile) and otherwise has it built in.
 	TemplatePath = "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 )
+
+// AgentEntrypoint is the result's ENTRYPOINT where the base's is Istio's
+// [AgentPath] (#36): the init, given the agent's path and the name it is
+// called by (meshagent-init AGENT ARGV0 [ARG...]); the kubelet appends the
+// container's args (Istio's injector: proxy sidecar, proxy router,
+// istio-iptables).
+var AgentEntrypoint = []string{InitPath, AgentPath, "pilot-agent"}
 
 // InitName is the init's file name, looked for beside each agent binary, as
 // the agent itself looks for it beside itself (cmd/meshagent/reaper.go).

@@ -22,9 +22,11 @@ func newImageCommand(cli *cliContext) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image --base REF (--push REF | -o FILE) [--platform OS/ARCH,...] [--agent OS/ARCH=PATH]...",
 		Short: "Builds the sidecar image: meshagent layered onto Istio's proxyv2, pushed or written (no container daemon)",
-		Long: `Builds the sidecar image: Istio's own proxyv2 image (its Envoy, user, entrypoint,
+		Long: `Builds the sidecar image: Istio's own proxyv2 image (its Envoy, user, command,
 environment and labels kept) with one layer added that installs this meshagent as
-/usr/local/bin/pilot-agent and its init (meshagent-init) beside it.
+/usr/local/bin/pilot-agent and its init (meshagent-init) beside it. Istio's entrypoint
+(/usr/local/bin/pilot-agent) becomes the init in front of the agent, so that a pod
+starts the agent once; a base with another entrypoint keeps it.
 
 The base is pulled with the credentials docker's config.json holds (docker login),
 or read from a docker-archive tarball (--base tarball:PATH, or an existing file) or

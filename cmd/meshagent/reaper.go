@@ -24,7 +24,10 @@ const leanInit = "meshagent-init"
 //
 // That init is meshagent-init when it is installed beside the agent: PID 1
 // replaces itself with it, so that the agent's large binary does not stay
-// resident twice (#24). Without it, this process is the init.
+// resident twice (#24). Without it, this process is the init. The image
+// `meshagent image` builds starts meshagent-init itself, in front of the
+// agent (#36), so that the agent's binary is started once; this path is for
+// the agent started as PID 1 all the same (a pod that overrides command:).
 //
 // It returns false when the process is not PID 1 and the caller should run
 // the agent itself.

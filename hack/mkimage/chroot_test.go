@@ -50,6 +50,13 @@ func TestImageRunsInItsRoot(t *testing.T) {
 
 	contains("pilot-agent --help", must("", "/usr/local/bin/pilot-agent", "--help"), "\n  pilot-agent [command]", "istio-iptables", "wait", "request")
 	contains("meshagent --help", must("", "/usr/local/bin/meshagent", "--help"), "\n  meshagent [command]")
+	// The entrypoint as the kubelet runs it, the container's args appended:
+	// meshagent-init, not PID 1 here, replaces itself with the agent (#36).
+	cf, err := load(t, o).ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	contains("the entrypoint with --help", must("", append(cf.Config.Entrypoint, "--help")...), "\n  pilot-agent [command]")
 	contains("pilot-agent istio-iptables --help", must("", "pilot-agent", "istio-iptables", "--help"), "pilot-agent istio-iptables")
 	contains("pilot-agent wait --help", must("", "pilot-agent", "wait", "--help"), "pilot-agent wait")
 	contains("pilot-agent request --help", must("", "pilot-agent", "request", "--help"), "pilot-agent request")

@@ -113,18 +113,27 @@ func TestPrintsThePathLast(t *testing.T) {
 	}
 }
 
-// The image config is proxyv2's: ENTRYPOINT pilot-agent, WORKDIR /, plus
-// USER istio-proxy, the labels and the environment asked for.
+// The image config is proxyv2's: ENTRYPOINT pilot-agent (behind
+// meshagent-init once meshagent is layered on, #36), WORKDIR /, plus USER
+// istio-proxy, the labels and the environment asked for.
 func TestImageConfig(t *testing.T) {
 	o := builtImage(t)
+	baseCF, err := load(t, built.base).ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := baseCF.Config; !slices.Equal(c.Entrypoint, []string{"/usr/local/bin/pilot-agent"}) || len(c.Cmd) != 0 {
+		t.Errorf("the base's entrypoint %q cmd %q, want [/usr/local/bin/pilot-agent] and no cmd", c.Entrypoint, c.Cmd)
+	}
 	img := load(t, o)
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := cf.Config
-	if !slices.Equal(c.Entrypoint, []string{"/usr/local/bin/pilot-agent"}) || len(c.Cmd) != 0 {
-		t.Errorf("entrypoint %q cmd %q, want [/usr/local/bin/pilot-agent] and no cmd", c.Entrypoint, c.Cmd)
+	want := []string{"/usr/local/bin/meshagent-init", "/usr/local/bin/pilot-agent", "pilot-agent"}
+	if !slices.Equal(c.Entrypoint, want) || len(c.Cmd) != 0 {
+		t.Errorf("entrypoint %q cmd %q, want %q and no cmd", c.Entrypoint, c.Cmd, want)
 	}
 	if c.User != "1337:1337" || c.WorkingDir != "/" {
 		t.Errorf("user %q workdir %q, want 1337:1337 and /", c.User, c.WorkingDir)

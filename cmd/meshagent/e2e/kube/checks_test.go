@@ -48,6 +48,9 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 	s.check(t, a, mode, "pulled-from-registry", func(t *testing.T) error { return s.pulled(t, podA.name, a) })
 	s.check(t, a, mode, "certificate", func(t *testing.T) error { return s.certificate(t, podA.name, podA.serviceAccount) })
 	s.check(t, a, mode, "syncz", func(t *testing.T) error { return s.syncz(t, podA.name) })
+	if !a.oracle { // Istio's image: pilot-agent is the entrypoint, PID 1
+		s.check(t, a, mode, "process-tree", func(t *testing.T) error { return s.processTree(t, podA.name) })
+	}
 	s.check(t, a, mode, "pilot-agent-commands", func(t *testing.T) error { return s.agentCommands(t, podA.name) })
 	if s.full {
 		if _, err := s.injectedReady(t, podB, native); err != nil {

@@ -10,10 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/image"
 )
 
 // redirected sums the packet counters of a NAT chain in a pod's network
@@ -162,6 +165,72 @@ func (s *suite) containerPIDs(t *testing.T, pod, container string) ([]int, error
 		}
 	}
 	return pids, nil
+}
+
+// containerProc is a process of a container as the node sees it.
+type containerProc struct {
+	pid, ppid int
+	comm      string
+	argv      []string
+}
+
+// containerProcs are a container's processes: pid, parent, name, argv.
+func (s *suite) containerProcs(t *testing.T, pod, container string) ([]containerProc, error) {
+	pids, err := s.containerPIDs(t, pod, container)
+	if err != nil {
+		return nil, err
+	}
+	var procs []containerProc
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
+		fields := strings.Fields(string(stat[closing+1:]))
+		if open < 0 || closing < open || len(fields) < 2 {
+			return nil, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+		}
+		ppid, _ := strconv.Atoi(fields[1])
+		procs = append(procs, containerProc{pid: pid, ppid: ppid, comm: string(stat[open+1 : closing]),
+			argv: strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")})
+	}
+	return procs, nil
+}
+
+// processTree checks the istio-proxy container's processes as our image's
+// entrypoint makes them (#36): its first process is meshagent-init, started
+// by the runtime with the agent's path and name and the injector's args
+// (proxy sidecar ...), not by the agent replacing itself with it; the agent
+// is its one child, started once, as pilot-agent; Envoy is the agent's.
+func (s *suite) processTree(t *testing.T, pod string) error {
+	procs, err := s.containerProcs(t, pod, "istio-proxy")
+	if err != nil {
+		return err
+	}
+	byName := map[string][]containerProc{}
+	for _, p := range procs {
+		byName[p.comm] = append(byName[p.comm], p)
+	}
+	describe := fmt.Sprintf("%+v", procs)
+	if len(byName[image.InitName]) != 1 || len(byName["pilot-agent"]) != 1 || len(byName["envoy"]) != 1 {
+		return fmt.Errorf("want one %s, one pilot-agent and one envoy in istio-proxy: %s", image.InitName, describe)
+	}
+	init, agent, envoy := byName[image.InitName][0], byName["pilot-agent"][0], byName["envoy"][0]
+	want := append(slices.Clone(image.AgentEntrypoint), "proxy", "sidecar")
+	if len(init.argv) < len(want) || !slices.Equal(init.argv[:len(want)], want) {
+		return fmt.Errorf("%s's argv %q, want the image's entrypoint and the injector's args %q...", image.InitName, init.argv, want)
+	}
+	if agent.ppid != init.pid || envoy.ppid != agent.pid {
+		return fmt.Errorf("want %s → pilot-agent → envoy: %s", image.InitName, describe)
+	}
+	if !slices.Equal(agent.argv, init.argv[2:]) {
+		return fmt.Errorf("the agent's argv %q, want %q (its name, the container's args)", agent.argv, init.argv[2:])
+	}
+	t.Logf("istio-proxy's processes: %s %d → pilot-agent %d → envoy %d", image.InitName, init.pid, agent.pid, envoy.pid)
+	return nil
 }
 
 func (s *suite) containerPID(t *testing.T, pod, container string) (int, error) {
