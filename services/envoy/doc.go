@@ -16,7 +16,7 @@
 // With Config.HotRestart (opt-in, #25) a Serve call also watches what Envoy
 // is started from and applies a change by an Envoy hot restart: the next
 // epoch starts beside the running one and takes its listening sockets over
-// (hotrestart.go, epochs.go). A crash still ends the Serve call, and the
+// (hotrestart.go, epochs.go, overlap.go). A crash still ends the Serve call, and the
 // next one starts Envoy cold, as epoch 0.
 //
 // Before the first start the Service writes Envoy's bootstrap from

@@ -45,7 +45,7 @@ import (
 const DefaultParentShutdownDuration = time.Minute
 
 // DefaultTakeOverTimeout bounds how long a new epoch may start beside the
-// old one before it is killed as a failed epoch (epochs.go, nextOverdue).
+// old one before it is killed as a failed epoch (overlap.go, nextOverdue).
 // Envoy has no such bound, and with Istio's initial_fetch_timeout of 0 an
 // epoch waiting on configuration or a secret that never comes waits for
 // ever; a minute is Istio's old parent shutdown time, the most two epochs

@@ -190,7 +190,7 @@ func (r *run) loop(ctx context.Context) error {
 		case <-r.child.done:
 			if r.hot.next != nil {
 				// The old epoch died while the new one starts: the new
-				// one carries on alone (epochs.go).
+				// one carries on alone (overlap.go).
 				r.oldExitedFirst(ctx)
 				continue
 			}
