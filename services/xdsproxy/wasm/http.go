@@ -97,12 +97,9 @@ func retryable(code int) bool {
 
 // readBounded reads r to its end, failing past max bytes.
 func readBounded(r io.Reader, max int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	b, err := io.ReadAll(newBoundedReader(r, max, "the module"))
 	if err != nil {
 		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, max)
 	}
 	return b, nil
 }
