@@ -21,16 +21,7 @@ func main() {
 	if code, handled := runAsInit(); handled {
 		os.Exit(code)
 	}
-	// The workload key first (#36): an RSA key is ~80 ms of CPU on an idle
-	// core and the certificate is on the path to Ready, so it is made
-	// while the configuration is parsed, the tree built and Envoy started;
-	// the certs service takes it (Config.EarlyKey).
-	host := realHost()
-	var key *certs.EarlyKey
-	if ks, ok := config.WorkloadKey(host.Env, os.Args[1:]); ok {
-		key = certs.StartKey(ks, messages.SystemClock{})
-	}
-	os.Exit(execute(&cliContext{name: calledAs(os.Args[0]), args: os.Args[1:], host: host, workloadKey: key, stdout: os.Stdout, stderr: os.Stderr}))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run executes the command line on the real host and returns the process
@@ -38,7 +29,16 @@ func main() {
 // tolerated, invalid value), otherwise what the command chose (1 by
 // default).
 func run(args []string, stdout, stderr io.Writer) int {
-	return execute(&cliContext{name: calledAs(os.Args[0]), args: args, host: realHost(), stdout: stdout, stderr: stderr})
+	// The workload key first (#36): an RSA key is ~80 ms of CPU on an idle
+	// core and the certificate is on the path to Ready, so it is made
+	// while the configuration is parsed, the tree built and Envoy started;
+	// the certs service takes it (Config.EarlyKey).
+	host := realHost()
+	var key *certs.EarlyKey
+	if ks, ok := config.WorkloadKey(host.Env, args); ok {
+		key = certs.StartKey(ks, messages.SystemClock{})
+	}
+	return execute(&cliContext{name: calledAs(os.Args[0]), args: args, host: host, workloadKey: key, stdout: stdout, stderr: stderr})
 }
 
 // calledAs is the name help and errors give the command: "pilot-agent"

@@ -46,7 +46,7 @@ func BenchmarkKeyGeneration(b *testing.B) {
 	timeIt := func(alg KeyAlgorithm) time.Duration {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			if _, err := generateKey(alg, 2048, "P256"); err != nil {
+			if _, err := generateKey(KeySettings{Algorithm: alg, RSABits: 2048, Curve: "P256"}); err != nil {
 				b.Fatal(err)
 			}
 		}

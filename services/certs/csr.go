@@ -29,14 +29,15 @@ func newCSR(key crypto.Signer, cfg Config) (keyPEM, csrPEM []byte, err error) {
 	return keyPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
-func generateKey(alg KeyAlgorithm, rsaBits int, curve string) (crypto.Signer, error) {
-	switch alg {
+// generateKey makes a workload key of ks.
+func generateKey(ks KeySettings) (crypto.Signer, error) {
+	switch ks.Algorithm {
 	case ECDSA:
-		return ecdsa.GenerateKey(curveOf(curve), rand.Reader)
+		return ecdsa.GenerateKey(curveOf(ks.Curve), rand.Reader)
 	case RSA:
-		return rsa.GenerateKey(rand.Reader, rsaBits)
+		return rsa.GenerateKey(rand.Reader, ks.RSABits)
 	}
-	return nil, fmt.Errorf("key algorithm %q: want RSA or ECDSA", alg)
+	return nil, fmt.Errorf("key algorithm %q: want RSA or ECDSA", ks.Algorithm)
 }
 
 func encodeKey(key crypto.Signer, pkcs8 bool) ([]byte, error) {

@@ -54,7 +54,7 @@ func StartKey(ks KeySettings, clock messages.Clock) *EarlyKey {
 	k := &EarlyKey{Settings: ks, done: make(chan struct{}), began: clock.Now()}
 	go func() {
 		defer close(k.done)
-		k.key, k.err = generateKey(ks.Algorithm, ks.RSABits, ks.Curve)
+		k.key, k.err = generateKey(ks)
 		k.took = clock.Now().Sub(k.began)
 	}()
 	return k
@@ -128,5 +128,5 @@ func (s *Service) workloadKey(ctx context.Context) (crypto.Signer, error) {
 			return key, nil
 		}
 	}
-	return generateKey(s.cfg.KeyAlgorithm, s.cfg.RSAKeySize, s.cfg.ECCCurve)
+	return generateKey(s.cfg.KeySettings())
 }
