@@ -139,7 +139,7 @@ func Build(cfg Config, log *slog.Logger, proc Process) (*Agent, *Channels, error
 		node(b, required, dnsproxy.Name, dnsproxy.New, cfg.DNS, dnsproxy.Inputs{Table: ch.Names}, dnsproxy.Outputs{Answering: ch.DNS}),
 	)
 	proxy := node(b, optional, envoy.Name, envoy.New, cfg.Envoy,
-		envoy.Inputs{Drain: ch.Drain, XDS: xdsState}, envoy.Outputs{State: ch.Envoy})
+		envoy.Inputs{Drain: ch.Drain, XDS: xdsState, AgentReady: ch.Readiness}, envoy.Outputs{State: ch.Envoy})
 	for i := range proxy {
 		proxy[i].Policy = &cfg.EnvoyPolicy
 	}

@@ -33,6 +33,10 @@ type Inputs struct {
 	// XDS is the XDS proxy's state, for the versions a crash record names;
 	// nil without an XDS proxy.
 	XDS messages.Latest[messages.XDSState]
+	// AgentReady is the agent's readiness (status's verdict), which the
+	// bootstrap's :15021 answers from while Envoy is ready (agentready.go,
+	// #36); nil: every probe goes to the agent.
+	AgentReady messages.Latest[messages.Readiness]
 }
 
 // Outputs are what the service publishes.
@@ -42,14 +46,16 @@ type Outputs struct {
 
 // Service runs one Envoy process per Serve call.
 type Service struct {
-	cfg    Config
-	drain  messages.Source[messages.Drain]
-	xds    messages.Latest[messages.XDSState]
-	state  messages.Sink[messages.EnvoyState]
-	health *messages.Reporter
-	clock  messages.Clock
-	log    *slog.Logger
-	admin  *adminClient
+	cfg   Config
+	drain messages.Source[messages.Drain]
+	xds   messages.Latest[messages.XDSState]
+	// agentReady is Inputs.AgentReady.
+	agentReady messages.Latest[messages.Readiness]
+	state      messages.Sink[messages.EnvoyState]
+	health     *messages.Reporter
+	clock      messages.Clock
+	log        *slog.Logger
+	admin      *adminClient
 
 	// epoch is the Epoch of the next Envoy process and last the last
 	// EnvoyState published; both survive Serve calls and are touched only
@@ -81,7 +87,7 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, drain: in.Drain, xds: in.XDS, state: out.State, health: rt.Health, clock: rt.Clock,
+	return &Service{cfg: cfg, drain: in.Drain, xds: in.XDS, agentReady: in.AgentReady, state: out.State, health: rt.Health, clock: rt.Clock,
 		log: rt.Log, admin: newAdminClient(cfg.AdminAddr)}, nil
 }
 
@@ -119,6 +125,8 @@ func (s *Service) Serve(ctx context.Context) error {
 	}}
 	// Serve never returns, not even by a panic, while Envoy runs.
 	defer r.ensureGone()
+	r.relay = s.startRelay(ctx)
+	defer r.relay.stop()
 	r.publish()
 	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
 
@@ -153,7 +161,10 @@ type run struct {
 	// until the new one has taken over (epochs.go).
 	child *child
 	poll  *poller // the readiness poll of the newest Envoy
-	hot   hotRun  // a hot restart under way, and the watch of the inputs
+	// relay tells the serving Envoy the agent's readiness (agentready.go);
+	// nil when the bootstrap does not read it.
+	relay *readinessRelay
+	hot   hotRun // a hot restart under way, and the watch of the inputs
 	state messages.EnvoyState
 	// drain is how far Envoy is drained: a later exit or stop does not
 	// drain again; exit holds the exit drain under way.
@@ -164,6 +175,7 @@ type run struct {
 func (r *run) publish() {
 	r.s.last = r.state
 	r.s.state.Send(r.state)
+	r.relay.envoy(r.state)
 }
 
 // ensureGone kills and reaps every Envoy that still runs: the last line

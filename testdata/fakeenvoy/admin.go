@@ -86,6 +86,8 @@ func (e *envoy) adminMux(exit chan<- int) *http.ServeMux {
 		e.mu.Unlock()
 		fmt.Fprintln(w, "OK")
 	})
+	mux.HandleFunc("POST /runtime_modify", e.handleRuntimeModify)
+	mux.HandleFunc("GET /runtime", e.handleRuntime)
 	mux.HandleFunc("POST /quitquitquit", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "OK")
 		select {

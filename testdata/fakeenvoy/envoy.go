@@ -45,6 +45,8 @@ type envoy struct {
 
 	mu           sync.Mutex
 	healthFailed bool
+	// runtime is the admin layer of Envoy's runtime (runtime.go).
+	runtime      map[string]string
 	drains       []string // raw queries of POST /drain_listeners
 	drainStarted time.Time
 	// loggers: each logger's level (POST /logging), from the command line
@@ -83,7 +85,7 @@ func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
 	now := time.Now()
 	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}),
 		active: map[string]int{}, received: map[string]map[string]heldResource{},
-		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{},
+		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}, runtime: map[string]string{},
 		staticSecrets: map[string][]secretRef{}, sdsStreams: map[string]secretStream{}, initMoved: make(chan struct{}, 1)}
 }
 

@@ -17,9 +17,10 @@ import (
 )
 
 // startListeners serves every static listener that has an HTTP connection
-// manager with an inline route config, routing by path to static clusters,
-// as Istio's 15021 (/healthz/ready -> agent) and 15090 (/stats/prometheus ->
-// admin) listeners need. Capture listeners are relay.go's; others are
+// manager with an inline route config, routing by path to static clusters
+// or answering directly, as Istio's 15021 (/healthz/ready -> agent, or
+// Envoy's own answer while the agent's runtime key says so) and 15090
+// (/stats/prometheus -> admin) listeners need. Capture listeners are relay.go's; others are
 // ignored.
 func (e *envoy) startListeners() error {
 	for _, l := range e.boot.GetStaticResources().GetListeners() {
@@ -74,13 +75,24 @@ type router struct {
 	vhosts []*routev3.VirtualHost
 }
 
-// ServeHTTP proxies to the cluster of the first route whose path matches;
-// 404 as Envoy when none does.
+// ServeHTTP answers from the first route that matches the path (and its
+// runtime_fraction, if any): its direct_response, or proxied to its
+// cluster; 404 as Envoy when none does.
 func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, vh := range rt.vhosts {
 		for _, route := range vh.GetRoutes() {
-			if !pathMatches(route.GetMatch(), r.URL.Path) {
+			m := route.GetMatch()
+			if !pathMatches(m, r.URL.Path) || (m.GetRuntimeFraction() != nil && !rt.e.fractionEnabled(m.GetRuntimeFraction())) {
 				continue
+			}
+			if d := route.GetDirectResponse(); d != nil {
+				body := d.GetBody().GetInlineString()
+				if body != "" {
+					w.Header().Set("Content-Type", "text/plain")
+				}
+				w.WriteHeader(int(d.GetStatus()))
+				fmt.Fprint(w, body)
+				return
 			}
 			cluster := route.GetRoute().GetCluster()
 			target, err := rt.e.clusterURL(cluster)

@@ -184,13 +184,14 @@ var (
 	envIstioOutboundIPv4LoopbackCIDR   = setting(asText("CIDR"), "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/32", svcCapture, "the loopback range outbound rules treat as local")
 
 	// The commands' own settings (flags first, then these).
-	envMeshagentRoot                 = setting(asText("path"), "MESHAGENT_ROOT", "/", svcProcess, "ours: --root, the directory every agent path lives under")
-	envMeshagentCapture              = setting(asBool, "MESHAGENT_CAPTURE", false, svcCapture, "ours: proxy --capture, the agent applies and keeps the capture rules (VM)")
-	envMeshagentCaptureCheckInterval = setting(asPositive, "MESHAGENT_CAPTURE_CHECK_INTERVAL", 30*time.Second, svcCapture, "ours: proxy --capture-check-interval")
-	envMeshagentHotRestart           = setting(asBool, "MESHAGENT_HOT_RESTART", false, svcEnvoy, "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)")
-	envMeshagentChaos                = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
-	envMeshagentMesh                 = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
-	envMeshagentCertLifetime         = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
+	envMeshagentRoot                  = setting(asText("path"), "MESHAGENT_ROOT", "/", svcProcess, "ours: --root, the directory every agent path lives under")
+	envMeshagentCapture               = setting(asBool, "MESHAGENT_CAPTURE", false, svcCapture, "ours: proxy --capture, the agent applies and keeps the capture rules (VM)")
+	envMeshagentCaptureCheckInterval  = setting(asPositive, "MESHAGENT_CAPTURE_CHECK_INTERVAL", 30*time.Second, svcCapture, "ours: proxy --capture-check-interval")
+	envMeshagentHotRestart            = setting(asBool, "MESHAGENT_HOT_RESTART", false, svcEnvoy, "ours: proxy --hot-restart, a new bootstrap or Envoy binary is applied by an Envoy hot restart (#25)")
+	envMeshagentEnvoyAnswersReadiness = setting(asBool, "MESHAGENT_ENVOY_ANSWERS_READINESS", true, svcEnvoy, "ours: Envoy's 15021 answers /healthz/ready itself while the agent has said it is ready; false forwards every probe to the agent, as Istio's bootstrap does (#36)")
+	envMeshagentChaos                 = setting(asBool, "MESHAGENT_CHAOS", false, svcStatus, "ours: proxy --chaos, POST /debug/chaos/kill on the status port")
+	envMeshagentMesh                  = setting(asText("path"), "MESHAGENT_MESH", "", svcStandalone, "ours: standalone --mesh, the mesh the control plane serves")
+	envMeshagentCertLifetime          = setting(asDuration, "MESHAGENT_CERT_LIFETIME", 1*time.Minute, svcStandalone, "ours: standalone --cert-lifetime (short, so that a rotation shows within a minute)")
 	// The embedded peers' ports are istiod's (15010, 15012) moved out of
 	// 15000-15090, where the agent's and Envoy's own ports live.
 	envMeshagentControlplaneListen = setting(asHostPort, "MESHAGENT_CONTROLPLANE_LISTEN", "127.0.0.1:16010", svcStandalone, "ours: standalone --controlplane-listen")

@@ -99,6 +99,7 @@ func envoyConfig(r envReader, in envoyInputs) (*envoy.Config, *bootstrap.Config)
 		SecureMetricsPort:          get(r, envEnvoySecureMetricsPort),
 		SecureMergedMetricsPort:    get(r, envEnvoySecureMergedMetricsPort),
 		StatusPortProxyProtocol:    get(r, envEnvoyStatusPortEnableProxyProtocol),
+		EnvoyAnswersReadiness:      get(r, envMeshagentEnvoyAnswersReadiness),
 		CompliancePolicy:           string(get(r, envCompliancePolicy)),
 		KeepPathFragment:           !get(r, envHTTPStripFragmentFromPathUnsafeIfDisabled),
 		Platform:                   platform(r),

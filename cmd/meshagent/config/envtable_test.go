@@ -182,6 +182,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		eff(envMeshagentCapture, f.Capture),
 		eff(envMeshagentCaptureCheckInterval, tc.Capture.CheckInterval),
 		eff(envMeshagentHotRestart, e.HotRestart != nil),
+		eff(envMeshagentEnvoyAnswersReadiness, e.Bootstrap.EnvoyAnswersReadiness),
 		eff(envMeshagentChaos, st.Chaos),
 		eff(envMeshagentMesh, sf.mesh),
 		eff(envMeshagentCertLifetime, sf.certLifetime),

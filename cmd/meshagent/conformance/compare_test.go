@@ -38,8 +38,19 @@ var conformanceAllowed = []allowedDifference{
 	{"node.metadata.ISTIO_VERSION", "the version of the agent that wrote the bootstrap: meshagent's own build version (make build), where Istio's is Istio's release; ISTIO_META_ISTIO_VERSION still wins on both"},
 	{"static_resources.clusters[*].max_requests_per_connection", "xds-grpc's one request per connection is set in HttpProtocolOptions.common_http_protocol_options, where Envoy reads it now, not in the Cluster field Envoy deprecated (same limit, no deprecation warning)"},
 	{"static_resources.clusters[*].typed_extension_protocol_options.envoy.extensions.upstreams.http.v3.HttpProtocolOptions.common_http_protocol_options", "the other side of the max_requests_per_connection move"},
+	// The :15021 listener's readiness route (#36): Envoy answers the kubelet's probe itself while
+	// the agent has said it is ready (MESHAGENT_ENVOY_ANSWERS_READINESS, default true).
+	{readinessRoutes + "[0].direct_response", readinessReason},
+	{readinessRoutes + "[0].match.runtime_fraction", readinessReason},
+	{readinessRoutes + "[0].route", readinessReason},
+	{readinessRoutes + "[1]", readinessReason},
 	{"exit_code", "bad input: meshagent exits 2 (a usage error) and names every bad value; Istio's pilot-agent exits 255 (os.Exit(-1)) for every error, and cobra's own errors exit 1 in meshagent"},
 }
+
+const (
+	readinessRoutes = "static_resources.listeners[*].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes"
+	readinessReason = "the :15021 listener answers /healthz/ready in Envoy while the runtime key meshagent.agent_ready is 100, which the agent sets while it is ready, and forwards it to the agent as Istio's does otherwise: the kubelet's probes no longer wake the agent (#36; MESHAGENT_ENVOY_ANSWERS_READINESS=false gives Istio's route alone)"
+)
 
 // allowedReason is the reason a difference at path is allowed, "" if it is not.
 func allowedReason(p string) string {

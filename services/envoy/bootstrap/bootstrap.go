@@ -73,6 +73,10 @@ type Config struct {
 	// StatusPortProxyProtocol is ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL: the :15021 listener also
 	// accepts requests behind a PROXY protocol header.
 	StatusPortProxyProtocol bool
+	// EnvoyAnswersReadiness is MESHAGENT_ENVOY_ANSWERS_READINESS (default true, #36): the :15021
+	// listener answers /healthz/ready itself while the agent has said it is ready (ReadinessKey),
+	// and forwards it to the agent otherwise, so that the kubelet's probes do not wake the agent.
+	EnvoyAnswersReadiness bool
 	// MetadataDiscovery is PEER_METADATA_DISCOVERY: nil when the variable is not set, and then
 	// ISTIO_META_ENABLE_HBONE decides, as in Istio. It is the node's METADATA_DISCOVERY metadata and,
 	// over delta xDS, adds the metadata_discovery extension (waypoints always have it).
@@ -155,6 +159,13 @@ func (c Config) templateFile() string {
 }
 
 // customConfigFile is the file passed to Envoy unchanged, unless ISTIO_BOOTSTRAP is set.
+// ReadinessInEnvoy says whether the agent tells Envoy its readiness (ReadinessKey): only into the
+// bootstrap it writes itself, whose :15021 listener reads the key. A user template or a custom
+// config file is the user's listener, forwarded to the agent as Istio's is.
+func (c Config) ReadinessInEnvoy() bool {
+	return c.EnvoyAnswersReadiness && c.templateFile() == "" && c.customConfigFile() == ""
+}
+
 func (c Config) customConfigFile() string {
 	if c.IstioBootstrap != "" {
 		return ""

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -467,5 +469,54 @@ func TestValidate(t *testing.T) {
 				t.Fatal("Write accepted an invalid config")
 			}
 		})
+	}
+}
+
+// MESHAGENT_ENVOY_ANSWERS_READINESS (#36): the :15021 listener answers /healthz/ready in Envoy
+// while the agent's runtime key is 100 (default 0), before Istio's route to the agent; a user
+// template's listener is the user's, and the agent does not set the key for it.
+func TestReadinessRouteInEnvoy(t *testing.T) {
+	routesOf := func(c Config) []*routev3.Route {
+		t.Helper()
+		for _, l := range writeStrict(t, c).GetStaticResources().GetListeners() {
+			if l.GetAddress().GetSocketAddress().GetPortValue() != uint32(c.EnvoyStatusPort) {
+				continue
+			}
+			hcm := &hcmv3.HttpConnectionManager{}
+			if err := l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+				t.Fatal(err)
+			}
+			return hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()
+		}
+		t.Fatal("no listener on the Envoy status port")
+		return nil
+	}
+	c := testConfig(t)
+	c.EnvoyAnswersReadiness = true
+	if !c.ReadinessInEnvoy() {
+		t.Fatal("ReadinessInEnvoy false for the agent's own bootstrap")
+	}
+	routes := routesOf(c)
+	if len(routes) != 2 {
+		t.Fatalf("%d routes, want Envoy's answer and Istio's route to the agent", len(routes))
+	}
+	first := routes[0]
+	frac := first.GetMatch().GetRuntimeFraction()
+	if first.GetMatch().GetPrefix() != "/healthz/ready" || frac.GetRuntimeKey() != ReadinessKey || frac.GetDefaultValue().GetNumerator() != 0 ||
+		first.GetDirectResponse().GetStatus() != 200 {
+		t.Errorf("first route = %v, want /healthz/ready answered 200 while %s (default 0)", first, ReadinessKey)
+	}
+	if routes[1].GetRoute().GetCluster() != agentCluster {
+		t.Errorf("second route = %v, want Istio's route to the agent", routes[1])
+	}
+
+	c.EnvoyAnswersReadiness = false
+	if routes := routesOf(c); len(routes) != 1 || routes[0].GetRoute().GetCluster() != agentCluster {
+		t.Errorf("off: routes = %v, want Istio's route alone", routes)
+	}
+	c.EnvoyAnswersReadiness = true
+	c.TemplateFile = "/etc/istio/custom-bootstrap/envoy.json.tmpl"
+	if c.ReadinessInEnvoy() {
+		t.Error("ReadinessInEnvoy true for a user template, whose listener does not read the key")
 	}
 }

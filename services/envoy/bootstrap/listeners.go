@@ -27,14 +27,42 @@ func metricsListener(c Config, fam ipFamily, compress bool) object {
 			})))
 		}
 	}
-	return httpListener(host, extra, c.EnvoyPrometheusPort, "stats", statsCluster, []string{"/stats/prometheus"}, filters)
+	return httpListener(host, extra, c.EnvoyPrometheusPort, "stats", routesTo(statsCluster, "/stats/prometheus"), filters)
 }
 
-// healthListener forwards /healthz/ready on <wildcard>:15021 to the agent's status port, so that
-// readiness also proves Envoy is serving. With ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL it accepts
-// requests behind a PROXY protocol header too.
+// ReadinessKey is the runtime key (Envoy's admin layer, POST /runtime_modify) through which the
+// agent tells Envoy it is ready: 100 while it is, 0 or absent while it is not (#36).
+const ReadinessKey = "meshagent.agent_ready"
+
+// healthListener serves /healthz/ready on <wildcard>:15021, the port the kubelet probes (Istio's
+// injected readiness and startup probes), so that readiness also proves Envoy is serving: Envoy
+// accepts on the listener only once its workers have started, after the first CDS and LDS.
+//
+// As in Istio's bootstrap the request is forwarded to the agent's status port. With
+// EnvoyAnswersReadiness, a route before that one answers 200 from Envoy itself while the agent
+// has set ReadinessKey to 100 (runtime_fraction, default 0: a fresh Envoy, or a new hot restart
+// epoch, asks the agent until told). A probe a second was the largest part of the agent's idle
+// CPU: each woke the agent's runtime for ~0.3 ms (docs/performance.md, #36). Envoy's health check
+// filter would answer as cheaply, but the agent could only turn it off through
+// /healthcheck/fail, which also makes Envoy drain-close every connection of its listeners.
+//
+// With ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL it accepts requests behind a PROXY protocol header
+// too.
 func healthListener(c Config, fam ipFamily) object {
-	l := httpListener(fam.wildcard, fam.additionalWildcard, c.EnvoyStatusPort, "agent", agentCluster, []string{"/healthz/ready"}, nil)
+	routes := routesTo(agentCluster, "/healthz/ready")
+	if c.ReadinessInEnvoy() {
+		routes = append([]object{{
+			"match": object{
+				"prefix": "/healthz/ready",
+				"runtime_fraction": object{
+					"default_value": object{"numerator": 0, "denominator": "HUNDRED"},
+					"runtime_key":   ReadinessKey,
+				},
+			},
+			"direct_response": object{"status": 200, "body": object{"inline_string": "ready\n"}},
+		}}, routes...)
+	}
+	l := httpListener(fam.wildcard, fam.additionalWildcard, c.EnvoyStatusPort, "agent", routes, nil)
 	if c.StatusPortProxyProtocol {
 		l["listener_filters"] = []object{{
 			"name": "envoy.listener.proxy_protocol",
@@ -50,7 +78,7 @@ func healthListener(c Config, fam ipFamily) object {
 // (SDS default and ROOTCA), clients must present one (ENVOY_SECURE_METRICS_PORT: Envoy's stats;
 // ENVOY_SECURE_MERGED_METRICS_PORT: the agent's merged metrics).
 func secureMetricsListener(fam ipFamily, port int, statPrefix, cluster string, prefixes ...string) object {
-	l := httpListener(fam.wildcard, "", port, statPrefix, cluster, prefixes, nil)
+	l := httpListener(fam.wildcard, "", port, statPrefix, routesTo(cluster, prefixes...), nil)
 	l["listener_filters"] = []object{{
 		"name":         "envoy.filters.listener.tls_inspector",
 		"typed_config": typed("envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector", nil),
@@ -78,13 +106,18 @@ func secureMetricsListener(fam ipFamily, port int, statPrefix, cluster string, p
 	return l
 }
 
-// httpListener is a static listener routing path prefixes to one cluster. These listeners are the
-// agent's own: they ignore the global connection limit and the overload manager.
-func httpListener(host, additional string, port int, statPrefix, cluster string, prefixes []string, filters []object) object {
+// routesTo routes each path prefix to cluster.
+func routesTo(cluster string, prefixes ...string) []object {
 	var routes []object
 	for _, prefix := range prefixes {
 		routes = append(routes, object{"match": object{"prefix": prefix}, "route": object{"cluster": cluster}})
 	}
+	return routes
+}
+
+// httpListener is a static listener with an inline route table. These listeners are the agent's
+// own: they ignore the global connection limit and the overload manager.
+func httpListener(host, additional string, port int, statPrefix string, routes, filters []object) object {
 	hcm := typed("envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager", object{
 		"stat_prefix": statPrefix,
 		"route_config": object{

@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
+
+// The kubelet's readiness probe on Envoy's 15021 (#36): Envoy answers it
+// itself while the agent has told it the agent is ready, and forwards it
+// to the agent otherwise, so that the agent's reasons reach the kubelet.
+
+// probe15021 is the answer of Envoy's readiness listener, with a short
+// timeout: a probe forwarded to a stopped agent cannot be answered.
+func probe15021(p *e2ekit.AgentProcess) (int, string) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", p.EnvoyStatusPort))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(body)
+}
+
+// agentReadyKey is Envoy's runtime value of meshagent.agent_ready ("" when
+// it has none), and whether Envoy's admin API answered.
+func agentReadyKey(p *e2ekit.AgentProcess) (string, bool) {
+	code, body := testkit.Fetch(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/runtime", p.AdminPort))
+	var rt struct {
+		Entries map[string]struct {
+			FinalValue string `json:"final_value"`
+		} `json:"entries"`
+	}
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &rt) != nil {
+		return "", false
+	}
+	return rt.Entries["meshagent.agent_ready"].FinalValue, true
+}
+
+// keyIs says whether Envoy answers and its meshagent.agent_ready is want.
+func keyIs(p *e2ekit.AgentProcess, want string) func() bool {
+	return func() bool { v, ok := agentReadyKey(p); return ok && v == want }
+}
+
+func TestEnvoyAnswersReadinessOnTheAgentsWord(t *testing.T) {
+	p := e2ekit.StartAgentDrain(t, "4s", nil)
+	p.WaitStatus(t, "/healthz/ready", 200)
+	testkit.WaitFor(t, "the agent tells envoy it is ready", keyIs(p, "100"))
+
+	// Envoy answers with the agent stopped: a forwarded probe could not be.
+	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	code, body := probe15021(p)
+	if err := p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusOK {
+		t.Fatalf("15021 with the agent stopped: %d %s, want 200 from Envoy itself", code, body)
+	}
+
+	// A new Envoy starts without the key: until the agent says so again,
+	// the probes go to the agent, which answers for itself.
+	first := p.EnvoyPIDs()[0]
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "a new envoy", func() bool { return p.EnvoyPIDs()[1] != 0 })
+	p.WaitStatus(t, "/healthz/ready", 200)
+	testkit.WaitFor(t, "the agent tells the new envoy it is ready", keyIs(p, "100"))
+
+	// Draining, the agent is not ready and takes the probes back: the
+	// kubelet reads its reason.
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var body503 string
+	testkit.WaitFor(t, "15021 answers 503 while draining", func() bool {
+		c, b := probe15021(p)
+		body503 = b
+		return c == http.StatusServiceUnavailable
+	})
+	if !strings.Contains(body503, "not ready") {
+		t.Fatalf("15021's 503 while draining: %q, want the agent's reason", body503)
+	}
+	if v, ok := agentReadyKey(p); !ok || v != "0" {
+		t.Fatalf("envoy's meshagent.agent_ready while draining = %q (admin answered: %v), want 0", v, ok)
+	}
+	if code := p.WaitExit(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d", code)
+	}
+}
+
+// MESHAGENT_ENVOY_ANSWERS_READINESS=false: Istio's route alone, every probe
+// forwarded to the agent.
+func TestEnvoyAnswersReadinessOff(t *testing.T) {
+	p := e2ekit.StartAgent(t, []string{"MESHAGENT_ENVOY_ANSWERS_READINESS=false"})
+	p.WaitStatus(t, "/healthz/ready", 200)
+	if code, body := probe15021(p); code != http.StatusOK {
+		t.Fatalf("15021: %d %s, want 200 forwarded from the agent", code, body)
+	}
+	if v, ok := agentReadyKey(p); !ok || v != "" {
+		t.Fatalf("envoy's meshagent.agent_ready = %q (admin answered: %v), want none", v, ok)
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	code, _ := probe15021(p)
+	if err := p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if code == http.StatusOK {
+		t.Fatal("15021 answered 200 with the agent stopped: the probe was not forwarded")
+	}
+}

@@ -1,0 +1,152 @@
+package envoy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
+)
+
+// The agent's readiness, told to Envoy (#36).
+//
+// The kubelet probes the sidecar on Envoy's :15021 (Istio's injected
+// readiness and startup probes), and Istio's bootstrap forwards every probe
+// to the agent's status port: at a probe a second that was most of the
+// agent's CPU at idle. The bootstrap the agent writes answers /healthz/ready
+// in Envoy instead while the runtime key bootstrap.ReadinessKey is 100, and
+// forwards it to the agent while it is 0 or absent (a fresh Envoy). The
+// relay below keeps the key equal to the agent's verdict: 100 while the
+// agent is ready (its /healthz/ready answers 200) and this Envoy is the
+// ready one, 0 otherwise, set through POST /runtime_modify. So the kubelet
+// sees the agent's verdict either way, the agent's reasons when it is not
+// ready, and the agent wakes for a probe only then.
+
+// relayRetry bounds the wait between two attempts to set the key while
+// Envoy's admin API does not take it.
+const (
+	relayRetryFirst = 100 * time.Millisecond
+	relayRetryMax   = 5 * time.Second
+)
+
+// readinessRelay sets bootstrap.ReadinessKey in the serving Envoy. Its
+// goroutine owns what it last set; the run tells it each EnvoyState it
+// publishes (envoy), and it watches the agent's readiness itself.
+type readinessRelay struct {
+	states chan messages.EnvoyState // one value; a newer one replaces it
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startRelay starts the relay of one Serve call; nil when the bootstrap
+// does not read the key or nothing publishes the agent's readiness.
+func (s *Service) startRelay(ctx context.Context) *readinessRelay {
+	if s.agentReady == nil || s.cfg.Bootstrap == nil || !s.cfg.Bootstrap.ReadinessInEnvoy() {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r := &readinessRelay{states: make(chan messages.EnvoyState, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		s.relayReadiness(ctx, r.states)
+	}()
+	return r
+}
+
+// envoy hands the relay the run's newest EnvoyState, never blocking.
+func (r *readinessRelay) envoy(st messages.EnvoyState) {
+	if r == nil {
+		return
+	}
+	select { // replace an unread value
+	case <-r.states:
+	default:
+	}
+	r.states <- st
+}
+
+// stop ends the relay and waits for it.
+func (r *readinessRelay) stop() {
+	if r == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+}
+
+// relayed is what the key holds in one Envoy process, as far as the relay
+// knows: a process it has not yet set holds nothing, which reads as 0.
+type relayed struct {
+	epoch int
+	ready bool
+}
+
+// relayReadiness keeps the serving Envoy's key equal to the agent's verdict
+// until ctx is done. A failed attempt is retried with a doubling wait; a
+// change meanwhile is tried at once.
+func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.EnvoyState) {
+	var (
+		envoy   messages.EnvoyState
+		known   bool
+		set     = relayed{epoch: -1}
+		retry   <-chan time.Time
+		wait    = relayRetryFirst
+		warned  bool
+		agent   messages.Readiness
+		changed <-chan struct{}
+	)
+	agent, _, changed = s.agentReady.Watch()
+	for {
+		if known && envoy.Epoch != set.epoch {
+			set = relayed{epoch: envoy.Epoch} // a new process: the key is absent
+		}
+		want := agent.Ready && known && envoy.Phase == messages.EnvoyReady
+		if known && want != set.ready && retry == nil {
+			if err := s.admin.setReadiness(ctx, want); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if !warned {
+					s.log.Warn("cannot tell envoy the agent's readiness; the kubelet's probes go to the agent meanwhile",
+						"ready", want, "retry_in", wait, "error", err)
+					warned = true
+				}
+				retry, wait = s.clock.After(wait), min(2*wait, relayRetryMax)
+			} else {
+				set.ready, wait, warned = want, relayRetryFirst, false
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+			agent, _, changed = s.agentReady.Watch()
+			retry = nil
+		case envoy = <-states:
+			known, retry = true, nil
+		case <-retry:
+			retry = nil
+		}
+	}
+}
+
+// setReadiness sets bootstrap.ReadinessKey in the admin layer of Envoy's
+// runtime: 100 when ready, 0 when not.
+func (a *adminClient) setReadiness(ctx context.Context, ready bool) error {
+	value := "0"
+	if ready {
+		value = "100"
+	}
+	path := "/runtime_modify?" + bootstrap.ReadinessKey + "=" + value
+	body, code, err := a.do(ctx, http.MethodPost, path, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("POST %s%s: %d %s", a.base, path, code, strings.TrimSpace(body))
+	}
+	return nil
+}
