@@ -1,32 +1,46 @@
 package testkit
 
 import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 )
+
+// Ports for servers that must be told their address before they start are
+// picked at random below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range, 32768-60999 by default), where the kernel
+// never hands a port out by itself. A port from Listen("127.0.0.1:0") is
+// an ephemeral one: closed so that its user can bind it, it could be taken
+// in between by the source port of any connection the machine opens, or by
+// another test's Listen(":0"), and its user failed with "bind: address
+// already in use" (seen in services/envoy's stand-in tests under make
+// test). Above 20000: the agent's, Envoy's and the embedded peers' fixed
+// ports (15000-15090, 16010, 16012) are below, and a test may run an agent
+// on them.
+const lowestPort = 20000
 
 // FreeAddr is a loopback TCP address (127.0.0.1:port) that was free a
 // moment ago: for a server that must be told its address before it
 // starts, or that must come back on the same one.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	return freeTCPAddr(t).String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
 }
 
 // FreePort is FreeAddr's port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	return freeTCPAddr(t).Port
-}
-
-func freeTCPAddr(t testing.TB) *net.TCPAddr {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr)
+	return ports[0]
 }
 
 // FreePorts are n distinct loopback TCP ports that were free a moment ago:
@@ -34,14 +48,39 @@ func freeTCPAddr(t testing.TB) *net.TCPAddr {
 // out twice. It takes no testing.TB, so that the benchmark and attack
 // drivers (main packages) choose their ports the way the tests do.
 func FreePorts(n int) ([]int, error) {
+	top := ephemeralLow()
 	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("no free loopback port in %d-%d after %d tries", lowestPort, top-1, tries)
+		}
+		port := lowestPort + rand.IntN(top-lowestPort)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= lowestPort+1000 {
+		return 32768
+	}
+	return low
 }
