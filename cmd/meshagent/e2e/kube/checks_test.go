@@ -50,6 +50,7 @@ func (s *suite) runMode(t *testing.T, a agent, native bool) {
 	s.check(t, a, mode, "syncz", func(t *testing.T) error { return s.syncz(t, podA.name) })
 	if !a.oracle { // Istio's image: pilot-agent is the entrypoint, PID 1
 		s.check(t, a, mode, "process-tree", func(t *testing.T) error { return s.processTree(t, podA.name) })
+		s.check(t, a, mode, "probe-answered-by-envoy", func(t *testing.T) error { return s.probeInEnvoy(t, podA.name) })
 	}
 	s.check(t, a, mode, "pilot-agent-commands", func(t *testing.T) error { return s.agentCommands(t, podA.name) })
 	if s.full {
@@ -232,6 +233,30 @@ func (s *suite) agentCommands(t *testing.T, pod string) error {
 		}
 	}
 	return nil
+}
+
+// probeInEnvoy: the Ready pod's Envoy answers the kubelet's probes on
+// :15021 itself, the agent having set meshagent.agent_ready to 100 (#36).
+func (s *suite) probeInEnvoy(t *testing.T, pod string) error {
+	var last string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out, err := s.n.exec(pod, "istio-proxy", "pilot-agent", "request", "GET", "runtime")
+		if err != nil {
+			return fmt.Errorf("pilot-agent request GET runtime: %v (%.300q)", err, out)
+		}
+		var rt struct {
+			Entries map[string]struct {
+				FinalValue string `json:"final_value"`
+			} `json:"entries"`
+		}
+		if err := json.Unmarshal([]byte(out), &rt); err != nil {
+			return fmt.Errorf("Envoy's /runtime: %v: %.300s", err, out)
+		}
+		if last = rt.Entries["meshagent.agent_ready"].FinalValue; last == "100" {
+			return nil
+		}
+	}
+	return fmt.Errorf("Envoy's meshagent.agent_ready = %q, want 100 in a Ready pod", last)
 }
 
 // syncz waits until istiod's /debug/syncz lists the pod's proxy with every
