@@ -412,23 +412,25 @@ func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 	}
 }
 
+// decoders read an answer by its Content-Encoding.
+var decoders = map[string]func(io.Reader) (io.Reader, error){
+	"":     func(r io.Reader) (io.Reader, error) { return r, nil },
+	"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
+	"zstd": func(r io.Reader) (io.Reader, error) {
+		d, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, err
+		}
+		return d.IOReadCloser(), nil
+	},
+}
+
 // Compression as Istio's status server (gzhttp over the whole mux, #35):
 // zstd or gzip by Accept-Encoding, zstd when both are equally welcome, none
 // when refused; a zstd scrape decodes and parses, for expfmt and promtool.
 func TestCompressedAnswers(t *testing.T) {
 	f := newFixtureIn(Config{}, Inputs{Metrics: agentRegistry()})
 	base := f.serve(t)
-	decode := map[string]func(io.Reader) (io.Reader, error){
-		"":     func(r io.Reader) (io.Reader, error) { return r, nil },
-		"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
-		"zstd": func(r io.Reader) (io.Reader, error) {
-			d, err := zstd.NewReader(r)
-			if err != nil {
-				return nil, err
-			}
-			return d.IOReadCloser(), nil
-		},
-	}
 	for _, c := range []struct{ accept, want string }{
 		{"zstd", "zstd"},
 		{"gzip", "gzip"},
@@ -445,7 +447,7 @@ func TestCompressedAnswers(t *testing.T) {
 		if !slices.Contains(resp.Header.Values("Vary"), "Accept-Encoding") {
 			t.Errorf("Accept-Encoding %q: no Vary: Accept-Encoding (%q)", c.accept, resp.Header.Values("Vary"))
 		}
-		r, err := decode[c.want](strings.NewReader(body))
+		r, err := decoders[c.want](strings.NewReader(body))
 		if err != nil {
 			t.Fatalf("Accept-Encoding %q: %v", c.accept, err)
 		}
@@ -494,16 +496,6 @@ func TestCompressedScrapesDecode(t *testing.T) {
 	plain = steady(plain)
 	if len(plain) < 20000 {
 		t.Fatalf("a plain answer of %d bytes: want Envoy's whole exposition in it", len(plain))
-	}
-	decoders := map[string]func(io.Reader) (io.Reader, error){
-		"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
-		"zstd": func(r io.Reader) (io.Reader, error) {
-			d, err := zstd.NewReader(r)
-			if err != nil {
-				return nil, err
-			}
-			return d.IOReadCloser(), nil
-		},
 	}
 	check := func(encoding string) error {
 		req, err := http.NewRequest(http.MethodGet, base+"/stats/prometheus", nil)
