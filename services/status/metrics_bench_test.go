@@ -9,12 +9,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/meshagent/meshagent/services/status/metricsmerge"
 )
@@ -160,6 +162,62 @@ func benchmarkScrape(b *testing.B, shared bool) {
 		size = fetch(b, c, url)
 	}
 	b.ReportMetric(float64(size), "bytes/scrape")
+}
+
+// prometheusScrape is how Prometheus 3 asks (its default scrape_protocols
+// and compression), as bench/vs-istio's idle window scrapes.
+var prometheusScrape = http.Header{
+	"Accept": {"application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4," +
+		"text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"},
+	"Accept-Encoding":                     {"gzip"},
+	"X-Prometheus-Scrape-Timeout-Seconds": {"10"},
+	"User-Agent":                          {"Prometheus/3.5.0"},
+}
+
+// BenchmarkScrapeIdleAgent is the idle agent's scrape (#36): the agent's
+// registry with the Go and process collectors (as cmd registers them) and
+// the stand-in Envoy's exposition, asked as Prometheus 3 asks, gzip
+// included; B/op is the whole process's, the server's share most of it.
+func BenchmarkScrapeIdleAgent(b *testing.B) { benchmarkIdleScrape(b, false) }
+
+// BenchmarkScrapeIdleAgentAfterGC is the same scrape after two GCs, which
+// empty every sync.Pool: at idle a scrape every 15 s and a GC every 30-75 s
+// leave one scrape in several to find the pools empty (#36).
+func BenchmarkScrapeIdleAgentAfterGC(b *testing.B) { benchmarkIdleScrape(b, true) }
+
+func benchmarkIdleScrape(b *testing.B, afterGC bool) {
+	envoy := httptest.NewServer(&exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(b)})
+	b.Cleanup(envoy.Close)
+	reg := agentRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	url := benchScrapeURLIn(b, Config{Metrics: metricsmerge.Config{EnvoyPort: portOf(b, envoy.URL)}}, Inputs{Metrics: reg}) + "/stats/prometheus"
+	c := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	b.Cleanup(c.CloseIdleConnections)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header = prometheusScrape
+	b.ReportAllocs()
+	var size int64
+	for b.Loop() {
+		if afterGC {
+			b.StopTimer()
+			runtime.GC()
+			runtime.GC()
+			b.StartTimer()
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		size, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "gzip" {
+			b.Fatalf("answer %d, Content-Encoding %q", resp.StatusCode, resp.Header.Get("Content-Encoding"))
+		}
+	}
+	b.ReportMetric(float64(size), "gzbytes/scrape")
 }
 
 // BenchmarkFetchSourcesSeparately is the floor: Envoy's and the

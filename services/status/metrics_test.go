@@ -2,6 +2,7 @@ package status
 
 import (
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -410,23 +412,25 @@ func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 	}
 }
 
+// decoders read an answer by its Content-Encoding.
+var decoders = map[string]func(io.Reader) (io.Reader, error){
+	"":     func(r io.Reader) (io.Reader, error) { return r, nil },
+	"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
+	"zstd": func(r io.Reader) (io.Reader, error) {
+		d, err := zstd.NewReader(r)
+		if err != nil {
+			return nil, err
+		}
+		return d.IOReadCloser(), nil
+	},
+}
+
 // Compression as Istio's status server (gzhttp over the whole mux, #35):
 // zstd or gzip by Accept-Encoding, zstd when both are equally welcome, none
 // when refused; a zstd scrape decodes and parses, for expfmt and promtool.
 func TestCompressedAnswers(t *testing.T) {
 	f := newFixtureIn(Config{}, Inputs{Metrics: agentRegistry()})
 	base := f.serve(t)
-	decode := map[string]func(io.Reader) (io.Reader, error){
-		"":     func(r io.Reader) (io.Reader, error) { return r, nil },
-		"gzip": func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) },
-		"zstd": func(r io.Reader) (io.Reader, error) {
-			d, err := zstd.NewReader(r)
-			if err != nil {
-				return nil, err
-			}
-			return d.IOReadCloser(), nil
-		},
-	}
 	for _, c := range []struct{ accept, want string }{
 		{"zstd", "zstd"},
 		{"gzip", "gzip"},
@@ -443,7 +447,7 @@ func TestCompressedAnswers(t *testing.T) {
 		if !slices.Contains(resp.Header.Values("Vary"), "Accept-Encoding") {
 			t.Errorf("Accept-Encoding %q: no Vary: Accept-Encoding (%q)", c.accept, resp.Header.Values("Vary"))
 		}
-		r, err := decode[c.want](strings.NewReader(body))
+		r, err := decoders[c.want](strings.NewReader(body))
 		if err != nil {
 			t.Fatalf("Accept-Encoding %q: %v", c.accept, err)
 		}
@@ -462,6 +466,85 @@ func TestCompressedAnswers(t *testing.T) {
 		resp, _ := scrape(t, base+path, http.Header{"Accept-Encoding": {"zstd, gzip"}})
 		if got := resp.Header.Get("Content-Encoding"); got != want {
 			t.Errorf("GET %s: Content-Encoding %q, want %q", path, got, want)
+		}
+	}
+}
+
+// Compressed scrapes decode to the plain answer, byte for byte, one after
+// another and as many at once as the server takes (classMetrics): gzip's
+// stateless level shares no state between answers, zstd's encoders are
+// pooled (#36).
+func TestCompressedScrapesDecode(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_service_restarts_total", Help: "Restarts."}, []string{"service"})
+	c.WithLabelValues("dns").Add(3)
+	reg.MustRegister(c)
+	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
+	f := newFixtureIn(Config{Metrics: metricsmerge.Config{EnvoyPort: serveExposition(t, envoy)}}, Inputs{Metrics: reg})
+	base := f.serve(t)
+	// scrapes_total is the one value that moves between scrapes.
+	steady := func(body string) string {
+		var sb strings.Builder
+		for line := range strings.Lines(body) {
+			if !strings.HasPrefix(line, "istio_agent_scrapes_total ") {
+				sb.WriteString(line)
+			}
+		}
+		return sb.String()
+	}
+	_, plain := scrape(t, base+"/stats/prometheus", http.Header{})
+	plain = steady(plain)
+	if len(plain) < 20000 {
+		t.Fatalf("a plain answer of %d bytes: want Envoy's whole exposition in it", len(plain))
+	}
+	check := func(encoding string) error {
+		req, err := http.NewRequest(http.MethodGet, base+"/stats/prometheus", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Accept-Encoding", encoding)
+		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true, DisableCompression: true}}).Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if got := resp.Header.Get("Content-Encoding"); got != encoding {
+			return fmt.Errorf("Content-Encoding %q, want %q", got, encoding)
+		}
+		r, err := decoders[encoding](resp.Body)
+		if err != nil {
+			return fmt.Errorf("%s answer: %w", encoding, err)
+		}
+		got, err := io.ReadAll(r)
+		if err != nil {
+			return fmt.Errorf("decoding the %s answer: %w", encoding, err)
+		}
+		if steady(string(got)) != plain {
+			return fmt.Errorf("the %s answer decodes to %d bytes other than the plain answer's %d", encoding, len(got), len(plain))
+		}
+		return nil
+	}
+	for range 3 {
+		for _, enc := range []string{"gzip", "zstd"} {
+			if err := check(enc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	errs := make(chan error, classMetrics.max*8)
+	var wg sync.WaitGroup
+	for i := range classMetrics.max {
+		wg.Go(func() {
+			for range 8 {
+				errs <- check([]string{"gzip", "zstd"}[i%2])
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
 		}
 	}
 }

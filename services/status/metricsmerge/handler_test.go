@@ -7,11 +7,13 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/messages"
 )
@@ -115,5 +117,93 @@ func TestTextSourcesAnsweredInText(t *testing.T) {
 	}
 	if ft, body := answer("application/openmetrics-text;version=1.0.0"); ft != expfmt.TypeOpenMetrics || !strings.HasSuffix(body, "# EOF\n") {
 		t.Errorf("an OpenMetrics-only caller got %v:\n%s", ft, body)
+	}
+}
+
+// changingSource serves, on each request, the body its query names
+// (?body=long or short), so that consecutive and concurrent scrapes get
+// bodies of different lengths through the same pooled buffers.
+func changingSource(t *testing.T, bodies map[string]string) int {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = io.WriteString(w, bodies[r.URL.Query().Get("body")])
+	}))
+	t.Cleanup(srv.Close)
+	port, _ := strconv.Atoi(srv.URL[strings.LastIndex(srv.URL, ":")+1:])
+	return port
+}
+
+// staticGatherer hands out the same families on every Gather, as a
+// Gatherer may: the handler must copy them to prefix their names (#36:
+// the prefixed names are now made once and shared between scrapes).
+type staticGatherer []*dto.MetricFamily
+
+func (g staticGatherer) Gather() ([]*dto.MetricFamily, error) { return g, nil }
+
+// Each scrape answers its own sources' bodies and nothing of another's,
+// whether scrapes follow each other (a long body, then a short one, through
+// the buffers pooled between scrapes) or run at once with different
+// Accept headers (negotiated once per distinct header, #36); the agent's
+// families keep one prefix however many scrapes prefix them.
+func TestScrapesShareNothing(t *testing.T) {
+	long := "# TYPE envoy_long counter\n" + strings.Repeat("envoy_long{cluster=\"a-cluster-with-a-long-name\"} 1\n", 2000)
+	short := "# TYPE envoy_short gauge\nenvoy_short 2\n"
+	port := changingSource(t, map[string]string{"long": long, "short": short})
+	restarts := 3.0
+	agent := staticGatherer{{
+		Name: proto.String("restarts_total"), Help: proto.String("Restarts."), Type: dto.MetricType_COUNTER.Enum(),
+		Metric: []*dto.Metric{{Counter: &dto.Counter{Value: &restarts}}},
+	}}
+	var mm messages.Metrics
+	h := New(Config{EnvoyPort: port}, agent, slog.New(slog.DiscardHandler), &mm)
+	defer h.CloseIdleConnections()
+	agentText := "# HELP istio_agent_restarts_total Restarts.\n# TYPE istio_agent_restarts_total counter\nistio_agent_restarts_total 3\n"
+	textAccept := "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2"
+	omAccept := "application/openmetrics-text;version=1.0.0"
+	answer := func(body, accept string) (expfmt.FormatType, string) {
+		req := httptest.NewRequest(http.MethodGet, "/stats/prometheus?body="+body, nil)
+		req.Header.Set("Accept", accept)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Errorf("?body=%s, Accept %q: answer %d", body, accept, rec.Code)
+		}
+		return expfmt.Format(rec.Header().Get("Content-Type")).FormatType(), rec.Body.String()
+	}
+	check := func(body, accept string) {
+		ft, got := answer(body, accept)
+		bodies := map[string]string{"long": long, "short": short}
+		switch accept {
+		case textAccept:
+			if want := agentText + bodies[body]; ft != expfmt.TypeTextPlain || got != want {
+				t.Errorf("?body=%s in text: %v answer of %d bytes, want the agent's and Envoy's %d bytes as they came:\n%.300s",
+					body, ft, len(got), len(want), got)
+			}
+		case omAccept:
+			other := map[string]string{"long": "envoy_short", "short": "envoy_long"}[body]
+			if ft != expfmt.TypeOpenMetrics || !strings.HasPrefix(got, "# HELP istio_agent_restarts Restarts.\n") ||
+				!strings.Contains(got, "envoy_"+body) || strings.Contains(got, other) || !strings.HasSuffix(got, "# EOF\n") {
+				t.Errorf("?body=%s in OpenMetrics: %v answer:\n%.300s", body, ft, got)
+			}
+		}
+	}
+	for range 3 {
+		check("long", textAccept)
+		check("short", textAccept)
+		check("long", omAccept)
+		check("short", omAccept)
+	}
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			for j := range 10 {
+				check([]string{"long", "short"}[(i+j)%2], []string{textAccept, omAccept}[i%2])
+			}
+		})
+	}
+	wg.Wait()
+	if agent[0].GetName() != "restarts_total" {
+		t.Errorf("the Gatherer's own family was renamed %q", agent[0].GetName())
 	}
 }
