@@ -125,13 +125,15 @@ func (s *Service) Serve(ctx context.Context) error {
 	}}
 	// Serve never returns, not even by a panic, while Envoy runs.
 	defer r.ensureGone()
-	r.relay = s.startRelay(ctx)
-	defer r.relay.stop()
 	r.publish()
 	s.log.Info("envoy started", "pid", child.pid, "epoch", child.epoch, "binary", s.cfg.BinaryPath)
 
+	r.relay = s.startRelay(ctx)
+	r.relay.envoy(r.state) // later states come through publish
 	r.poll = s.startPoller(ctx, child)
-	defer func() { r.poll.stop(); s.admin.closeIdle() }()
+	// The relay and the poll stop before the admin client's kept-alive
+	// connection is closed, so that neither opens another after it.
+	defer func() { r.relay.stop(); r.poll.stop(); s.admin.closeIdle() }()
 	if err := r.watchInputs(); err != nil {
 		r.stop("cannot watch envoy's inputs")
 		return err
