@@ -104,7 +104,8 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 			set = relayed{epoch: envoy.Epoch} // a new process: the key is absent
 		}
 		want := agent.Ready && known && envoy.Phase == messages.EnvoyReady
-		if known && want != set.ready && retry == nil {
+		// An Envoy that has exited has nothing to be told.
+		if known && envoy.Phase.Alive() && want != set.ready && retry == nil {
 			if err := s.admin.setReadiness(ctx, want); err != nil {
 				if ctx.Err() != nil {
 					return

@@ -51,7 +51,11 @@ func TestStartReadyAndStop(t *testing.T) {
 		t.Fatalf("envoy pid %d not in /proc: %v", st.PID, err)
 	}
 	st = h.waitState("ready", ready)
-	if !h.sawHealth(messages.Starting, "") || !h.sawHealth(messages.Ready, "") {
+	// The state is published first, the health just after it (setReady):
+	// waited for, not read at once (a make test under load saw the state
+	// before the health).
+	testkit.WaitFor(t, "health ready", func() bool { return h.sawHealth(messages.Ready, "") })
+	if !h.sawHealth(messages.Starting, "") {
 		t.Fatalf("health reports %+v; want Starting then Ready", h.health.All())
 	}
 
