@@ -145,12 +145,17 @@ func (a *adminClient) drainListeners(ctx context.Context, query string, skipExit
 	if skipExit {
 		query += "&skip_exit"
 	}
-	body, code, err := a.do(ctx, http.MethodPost, "/drain_listeners?"+query, 2*time.Second)
+	return a.post(ctx, "/drain_listeners?"+query)
+}
+
+// post POSTs to path, which must answer 200.
+func (a *adminClient) post(ctx context.Context, path string) error {
+	body, code, err := a.do(ctx, http.MethodPost, path, 2*time.Second)
 	if err != nil {
 		return err
 	}
 	if code != http.StatusOK {
-		return fmt.Errorf("POST %s/drain_listeners: %d %s", a.base, code, strings.TrimSpace(body))
+		return fmt.Errorf("POST %s%s: %d %s", a.base, path, code, strings.TrimSpace(body))
 	}
 	return nil
 }

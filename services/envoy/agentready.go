@@ -2,9 +2,6 @@ package envoy
 
 import (
 	"context"
-	"fmt"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/messages"
@@ -25,8 +22,8 @@ import (
 // sees the agent's verdict either way, the agent's reasons when it is not
 // ready, and the agent wakes for a probe only then.
 
-// relayRetry bounds the wait between two attempts to set the key while
-// Envoy's admin API does not take it.
+// The wait between two attempts to set the key while Envoy's admin API
+// does not take it: doubling from relayRetryFirst up to relayRetryMax.
 const (
 	relayRetryFirst = 100 * time.Millisecond
 	relayRetryMax   = 5 * time.Second
@@ -85,27 +82,30 @@ type relayed struct {
 }
 
 // relayReadiness keeps the serving Envoy's key equal to the agent's verdict
-// until ctx is done. A failed attempt is retried with a doubling wait; a
-// change meanwhile is tried at once.
+// until ctx is done. Serve hands it the first EnvoyState as it starts it. A
+// failed attempt is retried with a doubling wait; a change meanwhile is
+// tried at once.
 func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.EnvoyState) {
+	var envoy messages.EnvoyState
+	select {
+	case <-ctx.Done():
+		return
+	case envoy = <-states:
+	}
 	var (
-		envoy   messages.EnvoyState
-		known   bool
-		set     = relayed{epoch: -1}
-		retry   <-chan time.Time
-		wait    = relayRetryFirst
-		warned  bool
-		agent   messages.Readiness
-		changed <-chan struct{}
+		set    = relayed{epoch: -1}
+		retry  <-chan time.Time
+		wait   = relayRetryFirst
+		warned bool
 	)
-	agent, _, changed = s.agentReady.Watch()
+	agent, _, changed := s.agentReady.Watch()
 	for {
-		if known && envoy.Epoch != set.epoch {
+		if envoy.Epoch != set.epoch {
 			set = relayed{epoch: envoy.Epoch} // a new process: the key is absent
 		}
-		want := agent.Ready && known && envoy.Phase == messages.EnvoyReady
+		want := agent.Ready && envoy.Phase == messages.EnvoyReady
 		// An Envoy that has exited has nothing to be told.
-		if known && envoy.Phase.Alive() && want != set.ready && retry == nil {
+		if envoy.Phase.Alive() && want != set.ready && retry == nil {
 			if err := s.admin.setReadiness(ctx, want); err != nil {
 				if ctx.Err() != nil {
 					return
@@ -127,7 +127,7 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 			agent, _, changed = s.agentReady.Watch()
 			retry = nil
 		case envoy = <-states:
-			known, retry = true, nil
+			retry = nil
 		case <-retry:
 			retry = nil
 		}
@@ -141,13 +141,5 @@ func (a *adminClient) setReadiness(ctx context.Context, ready bool) error {
 	if ready {
 		value = "100"
 	}
-	path := "/runtime_modify?" + bootstrap.ReadinessKey + "=" + value
-	body, code, err := a.do(ctx, http.MethodPost, path, 2*time.Second)
-	if err != nil {
-		return err
-	}
-	if code != http.StatusOK {
-		return fmt.Errorf("POST %s%s: %d %s", a.base, path, code, strings.TrimSpace(body))
-	}
-	return nil
+	return a.post(ctx, "/runtime_modify?"+bootstrap.ReadinessKey+"="+value)
 }

@@ -158,7 +158,6 @@ func (c Config) templateFile() string {
 	return c.Proxy.GetProxyBootstrapTemplatePath()
 }
 
-// customConfigFile is the file passed to Envoy unchanged, unless ISTIO_BOOTSTRAP is set.
 // ReadinessInEnvoy says whether the agent tells Envoy its readiness (ReadinessKey): only into the
 // bootstrap it writes itself, whose :15021 listener reads the key. A user template or a custom
 // config file is the user's listener, forwarded to the agent as Istio's is.
@@ -166,6 +165,7 @@ func (c Config) ReadinessInEnvoy() bool {
 	return c.EnvoyAnswersReadiness && c.templateFile() == "" && c.customConfigFile() == ""
 }
 
+// customConfigFile is the file passed to Envoy unchanged, unless ISTIO_BOOTSTRAP is set.
 func (c Config) customConfigFile() string {
 	if c.IstioBootstrap != "" {
 		return ""
