@@ -12,7 +12,7 @@
 //     end of the test;
 //   - Receiver: one bounded receive loop for a test's gRPC stream (Next, or
 //     Quiet for a while without a response);
-//   - CanRoot, RequireRoot, IsZombie, Dnsmasq: what tests that need root,
+//   - CanRoot, RequireRoot, IsZombie, ProcStat, Dnsmasq: what tests that need root,
 //     namespaces, child processes or a real resolver check and start;
 //   - ChaosRounds: how many rounds a chaos test runs (short, or long);
 //   - E2ESummary: an end-to-end suite's one-line outcome for `make test`;

@@ -7,19 +7,29 @@ import (
 	"testing"
 )
 
+// ProcStat reads /proc/PID/stat: the command name, and the fields after it
+// (state first, then ppid, ...; proc(5) numbers them from 3).
+func ProcStat(pid int) (comm string, fields []string, err error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", nil, err
+	}
+	// pid (comm) STATE ...: comm may hold spaces and parentheses, so the
+	// fields follow the last ')'.
+	s := string(raw)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return "", nil, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	return s[open+1 : closing], strings.Fields(s[closing+1:]), nil
+}
+
 // IsZombie reports a process that has exited but not been reaped: its
 // pid still answers a signal, yet it runs no more. False when there is no
 // such process (already reaped) or /proc cannot tell.
 func IsZombie(pid int) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) STATE ...: comm may hold spaces and parentheses, so the
-	// state follows the last ')'.
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+	_, fields, err := ProcStat(pid)
+	return err == nil && len(fields) > 0 && fields[0] == "Z"
 }
 
 // CleanupEnvoySharedMemory removes, when the test ends, the hot-restart

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +247,21 @@ func TestEachEditRejected(t *testing.T) {
 	EachEditRejected(r, positive(1), map[string]func(*positive){"two": func(p *positive) { *p = 2 }})
 	if len(r.errs) != 1 || r.errs[0] != "two: accepted" {
 		t.Errorf("reported %q; want the accepted edit named", r.errs)
+	}
+}
+
+// ProcStat reads this process's name and its fields after the name: the
+// name is /proc/self/comm's, its parent is os.Getppid().
+func TestProcStat(t *testing.T) {
+	comm, fields, err := ProcStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile("/proc/self/comm")
+	if comm != strings.TrimSpace(string(want)) || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getppid()) {
+		t.Fatalf("ProcStat = %q %q; want comm %q and ppid %d second", comm, fields, want, os.Getppid())
+	}
+	if _, _, err := ProcStat(-1); err == nil {
+		t.Fatal("ProcStat(-1): no error")
 	}
 }

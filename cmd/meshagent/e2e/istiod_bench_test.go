@@ -117,10 +117,10 @@ func startReconnect(t *testing.T, peer *istiodPeer, a istiodAgent) istiodTimes {
 // (in clock ticks, 10 ms); a process gone meanwhile counts nothing.
 func treeCPU(pid int) time.Duration {
 	var sum time.Duration
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		// The fields after the command name, which may hold spaces:
-		// state is the first; utime, stime, cutime, cstime the 12th-15th.
-		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 14 {
+	if _, f, err := testkit.ProcStat(pid); err == nil {
+		// The fields after the command name: state is the first; utime,
+		// stime, cutime, cstime the 12th-15th.
+		if len(f) > 14 {
 			for _, v := range f[11:15] {
 				ticks, _ := strconv.ParseInt(v, 10, 64)
 				sum += time.Duration(ticks) * 10 * time.Millisecond // USER_HZ, 100 on Linux

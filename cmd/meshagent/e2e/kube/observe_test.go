@@ -6,7 +6,9 @@ package kube
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/image"
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // redirected sums the packet counters of a NAT chain in a pod's network
@@ -182,19 +185,16 @@ func (s *suite) containerProcs(t *testing.T, pod, container string) ([]container
 	}
 	var procs []containerProc
 	for _, pid := range pids {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		comm, fields, err := testkit.ProcStat(pid)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue // gone meanwhile
 		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
-		fields := strings.Fields(string(stat[closing+1:]))
-		if open < 0 || closing < open || len(fields) < 2 {
-			return nil, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+		if err != nil || len(fields) < 2 {
+			return nil, fmt.Errorf("process %d: %v %q", pid, err, fields)
 		}
-		ppid, _ := strconv.Atoi(fields[1])
-		procs = append(procs, containerProc{pid: pid, ppid: ppid, comm: string(stat[open+1 : closing]),
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		ppid, _ := strconv.Atoi(fields[1]) // state, then ppid
+		procs = append(procs, containerProc{pid: pid, ppid: ppid, comm: comm,
 			argv: strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")})
 	}
 	return procs, nil
