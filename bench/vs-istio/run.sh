@@ -21,7 +21,9 @@
 #     scrape every 15 s (the kubelet's and Prometheus's defaults; the probe
 #     as the kubelet sends it, to the stand-in Envoy's 15021 listener
 #     (ENVOY_STATUS_PORT), which forwards it to the agent over a pooled
-#     connection as Envoy does, and the scrape with Prometheus 3's headers:
+#     connection as Envoy does (Istio's bootstrap; ours answers it in Envoy
+#     while the agent has said it is ready, #36: the container's CPU is
+#     shown beside the agent's), and the scrape with Prometheus 3's headers:
 #     Accept preferring OpenMetrics, gzip, the scrape timeout; the probe
 #     order turned every second; #36); then each
 #     cgroup's working set as the kubelet computes it
