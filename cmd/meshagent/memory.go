@@ -3,6 +3,8 @@ package main
 import (
 	"log/slog"
 	"runtime/debug"
+	"sync"
+	"time"
 )
 
 // The agent's memory as a sidecar: what it holds is what every pod on the
@@ -17,35 +19,72 @@ import (
 // over a few MiB is cheap; 30k QPS through the DNS proxy: 24.3 µs of agent
 // CPU per query at 50 against 25.2 at 100, within the noise). Istio's agent
 // sets no GC target.
+//
+// Until the agent is first ready, that target is held off (#36): start-up
+// makes a few MB of garbage (the configuration, the bootstrap, the first
+// xDS responses, the key) over a live heap of ~3 MB, and at 50 the GC ran
+// several cycles through it, each a mark of the whole live heap, ~7 ms of
+// a start's ~36 ms of agent CPU on an idle core. In a start storm the
+// sidecar's CPU is what decides how soon every pod on the node is ready
+// (docs/performance.md). The hold is bounded twice: a soft memory limit of
+// startupHeapCeiling (or the container's, if lower) makes the GC run if
+// start-up ever allocates that much, and startupHoldMax ends the hold for
+// an agent that does not become ready (its control plane down, say).
+const (
+	startupHeapCeiling = 32 << 20
+	startupHoldMax     = 20 * time.Second
+)
 
-// setSidecarGC applies the plan's GC target; nil when the operator chose
-// GOGC (set, even empty, as read by config.Build), which Go's runtime
-// applied itself.
-func setSidecarGC(percent *int, log *slog.Logger) {
-	if percent == nil {
-		log.Debug("GC target from GOGC")
-		return
-	}
-	debug.SetGCPercent(*percent)
+// startupGC is the agent's GC target, held off during start-up: hold
+// (runAgent, before the tree runs) turns the GC off, release (the tree's
+// first ready, or startupHoldMax) sets the target. Both run once.
+type startupGC struct {
+	log     *slog.Logger
+	held    bool
+	percent int
+	limit   int64 // the memory limit to go back to
+	once    sync.Once
+	// holdMax is startupHoldMax; a test's may be shorter.
+	holdMax time.Duration
 }
 
-// releaseStartupMemory runs once, when the agent first becomes ready: a
-// full GC and returning the free pages of start-up's garbage (configuration
-// parsing, Envoy's bootstrap) now, rather than when the scavenger gets to
-// them. It gives back little (#36, measured: anon at the first ready 7.9
-// and 8.1 MiB against 8.2 and 8.1 without it, the same by 3 s): start-up's
-// heap peaks at 5 MB, below the idle GC cycle's goal, which sets the idle
-// figure (docs/performance.md). It costs one GC.
+// hold turns the GC off until release, under a soft memory limit. It holds
+// nothing when the operator chose GOGC (percent nil: set, even empty, as
+// read by config.Build), which Go's runtime applied itself. It runs after
+// memlimit.Apply, whose limit it goes back to.
+func (g *startupGC) hold(percent *int) {
+	if percent == nil {
+		g.log.Debug("GC target from GOGC")
+		return
+	}
+	g.held, g.percent = true, *percent
+	g.limit = debug.SetMemoryLimit(-1) // -1 reads it
+	debug.SetMemoryLimit(min(g.limit, startupHeapCeiling))
+	debug.SetGCPercent(-1)
+	if g.holdMax == 0 {
+		g.holdMax = startupHoldMax
+	}
+	// Left to fire after a release: once makes it a no-op.
+	time.AfterFunc(g.holdMax, func() { g.release("not ready after " + g.holdMax.String()) })
+}
+
+// release sets the agent's GC target and gives back what start-up held: a
+// full GC, and the free pages returned now rather than when the scavenger
+// gets to them.
 //
 // It no longer unmaps the start-up code pages of the executable (#24). That
 // lowered the process's RSS (0.62× Istio's agent's) but not what Kubernetes
 // counts and limits, the container's working set: the unmapped pages stay in
 // the page cache, charged to the container, and the next run of the binary
 // in the container (`kubectl exec ... pilot-agent`, the preStop drain) moved
-// about 21 MiB of them to the active list. make bench-vs-istio, one run:
-// working set after one such exec 38.8 MiB against Istio's 19.3 (2.0×) with
-// the unmapping, 19.2 (0.99×) without; idle 18.1 both ways.
-func releaseStartupMemory(log *slog.Logger) {
-	debug.FreeOSMemory()
-	log.Debug("released start-up memory")
+// about 21 MiB of them to the active list.
+func (g *startupGC) release(why string) {
+	g.once.Do(func() {
+		if g.held {
+			debug.SetGCPercent(g.percent)
+			debug.SetMemoryLimit(g.limit)
+		}
+		debug.FreeOSMemory()
+		g.log.Debug("start-up memory released", "gogc", g.percent, "held", g.held, "why", why)
+	})
 }

@@ -58,27 +58,28 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 
 // start builds the tree of the agent a command configured, and runs it.
 func (cli *cliContext) start(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) error {
-	agent, ch, err := buildTree(plan, reg, log)
+	gc := &startupGC{log: log}
+	agent, ch, err := buildTree(plan, reg, log, func() { gc.release("ready") })
 	if err != nil {
 		return err
 	}
 	if cli.startAgent != nil {
 		return cli.startAgent(plan)
 	}
-	return runAgent(plan, agent, ch, reg, log)
+	return runAgent(plan, agent, ch, reg, gc, log)
 }
 
 // buildTree builds the agent's tree from its configuration. The services'
 // configs are checked here, once, by their New (#26: cmd checked them
 // while building the configuration and New again): a bad one is a usage
 // error like any bad value, and names its variable.
-func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) (*tree.Agent, *tree.Channels, error) {
+func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger, onFirstReady func()) (*tree.Agent, *tree.Channels, error) {
 	agent, ch, err := tree.Build(plan.Tree, log, tree.Process{
 		Clock:    messages.SystemClock{},
 		Metrics:  reg,
 		Notifier: tree.SystemdNotifier{},
 		// The process is this agent's: give back what start-up held.
-		OnFirstReady: func() { releaseStartupMemory(log) },
+		OnFirstReady: onFirstReady,
 	})
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: err}
@@ -89,13 +90,13 @@ func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) (*
 // runAgent runs the built tree until a signal, /quitquitquit or a give-up.
 // SIGTERM/SIGINT drain gracefully; a second signal stops at once; a third
 // exits on the spot. SIGHUP is logged and ignored (hupNote).
-func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, log *slog.Logger) error {
+func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, gc *startupGC, log *slog.Logger) error {
 	if err := checkPorts(listenPorts(plan)); err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	setSidecarGC(plan.GCPercent, log)
 	memlimit.Apply(plan.MemoryLimitRatio, "", log) // Istio's automemlimit rule (#36)
+	gc.hold(plan.GCPercent)
 	log.Info("meshagent starting", append([]any{"version", currentVersion().Version, "envoy", describeEnvoy(plan.Proxy.BinaryPath)}, plan.Essentials()...)...)
 	config.LogEffective(log, plan)
 

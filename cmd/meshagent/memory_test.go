@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
+)
+
+// restoreGC puts the test process's GC target and memory limit back.
+func restoreGC(t *testing.T) {
+	t.Helper()
+	percent := debug.SetGCPercent(100)
+	limit := debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() { debug.SetGCPercent(percent); debug.SetMemoryLimit(limit) })
+}
+
+func TestStartupGCHoldsUntilReady(t *testing.T) {
+	restoreGC(t)
+	debug.SetMemoryLimit(512 << 20) // as memlimit.Apply would from a 569 MiB container
+	var logs bytes.Buffer
+	g := &startupGC{log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	percent := 50
+	g.hold(&percent)
+	if got := debug.SetGCPercent(-1); got != -1 {
+		t.Fatalf("GC target while starting = %d, want off (-1)", got)
+	}
+	if got := debug.SetMemoryLimit(-1); got != startupHeapCeiling {
+		t.Fatalf("memory limit while starting = %d, want the start-up ceiling %d", got, startupHeapCeiling)
+	}
+	g.release("ready")
+	g.release("ready") // the tree's first ready is once, but a late timer must not set it twice
+	if got := debug.SetGCPercent(-1); got != 50 {
+		t.Fatalf("GC target once ready = %d, want 50", got)
+	}
+	debug.SetGCPercent(50)
+	if got := debug.SetMemoryLimit(-1); got != 512<<20 {
+		t.Fatalf("memory limit once ready = %d, want the container's %d back", got, 512<<20)
+	}
+	if n := strings.Count(logs.String(), "start-up memory released"); n != 1 {
+		t.Fatalf("released %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+func TestStartupGCHoldKeepsALowerContainerLimit(t *testing.T) {
+	restoreGC(t)
+	debug.SetMemoryLimit(16 << 20)
+	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	percent := 50
+	g.hold(&percent)
+	defer g.release("test")
+	if got := debug.SetMemoryLimit(-1); got != 16<<20 {
+		t.Fatalf("memory limit while starting = %d, want the container's lower %d", got, 16<<20)
+	}
+}
+
+func TestStartupGCHoldEndsForAnAgentNeverReady(t *testing.T) {
+	restoreGC(t)
+	logs := testkit.NewLogBuffer(t)
+	g := &startupGC{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), holdMax: 10 * time.Millisecond}
+	percent := 50
+	g.hold(&percent)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "not ready after 10ms") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hold did not end by itself:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := debug.SetGCPercent(50); got != 50 {
+		t.Fatalf("GC target after the hold's end = %d, want 50", got)
+	}
+}
+
+func TestStartupGCLeavesAnOperatorsGOGC(t *testing.T) {
+	restoreGC(t)
+	debug.SetGCPercent(80) // as Go's runtime set it from GOGC=80
+	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	g.hold(nil)
+	if got := debug.SetGCPercent(-1); got != 80 {
+		t.Fatalf("GC target with GOGC set = %d, want the operator's 80", got)
+	}
+	debug.SetGCPercent(80)
+	g.release("ready")
+	if got := debug.SetGCPercent(-1); got != 80 {
+		t.Fatalf("GC target after release with GOGC set = %d, want the operator's 80", got)
+	}
+}
