@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -35,24 +36,31 @@ const (
 	startupHoldMax     = 20 * time.Second
 )
 
-// startupGC is the agent's GC target, held off during start-up: hold
-// (runAgent, before the tree runs) turns the GC off, release (the tree's
-// first ready, or startupHoldMax) sets the target. Both run once.
+// startupGC is the agent's GC target, held off during start-up, and its
+// parallelism: hold (runAgent, before the tree runs) turns the GC off,
+// release (the tree's first ready, or startupHoldMax) sets the target and
+// GOMAXPROCS. Both run once.
 type startupGC struct {
 	log     *slog.Logger
 	held    bool
 	percent int
 	limit   int64 // the memory limit to go back to
-	once    sync.Once
+	procs   *int  // GOMAXPROCS once ready; nil: Go's own
+	// parallel follows the load once ready (followLoad); nil before, or
+	// when procs is nil.
+	parallel *parallelism
+	once     sync.Once
 	// holdMax is startupHoldMax; a test's may be shorter.
 	holdMax time.Duration
 }
 
-// hold turns the GC off until release, under a soft memory limit. It holds
-// nothing when the operator chose GOGC (percent nil: set, even empty, as
-// read by config.Build), which Go's runtime applied itself. It runs after
-// memlimit.Apply, whose limit it goes back to.
-func (g *startupGC) hold(percent *int) {
+// hold turns the GC off until release, under a soft memory limit, and
+// keeps procs for release. It holds nothing when the operator chose GOGC
+// (percent nil: set, even empty, as read by config.Build), which Go's
+// runtime applied itself. It runs after memlimit.Apply, whose limit it goes
+// back to.
+func (g *startupGC) hold(percent, procs *int) {
+	g.procs = procs
 	if percent == nil {
 		g.log.Debug("GC target from GOGC")
 		return
@@ -85,6 +93,10 @@ func (g *startupGC) release(why string) {
 			debug.SetMemoryLimit(g.limit)
 		}
 		debug.FreeOSMemory()
-		g.log.Debug("start-up memory released", "gogc", g.percent, "held", g.held, "why", why)
+		// After the GC above, whose interval was the start's, busy.
+		if g.procs != nil {
+			g.parallel = followLoad(*g.procs, g.log)
+		}
+		g.log.Debug("start-up memory released", "gogc", g.percent, "held", g.held, "gomaxprocs", runtime.GOMAXPROCS(0), "why", why)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ func TestStartupGCHoldsUntilReady(t *testing.T) {
 	var logs bytes.Buffer
 	g := &startupGC{log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	percent := 50
-	g.hold(&percent)
+	g.hold(&percent, nil)
 	if got := debug.SetGCPercent(-1); got != -1 {
 		t.Fatalf("GC target while starting = %d, want off (-1)", got)
 	}
@@ -52,7 +53,7 @@ func TestStartupGCHoldKeepsALowerContainerLimit(t *testing.T) {
 	debug.SetMemoryLimit(16 << 20)
 	g := &startupGC{log: slog.New(slog.DiscardHandler)}
 	percent := 50
-	g.hold(&percent)
+	g.hold(&percent, nil)
 	defer g.release("test")
 	if got := debug.SetMemoryLimit(-1); got != 16<<20 {
 		t.Fatalf("memory limit while starting = %d, want the container's lower %d", got, 16<<20)
@@ -64,7 +65,7 @@ func TestStartupGCHoldEndsForAnAgentNeverReady(t *testing.T) {
 	logs := testkit.NewLogBuffer(t)
 	g := &startupGC{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), holdMax: 10 * time.Millisecond}
 	percent := 50
-	g.hold(&percent)
+	g.hold(&percent, nil)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "not ready after 10ms") {
 		if time.Now().After(deadline) {
@@ -81,7 +82,7 @@ func TestStartupGCLeavesAnOperatorsGOGC(t *testing.T) {
 	restoreGC(t)
 	debug.SetGCPercent(80) // as Go's runtime set it from GOGC=80
 	g := &startupGC{log: slog.New(slog.DiscardHandler)}
-	g.hold(nil)
+	g.hold(nil, nil)
 	if got := debug.SetGCPercent(-1); got != 80 {
 		t.Fatalf("GC target with GOGC set = %d, want the operator's 80", got)
 	}
@@ -89,5 +90,41 @@ func TestStartupGCLeavesAnOperatorsGOGC(t *testing.T) {
 	g.release("ready")
 	if got := debug.SetGCPercent(-1); got != 80 {
 		t.Fatalf("GC target after release with GOGC set = %d, want the operator's 80", got)
+	}
+}
+
+func TestStartupGCSetsGOMAXPROCSOnceReady(t *testing.T) {
+	restoreGC(t)
+	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from a 2-CPU limit
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	percent, procs := 50, 1
+	g.hold(&percent, &procs)
+	if got := runtime.GOMAXPROCS(0); got != 2 {
+		t.Fatalf("GOMAXPROCS while starting = %d, want Go's own 2: the start runs the key beside the rest", got)
+	}
+	g.release("ready")
+	if g.parallel == nil {
+		t.Fatal("once ready, nothing follows the load")
+	}
+	g.parallel.stopped.Store(true)
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Fatalf("GOMAXPROCS once ready = %d, want 1", got)
+	}
+	if g.parallel.idle != 1 || g.parallel.busy != 2 {
+		t.Fatalf("follows the load between %d and %d Ps, want 1 and Go's own 2", g.parallel.idle, g.parallel.busy)
+	}
+}
+
+func TestStartupGCLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
+	restoreGC(t)
+	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from GOMAXPROCS=2
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	percent := 50
+	g.hold(&percent, nil)
+	g.release("ready")
+	if got := runtime.GOMAXPROCS(0); got != 2 {
+		t.Fatalf("GOMAXPROCS with GOMAXPROCS set = %d, want the operator's 2", got)
 	}
 }

@@ -89,6 +89,10 @@ type Plan struct {
 	// default; nil when GOGC is set (even empty), which Go's runtime
 	// applied itself.
 	GCPercent *int
+	// MaxProcs is the parallelism the agent sets once it is first ready
+	// (cmd's memory.go): GOMAXPROCS's default; nil when GOMAXPROCS is set,
+	// which Go's runtime applied itself.
+	MaxProcs *int
 	// MemoryLimitRatio is the share of its cgroup's memory limit the agent
 	// sets as Go's soft memory limit, as Istio's agent does (it imports
 	// automemlimit: AUTOMEMLIMIT, default 0.9); 0: none (AUTOMEMLIMIT=off,
@@ -130,6 +134,9 @@ func Build(in Inputs) (*Plan, error) {
 	c := &Plan{ProxyType: "sidecar", Root: CheckRoot(f.Root, p), Version: in.Version}
 	if !present(in.Host.Env, envGOGC) {
 		c.GCPercent = &envGOGC.Default
+	}
+	if !present(in.Host.Env, envGOMAXPROCS) {
+		c.MaxProcs = &envGOMAXPROCS.Default
 	}
 	c.MemoryLimitRatio = memoryLimitRatio(r)
 	if len(in.Args) > 0 {
