@@ -211,7 +211,7 @@ var (
 
 	// The process.
 	envGOGC         = setting(asGCPercent, "GOGC", 50, svcProcess, "Go's GC target; unset, the agent sets this one (any value, even empty, is left to Go's runtime)")
-	envGOMAXPROCS   = setting(asCount, "GOMAXPROCS", 1, svcProcess, "Go's parallelism once the agent is first ready (it starts with Go's own: the CPU limit); unset, the agent sets this one (any value is left to Go's runtime)")
+	envGOMAXPROCS   = setting(asCount, "GOMAXPROCS", 1, svcProcess, "Go's parallelism while the agent is idle, once first ready (Go's own, the CPU limit, while it starts and while it is busy: #36); unset, the agent sets this one (any value is left to Go's runtime)")
 	envGODEBUG      = setting(asText("settings"), "GODEBUG", "updatemaxprocs=0", svcProcess, "Go's runtime settings (Go's runtime reads them); the binary's own default turns off the once-a-second CPU-limit check (#36), updatemaxprocs=1 turns it on")
 	envGOMEMLIMIT   = setting(asText("bytes or off"), "GOMEMLIMIT", "", svcProcess, "Go's soft memory limit (Go's runtime reads it); set, AUTOMEMLIMIT does nothing")
 	envAUTOMEMLIMIT = setting(asMemoryLimitRatio, "AUTOMEMLIMIT", 0.9, svcProcess, "Go's memory limit as this share of the cgroup's memory limit, as Istio's agent (automemlimit); off: none")
