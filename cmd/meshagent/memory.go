@@ -24,8 +24,8 @@ import (
 // Until the agent is first ready, that target is held off (#36): start-up
 // makes a few MB of garbage (the configuration, the bootstrap, the first
 // xDS responses, the key) over a live heap of ~3 MB, and at 50 the GC ran
-// several cycles through it, each a mark of the whole live heap, ~7 ms of
-// a start's ~36 ms of agent CPU on an idle core. In a start storm the
+// several cycles through it, each a mark of the whole live heap, ~6 ms of
+// a start's ~37 ms of agent CPU on an idle core. In a start storm the
 // sidecar's CPU is what decides how soon every pod on the node is ready
 // (docs/performance.md). The hold is bounded twice: a soft memory limit of
 // startupHeapCeiling (or the container's, if lower) makes the GC run if
@@ -36,11 +36,11 @@ const (
 	startupHoldMax     = 20 * time.Second
 )
 
-// startupGC is the agent's GC target, held off during start-up, and its
+// startupHold is the agent's GC target, held off during start-up, and its
 // parallelism: hold (runAgent, before the tree runs) turns the GC off,
 // release (the tree's first ready, or startupHoldMax) sets the target and
 // GOMAXPROCS. Both run once.
-type startupGC struct {
+type startupHold struct {
 	log     *slog.Logger
 	held    bool
 	percent int
@@ -59,7 +59,7 @@ type startupGC struct {
 // (percent nil: set, even empty, as read by config.Build), which Go's
 // runtime applied itself. It runs after memlimit.Apply, whose limit it goes
 // back to.
-func (g *startupGC) hold(percent, procs *int) {
+func (g *startupHold) hold(percent, procs *int) {
 	g.procs = procs
 	if percent == nil {
 		g.log.Debug("GC target from GOGC")
@@ -86,7 +86,7 @@ func (g *startupGC) hold(percent, procs *int) {
 // the page cache, charged to the container, and the next run of the binary
 // in the container (`kubectl exec ... pilot-agent`, the preStop drain) moved
 // about 21 MiB of them to the active list.
-func (g *startupGC) release(why string) {
+func (g *startupHold) release(why string) {
 	g.once.Do(func() {
 		if g.held {
 			debug.SetGCPercent(g.percent)

@@ -21,11 +21,11 @@ func restoreGC(t *testing.T) {
 	t.Cleanup(func() { debug.SetGCPercent(percent); debug.SetMemoryLimit(limit) })
 }
 
-func TestStartupGCHoldsUntilReady(t *testing.T) {
+func TestStartupHoldUntilReady(t *testing.T) {
 	restoreGC(t)
 	debug.SetMemoryLimit(512 << 20) // as memlimit.Apply would from a 569 MiB container
 	var logs bytes.Buffer
-	g := &startupGC{log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	g := &startupHold{log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	percent := 50
 	g.hold(&percent, nil)
 	if got := debug.SetGCPercent(-1); got != -1 {
@@ -48,10 +48,10 @@ func TestStartupGCHoldsUntilReady(t *testing.T) {
 	}
 }
 
-func TestStartupGCHoldKeepsALowerContainerLimit(t *testing.T) {
+func TestStartupHoldKeepsALowerContainerLimit(t *testing.T) {
 	restoreGC(t)
 	debug.SetMemoryLimit(16 << 20)
-	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent := 50
 	g.hold(&percent, nil)
 	defer g.release("test")
@@ -60,10 +60,10 @@ func TestStartupGCHoldKeepsALowerContainerLimit(t *testing.T) {
 	}
 }
 
-func TestStartupGCHoldEndsForAnAgentNeverReady(t *testing.T) {
+func TestStartupHoldEndsForAnAgentNeverReady(t *testing.T) {
 	restoreGC(t)
 	logs := testkit.NewLogBuffer(t)
-	g := &startupGC{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), holdMax: 10 * time.Millisecond}
+	g := &startupHold{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), holdMax: 10 * time.Millisecond}
 	percent := 50
 	g.hold(&percent, nil)
 	deadline := time.Now().Add(10 * time.Second)
@@ -78,10 +78,10 @@ func TestStartupGCHoldEndsForAnAgentNeverReady(t *testing.T) {
 	}
 }
 
-func TestStartupGCLeavesAnOperatorsGOGC(t *testing.T) {
+func TestStartupHoldLeavesAnOperatorsGOGC(t *testing.T) {
 	restoreGC(t)
 	debug.SetGCPercent(80) // as Go's runtime set it from GOGC=80
-	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	g.hold(nil, nil)
 	if got := debug.SetGCPercent(-1); got != 80 {
 		t.Fatalf("GC target with GOGC set = %d, want the operator's 80", got)
@@ -93,11 +93,11 @@ func TestStartupGCLeavesAnOperatorsGOGC(t *testing.T) {
 	}
 }
 
-func TestStartupGCSetsGOMAXPROCSOnceReady(t *testing.T) {
+func TestStartupHoldSetsGOMAXPROCSOnceReady(t *testing.T) {
 	restoreGC(t)
 	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from a 2-CPU limit
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
-	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent, procs := 50, 1
 	g.hold(&percent, &procs)
 	if got := runtime.GOMAXPROCS(0); got != 2 {
@@ -116,11 +116,11 @@ func TestStartupGCSetsGOMAXPROCSOnceReady(t *testing.T) {
 	}
 }
 
-func TestStartupGCLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
+func TestStartupHoldLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
 	restoreGC(t)
 	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from GOMAXPROCS=2
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
-	g := &startupGC{log: slog.New(slog.DiscardHandler)}
+	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent := 50
 	g.hold(&percent, nil)
 	g.release("ready")

@@ -18,11 +18,11 @@ import (
 // On one P (rig, the shipped binary beside Istio's agent, three 150 s
 // windows): 0.92, 0.83 and 0.94 CPU s an hour against 1.05, 0.94 and 1.03
 // on two, and 1.0 MiB less anon (9.4–9.5 against 10.4–10.8: the second P's
-// caches and threads). Under load one P would cap the agent at one core:
-// the DNS proxy's saturation QPS fell to 1.50× and 2.16× of Istio's agent's
-// (mesh and forwarded names, from 2.74× and 3.71×) with GOMAXPROCS=1 for
-// the whole run, where the xDS rows did not move. So the agent goes back to
-// Go's own parallelism once it is busy.
+// caches and threads). Under load one P caps the agent at one core. The
+// xDS and DNS rows of make bench-vs-istio did not move beyond their spread
+// with GOMAXPROCS=1 for the whole run (on these 2 cores dnsperf and the
+// kernel bound the DNS rows first), but an agent busy beyond one core would
+// be held back, so it goes back to Go's own parallelism once it is busy.
 //
 // Busy is read at each GC, the one moment that comes often under load and
 // seldom at idle: the share of a core the process used since the previous

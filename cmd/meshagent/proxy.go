@@ -58,7 +58,7 @@ func newProxyCommand(cli *cliContext, logs *logOptions) *cobra.Command {
 
 // start builds the tree of the agent a command configured, and runs it.
 func (cli *cliContext) start(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger) error {
-	gc := &startupGC{log: log}
+	gc := &startupHold{log: log}
 	agent, ch, err := buildTree(plan, reg, log, func() { gc.release("ready") })
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ func buildTree(plan *config.Plan, reg *prometheus.Registry, log *slog.Logger, on
 // runAgent runs the built tree until a signal, /quitquitquit or a give-up.
 // SIGTERM/SIGINT drain gracefully; a second signal stops at once; a third
 // exits on the spot. SIGHUP is logged and ignored (hupNote).
-func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, gc *startupGC, log *slog.Logger) error {
+func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prometheus.Registry, gc *startupHold, log *slog.Logger) error {
 	if err := checkPorts(listenPorts(plan)); err != nil {
 		return &exitError{code: 2, err: err}
 	}
