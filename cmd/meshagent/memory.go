@@ -29,8 +29,11 @@ import (
 // sidecar's CPU is what decides how soon every pod on the node is ready
 // (docs/performance.md). The hold is bounded twice: a soft memory limit of
 // startupHeapCeiling (or the container's, if lower) makes the GC run if
-// start-up ever allocates that much, and startupHoldMax ends the hold for
-// an agent that does not become ready (its control plane down, say).
+// start-up ever allocates that much, and that first GC ends the hold (a
+// large mesh's first push can hold more than the ceiling live, and a GC
+// run at a limit below the live heap would run again and again); and
+// startupHoldMax ends it for an agent that does not become ready (its
+// control plane down, say).
 const (
 	startupHeapCeiling = 32 << 20
 	startupHoldMax     = 20 * time.Second
@@ -45,7 +48,8 @@ type startupHold struct {
 	held    bool
 	percent int
 	limit   int64 // the memory limit to go back to
-	procs   *int  // GOMAXPROCS once ready; nil: Go's own
+	ended   sync.Once
+	procs   *int // GOMAXPROCS once ready; nil: Go's own
 	// parallel follows the load once ready (followLoad); nil before, or
 	// when procs is nil.
 	parallel *parallelism
@@ -72,8 +76,22 @@ func (g *startupHold) hold(percent, procs *int) {
 	if g.holdMax == 0 {
 		g.holdMax = startupHoldMax
 	}
-	// Left to fire after a release: once makes it a no-op.
+	// Left to fire after a release: once makes them no-ops.
 	time.AfterFunc(g.holdMax, func() { g.release("not ready after " + g.holdMax.String()) })
+	sentinel := new([32]byte) // not a tiny object (see parallelism's arm)
+	runtime.AddCleanup(sentinel, func(g *startupHold) { g.endHold("a GC at the start-up ceiling") }, g)
+}
+
+// endHold sets the GC target and the memory limit back, once: at the first
+// ready (release), or at the first GC the ceiling forced.
+func (g *startupHold) endHold(why string) {
+	g.ended.Do(func() {
+		debug.SetGCPercent(g.percent)
+		debug.SetMemoryLimit(g.limit)
+		if why != "ready" {
+			g.log.Debug("start-up GC hold ended before ready", "gogc", g.percent, "why", why)
+		}
+	})
 }
 
 // release sets the agent's GC target and gives back what start-up held: a
@@ -89,8 +107,7 @@ func (g *startupHold) hold(percent, procs *int) {
 func (g *startupHold) release(why string) {
 	g.once.Do(func() {
 		if g.held {
-			debug.SetGCPercent(g.percent)
-			debug.SetMemoryLimit(g.limit)
+			g.endHold(why)
 		}
 		debug.FreeOSMemory()
 		// After the GC above, whose interval was the start's, busy.

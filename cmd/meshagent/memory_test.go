@@ -128,3 +128,27 @@ func TestStartupHoldLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
 		t.Fatalf("GOMAXPROCS with GOMAXPROCS set = %d, want the operator's 2", got)
 	}
 }
+
+func TestStartupHoldEndsAtTheFirstGC(t *testing.T) {
+	restoreGC(t)
+	logs := testkit.NewLogBuffer(t)
+	g := &startupHold{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	percent := 50
+	g.hold(&percent, nil)
+	runtime.GC() // as the start-up ceiling would force one
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "start-up GC hold ended before ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("a GC during the hold did not end it:\n%s", logs.String())
+		}
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := debug.SetGCPercent(50); got != 50 {
+		t.Fatalf("GC target after a GC at the ceiling = %d, want 50", got)
+	}
+	g.release("ready") // the first ready still returns the pages, once
+	if n := strings.Count(logs.String(), "start-up memory released"); n != 1 {
+		t.Fatalf("released %d times, want once:\n%s", n, logs.String())
+	}
+}
