@@ -49,9 +49,9 @@ type startupHold struct {
 	percent int
 	limit   int64 // the memory limit to go back to
 	ended   sync.Once
-	procs   *int // GOMAXPROCS once ready; nil: Go's own
+	procs   int // GOMAXPROCS while idle once ready; 0: Go's own always
 	// parallel follows the load once ready (followLoad); nil before, or
-	// when procs is nil.
+	// when procs is 0.
 	parallel *parallelism
 	once     sync.Once
 	// holdMax is startupHoldMax; a test's may be shorter.
@@ -59,11 +59,11 @@ type startupHold struct {
 }
 
 // hold turns the GC off until release, under a soft memory limit, and
-// keeps procs for release. It holds nothing when the operator chose GOGC
+// keeps procs, the idle parallelism, for release. It holds nothing when the operator chose GOGC
 // (percent nil: set, even empty, as read by config.Build), which Go's
 // runtime applied itself. It runs after memlimit.Apply, whose limit it goes
 // back to.
-func (g *startupHold) hold(percent, procs *int) {
+func (g *startupHold) hold(percent *int, procs int) {
 	g.procs = procs
 	if percent == nil {
 		g.log.Debug("GC target from GOGC")
@@ -111,8 +111,8 @@ func (g *startupHold) release(why string) {
 		}
 		debug.FreeOSMemory()
 		// After the GC above, whose interval was the start's, busy.
-		if g.procs != nil {
-			g.parallel = followLoad(*g.procs, g.log)
+		if g.procs > 0 {
+			g.parallel = followLoad(g.procs, g.log)
 		}
 		g.log.Debug("start-up memory released", "gogc", g.percent, "held", g.held, "gomaxprocs", runtime.GOMAXPROCS(0), "why", why)
 	})

@@ -27,7 +27,7 @@ func TestStartupHoldUntilReady(t *testing.T) {
 	var logs bytes.Buffer
 	g := &startupHold{log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	percent := 50
-	g.hold(&percent, nil)
+	g.hold(&percent, 0)
 	if got := debug.SetGCPercent(-1); got != -1 {
 		t.Fatalf("GC target while starting = %d, want off (-1)", got)
 	}
@@ -53,7 +53,7 @@ func TestStartupHoldKeepsALowerContainerLimit(t *testing.T) {
 	debug.SetMemoryLimit(16 << 20)
 	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent := 50
-	g.hold(&percent, nil)
+	g.hold(&percent, 0)
 	defer g.release("test")
 	if got := debug.SetMemoryLimit(-1); got != 16<<20 {
 		t.Fatalf("memory limit while starting = %d, want the container's lower %d", got, 16<<20)
@@ -65,7 +65,7 @@ func TestStartupHoldEndsForAnAgentNeverReady(t *testing.T) {
 	logs := testkit.NewLogBuffer(t)
 	g := &startupHold{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), holdMax: 10 * time.Millisecond}
 	percent := 50
-	g.hold(&percent, nil)
+	g.hold(&percent, 0)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "not ready after 10ms") {
 		if time.Now().After(deadline) {
@@ -82,7 +82,7 @@ func TestStartupHoldLeavesAnOperatorsGOGC(t *testing.T) {
 	restoreGC(t)
 	debug.SetGCPercent(80) // as Go's runtime set it from GOGC=80
 	g := &startupHold{log: slog.New(slog.DiscardHandler)}
-	g.hold(nil, nil)
+	g.hold(nil, 0)
 	if got := debug.SetGCPercent(-1); got != 80 {
 		t.Fatalf("GC target with GOGC set = %d, want the operator's 80", got)
 	}
@@ -99,7 +99,7 @@ func TestStartupHoldSetsGOMAXPROCSOnceReady(t *testing.T) {
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
 	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent, procs := 50, 1
-	g.hold(&percent, &procs)
+	g.hold(&percent, procs)
 	if got := runtime.GOMAXPROCS(0); got != 2 {
 		t.Fatalf("GOMAXPROCS while starting = %d, want Go's own 2: the start runs the key beside the rest", got)
 	}
@@ -116,16 +116,16 @@ func TestStartupHoldSetsGOMAXPROCSOnceReady(t *testing.T) {
 	}
 }
 
-func TestStartupHoldLeavesAnOperatorsGOMAXPROCS(t *testing.T) {
+func TestStartupHoldIdleParallelismOff(t *testing.T) {
 	restoreGC(t)
 	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from GOMAXPROCS=2
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
 	g := &startupHold{log: slog.New(slog.DiscardHandler)}
 	percent := 50
-	g.hold(&percent, nil)
+	g.hold(&percent, 0) // MESHAGENT_IDLE_GOMAXPROCS=0
 	g.release("ready")
-	if got := runtime.GOMAXPROCS(0); got != 2 {
-		t.Fatalf("GOMAXPROCS with GOMAXPROCS set = %d, want the operator's 2", got)
+	if got := runtime.GOMAXPROCS(0); got != 2 || g.parallel != nil {
+		t.Fatalf("GOMAXPROCS with the idle parallelism off = %d (following the load: %v), want 2 always", got, g.parallel != nil)
 	}
 }
 
@@ -134,7 +134,7 @@ func TestStartupHoldEndsAtTheFirstGC(t *testing.T) {
 	logs := testkit.NewLogBuffer(t)
 	g := &startupHold{log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	percent := 50
-	g.hold(&percent, nil)
+	g.hold(&percent, 0)
 	runtime.GC() // as the start-up ceiling would force one
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "start-up GC hold ended before ready") {

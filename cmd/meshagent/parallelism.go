@@ -8,8 +8,10 @@ import (
 	"time"
 )
 
-// The agent's parallelism (#36): one P while it is idle, Go's own (the CPU
-// limit) under load.
+// The agent's parallelism (#36): one P while it is idle
+// (MESHAGENT_IDLE_GOMAXPROCS), under load the parallelism Go's runtime set
+// at start: GOMAXPROCS, which Istio's injector sets from the container's
+// CPU limit, or the CPU limit itself.
 //
 // At idle the agent's work is small bursts: a scrape every 15 s, gRPC's
 // keepalives, a GC every 2 minutes. With two Ps every burst also woke a

@@ -96,7 +96,7 @@ func runAgent(plan *config.Plan, agent *tree.Agent, ch *tree.Channels, reg *prom
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	memlimit.Apply(plan.MemoryLimitRatio, "", log) // Istio's automemlimit rule (#36)
-	gc.hold(plan.GCPercent, plan.MaxProcs)
+	gc.hold(plan.GCPercent, plan.IdleMaxProcs)
 	log.Info("meshagent starting", append([]any{"version", currentVersion().Version, "envoy", describeEnvoy(plan.Proxy.BinaryPath)}, plan.Essentials()...)...)
 	config.LogEffective(log, plan)
 

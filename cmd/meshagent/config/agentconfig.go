@@ -89,10 +89,11 @@ type Plan struct {
 	// default; nil when GOGC is set (even empty), which Go's runtime
 	// applied itself.
 	GCPercent *int
-	// MaxProcs is the parallelism the agent sets once it is first ready
-	// (cmd's memory.go): GOMAXPROCS's default; nil when GOMAXPROCS is set,
-	// which Go's runtime applied itself.
-	MaxProcs *int
+	// IdleMaxProcs is the parallelism the agent runs on while idle once it
+	// is first ready (cmd's parallelism.go); 0: always the one Go's runtime
+	// set at start (GOMAXPROCS, which Istio's injector sets from the CPU
+	// limit, or the CPU limit itself).
+	IdleMaxProcs int
 	// MemoryLimitRatio is the share of its cgroup's memory limit the agent
 	// sets as Go's soft memory limit, as Istio's agent does (it imports
 	// automemlimit: AUTOMEMLIMIT, default 0.9); 0: none (AUTOMEMLIMIT=off,
@@ -135,9 +136,7 @@ func Build(in Inputs) (*Plan, error) {
 	if !present(in.Host.Env, envGOGC) {
 		c.GCPercent = &envGOGC.Default
 	}
-	if !present(in.Host.Env, envGOMAXPROCS) {
-		c.MaxProcs = &envGOMAXPROCS.Default
-	}
+	c.IdleMaxProcs = get(r, envIdleGOMAXPROCS)
 	c.MemoryLimitRatio = memoryLimitRatio(r)
 	if len(in.Args) > 0 {
 		c.ProxyType = in.Args[0]

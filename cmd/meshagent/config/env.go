@@ -210,13 +210,13 @@ var (
 	envIstioCPAuth          = setting(asText("string"), "ISTIO_CP_AUTH", "MUTUAL_TLS", svcVM, "the VM's controlPlaneAuthPolicy")
 
 	// The process.
-	envGOGC         = setting(asGCPercent, "GOGC", 50, svcProcess, "Go's GC target; unset, the agent sets this one (any value, even empty, is left to Go's runtime)")
-	envGOMAXPROCS   = setting(asCount, "GOMAXPROCS", 1, svcProcess, "Go's parallelism while the agent is idle, once first ready (Go's own, the CPU limit, while it starts and while it is busy: #36); unset, the agent sets this one (any value is left to Go's runtime)")
-	envGODEBUG      = setting(asText("settings"), "GODEBUG", "updatemaxprocs=0", svcProcess, "Go's runtime settings (Go's runtime reads them); the binary's own default turns off the once-a-second CPU-limit check (#36), updatemaxprocs=1 turns it on")
-	envGOMEMLIMIT   = setting(asText("bytes or off"), "GOMEMLIMIT", "", svcProcess, "Go's soft memory limit (Go's runtime reads it); set, AUTOMEMLIMIT does nothing")
-	envAUTOMEMLIMIT = setting(asMemoryLimitRatio, "AUTOMEMLIMIT", 0.9, svcProcess, "Go's memory limit as this share of the cgroup's memory limit, as Istio's agent (automemlimit); off: none")
-	envNotifySocket = setting(asText("path"), "NOTIFY_SOCKET", "", svcProcess, "systemd's readiness socket (read by go-systemd in tree)")
-	envWatchdogUSEC = setting(asText("count"), "WATCHDOG_USEC", "", svcProcess, "systemd's watchdog interval (read by go-systemd in tree)")
+	envGOGC           = setting(asGCPercent, "GOGC", 50, svcProcess, "Go's GC target; unset, the agent sets this one (any value, even empty, is left to Go's runtime)")
+	envIdleGOMAXPROCS = setting(asCount, "MESHAGENT_IDLE_GOMAXPROCS", 1, svcProcess, "ours: Go's parallelism while the agent is idle, once first ready; under load it takes GOMAXPROCS (Istio's injector sets it from the CPU limit) or Go's own back, read at each GC; 0: always that (#36)")
+	envGODEBUG        = setting(asText("settings"), "GODEBUG", "updatemaxprocs=0", svcProcess, "Go's runtime settings (Go's runtime reads them); the binary's own default turns off the once-a-second CPU-limit check (#36), updatemaxprocs=1 turns it on")
+	envGOMEMLIMIT     = setting(asText("bytes or off"), "GOMEMLIMIT", "", svcProcess, "Go's soft memory limit (Go's runtime reads it); set, AUTOMEMLIMIT does nothing")
+	envAUTOMEMLIMIT   = setting(asMemoryLimitRatio, "AUTOMEMLIMIT", 0.9, svcProcess, "Go's memory limit as this share of the cgroup's memory limit, as Istio's agent (automemlimit); off: none")
+	envNotifySocket   = setting(asText("path"), "NOTIFY_SOCKET", "", svcProcess, "systemd's readiness socket (read by go-systemd in tree)")
+	envWatchdogUSEC   = setting(asText("count"), "WATCHDOG_USEC", "", svcProcess, "systemd's watchdog interval (read by go-systemd in tree)")
 )
 
 // Vars is the table as help prints it, sorted by name.

@@ -198,7 +198,7 @@ func TestDefaultsAreWhatHelpPrints(t *testing.T) {
 		eff(envIstioCPAuth, vmProxyConfig("controlPlaneAuthPolicy")),
 
 		eff(envGOGC, *plan.GCPercent),
-		eff(envGOMAXPROCS, *plan.MaxProcs),
+		eff(envIdleGOMAXPROCS, plan.IdleMaxProcs),
 		eff(envAUTOMEMLIMIT, plan.MemoryLimitRatio),
 	}
 	// Entries whose unset value is not a value of the plan: a choice among
