@@ -59,10 +59,10 @@ type startupHold struct {
 }
 
 // hold turns the GC off until release, under a soft memory limit, and
-// keeps procs, the idle parallelism, for release. It holds nothing when the operator chose GOGC
-// (percent nil: set, even empty, as read by config.Build), which Go's
-// runtime applied itself. It runs after memlimit.Apply, whose limit it goes
-// back to.
+// keeps procs, the idle parallelism, for release. It holds nothing when
+// the operator chose GOGC (percent nil: set, even empty, as read by
+// config.Build), which Go's runtime applied itself. It runs after
+// memlimit.Apply, whose limit it goes back to.
 func (g *startupHold) hold(percent *int, procs int) {
 	g.procs = procs
 	if percent == nil {

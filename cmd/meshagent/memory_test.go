@@ -152,3 +152,16 @@ func TestStartupHoldEndsAtTheFirstGC(t *testing.T) {
 		t.Fatalf("released %d times, want once:\n%s", n, logs.String())
 	}
 }
+
+func TestStartupHoldNeverRaisesParallelism(t *testing.T) {
+	restoreGC(t)
+	before := runtime.GOMAXPROCS(2) // the CPU limit's, or GOMAXPROCS=2
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	g := &startupHold{log: slog.New(slog.DiscardHandler)}
+	percent := 50
+	g.hold(&percent, 4) // MESHAGENT_IDLE_GOMAXPROCS=4
+	g.release("ready")
+	if got := runtime.GOMAXPROCS(0); got != 2 || g.parallel != nil {
+		t.Fatalf("GOMAXPROCS with an idle parallelism above the limit = %d (following the load: %v), want 2 always", got, g.parallel != nil)
+	}
+}

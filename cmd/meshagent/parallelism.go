@@ -56,12 +56,12 @@ type parallelism struct {
 }
 
 // followLoad sets GOMAXPROCS to idle now and follows the load from then
-// on (nil when there is nothing to follow): busy is Go's own parallelism,
-// as the runtime set it at start.
+// on: busy is Go's own parallelism, as the runtime set it at start. An idle
+// parallelism not below it changes nothing (nil): the agent never takes
+// more Ps than the CPU limit or GOMAXPROCS gave it.
 func followLoad(idle int, log *slog.Logger) *parallelism {
 	busy := runtime.GOMAXPROCS(0)
 	if idle >= busy {
-		runtime.GOMAXPROCS(idle)
 		return nil
 	}
 	p := &parallelism{log: log, set: runtime.GOMAXPROCS, cpu: processCPU, now: time.Now, idle: idle, busy: busy, current: idle}
