@@ -78,8 +78,7 @@ func (g *startupHold) hold(percent *int, procs int) {
 	}
 	// Left to fire after a release: once makes them no-ops.
 	time.AfterFunc(g.holdMax, func() { g.release("not ready after " + g.holdMax.String()) })
-	sentinel := new([32]byte) // not a tiny object (see parallelism's arm)
-	runtime.AddCleanup(sentinel, func(g *startupHold) { g.endHold("a GC at the start-up ceiling") }, g)
+	afterNextGC(func() { g.endHold("a GC at the start-up ceiling") })
 }
 
 // endHold sets the GC target and the memory limit back, once: at the first

@@ -71,14 +71,20 @@ func followLoad(idle int, log *slog.Logger) *parallelism {
 	return p
 }
 
-// arm runs afterGC once the next GC has found a fresh sentinel
-// unreachable; afterGC arms it again.
+// arm runs afterGC after the next GC; afterGC arms it again.
 func (p *parallelism) arm() {
 	if p.stopped.Load() {
 		return
 	}
+	afterNextGC(p.afterGC)
+}
+
+// afterNextGC runs f on the runtime's cleanup goroutine once the next GC
+// has found a fresh sentinel unreachable: the one hook Go gives into its
+// GC cycles (the start-up hold and the load follower use it).
+func afterNextGC(f func()) {
 	sentinel := new([32]byte) // not a tiny object: those share a block, and their cleanups may not run
-	runtime.AddCleanup(sentinel, func(p *parallelism) { p.afterGC() }, p)
+	runtime.AddCleanup(sentinel, func(f func()) { f() }, f)
 }
 
 func (p *parallelism) afterGC() {
