@@ -276,11 +276,7 @@ func (s *Service) pollReady(ctx context.Context, out chan readiness, epoch, rest
 		ready, why := s.admin.readiness(ctx, restartEpoch)
 		if now := (readiness{epoch, ready, why}); now != last {
 			last = now
-			select { // replace an unread value
-			case <-out:
-			default:
-			}
-			out <- now
+			sendLatest(out, now)
 		}
 		if ready {
 			return

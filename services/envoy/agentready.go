@@ -58,11 +58,7 @@ func (r *readinessRelay) envoy(st messages.EnvoyState) {
 	if r == nil {
 		return
 	}
-	select { // replace an unread value
-	case <-r.states:
-	default:
-	}
-	r.states <- st
+	sendLatest(r.states, st)
 }
 
 // stop ends the relay and waits for it.

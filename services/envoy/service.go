@@ -380,3 +380,15 @@ func (e *ExitError) Unwrap() error { return ErrEnvoyExited }
 func errDrained(why string) error {
 	return fmt.Errorf("%w (%s): %w", ErrDrained, why, suture.ErrDoNotRestart)
 }
+
+// sendLatest puts v in ch, a channel of one value whose only sender is the
+// caller, replacing a value not yet read: its reader wants the newest (the
+// readiness poll's verdict, the relay's EnvoyState), and the sender never
+// blocks.
+func sendLatest[T any](ch chan T, v T) {
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- v
+}
