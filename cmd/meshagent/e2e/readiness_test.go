@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,7 +10,9 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshagent/internal/e2ekit"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit"
+	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 )
 
 // The kubelet's readiness probe on Envoy's 15021 (#36): Envoy answers it
@@ -35,15 +36,11 @@ func probe15021(p *e2ekit.AgentProcess) (int, string) {
 // it has none), and whether Envoy's admin API answered.
 func agentReadyKey(p *e2ekit.AgentProcess) (string, bool) {
 	code, body := testkit.Fetch(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/runtime", p.AdminPort))
-	var rt struct {
-		Entries map[string]struct {
-			FinalValue string `json:"final_value"`
-		} `json:"entries"`
-	}
-	if code != http.StatusOK || json.Unmarshal([]byte(body), &rt) != nil {
+	if code != http.StatusOK {
 		return "", false
 	}
-	return rt.Entries["meshagent.agent_ready"].FinalValue, true
+	v, err := envoyadmin.RuntimeValue([]byte(body), bootstrap.ReadinessKey)
+	return v, err == nil
 }
 
 // keyIs says whether Envoy answers and its meshagent.agent_ready is want.

@@ -76,3 +76,17 @@ func Names(d *Dump) map[string][]string {
 	}
 	return out
 }
+
+// RuntimeValue is key's final value in a /runtime body ("" when Envoy's
+// runtime has no such key).
+func RuntimeValue(body []byte, key string) (string, error) {
+	var rt struct {
+		Entries map[string]struct {
+			FinalValue string `json:"final_value"`
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal(body, &rt); err != nil {
+		return "", err
+	}
+	return rt.Entries[key].FinalValue, nil
+}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
 	"github.com/meshagent/meshagent/testdata/testkit/pki"
 )
@@ -244,19 +245,15 @@ func (s *suite) probeInEnvoy(t *testing.T, pod string) error {
 		if err != nil {
 			return fmt.Errorf("pilot-agent request GET runtime: %v (%.300q)", err, out)
 		}
-		var rt struct {
-			Entries map[string]struct {
-				FinalValue string `json:"final_value"`
-			} `json:"entries"`
-		}
-		if err := json.Unmarshal([]byte(out), &rt); err != nil {
+		v, err := envoyadmin.RuntimeValue([]byte(out), bootstrap.ReadinessKey)
+		if err != nil {
 			return fmt.Errorf("Envoy's /runtime: %v: %.300s", err, out)
 		}
-		if last = rt.Entries["meshagent.agent_ready"].FinalValue; last == "100" {
+		if last = v; last == "100" {
 			return nil
 		}
 	}
-	return fmt.Errorf("Envoy's meshagent.agent_ready = %q, want 100 in a Ready pod", last)
+	return fmt.Errorf("Envoy's %s = %q, want 100 in a Ready pod", bootstrap.ReadinessKey, last)
 }
 
 // syncz waits until istiod's /debug/syncz lists the pod's proxy with every
