@@ -116,16 +116,28 @@ func TestStartupHoldSetsGOMAXPROCSOnceReady(t *testing.T) {
 	}
 }
 
-func TestStartupHoldIdleParallelismOff(t *testing.T) {
-	restoreGC(t)
-	before := runtime.GOMAXPROCS(2) // as Go's runtime set it from GOMAXPROCS=2
-	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
-	g := &startupHold{log: slog.New(slog.DiscardHandler)}
-	percent := 50
-	g.hold(&percent, 0) // MESHAGENT_IDLE_GOMAXPROCS=0
-	g.release("ready")
-	if got := runtime.GOMAXPROCS(0); got != 2 || g.parallel != nil {
-		t.Fatalf("GOMAXPROCS with the idle parallelism off = %d (following the load: %v), want 2 always", got, g.parallel != nil)
+// An idle parallelism of 0 (off), or not below the one Go's runtime set
+// at start, leaves GOMAXPROCS as it is, and nothing follows the load.
+func TestStartupHoldLeavesParallelism(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		idle int // MESHAGENT_IDLE_GOMAXPROCS
+	}{
+		{"off", 0},
+		{"above the limit's", 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			restoreGC(t)
+			before := runtime.GOMAXPROCS(2) // the CPU limit's, or GOMAXPROCS=2
+			t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+			g := &startupHold{log: slog.New(slog.DiscardHandler)}
+			percent := 50
+			g.hold(&percent, tc.idle)
+			g.release("ready")
+			if got := runtime.GOMAXPROCS(0); got != 2 || g.parallel != nil {
+				t.Fatalf("GOMAXPROCS with MESHAGENT_IDLE_GOMAXPROCS=%d = %d (following the load: %v), want 2 always", tc.idle, got, g.parallel != nil)
+			}
+		})
 	}
 }
 
@@ -150,18 +162,5 @@ func TestStartupHoldEndsAtTheFirstGC(t *testing.T) {
 	g.release("ready") // the first ready still returns the pages, once
 	if n := strings.Count(logs.String(), "start-up memory released"); n != 1 {
 		t.Fatalf("released %d times, want once:\n%s", n, logs.String())
-	}
-}
-
-func TestStartupHoldNeverRaisesParallelism(t *testing.T) {
-	restoreGC(t)
-	before := runtime.GOMAXPROCS(2) // the CPU limit's, or GOMAXPROCS=2
-	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
-	g := &startupHold{log: slog.New(slog.DiscardHandler)}
-	percent := 50
-	g.hold(&percent, 4) // MESHAGENT_IDLE_GOMAXPROCS=4
-	g.release("ready")
-	if got := runtime.GOMAXPROCS(0); got != 2 || g.parallel != nil {
-		t.Fatalf("GOMAXPROCS with an idle parallelism above the limit = %d (following the load: %v), want 2 always", got, g.parallel != nil)
 	}
 }
