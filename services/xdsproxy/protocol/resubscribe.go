@@ -16,7 +16,9 @@ import (
 //
 //   - State of the World: per type, in the order Envoy first asked, its
 //     last request's resource names and version_info (the version it
-//     holds), no nonce; the node on the first.
+//     holds: the one it acknowledged last, or the one the cache sent it
+//     still in flight, as for Delta below), no nonce; the node on the
+//     first.
 //   - Delta: per type, resource_names_subscribe as Envoy subscribed (none
 //     for a legacy wildcard, "*" and the names for an explicit one) and
 //     initial_resource_versions, the resources Envoy holds: those it came
@@ -56,11 +58,23 @@ func (Delta) AfterCache(req, _ *discoveryv3.DeltaDiscoveryRequest) (*discoveryv3
 
 // Resubscribe: per type, Envoy's last names and the version it holds
 // (Envoy's GrpcMuxImpl keeps both in its request, and clears the nonce on
-// a new stream); the node on the first.
+// a new stream); the node on the first. A response still in flight to
+// Envoy counts as held, as in Delta: Envoy takes it before anything the
+// control plane sends on the stream, and accepted the same configuration
+// before. Declaring only what Envoy had acknowledged made the move's
+// version_info depend on whether Envoy's ACK of the cache's response had
+// reached the proxy yet, a race of a few ms (the flake of
+// TestCachedStreamMovesToControlPlane under load, #36's fifth session).
 func (x *sotwTracker) Resubscribe() []*discoveryv3.DiscoveryRequest {
 	out := make([]*discoveryv3.DiscoveryRequest, 0, len(x.order))
 	for _, t := range x.order {
-		r := &discoveryv3.DiscoveryRequest{TypeUrl: t, ResourceNames: slices.Clone(x.names[t]), VersionInfo: x.versions[t]}
+		version := x.versions[t]
+		if c, ok := x.fromCache[t]; ok {
+			version = c.version
+		} else if p := x.pending[t]; p != nil {
+			version = p.Version
+		}
+		r := &discoveryv3.DiscoveryRequest{TypeUrl: t, ResourceNames: slices.Clone(x.names[t]), VersionInfo: version}
 		if len(out) == 0 {
 			r.Node = x.first.GetNode()
 		}

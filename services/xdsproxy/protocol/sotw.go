@@ -29,6 +29,10 @@ type sotwTracker struct {
 	pending map[string]*rawxds.Frame // type → the last response forwarded
 	served  map[string][]string      // cache mode: type → names last answered
 	nonces  int
+	// fromCache: type → the cache's response Envoy has not answered yet,
+	// later than any pending one (Sending drops it): Envoy holds its
+	// version once it reads it (Resubscribe).
+	fromCache map[string]cacheSent
 
 	// versions: type → the version_info of Envoy's latest request, the
 	// version it holds (HeldVersion, Resubscribe).
@@ -37,7 +41,7 @@ type sotwTracker struct {
 
 func (SotW) NewTracker(id uint64) Tracker[*discoveryv3.DiscoveryRequest] {
 	return &sotwTracker{id: id, names: map[string][]string{}, pending: map[string]*rawxds.Frame{}, served: map[string][]string{},
-		versions: map[string]string{}}
+		fromCache: map[string]cacheSent{}, versions: map[string]string{}}
 }
 
 func (SotW) Mode() lkg.Mode { return lkg.ModeSotW }
@@ -74,6 +78,9 @@ func (x *sotwTracker) Observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 	}
 	x.names[t] = req.GetResourceNames()
 	x.versions[t] = req.GetVersionInfo()
+	if c, ok := x.fromCache[t]; ok && req.GetResponseNonce() == c.nonce {
+		delete(x.fromCache, t)
+	}
 	if p := x.pending[t]; p != nil && req.GetResponseNonce() != "" && req.GetResponseNonce() == p.Nonce {
 		delete(x.pending, t)
 		if info.Nack == "" {
@@ -88,7 +95,11 @@ func (x *sotwTracker) Observe(req *discoveryv3.DiscoveryRequest, record bool, ca
 
 func (x *sotwTracker) Sending(f *rawxds.Frame, _ *lkg.Cache) {
 	x.pending[f.TypeURL] = f
+	delete(x.fromCache, f.TypeURL)
 }
+
+// cacheSent is a response of the cache on its way to Envoy (fromCache).
+type cacheSent struct{ nonce, version string }
 
 func (x *sotwTracker) HeldVersion(typeURL string) string { return x.versions[typeURL] }
 
@@ -133,5 +144,6 @@ func (x *sotwTracker) answerType(cache *lkg.Cache, t string, names []string) []*
 	x.served[t] = slices.Clone(names)
 	x.nonces++
 	nonce := cacheNonce(x.id, x.nonces)
+	x.fromCache[t] = cacheSent{nonce: nonce, version: e.Version}
 	return []*rawxds.Frame{{Body: rawxds.WithNonce(e.Response, nonce), TypeURL: t, Nonce: nonce, Version: e.Version, Resources: rawxds.CountResources(e.Response)}}
 }

@@ -8,6 +8,7 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/meshagent/meshagent/services/xdsproxy/lkg"
 	"github.com/meshagent/meshagent/services/xdsproxy/rawxds"
@@ -63,4 +64,64 @@ func TestAcknowledgedDeltaFrameIsReleased(t *testing.T) {
 		t.Error("the stream still holds the acknowledged frame")
 	}
 	runtime.KeepAlive(x)
+}
+
+// A stream that moves declares, per type, the version Envoy will hold when
+// the control plane's first answer reaches it: the last response sent to
+// Envoy on the stream while it is in flight (the control plane's or the
+// cache's), else the one Envoy acknowledged or kept.
+func TestSotWResubscribeDeclaresTheVersionInFlight(t *testing.T) {
+	c := lkg.New(1<<30, slog.New(slog.DiscardHandler))
+	declared := func(x Tracker[*discoveryv3.DiscoveryRequest]) string {
+		t.Helper()
+		reqs := x.Resubscribe()
+		if len(reqs) != 1 || reqs[0].GetTypeUrl() != resource.ClusterType || reqs[0].GetResponseNonce() != "" {
+			t.Fatalf("resubscribed with %v, want one request for clusters, no nonce", reqs)
+		}
+		return reqs[0].GetVersionInfo()
+	}
+	request := func(version, nonce string, nack bool) *discoveryv3.DiscoveryRequest {
+		r := &discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: version, ResponseNonce: nonce}
+		if nack {
+			r.ErrorDetail = &rpcstatus.Status{Message: "rejected"}
+		}
+		return r
+	}
+
+	// From the control plane.
+	x := SotW{}.NewTracker(1)
+	x.Observe(request("", "", false), true, c)
+	if v := declared(x); v != "" {
+		t.Errorf("nothing sent yet: declared %q, want none", v)
+	}
+	f := &rawxds.Frame{Body: xdsserver.Pieces(xdsserver.SotWResponse(t, "v1", "n1", 1), 100)}
+	if err := f.Scan(); err != nil {
+		t.Fatal(err)
+	}
+	x.Sending(f, c)
+	if v := declared(x); v != "v1" {
+		t.Errorf("v1 in flight: declared %q, want v1", v)
+	}
+	x.Observe(request("v1", "n1", false), true, c)
+	if v := declared(x); v != "v1" {
+		t.Errorf("v1 acknowledged: declared %q, want v1", v)
+	}
+
+	// From the cache (v1, acknowledged above), to a fresh Envoy.
+	for _, nack := range []bool{false, true} {
+		y := SotW{}.NewTracker(2)
+		y.Observe(request("", "", false), true, c)
+		sent := y.Replay(c)
+		if len(sent) != 1 || sent[0].Version != "v1" {
+			t.Fatalf("the cache served %v, want v1", sent)
+		}
+		if v := declared(y); v != "v1" {
+			t.Errorf("the cache's v1 in flight: declared %q, want v1", v)
+		}
+		y.Observe(request(map[bool]string{false: "v1", true: ""}[nack], sent[0].Nonce, nack), true, c)
+		want := map[bool]string{false: "v1", true: ""}[nack]
+		if v := declared(y); v != want {
+			t.Errorf("the cache's v1 answered (NACK %v): declared %q, want %q", nack, v, want)
+		}
+	}
 }
