@@ -176,8 +176,9 @@ bench-vs-istio: build peer-istio-agent
 
 # The start and reconnect storms on the kube node (#36): STORM_PODS pods
 # (default 30) created at once, once with each agent, then istiod restarted
-# under them; one table (bench/kube-storm/run.sh). Root; the kube peers
-# built (`make peers-kube`).
+# under them; STORM_ROUNDS rounds (default 2), the order turned each round,
+# a table per round (bench/kube-storm/run.sh). Root; the kube peers built
+# (`make peers-kube`).
 bench-kube-storm:
 	bash bench/kube-storm/run.sh
 
