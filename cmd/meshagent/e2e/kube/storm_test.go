@@ -4,14 +4,14 @@ package kube
 // (STORM_PODS, default 30), native sidecars injected by Istio's webhook,
 // certificates from istiod's CA, created at once, once with each agent, in
 // one run on the one node; then istiod stopped and started again with the N
-// pods connected. One table, ours beside Istio's agent's.
+// pods connected. STORM_ROUNDS rounds, the order turned each round; a table
+// per round, ours beside Istio's agent's (stormtable_test.go); the pods
+// followed through kubectl's watch (stormwatch_test.go).
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -108,15 +107,6 @@ func TestKubeStorm(t *testing.T) {
 	if rounds > 1 {
 		t.Logf("storm rounds: created → Ready p95, ours / Istio's, by round %.2f; geometric mean %.2f", p95s, geomean(p95s))
 	}
-}
-
-// geomean is the geometric mean of positive ratios.
-func geomean(xs []float64) float64 {
-	sum := 0.0
-	for _, x := range xs {
-		sum += math.Log(x)
-	}
-	return math.Exp(sum / float64(len(xs)))
 }
 
 // stormResult is one agent's storm.
@@ -233,126 +223,6 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	r.gone = time.Since(start)
 	t.Logf("%s: all gone %v after the delete", a.name, r.gone.Round(100*time.Millisecond))
 	return r
-}
-
-// podWatch follows the pods of one app label through `kubectl get
-// --watch`: when each turned Ready, when it left Ready, when it was deleted.
-type podWatch struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu       sync.Mutex
-	changed  chan struct{} // closed and replaced at every event
-	readyAt  map[string]time.Time
-	ready    map[string]bool
-	live     map[string]bool
-	unready  int // Ready → not Ready transitions since the baseline
-	baseline bool
-}
-
-func (n *node) watchPods(t *testing.T, label string) *podWatch {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &podWatch{cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}),
-		readyAt: map[string]time.Time{}, ready: map[string]bool{}, live: map[string]bool{}}
-	cmd := n.inNetns(ctx, filepath.Join(n.kubeBin, "kubectl"), "--kubeconfig", filepath.Join(n.root, "pki", "admin.kubeconfig"),
-		"-n", testNS, "get", "pods", "-l", "app="+label, "--watch", "--output-watch-events", "-o",
-		`jsonpath={.type} {.object.metadata.name} {.object.status.conditions[?(@.type=="Ready")].status}{"\n"}`)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			w.event(strings.Fields(sc.Text()), time.Now())
-		}
-		cmd.Wait()
-	}()
-	return w
-}
-
-func (w *podWatch) event(f []string, at time.Time) {
-	if len(f) < 2 {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	name := f[1]
-	ready := len(f) > 2 && f[2] == "True"
-	switch f[0] {
-	case "DELETED":
-		delete(w.live, name)
-	default:
-		w.live[name] = true
-		if ready && w.readyAt[name].IsZero() {
-			w.readyAt[name] = at
-		}
-		if w.baseline && w.ready[name] && !ready {
-			w.unready++
-		}
-		w.ready[name] = ready
-	}
-	close(w.changed)
-	w.changed = make(chan struct{})
-}
-
-// waitFor waits until cond (called with w.mu held) holds.
-func (w *podWatch) waitFor(timeout time.Duration, cond func() bool) bool {
-	deadline := time.After(timeout)
-	for {
-		w.mu.Lock()
-		ok, changed := cond(), w.changed
-		w.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			return false
-		}
-	}
-}
-
-func (w *podWatch) waitReady(pods int, timeout time.Duration) bool {
-	return w.waitFor(timeout, func() bool { return len(w.readyAt) >= pods })
-}
-
-func (w *podWatch) waitGone(timeout time.Duration) bool {
-	return w.waitFor(timeout, func() bool { return len(w.live) == 0 })
-}
-
-func (w *podWatch) readyTimes() []time.Time {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []time.Time
-	for _, at := range w.readyAt {
-		out = append(out, at)
-	}
-	return out
-}
-
-// markReadyBaseline starts counting pods that leave Ready.
-func (w *podWatch) markReadyBaseline() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.baseline, w.unready = true, 0
-}
-
-func (w *podWatch) unreadySinceBaseline() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.unready
-}
-
-func (w *podWatch) stop() {
-	w.cancel()
-	<-w.done
 }
 
 // istiodMetrics scrapes istiod's monitoring port (15014, in the node's
@@ -493,71 +363,4 @@ func (s *suite) restarts(t *testing.T, label string) int {
 		sum += v
 	}
 	return sum
-}
-
-// quantile is the q-quantile of sorted durations (nearest rank).
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-// printStormTable prints one round's table: ours, Istio's agent's, and the
-// ratio; round says which round, and which agent stormed first.
-func printStormTable(t *testing.T, pods int, round string, ours, istio *stormResult) {
-	type row struct {
-		name   string
-		o, i   float64
-		format func(float64) string
-	}
-	dur := func(v float64) string { return fmt.Sprintf("%.1f s", v) }
-	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
-	ds := func(d time.Duration) float64 { return d.Seconds() }
-	spread := func(r *stormResult) float64 {
-		if len(r.synced) == 0 {
-			return 0
-		}
-		return ds(r.synced[len(r.synced)-1] - r.synced[0])
-	}
-	rows := []row{
-		{"created → Ready p50", ds(quantile(ours.ready, 0.5)), ds(quantile(istio.ready, 0.5)), dur},
-		{"created → Ready p95", ds(quantile(ours.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
-		{"created → Ready max", ds(ours.readyAll), ds(istio.readyAll), dur},
-		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
-		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
-		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
-		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
-		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
-		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
-		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
-		{"istiod restarted → all synced", ds(ours.syncedAll), ds(istio.syncedAll), dur},
-		{"  first synced", ds(quantile(ours.synced, 0)), ds(quantile(istio.synced, 0)), dur},
-		{"  p50 synced", ds(quantile(ours.synced, 0.5)), ds(quantile(istio.synced, 0.5)), dur},
-		{"  spread first → last", spread(ours), spread(istio), dur},
-		{"pods synced again", float64(len(ours.synced)), float64(len(istio.synced)), count},
-		{"pods leaving Ready meanwhile", float64(ours.unready), float64(istio.unready), count},
-		{"timeouts in sidecar logs, after", float64(len(ours.reconnectLogs)), float64(len(istio.reconnectLogs)), count},
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "storm table, %d pods, native sidecars, %s, %s\n", pods, round, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", "", "meshagent", "Istio's", "ratio")
-	fmt.Fprintf(&b, "|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 12), strings.Repeat("-", 12), strings.Repeat("-", 7))
-	for _, r := range rows {
-		ratio := "-"
-		if r.i != 0 {
-			ratio = fmt.Sprintf("%.2f", r.o/r.i)
-		}
-		fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", r.name, r.format(r.o), r.format(r.i), ratio)
-	}
-	for _, x := range []struct {
-		who string
-		r   *stormResult
-	}{{"meshagent", ours}, {"istio", istio}} {
-		for _, l := range append(x.r.timeouts[:min(3, len(x.r.timeouts))], x.r.reconnectLogs[:min(3, len(x.r.reconnectLogs))]...) {
-			fmt.Fprintf(&b, "  %s timeout line: %.200s\n", x.who, l)
-		}
-	}
-	t.Log("\n" + b.String())
 }

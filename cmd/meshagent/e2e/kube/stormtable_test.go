@@ -1,0 +1,87 @@
+package kube
+
+// The storm's tables (#36): one per round, and the rounds' p95 ratios.
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// geomean is the geometric mean of positive ratios.
+func geomean(xs []float64) float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += math.Log(x)
+	}
+	return math.Exp(sum / float64(len(xs)))
+}
+
+// quantile is the q-quantile of sorted durations (nearest rank).
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// printStormTable prints one round's table: ours, Istio's agent's, and the
+// ratio; round says which round, and which agent stormed first.
+func printStormTable(t *testing.T, pods int, round string, ours, istio *stormResult) {
+	type row struct {
+		name   string
+		o, i   float64
+		format func(float64) string
+	}
+	dur := func(v float64) string { return fmt.Sprintf("%.1f s", v) }
+	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	ds := func(d time.Duration) float64 { return d.Seconds() }
+	spread := func(r *stormResult) float64 {
+		if len(r.synced) == 0 {
+			return 0
+		}
+		return ds(r.synced[len(r.synced)-1] - r.synced[0])
+	}
+	rows := []row{
+		{"created → Ready p50", ds(quantile(ours.ready, 0.5)), ds(quantile(istio.ready, 0.5)), dur},
+		{"created → Ready p95", ds(quantile(ours.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
+		{"created → Ready max", ds(ours.readyAll), ds(istio.readyAll), dur},
+		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
+		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
+		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
+		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
+		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
+		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
+		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
+		{"istiod restarted → all synced", ds(ours.syncedAll), ds(istio.syncedAll), dur},
+		{"  first synced", ds(quantile(ours.synced, 0)), ds(quantile(istio.synced, 0)), dur},
+		{"  p50 synced", ds(quantile(ours.synced, 0.5)), ds(quantile(istio.synced, 0.5)), dur},
+		{"  spread first → last", spread(ours), spread(istio), dur},
+		{"pods synced again", float64(len(ours.synced)), float64(len(istio.synced)), count},
+		{"pods leaving Ready meanwhile", float64(ours.unready), float64(istio.unready), count},
+		{"timeouts in sidecar logs, after", float64(len(ours.reconnectLogs)), float64(len(istio.reconnectLogs)), count},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "storm table, %d pods, native sidecars, %s, %s\n", pods, round, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", "", "meshagent", "Istio's", "ratio")
+	fmt.Fprintf(&b, "|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 12), strings.Repeat("-", 12), strings.Repeat("-", 7))
+	for _, r := range rows {
+		ratio := "-"
+		if r.i != 0 {
+			ratio = fmt.Sprintf("%.2f", r.o/r.i)
+		}
+		fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", r.name, r.format(r.o), r.format(r.i), ratio)
+	}
+	for _, x := range []struct {
+		who string
+		r   *stormResult
+	}{{"meshagent", ours}, {"istio", istio}} {
+		for _, l := range append(x.r.timeouts[:min(3, len(x.r.timeouts))], x.r.reconnectLogs[:min(3, len(x.r.reconnectLogs))]...) {
+			fmt.Fprintf(&b, "  %s timeout line: %.200s\n", x.who, l)
+		}
+	}
+	t.Log("\n" + b.String())
+}
