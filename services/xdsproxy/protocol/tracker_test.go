@@ -118,8 +118,11 @@ func TestSotWResubscribeDeclaresTheVersionInFlight(t *testing.T) {
 		if v := declared(y); v != "v1" {
 			t.Errorf("the cache's v1 in flight: declared %q, want v1", v)
 		}
-		y.Observe(request(map[bool]string{false: "v1", true: ""}[nack], sent[0].Nonce, nack), true, c)
-		want := map[bool]string{false: "v1", true: ""}[nack]
+		want := "v1" // what Envoy holds after its answer: v1 accepted, or nothing kept
+		if nack {
+			want = ""
+		}
+		y.Observe(request(want, sent[0].Nonce, nack), true, c)
 		if v := declared(y); v != want {
 			t.Errorf("the cache's v1 answered (NACK %v): declared %q, want %q", nack, v, want)
 		}
