@@ -19,8 +19,8 @@
 # every pod of both agents, e.g. '{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}}'.
 # Pod 0 of each storm logs at debug; every sidecar's log is kept in
 # .tmp/kube-storm-logs (MESHAGENT_KUBE_LOGS=1 keeps the node's and istiod's
-# in .tmp/kube-logs). Root; costs the whole machine for about 4 minutes a
-# round.
+# in .tmp/kube-logs). Root; costs the whole machine for about 5 minutes
+# with two rounds (3 with one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/lib.sh
