@@ -95,9 +95,15 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 		warned bool
 	)
 	agent, _, changed := s.agentReady.Watch()
+	answerer := &probeAnswerer{s: s}
+	defer answerer.set(false)
 	for {
 		if envoy.Epoch != set.epoch {
 			set = relayed{epoch: envoy.Epoch} // a new process: the key is absent
+			answerer.set(false)
+		}
+		if !envoy.Phase.Alive() {
+			answerer.set(false)
 		}
 		want := agent.Ready && envoy.Phase == messages.EnvoyReady
 		// An Envoy that has exited has nothing to be told.
@@ -114,6 +120,7 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 				retry, wait = s.clock.After(wait), min(2*wait, relayRetryMax)
 			} else {
 				set.ready, wait, warned = want, relayRetryFirst, false
+				answerer.set(want)
 			}
 		}
 		select {
@@ -128,6 +135,29 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 			retry = nil
 		}
 	}
+}
+
+// probeAnswerer records who answers the kubelet's readiness probe: Envoy
+// itself, or the agent behind it. The gauge, and a log line at each
+// change, tell an operator which of the two a probe's answer came from.
+// The relay's goroutine owns it; the gauge is 0 between relays.
+type probeAnswerer struct {
+	s     *Service
+	envoy bool
+}
+
+func (a *probeAnswerer) set(envoy bool) {
+	if envoy == a.envoy {
+		return
+	}
+	a.envoy = envoy
+	if envoy {
+		a.s.envoyAnswersProbe.Set(1)
+		a.s.log.Info("envoy answers the kubelet's readiness probe itself while the agent is ready", "key", bootstrap.ReadinessKey)
+		return
+	}
+	a.s.envoyAnswersProbe.Set(0)
+	a.s.log.Info("the kubelet's readiness probe goes through envoy to the agent again", "key", bootstrap.ReadinessKey)
 }
 
 // setReadiness sets bootstrap.ReadinessKey in the admin layer of Envoy's

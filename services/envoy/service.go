@@ -3,6 +3,7 @@ package envoy
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"syscall"
@@ -56,6 +57,10 @@ type Service struct {
 	clock      messages.Clock
 	log        *slog.Logger
 	admin      *adminClient
+	// envoyAnswersProbe is 1 while the serving Envoy answers the kubelet's
+	// readiness probe itself (the relay told it the agent is ready), 0
+	// while it forwards each probe to the agent (agentready.go, #36).
+	envoyAnswersProbe prometheus.Gauge
 
 	// epoch is the Epoch of the next Envoy process and last the last
 	// EnvoyState published; both survive Serve calls and are touched only
@@ -87,8 +92,15 @@ func New(cfg Config, in Inputs, out Outputs, rt messages.Runtime) (*Service, err
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, drain: in.Drain, xds: in.XDS, agentReady: in.AgentReady, state: out.State, health: rt.Health, clock: rt.Clock,
-		log: rt.Log, admin: newAdminClient(cfg.AdminAddr)}, nil
+	var mm messages.Metrics
+	s := &Service{cfg: cfg, drain: in.Drain, xds: in.XDS, agentReady: in.AgentReady, state: out.State, health: rt.Health, clock: rt.Clock,
+		log: rt.Log, admin: newAdminClient(cfg.AdminAddr),
+		envoyAnswersProbe: mm.Gauge("envoy_answers_readiness_probe",
+			"1 while Envoy answers the kubelet's readiness probe on its status port itself, the agent being ready; 0 while it forwards every probe to the agent.")}
+	if err := rt.Register(mm.Collectors()...); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // String names the service in logs, metrics and /debug/tree.

@@ -46,6 +46,15 @@ func agentReadyKey(p *e2ekit.AgentProcess) (string, bool) {
 	return v, err == nil
 }
 
+// answersMetricIs says whether the agent's metrics say, as want ("1" or
+// "0"), that Envoy answers the kubelet's probe itself.
+func answersMetricIs(p *e2ekit.AgentProcess, want string) func() bool {
+	return func() bool {
+		_, metrics := p.Get("/stats/prometheus")
+		return strings.Contains(metrics, "\nistio_agent_envoy_answers_readiness_probe "+want+"\n")
+	}
+}
+
 // keyIs says whether Envoy answers and its meshagent.agent_ready is want.
 func keyIs(p *e2ekit.AgentProcess, want string) func() bool {
 	return func() bool { v, ok := agentReadyKey(p); return ok && v == want }
@@ -55,6 +64,7 @@ func TestEnvoyAnswersReadinessOnTheAgentsWord(t *testing.T) {
 	p := e2ekit.StartAgentDrain(t, "4s", nil)
 	p.WaitStatus(t, "/healthz/ready", 200)
 	testkit.WaitFor(t, "the agent tells envoy it is ready", keyIs(p, "100"))
+	testkit.WaitFor(t, "the agent's metrics say envoy answers the probe", answersMetricIs(p, "1"))
 
 	// Envoy answers with the agent stopped: a forwarded probe could not be.
 	resume := stopAgent(t, p)
@@ -91,6 +101,7 @@ func TestEnvoyAnswersReadinessOnTheAgentsWord(t *testing.T) {
 	if v, ok := agentReadyKey(p); !ok || v != "0" {
 		t.Fatalf("envoy's meshagent.agent_ready while draining = %q (admin answered: %v), want 0", v, ok)
 	}
+	testkit.WaitFor(t, "the agent's metrics say the probe goes to the agent", answersMetricIs(p, "0"))
 	if code := p.WaitExit(t); code != 0 {
 		t.Fatalf("exit code after SIGTERM = %d", code)
 	}
@@ -106,6 +117,9 @@ func TestEnvoyAnswersReadinessOff(t *testing.T) {
 	}
 	if v, ok := agentReadyKey(p); !ok || v != "" {
 		t.Fatalf("envoy's meshagent.agent_ready = %q (admin answered: %v), want none", v, ok)
+	}
+	if !answersMetricIs(p, "0")() {
+		t.Error("the agent's metrics say envoy answers the probe; the bootstrap has no such route")
 	}
 	resume := stopAgent(t, p)
 	code, _ := probe15021(p)
