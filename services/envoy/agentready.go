@@ -100,10 +100,6 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 	for {
 		if envoy.Epoch != set.epoch {
 			set = relayed{epoch: envoy.Epoch} // a new process: the key is absent
-			answerer.set(false)
-		}
-		if !envoy.Phase.Alive() {
-			answerer.set(false)
 		}
 		want := agent.Ready && envoy.Phase == messages.EnvoyReady
 		// An Envoy that has exited has nothing to be told.
@@ -120,9 +116,10 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 				retry, wait = s.clock.After(wait), min(2*wait, relayRetryMax)
 			} else {
 				set.ready, wait, warned = want, relayRetryFirst, false
-				answerer.set(want)
 			}
 		}
+		// The serving Envoy answers a probe itself while it lives and holds 100.
+		answerer.set(set.ready && envoy.Phase.Alive())
 		select {
 		case <-ctx.Done():
 			return
@@ -137,10 +134,11 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 	}
 }
 
-// probeAnswerer records who answers the kubelet's readiness probe: Envoy
+// probeAnswerer reports who answers the kubelet's readiness probe: Envoy
 // itself, or the agent behind it. The gauge, and a log line at each
 // change, tell an operator which of the two a probe's answer came from.
-// The relay's goroutine owns it; the gauge is 0 between relays.
+// The relay's goroutine owns it, and sets it from what it last set in
+// the serving Envoy; the gauge is 0 between relays.
 type probeAnswerer struct {
 	s     *Service
 	envoy bool

@@ -3,11 +3,11 @@ package envoy
 import (
 	"context"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/thejerf/suture/v4"
 
 	"github.com/meshagent/meshagent/messages"
