@@ -3,6 +3,7 @@ package testkit
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -10,7 +11,13 @@ import (
 // ProcStat reads /proc/PID/stat: the command name, and the fields after it
 // (state first, then ppid, ...; proc(5) numbers them from 3).
 func ProcStat(pid int) (comm string, fields []string, err error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return readStat(fmt.Sprintf("/proc/%d/stat", pid))
+}
+
+// readStat reads a stat file of proc(5): a process's, or one of its
+// threads' (/proc/PID/task/TID/stat, the same format).
+func readStat(path string) (comm string, fields []string, err error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return "", nil, err
 	}
@@ -19,9 +26,23 @@ func ProcStat(pid int) (comm string, fields []string, err error) {
 	s := string(raw)
 	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
 	if open < 0 || closing < open {
-		return "", nil, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+		return "", nil, fmt.Errorf("%s: %q", path, s)
 	}
 	return s[open+1 : closing], strings.Fields(s[closing+1:]), nil
+}
+
+// IsStopped reports a process every thread of which is stopped (state T,
+// as SIGSTOP leaves it): kill returns before a thread running on another
+// CPU has stopped. False when there is no such process or /proc cannot
+// tell.
+func IsStopped(pid int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	for _, f := range tasks {
+		if _, fields, err := readStat(f); err != nil || len(fields) == 0 || fields[0] != "T" {
+			return false
+		}
+	}
+	return len(tasks) > 0
 }
 
 // IsZombie reports a process that has exited but not been reaped: its

@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,10 +127,9 @@ func TestEnvoyAnswersReadinessOff(t *testing.T) {
 }
 
 // stopAgent stops the agent (SIGSTOP) and returns once every thread of it
-// is stopped: kill returns before a thread running on another CPU has
-// stopped, and under make test's load the agent answered a forwarded
-// probe after the signal (TestEnvoyAnswersReadinessOff, #36's fifth
-// session). The returned func lets it run again.
+// is stopped (testkit.IsStopped): under make test's load the agent answered
+// a forwarded probe after the signal (TestEnvoyAnswersReadinessOff, #36's
+// fifth session). The returned func lets it run again.
 func stopAgent(t *testing.T, p *e2ekit.AgentProcess) (resume func()) {
 	t.Helper()
 	pid := p.Cmd.Process.Pid
@@ -145,20 +141,6 @@ func stopAgent(t *testing.T, p *e2ekit.AgentProcess) (resume func()) {
 			t.Error(err)
 		}
 	}
-	testkit.WaitFor(t, "every thread of the agent stopped", func() bool {
-		stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
-		for _, f := range stats {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				return false
-			}
-			// The state follows the command's closing parenthesis.
-			i := bytes.LastIndexByte(b, ')')
-			if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-				return false
-			}
-		}
-		return len(stats) > 0
-	})
+	testkit.WaitFor(t, "every thread of the agent stopped", func() bool { return testkit.IsStopped(pid) })
 	return resume
 }
