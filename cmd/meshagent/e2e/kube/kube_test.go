@@ -36,6 +36,7 @@ type agent struct {
 	image  string // the reference in the node's registry, repo:tag
 	digest string // the same image by digest, as the kubelet reports it
 	oracle bool
+	floor  bool // the storm's floor: a sidecar that costs nothing (testdata/floorproxy), loaded on the node, not in the registry
 }
 
 // suite holds what the checks share: the node, and each check's outcome by

@@ -29,8 +29,10 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 }
 
 // printStormTable prints one round's table: ours, Istio's agent's, and the
-// ratio; round says which round, and which agent stormed first.
-func printStormTable(t *testing.T, pods int, round string, ours, istio *stormResult) {
+// ratio; round says which round, and the agents' order. floor, when not
+// nil, is the storm of a sidecar that costs nothing (STORM_FLOOR=1): its
+// start and delete rows follow the table.
+func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *stormResult) {
 	type row struct {
 		name   string
 		o, i   float64
@@ -68,12 +70,27 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio *stormRes
 	fmt.Fprintf(&b, "storm table, %d pods, native sidecars, %s, %s\n", pods, round, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", "", "meshagent", "Istio's", "ratio")
 	fmt.Fprintf(&b, "|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 12), strings.Repeat("-", 12), strings.Repeat("-", 7))
-	for _, r := range rows {
+	line := func(r row) {
 		ratio := "-"
 		if r.i != 0 {
 			ratio = fmt.Sprintf("%.2f", r.o/r.i)
 		}
 		fmt.Fprintf(&b, "| %-38s | %10s | %10s | %5s |\n", r.name, r.format(r.o), r.format(r.i), ratio)
+	}
+	for _, r := range rows {
+		line(r)
+	}
+	if floor != nil {
+		fmt.Fprintf(&b, "the floor, a sidecar that costs nothing (floorproxy), / Istio's:\n")
+		for _, r := range []row{
+			{"created → Ready p50", ds(quantile(floor.ready, 0.5)), ds(quantile(istio.ready, 0.5)), dur},
+			{"created → Ready p95", ds(quantile(floor.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
+			{"created → Ready max", ds(floor.readyAll), ds(istio.readyAll), dur},
+			{"delete → all gone", ds(floor.gone), ds(istio.gone), dur},
+			{"container restarts", float64(floor.restarts), float64(istio.restarts), count},
+		} {
+			line(r)
+		}
 	}
 	for _, x := range []struct {
 		who string
