@@ -7,6 +7,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,10 @@ type envoy struct {
 	// it brought are open (announceLive).
 	live     chan struct{}
 	liveOnce sync.Once
+	// workers is closed when Envoy's workers start: live, and /ready
+	// LIVE (FAKE_ENVOY_NEVER_READY, FAKE_ENVOY_READY_AFTER); the listeners
+	// listen from then on (workers.go).
+	workers chan struct{}
 
 	mu           sync.Mutex
 	healthFailed bool
@@ -83,7 +88,7 @@ type envoy struct {
 
 func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
 	now := time.Now()
-	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}),
+	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}), workers: make(chan struct{}),
 		active: map[string]int{}, received: map[string]map[string]heldResource{},
 		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}, runtime: map[string]string{},
 		staticSecrets: map[string][]secretRef{}, sdsStreams: map[string]secretStream{}, initMoved: make(chan struct{}, 1)}
@@ -118,6 +123,7 @@ func (e *envoy) start(ctx context.Context, exit chan<- int) error {
 	e.reconcileRelays()
 	e.startInit()
 	e.announceLive()
+	go e.startWorkers(ctx)
 	e.reconcileSecrets()
 	e.startXDS(ctx)
 	if e.hr != nil {
@@ -164,22 +170,27 @@ func (e *envoy) announceLive() {
 	}
 }
 
-// listen is a listening socket for addr: the parent's own when it has one
-// (hot restart: the same socket keeps accepting), else a new one.
+// listen is a listener's socket for addr, which listens and accepts once
+// the workers start (workers.go): the parent's own when it has one (hot
+// restart: the same socket keeps accepting), else a new one, bound now.
 func (e *envoy) listen(network, addr string) (net.Listener, error) {
 	key := listenKey(addr)
-	var ln net.Listener
+	var sock *os.File
 	if e.hr != nil {
 		var err error
-		if ln, err = e.hr.parentListener(key); err != nil {
+		if sock, err = e.hr.parentSocket(key); err != nil {
 			return nil, err
 		}
 	}
-	if ln == nil {
+	if sock == nil {
 		var err error
-		if ln, err = net.Listen(network, addr); err != nil {
+		if sock, err = bindSocket(network, addr); err != nil {
 			return nil, err
 		}
+	}
+	ln, err := newWorkerListener(sock, e.workers)
+	if err != nil {
+		return nil, err
 	}
 	e.mu.Lock()
 	e.bound[key] = ln
@@ -199,19 +210,9 @@ func (e *envoy) forget(addr string) {
 // --parent-shutdown-time-s to terminate.
 func (e *envoy) takeOver(ctx context.Context) {
 	select {
-	case <-e.live:
+	case <-e.workers:
 	case <-ctx.Done():
 		return
-	}
-	if e.k.neverReady {
-		return
-	}
-	if d := e.k.readyAfter - time.Since(e.started); d > 0 {
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-			return
-		}
 	}
 	e.hr.initialized()
 	t := time.NewTimer(time.Duration(e.opts.parentShutdownTimeS) * time.Second)

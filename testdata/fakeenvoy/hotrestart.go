@@ -311,9 +311,9 @@ func (h *hotRestart) shutdownParentAdmin(skipOnNoParent bool) (time.Time, error)
 	return time.Unix(m.OriginalStartTimeUnixSeconds, 0), nil
 }
 
-// parentListener is the parent's socket bound to addr as a listener, or
-// nil when there is no parent or it has none (-1).
-func (h *hotRestart) parentListener(addr string) (net.Listener, error) {
+// parentSocket is the parent's listening socket bound to addr, or nil when
+// there is no parent or it has none (-1).
+func (h *hotRestart) parentSocket(addr string) (*os.File, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.parentTerminated {
@@ -323,14 +323,8 @@ func (h *hotRestart) parentListener(addr string) (net.Listener, error) {
 	if err != nil || fd < 0 {
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), addr)
-	defer f.Close()
-	ln, err := net.FileListener(f)
-	if err != nil {
-		return nil, fmt.Errorf("%w: socket for %s from the parent: %v", errHotRestart, addr, err)
-	}
 	log.Printf("obtained socket for address %s from parent", addr)
-	return ln, nil
+	return os.NewFile(uintptr(fd), addr), nil
 }
 
 // parentStats is a stats flush's request to the parent (its reply carries

@@ -28,6 +28,9 @@ import (
 //     name received. LDS is only requested once the clusters are
 //     initialised. initial_fetch_timeout (15s when unset, never when 0s as
 //     Istio sets it) lets a phase or a secret go ahead without a response.
+//   - Its listeners (the bootstrap's and LDS's, not the admin) listen and
+//     accept only once the workers start, when /ready turns LIVE: until
+//     then a connection to 15021 is refused (workers.go).
 //   - A stream that ends is redialled with Envoy's backoff (backoff.go).
 //   - It counts updates as Envoy does (cluster_manager.cds.update_attempt,
 //     update_success, update_rejected; listener_manager.lds.*), sets

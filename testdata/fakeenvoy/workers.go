@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Envoy's listeners listen only once its workers start (#36): "all of the
+// following [cluster and listener initialisation] happens before any
+// listeners start listening and accepting new connections" (Envoy's
+// architecture overview, Initialization). A listener's socket is created
+// and bound on the main thread when the listener is added, so a bad
+// address fails at once, but listen() is called just before the workers
+// start (ListenSocketFactoryImpl::doFinalPreWorkerInit), which is when
+// /ready turns LIVE. Until then a connection to Istio's 15021 or 15090, or
+// to a capture port, is refused: the kubelet's first probes of a starting
+// sidecar fail with "connection refused", never reaching the agent. A
+// stand-in that answered on them from its first instant would be kinder
+// than Envoy. The admin listener is not one of these: it listens at once.
+
+// startWorkers closes e.workers when Envoy's workers would start: init
+// complete (e.live), FAKE_ENVOY_NEVER_READY and FAKE_ENVOY_READY_AFTER
+// honoured, as /ready's LIVE is.
+func (e *envoy) startWorkers(ctx context.Context) {
+	select {
+	case <-e.live:
+	case <-ctx.Done():
+		return
+	}
+	if e.k.neverReady {
+		return
+	}
+	if d := e.k.readyAfter - time.Since(e.started); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return
+		}
+	}
+	close(e.workers)
+}
+
+// workerListener is a listener's socket as Envoy holds it: bound, and
+// listening and accepting once the workers start. Its socket is either
+// bound here (bindSocket) or the parent's, passed in a hot restart, which
+// the parent's workers already listen and accept on: the child takes its
+// share of the same socket when its own workers start.
+type workerListener struct {
+	sock    *os.File // the socket; passed to a child as it is
+	addr    net.Addr
+	workers <-chan struct{}
+
+	mu     sync.Mutex
+	ln     net.Listener // once listening
+	err    error
+	closed chan struct{}
+}
+
+func newWorkerListener(sock *os.File, workers <-chan struct{}) (*workerListener, error) {
+	var sa unix.Sockaddr
+	err := control(sock, func(fd int) (err error) { sa, err = unix.Getsockname(fd); return err })
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
+	return &workerListener{sock: sock, addr: tcpAddr(sa), workers: workers, closed: make(chan struct{})}, nil
+}
+
+// Accept waits for the workers, then accepts.
+func (l *workerListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.workers:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	ln, err := l.listen()
+	if err != nil {
+		return nil, err
+	}
+	return ln.Accept()
+}
+
+// listen makes the socket listen, once: listen() on a socket that already
+// listens (the parent's) only sets its backlog again.
+func (l *workerListener) listen() (net.Listener, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.closed:
+		return nil, net.ErrClosed
+	default:
+	}
+	if l.ln == nil && l.err == nil {
+		if err := control(l.sock, func(fd int) error { return unix.Listen(fd, unix.SOMAXCONN) }); err != nil {
+			l.err = fmt.Errorf("listen on %s: %w", l.addr, err)
+		} else {
+			l.ln, l.err = net.FileListener(l.sock)
+		}
+	}
+	return l.ln, l.err
+}
+
+func (l *workerListener) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.closed:
+		return net.ErrClosed
+	default:
+	}
+	close(l.closed)
+	if l.ln != nil {
+		l.ln.Close()
+	}
+	return l.sock.Close()
+}
+
+func (l *workerListener) Addr() net.Addr { return l.addr }
+
+// SyscallConn is the socket's, for a child that asks for it
+// (passListenSocket).
+func (l *workerListener) SyscallConn() (syscall.RawConn, error) { return l.sock.SyscallConn() }
+
+// bindSocket is a TCP socket bound to addr and not listening, with the
+// options Go's net.Listen sets (SO_REUSEADDR; a wildcard IPv6 address on
+// "tcp" is dual-stack, on "tcp6" IPv6 only).
+func bindSocket(network, addr string) (*os.File, error) {
+	ta, err := net.ResolveTCPAddr(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	family, sa := unix.AF_INET, unix.Sockaddr(nil)
+	if ip4 := ta.IP.To4(); network != "tcp6" && (ta.IP == nil || ip4 != nil) {
+		a := &unix.SockaddrInet4{Port: ta.Port}
+		copy(a.Addr[:], ip4)
+		sa = a
+	} else {
+		family = unix.AF_INET6
+		a := &unix.SockaddrInet6{Port: ta.Port}
+		copy(a.Addr[:], ta.IP.To16())
+		sa = a
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError("setsockopt", err)
+	}
+	if family == unix.AF_INET6 {
+		v6only := 0
+		if network == "tcp6" {
+			v6only = 1
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only); err != nil {
+			unix.Close(fd)
+			return nil, os.NewSyscallError("setsockopt", err)
+		}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, &net.OpError{Op: "listen", Net: network, Addr: ta, Err: os.NewSyscallError("bind", err)}
+	}
+	return os.NewFile(uintptr(fd), addr), nil
+}
+
+// control runs f on the socket's descriptor. Not os.File.Fd, which would
+// make the socket blocking, for every descriptor of it (O_NONBLOCK is the
+// open file's), the listener's among them.
+func control(sock *os.File, f func(fd int) error) error {
+	rc, err := sock.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+func tcpAddr(sa unix.Sockaddr) net.Addr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	}
+	return &net.TCPAddr{}
+}
