@@ -17,13 +17,14 @@
 # it), and the p95 ratios with their geometric mean: the second storm of a
 # round meets a warmer node. STORM_PROXY_CONFIG: a ProxyConfig (JSON) for
 # every pod of both agents, e.g. '{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}}'.
-# STORM_FLOOR=1: a third start storm each round, with a sidecar that costs
-# nothing (testdata/floorproxy: no capture, key, Envoy or xDS): the p95 no
-# agent can beat on this node, beside the two agents'.
+# STORM_FLOOR (default 1; 0 leaves it out): a third start storm each round,
+# with a sidecar that costs nothing (testdata/floorproxy: no capture, key,
+# Envoy or xDS): the p95 no agent can beat on this node, beside the two
+# agents'.
 # Pod 0 of each storm logs at debug; every sidecar's log is kept in
 # .tmp/kube-storm-logs (MESHAGENT_KUBE_LOGS=1 keeps the node's and istiod's
-# in .tmp/kube-logs). Root; costs the whole machine for about 5 minutes
-# with two rounds (3 with one).
+# in .tmp/kube-logs). Root; costs the whole machine for about 6 minutes
+# with two rounds (3.5 with one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/lib.sh
@@ -31,7 +32,7 @@ require_root bench-kube-storm "the kube node: a network namespace, cgroups and m
 mkdir -p .tmp
 log=.tmp/kube-storm.log
 rc=0
-MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} STORM_ROUNDS=${STORM_ROUNDS:-2} STORM_PROXY_CONFIG=${STORM_PROXY_CONFIG:-} STORM_FLOOR=${STORM_FLOOR:-} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
+MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} STORM_ROUNDS=${STORM_ROUNDS:-2} STORM_PROXY_CONFIG=${STORM_PROXY_CONFIG:-} STORM_FLOOR=${STORM_FLOOR:-1} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
   ./cmd/meshagent/e2e/kube >"$log" 2>&1 || rc=$?
 # The tables (the test logs each indented), and any failure.
 sed -n '/storm table/,/^ \{0,4\}[^ ]/p' "$log" | sed 's/^        //' | grep -v '^--- \|^=== \|^PASS\|^FAIL\|^ok\|^ *storm_test.go:' || true
