@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -55,7 +56,7 @@ func FreePorts(n int) ([]int, error) {
 			return nil, fmt.Errorf("no free loopback port in %d-%d after %d tries", lowestPort, top-1, tries)
 		}
 		port := lowestPort + rand.IntN(top-lowestPort)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		l, err := exclusive.Listen(context.Background(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
 			continue
 		}
@@ -67,6 +68,20 @@ func FreePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// exclusive listens without SO_REUSEADDR, which Go sets on every listener:
+// with it on both sides Linux lets a socket bind and listen on a port that
+// another socket has bound and does not listen on yet, as the stand-in
+// Envoy holds its listeners until its workers start (#36), and the port
+// was handed out twice. Without it, any socket bound to the port (or a
+// connection of it in TIME_WAIT) makes the port not free.
+var exclusive = net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 0)
+	})
+	return errors.Join(err, serr)
+}}
 
 // ephemeralLow is the first port of the kernel's ephemeral range.
 func ephemeralLow() int {
