@@ -149,12 +149,29 @@ func (s *suite) injectedReady(t *testing.T, p podSpec, native bool) (time.Durati
 	if app.ReadinessProbe == nil || app.ReadinessProbe.HTTPGet == nil || !strings.HasPrefix(app.ReadinessProbe.HTTPGet.Path, "/app-health/app/") {
 		return 0, fmt.Errorf("the app's readiness probe was not rewritten to the agent's /app-health/: %+v", app.ReadinessProbe)
 	}
-	for _, c := range []string{"istio-proxy", "app"} {
-		if st, _ := got.status(c); !st.Ready || st.RestartCount != 0 {
-			return 0, fmt.Errorf("%s: ready=%v restarts=%d", c, st.Ready, st.RestartCount)
+	// Both containers ready, none restarted. Read until both say ready, for
+	// a few seconds: once (make test, 2026-11-29) the kubelet logged a
+	// readiness result of "not ready" and "ready" again a millisecond
+	// apart with the agent ready throughout (its log), and a single read
+	// right after the pod turned Ready caught istio-proxy ready=false.
+	var why error
+	for deadline := time.Now().Add(10 * time.Second); ; got = s.n.getPod(t, p.name) {
+		why = nil
+		for _, c := range []string{"istio-proxy", "app"} {
+			st, _ := got.status(c)
+			if st.RestartCount != 0 {
+				return 0, fmt.Errorf("%s: ready=%v restarts=%d", c, st.Ready, st.RestartCount)
+			}
+			if !st.Ready && why == nil {
+				why = fmt.Errorf("%s: ready=%v restarts=%d", c, st.Ready, st.RestartCount)
+			}
 		}
+		if why == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	return took, nil
+	return took, why
 }
 
 // certificate reads the workload certificate the sidecar's Envoy holds (the
