@@ -60,26 +60,12 @@ func TestKubeStorm(t *testing.T) {
 	// STORM_FIRST=meshagent: ours storms first in the first round (Istio's
 	// agent does by default): on a shared machine the load drifts between
 	// the storms.
-	oursFirst := false
-	switch v := os.Getenv("STORM_FIRST"); v {
-	case "", "istio":
-	case "meshagent":
-		oursFirst = true
-	default:
-		t.Fatalf("STORM_FIRST=%q: want meshagent or istio, the agent that storms first in the first round", v)
-	}
+	oursFirst := envChoice(t, "STORM_FIRST", "the agent that storms first in the first round", "istio", "meshagent") == "meshagent"
 	// STORM_FLOOR=1 (the bench's default): a third storm each round, with
 	// a sidecar that costs nothing (testdata/floorproxy): the p95 no agent
 	// can beat on this node, beside the two agents' (#36's goal is 0.8x
 	// Istio's).
-	var floor bool
-	switch v := os.Getenv("STORM_FLOOR"); v {
-	case "", "0":
-	case "1":
-		floor = true
-	default:
-		t.Fatalf("STORM_FLOOR=%q: want 1 (a storm with a sidecar that costs nothing each round) or 0", v)
-	}
+	floor := envChoice(t, "STORM_FLOOR", "1 for a storm with a sidecar that costs nothing each round", "0", "1") == "1"
 	// STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
 	// agents, as the proxy.istio.io/config annotation: with
 	// {"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}} both agents
@@ -145,6 +131,21 @@ func TestKubeStorm(t *testing.T) {
 	if floor {
 		t.Logf("storm floor: created → Ready p95, a sidecar that costs nothing / Istio's, by round %.2f; geometric mean %.2f", floorP95s, geomean(floorP95s))
 	}
+}
+
+// envChoice is the environment variable name, one of choices, the first
+// when it is unset or empty; another value fails the test, naming the
+// variable, the choices and what means says they mean.
+func envChoice(t *testing.T, name, means string, choices ...string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return choices[0]
+	}
+	if !slices.Contains(choices, v) {
+		t.Fatalf("%s=%q: want one of %s (%s)", name, v, strings.Join(choices, ", "), means)
+	}
+	return v
 }
 
 // floorImage is the floor's sidecar image: testdata/floorproxy alone, as
