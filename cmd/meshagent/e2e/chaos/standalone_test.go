@@ -34,7 +34,7 @@ import (
 // the seed (logged, so a failing run can be replayed), and
 // MESHAGENT_CHAOS_SUMMARY a file the summary line is also written to.
 func TestStandaloneChaos(t *testing.T) {
-	rounds := envInt(t, "MESHAGENT_CHAOS_ROUNDS", 12)
+	rounds := testkit.EnvInt(t, "MESHAGENT_CHAOS_ROUNDS", 12, 0, "rounds")
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("MESHAGENT_CHAOS_SEED"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -467,19 +467,6 @@ func (c *chaosRun) fds() int {
 }
 
 func absDuration(d time.Duration) time.Duration { return max(d, -d) }
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		t.Fatalf("%s=%q: want a count", name, v)
-	}
-	return n
-}
 
 // floodDNS sends perClient queries for names (in turn) from each of clients
 // UDP sockets at once, reading nothing: a burst the proxy must absorb.

@@ -102,13 +102,7 @@ func (s *suite) setUp(t *testing.T, withOracle bool, pullPolicy string) []agent 
 	n.requireBuilt(t)
 
 	// Images first (no node needed), so a build failure costs no node.
-	work := t.TempDir()
-	app := filepath.Join(work, "kubeapp")
-	build := exec.Command("go", "build", "-o", app, "./testdata/kubeapp")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building kubeapp: %v\n%s", err, out)
-	}
+	app := buildStatic(t, "kubeapp")
 	ours := s.makeImage(t, "image")
 	var oracleTar string
 	if withOracle {
@@ -139,6 +133,19 @@ func (s *suite) setUp(t *testing.T, withOracle bool, pullPolicy string) []agent 
 		return err == nil
 	})
 	return agents
+}
+
+// buildStatic builds ./testdata/NAME as a static binary (one with which an
+// image needs nothing else) and returns its path.
+func buildStatic(t *testing.T, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	build := exec.Command("go", "build", "-o", bin, "./testdata/"+name)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, out)
+	}
+	return bin
 }
 
 // summary counts each agent's passed checks, for make test's last lines.

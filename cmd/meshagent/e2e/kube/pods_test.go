@@ -93,12 +93,18 @@ func baseManifests(accounts, apps []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels: {istio-injection: enabled}\n", testNS)
 	for _, sa := range accounts {
-		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: %s, namespace: %s}\n", sa, testNS)
+		b.WriteString("---\n" + serviceAccount(sa))
 	}
 	for _, app := range apps {
 		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: %s}\nspec:\n  selector: {app: %s}\n  ports: [{name: http, port: 8080, targetPort: 8080}]\n", app, testNS, app)
 	}
 	return b.String()
+}
+
+// serviceAccount is the manifest of a service account in the test
+// namespace.
+func serviceAccount(name string) string {
+	return fmt.Sprintf("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: %s, namespace: %s}\n", name, testNS)
 }
 
 // pod is the part of a Pod the suite reads.

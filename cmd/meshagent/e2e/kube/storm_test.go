@@ -37,35 +37,27 @@ func TestKubeStorm(t *testing.T) {
 	if ok, why := testkit.CanRoot("a network namespace, cgroups and mounts for the kube node"); !ok {
 		t.Skip(why)
 	}
-	pods := 30
-	if v := os.Getenv("STORM_PODS"); v != "" {
-		var err error
-		if pods, err = strconv.Atoi(v); err != nil || pods < 1 {
-			t.Fatalf("STORM_PODS=%q: want a number of pods, at least 1", v)
-		}
-	}
+	pods := testkit.EnvInt(t, "STORM_PODS", 30, 1, "pods")
 	// STORM_ROUNDS: rounds of the two storms, the order turned each round
 	// (default 2: Istio's agent, ours, ours, Istio's). The second storm of a
 	// run met a warmer node and istiod: over the seven runs of #36's fourth
 	// and fifth sessions ours was 0.78-0.92x Istio's p95 when it stormed
 	// second and 0.96-1.40x when first, so a ratio of one order says as much
 	// about the order as about the agents.
-	rounds := 2
-	if v := os.Getenv("STORM_ROUNDS"); v != "" {
-		var err error
-		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
-			t.Fatalf("STORM_ROUNDS=%q: want a number of rounds, at least 1", v)
-		}
-	}
+	rounds := testkit.EnvInt(t, "STORM_ROUNDS", 2, 1, "rounds")
 	// STORM_FIRST=meshagent: ours storms first in the first round (Istio's
 	// agent does by default): on a shared machine the load drifts between
 	// the storms.
-	oursFirst := envChoice(t, "STORM_FIRST", "the agent that storms first in the first round", "istio", "meshagent") == "meshagent"
+	oursFirst := testkit.EnvChoice(t, "STORM_FIRST", "the agent that storms first in the first round", "istio", "meshagent") == "meshagent"
 	// STORM_FLOOR=1 (the bench's default): a third storm each round, with
 	// a sidecar that costs nothing (testdata/floorproxy): the p95 no agent
 	// can beat on this node, beside the two agents' (#36's goal is 0.8x
 	// Istio's).
-	floor := envChoice(t, "STORM_FLOOR", "1 for a storm with a sidecar that costs nothing each round", "0", "1") == "1"
+	floor := testkit.EnvChoice(t, "STORM_FLOOR", "1 for a storm with a sidecar that costs nothing each round", "0", "1") == "1"
+	var floorBin string
+	if floor { // before the node, so that a build failure costs none
+		floorBin = buildStatic(t, "floorproxy")
+	}
 	// STORM_PROXY_CONFIG: a ProxyConfig (JSON) for every pod of both
 	// agents, as the proxy.istio.io/config annotation: with
 	// {"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA"}} both agents
@@ -87,7 +79,7 @@ func TestKubeStorm(t *testing.T) {
 	// The floor after the two agents in the first round, and before them
 	// in the second (the order turns each round).
 	if floor {
-		agents = append(agents, s.floorAgent(t))
+		agents = append(agents, s.floorAgent(t, floorBin))
 	}
 	// One pod of each agent first, not measured: the first storm would
 	// otherwise also pay for a cold istiod (its first pushes, CSRs and
@@ -133,36 +125,16 @@ func TestKubeStorm(t *testing.T) {
 	}
 }
 
-// envChoice is the environment variable name, one of choices, the first
-// when it is unset or empty; another value fails the test, naming the
-// variable, the choices and what means says they mean.
-func envChoice(t *testing.T, name, means string, choices ...string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return choices[0]
-	}
-	if !slices.Contains(choices, v) {
-		t.Fatalf("%s=%q: want one of %s (%s)", name, v, strings.Join(choices, ", "), means)
-	}
-	return v
-}
-
 // floorImage is the floor's sidecar image: testdata/floorproxy alone, as
 // Istio's pilot-agent.
 const floorImage = "localhost/floorproxy:e2e"
 
-// floorAgent builds the floor's image on the node, and its service account.
-func (s *suite) floorAgent(t *testing.T) agent {
+// floorAgent loads the floor's image (floorproxy, built) on the node, and
+// makes its service account.
+func (s *suite) floorAgent(t *testing.T, floorproxy string) agent {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "floorproxy")
-	build := exec.Command("go", "build", "-o", bin, "./testdata/floorproxy")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building floorproxy: %v\n%s", err, out)
-	}
-	s.n.loadBinary(t, floorImage, bin, "/usr/local/bin/pilot-agent")
-	s.n.mustKubectl(t, fmt.Sprintf("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sa-floor, namespace: %s}\n", testNS), "apply", "-f", "-")
+	s.n.loadBinary(t, floorImage, floorproxy, "/usr/local/bin/pilot-agent")
+	s.n.mustKubectl(t, serviceAccount("sa-floor"), "apply", "-f", "-")
 	return agent{name: "floor", image: floorImage, floor: true}
 }
 
