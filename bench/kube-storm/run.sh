@@ -32,7 +32,9 @@ require_root bench-kube-storm "the kube node: a network namespace, cgroups and m
 mkdir -p .tmp
 log=.tmp/kube-storm.log
 rc=0
-MESHAGENT_KUBE_STORM=1 STORM_PODS=${STORM_PODS:-30} STORM_FIRST=${STORM_FIRST:-} STORM_ROUNDS=${STORM_ROUNDS:-2} STORM_PROXY_CONFIG=${STORM_PROXY_CONFIG:-} STORM_FLOOR=${STORM_FLOOR:-1} go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
+# The STORM_* settings pass through as they are: their defaults are the
+# test's (TestKubeStorm reads each once).
+MESHAGENT_KUBE_STORM=1 go test -count=1 -timeout 60m -run '^TestKubeStorm$' -v \
   ./cmd/meshagent/e2e/kube >"$log" 2>&1 || rc=$?
 # The tables (the test logs each indented), and any failure.
 sed -n '/storm table/,/^ \{0,4\}[^ ]/p' "$log" | sed 's/^        //' | grep -v '^--- \|^=== \|^PASS\|^FAIL\|^ok\|^ *storm_test.go:' || true
