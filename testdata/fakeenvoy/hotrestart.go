@@ -420,18 +420,11 @@ func (h *hotRestart) serveChild(p parentSide) {
 // passListenSocket replies with ln's descriptor, or -1 without one.
 func (h *hotRestart) passListenSocket(ln net.Listener, reply func(hrMessage, []byte)) {
 	sc, ok := ln.(syscall.Conn)
-	if !ok {
-		reply(hrMessage{Reply: "pass_listen_socket", Fd: -1}, nil)
-		return
-	}
-	rc, err := sc.SyscallConn()
-	if err == nil {
-		err = rc.Control(func(fd uintptr) {
-			reply(hrMessage{Reply: "pass_listen_socket", Fd: int(fd)}, unix.UnixRights(int(fd)))
-		})
-	}
-	if err != nil {
-		// Closed meanwhile (drained): Envoy has no socket to pass then.
+	if !ok || control(sc, func(fd int) error {
+		reply(hrMessage{Reply: "pass_listen_socket", Fd: fd}, unix.UnixRights(fd))
+		return nil
+	}) != nil {
+		// None, or closed meanwhile (drained): Envoy has no socket to pass then.
 		reply(hrMessage{Reply: "pass_listen_socket", Fd: -1}, nil)
 	}
 }

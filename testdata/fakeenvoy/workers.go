@@ -175,7 +175,7 @@ func bindSocket(network, addr string) (*os.File, error) {
 // control runs f on the socket's descriptor. Not os.File.Fd, which would
 // make the socket blocking, for every descriptor of it (O_NONBLOCK is the
 // open file's), the listener's among them.
-func control(sock *os.File, f func(fd int) error) error {
+func control(sock syscall.Conn, f func(fd int) error) error {
 	rc, err := sock.SyscallConn()
 	if err != nil {
 		return err
