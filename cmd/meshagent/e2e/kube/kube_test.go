@@ -48,6 +48,7 @@ type suite struct {
 	mu      sync.Mutex
 	results map[string]map[string]error  // "mode/check" -> agent -> nil or why it failed
 	figures map[string]map[string]string // "mode metric" -> agent -> value
+	outages int                          // the reconnect storms' names so far (learnName)
 }
 
 func TestKube(t *testing.T) {

@@ -41,6 +41,12 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 	dur := func(v float64) string { return fmt.Sprintf("%.1f s", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	ds := func(d time.Duration) float64 { return d.Seconds() }
+	arrivalSpread := func(r *stormResult) float64 {
+		if len(r.reconnects) == 0 {
+			return 0
+		}
+		return ds(r.reconnects[len(r.reconnects)-1].Sub(r.reconnects[0]))
+	}
 	spread := func(r *stormResult) float64 {
 		if len(r.synced) == 0 {
 			return 0
@@ -62,6 +68,14 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		{"  first synced", ds(quantile(ours.synced, 0)), ds(quantile(istio.synced, 0)), dur},
 		{"  p50 synced", ds(quantile(ours.synced, 0.5)), ds(quantile(istio.synced, 0.5)), dur},
 		{"  spread first → last", spread(ours), spread(istio), dur},
+		{"  reconnects at istiod, first → last", arrivalSpread(ours), arrivalSpread(istio), dur},
+		{"  most reconnects in one 100 ms", float64(mostWithin(ours.reconnects, 100*time.Millisecond)), float64(mostWithin(istio.reconnects, 100*time.Millisecond)), count},
+		{"  new name resolved, restart → p50", ds(quantile(ours.nameCurrent, 0.5)), ds(quantile(istio.nameCurrent, 0.5)), dur},
+		{"  new name resolved, restart → max", ds(quantile(ours.nameCurrent, 1)), ds(quantile(istio.nameCurrent, 1)), dur},
+		{"  new name not resolved", float64(ours.namesMissing), float64(istio.namesMissing), count},
+		{"requests on connections open before", float64(ours.outageOK + ours.outageFailed), float64(istio.outageOK + istio.outageFailed), count},
+		{"  of which failed", float64(ours.outageFailed), float64(istio.outageFailed), count},
+		{"  connections broken", float64(ours.brokenConns), float64(istio.brokenConns), count},
 		{"pods synced again", float64(len(ours.synced)), float64(len(istio.synced)), count},
 		{"pods leaving Ready meanwhile", float64(ours.unready), float64(istio.unready), count},
 		{"timeouts in sidecar logs, after", float64(len(ours.reconnectLogs)), float64(len(istio.reconnectLogs)), count},
@@ -98,6 +112,9 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 	}{{"meshagent", ours}, {"istio", istio}} {
 		for _, l := range append(x.r.timeouts[:min(3, len(x.r.timeouts))], x.r.reconnectLogs[:min(3, len(x.r.reconnectLogs))]...) {
 			fmt.Fprintf(&b, "  %s timeout line: %.200s\n", x.who, l)
+		}
+		for _, l := range x.r.outageFailures {
+			fmt.Fprintf(&b, "  %s request failed while istiod was away: %.200s\n", x.who, l)
 		}
 	}
 	t.Log("\n" + b.String())

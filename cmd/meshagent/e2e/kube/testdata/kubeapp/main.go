@@ -18,6 +18,15 @@
 //	kubeapp hold ADDR D  opens a TCP connection to ADDR and keeps it open for D
 //	kubeapp resolve NAME prints NAME's addresses, resolved as any libc-free
 //	                     Go program does (/etc/resolv.conf, UDP to its nameserver)
+//	kubeapp keep URL EVERY MAX
+//	                     GETs URL every EVERY on one kept-alive connection
+//	                     until its stdin ends or MAX has passed: "open
+//	                     <answer>" at the first answer, each failure as "fail <time>
+//	                     <error>", then "keep ok=N fail=M conns=C", C the
+//	                     connections it took (1: the first never broke)
+//	kubeapp resolvewait NAME WANT MAX
+//	                     resolves NAME every 100 ms until WANT is among its
+//	                     addresses: prints "resolved <time>"; exits 1 after MAX
 package main
 
 import (
@@ -36,7 +45,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kubeapp serve|get URL|load URL|hold ADDR D|resolve NAME")
+		fmt.Fprintln(os.Stderr, "usage: kubeapp serve|get URL|load URL|hold ADDR D|resolve NAME|keep URL EVERY MAX|resolvewait NAME WANT MAX")
 		os.Exit(2)
 	}
 	var err error
@@ -49,6 +58,10 @@ func main() {
 		load(os.Args[2])
 	case "hold":
 		err = hold(os.Args[2], os.Args[3])
+	case "keep":
+		err = keep(os.Args[2:])
+	case "resolvewait":
+		err = resolveWait(os.Args[2:])
 	case "resolve":
 		var addrs []string
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
