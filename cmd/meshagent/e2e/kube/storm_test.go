@@ -143,6 +143,7 @@ type stormResult struct {
 	ready           []time.Duration // created → Ready, per pod
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
+	certificate     []time.Duration // the sidecar's first log line → its certificate, per pod
 	workingSet      float64         // sum of the istio-proxy containers', bytes
 	cpu             float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
 	gone            time.Duration   // delete → all gone
@@ -208,6 +209,9 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	r.csrs, r.csrErrors = csrAfter-csrBefore, errAfter-errBefore
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
 	r.timeouts = s.sidecarTimeouts(label, pods)
+	if !a.floor {
+		r.certificate = s.certificateTimes(label, pods)
+	}
 
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
 	// (every 10-15 s): let a round pass with every pod up.
@@ -380,20 +384,55 @@ var timeoutLine = regexp.MustCompile(`(?i)(timed out|deadline exceeded|i/o timeo
 func (s *suite) sidecarTimeouts(label string, pods int) []string {
 	var hits []string
 	for i := range pods {
-		files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s-%d_*", testNS, label, i), "istio-proxy", "*.log"))
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				continue
-			}
-			for _, l := range strings.Split(string(data), "\n") {
-				if timeoutLine.MatchString(l) {
-					hits = append(hits, fmt.Sprintf("%s-%d: %s", label, i, l))
-				}
+		for l := range strings.Lines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
+			if timeoutLine.MatchString(l) {
+				hits = append(hits, fmt.Sprintf("%s-%d: %s", label, i, strings.TrimSuffix(l, "\n")))
 			}
 		}
 	}
 	return hits
+}
+
+// sidecarLog is a pod's istio-proxy log as the kubelet writes it, each line
+// starting with its time.
+func (s *suite) sidecarLog(pod string) string {
+	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		b.Write(data)
+	}
+	return b.String()
+}
+
+// certificateLine is the line each agent logs when it has its workload
+// certificate from istiod's CA.
+var certificateLine = regexp.MustCompile(`msg="certificate from CA"|\tgenerated new workload certificate\t`)
+
+// certificateTimes are, per pod, the time from the sidecar's first log line
+// to its certificate (the key and the CSR, and what came before them), by
+// the kubelet's times: istiod has no CSR latency metric.
+func (s *suite) certificateTimes(label string, pods int) []time.Duration {
+	var out []time.Duration
+	for i := range pods {
+		var first time.Time
+		for l := range strings.Lines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
+			stamp, _, _ := strings.Cut(l, " ")
+			at, err := time.Parse(time.RFC3339Nano, stamp)
+			if err != nil {
+				continue
+			}
+			if first.IsZero() {
+				first = at
+			}
+			if certificateLine.MatchString(l) {
+				out = append(out, at.Sub(first))
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
@@ -401,20 +440,13 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 // with the node's logs (MESHAGENT_KUBE_LOGS=1), where each pod's start
 // went, container started → the agent's first line → its ready line.
 func (s *suite) keepSidecarLog(t *testing.T, pod string) {
-	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
 	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Log(err)
-		return
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), []byte(s.sidecarLog(pod)), 0o644)
 	}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), data, 0o644)
-		}
-		if err != nil {
-			t.Log(err)
-		}
+	if err != nil {
+		t.Log(err)
 	}
 }
 

@@ -39,6 +39,7 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		format func(float64) string
 	}
 	dur := func(v float64) string { return fmt.Sprintf("%.1f s", v) }
+	dur2 := func(v float64) string { return fmt.Sprintf("%.2f s", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	ds := func(d time.Duration) float64 { return d.Seconds() }
 	arrivalSpread := func(r *stormResult) float64 {
@@ -59,6 +60,9 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		{"created → Ready max", ds(ours.readyAll), ds(istio.readyAll), dur},
 		{"CSRs at istiod's CA", ours.csrs, istio.csrs, count},
 		{"  of which failed", ours.csrErrors, istio.csrErrors, count},
+		{"  first log line → certificate, p50", ds(quantile(ours.certificate, 0.5)), ds(quantile(istio.certificate, 0.5)), dur2},
+		{"  first log line → certificate, p95", ds(quantile(ours.certificate, 0.95)), ds(quantile(istio.certificate, 0.95)), dur2},
+		{"  pods with a certificate line", float64(len(ours.certificate)), float64(len(istio.certificate)), count},
 		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},

@@ -1,0 +1,81 @@
+package kube
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestCertificateTimes reads each agent's certificate line in the kubelet's
+// log files, as the storm's table does.
+func TestCertificateTimes(t *testing.T) {
+	root := t.TempDir()
+	logs := map[string]string{
+		"storm-meshagent-0": "2026-11-29T03:04:57.42242353Z stderr F time=2026-11-29T03:04:57.349Z level=INFO msg=\"meshagent starting\"\n" +
+			"2026-11-29T03:04:57.721407451Z stderr F time=2026-11-29T03:04:57.625Z level=INFO msg=\"certificate from CA\" service=certs\n",
+		"storm-istio-0": "2026-11-29T03:03:43.851037973Z stderr F 2026/11/29 03:03:43 INFO GOMEMLIMIT is already set\n" +
+			"2026-11-29T03:03:46.38380046Z stdout F 2026-11-29T03:03:46.383718Z\tinfo\tcache\tgenerated new workload certificate\tresourceName=default latency=2.023511063s\n",
+		"storm-istio-1": "2026-11-29T03:03:43.851037973Z stderr F no certificate yet\n",
+	}
+	for pod, log := range logs {
+		dir := filepath.Join(root, "pod-logs", testNS+"_"+pod+"_uid", "istio-proxy")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "0.log"), []byte(log), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &suite{n: &node{root: root}}
+	for label, want := range map[string][]time.Duration{
+		"storm-meshagent": {298983921 * time.Nanosecond},
+		"storm-istio":     {2532762487 * time.Nanosecond}, // pod 1 has none
+	} {
+		got := s.certificateTimes(label, 2)
+		if len(got) != len(want) || (len(got) > 0 && got[0] != want[0]) {
+			t.Errorf("%s: %v, want %v", label, got, want)
+		}
+	}
+}
+
+// TestReconnectArrivals reads istiod's lines for new ADS streams, SotW and
+// Delta, as the reconnect storm does, and counts the most in a window.
+func TestReconnectArrivals(t *testing.T) {
+	for line, want := range map[string]string{
+		"2026-11-29T02:13:37.060977Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-7.e2e-1": "storm-meshagent-7",
+		"2026-11-29T02:13:37.060977Z\tinfo\tads\tADS: new connection for node:storm-istio-12.e2e-31":           "storm-istio-12",
+		"2026-11-29T02:13:37.060977Z\tinfo\tads\tPush debounce stable[1] 14":                                   "",
+	} {
+		m := newConnection.FindStringSubmatch(line)
+		if got := ""; m != nil {
+			got = m[2]
+			if got != want {
+				t.Errorf("%q: pod %q, want %q", line, got, want)
+			}
+		} else if want != "" {
+			t.Errorf("%q: no match, want pod %q", line, want)
+		}
+	}
+	t0 := time.Unix(0, 0)
+	at := func(ms ...int) []time.Time {
+		var out []time.Time
+		for _, m := range ms {
+			out = append(out, t0.Add(time.Duration(m)*time.Millisecond))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		times []time.Time
+		want  int
+	}{
+		{nil, 0},
+		{at(0), 1},
+		{at(0, 99, 100, 150, 199, 400), 3}, // 99, 100, 150 or 100, 150, 199
+		{at(0, 100, 200, 300), 1},
+	} {
+		if got := mostWithin(c.times, 100*time.Millisecond); got != c.want {
+			t.Errorf("mostWithin(%v) = %d, want %d", c.times, got, c.want)
+		}
+	}
+}
