@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,16 +145,19 @@ type stormResult struct {
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	certificate     []time.Duration // the sidecar's first log line → its certificate, per pod
-	workingSet      float64         // sum of the istio-proxy containers', bytes
-	cpu             float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
-	gone            time.Duration   // delete → all gone
-	restarts        int             // of any container of the pods
-	timeouts        []string        // certificate or xDS timeouts in the sidecars' logs, at start
-	synced          []time.Duration // istiod restarted → each pod synced again
-	syncedAll       time.Duration
-	unready         int         // Ready → not Ready transitions while istiod was away
-	reconnectLogs   []string    // the same grep: lines new since the start
-	reconnects      []time.Time // each pod's first ADS stream at the restarted istiod, in order
+	// Before the agent runs (startPhases): created → istio-init's last log
+	// line, created → the sidecar's first line; per pod, sorted.
+	toInitDone, toSidecar []time.Duration
+	workingSet            float64         // sum of the istio-proxy containers', bytes
+	cpu                   float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
+	gone                  time.Duration   // delete → all gone
+	restarts              int             // of any container of the pods
+	timeouts              []string        // certificate or xDS timeouts in the sidecars' logs, at start
+	synced                []time.Duration // istiod restarted → each pod synced again
+	syncedAll             time.Duration
+	unready               int         // Ready → not Ready transitions while istiod was away
+	reconnectLogs         []string    // the same grep: lines new since the start
+	reconnects            []time.Time // each pod's first ADS stream at the restarted istiod, in order
 	// The clients of the outage (stormoutage_test.go): requests on
 	// connections opened before istiod went, and a name made while it was
 	// away.
@@ -211,6 +215,7 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	r.timeouts = s.sidecarTimeouts(label, pods)
 	if !a.floor {
 		r.certificate = s.certificateTimes(label, pods)
+		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start)
 	}
 
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
@@ -395,8 +400,11 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 
 // sidecarLog is a pod's istio-proxy log as the kubelet writes it, each line
 // starting with its time.
-func (s *suite) sidecarLog(pod string) string {
-	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), "istio-proxy", "*.log"))
+func (s *suite) sidecarLog(pod string) string { return s.containerLog(pod, "istio-proxy") }
+
+// containerLog is the log of a container of a pod, as the kubelet writes it.
+func (s *suite) containerLog(pod, container string) string {
+	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), container, "*.log"))
 	var b strings.Builder
 	for _, f := range files {
 		data, _ := os.ReadFile(f)
@@ -416,12 +424,7 @@ func (s *suite) certificateTimes(label string, pods int) []time.Duration {
 	var out []time.Duration
 	for i := range pods {
 		var first time.Time
-		for l := range strings.Lines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
-			stamp, _, _ := strings.Cut(l, " ")
-			at, err := time.Parse(time.RFC3339Nano, stamp)
-			if err != nil {
-				continue
-			}
+		for at, l := range logLines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
 			if first.IsZero() {
 				first = at
 			}
@@ -433,6 +436,44 @@ func (s *suite) certificateTimes(label string, pods int) []time.Duration {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// logLines are the lines of a log the kubelet wrote, with their times.
+func logLines(log string) iter.Seq2[time.Time, string] {
+	return func(yield func(time.Time, string) bool) {
+		for l := range strings.Lines(log) {
+			stamp, _, _ := strings.Cut(l, " ")
+			at, err := time.Parse(time.RFC3339Nano, stamp)
+			if err == nil && !yield(at, l) {
+				return
+			}
+		}
+	}
+}
+
+// startPhases are, per pod, where its start went before the agent ran, by
+// the kubelet's times of the containers' log lines: created → istio-init's
+// last line (the capture rules in place: each agent's istio-iptables ends
+// its log there, where their first lines differ, ours after the backend's
+// detection), and created → the sidecar's first line.
+func (s *suite) startPhases(label string, pods int, created time.Time) (toInitDone, toSidecar []time.Duration) {
+	for i := range pods {
+		pod := fmt.Sprintf("%s-%d", label, i)
+		var last time.Time
+		for at := range logLines(s.containerLog(pod, "istio-init")) {
+			last = at
+		}
+		if !last.IsZero() {
+			toInitDone = append(toInitDone, last.Sub(created))
+		}
+		for at := range logLines(s.sidecarLog(pod)) {
+			toSidecar = append(toSidecar, at.Sub(created))
+			break
+		}
+	}
+	slices.Sort(toInitDone)
+	slices.Sort(toSidecar)
+	return toInitDone, toSidecar
 }
 
 // keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
