@@ -145,6 +145,7 @@ type stormResult struct {
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	certificate     []time.Duration // the sidecar's first log line → its certificate, per pod
+	agentReady      []time.Duration // the sidecar's first log line → its ready line, per pod
 	// Before the agent runs (startPhases): created → istio-init's last log
 	// line, created → the sidecar's first line; per pod, sorted.
 	toInitDone, toSidecar []time.Duration
@@ -214,7 +215,8 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
 	r.timeouts = s.sidecarTimeouts(label, pods)
 	if !a.floor {
-		r.certificate = s.certificateTimes(label, pods)
+		r.certificate = s.sinceFirstLine(label, pods, certificateLine)
+		r.agentReady = s.sinceFirstLine(label, pods, readyLine)
 		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start)
 	}
 
@@ -414,13 +416,18 @@ func (s *suite) containerLog(pod, container string) string {
 }
 
 // certificateLine is the line each agent logs when it has its workload
-// certificate from istiod's CA.
-var certificateLine = regexp.MustCompile(`msg="certificate from CA"|\tgenerated new workload certificate\t`)
+// certificate from istiod's CA, and readyLine the one when it first
+// answers ready (Envoy ready, and for ours the agent too).
+var (
+	certificateLine = regexp.MustCompile(`msg="certificate from CA"|\tgenerated new workload certificate\t`)
+	readyLine       = regexp.MustCompile(`msg="agent ready"|\tEnvoy proxy is ready`)
+)
 
-// certificateTimes are, per pod, the time from the sidecar's first log line
-// to its certificate (the key and the CSR, and what came before them), by
-// the kubelet's times: istiod has no CSR latency metric.
-func (s *suite) certificateTimes(label string, pods int) []time.Duration {
+// sinceFirstLine are, per pod, the time from the sidecar's first log line
+// to its first line that matches, by the kubelet's times: for the
+// certificate (the key and the CSR, and what came before them; istiod has
+// no CSR latency metric), and for ready.
+func (s *suite) sinceFirstLine(label string, pods int, line *regexp.Regexp) []time.Duration {
 	var out []time.Duration
 	for i := range pods {
 		var first time.Time
@@ -428,7 +435,7 @@ func (s *suite) certificateTimes(label string, pods int) []time.Duration {
 			if first.IsZero() {
 				first = at
 			}
-			if certificateLine.MatchString(l) {
+			if line.MatchString(l) {
 				out = append(out, at.Sub(first))
 				break
 			}

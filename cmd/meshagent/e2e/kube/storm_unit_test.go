@@ -32,7 +32,7 @@ func TestCertificateTimes(t *testing.T) {
 		"storm-meshagent": {298983921 * time.Nanosecond},
 		"storm-istio":     {2532762487 * time.Nanosecond}, // pod 1 has none
 	} {
-		got := s.certificateTimes(label, 2)
+		got := s.sinceFirstLine(label, 2, certificateLine)
 		if len(got) != len(want) || (len(got) > 0 && got[0] != want[0]) {
 			t.Errorf("%s: %v, want %v", label, got, want)
 		}

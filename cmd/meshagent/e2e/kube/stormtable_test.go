@@ -67,6 +67,8 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		{"  the agent's first line → certificate, p50", ds(quantile(ours.certificate, 0.5)), ds(quantile(istio.certificate, 0.5)), dur2},
 		{"  the agent's first line → certificate, p95", ds(quantile(ours.certificate, 0.95)), ds(quantile(istio.certificate, 0.95)), dur2},
 		{"  pods with a certificate line", float64(len(ours.certificate)), float64(len(istio.certificate)), count},
+		{"the agent's first line → ready, p50", ds(quantile(ours.agentReady, 0.5)), ds(quantile(istio.agentReady, 0.5)), dur2},
+		{"the agent's first line → ready, p95", ds(quantile(ours.agentReady, 0.95)), ds(quantile(istio.agentReady, 0.95)), dur2},
 		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
