@@ -144,10 +144,10 @@ type stormResult struct {
 	ready           []time.Duration // created → Ready, per pod
 	readyAll        time.Duration   // the last pod's
 	csrs, csrErrors float64         // at istiod's CA, during the start
-	certificate     []time.Duration // the sidecar's first log line → its certificate, per pod
-	agentReady      []time.Duration // the sidecar's first log line → its ready line, per pod
+	certificate     []time.Duration // the sidecar container started → its certificate line, per pod
+	agentReady      []time.Duration // the sidecar container started → its ready line, per pod
 	// Before the agent runs (startPhases): created → istio-init's last log
-	// line, created → the sidecar's first line; per pod, sorted.
+	// line, created → the sidecar container started; per pod, sorted.
 	toInitDone, toSidecar []time.Duration
 	workingSet            float64         // sum of the istio-proxy containers', bytes
 	cpu                   float64         // sum of the istio-proxy containers' CPU, seconds, 20 s after the last Ready
@@ -215,9 +215,10 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
 	r.timeouts = s.sidecarTimeouts(label, pods)
 	if !a.floor {
-		r.certificate = s.sinceFirstLine(label, pods, certificateLine)
-		r.agentReady = s.sinceFirstLine(label, pods, readyLine)
-		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start)
+		starts := s.sidecarStarts(t, label)
+		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start, starts)
+		r.certificate = s.sinceStart(label, pods, starts, certificateLine)
+		r.agentReady = s.sinceStart(label, pods, starts, readyLine)
 	}
 
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
@@ -423,26 +424,64 @@ var (
 	readyLine       = regexp.MustCompile(`msg="agent ready"|\tEnvoy proxy is ready`)
 )
 
-// sinceFirstLine are, per pod, the time from the sidecar's first log line
-// to its first line that matches, by the kubelet's times: for the
-// certificate (the key and the CSR, and what came before them; istiod has
-// no CSR latency metric), and for ready.
-func (s *suite) sinceFirstLine(label string, pods int, line *regexp.Regexp) []time.Duration {
+// sinceStart are, per pod, the time from its sidecar container's start
+// (starts) to the sidecar's first log line that matches, by the kubelet's
+// times: for the certificate (the key and the CSR, and what came before
+// them; istiod has no CSR latency metric), and for ready. From the
+// container's start, not the agent's first line: Istio's agent logs its
+// first line in its package initialisation, ours after its configuration.
+func (s *suite) sinceStart(label string, pods int, starts map[string]time.Time, line *regexp.Regexp) []time.Duration {
 	var out []time.Duration
 	for i := range pods {
-		var first time.Time
-		for at, l := range logLines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
-			if first.IsZero() {
-				first = at
-			}
+		pod := fmt.Sprintf("%s-%d", label, i)
+		start, ok := starts[pod]
+		if !ok {
+			continue
+		}
+		for at, l := range logLines(s.sidecarLog(pod)) {
 			if line.MatchString(l) {
-				out = append(out, at.Sub(first))
+				out = append(out, at.Sub(start))
 				break
 			}
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// containerStarted is containerd's line for a container started.
+var containerStarted = regexp.MustCompile(`^time="([^"]+)" level=info msg="StartContainer for \\"([0-9a-f]+)\\" returns successfully"`)
+
+// sidecarStarts are, by pod, when containerd started each pod's istio-proxy
+// container (its log), for the pods of label.
+func (s *suite) sidecarStarts(t *testing.T, label string) map[string]time.Time {
+	var list struct {
+		Items []pod `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o", "json")), &list); err != nil {
+		t.Fatalf("pods of %s: %v", label, err)
+	}
+	podOf := map[string]string{} // container ID → pod
+	for _, p := range list.Items {
+		if st, ok := p.status("istio-proxy"); ok {
+			podOf[strings.TrimPrefix(st.ContainerID, "containerd://")] = p.Metadata.Name
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(s.n.root, "logs", "containerd.log"))
+	if err != nil {
+		t.Errorf("containerd's log: %v", err)
+	}
+	starts := map[string]time.Time{}
+	for l := range strings.Lines(string(data)) {
+		m := containerStarted.FindStringSubmatch(l)
+		if m == nil || podOf[m[2]] == "" {
+			continue
+		}
+		if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+			starts[podOf[m[2]]] = at
+		}
+	}
+	return starts
 }
 
 // logLines are the lines of a log the kubelet wrote, with their times.
@@ -458,12 +497,11 @@ func logLines(log string) iter.Seq2[time.Time, string] {
 	}
 }
 
-// startPhases are, per pod, where its start went before the agent ran, by
-// the kubelet's times of the containers' log lines: created → istio-init's
-// last line (the capture rules in place: each agent's istio-iptables ends
-// its log there, where their first lines differ, ours after the backend's
-// detection), and created → the sidecar's first line.
-func (s *suite) startPhases(label string, pods int, created time.Time) (toInitDone, toSidecar []time.Duration) {
+// startPhases are, per pod, where its start went before the agent ran:
+// created → istio-init's last log line (the capture rules in place: each
+// agent's istio-iptables ends its log there, by the kubelet's times), and
+// created → its sidecar container's start (starts).
+func (s *suite) startPhases(label string, pods int, created time.Time, starts map[string]time.Time) (toInitDone, toSidecar []time.Duration) {
 	for i := range pods {
 		pod := fmt.Sprintf("%s-%d", label, i)
 		var last time.Time
@@ -473,9 +511,8 @@ func (s *suite) startPhases(label string, pods int, created time.Time) (toInitDo
 		if !last.IsZero() {
 			toInitDone = append(toInitDone, last.Sub(created))
 		}
-		for at := range logLines(s.sidecarLog(pod)) {
+		if at, ok := starts[pod]; ok {
 			toSidecar = append(toSidecar, at.Sub(created))
-			break
 		}
 	}
 	slices.Sort(toInitDone)

@@ -3,19 +3,24 @@ package kube
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"testing"
 	"time"
 )
 
-// TestCertificateTimes reads each agent's certificate line in the kubelet's
-// log files, as the storm's table does.
-func TestCertificateTimes(t *testing.T) {
+// TestSinceStart reads each agent's certificate and ready lines in the
+// kubelet's log files, and containerd's line for a container started, as
+// the storm's table does.
+func TestSinceStart(t *testing.T) {
 	root := t.TempDir()
 	logs := map[string]string{
 		"storm-meshagent-0": "2026-11-29T03:04:57.42242353Z stderr F time=2026-11-29T03:04:57.349Z level=INFO msg=\"meshagent starting\"\n" +
-			"2026-11-29T03:04:57.721407451Z stderr F time=2026-11-29T03:04:57.625Z level=INFO msg=\"certificate from CA\" service=certs\n",
+			"2026-11-29T03:04:57.721407451Z stderr F time=2026-11-29T03:04:57.625Z level=INFO msg=\"certificate from CA\" service=certs\n" +
+			"2026-11-29T03:04:58.1Z stderr F time=2026-11-29T03:04:58.1Z level=INFO msg=\"agent ready\"\n",
 		"storm-istio-0": "2026-11-29T03:03:43.851037973Z stderr F 2026/11/29 03:03:43 INFO GOMEMLIMIT is already set\n" +
-			"2026-11-29T03:03:46.38380046Z stdout F 2026-11-29T03:03:46.383718Z\tinfo\tcache\tgenerated new workload certificate\tresourceName=default latency=2.023511063s\n",
+			"2026-11-29T03:03:46.38380046Z stdout F 2026-11-29T03:03:46.383718Z\tinfo\tcache\tgenerated new workload certificate\tresourceName=default latency=2.023511063s\n" +
+			"2026-11-29T03:03:47Z stdout F 2026-11-29T03:03:46.9Z\tinfo\tEnvoy proxy is ready\n",
 		"storm-istio-1": "2026-11-29T03:03:43.851037973Z stderr F no certificate yet\n",
 	}
 	for pod, log := range logs {
@@ -27,14 +32,35 @@ func TestCertificateTimes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	m := containerStarted.FindStringSubmatch(`time="2026-11-29T03:04:57.4Z" level=info msg="StartContainer for \"39329259f6fd\" returns successfully"`)
+	if m == nil || m[1] != "2026-11-29T03:04:57.4Z" || m[2] != "39329259f6fd" {
+		t.Fatalf("containerd's line: %q", m)
+	}
+	at := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	starts := map[string]time.Time{
+		"storm-meshagent-0": at("2026-11-29T03:04:57.4Z"),
+		"storm-istio-0":     at("2026-11-29T03:03:43.5Z"),
+		"storm-istio-1":     at("2026-11-29T03:03:43.5Z"),
+	}
 	s := &suite{n: &node{root: root}}
-	for label, want := range map[string][]time.Duration{
-		"storm-meshagent": {298983921 * time.Nanosecond},
-		"storm-istio":     {2532762487 * time.Nanosecond}, // pod 1 has none
+	for _, c := range []struct {
+		label string
+		line  *regexp.Regexp
+		want  []time.Duration
+	}{
+		{"storm-meshagent", certificateLine, []time.Duration{321407451 * time.Nanosecond}},
+		{"storm-meshagent", readyLine, []time.Duration{700 * time.Millisecond}},
+		{"storm-istio", certificateLine, []time.Duration{2883800460 * time.Nanosecond}}, // pod 1 has none
+		{"storm-istio", readyLine, []time.Duration{3500 * time.Millisecond}},
 	} {
-		got := s.sinceFirstLine(label, 2, certificateLine)
-		if len(got) != len(want) || (len(got) > 0 && got[0] != want[0]) {
-			t.Errorf("%s: %v, want %v", label, got, want)
+		if got := s.sinceStart(c.label, 2, starts, c.line); !slices.Equal(got, c.want) {
+			t.Errorf("%s, %v: %v, want %v", c.label, c.line, got, c.want)
 		}
 	}
 }
