@@ -6,17 +6,17 @@ package kube
 // one run on the one node; then istiod stopped and started again with the N
 // pods connected. STORM_ROUNDS rounds, the order turned each round; a table
 // per round, ours beside Istio's agent's (stormtable_test.go); the pods
-// followed through kubectl's watch (stormwatch_test.go).
+// followed through kubectl's watch (stormwatch_test.go), their phases and
+// timeouts read from the node's logs (stormlogs_test.go), and what clients
+// in them see while istiod is away (stormoutage_test.go).
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -380,159 +380,6 @@ func (s *suite) waitSynced(label string, pods int, since time.Time, timeout time
 		}
 	}
 	return synced
-}
-
-// timeoutLine is a timeout as either agent logs it (certificate, xDS, or
-// the readiness check's call to Envoy), and not a setting whose name ends
-// in Timeout (our "effective configuration" line at start).
-var timeoutLine = regexp.MustCompile(`(?i)(timed out|deadline exceeded|i/o timeout|\btimeout\b[^=])`)
-
-// sidecarTimeouts greps the istio-proxy logs of the pods (the kubelet's
-// files) for timeouts.
-func (s *suite) sidecarTimeouts(label string, pods int) []string {
-	var hits []string
-	for i := range pods {
-		for l := range strings.Lines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
-			if timeoutLine.MatchString(l) {
-				hits = append(hits, fmt.Sprintf("%s-%d: %s", label, i, strings.TrimSuffix(l, "\n")))
-			}
-		}
-	}
-	return hits
-}
-
-// sidecarLog is a pod's istio-proxy log as the kubelet writes it, each line
-// starting with its time.
-func (s *suite) sidecarLog(pod string) string { return s.containerLog(pod, "istio-proxy") }
-
-// containerLog is the log of a container of a pod, as the kubelet writes it.
-func (s *suite) containerLog(pod, container string) string {
-	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), container, "*.log"))
-	var b strings.Builder
-	for _, f := range files {
-		data, _ := os.ReadFile(f)
-		b.Write(data)
-	}
-	return b.String()
-}
-
-// certificateLine is the line each agent logs when it has its workload
-// certificate from istiod's CA, and readyLine the one when it first
-// answers ready (Envoy ready, and for ours the agent too).
-var (
-	certificateLine = regexp.MustCompile(`msg="certificate from CA"|\tgenerated new workload certificate\t`)
-	readyLine       = regexp.MustCompile(`msg="agent ready"|\tEnvoy proxy is ready`)
-)
-
-// sinceStart are, per pod, the time from its sidecar container's start
-// (starts) to the sidecar's first log line that matches, by the kubelet's
-// times: for the certificate (the key and the CSR, and what came before
-// them; istiod has no CSR latency metric), and for ready. From the
-// container's start, not the agent's first line: Istio's agent logs its
-// first line in its package initialisation, ours after its configuration.
-func (s *suite) sinceStart(label string, pods int, starts map[string]time.Time, line *regexp.Regexp) []time.Duration {
-	var out []time.Duration
-	for i := range pods {
-		pod := fmt.Sprintf("%s-%d", label, i)
-		start, ok := starts[pod]
-		if !ok {
-			continue
-		}
-		for at, l := range logLines(s.sidecarLog(pod)) {
-			if line.MatchString(l) {
-				out = append(out, at.Sub(start))
-				break
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// containerStarted is containerd's line for a container started.
-var containerStarted = regexp.MustCompile(`^time="([^"]+)" level=info msg="StartContainer for \\"([0-9a-f]+)\\" returns successfully"`)
-
-// sidecarStarts are, by pod, when containerd started each pod's istio-proxy
-// container (its log), for the pods of label.
-func (s *suite) sidecarStarts(t *testing.T, label string) map[string]time.Time {
-	var list struct {
-		Items []pod `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o", "json")), &list); err != nil {
-		t.Fatalf("pods of %s: %v", label, err)
-	}
-	podOf := map[string]string{} // container ID → pod
-	for _, p := range list.Items {
-		if st, ok := p.status("istio-proxy"); ok {
-			podOf[strings.TrimPrefix(st.ContainerID, "containerd://")] = p.Metadata.Name
-		}
-	}
-	data, err := os.ReadFile(filepath.Join(s.n.root, "logs", "containerd.log"))
-	if err != nil {
-		t.Errorf("containerd's log: %v", err)
-	}
-	starts := map[string]time.Time{}
-	for l := range strings.Lines(string(data)) {
-		m := containerStarted.FindStringSubmatch(l)
-		if m == nil || podOf[m[2]] == "" {
-			continue
-		}
-		if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
-			starts[podOf[m[2]]] = at
-		}
-	}
-	return starts
-}
-
-// logLines are the lines of a log the kubelet wrote, with their times.
-func logLines(log string) iter.Seq2[time.Time, string] {
-	return func(yield func(time.Time, string) bool) {
-		for l := range strings.Lines(log) {
-			stamp, _, _ := strings.Cut(l, " ")
-			at, err := time.Parse(time.RFC3339Nano, stamp)
-			if err == nil && !yield(at, l) {
-				return
-			}
-		}
-	}
-}
-
-// startPhases are, per pod, where its start went before the agent ran:
-// created → istio-init's last log line (the capture rules in place: each
-// agent's istio-iptables ends its log there, by the kubelet's times), and
-// created → its sidecar container's start (starts).
-func (s *suite) startPhases(label string, pods int, created time.Time, starts map[string]time.Time) (toInitDone, toSidecar []time.Duration) {
-	for i := range pods {
-		pod := fmt.Sprintf("%s-%d", label, i)
-		var last time.Time
-		for at := range logLines(s.containerLog(pod, "istio-init")) {
-			last = at
-		}
-		if !last.IsZero() {
-			toInitDone = append(toInitDone, last.Sub(created))
-		}
-		if at, ok := starts[pod]; ok {
-			toSidecar = append(toSidecar, at.Sub(created))
-		}
-	}
-	slices.Sort(toInitDone)
-	slices.Sort(toSidecar)
-	return toInitDone, toSidecar
-}
-
-// keepSidecarLog copies a pod's istio-proxy log (the kubelet's file, each
-// line with its time) to .tmp/kube-storm-logs before the pod is deleted:
-// with the node's logs (MESHAGENT_KUBE_LOGS=1), where each pod's start
-// went, container started → the agent's first line → its ready line.
-func (s *suite) keepSidecarLog(t *testing.T, pod string) {
-	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
-	err := os.MkdirAll(dir, 0o755)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), []byte(s.sidecarLog(pod)), 0o644)
-	}
-	if err != nil {
-		t.Log(err)
-	}
 }
 
 // restarts sums the restart counts of every container of the label's pods.
