@@ -7,7 +7,6 @@ package kube
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,9 +17,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // outageClientPods is how many pods of a storm carry the clients: pod i
@@ -33,24 +33,13 @@ const outageClientPods = 4
 type podCmd struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	mu     sync.Mutex
-	out    bytes.Buffer
+	out    testkit.LogBuffer // its stdout and stderr
 	done   chan struct{}
 	err    error
 	cancel context.CancelFunc
 }
 
-func (w *podCmd) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.out.Write(p)
-}
-
-func (w *podCmd) output() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.out.String()
-}
+func (w *podCmd) output() string { return w.out.String() }
 
 // startExec starts args in a container of a pod, for at most limit.
 func (n *node) startExec(t *testing.T, pod, container string, limit time.Duration, args ...string) *podCmd {
@@ -59,7 +48,7 @@ func (n *node) startExec(t *testing.T, pod, container string, limit time.Duratio
 	w := &podCmd{done: make(chan struct{}), cancel: cancel}
 	w.cmd = n.inNetns(ctx, filepath.Join(n.kubeBin, "kubectl"), append([]string{"--kubeconfig", filepath.Join(n.root, "pki", "admin.kubeconfig"),
 		"-n", testNS, "exec", "-i", pod, "-c", container, "--"}, args...)...)
-	w.cmd.Stdout, w.cmd.Stderr = w, w
+	w.cmd.Stdout, w.cmd.Stderr = &w.out, &w.out
 	var err error
 	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
