@@ -72,6 +72,7 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		{"istio-proxy working sets, sum (MiB)", ours.workingSet / (1 << 20), istio.workingSet / (1 << 20), func(v float64) string { return fmt.Sprintf("%.1f", v) }},
 		{"istio-proxy CPU, sum (s)", ours.cpu, istio.cpu, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"delete → all gone", ds(ours.gone), ds(istio.gone), dur},
+		{"delete → the node quiet again", ds(ours.quiet), ds(istio.quiet), dur},
 		{"container restarts", float64(ours.restarts), float64(istio.restarts), count},
 		{"timeouts in sidecar logs, start", float64(len(ours.timeouts)), float64(len(istio.timeouts)), count},
 		{"istiod restarted → all synced", ds(ours.syncedAll), ds(istio.syncedAll), dur},
@@ -111,6 +112,7 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 			{"created → Ready p95", ds(quantile(floor.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
 			{"created → Ready max", ds(floor.readyAll), ds(istio.readyAll), dur},
 			{"delete → all gone", ds(floor.gone), ds(istio.gone), dur},
+			{"delete → the node quiet again", ds(floor.quiet), ds(istio.quiet), dur},
 			{"container restarts", float64(floor.restarts), float64(istio.restarts), count},
 		} {
 			line(r)
