@@ -23,9 +23,9 @@ import (
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// outageClientPods is how many pods of a storm carry the clients: pod i
-// keeps a connection to pod outageClientPods+i, through both sidecars,
-// and waits for the new name.
+// outageClientPods is how many pods of a storm carry the clients (fewer,
+// k, when the storm has fewer than twice as many pods): pod i keeps a
+// connection to pod k+i, through both sidecars, and waits for the new name.
 const outageClientPods = 4
 
 // podCmd is a command running in a pod's container through `kubectl exec
