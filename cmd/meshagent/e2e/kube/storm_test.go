@@ -165,9 +165,9 @@ type stormResult struct {
 	timeouts              []string        // certificate or xDS timeouts in the sidecars' logs, at start
 	synced                []time.Duration // istiod restarted → each pod synced again
 	syncedAll             time.Duration
-	unready               int         // Ready → not Ready transitions while istiod was away
-	reconnectLogs         []string    // the same grep: lines new since the start
-	reconnects            []time.Time // each pod's first ADS stream at the restarted istiod, in order
+	unready               int             // Ready → not Ready transitions while istiod was away
+	reconnectLogs         []string        // the same grep: lines new since the start
+	reconnects            []time.Duration // istiod restarted → each pod's first ADS stream at it, sorted
 	// The clients of the outage (stormoutage_test.go): requests on
 	// connections opened before istiod went, and a name made while it was
 	// away.
@@ -352,7 +352,7 @@ func (s *suite) reconnectStorm(t *testing.T, a agent, r *stormResult, w *podWatc
 	time.Sleep(2 * time.Second)
 	r.unready = w.unreadySinceBaseline()
 	s.endOutage(t, o, r, restart)
-	r.reconnects = s.reconnects(t, label)
+	r.reconnects = s.reconnects(t, label, restart)
 	if r.outageFailed > 0 || r.brokenConns > 0 {
 		msg := fmt.Sprintf("%s: %d requests failed and %d connections broke while istiod was away and came back: %q", a.name, r.outageFailed, r.brokenConns, r.outageFailures)
 		if a.name == "meshagent" {

@@ -83,25 +83,47 @@ func TestReconnectArrivals(t *testing.T) {
 			t.Errorf("%q: no match, want pod %q", line, want)
 		}
 	}
-	t0 := time.Unix(0, 0)
-	at := func(ms ...int) []time.Time {
-		var out []time.Time
+	ms := func(ms ...int) []time.Duration {
+		var out []time.Duration
 		for _, m := range ms {
-			out = append(out, t0.Add(time.Duration(m)*time.Millisecond))
+			out = append(out, time.Duration(m)*time.Millisecond)
 		}
 		return out
 	}
 	for _, c := range []struct {
-		times []time.Time
+		times []time.Duration
 		want  int
 	}{
 		{nil, 0},
-		{at(0), 1},
-		{at(0, 99, 100, 150, 199, 400), 3}, // 99, 100, 150 or 100, 150, 199
-		{at(0, 100, 200, 300), 1},
+		{ms(0), 1},
+		{ms(0, 99, 100, 150, 199, 400), 3}, // 99, 100, 150 or 100, 150, 199
+		{ms(0, 100, 200, 300), 1},
 	} {
 		if got := mostWithin(c.times, 100*time.Millisecond); got != c.want {
 			t.Errorf("mostWithin(%v) = %d, want %d", c.times, got, c.want)
 		}
+	}
+
+	// From istiod's log file: each pod's first stream after the restart,
+	// other storms' pods and other lines left out.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "logs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := "2026-11-29T02:13:37.5Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-1.e2e-1\n" +
+		"2026-11-29T02:13:37.2Z\tinfo\tads\tPush debounce stable[1] 14\n" +
+		"2026-11-29T02:13:37.6Z\tinfo\tdelta\tADS: new delta connection for node:storm-istio-1.e2e-2\n" +
+		"2026-11-29T02:13:37.7Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-0.e2e-3\n" +
+		"2026-11-29T02:13:39Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-1.e2e-4\n"
+	if err := os.WriteFile(filepath.Join(root, "logs", "istiod.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restart, err := time.Parse(time.RFC3339, "2026-11-29T02:13:37Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &suite{n: &node{istioRoot: root}}
+	if got, want := s.reconnects(t, "storm-meshagent", restart), ms(500, 700); !slices.Equal(got, want) {
+		t.Errorf("reconnects: %v, want %v", got, want)
 	}
 }

@@ -1,17 +1,20 @@
 package kube
 
 // What the storms read from the node's logs (#36): the sidecars' log files
-// as the kubelet writes them (each line with its time), and containerd's
-// log for when each sidecar container started.
+// as the kubelet writes them (each line with its time), containerd's log
+// for when each sidecar container started, and istiod's for when each
+// sidecar came back to it after its restart.
 
 import (
 	"encoding/json"
 	"fmt"
 	"iter"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,4 +171,36 @@ func (s *suite) keepSidecarLog(t *testing.T, pod string) {
 	if err != nil {
 		t.Log(err)
 	}
+}
+
+// newConnection is istiod's line for a proxy's ADS stream (SotW or Delta),
+// with the pod's name in the node ID ("<pod>.<namespace>-<n>").
+var newConnection = regexp.MustCompile(`^(\S+)\s+info\s+\S+\s+ADS: new (?:delta )?connection for node:([^.\s]+)\.`)
+
+// reconnects are, from istiod's log (the restarted istiod's: istio-up.sh
+// writes it anew), when each pod of label first connected after restart,
+// sorted.
+func (s *suite) reconnects(t *testing.T, label string, restart time.Time) []time.Duration {
+	data, err := os.ReadFile(filepath.Join(s.n.istioRoot, "logs", "istiod.log"))
+	if err != nil {
+		t.Errorf("istiod's log: %v", err)
+		return nil
+	}
+	first := map[string]time.Duration{}
+	for l := range strings.Lines(string(data)) {
+		m := newConnection.FindStringSubmatch(l)
+		if m == nil || !strings.HasPrefix(m[2], label+"-") {
+			continue
+		}
+		if _, err := strconv.Atoi(strings.TrimPrefix(m[2], label+"-")); err != nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if _, seen := first[m[2]]; err == nil && !seen {
+			first[m[2]] = at.Sub(restart)
+		}
+	}
+	out := slices.Collect(maps.Values(first))
+	slices.Sort(out)
+	return out
 }

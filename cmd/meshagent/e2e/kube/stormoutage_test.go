@@ -1,21 +1,16 @@
 package kube
 
 // What the pods' clients see while istiod is away and comes back (#36's
-// reconnect storm): requests on connections opened before it went, a name
-// the mesh learnt while it was away, and when each sidecar came back to
-// it (istiod's log).
+// reconnect storm): requests on connections opened before it went, and a
+// name the mesh learnt while it was away.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -190,54 +185,4 @@ func (s *suite) endOutage(t *testing.T, o *outage, r *stormResult, restart time.
 		}
 	}
 	s.n.mustKubectl(t, "", "-n", testNS, "delete", "serviceentry", strings.TrimSuffix(o.name, ".e2e.internal"))
-}
-
-// newConnection is istiod's line for a proxy's ADS stream (SotW or Delta),
-// with the pod's name in the node ID ("<pod>.<namespace>-<n>").
-var newConnection = regexp.MustCompile(`^(\S+)\s+info\s+\S+\s+ADS: new (?:delta )?connection for node:([^.\s]+)\.`)
-
-// reconnects are, from istiod's log (the restarted istiod's: istio-up.sh
-// writes it anew), when each pod of label first connected, in order.
-func (s *suite) reconnects(t *testing.T, label string) []time.Time {
-	f, err := os.Open(filepath.Join(s.n.istioRoot, "logs", "istiod.log"))
-	if err != nil {
-		t.Errorf("istiod's log: %v", err)
-		return nil
-	}
-	defer f.Close()
-	first := map[string]time.Time{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		m := newConnection.FindStringSubmatch(sc.Text())
-		if m == nil || !strings.HasPrefix(m[2], label+"-") {
-			continue
-		}
-		if _, err := strconv.Atoi(strings.TrimPrefix(m[2], label+"-")); err != nil {
-			continue
-		}
-		at, err := time.Parse(time.RFC3339Nano, m[1])
-		if _, seen := first[m[2]]; err == nil && !seen {
-			first[m[2]] = at
-		}
-	}
-	var out []time.Time
-	for _, at := range first {
-		out = append(out, at)
-	}
-	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
-	return out
-}
-
-// mostWithin is the most times of sorted that fall in any window of d.
-func mostWithin(sorted []time.Time, d time.Duration) int {
-	most := 0
-	for i := range sorted {
-		j := i
-		for j < len(sorted) && sorted[j].Sub(sorted[i]) < d {
-			j++
-		}
-		most = max(most, j-i)
-	}
-	return most
 }

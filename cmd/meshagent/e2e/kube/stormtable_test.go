@@ -28,6 +28,20 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
+// mostWithin is the most of sorted (times from one moment) that fall in
+// any window of d.
+func mostWithin(sorted []time.Duration, d time.Duration) int {
+	most := 0
+	for i := range sorted {
+		j := i
+		for j < len(sorted) && sorted[j]-sorted[i] < d {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return most
+}
+
 // printStormTable prints one round's table: ours, Istio's agent's, and the
 // ratio; round says which round, and the agents' order. floor, when not
 // nil, is the storm of a sidecar that costs nothing (STORM_FLOOR=1): its
@@ -42,18 +56,7 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 	dur2 := func(v float64) string { return fmt.Sprintf("%.2f s", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	ds := func(d time.Duration) float64 { return d.Seconds() }
-	arrivalSpread := func(r *stormResult) float64 {
-		if len(r.reconnects) == 0 {
-			return 0
-		}
-		return ds(r.reconnects[len(r.reconnects)-1].Sub(r.reconnects[0]))
-	}
-	spread := func(r *stormResult) float64 {
-		if len(r.synced) == 0 {
-			return 0
-		}
-		return ds(r.synced[len(r.synced)-1] - r.synced[0])
-	}
+	spread := func(sorted []time.Duration) float64 { return ds(quantile(sorted, 1) - quantile(sorted, 0)) }
 	rows := []row{
 		{"created → Ready p50", ds(quantile(ours.ready, 0.5)), ds(quantile(istio.ready, 0.5)), dur},
 		{"created → Ready p95", ds(quantile(ours.ready, 0.95)), ds(quantile(istio.ready, 0.95)), dur},
@@ -78,8 +81,8 @@ func printStormTable(t *testing.T, pods int, round string, ours, istio, floor *s
 		{"istiod restarted → all synced", ds(ours.syncedAll), ds(istio.syncedAll), dur},
 		{"  first synced", ds(quantile(ours.synced, 0)), ds(quantile(istio.synced, 0)), dur},
 		{"  p50 synced", ds(quantile(ours.synced, 0.5)), ds(quantile(istio.synced, 0.5)), dur},
-		{"  spread first → last", spread(ours), spread(istio), dur},
-		{"  reconnects at istiod, first → last", arrivalSpread(ours), arrivalSpread(istio), dur},
+		{"  spread first → last", spread(ours.synced), spread(istio.synced), dur},
+		{"  reconnects at istiod, first → last", spread(ours.reconnects), spread(istio.reconnects), dur},
 		{"  most reconnects in one 100 ms", float64(mostWithin(ours.reconnects, 100*time.Millisecond)), float64(mostWithin(istio.reconnects, 100*time.Millisecond)), count},
 		{"  new name resolved, restart → p50", ds(quantile(ours.nameCurrent, 0.5)), ds(quantile(istio.nameCurrent, 0.5)), dur},
 		{"  new name resolved, restart → max", ds(quantile(ours.nameCurrent, 1)), ds(quantile(istio.nameCurrent, 1)), dur},
