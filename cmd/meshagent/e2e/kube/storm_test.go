@@ -13,6 +13,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/procfs"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -277,13 +279,13 @@ const (
 func waitQuiet(limit time.Duration) (bool, string) {
 	var last float64
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline); {
-		b0, t0 := cpuJiffies()
+		b0, t0, err0 := cpuTimes()
 		time.Sleep(quietWindow)
-		b1, t1 := cpuJiffies()
-		if t1 <= t0 {
-			return false, "no /proc/stat"
+		b1, t1, err1 := cpuTimes()
+		if err := errors.Join(err0, err1); err != nil || t1 <= t0 {
+			return false, fmt.Sprintf("the CPUs' times unknown: %v", err)
 		}
-		last = float64(b1-b0) / float64(t1-t0)
+		last = (b1 - b0) / (t1 - t0)
 		if last < quietBusy {
 			return true, fmt.Sprintf("%.0f %% busy over %v", 100*last, quietWindow)
 		}
@@ -291,25 +293,21 @@ func waitQuiet(limit time.Duration) (bool, string) {
 	return false, fmt.Sprintf("%.0f %% busy over the last %v", 100*last, quietWindow)
 }
 
-// cpuJiffies are the machine's busy and total CPU time so far (the "cpu"
-// line of /proc/stat; idle and iowait are not busy).
-func cpuJiffies() (busy, total uint64) {
-	data, err := os.ReadFile("/proc/stat")
+// cpuTimes are the machine's busy and total CPU seconds so far (procfs's
+// reading of /proc/stat; idle and iowait are not busy, and guest time is
+// in user and nice already).
+func cpuTimes() (busy, total float64, err error) {
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
-		return 0, 0
+		return 0, 0, err
 	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	for i, f := range strings.Fields(line)[1:] {
-		if i >= 8 { // guest, guest_nice: counted in user and nice already
-			break
-		}
-		v, _ := strconv.ParseUint(f, 10, 64)
-		total += v
-		if i != 3 && i != 4 { // idle, iowait
-			busy += v
-		}
+	st, err := fs.Stat()
+	if err != nil {
+		return 0, 0, err
 	}
-	return busy, total
+	c := st.CPUTotal
+	busy = c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal
+	return busy, busy + c.Idle + c.Iowait, nil
 }
 
 // reconnectStorm stops istiod with every pod of the storm connected,
