@@ -318,10 +318,21 @@ func (e *envoy) serverStateLocked() int {
 	switch {
 	case e.healthFailed || e.hotDraining:
 		return stateDraining
-	case !e.xds.live || e.k.neverReady || time.Since(e.started) < e.k.readyAfter:
+	case !e.workersStarted():
 		return statePreInitializing
 	}
 	return stateLive
+}
+
+// workersStarted reports whether Envoy's workers have started: LIVE is
+// that moment (startWorkers, which honours the readiness knobs).
+func (e *envoy) workersStarted() bool {
+	select {
+	case <-e.workers:
+		return true
+	default:
+		return false
+	}
 }
 
 func (e *envoy) setStatLocked(name string, v int) { e.stats[name] = v }

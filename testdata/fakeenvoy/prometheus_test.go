@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http/httptest"
 	"os/exec"
 	"strings"
@@ -17,6 +18,8 @@ import (
 func TestPrometheusExposition(t *testing.T) {
 	e := newEnvoy(&bootstrapv3.Bootstrap{}, knobs{activeConnections: 3})
 	e.startInit() // no dynamic resources: live at once
+	e.announceLive()
+	e.startWorkers(context.Background()) // no readiness knobs: LIVE now
 	rec := httptest.NewRecorder()
 	e.handlePrometheus(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
 	body := rec.Body.String()

@@ -27,7 +27,7 @@ import (
 
 // startWorkers closes e.workers when Envoy's workers would start: init
 // complete (e.live), FAKE_ENVOY_NEVER_READY and FAKE_ENVOY_READY_AFTER
-// honoured, as /ready's LIVE is.
+// honoured. /ready turns LIVE then (serverStateLocked).
 func (e *envoy) startWorkers(ctx context.Context) {
 	select {
 	case <-e.live:
