@@ -191,6 +191,24 @@ func TestDebugTreeShowsTheWholeHealthReason(t *testing.T) {
 	}
 }
 
+// A service that says something of itself while ready (Envoy answering
+// the kubelet's probe) keeps its last error beside it: the note must not
+// hide why it was restarted (#36).
+func TestDebugTreeShowsANoteAndTheLastError(t *testing.T) {
+	f := newFixture(Config{})
+	base := f.serve(t)
+	f.tree.Send(messages.TreeState{Services: []messages.ServiceInfo{{Name: "envoy", Path: "envoy", Kind: "service",
+		State: messages.Starting, StateName: "starting", Restarts: 1, LastError: "envoy exited: signal: killed"}}})
+	f.health.Send(messages.Health{Service: "envoy", State: messages.Ready, Reason: "envoy answers the probe"})
+	testkit.WaitFor(t, "the tree to show the envoy note", func() bool {
+		_, text := get(t, base+"/debug/tree")
+		return strings.Contains(text, "envoy answers the probe")
+	})
+	if _, text := get(t, base+"/debug/tree"); !strings.Contains(text, "envoy answers the probe; last error: envoy exited: signal: killed") {
+		t.Errorf("the REASON column must hold the note and the last error:\n%s", text)
+	}
+}
+
 // /debug/xds (and the tree's lines under the upstream) give per type what
 // was sent, ACKed and NACKed, and the verdict (issue 22).
 func TestDebugXDSShowsVerdictsAndNACKs(t *testing.T) {

@@ -232,12 +232,18 @@ func writeTree(w io.Writer, t messages.TreeState, v *view) {
 }
 
 // serviceNote is a node's REASON / LAST ERROR: what the service says of
-// itself now, else the tree's last error.
+// itself now, then the tree's last error. Both: a note of a ready service
+// (who answers the kubelet's probe, a refused hot restart) must not hide
+// why it was restarted (#36).
 func serviceNote(n messages.ServiceInfo, v *view) string {
-	if h, ok := v.healths[n.Name]; ok && h.Reason != "" && h.State != messages.Failed {
-		return h.Reason
+	h, ok := v.healths[n.Name]
+	switch {
+	case !ok || h.Reason == "" || h.State == messages.Failed:
+		return n.LastError
+	case n.LastError != "":
+		return h.Reason + "; last error: " + n.LastError
 	}
-	return n.LastError
+	return h.Reason
 }
 
 // displayState is a node's state for people: the tree knows whether a
