@@ -34,8 +34,12 @@ const (
 // publishes (envoy), and it watches the agent's readiness itself.
 type readinessRelay struct {
 	states chan messages.EnvoyState // one value; a newer one replaces it
-	cancel context.CancelFunc
-	done   chan struct{}
+	// answers tells the run whether the serving Envoy answers the
+	// kubelet's probe itself, for the envoy line of /debug/tree; one
+	// value, a newer one replaces it.
+	answers chan bool
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // startRelay starts the relay of one Serve call; nil when the bootstrap
@@ -45,10 +49,10 @@ func (s *Service) startRelay(ctx context.Context) *readinessRelay {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &readinessRelay{states: make(chan messages.EnvoyState, 1), cancel: cancel, done: make(chan struct{})}
+	r := &readinessRelay{states: make(chan messages.EnvoyState, 1), answers: make(chan bool, 1), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		s.relayReadiness(ctx, r.states)
+		s.relayReadiness(ctx, r.states, r.answers)
 	}()
 	return r
 }
@@ -59,6 +63,16 @@ func (r *readinessRelay) envoy(st messages.EnvoyState) {
 		return
 	}
 	sendLatest(r.states, st)
+}
+
+// answered is where the relay says who answers the kubelet's probe: true
+// while the serving Envoy does, false when the probes go to the agent
+// again; nil (never ready) without a relay.
+func (r *readinessRelay) answered() <-chan bool {
+	if r == nil {
+		return nil
+	}
+	return r.answers
 }
 
 // stop ends the relay and waits for it.
@@ -81,7 +95,7 @@ type relayed struct {
 // until ctx is done. Serve hands it the first EnvoyState as it starts it. A
 // failed attempt is retried with a doubling wait; a change meanwhile is
 // tried at once.
-func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.EnvoyState) {
+func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.EnvoyState, answers chan bool) {
 	var envoy messages.EnvoyState
 	select {
 	case <-ctx.Done():
@@ -95,7 +109,7 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 		warned bool
 	)
 	agent, _, changed := s.agentReady.Watch()
-	answerer := &probeAnswerer{s: s}
+	answerer := &probeAnswerer{s: s, out: answers}
 	defer answerer.set(false)
 	for {
 		if envoy.Epoch != set.epoch {
@@ -135,12 +149,14 @@ func (s *Service) relayReadiness(ctx context.Context, states <-chan messages.Env
 }
 
 // probeAnswerer reports who answers the kubelet's readiness probe: Envoy
-// itself, or the agent behind it. The gauge, and a log line at each
-// change, tell an operator which of the two a probe's answer came from.
-// The relay's goroutine owns it, and sets it from what it last set in
-// the serving Envoy; the gauge is 0 between relays.
+// itself, or the agent behind it. The gauge, a log line at each change,
+// and the envoy line of /debug/tree (through out, to the run) tell an
+// operator which of the two a probe's answer came from. The relay's
+// goroutine owns it, and sets it from what it last set in the serving
+// Envoy; the gauge is 0 between relays.
 type probeAnswerer struct {
 	s     *Service
+	out   chan bool
 	envoy bool
 }
 
@@ -149,6 +165,7 @@ func (a *probeAnswerer) set(envoy bool) {
 		return
 	}
 	a.envoy = envoy
+	sendLatest(a.out, envoy)
 	if envoy {
 		a.s.envoyAnswersProbe.Set(1)
 		a.s.log.Info("envoy answers the kubelet's readiness probe itself while the agent is ready", "key", bootstrap.ReadinessKey)

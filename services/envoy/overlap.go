@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/meshagent/meshagent/messages"
+	"github.com/meshagent/meshagent/services/envoy/bootstrap"
 )
 
 // The ends of a hot restart's overlap (#25; epochs.go starts it): the new
@@ -173,8 +174,9 @@ func (r *run) children() []*child {
 }
 
 // overlapNote is the health reason during an overlap, which /debug/tree
-// shows on the envoy line; otherwise why the last hot restart was refused
-// and whether memory goes unchecked, or "".
+// shows on the envoy line; otherwise whether Envoy answers the kubelet's
+// probe itself (agentready.go), why the last hot restart was refused and
+// whether memory goes unchecked, or "".
 func (r *run) overlapNote() string {
 	switch {
 	case r.hot.next != nil:
@@ -185,6 +187,9 @@ func (r *run) overlapNote() string {
 			r.child.restartEpoch, r.child.pid, r.hot.parent.restartEpoch, r.hot.parent.pid)
 	}
 	var notes []string
+	if r.envoyAnswers {
+		notes = append(notes, "envoy answers the kubelet's readiness probe itself ("+bootstrap.ReadinessKey+"=100)")
+	}
 	for _, n := range []string{r.hot.refused, r.s.memoryUnknown} {
 		if n != "" {
 			notes = append(notes, n)

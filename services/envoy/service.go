@@ -180,6 +180,9 @@ type run struct {
 	relay *readinessRelay
 	hot   hotRun // a hot restart under way, and the watch of the inputs
 	state messages.EnvoyState
+	// envoyAnswers is what the relay last said: the serving Envoy answers
+	// the kubelet's probe itself (the envoy line of /debug/tree says so).
+	envoyAnswers bool
 	// drain is how far Envoy is drained: a later exit or stop does not
 	// drain again; exit holds the exit drain under way.
 	drain drainState
@@ -253,6 +256,11 @@ func (r *run) loop(ctx context.Context) error {
 			r.hot.close()
 		case v := <-r.hot.validated:
 			r.validated(ctx, v)
+		case a := <-r.relay.answered():
+			r.envoyAnswers = a
+			if h, _ := r.s.health.Last(); h.State == messages.Ready { // the reason changes, not the state
+				r.s.setHealth(messages.Ready, r.overlapNote())
+			}
 		case <-r.drainReady():
 			for _, d := range r.s.takeDrains() {
 				if err := r.handleDrain(ctx, d); err != nil {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,6 +53,30 @@ func answersMetricIs(p *e2ekit.AgentProcess, want string) func() bool {
 	}
 }
 
+// envoyNoteSays says whether the envoy service's own reason on /debug/tree
+// (the JSON view's health_reason, the text view's REASON column) says that
+// Envoy answers the kubelet's probe itself, as want.
+func envoyNoteSays(p *e2ekit.AgentProcess, want bool) func() bool {
+	return func() bool {
+		code, body := p.Get("/debug/tree?format=json")
+		var tree struct {
+			Services []struct {
+				Name         string `json:"name"`
+				HealthReason string `json:"health_reason"`
+			} `json:"services"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &tree) != nil {
+			return false
+		}
+		for _, s := range tree.Services {
+			if s.Name == "envoy" {
+				return strings.Contains(s.HealthReason, "envoy answers the kubelet's readiness probe itself") == want
+			}
+		}
+		return false
+	}
+}
+
 // keyIs says whether Envoy answers and its meshagent.agent_ready is want.
 func keyIs(p *e2ekit.AgentProcess, want string) func() bool {
 	return func() bool { v, ok := agentReadyKey(p); return ok && v == want }
@@ -62,6 +87,7 @@ func TestEnvoyAnswersReadinessOnTheAgentsWord(t *testing.T) {
 	p.WaitStatus(t, "/healthz/ready", 200)
 	testkit.WaitFor(t, "the agent tells envoy it is ready", keyIs(p, "100"))
 	testkit.WaitFor(t, "the agent's metrics say envoy answers the probe", answersMetricIs(p, "1"))
+	testkit.WaitFor(t, "the envoy line of /debug/tree says envoy answers the probe", envoyNoteSays(p, true))
 
 	// Envoy answers with the agent stopped: a forwarded probe could not be.
 	resume := stopAgent(t, p)
@@ -99,6 +125,9 @@ func TestEnvoyAnswersReadinessOnTheAgentsWord(t *testing.T) {
 		t.Fatalf("envoy's meshagent.agent_ready while draining = %q (admin answered: %v), want 0", v, ok)
 	}
 	testkit.WaitFor(t, "the agent's metrics say the probe goes to the agent", answersMetricIs(p, "0"))
+	if !envoyNoteSays(p, false)() {
+		t.Error("the envoy line of /debug/tree still says envoy answers the probe while draining")
+	}
 	if code := p.WaitExit(t); code != 0 {
 		t.Fatalf("exit code after SIGTERM = %d", code)
 	}
@@ -117,6 +146,9 @@ func TestEnvoyAnswersReadinessOff(t *testing.T) {
 	}
 	if !answersMetricIs(p, "0")() {
 		t.Error("the agent's metrics say envoy answers the probe; the bootstrap has no such route")
+	}
+	if !envoyNoteSays(p, false)() {
+		t.Error("the envoy line of /debug/tree says envoy answers the probe; the bootstrap has no such route")
 	}
 	resume := stopAgent(t, p)
 	code, _ := probe15021(p)
