@@ -69,6 +69,9 @@ type envoy struct {
 	// emptied when a child tells this process to drain (hotDraining).
 	bound       map[string]net.Listener
 	hotDraining bool
+	// workersStarting: the workers are starting or started, and a listener
+	// added now listens at once (listen, finalInit).
+	workersStarting bool
 
 	// staticSecrets: cluster or listener type URL -> the secrets the
 	// bootstrap's clusters or listeners name over SDS (sds.go).
@@ -170,10 +173,12 @@ func (e *envoy) announceLive() {
 	}
 }
 
-// listen is a listener's socket for addr, which listens and accepts once
-// the workers start (workers.go): the parent's own when it has one (hot
-// restart: the same socket keeps accepting), else a new one, bound now.
-func (e *envoy) listen(network, addr string) (net.Listener, error) {
+// listen is the socket of the listener called name for addr, which
+// listens and accepts once the workers start (workers.go): the parent's
+// own when it has one (hot restart: the same socket keeps accepting), else
+// a new one, bound now. Added once the workers started, it listens at once
+// or is refused, as Envoy's warmed listener (finalInit).
+func (e *envoy) listen(name, network, addr string) (net.Listener, error) {
 	key := listenKey(addr)
 	var sock *os.File
 	if e.hr != nil {
@@ -188,13 +193,17 @@ func (e *envoy) listen(network, addr string) (net.Listener, error) {
 			return nil, err
 		}
 	}
-	ln, err := newWorkerListener(sock, e.workers)
+	ln, err := newWorkerListener(name, key, sock, e.workers)
 	if err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
 	e.bound[key] = ln
+	started := e.workersStarting
 	e.mu.Unlock()
+	if started && !e.finalInit(ln) {
+		return nil, fmt.Errorf("listener %s on %s: removed: it cannot listen", name, addr)
+	}
 	return ln, nil
 }
 
@@ -212,6 +221,14 @@ func (e *envoy) takeOver(ctx context.Context) {
 	select {
 	case <-e.workers:
 	case <-ctx.Done():
+		return
+	}
+	e.mu.Lock()
+	started := e.statLocked("listener_manager.workers_started") == 1
+	e.mu.Unlock()
+	if !started {
+		// A listener failed at the workers' start: Envoy's callback that
+		// tells the parent to drain never runs (workers.go).
 		return
 	}
 	e.hr.initialized()

@@ -34,8 +34,9 @@ import (
 //   - A stream that ends is redialled with Envoy's backoff (backoff.go).
 //   - It counts updates as Envoy does (cluster_manager.cds.update_attempt,
 //     update_success, update_rejected; listener_manager.lds.*), sets
-//     listener_manager.workers_started once live, and /stats?usedonly shows
-//     only stats that were ever written.
+//     listener_manager.workers_started once its workers started with every
+//     listener listening (workers.go), and /stats?usedonly shows only stats
+//     that were ever written.
 //   - It rejects (NACKs) a response with an invalid resource (protoc-gen-
 //     validate rules, as Envoy's config validation), or any response of a
 //     type named in FAKE_ENVOY_REJECT, and then keeps its previous config.
@@ -179,8 +180,7 @@ func (e *envoy) advanceInitLocked() {
 		x.listenersDone = true
 	}
 	if x.clustersDone && x.listenersDone {
-		x.live = true
-		e.setStatLocked("listener_manager.workers_started", 1)
+		x.live = true // the workers start next (workers.go), and count themselves
 		e.setStatLocked("server.state", stateLive)
 	}
 }

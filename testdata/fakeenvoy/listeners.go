@@ -37,7 +37,7 @@ func (e *envoy) startListeners() error {
 			continue
 		}
 		addr := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
-		ln, err := e.listen("tcp", addr)
+		ln, err := e.listen(l.GetName(), "tcp", addr)
 		if err != nil {
 			return fmt.Errorf("listener %q on %s: %w", l.GetName(), addr, err)
 		}

@@ -155,7 +155,7 @@ func (e *envoy) reconcileRelays() {
 		if ip, err := netip.ParseAddr(s.host()); err == nil && ip.Is6() {
 			network = "tcp6"
 		}
-		ln, err := e.listen(network, s.addr)
+		ln, err := e.listen(s.name, network, s.addr)
 		if err != nil {
 			log.Printf("relay %s: %v (not relaying on it)", s.name, err)
 			continue

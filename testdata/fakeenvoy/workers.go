@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log"
 	"net"
 	"os"
 	"sync"
@@ -28,6 +30,17 @@ import (
 // startWorkers closes e.workers when Envoy's workers would start: init
 // complete (e.live), FAKE_ENVOY_NEVER_READY and FAKE_ENVOY_READY_AFTER
 // honoured. /ready turns LIVE then (serverStateLocked).
+//
+// Each listener's socket starts listening first, as in Envoy's
+// ListenerManagerImpl::startWorkers. One that cannot (its port taken by a
+// socket that listened after the listener was bound) is removed, logged
+// and counted as Envoy does it (finalInit), and then Envoy's workers never
+// report started: it counted the listeners it waits for before it removed
+// the failed one, so listener_manager.workers_started stays 0 and a hot
+// restart's parent is never told to drain, while /ready says LIVE. Istio's
+// readiness (and the agent's) waits for workers_started, so such a sidecar
+// never turns ready. A stand-in that only logged the failure would be kinder
+// than Envoy.
 func (e *envoy) startWorkers(ctx context.Context) {
 	select {
 	case <-e.live:
@@ -44,7 +57,48 @@ func (e *envoy) startWorkers(ctx context.Context) {
 			return
 		}
 	}
+	e.mu.Lock()
+	e.workersStarting = true // a listener added from now on listens at once (envoy.listen)
+	bound := make([]*workerListener, 0, len(e.bound))
+	for _, ln := range e.bound {
+		bound = append(bound, ln.(*workerListener))
+	}
+	e.mu.Unlock()
+	failed := 0
+	for _, wl := range bound {
+		if !e.finalInit(wl) {
+			failed++
+		}
+	}
+	if failed == 0 {
+		e.mu.Lock()
+		e.setStatLocked("listener_manager.workers_started", 1)
+		e.mu.Unlock()
+	}
 	close(e.workers)
+}
+
+// finalInit makes a listener's socket listen, or removes the listener as
+// Envoy does when it cannot (doFinalPreWorkerListenerInit): its error
+// logged, listener_manager.listener_create_failure counted.
+func (e *envoy) finalInit(wl *workerListener) bool {
+	_, err := wl.listen()
+	if err == nil || errors.Is(err, net.ErrClosed) {
+		return err == nil
+	}
+	why := err.Error()
+	if errno := syscall.Errno(0); errors.As(err, &errno) {
+		why = fmt.Sprintf("cannot listen() errno=%d", int(errno))
+	}
+	log.Printf("final pre-worker listener init for listener '%s' failed: %s", wl.name, why)
+	e.mu.Lock()
+	e.bumpStatLocked("listener_manager.listener_create_failure")
+	if e.bound[wl.key] == net.Listener(wl) {
+		delete(e.bound, wl.key)
+	}
+	e.mu.Unlock()
+	wl.Close()
+	return false
 }
 
 // workerListener is a listener's socket as Envoy holds it: bound, and
@@ -53,6 +107,8 @@ func (e *envoy) startWorkers(ctx context.Context) {
 // the parent's workers already listen and accept on: the child takes its
 // share of the same socket when its own workers start.
 type workerListener struct {
+	name    string   // Envoy's name of the listener, for its log lines
+	key     string   // its key in envoy.bound (listenKey)
 	sock    *os.File // the socket; passed to a child as it is
 	addr    net.Addr
 	workers <-chan struct{}
@@ -63,14 +119,14 @@ type workerListener struct {
 	closed chan struct{}
 }
 
-func newWorkerListener(sock *os.File, workers <-chan struct{}) (*workerListener, error) {
+func newWorkerListener(name, key string, sock *os.File, workers <-chan struct{}) (*workerListener, error) {
 	var sa unix.Sockaddr
 	err := control(sock, func(fd int) (err error) { sa, err = unix.Getsockname(fd); return err })
 	if err != nil {
 		sock.Close()
 		return nil, err
 	}
-	return &workerListener{sock: sock, addr: tcpAddr(sa), workers: workers, closed: make(chan struct{})}, nil
+	return &workerListener{name: name, key: key, sock: sock, addr: tcpAddr(sa), workers: workers, closed: make(chan struct{})}, nil
 }
 
 // Accept waits for the workers, then accepts.

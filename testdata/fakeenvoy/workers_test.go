@@ -6,6 +6,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
@@ -36,6 +37,46 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 			if err := dial(port); !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("%s before the workers start: %v, want connection refused", name, err)
 			}
+		}
+	})
+
+	// A listener whose port another socket took between its bind and the
+	// workers' start is removed, as Envoy removes it: logged, counted,
+	// the others serve, /ready says LIVE, and listener_manager.
+	// workers_started stays 0, which Istio's readiness waits for.
+	t.Run("a port taken before the workers start", func(t *testing.T) {
+		t.Parallel()
+		f := newHRFixture(t)
+		p := f.start(t, 0, []string{"FAKE_ENVOY_READY_AFTER=2s"})
+		testkit.WaitFor(t, "the admin's /ready", func() bool {
+			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
+			return code == 503
+		})
+		// The stats listener's socket is bound and not listening, so a
+		// socket with SO_REUSEADDR (Go sets it) may bind the port too and
+		// listen first.
+		taker, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", f.http))
+		if err != nil {
+			t.Fatalf("taking the stats listener's port before the workers start: %v", err)
+		}
+		defer taker.Close()
+		testkit.WaitFor(t, "/ready LIVE", func() bool {
+			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
+			return code == 200
+		})
+		_, stats := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/stats", f.admin))
+		testkit.Contains(t, "stats", stats, "listener_manager.workers_started: 0", "listener_manager.listener_create_failure: 1")
+		testkit.Contains(t, "the stand-in's log", p.log.String(),
+			"final pre-worker listener init for listener 'stats' failed: cannot listen() errno=98")
+		testkit.WaitFor(t, "the capture listener accepting", func() bool { return dial(f.capture) == nil })
+		if err := dial(f.http); err != nil {
+			t.Errorf("the stats listener's port: %v, want the taker's socket", err)
+		}
+		taker.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+		if c, err := taker.Accept(); err != nil {
+			t.Errorf("the connection to the stats listener's port did not reach the socket that took it: %v", err)
+		} else {
+			c.Close()
 		}
 	})
 

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"syscall"
@@ -165,5 +167,35 @@ func TestBadBootstrapInputIsReportedWithBackoff(t *testing.T) {
 	}
 	if !strings.Contains(log, "giving up") || !strings.Contains(log, missing) {
 		t.Fatalf("give-up message does not name the file:\n%s", log)
+	}
+}
+
+// An Envoy one of whose listeners cannot listen when its workers start
+// (its port taken by another socket since Envoy bound it) removes that
+// listener and never reports its workers started, though /ready says
+// LIVE: the agent stays not ready, with Istio's reason, and the kubelet
+// keeps the pod out of service rather than sending it traffic a listener
+// cannot take. The stand-in did this only once it stopped being kinder
+// than Envoy (#36).
+func TestEnvoyListenFailureKeepsAgentUnready(t *testing.T) {
+	p := e2ekit.StartAgent(t, []string{"FAKE_ENVOY_READY_AFTER=3s"})
+	testkit.WaitFor(t, "envoy's listeners bound", func() bool { return strings.Contains(p.Stderr.String(), "started: admin on") })
+	// 15021's socket is bound, not listening: a socket with SO_REUSEADDR
+	// (Go sets it) may bind the same address and listen first.
+	taker, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", p.EnvoyStatusPort))
+	if err != nil {
+		t.Fatalf("taking envoy's readiness port before its workers start: %v", err)
+	}
+	defer taker.Close()
+	admin := func(path string) (int, string) {
+		return testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d%s", p.AdminPort, path))
+	}
+	testkit.WaitFor(t, "envoy LIVE", func() bool { code, _ := admin("/ready"); return code == 200 })
+	testkit.WaitFor(t, "the agent not ready, with Istio's reason", func() bool {
+		code, body := p.Get("/healthz/ready")
+		return code == 503 && strings.Contains(body, "workers have not yet started")
+	})
+	if _, stats := admin("/stats"); !strings.Contains(stats, "listener_manager.listener_create_failure: 1") {
+		t.Errorf("envoy's stats do not count the listener it removed:\n%s", stats)
 	}
 }
