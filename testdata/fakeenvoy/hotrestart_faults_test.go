@@ -71,10 +71,7 @@ func TestHotRestartFailures(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
 		p0 := f.start(t, 0, []string{"FAKE_ENVOY_NEVER_READY=1"})
-		testkit.WaitFor(t, "epoch 0's admin", func() bool {
-			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
-			return code == 503
-		})
+		f.waitReady(t, "epoch 0's admin", 503)
 		p1 := f.start(t, 1, fastRetry)
 		if st := p1.wait(t, "epoch 1 beside an initialising epoch 0"); st.ExitCode() != 1 {
 			t.Fatalf("epoch 1: %v, want exit 1\n%s", st, p1.log)

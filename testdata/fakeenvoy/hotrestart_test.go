@@ -171,6 +171,16 @@ func (f *hrFixture) serverInfo(t *testing.T, n int) map[string]any {
 	return info
 }
 
+// waitReady waits until the admin's /ready answers code (503 before the
+// workers start, 200 once LIVE).
+func (f *hrFixture) waitReady(t *testing.T, what string, code int) {
+	t.Helper()
+	testkit.WaitFor(t, what, func() bool {
+		got, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
+		return got == code
+	})
+}
+
 // initialized waits for the shared memory's INITIALIZING flag to clear.
 // As in Envoy, that comes just after the server turns LIVE
 // (drainParentListeners, once the workers run): a test that kills an

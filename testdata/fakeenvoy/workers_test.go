@@ -29,10 +29,7 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
 		f.start(t, 0, []string{"FAKE_ENVOY_NEVER_READY=1"})
-		testkit.WaitFor(t, "the admin's /ready", func() bool {
-			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
-			return code == 503
-		})
+		f.waitReady(t, "the admin's /ready", 503)
 		for name, port := range map[string]int{"the stats listener": f.http, "the capture listener": f.capture} {
 			if err := dial(port); !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("%s before the workers start: %v, want connection refused", name, err)
@@ -48,10 +45,7 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
 		p := f.start(t, 0, []string{"FAKE_ENVOY_READY_AFTER=2s"})
-		testkit.WaitFor(t, "the admin's /ready", func() bool {
-			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
-			return code == 503
-		})
+		f.waitReady(t, "the admin's /ready", 503)
 		// The stats listener's socket is bound and not listening, so a
 		// socket with SO_REUSEADDR (Go sets it) may bind the port too and
 		// listen first.
@@ -60,10 +54,7 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 			t.Fatalf("taking the stats listener's port before the workers start: %v", err)
 		}
 		defer taker.Close()
-		testkit.WaitFor(t, "/ready LIVE", func() bool {
-			code, _ := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/ready", f.admin))
-			return code == 200
-		})
+		f.waitReady(t, "/ready LIVE", 200)
 		_, stats := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/stats", f.admin))
 		testkit.Contains(t, "stats", stats, "listener_manager.workers_started: 0", "listener_manager.listener_create_failure: 1")
 		testkit.Contains(t, "the stand-in's log", p.log.String(),
