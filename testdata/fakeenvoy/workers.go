@@ -80,11 +80,13 @@ func (e *envoy) startWorkers(ctx context.Context) {
 
 // finalInit makes a listener's socket listen, or removes the listener as
 // Envoy does when it cannot (doFinalPreWorkerListenerInit): its error
-// logged, listener_manager.listener_create_failure counted.
+// logged, listener_manager.listener_create_failure counted, false. A
+// listener closed meanwhile (no longer configured, or drained for a child)
+// is no failure.
 func (e *envoy) finalInit(wl *workerListener) bool {
 	_, err := wl.listen()
 	if err == nil || errors.Is(err, net.ErrClosed) {
-		return err == nil
+		return true
 	}
 	why := err.Error()
 	if errno := syscall.Errno(0); errors.As(err, &errno) {
