@@ -156,6 +156,10 @@ type stormResult struct {
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	certificate     []time.Duration // the sidecar container started → its certificate line, per pod
 	agentReady      []time.Duration // the sidecar container started → its ready line, per pod
+	// After the agent is ready (afterReady): its ready line → the
+	// application container started → the pod Ready, and the sidecar
+	// container started → the application's; per pod, sorted.
+	readyToApp, appToReady, sidecarToApp []time.Duration
 	// Before the agent runs (startPhases): created → istio-init's last log
 	// line, created → the sidecar container started; per pod, sorted.
 	toInitDone, toSidecar []time.Duration
@@ -226,10 +230,11 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
 	r.timeouts = s.sidecarTimeouts(label, pods)
 	if !a.floor {
-		starts := s.sidecarStarts(t, label)
+		starts := s.containerStarts(t, label, "istio-proxy")
 		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start, starts)
 		r.certificate = s.sinceStart(label, pods, starts, certificateLine)
 		r.agentReady = s.sinceStart(label, pods, starts, readyLine)
+		r.sidecarToApp, r.readyToApp, r.appToReady = s.afterReady(label, pods, starts, w.readyTimesByPod(), s.containerStarts(t, label, "app"))
 	}
 
 	// The kubelet's resource metrics come from cAdvisor's housekeeping

@@ -63,6 +63,22 @@ func TestSinceStart(t *testing.T) {
 			t.Errorf("%s, %v: %v, want %v", c.label, c.line, got, c.want)
 		}
 	}
+
+	// After the ready line: the application container's start, then the
+	// pod's Ready; a pod whose application has not started counts in
+	// neither.
+	apps := map[string]time.Time{"storm-istio-0": at("2026-11-29T03:03:48.25Z")}
+	readyAt := map[string]time.Time{"storm-istio-0": at("2026-11-29T03:03:49Z"), "storm-istio-1": at("2026-11-29T03:03:50Z")}
+	sidecarToApp, toApp, toReady := s.afterReady("storm-istio", 2, starts, readyAt, apps)
+	if want := []time.Duration{4750 * time.Millisecond}; !slices.Equal(sidecarToApp, want) {
+		t.Errorf("sidecar started → app started: %v, want %v", sidecarToApp, want)
+	}
+	if want := []time.Duration{1250 * time.Millisecond}; !slices.Equal(toApp, want) {
+		t.Errorf("ready line → app started: %v, want %v", toApp, want)
+	}
+	if want := []time.Duration{750 * time.Millisecond}; !slices.Equal(toReady, want) {
+		t.Errorf("app started → Ready: %v, want %v", toReady, want)
+	}
 }
 
 // TestReconnectArrivals reads istiod's lines for new ADS streams, SotW and

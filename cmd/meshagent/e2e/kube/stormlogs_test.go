@@ -90,9 +90,10 @@ func (s *suite) sinceStart(label string, pods int, starts map[string]time.Time, 
 // containerStarted is containerd's line for a container started.
 var containerStarted = regexp.MustCompile(`^time="([^"]+)" level=info msg="StartContainer for \\"([0-9a-f]+)\\" returns successfully"`)
 
-// sidecarStarts are, by pod, when containerd started each pod's istio-proxy
-// container (its log), for the pods of label.
-func (s *suite) sidecarStarts(t *testing.T, label string) map[string]time.Time {
+// containerStarts are, by pod, when containerd started each pod's
+// container of that name (its log), for the pods of label: istio-proxy,
+// or the application after it.
+func (s *suite) containerStarts(t *testing.T, label, container string) map[string]time.Time {
 	var list struct {
 		Items []pod `json:"items"`
 	}
@@ -101,7 +102,7 @@ func (s *suite) sidecarStarts(t *testing.T, label string) map[string]time.Time {
 	}
 	podOf := map[string]string{} // container ID → pod
 	for _, p := range list.Items {
-		if st, ok := p.status("istio-proxy"); ok {
+		if st, ok := p.status(container); ok {
 			podOf[strings.TrimPrefix(st.ContainerID, "containerd://")] = p.Metadata.Name
 		}
 	}
@@ -120,6 +121,39 @@ func (s *suite) sidecarStarts(t *testing.T, label string) map[string]time.Time {
 		}
 	}
 	return starts
+}
+
+// afterReady are, per pod, where its start went once the agent was ready
+// (its ready line): until the application container started (the kubelet
+// waits for the sidecar's startup probe, every second, then creates and
+// starts the application), and from then until the pod's Ready (the
+// kubelet sees the container running and the readiness probes pass); and
+// the sidecar container's start (starts) → the application's, the two
+// first together. Sorted.
+func (s *suite) afterReady(label string, pods int, starts, readyAt, appStarts map[string]time.Time) (sidecarToApp, toApp, toReady []time.Duration) {
+	for i := range pods {
+		pod := fmt.Sprintf("%s-%d", label, i)
+		app, ok := appStarts[pod]
+		if !ok {
+			continue
+		}
+		if at, ok := starts[pod]; ok {
+			sidecarToApp = append(sidecarToApp, app.Sub(at))
+		}
+		for at, l := range logLines(s.sidecarLog(pod)) {
+			if readyLine.MatchString(l) {
+				toApp = append(toApp, app.Sub(at))
+				break
+			}
+		}
+		if at, ok := readyAt[pod]; ok {
+			toReady = append(toReady, at.Sub(app))
+		}
+	}
+	slices.Sort(sidecarToApp)
+	slices.Sort(toApp)
+	slices.Sort(toReady)
+	return sidecarToApp, toApp, toReady
 }
 
 // logLines are the lines of a log the kubelet wrote, with their times.

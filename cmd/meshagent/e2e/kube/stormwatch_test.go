@@ -3,7 +3,9 @@ package kube
 import (
 	"bufio"
 	"context"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,13 +105,14 @@ func (w *podWatch) waitGone(timeout time.Duration) bool {
 }
 
 func (w *podWatch) readyTimes() []time.Time {
+	return slices.Collect(maps.Values(w.readyTimesByPod()))
+}
+
+// readyTimesByPod are the pods' first Ready, by pod.
+func (w *podWatch) readyTimesByPod() map[string]time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []time.Time
-	for _, at := range w.readyAt {
-		out = append(out, at)
-	}
-	return out
+	return maps.Clone(w.readyAt)
 }
 
 // markReadyBaseline starts counting pods that leave Ready.
