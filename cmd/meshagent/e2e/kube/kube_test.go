@@ -49,6 +49,10 @@ type suite struct {
 	results map[string]map[string]error  // "mode/check" -> agent -> nil or why it failed
 	figures map[string]map[string]string // "mode metric" -> agent -> value
 	outages int                          // the reconnect storms' names so far (learnName)
+	// uids are the storm's pods by name (setUIDs): their log directories
+	// are named by UID, and a pod of the same name deleted a moment before
+	// may still have its own.
+	uids map[string]string
 }
 
 func TestKube(t *testing.T) {

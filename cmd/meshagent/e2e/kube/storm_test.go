@@ -228,6 +228,7 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	csrAfter, errAfter := s.csrCounts(t)
 	r.csrs, r.csrErrors = csrAfter-csrBefore, errAfter-errBefore
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
+	s.setUIDs(t, label)
 	r.timeouts = s.sidecarTimeouts(label, pods)
 	if !a.floor {
 		starts := s.containerStarts(t, label, "istio-proxy")

@@ -143,3 +143,23 @@ func TestReconnectArrivals(t *testing.T) {
 		t.Errorf("reconnects: %v, want %v", got, want)
 	}
 }
+
+// A pod's log is read from its own UID's directory: a namesake deleted a
+// moment before (the storm before, of the same agent) may still have one,
+// with lines minutes older.
+func TestContainerLogReadsThePodsOwnDirectory(t *testing.T) {
+	root := t.TempDir()
+	for uid, line := range map[string]string{"old-uid": "2026-11-29T06:04:10Z stderr F old\n", "new-uid": "2026-11-29T06:07:10Z stderr F new\n"} {
+		dir := filepath.Join(root, "pod-logs", testNS+"_storm-meshagent-0_"+uid, "istio-proxy")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "0.log"), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &suite{n: &node{root: root}, uids: map[string]string{"storm-meshagent-0": "new-uid"}}
+	if got := s.sidecarLog("storm-meshagent-0"); got != "2026-11-29T06:07:10Z stderr F new\n" {
+		t.Errorf("the pod's log: %q, want its own directory's alone", got)
+	}
+}

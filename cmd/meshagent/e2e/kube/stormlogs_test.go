@@ -43,9 +43,20 @@ func (s *suite) sidecarTimeouts(label string, pods int) []string {
 // starting with its time.
 func (s *suite) sidecarLog(pod string) string { return s.containerLog(pod, "istio-proxy") }
 
-// containerLog is the log of a container of a pod, as the kubelet writes it.
+// containerLog is the log of a container of a pod, as the kubelet writes
+// it: in the directory of the pod's UID when known (setUIDs). The storm
+// before, of the same agent, had pods of the same names, and the kubelet
+// removes a deleted pod's logs only at its next container GC (a minute):
+// read by name alone, the first "agent ready" of a pod in the second of
+// two storms of ours in a row was at times its namesake's, minutes older.
 func (s *suite) containerLog(pod, container string) string {
-	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", fmt.Sprintf("%s_%s_*", testNS, pod), container, "*.log"))
+	dir := fmt.Sprintf("%s_%s_*", testNS, pod)
+	s.mu.Lock()
+	if uid := s.uids[pod]; uid != "" {
+		dir = fmt.Sprintf("%s_%s_%s", testNS, pod, uid)
+	}
+	s.mu.Unlock()
+	files, _ := filepath.Glob(filepath.Join(s.n.root, "pod-logs", dir, container, "*.log"))
 	var b strings.Builder
 	for _, f := range files {
 		data, _ := os.ReadFile(f)
@@ -94,14 +105,8 @@ var containerStarted = regexp.MustCompile(`^time="([^"]+)" level=info msg="Start
 // container of that name (its log), for the pods of label: istio-proxy,
 // or the application after it.
 func (s *suite) containerStarts(t *testing.T, label, container string) map[string]time.Time {
-	var list struct {
-		Items []pod `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o", "json")), &list); err != nil {
-		t.Fatalf("pods of %s: %v", label, err)
-	}
 	podOf := map[string]string{} // container ID → pod
-	for _, p := range list.Items {
+	for _, p := range s.podList(t, label) {
 		if st, ok := p.status(container); ok {
 			podOf[strings.TrimPrefix(st.ContainerID, "containerd://")] = p.Metadata.Name
 		}
@@ -154,6 +159,28 @@ func (s *suite) afterReady(label string, pods int, starts, readyAt, appStarts ma
 	slices.Sort(toApp)
 	slices.Sort(toReady)
 	return sidecarToApp, toApp, toReady
+}
+
+// podList is the pods of label, as the API server has them.
+func (s *suite) podList(t *testing.T, label string) []pod {
+	var list struct {
+		Items []pod `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(s.n.mustKubectl(t, "", "-n", testNS, "get", "pods", "-l", "app="+label, "-o", "json")), &list); err != nil {
+		t.Fatalf("pods of %s: %v", label, err)
+	}
+	return list.Items
+}
+
+// setUIDs makes the pods of label the ones whose logs containerLog reads.
+func (s *suite) setUIDs(t *testing.T, label string) {
+	uids := map[string]string{}
+	for _, p := range s.podList(t, label) {
+		uids[p.Metadata.Name] = p.Metadata.UID
+	}
+	s.mu.Lock()
+	s.uids = uids
+	s.mu.Unlock()
 }
 
 // logLines are the lines of a log the kubelet wrote, with their times.
