@@ -133,8 +133,8 @@ func (s *suite) containerStarts(t *testing.T, label, container string) map[strin
 // waits for the sidecar's startup probe, every second, then creates and
 // starts the application), and from then until the pod's Ready (the
 // kubelet sees the container running and the readiness probes pass); and
-// the sidecar container's start (starts) → the application's, the two
-// first together. Sorted.
+// the sidecar container's start (starts) → the application's, which spans
+// the agent's own start and the first of these. Sorted.
 func (s *suite) afterReady(label string, pods int, starts, readyAt, appStarts map[string]time.Time) (sidecarToApp, toApp, toReady []time.Duration) {
 	for i := range pods {
 		pod := fmt.Sprintf("%s-%d", label, i)
