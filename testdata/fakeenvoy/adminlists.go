@@ -29,7 +29,11 @@ import (
 func (e *envoy) handleListeners(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	var listeners []*listenerv3.Listener
-	listeners = append(listeners, e.boot.GetStaticResources().GetListeners()...)
+	for _, l := range e.boot.GetStaticResources().GetListeners() {
+		if !e.removed[l.GetName()] {
+			listeners = append(listeners, l)
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(e.xds.resources[typeListener])) {
 		if l, ok := e.xds.resources[typeListener][name].(*listenerv3.Listener); ok && !(e.xds.live && e.listenerWarmingLocked(name)) {
 			listeners = append(listeners, l)

@@ -96,6 +96,9 @@ func (e *envoy) configDump(includeEDS bool) []proto.Message {
 
 	listeners := &adminv3.ListenersConfigDump{VersionInfo: x.versions[typeListener]}
 	for _, l := range static.GetListeners() {
+		if e.removed[l.GetName()] {
+			continue // it could not listen (finalInit)
+		}
 		listeners.StaticListeners = append(listeners.StaticListeners,
 			&adminv3.ListenersConfigDump_StaticListener{Listener: mustAny(l), LastUpdated: started})
 	}

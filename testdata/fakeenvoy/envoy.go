@@ -72,6 +72,9 @@ type envoy struct {
 	// workersStarting: the workers are starting or started, and a listener
 	// added now listens at once (listen, finalInit).
 	workersStarting bool
+	// removed: the bootstrap's listeners removed because they could not
+	// listen (finalInit), gone from /listeners and /config_dump as in Envoy.
+	removed map[string]bool
 
 	// staticSecrets: cluster or listener type URL -> the secrets the
 	// bootstrap's clusters or listeners name over SDS (sds.go).
@@ -93,7 +96,7 @@ func newEnvoy(boot *bootstrapv3.Bootstrap, k knobs) *envoy {
 	now := time.Now()
 	return &envoy{boot: boot, k: k, opts: &options{}, started: now, firstStarted: now, live: make(chan struct{}), workers: make(chan struct{}),
 		active: map[string]int{}, received: map[string]map[string]heldResource{},
-		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}, runtime: map[string]string{},
+		xds: newXDSConfig(), stats: map[string]int{}, bound: map[string]net.Listener{}, removed: map[string]bool{}, runtime: map[string]string{},
 		staticSecrets: map[string][]secretRef{}, sdsStreams: map[string]secretStream{}, initMoved: make(chan struct{}, 1)}
 }
 

@@ -98,6 +98,7 @@ func (e *envoy) finalInit(wl *workerListener) bool {
 	if e.bound[wl.key] == net.Listener(wl) {
 		delete(e.bound, wl.key)
 	}
+	e.removed[wl.name] = true
 	e.mu.Unlock()
 	wl.Close()
 	return false

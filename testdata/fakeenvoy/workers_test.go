@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -59,6 +60,14 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 		testkit.Contains(t, "stats", stats, "listener_manager.workers_started: 0", "listener_manager.listener_create_failure: 1")
 		testkit.Contains(t, "the stand-in's log", p.log.String(),
 			"final pre-worker listener init for listener 'stats' failed: cannot listen() errno=98")
+		_, listeners := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/listeners", f.admin))
+		_, dump := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/config_dump?resource=static_listeners", f.admin))
+		if strings.Contains(listeners, "stats::") || strings.Contains(dump, `"name": "stats"`) {
+			t.Errorf("the removed listener is still listed:\n%s\n%s", listeners, dump)
+		}
+		if !strings.Contains(listeners, "virtualOutbound::") {
+			t.Errorf("/listeners lacks the listener that listens:\n%s", listeners)
+		}
 		testkit.WaitFor(t, "the capture listener accepting", func() bool { return dial(f.capture) == nil })
 		if err := dial(f.http); err != nil {
 			t.Errorf("the stats listener's port: %v, want the taker's socket", err)
