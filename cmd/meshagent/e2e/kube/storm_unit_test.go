@@ -1,12 +1,13 @@
 package kube
 
 import (
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
 // TestSinceStart reads each agent's certificate and ready lines in the
@@ -24,13 +25,7 @@ func TestSinceStart(t *testing.T) {
 		"storm-istio-1": "2026-11-29T03:03:43.851037973Z stderr F no certificate yet\n",
 	}
 	for pod, log := range logs {
-		dir := filepath.Join(root, "pod-logs", testNS+"_"+pod+"_uid", "istio-proxy")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "0.log"), []byte(log), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, filepath.Join(root, "pod-logs", testNS+"_"+pod+"_uid", "istio-proxy", "0.log"), []byte(log))
 	}
 	m := containerStarted.FindStringSubmatch(`time="2026-11-29T03:04:57.4Z" level=info msg="StartContainer for \"39329259f6fd\" returns successfully"`)
 	if m == nil || m[1] != "2026-11-29T03:04:57.4Z" || m[2] != "39329259f6fd" {
@@ -123,17 +118,12 @@ func TestReconnectArrivals(t *testing.T) {
 	// From istiod's log file: each pod's first stream after the restart,
 	// other storms' pods and other lines left out.
 	root := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(root, "logs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	log := "2026-11-29T02:13:37.5Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-1.e2e-1\n" +
 		"2026-11-29T02:13:37.2Z\tinfo\tads\tPush debounce stable[1] 14\n" +
 		"2026-11-29T02:13:37.6Z\tinfo\tdelta\tADS: new delta connection for node:storm-istio-1.e2e-2\n" +
 		"2026-11-29T02:13:37.7Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-0.e2e-3\n" +
 		"2026-11-29T02:13:39Z\tinfo\tdelta\tADS: new delta connection for node:storm-meshagent-1.e2e-4\n"
-	if err := os.WriteFile(filepath.Join(root, "logs", "istiod.log"), []byte(log), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(root, "logs", "istiod.log"), []byte(log))
 	restart, err := time.Parse(time.RFC3339, "2026-11-29T02:13:37Z")
 	if err != nil {
 		t.Fatal(err)
@@ -150,13 +140,7 @@ func TestReconnectArrivals(t *testing.T) {
 func TestContainerLogReadsThePodsOwnDirectory(t *testing.T) {
 	root := t.TempDir()
 	for uid, line := range map[string]string{"old-uid": "2026-11-29T06:04:10Z stderr F old\n", "new-uid": "2026-11-29T06:07:10Z stderr F new\n"} {
-		dir := filepath.Join(root, "pod-logs", testNS+"_storm-meshagent-0_"+uid, "istio-proxy")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "0.log"), []byte(line), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, filepath.Join(root, "pod-logs", testNS+"_storm-meshagent-0_"+uid, "istio-proxy", "0.log"), []byte(line))
 	}
 	s := &suite{n: &node{root: root}, uids: map[string]string{"storm-meshagent-0": "new-uid"}}
 	if got := s.sidecarLog("storm-meshagent-0"); got != "2026-11-29T06:07:10Z stderr F new\n" {
