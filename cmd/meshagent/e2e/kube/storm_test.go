@@ -156,7 +156,7 @@ type stormResult struct {
 	csrs, csrErrors float64         // at istiod's CA, during the start
 	certificate     []time.Duration // the sidecar container started → its certificate line, per pod
 	agentReady      []time.Duration // the sidecar container started → its ready line, per pod
-	// After the agent is ready (afterReady): its ready line → the
+	// After the agent is ready (between): its ready line → the
 	// application container started → the pod Ready, and the sidecar
 	// container started → the application's; per pod, sorted.
 	readyToApp, appToReady, sidecarToApp []time.Duration
@@ -229,13 +229,15 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 	r.csrs, r.csrErrors = csrAfter-csrBefore, errAfter-errBefore
 	t.Logf("%s: %d pods Ready, the last %v after the create; %v CSRs at istiod (%v failed)", a.name, pods, r.readyAll.Round(100*time.Millisecond), r.csrs, r.csrErrors)
 	s.setUIDs(t, label)
-	r.timeouts = s.sidecarTimeouts(label, pods)
+	logs := s.sidecarLogs(label, pods)
+	r.timeouts = sidecarTimeouts(label, pods, logs)
 	if !a.floor {
-		starts := s.containerStarts(t, label, "istio-proxy")
+		starts, apps := s.containerStarts(t, label, "istio-proxy"), s.containerStarts(t, label, "app")
+		agentReady := firstMatch(logs, readyLine)
 		r.toInitDone, r.toSidecar = s.startPhases(label, pods, start, starts)
-		r.certificate = s.sinceStart(label, pods, starts, certificateLine)
-		r.agentReady = s.sinceStart(label, pods, starts, readyLine)
-		r.sidecarToApp, r.readyToApp, r.appToReady = s.afterReady(label, pods, starts, w.readyTimesByPod(), s.containerStarts(t, label, "app"))
+		r.certificate = between(starts, firstMatch(logs, certificateLine))
+		r.agentReady = between(starts, agentReady)
+		r.sidecarToApp, r.readyToApp, r.appToReady = between(starts, apps), between(agentReady, apps), between(apps, w.readyTimesByPod())
 	}
 
 	// The kubelet's resource metrics come from cAdvisor's housekeeping
@@ -365,7 +367,7 @@ func (s *suite) reconnectStorm(t *testing.T, a agent, r *stormResult, w *podWatc
 			t.Log(msg)
 		}
 	}
-	for _, l := range s.sidecarTimeouts(label, pods) {
+	for _, l := range sidecarTimeouts(label, pods, s.sidecarLogs(label, pods)) {
 		if !slices.Contains(r.timeouts, l) {
 			r.reconnectLogs = append(r.reconnectLogs, l)
 		}

@@ -54,7 +54,7 @@ func TestSinceStart(t *testing.T) {
 		{"storm-istio", certificateLine, []time.Duration{2883800460 * time.Nanosecond}}, // pod 1 has none
 		{"storm-istio", readyLine, []time.Duration{3500 * time.Millisecond}},
 	} {
-		if got := s.sinceStart(c.label, 2, starts, c.line); !slices.Equal(got, c.want) {
+		if got := between(starts, firstMatch(s.sidecarLogs(c.label, 2), c.line)); !slices.Equal(got, c.want) {
 			t.Errorf("%s, %v: %v, want %v", c.label, c.line, got, c.want)
 		}
 	}
@@ -64,7 +64,8 @@ func TestSinceStart(t *testing.T) {
 	// neither.
 	apps := map[string]time.Time{"storm-istio-0": at("2026-11-29T03:03:48.25Z")}
 	readyAt := map[string]time.Time{"storm-istio-0": at("2026-11-29T03:03:49Z"), "storm-istio-1": at("2026-11-29T03:03:50Z")}
-	sidecarToApp, toApp, toReady := s.afterReady("storm-istio", 2, starts, readyAt, apps)
+	agentReady := firstMatch(s.sidecarLogs("storm-istio", 2), readyLine)
+	sidecarToApp, toApp, toReady := between(starts, apps), between(agentReady, apps), between(apps, readyAt)
 	if want := []time.Duration{4750 * time.Millisecond}; !slices.Equal(sidecarToApp, want) {
 		t.Errorf("sidecar started → app started: %v, want %v", sidecarToApp, want)
 	}

@@ -25,18 +25,30 @@ import (
 // in Timeout (our "effective configuration" line at start).
 var timeoutLine = regexp.MustCompile(`(?i)(timed out|deadline exceeded|i/o timeout|\btimeout\b[^=])`)
 
-// sidecarTimeouts greps the istio-proxy logs of the pods (the kubelet's
-// files) for timeouts.
-func (s *suite) sidecarTimeouts(label string, pods int) []string {
+// sidecarTimeouts greps the istio-proxy logs of the pods (sidecarLogs) for
+// timeouts.
+func sidecarTimeouts(label string, pods int, logs map[string]string) []string {
 	var hits []string
 	for i := range pods {
-		for l := range strings.Lines(s.sidecarLog(fmt.Sprintf("%s-%d", label, i))) {
+		pod := fmt.Sprintf("%s-%d", label, i)
+		for l := range strings.Lines(logs[pod]) {
 			if timeoutLine.MatchString(l) {
-				hits = append(hits, fmt.Sprintf("%s-%d: %s", label, i, strings.TrimSuffix(l, "\n")))
+				hits = append(hits, fmt.Sprintf("%s: %s", pod, strings.TrimSuffix(l, "\n")))
 			}
 		}
 	}
 	return hits
+}
+
+// sidecarLogs are the istio-proxy logs of the pods of label, by pod, each
+// read once for everything measured from them at one moment.
+func (s *suite) sidecarLogs(label string, pods int) map[string]string {
+	logs := map[string]string{}
+	for i := range pods {
+		pod := fmt.Sprintf("%s-%d", label, i)
+		logs[pod] = s.sidecarLog(pod)
+	}
+	return logs
 }
 
 // sidecarLog is a pod's istio-proxy log as the kubelet writes it, each line
@@ -73,25 +85,35 @@ var (
 	readyLine       = regexp.MustCompile(`msg="agent ready"|\tEnvoy proxy is ready`)
 )
 
-// sinceStart are, per pod, the time from its sidecar container's start
-// (starts) to the sidecar's first log line that matches, by the kubelet's
-// times: for the certificate (the key and the CSR, and what came before
-// them; istiod has no CSR latency metric), and for ready. From the
-// container's start, not the agent's first line: Istio's agent logs its
-// first line in its package initialisation, ours after its configuration.
-func (s *suite) sinceStart(label string, pods int, starts map[string]time.Time, line *regexp.Regexp) []time.Duration {
-	var out []time.Duration
-	for i := range pods {
-		pod := fmt.Sprintf("%s-%d", label, i)
-		start, ok := starts[pod]
-		if !ok {
-			continue
-		}
-		for at, l := range logLines(s.sidecarLog(pod)) {
+// firstMatch is, per pod, the kubelet's time of the first line of its log
+// that matches: for the certificate (the key and the CSR, and what came
+// before them; istiod has no CSR latency metric), and for ready.
+func firstMatch(logs map[string]string, line *regexp.Regexp) map[string]time.Time {
+	first := map[string]time.Time{}
+	for pod, log := range logs {
+		for at, l := range logLines(log) {
 			if line.MatchString(l) {
-				out = append(out, at.Sub(start))
+				first[pod] = at
 				break
 			}
+		}
+	}
+	return first
+}
+
+// between are, per pod in both, the time from one moment of its start to
+// the next, sorted: its sidecar container started (containerStarts, the
+// common mark: Istio's agent logs its first line in its package
+// initialisation, ours after its configuration) → its certificate or
+// ready line (firstMatch); the ready line → the application container
+// started, the kubelet having waited for the sidecar's startup probe
+// (every second) and its next relist; the application started → the pod
+// Ready (the API server's watch).
+func between(from, to map[string]time.Time) []time.Duration {
+	var out []time.Duration
+	for pod, at := range to {
+		if start, ok := from[pod]; ok {
+			out = append(out, at.Sub(start))
 		}
 	}
 	slices.Sort(out)
@@ -126,39 +148,6 @@ func (s *suite) containerStarts(t *testing.T, label, container string) map[strin
 		}
 	}
 	return starts
-}
-
-// afterReady are, per pod, where its start went once the agent was ready
-// (its ready line): until the application container started (the kubelet
-// waits for the sidecar's startup probe, every second, then creates and
-// starts the application), and from then until the pod's Ready (the
-// kubelet sees the container running and the readiness probes pass); and
-// the sidecar container's start (starts) → the application's, which spans
-// the agent's own start and the first of these. Sorted.
-func (s *suite) afterReady(label string, pods int, starts, readyAt, appStarts map[string]time.Time) (sidecarToApp, toApp, toReady []time.Duration) {
-	for i := range pods {
-		pod := fmt.Sprintf("%s-%d", label, i)
-		app, ok := appStarts[pod]
-		if !ok {
-			continue
-		}
-		if at, ok := starts[pod]; ok {
-			sidecarToApp = append(sidecarToApp, app.Sub(at))
-		}
-		for at, l := range logLines(s.sidecarLog(pod)) {
-			if readyLine.MatchString(l) {
-				toApp = append(toApp, app.Sub(at))
-				break
-			}
-		}
-		if at, ok := readyAt[pod]; ok {
-			toReady = append(toReady, at.Sub(app))
-		}
-	}
-	slices.Sort(sidecarToApp)
-	slices.Sort(toApp)
-	slices.Sort(toReady)
-	return sidecarToApp, toApp, toReady
 }
 
 // podList is the pods of label, as the API server has them.
