@@ -169,7 +169,8 @@ lint:
 # The product against Istio's agent (#24): bin/meshagent as users run it
 # (`proxy sidecar`) and Istio's pilot-agent, interleaved in one run, one
 # table: start → ready, memory as Kubernetes counts it (each agent in a
-# cgroup of its own: working set, anon, RSS), xDS pushes through the whole
+# cgroup of its own: working set, anon, RSS; beside them the floor, a Go
+# program doing only the idle job, #36), xDS pushes through the whole
 # agent and the GC settings (root: cgroups; ~15 minutes).
 bench-vs-istio: build peer-istio-agent
 	bash bench/vs-istio/run.sh

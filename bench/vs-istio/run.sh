@@ -43,6 +43,13 @@
 #     the working set read again: a file page whose mapping is torn down
 #     while young is marked accessed, the second time it is activated, and
 #     active file pages count in the working set.
+#     Beside the two agents, in the same windows and cgroups, runs the
+#     floor (MEM_FLOOR=0 leaves it out; bench/vs-istio/floor): a Go program
+#     that does only what the idle window asks of an agent with the
+#     libraries both agents use (Envoy as its child, the ADS stream proxied
+#     to the control plane, SDS served, readiness and the merged scrape on
+#     its status port): what any Go agent costs at idle before it does
+#     anything else, as the start storm's floor is (#36).
 #  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
 #     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
@@ -73,6 +80,7 @@ ISTIOD_ROUNDS=${ISTIOD_ROUNDS:-5}
 IDLE=${IDLE:-150} # past the Go runtime's 2-minute forced GC: part of the idle cost
 IDLE_DIRECT=${IDLE_DIRECT:-$IDLE}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
+MEM_FLOOR=${MEM_FLOOR:-1}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
 SMALL=${SMALL:-200}
@@ -126,6 +134,7 @@ cp bin/meshagent "$work/bin/meshagent"
 CGO_ENABLED=0 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
 go build -o "$work/bin/controlplane" ./bench/agent/controlplane
 go build -o "$work/bin/xdsbench" ./bench/xds/xdsbench
+go build -o "$work/bin/floor" ./bench/vs-istio/floor
 go run ./testdata/devcerts -out "$work/certs" >/dev/null
 cp "$PILOT_AGENT" "$work/bin/pilot-agent"
 
@@ -180,6 +189,7 @@ launch() {
 	fi
 	case $variant in
 	istio) bin=$dir/bin/pilot-agent env=("${istio_wrap[@]}") ;;
+	floor) bin=$dir/bin/floor ;;
 	*) bin=$dir/bin/meshagent args=(--root "$dir/root" "${meshagent_args[@]}") ;;
 	esac
 	local join=":"
@@ -297,13 +307,19 @@ ws() {
 }
 mib() { awk -v u="$1" 'BEGIN {printf "%.1f", u / 1048576}'; }
 has mem || MEM_ROUNDS=0
+agents=("${variants[@]}")
+[ "$MEM_FLOOR" = 0 ] || variants+=(floor)
 for ((r = 0; r < MEM_ROUNDS; r++)); do
 	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
 	for v in $(rotate $r); do
 		dir=$work/mem-$v-$r
 		mkdir -p "$dir/bin"
 		cp "$work/bin/fakeenvoy" "$dir/bin/"
-		if [ $v = istio ]; then cp "$work/bin/pilot-agent" "$dir/bin/"; else cp "$work/bin/meshagent" "$dir/bin/"; fi
+		case $v in
+		istio) cp "$work/bin/pilot-agent" "$dir/bin/" ;;
+		floor) cp "$work/bin/floor" "$dir/bin/" ;;
+		*) cp "$work/bin/meshagent" "$dir/bin/" ;;
+		esac
 		evict "$dir"/bin/*
 		name=meshagent-bench-$$-$v-$r
 		cg=$cgroot/$name ecg=$cgroot/$name-envoy cpu=$cpuroot/$name ecpu=$cpuroot/$name-envoy
@@ -351,7 +367,9 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		for k in Private_Dirty Shared_Clean Private_Clean; do
 			record "smaps-$k-mib" "$v" "$(awk -v k="$k:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$pid/smaps_rollup")"
 		done
-		# The copy this agent runs (its pages, charged to this cgroup).
+		# The copy this agent runs (its pages, charged to this cgroup);
+		# the floor has no `version`.
+		[ "$v" = floor ] && continue
 		bin=$work/mem-$v-$r/bin/meshagent
 		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
 		sh -c "echo \$\$ >$cg/cgroup.procs && exec $bin version" >/dev/null 2>&1 || true
@@ -368,6 +386,7 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		rmdir "${cg_of[$v]}" "${ecg_of[$v]}" "${cpu_of[$v]}" "${cpu_of[$v]}-envoy" 2>/dev/null || true
 	done
 done
+variants=("${agents[@]}")
 
 # 3. xDS through the whole agent.
 if has xds; then
@@ -749,6 +768,14 @@ if vals.get(("idle-cpu-container-s-per-h", "istio")):
 if vals.get(("idle-cpu-direct-s-per-h", "istio")):
     row(f"idle agent CPU, s per hour: probe to 15020 on a new connection, bare scrape (as before #36; median [min–max] of {memr})", med("idle-cpu-direct-s-per-h", "meshagent"), med("idle-cpu-direct-s-per-h", "istio"),
         spread("idle-cpu-direct-s-per-h", "meshagent"), spread("idle-cpu-direct-s-per-h", "istio"), "{:.2f}")
+# The floor (bench/vs-istio/floor, #36): a Go program doing only the idle
+# window's job with the agents' libraries; its ratio is the least any Go
+# agent could reach against Istio's agent here.
+if vals.get(("agent-cg-total_rss-mib", "floor")):
+    for f, label in [("agent-ws-mib", "agent's cgroup: working set"), ("agent-cg-total_rss-mib", "agent's cgroup: anon (total_rss)"),
+                     ("proc-RssAnon-mib", "agent anon"), ("idle-cpu-s-per-h", "agent CPU, s per hour")]:
+        row(f"the floor, idle {label} (median [min–max] of {memr}), against Istio's agent", med(f, "floor"), med(f, "istio"),
+            spread(f, "floor"), spread(f, "istio"), "{:.2f}" if "cpu" in f else "{:.1f}")
 row("binary size, MB", med("binary-mb", "meshagent"), med("binary-mb", "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
                  ("start-cpu-ms", "  CPU of the agent and its Envoy at ready, ms"),
