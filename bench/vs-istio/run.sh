@@ -49,7 +49,11 @@
 #     libraries both agents use (Envoy as its child, the ADS stream proxied
 #     to the control plane, SDS served, readiness and the merged scrape on
 #     its status port): what any Go agent costs at idle before it does
-#     anything else, as the start storm's floor is (#36).
+#     anything else, as the start storm's floor is (#36). And the floor
+#     again with every package meshagent links imported (blank imports
+#     added at build time, an overlay: nothing is written to the tree), so
+#     the table splits the agent's idle memory into the floor, what its
+#     packages hold once initialised, and what its services hold.
 #  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
 #     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
@@ -134,7 +138,19 @@ cp bin/meshagent "$work/bin/meshagent"
 CGO_ENABLED=0 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
 go build -o "$work/bin/controlplane" ./bench/agent/controlplane
 go build -o "$work/bin/xdsbench" ./bench/xds/xdsbench
-go build -o "$work/bin/floor" ./bench/vs-istio/floor
+# The floors are built as the agent is (make build: its tags, no cgo).
+tags=${AGENT_TAGS:-grpcnotrace disable_pgv}
+CGO_ENABLED=0 go build -tags "$tags" -o "$work/bin/floor" ./bench/vs-istio/floor
+# The floor with meshagent's packages: one file of blank imports of every
+# package of this module the agent links (internal ones come with their
+# importers), laid over the floor's directory.
+{
+	printf 'package main\n\nimport (\n'
+	go list -tags "$tags" -deps ./cmd/meshagent | grep "^github.com/meshagent/meshagent/" | grep -v -e "/internal" -e "^github.com/meshagent/meshagent/cmd/meshagent$" | sed 's/.*/\t_ "&"/'
+	printf ')\n'
+} >"$work/floor-links.go"
+printf '{"Replace": {"%s": "%s"}}\n' "$repo/bench/vs-istio/floor/links.go" "$work/floor-links.go" >"$work/floor-links.json"
+CGO_ENABLED=0 go build -tags "$tags" -overlay "$work/floor-links.json" -o "$work/bin/floorlinks" ./bench/vs-istio/floor
 go run ./testdata/devcerts -out "$work/certs" >/dev/null
 cp "$PILOT_AGENT" "$work/bin/pilot-agent"
 
@@ -189,7 +205,7 @@ launch() {
 	fi
 	case $variant in
 	istio) bin=$dir/bin/pilot-agent env=("${istio_wrap[@]}") ;;
-	floor) bin=$dir/bin/floor ;;
+	floor*) bin=$dir/bin/$variant ;;
 	*) bin=$dir/bin/meshagent args=(--root "$dir/root" "${meshagent_args[@]}") ;;
 	esac
 	local join=":"
@@ -308,7 +324,7 @@ ws() {
 mib() { awk -v u="$1" 'BEGIN {printf "%.1f", u / 1048576}'; }
 has mem || MEM_ROUNDS=0
 agents=("${variants[@]}")
-[ "$MEM_FLOOR" = 0 ] || variants+=(floor)
+[ "$MEM_FLOOR" = 0 ] || variants+=(floor floorlinks)
 for ((r = 0; r < MEM_ROUNDS; r++)); do
 	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
 	for v in $(rotate $r); do
@@ -317,7 +333,7 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		cp "$work/bin/fakeenvoy" "$dir/bin/"
 		case $v in
 		istio) cp "$work/bin/pilot-agent" "$dir/bin/" ;;
-		floor) cp "$work/bin/floor" "$dir/bin/" ;;
+		floor*) cp "$work/bin/$v" "$dir/bin/" ;;
 		*) cp "$work/bin/meshagent" "$dir/bin/" ;;
 		esac
 		evict "$dir"/bin/*
@@ -369,7 +385,7 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		done
 		# The copy this agent runs (its pages, charged to this cgroup);
 		# the floor has no `version`.
-		[ "$v" = floor ] && continue
+		case $v in floor*) continue ;; esac
 		bin=$work/mem-$v-$r/bin/meshagent
 		[ "$v" = istio ] && bin=$work/mem-$v-$r/bin/pilot-agent
 		sh -c "echo \$\$ >$cg/cgroup.procs && exec $bin version" >/dev/null 2>&1 || true
@@ -771,11 +787,15 @@ if vals.get(("idle-cpu-direct-s-per-h", "istio")):
 # The floor (bench/vs-istio/floor, #36): a Go program doing only the idle
 # window's job with the agents' libraries; its ratio is the least any Go
 # agent could reach against Istio's agent here.
-if vals.get(("agent-cg-total_rss-mib", "floor")):
+# The floor with meshagent's packages linked splits the agent's idle memory
+# into the floor, what its packages hold once initialised, and the rest
+# (what its services hold).
+for v, who in (("floor", "the floor"), ("floorlinks", "the floor with meshagent's packages linked")):
+    if not vals.get(("agent-cg-total_rss-mib", v)): continue
     for f, label in [("agent-ws-mib", "agent's cgroup: working set"), ("agent-cg-total_rss-mib", "agent's cgroup: anon (total_rss)"),
                      ("proc-RssAnon-mib", "agent anon"), ("idle-cpu-s-per-h", "agent CPU, s per hour")]:
-        row(f"the floor, idle {label} (median [min–max] of {memr}), against Istio's agent", med(f, "floor"), med(f, "istio"),
-            spread(f, "floor"), spread(f, "istio"), "{:.2f}" if "cpu" in f else "{:.1f}")
+        row(f"{who}, idle {label} (median [min–max] of {memr}), against Istio's agent", med(f, v), med(f, "istio"),
+            spread(f, v), spread(f, "istio"), "{:.2f}" if "cpu" in f else "{:.1f}")
 row("binary size, MB", med("binary-mb", "meshagent"), med("binary-mb", "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
                  ("start-cpu-ms", "  CPU of the agent and its Envoy at ready, ms"),
