@@ -138,19 +138,22 @@ cp bin/meshagent "$work/bin/meshagent"
 CGO_ENABLED=0 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
 go build -o "$work/bin/controlplane" ./bench/agent/controlplane
 go build -o "$work/bin/xdsbench" ./bench/xds/xdsbench
-# The floors are built as the agent is (make build: its tags, no cgo).
+# The floors are built as the agent is (make build: its tags, no cgo),
+# for the memory phase only.
 tags=${AGENT_TAGS:-grpcnotrace disable_pgv}
-CGO_ENABLED=0 go build -tags "$tags" -o "$work/bin/floor" ./bench/vs-istio/floor
-# The floor with meshagent's packages: one file of blank imports of every
-# package of this module the agent links (internal ones come with their
-# importers), laid over the floor's directory.
-{
-	printf 'package main\n\nimport (\n'
-	go list -tags "$tags" -deps ./cmd/meshagent | grep "^github.com/meshagent/meshagent/" | grep -v -e "/internal" -e "^github.com/meshagent/meshagent/cmd/meshagent$" | sed 's/.*/\t_ "&"/'
-	printf ')\n'
-} >"$work/floor-links.go"
-printf '{"Replace": {"%s": "%s"}}\n' "$repo/bench/vs-istio/floor/links.go" "$work/floor-links.go" >"$work/floor-links.json"
-CGO_ENABLED=0 go build -tags "$tags" -overlay "$work/floor-links.json" -o "$work/bin/floorlinks" ./bench/vs-istio/floor
+case " $PHASES " in *" mem "*) [ "$MEM_FLOOR" = 0 ] || {
+	CGO_ENABLED=0 go build -tags "$tags" -o "$work/bin/floor" ./bench/vs-istio/floor
+	# The floor with meshagent's packages: one file of blank imports of every
+	# package of this module the agent links (internal ones come with their
+	# importers), laid over the floor's directory.
+	{
+		printf 'package main\n\nimport (\n'
+		go list -tags "$tags" -deps ./cmd/meshagent | grep "^github.com/meshagent/meshagent/" | grep -v -e "/internal" -e "^github.com/meshagent/meshagent/cmd/meshagent$" | sed 's/.*/\t_ "&"/'
+		printf ')\n'
+	} >"$work/floor-links.go"
+	printf '{"Replace": {"%s": "%s"}}\n' "$repo/bench/vs-istio/floor/links.go" "$work/floor-links.go" >"$work/floor-links.json"
+	CGO_ENABLED=0 go build -tags "$tags" -overlay "$work/floor-links.json" -o "$work/bin/floorlinks" ./bench/vs-istio/floor
+} ;; esac
 go run ./testdata/devcerts -out "$work/certs" >/dev/null
 cp "$PILOT_AGENT" "$work/bin/pilot-agent"
 
@@ -324,7 +327,7 @@ ws() {
 mib() { awk -v u="$1" 'BEGIN {printf "%.1f", u / 1048576}'; }
 has mem || MEM_ROUNDS=0
 agents=("${variants[@]}")
-[ "$MEM_FLOOR" = 0 ] || variants+=(floor floorlinks)
+[ "$MEM_FLOOR" = 0 ] || [ "$MEM_ROUNDS" = 0 ] || variants+=(floor floorlinks)
 for ((r = 0; r < MEM_ROUNDS; r++)); do
 	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
 	for v in $(rotate $r); do
