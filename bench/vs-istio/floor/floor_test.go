@@ -67,6 +67,7 @@ func startFloor(t *testing.T, proxyConfig func(p *floorPod) string) (*floorPod, 
 	p.chain, key = ca.Workload(t, time.Hour)
 	testkit.WriteFile(t, filepath.Join(p.root, certsDir, "cert-chain.pem"), p.chain)
 	testkit.WriteFile(t, filepath.Join(p.root, certsDir, "key.pem"), key)
+	testkit.WriteFile(t, filepath.Join(p.root, certsDir, "root-cert.pem"), ca.CertPEM)
 	cmd := exec.Command(floorBinary, "proxy", "sidecar")
 	cmd.Dir = p.root
 	cmd.Env = append(os.Environ(), "PROXY_CONFIG="+proxyConfig(p), fmt.Sprintf("ENVOY_STATUS_PORT=%d", p.envoyPort),
@@ -160,10 +161,26 @@ func TestFloorDoesTheIdleJob(t *testing.T) {
 	}
 	var secret tlsv3.Secret
 	if len(resp.Resources) != 1 || resp.Resources[0].UnmarshalTo(&secret) != nil {
-		t.Fatalf("SDS answered %v", resp)
+		t.Fatalf("SDS answered %d resources, not the certificate", len(resp.Resources))
 	}
 	if got := string(secret.GetTlsCertificate().GetCertificateChain().GetInlineBytes()); got != string(p.chain) {
 		t.Errorf("SDS's certificate is not the mounted one:\n%s", got)
+	}
+	// Envoy's ACK is not a question: the next answer is the root asked
+	// after it, not the certificate again.
+	for _, req := range []*discoveryv3.DiscoveryRequest{
+		{TypeUrl: resp.TypeUrl, ResourceNames: []string{"default"}, ResponseNonce: resp.Nonce, VersionInfo: resp.VersionInfo},
+		{TypeUrl: resp.TypeUrl, ResourceNames: []string{"ROOTCA"}, ResponseNonce: resp.Nonce, VersionInfo: resp.VersionInfo},
+	} {
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resp, err = stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Resources) != 1 || resp.Resources[0].UnmarshalTo(&secret) != nil || secret.Name != "ROOTCA" {
+		t.Fatalf("after the ACK SDS answered %d resources, the first %q, not the root", len(resp.Resources), secret.Name)
 	}
 }
 

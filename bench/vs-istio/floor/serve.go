@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -89,6 +91,8 @@ type secrets struct {
 }
 
 func (s *secrets) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
+	var nonce int
+	var asked []string // the names of the last answer
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -100,7 +104,12 @@ func (s *secrets) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSec
 		if req.ErrorDetail != nil || len(req.ResourceNames) == 0 {
 			continue // a NACK, or nothing asked
 		}
-		resp := &discoveryv3.DiscoveryResponse{TypeUrl: req.TypeUrl, VersionInfo: "1", Nonce: req.ResponseNonce + "1"}
+		if req.ResponseNonce == strconv.Itoa(nonce) && slices.Equal(req.ResourceNames, asked) {
+			continue // the ACK of the last answer
+		}
+		nonce++
+		asked = slices.Clone(req.ResourceNames)
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: req.TypeUrl, VersionInfo: "1", Nonce: strconv.Itoa(nonce)}
 		for _, name := range req.ResourceNames {
 			secret, err := s.secret(name)
 			if err != nil {
