@@ -50,37 +50,27 @@ func (p *adsProxy) DeltaAggregatedResources(down discoveryv3.AggregatedDiscovery
 // side ends; the server stream's end cancels up (its context is down's).
 func pipe[Req, Resp any](down grpc.BidiStreamingServer[Req, Resp], up grpc.BidiStreamingClient[Req, Resp]) error {
 	errs := make(chan error, 2)
-	go func() {
-		for {
-			req, err := down.Recv()
-			if err != nil {
-				errs <- err
-				return
-			}
-			if err := up.Send(req); err != nil {
-				errs <- err
-				return
-			}
-		}
-	}()
-	go func() {
-		for {
-			resp, err := up.Recv()
-			if err != nil {
-				errs <- err
-				return
-			}
-			if err := down.Send(resp); err != nil {
-				errs <- err
-				return
-			}
-		}
-	}()
+	go forward(down.Recv, up.Send, errs)
+	go forward(up.Recv, down.Send, errs)
 	err := <-errs
 	if err == io.EOF {
 		return nil
 	}
 	return err
+}
+
+// forward sends what recv returns until either fails, then reports why.
+func forward[M any](recv func() (*M, error), send func(*M) error, errs chan<- error) {
+	for {
+		m, err := recv()
+		if err == nil {
+			err = send(m)
+		}
+		if err != nil {
+			errs <- err
+			return
+		}
+	}
 }
 
 // secrets serves the workload certificate ("default") and the root
