@@ -87,7 +87,7 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	if err := run(log); err != nil {
+	if err := run(); err != nil {
 		log.Error("floor stopped", "error", err)
 		os.Exit(1)
 	}
@@ -115,7 +115,7 @@ func readConfig() (config, error) {
 	return c, nil
 }
 
-func run(log *slog.Logger) error {
+func run() error {
 	c, err := readConfig()
 	if err != nil {
 		return err
