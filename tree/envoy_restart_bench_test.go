@@ -149,15 +149,11 @@ func fakeEnvoyForBench(b *testing.B) (bin string, boot *bootstrap.Config, args e
 		b.Fatalf("go build testdata/fakeenvoy: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "XDS")
-	cp, err := xdsserver.Start(xdsserver.Options{Addr: "unix:" + sock})
+	cp, err := xdsserver.StartSmallMesh(xdsserver.Options{Addr: "unix:" + sock}, "default", nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(cp.Close)
-	c, l, r, e := xdsserver.SmallMesh("v1", "default")
-	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
-		b.Fatal(err)
-	}
 	port := testkit.FreePort(b)
 	raw := fmt.Sprintf(`{"node":{"id":"sidecar~127.0.0.1~bench.default~default.svc.cluster.local","cluster":"bench.default"},
  "admin":{"address":{"socketAddress":{"address":"127.0.0.1","portValue":%d}}},

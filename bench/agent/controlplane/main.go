@@ -44,19 +44,15 @@ func main() {
 	names := flag.Int("names", 0, "serve an NDS name table of this many services (0: none)")
 	probe := flag.String("probe", "", "host:port of the DNS proxy to time a swap against")
 	flag.Parse()
-	cp, err := xdsserver.Start(xdsserver.Options{Addr: *addr})
-	if err != nil {
-		fail(err)
-	}
-	defer cp.Close()
-	c, l, r, e := xdsserver.SmallMesh("v1", *ns)
 	var table *nds.NameTable
 	if *names > 0 {
 		table = meshTable(*names, 1)
 	}
-	if err := cp.SetSnapshot("v1", c, l, r, e, table); err != nil {
+	cp, err := xdsserver.StartSmallMesh(xdsserver.Options{Addr: *addr}, *ns, table)
+	if err != nil {
 		fail(err)
 	}
+	defer cp.Close()
 	fmt.Println(cp.Addr())
 	go swaps(cp, *names, *probe, *ns)
 	sig := make(chan os.Signal, 1)

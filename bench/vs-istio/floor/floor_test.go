@@ -92,15 +92,11 @@ func (p *floorPod) get(t *testing.T, port int, path string) (int, string) {
 // through its ADS proxy, the probe answered, the merged scrape, the
 // certificate over SDS.
 func TestFloorDoesTheIdleJob(t *testing.T) {
-	cp, err := xdsserver.Start(xdsserver.Options{})
+	cp, err := xdsserver.StartSmallMesh(xdsserver.Options{}, "ns0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Stop)
-	c, l, r, e := xdsserver.SmallMesh("v1", "ns0")
-	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
-		t.Fatal(err)
-	}
 	p, cmd := startFloor(t, func(p *floorPod) string {
 		return fmt.Sprintf(`{"discoveryAddress":%q,"statusPort":%d,"proxyAdminPort":%d,"binaryPath":%q}`, cp.Addr(), p.status, p.admin, envoyBinary)
 	})

@@ -196,16 +196,13 @@ func startDNSAgent(t *testing.T, tableFile bool) *dnsAgent {
 	}
 	a := &dnsAgent{Root: pki.NewRoot(t, "mesh-root-0"), upstream: upstream, DNSAddr: fmt.Sprintf("127.0.0.1:%d", e2ekit.FreePort(t))}
 	a.serverCert = pki.NewServerCert(t, a.Root, "127.0.0.1")
-	cp, err := xdsserver.Start(xdsserver.Options{TLS: a.serverCert.TLS()})
+	cp, err := xdsserver.StartSmallMesh(xdsserver.Options{TLS: a.serverCert.TLS()}, "e2e",
+		xdsserver.NameTable(map[string]string{"reviews.e2e.svc.cluster.local": "10.0.0.7"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Close)
 	a.cp = cp
-	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
-	if err := cp.SetSnapshot("v1", c, l, r, e, xdsserver.NameTable(map[string]string{"reviews.e2e.svc.cluster.local": "10.0.0.7"})); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	resolv := filepath.Join(dir, "resolv.conf")
 	testkit.WriteFile(t, resolv, []byte(upstream.ResolvConf()))

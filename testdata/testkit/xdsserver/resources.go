@@ -191,6 +191,22 @@ func SmallMesh(version, ns string) (clusters, listeners, routes, endpoints []typ
 	return clusters, listeners, routes, endpoints
 }
 
+// StartSmallMesh starts a server with opts serving SmallMesh("v1", ns),
+// and the name table if there is one: the control plane most tests and
+// benches give an agent or an Envoy to turn ready on.
+func StartSmallMesh(opts Options, ns string, table *nds.NameTable) (*Server, error) {
+	s, err := Start(opts)
+	if err != nil {
+		return nil, err
+	}
+	c, l, r, e := SmallMesh("v1", ns)
+	if err := s.SetSnapshot("v1", c, l, r, e, table); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // SDSSecret is an SdsSecretConfig as istiod sends it for "default" and
 // "ROOTCA" (pkg/model/authentication.go): over gRPC to the agent's
 // sds-grpc, with the given initial_fetch_timeout (Istio's: 0s, wait

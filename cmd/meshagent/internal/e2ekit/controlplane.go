@@ -35,16 +35,7 @@ func StartControlPlane(t *testing.T) *xdsserver.Server {
 }
 
 func ServeMesh(addr string) (*xdsserver.Server, error) {
-	cp, err := xdsserver.Start(xdsserver.Options{Addr: addr})
-	if err != nil {
-		return nil, err
-	}
-	c, l, r, e := xdsserver.SmallMesh("v1", "e2e")
-	if err := cp.SetSnapshot("v1", c, l, r, e, nil); err != nil {
-		cp.Close()
-		return nil, err
-	}
-	return cp, nil
+	return xdsserver.StartSmallMesh(xdsserver.Options{Addr: addr}, "e2e", nil)
 }
 
 // StartControlPlaneIn runs a control plane on addr inside the network
