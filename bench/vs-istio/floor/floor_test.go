@@ -87,6 +87,24 @@ func (p *floorPod) get(t *testing.T, port int, path string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
+// encoding is the Content-Encoding of path on the status port asked for
+// gzip, as Prometheus asks.
+func (p *floorPod) encoding(t *testing.T, path string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", p.status, path), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Header.Get("Content-Encoding")
+}
+
 // TestFloorDoesTheIdleJob: the floor is a floor only if it does the job
 // the bench's idle window asks of an agent, for real: Envoy configured
 // through its ADS proxy, the probe answered, the merged scrape, the
@@ -128,7 +146,10 @@ func TestFloorDoesTheIdleJob(t *testing.T) {
 	if code, body := p.get(t, p.envoyPort, "/healthz/ready"); code != http.StatusOK || body != "ready\n" {
 		t.Errorf("envoy's readiness listener: %d %q", code, body)
 	}
-	_, scrape := p.get(t, p.status, "/stats/prometheus")
+	_, scrape := p.get(t, p.status, "/stats/prometheus") // Go's client asks for gzip and unpacks it
+	if enc := p.encoding(t, "/stats/prometheus"); enc != "gzip" {
+		t.Errorf("the scrape asked for gzip came %q", enc)
+	}
 	for _, want := range []string{"istio_agent_go_goroutines ", "istio_agent_process_resident_memory_bytes ", "envoy_server_live"} {
 		if !strings.Contains(scrape, want) {
 			t.Errorf("the scrape lacks %q", want)

@@ -12,7 +12,7 @@
 //     (FILE_MOUNTED_CERTS), read when Envoy asks;
 //   - on its status port it answers /healthz/ready from Envoy's /ready and
 //     /stats/prometheus with its Go and process collectors (Istio's names)
-//     followed by Envoy's exposition as it comes;
+//     followed by Envoy's exposition as it comes, compressed when asked;
 //   - Envoy answers the kubelet's probe on its readiness listener, as
 //     meshagent's Envoy does while the agent is ready.
 //
@@ -153,7 +153,11 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("status port: %w", err)
 	}
-	statusServer := &http.Server{Handler: newStatus(c.AdminPort), ReadHeaderTimeout: 10 * time.Second}
+	handler, err := newStatus(c.AdminPort)
+	if err != nil {
+		return err
+	}
+	statusServer := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go statusServer.Serve(status)
 	defer statusServer.Close()
 

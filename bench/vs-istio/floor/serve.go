@@ -14,6 +14,8 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/klauspost/compress/gzhttp"
+	"github.com/klauspost/compress/gzip"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
@@ -150,8 +152,11 @@ func (s *secrets) secret(name string) (*tlsv3.Secret, error) {
 
 // newStatus is the status port: readiness from Envoy's /ready, and the
 // merged metrics (the floor's Go and process collectors under Istio's
-// istio_agent_ prefix, then Envoy's exposition as it comes).
-func newStatus(adminPort int) http.Handler {
+// istio_agent_ prefix, then Envoy's exposition as it comes), compressed as
+// both agents compress (Istio's status server is gzhttp's; Prometheus asks
+// for gzip), at the cheapest setting either uses: meshagent's stateless
+// gzip (services/status/routes.go).
+func newStatus(adminPort int) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	wrapped := prometheus.WrapRegistererWithPrefix("istio_agent_", reg)
 	wrapped.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -190,5 +195,9 @@ func newStatus(adminPort int) http.Handler {
 		defer resp.Body.Close()
 		_, _ = io.Copy(w, resp.Body)
 	})
-	return mux
+	compress, err := gzhttp.NewWrapper(gzhttp.CompressionLevel(gzip.StatelessCompression))
+	if err != nil {
+		return nil, err
+	}
+	return compress(mux), nil
 }
