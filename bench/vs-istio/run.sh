@@ -799,6 +799,14 @@ for v, who in (("floor", "the floor"), ("floorlinks", "the floor with meshagent'
                      ("proc-RssAnon-mib", "agent anon"), ("idle-cpu-s-per-h", "agent CPU, s per hour")]:
         row(f"{who}, idle {label} (median [min–max] of {memr}), against Istio's agent", med(f, v), med(f, "istio"),
             spread(f, v), spread(f, "istio"), "{:.2f}" if "cpu" in f else "{:.1f}")
+# The split itself: meshagent's idle anon as the floor, what its packages
+# add once initialised (the linked floor less the floor), and what its
+# services add (meshagent less the linked floor).
+if vals.get(("agent-cg-total_rss-mib", "floorlinks")) and vals.get(("agent-cg-total_rss-mib", "floor")):
+    f = "agent-cg-total_rss-mib"
+    floor, linked, ours = med(f, "floor"), med(f, "floorlinks"), med(f, "meshagent")
+    rows.append((f"idle agent anon split, MiB: the floor + meshagent's packages + its services (medians of {memr})",
+                 f"{floor:.1f} + {linked - floor:.1f} + {ours - linked:.1f}", f"{med(f, 'istio'):.1f}", f"{ours / med(f, 'istio'):.2f}"))
 row("binary size, MB", med("binary-mb", "meshagent"), med("binary-mb", "istio"))
 for f, label in [("start-ready-ms", "start → ready against istiod, ms"),
                  ("start-cpu-ms", "  CPU of the agent and its Envoy at ready, ms"),
