@@ -76,15 +76,9 @@ func startFloor(t *testing.T, proxyConfig func(p *floorPod) string) (*floorPod, 
 	return p, cmd
 }
 
-func (p *floorPod) get(t *testing.T, port int, path string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+// get is testkit.Fetch of path on the loopback port.
+func get(port int, path string) (int, string) {
+	return testkit.Fetch(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
 }
 
 // encoding is the Content-Encoding of path on the status port asked for
@@ -139,14 +133,14 @@ func TestFloorDoesTheIdleJob(t *testing.T) {
 	// Ready only once Envoy is: its configuration came through the
 	// floor's ADS proxy (the stand-in waits for CDS and LDS, Istio's
 	// initial_fetch_timeout 0s).
-	testkit.WaitFor(t, "the floor ready", func() bool { code, _ := p.get(t, p.status, "/healthz/ready"); return code == http.StatusOK })
-	if _, clusters := p.get(t, p.admin, "/clusters"); !strings.Contains(clusters, "outbound|9080||reviews.ns0.svc.cluster.local") {
+	testkit.WaitFor(t, "the floor ready", func() bool { code, _ := get(p.status, "/healthz/ready"); return code == http.StatusOK })
+	if _, clusters := get(p.admin, "/clusters"); !strings.Contains(clusters, "outbound|9080||reviews.ns0.svc.cluster.local") {
 		t.Errorf("envoy's clusters lack the control plane's:\n%s", clusters)
 	}
-	if code, body := p.get(t, p.envoyPort, "/healthz/ready"); code != http.StatusOK || body != "ready\n" {
+	if code, body := get(p.envoyPort, "/healthz/ready"); code != http.StatusOK || body != "ready\n" {
 		t.Errorf("envoy's readiness listener: %d %q", code, body)
 	}
-	_, scrape := p.get(t, p.status, "/stats/prometheus") // Go's client asks for gzip and unpacks it
+	_, scrape := get(p.status, "/stats/prometheus") // Go's client asks for gzip and unpacks it
 	if enc := p.encoding(t, "/stats/prometheus"); enc != "gzip" {
 		t.Errorf("the scrape asked for gzip came %q", enc)
 	}
