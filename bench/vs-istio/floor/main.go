@@ -35,7 +35,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -240,30 +239,12 @@ func bootstrap(c config) []byte {
 		pipe("xds-grpc", xdsSocket), pipe("sds-grpc", sdsSocket), c.EnvoyStatus, c.EnvoyStatus)
 }
 
-// envoyGet asks Envoy's admin interface for path, bounded.
+// envoyGet asks Envoy's admin interface for path, for as long as ctx
+// (the caller's request) lasts and the client's timeout allows.
 func envoyGet(ctx context.Context, client *http.Client, adminPort int, path string) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", adminPort, path), nil)
 	if err != nil {
-		cancel()
 		return nil, err
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = cancelOnClose{resp.Body, cancel}
-	return resp, nil
-}
-
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (c cancelOnClose) Close() error {
-	err := c.ReadCloser.Close()
-	c.cancel()
-	return err
+	return client.Do(req)
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -160,7 +161,8 @@ func newStatus(adminPort int) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	wrapped := prometheus.WrapRegistererWithPrefix("istio_agent_", reg)
 	wrapped.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	// Envoy's admin on loopback: no proxy, each request bounded.
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 5 * time.Second}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz/ready", func(w http.ResponseWriter, r *http.Request) {
 		resp, err := envoyGet(r.Context(), client, adminPort, "/ready")
