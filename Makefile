@@ -173,7 +173,7 @@ lint:
 # program doing only the idle job, #36), xDS pushes through the whole
 # agent and the GC settings (root: cgroups; ~15 minutes).
 bench-vs-istio: build peer-istio-agent
-	AGENT_TAGS='$(AGENT_TAGS)' bash bench/vs-istio/run.sh
+	bash bench/vs-istio/run.sh
 
 # The start and reconnect storms on the kube node (#36): STORM_PODS pods
 # (default 30) created at once, once with each agent, then istiod restarted

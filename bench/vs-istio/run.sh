@@ -138,9 +138,9 @@ cp bin/meshagent "$work/bin/meshagent"
 CGO_ENABLED=0 go build -o "$work/bin/fakeenvoy" ./testdata/fakeenvoy
 go build -o "$work/bin/controlplane" ./bench/agent/controlplane
 go build -o "$work/bin/xdsbench" ./bench/xds/xdsbench
-# The floors are built as the agent is (make build: its tags, no cgo),
-# for the memory phase only.
-tags=${AGENT_TAGS:-grpcnotrace disable_pgv}
+# The floors are built as the agent is (its build tags, read from the
+# binary make build made; no cgo), for the memory phase only.
+tags=$(go version -m "$work/bin/meshagent" | awk '$1 == "build" && $2 ~ /^-tags=/ {sub(/^-tags=/, "", $2); print $2}')
 case " $PHASES " in *" mem "*) [ "$MEM_FLOOR" = 0 ] || {
 	CGO_ENABLED=0 go build -tags "$tags" -o "$work/bin/floor" ./bench/vs-istio/floor
 	# The floor with meshagent's packages: one file of blank imports of every
