@@ -251,8 +251,18 @@ func (s *suite) storm(t *testing.T, a agent, pods int, proxyConfig string) *stor
 		s.reconnectStorm(t, a, r, w, label, pods)
 	}
 	r.restarts = s.restarts(t, label)
-	for i := range pods {
-		s.keepSidecarLog(t, fmt.Sprintf("%s-%d", label, i))
+	// The sidecars' logs once more, read once: the timeouts the reconnect
+	// storm added, and the copies kept.
+	final := s.sidecarLogs(label, pods)
+	if !a.floor {
+		for _, l := range sidecarTimeouts(label, pods, final) {
+			if !slices.Contains(r.timeouts, l) {
+				r.reconnectLogs = append(r.reconnectLogs, l)
+			}
+		}
+	}
+	for pod, log := range final {
+		s.keepSidecarLog(t, pod, log)
 	}
 
 	start = time.Now()
@@ -365,11 +375,6 @@ func (s *suite) reconnectStorm(t *testing.T, a agent, r *stormResult, w *podWatc
 			t.Error(msg) // #36: no request fails on a connection that was open
 		} else {
 			t.Log(msg)
-		}
-	}
-	for _, l := range sidecarTimeouts(label, pods, s.sidecarLogs(label, pods)) {
-		if !slices.Contains(r.timeouts, l) {
-			r.reconnectLogs = append(r.reconnectLogs, l)
 		}
 	}
 }

@@ -212,11 +212,11 @@ func (s *suite) startPhases(label string, pods int, created time.Time, starts ma
 // line with its time) to .tmp/kube-storm-logs before the pod is deleted:
 // with the node's logs (MESHAGENT_KUBE_LOGS=1), where each pod's start
 // went, container started → the agent's first line → its ready line.
-func (s *suite) keepSidecarLog(t *testing.T, pod string) {
+func (s *suite) keepSidecarLog(t *testing.T, pod, log string) {
 	dir := filepath.Join(s.n.repo, ".tmp", "kube-storm-logs")
 	err := os.MkdirAll(dir, 0o755)
 	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), []byte(s.sidecarLog(pod)), 0o644)
+		err = os.WriteFile(filepath.Join(dir, pod+"-istio-proxy.log"), []byte(log), 0o644)
 	}
 	if err != nil {
 		t.Log(err)
