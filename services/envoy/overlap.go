@@ -110,16 +110,19 @@ func (r *run) parentExited() {
 	p.wait()
 	code, reason := p.exitStatus()
 	r.hot.parent, r.hot.parentDeadline = nil, nil
-	r.state.Overlap = messages.EnvoyProcess{}
-	r.publish()
-	if r.state.Phase == messages.EnvoyReady {
-		r.s.setHealth(messages.Ready, r.overlapNote())
-	}
+	// Logged before the state goes out: whoever sees the overlap over
+	// finds its line (TestHotRestartRefusesNoConnection failed in CI when
+	// it read the log between the two).
 	log := r.s.log.With("old_epoch", p.restartEpoch, "old_pid", p.pid, "status", reason, "epoch", r.child.restartEpoch)
 	if code == 0 {
 		log.Info("hot restart done: the old epoch exited", "outcome", "done")
 	} else {
 		log.Warn("hot restart done: the old epoch exited with an error", "outcome", "done", "exit_code", code)
+	}
+	r.state.Overlap = messages.EnvoyProcess{}
+	r.publish()
+	if r.state.Phase == messages.EnvoyReady {
+		r.s.setHealth(messages.Ready, r.overlapNote())
 	}
 }
 
