@@ -34,6 +34,9 @@ type knobs struct {
 	// hotRestartRetryDelay: FAKE_ENVOY_HOT_RESTART_RETRY_DELAY, the pause
 	// between refused sends to a parent (Envoy's: 1s, 10 tries).
 	hotRestartRetryDelay time.Duration
+	// statsPeers: FAKE_ENVOY_STATS_PEERS, the peers /stats/prometheus has
+	// Istio's request families for (a sidecar with traffic; default 1).
+	statsPeers int
 }
 
 func readKnobs() (knobs, error) {
@@ -58,6 +61,7 @@ func readKnobs() (knobs, error) {
 	dur("FAKE_ENVOY_HOT_RESTART_RETRY_DELAY", &k.hotRestartRetryDelay)
 	num("FAKE_ENVOY_EXIT_CODE", &k.exitCode)
 	num("FAKE_ENVOY_ACTIVE_CONNECTIONS", &k.activeConnections)
+	num("FAKE_ENVOY_STATS_PEERS", &k.statsPeers)
 	if v := os.Getenv("FAKE_ENVOY_DRAIN_SECONDS"); v != "" && err == nil {
 		var f float64
 		if f, err = strconv.ParseFloat(v, 64); err != nil {

@@ -59,19 +59,53 @@ func (e *envoy) handlePrometheus(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintf(w, "envoy_fake_untyped_samples{source=\"fakeenvoy\"} %d\n", 1)
 
 	gauge(w, "istio_build", `{component="proxy",tag="1.31.0"}`, 1)
-	const peers = `reporter="destination",source_workload="sleep",source_canonical_service="sleep",` +
-		`source_canonical_revision="latest",source_workload_namespace="default",` +
-		`source_principal="spiffe://cluster.local/ns/default/sa/sleep",source_app="sleep",source_version="unknown",` +
-		`source_cluster="Kubernetes",destination_workload="httpbin",destination_workload_namespace="default",` +
-		`destination_principal="spiffe://cluster.local/ns/default/sa/httpbin",destination_app="httpbin",` +
-		`destination_version="v1",destination_service="httpbin.default.svc.cluster.local",` +
-		`destination_canonical_service="httpbin",destination_canonical_revision="v1",` +
-		`destination_service_name="httpbin",destination_service_namespace="default",destination_cluster="Kubernetes",` +
-		`request_protocol="http",response_flags="-",grpc_response_status="",connection_security_policy="mutual_tls"`
-	histogram(w, "istio_request_duration_milliseconds", `response_code="200",`+peers, []int{0, 3, 7, 9, 9}, 41.5)
-	counter(w, "istio_requests_total",
-		`{response_code="200",`+peers+`}`, 9,
-		`{response_code="503",`+peers+`}`, 1)
+	e.istioFamilies(w)
+}
+
+// istioFamilies writes the families of Istio's stats filter: one series per
+// peer and response code, as the filter keeps them (its "reporter=" stats,
+// which Istio's stats matcher includes). One peer by default;
+// FAKE_ENVOY_STATS_PEERS=N gives N, the exposition of a sidecar with
+// traffic, which grows with its peers to megabytes (istio#29110: 8 MB a
+// scrape): ~60 kB a peer, as Envoy renders them (#36).
+func (e *envoy) istioFamilies(w io.Writer) {
+	peers := max(e.k.statsPeers, 1)
+	labels := func(i int, code string) string {
+		source := "sleep"
+		if i > 0 {
+			source = fmt.Sprintf("sleep-%d", i)
+		}
+		return `response_code="` + code + `",reporter="destination",source_workload="` + source +
+			`",source_canonical_service="` + source + `",source_canonical_revision="latest",source_workload_namespace="default",` +
+			`source_principal="spiffe://cluster.local/ns/default/sa/` + source + `",source_app="` + source + `",source_version="unknown",` +
+			`source_cluster="Kubernetes",destination_workload="httpbin",destination_workload_namespace="default",` +
+			`destination_principal="spiffe://cluster.local/ns/default/sa/httpbin",destination_app="httpbin",` +
+			`destination_version="v1",destination_service="httpbin.default.svc.cluster.local",` +
+			`destination_canonical_service="httpbin",destination_canonical_revision="v1",` +
+			`destination_service_name="httpbin",destination_service_namespace="default",destination_cluster="Kubernetes",` +
+			`request_protocol="http",response_flags="-",grpc_response_status="",connection_security_policy="mutual_tls"`
+	}
+	// Envoy sorts the families by name. Without the knob, the two
+	// families the tests have always read.
+	byteFamilies := e.k.statsPeers > 0
+	histograms := func(name string) {
+		fmt.Fprintf(w, "# TYPE %s histogram\n", name)
+		for i := range peers {
+			histogramSeries(w, name, labels(i, "200"), []int{0, 3, 7, 9, 9}, 41.5)
+		}
+	}
+	if byteFamilies {
+		histograms("istio_request_bytes")
+	}
+	histograms("istio_request_duration_milliseconds")
+	fmt.Fprintf(w, "# TYPE istio_requests_total counter\n")
+	for i := range peers {
+		fmt.Fprintf(w, "istio_requests_total{%s} 9\n", labels(i, "200"))
+		fmt.Fprintf(w, "istio_requests_total{%s} 1\n", labels(i, "503"))
+	}
+	if byteFamilies {
+		histograms("istio_response_bytes")
+	}
 }
 
 // counter writes a counter family; series are label sets ("{...}") and
@@ -91,6 +125,13 @@ func family(w io.Writer, name, typ string, series []any) {
 // histogram writes one histogram series: first are the cumulative counts
 // of the first buckets, the rest are equal to the last of them.
 func histogram(w io.Writer, name, labels string, first []int, sum float64) {
+	fmt.Fprintf(w, "# TYPE %s histogram\n", name)
+	histogramSeries(w, name, labels, first, sum)
+}
+
+// histogramSeries writes one series of a histogram family whose TYPE line
+// is written.
+func histogramSeries(w io.Writer, name, labels string, first []int, sum float64) {
 	sep := ""
 	if labels != "" {
 		sep = ","
@@ -98,7 +139,6 @@ func histogram(w io.Writer, name, labels string, first []int, sum float64) {
 	// Envoy's default histogram bucket bounds (ms).
 	envoyBuckets := []string{"0.5", "1", "5", "10", "25", "50", "100", "250", "500", "1000", "2500",
 		"5000", "10000", "30000", "60000", "300000", "600000", "1800000", "3600000"}
-	fmt.Fprintf(w, "# TYPE %s histogram\n", name)
 	count := first[len(first)-1]
 	for i, le := range envoyBuckets {
 		n := count

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -63,5 +64,46 @@ func TestPrometheusExposition(t *testing.T) {
 	// parse.
 	if code := check.ProcessState.ExitCode(); err != nil && (code != 3 || strings.Contains(string(out), "error while linting")) {
 		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
+}
+
+// FAKE_ENVOY_STATS_PEERS=N: Istio's request families for N peers, one
+// series a peer (two for the request count: 200 and 503), families sorted
+// as Envoy sorts them, ~60 kB a peer.
+func TestPrometheusExpositionOfABusySidecar(t *testing.T) {
+	scrape := func(peers int) string {
+		e := newEnvoy(&bootstrapv3.Bootstrap{}, knobs{activeConnections: 3, statsPeers: peers})
+		e.startInit()
+		e.announceLive()
+		e.startWorkers(context.Background())
+		rec := httptest.NewRecorder()
+		e.handlePrometheus(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
+		return rec.Body.String()
+	}
+	one, body := scrape(0), scrape(4)
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("not a valid text exposition: %v", err)
+	}
+	for name, series := range map[string]int{
+		"istio_requests_total": 8, "istio_request_duration_milliseconds": 4,
+		"istio_request_bytes": 4, "istio_response_bytes": 4,
+	} {
+		if got := len(fams[name].GetMetric()); got != series {
+			t.Errorf("%s: %d series, want %d", name, got, series)
+		}
+	}
+	var names []string
+	for _, line := range strings.Split(body, "\n") {
+		if f, ok := strings.CutPrefix(line, "# TYPE istio_"); ok {
+			names = append(names, strings.Fields(f)[0])
+		}
+	}
+	if !slices.IsSorted(names) || len(names) != 5 {
+		t.Errorf("Istio's families (after istio_): %v, want the five sorted by name", names)
+	}
+	if grown := len(body) - len(one); grown < 4*50_000 {
+		t.Errorf("4 peers grew the exposition by %d bytes, want ~60 kB a peer", grown)
 	}
 }
