@@ -54,6 +54,10 @@
 #     added at build time, an overlay: nothing is written to the tree), so
 #     the table splits the agent's idle memory into the floor, what its
 #     packages hold once initialised, and what its services hold.
+#     MEM_STATS_PEERS=N (default 0) has the stand-in Envoy expose Istio's
+#     request families for N peers (FAKE_ENVOY_STATS_PEERS, ~60 kB a
+#     peer): the scrape of a sidecar with traffic, not an idle one's
+#     26 kB (#36).
 #  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
 #     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
@@ -85,6 +89,7 @@ IDLE=${IDLE:-150} # past the Go runtime's 2-minute forced GC: part of the idle c
 IDLE_DIRECT=${IDLE_DIRECT:-$IDLE}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
 MEM_FLOOR=${MEM_FLOOR:-1}
+MEM_STATS_PEERS=${MEM_STATS_PEERS:-0}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
 SMALL=${SMALL:-200}
@@ -346,9 +351,10 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		cgroups+=("$cg" "$ecg" "$cpu" "$ecpu")
 		echo 512M >"$cg/memory.limit_in_bytes"
 		echo 512M >"$ecg/memory.limit_in_bytes"
-		agent_cgroups=("$cpu") envoy_cgroups=("$ecg" "$ecpu")
+		agent_cgroups=("$cpu") envoy_cgroups=("$ecg" "$ecpu") launch_env=()
+		[ "$MEM_STATS_PEERS" = 0 ] || launch_env=(FAKE_ENVOY_STATS_PEERS="$MEM_STATS_PEERS")
 		launch "$v" "$dir" "$cg"
-		agent_cgroups=() envoy_cgroups=()
+		agent_cgroups=() envoy_cgroups=() launch_env=()
 		wait_ready "$status_port" "$agent_pid" || { echo "bench-vs-istio: $v never became ready" >&2; tail -20 "$dir/agent.log" >&2; exit 1; }
 		cg_of[$v]=$cg ecg_of[$v]=$ecg cpu_of[$v]=$cpu pid_of[$v]=$agent_pid port_of[$v]=$status_port eport_of[$v]=$envoy_status_port
 	done
