@@ -3,6 +3,7 @@ package metricsmerge
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -37,8 +38,9 @@ const (
 )
 
 // Handler serves /stats/prometheus and /metrics: the agent's
-// registry, then Envoy's exposition, then the application's, parsed and
-// encoded again as one exposition in the format the caller asked for.
+// registry, then Envoy's exposition, then the application's, as one
+// exposition in the format the caller asked for: clean text sources as
+// they came (Envoy's streamed, stream.go), the rest parsed and encoded again.
 // Sources are fetched concurrently within the scrape's timeout; a source
 // that fails is left out and counted, never failing the scrape (Istio's
 // rule: the application may be down, Envoy's metrics still matter).
@@ -52,6 +54,7 @@ type Handler struct {
 	failures *prometheus.CounterVec
 
 	buffers sync.Pool // *bytes.Buffer: source bodies and the answer
+	windows sync.Pool // *[]byte of streamWindow: Envoy's body streamed
 	// sizes are the last lengths of the answer and of each source's body
 	// (answerSize, envoySize, appSize), for buffer.
 	sizes []atomic.Int64
@@ -132,8 +135,20 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	sources := m.sources(r)
 	results := make([]sourceResult, len(sources))
+	// Envoy's answer is read once the answer's format is known: streamed
+	// into it when that is text (stream.go), else read as the others.
+	var envoy *http.Response
 	var wg sync.WaitGroup
 	for i, src := range sources {
+		if src.kind == failureEnvoy {
+			wg.Go(func() {
+				var err error
+				if envoy, err = m.fetch(ctx, src, r.Header.Get("User-Agent"), budget); err != nil {
+					results[i] = sourceResult{err: err}
+				}
+			})
+			continue
+		}
 		wg.Go(func() { results[i] = m.scrape(ctx, src, r.Header.Get("User-Agent"), budget) })
 	}
 	gathered, err := m.agent.Gather()
@@ -150,13 +165,23 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
+	// Envoy, when asked, is sources[0], and was asked for text.
+	format := m.negotiate(r.Header, results)
+	if envoy != nil && (isOpenMetrics(envoy.Header.Get("Content-Type")) ||
+		format.FormatType() != expfmt.TypeTextPlain || !passThrough(agent, results[1:])) {
+		results[0], envoy = m.read(envoy, sources[0]), nil
+		format = m.negotiate(r.Header, results)
+	}
 	for i, res := range results {
 		if res.err != nil {
 			m.failed(sources[i].kind, res.err)
 		}
 	}
+	if envoy != nil {
+		m.streamEnvoy(w, envoy, format, agent, sources, results)
+		return
+	}
 
-	format := m.negotiate(r.Header, results)
 	out := m.buffer(&m.sizes[answerSize])
 	defer m.buffers.Put(out)
 	if format.FormatType() == expfmt.TypeTextPlain && passThrough(agent, results) {
@@ -164,19 +189,25 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// the sources' bodies as they came, as Istio's is, after checking
 		// that this makes one valid exposition.
 		m.encode(out, format, agent)
-		for _, res := range results {
-			if res.raw != nil {
-				out.Write(res.raw.Bytes())
-				if !bytes.HasSuffix(res.raw.Bytes(), []byte("\n")) {
-					out.WriteByte('\n')
-				}
-			}
-		}
+		writeBodies(out, results)
 	} else {
 		m.encode(out, format, m.merge(agent, sources, results))
 	}
 	m.sizes[answerSize].Store(int64(out.Len()))
 	m.send(w, format, out.Bytes())
+}
+
+// writeBodies writes the sources' bodies that pass through as they came,
+// each ending its last line.
+func writeBodies(w io.Writer, results []sourceResult) {
+	for _, res := range results {
+		if res.raw != nil {
+			w.Write(res.raw.Bytes())
+			if !bytes.HasSuffix(res.raw.Bytes(), []byte("\n")) {
+				w.Write([]byte("\n"))
+			}
+		}
+	}
 }
 
 // negotiate is the answer's format: OpenMetrics when the caller prefers it
@@ -309,9 +340,18 @@ func (m *Handler) sources(r *http.Request) []source {
 
 // scrape fetches and parses one source.
 func (m *Handler) scrape(ctx context.Context, src source, userAgent string, budget time.Duration) sourceResult {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.url, nil)
+	resp, err := m.fetch(ctx, src, userAgent, budget)
 	if err != nil {
 		return sourceResult{err: err}
+	}
+	return m.read(resp, src)
+}
+
+// fetch asks one source, up to its answer's header.
+func (m *Handler) fetch(ctx context.Context, src source, userAgent string, budget time.Duration) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.url, nil)
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Accept", src.accept)
 	// The source gets the time this scrape gives it, as Prometheus tells
@@ -322,12 +362,18 @@ func (m *Handler) scrape(ctx context.Context, src source, userAgent string, budg
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return sourceResult{err: err}
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return sourceResult{err: &sourceError{url: src.url, msg: "status " + resp.Status}}
+		resp.Body.Close()
+		return nil, &sourceError{url: src.url, msg: "status " + resp.Status}
 	}
+	return resp, nil
+}
+
+// read reads and parses a source's answer.
+func (m *Handler) read(resp *http.Response, src source) sourceResult {
+	defer resp.Body.Close()
 	buf := m.buffer(src.size)
 	if _, err := buf.ReadFrom(http.MaxBytesReader(nil, resp.Body, m.cfg.BodyLimit)); err != nil {
 		m.buffers.Put(buf)
