@@ -58,8 +58,11 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 		f.waitReady(t, "/ready LIVE", 200)
 		_, stats := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/stats", f.admin))
 		testkit.Contains(t, "stats", stats, "listener_manager.workers_started: 0", "listener_manager.listener_create_failure: 1")
-		testkit.Contains(t, "the stand-in's log", p.log.String(),
-			"final pre-worker listener init for listener 'stats' failed: cannot listen() errno=98")
+		// Waited for: the stand-in logs it before /ready turns LIVE, but
+		// its stderr reaches p.log through exec's copying goroutine, which
+		// may not have run yet (read once, it was missed with that copy
+		// 50 ms late).
+		p.log.WaitLine(t, "final pre-worker listener init for listener 'stats' failed: cannot listen() errno=98")
 		_, listeners := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/listeners", f.admin))
 		_, dump := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/config_dump?resource=static_listeners", f.admin))
 		if strings.Contains(listeners, "stats::") || strings.Contains(dump, `"name": "stats"`) {
