@@ -332,7 +332,6 @@ func TestHotRestartOldExitsBeforeThePollSeesTheNew(t *testing.T) {
 			t.Errorf("published %v (epoch %d, pid %d) during the hot restart: readiness dropped", st.Phase, st.RestartEpoch, st.PID)
 		}
 	}
-	// The state is published before the line is logged.
 	h.logs.WaitLine(t, "hot restart done: the old epoch exited", "old_epoch=0")
 	if got := h.logs.String(); strings.Contains(got, "the serving envoy exited during a hot restart") {
 		t.Errorf("the old epoch's exit was taken for a crash:\n%s", got)
