@@ -128,15 +128,9 @@ envoy_after_split 3
 `)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"app\"} 4\nshared_total{from=\"both\"} 5\n")}
 	var logs testkit.LogBuffer
-	f := newLoggedFixture(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, infoLogger(&logs))
-	base := f.serve(t)
+	base := serveMergedLogged(t, envoy, app, &logs)
 	for range 2 {
-		_, body := scrape(t, base+"/stats/prometheus", nil)
-		fams := parseText(t, body)
-		promtoolCheck(t, body)
+		body, fams := strictScrape(t, base+"/stats/prometheus")
 		if scrapes := fams["istio_agent_scrapes_total"]; len(scrapes.GetMetric()) != 1 || len(scrapes.GetMetric()[0].GetLabel()) != 0 {
 			t.Errorf("istio_agent_scrapes_total: %v, want the agent's one series, not Envoy's", scrapes.GetMetric())
 		}
@@ -164,10 +158,7 @@ envoy_after_split 3
 	// before it, the rest of the answer comes, the failure is counted.
 	bad := &exposition{contentType: "text/plain; version=0.0.4",
 		body: []byte("# TYPE envoy_before gauge\nenvoy_before 1\n" + pad + "this is { not metrics\nenvoy_after 2\n")}
-	base = newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, bad),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+	base = serveMerged(t, bad, app)
 	_, body := scrape(t, base+"/stats/prometheus", nil)
 	fams := parseText(t, body)
 	if _, ok := fams["envoy_after"]; ok || testkit.MetricSample(t, fams, "envoy_before") != 1 {

@@ -145,6 +145,16 @@ func parseText(t *testing.T, body string) testkit.Families {
 	return fams
 }
 
+// strictScrape scrapes url and reads the answer as parseText and promtool
+// do.
+func strictScrape(t *testing.T, url string) (string, testkit.Families) {
+	t.Helper()
+	_, body := scrape(t, url, nil)
+	fams := parseText(t, body)
+	promtoolCheck(t, body)
+	return body, fams
+}
+
 // promtoolCheck runs promtool check metrics, if installed: exit 3 is lint
 // findings alone (Envoy's families have no HELP), anything else fails.
 func promtoolCheck(t *testing.T, body string) {
@@ -171,6 +181,16 @@ func serveMerged(t *testing.T, envoy, app *exposition) string {
 		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
 	}}, Inputs{Metrics: agentRegistry()})
 	return f.serve(t)
+}
+
+// serveMergedLogged is serveMerged with the fixture's own registry,
+// logging at Info into logs.
+func serveMergedLogged(t *testing.T, envoy, app *exposition, logs io.Writer) string {
+	t.Helper()
+	return newLoggedFixture(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: serveExposition(t, envoy),
+		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
+	}}, infoLogger(logs)).serve(t)
 }
 
 // The merged endpoint: the agent's metrics under Istio's prefix, Envoy's,
@@ -232,9 +252,7 @@ func TestMergedMetricsPassCleanSourcesThrough(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# HELP app_up Up.\n# TYPE app_up gauge\napp_up 1")}
 	base := serveMerged(t, envoy, app)
-	_, body := scrape(t, base+"/stats/prometheus", nil)
-	fams := parseText(t, body)
-	promtoolCheck(t, body)
+	body, fams := strictScrape(t, base+"/stats/prometheus")
 	if !strings.Contains(body, string(envoyExposition(t))) {
 		t.Error("Envoy's exposition is not in the answer as it came")
 	}
@@ -269,15 +287,9 @@ late_gauge{x="1"} 1
 late_gauge{x="2"} 2
 `)}
 	var logs testkit.LogBuffer
-	f := newLoggedFixture(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, infoLogger(&logs))
-	base := f.serve(t)
+	base := serveMergedLogged(t, envoy, app, &logs)
 	for range 2 {
-		_, body := scrape(t, base+"/stats/prometheus", nil)
-		fams := parseText(t, body)
-		promtoolCheck(t, body)
+		body, fams := strictScrape(t, base+"/stats/prometheus")
 		shared := fams["shared_total"]
 		if shared.GetType() != dto.MetricType_COUNTER || len(shared.GetMetric()) != 4 {
 			t.Fatalf("shared_total: %v with %d series, want a counter with envoy, both, envoy-again, app:\n%s", shared.GetType(), len(shared.GetMetric()), body)
