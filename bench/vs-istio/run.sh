@@ -92,6 +92,10 @@ MEM_FLOOR=${MEM_FLOOR:-1}
 MEM_STATS_PEERS=${MEM_STATS_PEERS:-0}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
+# XDS_SETTLE=S (default 0: not): the xDS phase also samples each agent's
+# memory S seconds after a size's pushes, its client still connected: what
+# an agent keeps of a mesh's configuration (ours its last-known-good copy).
+export XDS_SETTLE=${XDS_SETTLE:-0}
 SMALL=${SMALL:-200}
 SIZES=${SIZES:-1000,10000}
 MEMLIMIT=${MEMLIMIT:-40MiB}
@@ -419,7 +423,7 @@ echo "bench-vs-istio: xDS, $SIZES clusters, $XDS_ROUNDS pushes each..." >&2
 mkdir -p "$work/xds-istio/etc"
 cp -r "$work/certs" "$work/xds-istio/etc/certs"
 M=$work/bin/meshagent
-timeout 1800 "$work/bin/xdsbench" -rounds "$XDS_ROUNDS" -small "$SMALL" -sizes "$SIZES" \
+timeout 1800 "$work/bin/xdsbench" -rounds "$XDS_ROUNDS" -small "$SMALL" -sizes "$SIZES" -settle "${XDS_SETTLE}s" \
 	-agent "meshagent=$M,--root={dir}" \
 	-agent "gogc100=$M,GOGC=100,--root={dir}" \
 	-agent "memlimit=$M,GOGC=100,GOMEMLIMIT=$MEMLIMIT,--root={dir}" \
@@ -850,7 +854,9 @@ for proto in ("sotw", "delta"):
 # cgroup, each with its value before the pushes.
 for n in sizes:
     for f, label, before in (("peak-rss", "peak RSS (VmHWM)", None), ("peak-anon", "peak anon (RssAnon)", "idle-anon"),
-                             ("peak-ws", "peak working set (cgroup)", "idle-ws")):
+                             ("peak-ws", "peak working set (cgroup)", "idle-ws"),
+                             ("settled-anon", f"anon {os.environ.get('XDS_SETTLE')} s after the pushes", "idle-anon"),
+                             ("settled-ws", f"working set {os.environ.get('XDS_SETTLE')} s after the pushes", "idle-ws")):
         if (f"{f}-{n}", "istio") not in x: continue
         i = x[(f"{f}-{n}", "istio")][0]
         i0 = f" (before {x[(f'{before}-{n}', 'istio')][0]:.1f})" if before else ""

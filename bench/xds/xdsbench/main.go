@@ -11,7 +11,9 @@
 //   - each proxy's peak RSS (VmHWM) after the runs of a size, a fresh pair
 //     of processes per size; and, sampled across the pushes, its peak anon
 //     memory (RssAnon) and, with -cgroups, the peak working set of a memory
-//     cgroup of its own (mem.go).
+//     cgroup of its own (mem.go); with -settle D, also its anon and working
+//     set D after the last push, the clients still connected: what a
+//     proxy keeps of a mesh's configuration once it is pushed (#36).
 //
 // -agent NAME=BIN[,ENV=VALUE|-FLAG...] (repeatable) adds a whole agent run
 // as users run it (`BIN proxy sidecar -FLAG...`, "{dir}" in a flag being
@@ -61,6 +63,7 @@ func main() {
 	var agents agentFlags
 	flag.Var(&agents, "agent", "NAME=BIN[,ENV=VALUE...]: a whole agent run with `proxy sidecar` (repeatable)")
 	tsv := flag.String("tsv", "", "write every figure to this file as tab-separated rows")
+	settle := flag.Duration("settle", 0, "after a size's pushes, wait this long and sample each proxy's memory once more (0: not)")
 	cgroups := flag.String("cgroups", "", "a cgroup v1 memory hierarchy (/sys/fs/cgroup/memory): run each proxy in a cgroup of its own there and report its working set")
 	flag.Parse()
 	if *meshagent == "" && len(agents) == 0 {
@@ -74,7 +77,7 @@ func main() {
 		}
 		sizes = append(sizes, n)
 	}
-	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache, agents: agents, cgroups: *cgroups}
+	b := &bench{meshagent: *meshagent, istio: *istio, istioDir: *istioDir, rounds: *rounds, small: *small, noCache: *noCache, agents: agents, cgroups: *cgroups, settle: *settle}
 	if err := b.run(sizes); err != nil {
 		fail(err)
 	}
@@ -96,6 +99,7 @@ type bench struct {
 	noCache                    bool
 	agents                     agentFlags
 	cgroups                    string // -cgroups
+	settle                     time.Duration
 	cp                         *xdsserver.Server
 	lines                      []string
 	rows                       []string // -tsv
@@ -164,6 +168,10 @@ func (b *bench) run(sizes []int) error {
 		smp := startSampler(targets)
 		err = b.measureSize(targets, n, i == 0)
 		b.rss(targets, n, before, smp.stop())
+		if err == nil && b.settle > 0 {
+			time.Sleep(b.settle)
+			b.settled(targets, n, startSampler(targets).stop())
+		}
 		stopAll(targets)
 		if err != nil {
 			return err

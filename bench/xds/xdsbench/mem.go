@@ -59,6 +59,27 @@ func (b *bench) rss(targets []*target, n int, before, peaks map[string]memPeak) 
 	fmt.Fprintln(os.Stderr, "xdsbench:", line)
 }
 
+// settled records each proxy's anon and working set -settle after the
+// last push of this size.
+func (b *bench) settled(targets []*target, n int, now map[string]memPeak) {
+	line := fmt.Sprintf("settled %5d clusters, %v after the pushes:", n, b.settle)
+	for _, t := range targets {
+		if t.proc == nil {
+			continue
+		}
+		m := now[t.name]
+		line += fmt.Sprintf(" %s anon %.1f", t.name, m.anon)
+		b.value(fmt.Sprintf("settled-anon-%d", n), t.name, m.anon)
+		if t.cgroup != "" {
+			line += fmt.Sprintf(", working set %.1f", m.ws)
+			b.value(fmt.Sprintf("settled-ws-%d", n), t.name, m.ws)
+		}
+		line += ";"
+	}
+	b.lines = append(b.lines, line)
+	fmt.Fprintln(os.Stderr, "xdsbench:", line)
+}
+
 // value records one figure of one value (MiB) for -tsv.
 func (b *bench) value(figure, target string, v float64) {
 	b.rows = append(b.rows, fmt.Sprintf("%s\t%s\t%.1f\t%.1f\t%.1f\n", figure, target, v, v, v))
