@@ -245,19 +245,19 @@ func (s *envoyStream) routeOf(line []byte) lineRoute {
 		return s.route
 	case bytes.HasPrefix(line, []byte("# TYPE ")):
 		fields := bytes.Fields(line[len("# TYPE "):])
-		name, typ := string(fields[0]), model.MetricType(fields[1])
+		typ := model.MetricType(fields[1])
 		if typ == "untyped" {
 			typ = model.MetricTypeUnknown
 		}
-		s.block, s.blockType = name, typ
-		if !s.begin(name) || s.typed || s.sampled {
+		if !s.begin(fields[0]) || s.typed || s.sampled {
+			s.block, s.blockType = s.family, typ
 			return routeLeaveOut
 		}
+		s.block, s.blockType = s.family, typ
 		s.typed = true
 		return s.route
 	case bytes.HasPrefix(line, []byte("# HELP ")):
-		name := string(bytes.Fields(line[len("# HELP "):])[0])
-		if !s.begin(name) || s.helped || s.sampled {
+		if !s.begin(bytes.Fields(line[len("# HELP "):])[0]) || s.helped || s.sampled {
 			return routeLeaveOut
 		}
 		s.helped = true
@@ -265,20 +265,21 @@ func (s *envoyStream) routeOf(line []byte) lineRoute {
 	case line[0] == '#':
 		return s.route
 	}
-	name := line
+	family := line
 	if i := bytes.IndexAny(line, "{ \t"); i >= 0 {
-		name = line[:i]
+		family = line[:i]
 	}
-	if len(name) == 0 {
+	if len(family) == 0 {
 		// A quoted UTF-8 name inside the braces: its family is not
 		// known without parsing the line, and Envoy writes none.
 		s.note("{")
 		return routeLeaveOut
 	}
-	family := string(name)
-	if suffix, ok := bytes.CutPrefix(name, []byte(s.block)); ok && s.block != "" &&
-		roleOfSuffix(s.blockType, string(suffix)) != notInBlock {
-		family = s.block
+	// A sample of the last TYPE line's family (its _bucket, _sum, ...).
+	// Compared as strings, not converted: no allocation a line.
+	if b := s.block; b != "" && len(family) >= len(b) && string(family[:len(b)]) == b &&
+		roleOfSuffix(s.blockType, string(family[len(b):])) != notInBlock {
+		family = family[:len(b)]
 	}
 	if !s.begin(family) {
 		return routeLeaveOut
@@ -290,19 +291,20 @@ func (s *envoyStream) routeOf(line []byte) lineRoute {
 // begin moves to family's block, if it is not the current one, and says
 // whether its lines are kept: a family of the agent's, or one of Envoy's
 // begun before and left (a split), is left out; a held family stays held.
-func (s *envoyStream) begin(family string) bool {
-	if family == s.family {
+func (s *envoyStream) begin(family []byte) bool {
+	if string(family) == s.family {
 		return s.route != routeLeaveOut
 	}
-	split := s.seen[family]
-	s.family, s.typed, s.helped, s.sampled = family, false, false, false
-	s.seen[family] = true
+	s.family = string(family)
+	split := s.seen[s.family]
+	s.typed, s.helped, s.sampled = false, false, false
+	s.seen[s.family] = true
 	switch {
-	case s.shared[family]:
+	case s.shared[s.family]:
 		s.route = routeHold
-	case s.taken[family] || split:
+	case s.taken[s.family] || split:
 		s.route = routeLeaveOut
-		s.note(family)
+		s.note(s.family)
 		return false
 	default:
 		s.route = routeWrite
