@@ -167,10 +167,14 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	// Envoy, when asked, is sources[0], and was asked for text.
 	format := m.negotiate(r.Header, results)
-	if envoy != nil && (isOpenMetrics(envoy.Header.Get("Content-Type")) ||
-		format.FormatType() != expfmt.TypeTextPlain || !passThrough(agent, results[1:])) {
-		results[0], envoy = m.read(envoy, sources[0]), nil
-		format = m.negotiate(r.Header, results)
+	var origins map[string]bool
+	if envoy != nil {
+		var clean bool
+		origins, clean = familyOrigins(agent, results[1:])
+		if isOpenMetrics(envoy.Header.Get("Content-Type")) || format.FormatType() != expfmt.TypeTextPlain || !clean {
+			results[0], envoy = m.read(envoy, sources[0]), nil
+			format = m.negotiate(r.Header, results)
+		}
 	}
 	for i, res := range results {
 		if res.err != nil {
@@ -178,7 +182,7 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if envoy != nil {
-		m.streamEnvoy(w, envoy, format, agent, sources, results)
+		m.streamEnvoy(w, envoy, format, agent, origins, sources, results)
 		return
 	}
 
@@ -259,6 +263,13 @@ func (m *Handler) acceptOf(h http.Header) *acceptance {
 // passThrough reports whether the sources can be written as they came:
 // each scanned clean, and no family is in two places.
 func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
+	_, ok := familyOrigins(agent, results)
+	return ok
+}
+
+// familyOrigins are the names of the agent's families (false) and of the
+// sources' (true); ok is whether the sources pass through (passThrough).
+func familyOrigins(agent []*dto.MetricFamily, results []sourceResult) (origins map[string]bool, ok bool) {
 	// Sized to what is there: a fixed 1024 more made 51 kB of garbage a
 	// scrape, most of what brings the idle agent's heap to its GC goal
 	// (#36).
@@ -266,25 +277,25 @@ func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
 	for _, res := range results {
 		n += len(res.names)
 	}
-	names := make(map[string]bool, n)
+	origins = make(map[string]bool, n)
 	for _, f := range agent {
-		names[f.GetName()] = true
+		origins[f.GetName()] = false
 	}
 	for _, res := range results {
 		if res.err != nil {
 			continue
 		}
 		if res.raw == nil {
-			return false
+			return origins, false
 		}
 		for _, n := range res.names {
-			if names[n] {
-				return false
+			if _, dup := origins[n]; dup {
+				return origins, false
 			}
-			names[n] = true
+			origins[n] = true
 		}
 	}
-	return true
+	return origins, true
 }
 
 // merge parses what is still raw and merges every family by name (see

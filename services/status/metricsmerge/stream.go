@@ -37,7 +37,7 @@ import (
 // body streamed, then the applications' bodies, or, when one of them has
 // a family Envoy has, the merge of those two.
 func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, format expfmt.Format,
-	agent []*dto.MetricFamily, sources []source, results []sourceResult) {
+	agent []*dto.MetricFamily, origins map[string]bool, sources []source, results []sourceResult) {
 	defer envoy.Body.Close()
 	w.Header().Set("Content-Type", string(format))
 	out := m.buffer(&m.sizes[answerSize])
@@ -47,17 +47,7 @@ func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, forma
 	answer := &answerWriter{w: w}
 	answer.Write(out.Bytes())
 
-	taken := make(map[string]bool, len(agent))
-	for _, f := range agent {
-		taken[f.GetName()] = true
-	}
-	shared := map[string]bool{}
-	for _, res := range results[1:] {
-		for _, name := range res.names {
-			shared[name] = true
-		}
-	}
-	s := newEnvoyStream(taken, shared)
+	s := newEnvoyStream(origins)
 	window, _ := m.windows.Get().(*[]byte)
 	if window == nil {
 		b := make([]byte, streamWindow, streamWindow+1) // the parser's spare byte (checkLines)
@@ -122,10 +112,11 @@ const (
 
 // envoyStream is one scrape's copy of Envoy's exposition.
 type envoyStream struct {
-	taken  map[string]bool // families already in the answer
-	shared map[string]bool // families an application has too
-	held   bytes.Buffer    // the lines of those families
-	seen   map[string]bool // families begun in this body
+	// origins are the families of the agent (false: already in the
+	// answer) and of the applications (true: held, merged after).
+	origins map[string]bool
+	held    bytes.Buffer    // the lines of the applications' families
+	seen    map[string]bool // families begun in this body
 	// leftOut are the families left out, for the log.
 	leftOut []string
 
@@ -139,8 +130,8 @@ type envoyStream struct {
 	blockType              model.MetricType
 }
 
-func newEnvoyStream(taken, shared map[string]bool) *envoyStream {
-	return &envoyStream{taken: taken, shared: shared, seen: map[string]bool{}, route: routeWrite}
+func newEnvoyStream(origins map[string]bool) *envoyStream {
+	return &envoyStream{origins: origins, seen: map[string]bool{}, route: routeWrite}
 }
 
 // copy streams body into w through buf (streamWindow bytes).
@@ -299,10 +290,11 @@ func (s *envoyStream) begin(family []byte) bool {
 	split := s.seen[s.family]
 	s.typed, s.helped, s.sampled = false, false, false
 	s.seen[s.family] = true
+	application, known := s.origins[s.family]
 	switch {
-	case s.shared[s.family]:
+	case application:
 		s.route = routeHold
-	case s.taken[s.family] || split:
+	case known || split:
 		s.route = routeLeaveOut
 		s.note(s.family)
 		return false
