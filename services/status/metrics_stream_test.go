@@ -11,58 +11,67 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/meshagent/meshagent/services/status/metricsmerge"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
-// busyEnvoy is an exposition of Istio's request counter for n peers:
-// what grows with a sidecar's traffic (istio#29110), ~1 kB a line.
-func busyEnvoy(first, n int) string {
+// requestLines is an exposition of a request counter for n peers, ~1 kB a
+// line: what grows with a sidecar's traffic (istio#29110) or a service's
+// URIs (Micrometer's http_server_requests).
+func requestLines(family string, first, n int) string {
 	var b strings.Builder
 	if first == 0 {
-		b.WriteString("# TYPE istio_requests_total counter\n")
+		fmt.Fprintf(&b, "# TYPE %s counter\n", family)
 	}
 	var labels strings.Builder
 	for l := range 24 {
 		fmt.Fprintf(&labels, `label_%d="values as long as Istio's",`, l)
 	}
 	for i := first; i < first+n; i++ {
-		fmt.Fprintf(&b, "istio_requests_total{response_code=\"200\",source_workload=\"sleep-%d\",%s} %d\n", i, labels.String(), i)
+		fmt.Fprintf(&b, "%s{response_code=\"200\",source_workload=\"sleep-%d\",%s} %d\n", family, i, labels.String(), i)
 	}
 	return b.String()
 }
 
-// Envoy's exposition is streamed into the answer, as Istio's agent copies
-// it: the caller has Envoy's first lines before Envoy has sent the rest. Holding it whole cost a busy pod twice its exposition (#36).
-func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
-	first, rest := busyEnvoy(0, 300), busyEnvoy(300, 300)
-	callerHasFirst := make(chan struct{})
-	releasedBy := make(chan string, 1)
-	envoy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		io.WriteString(w, first)
-		w.(http.Flusher).Flush()
-		select {
-		case <-callerHasFirst:
-			releasedBy <- "the caller"
-		case <-time.After(30 * time.Second):
-			releasedBy <- "the time-out: the caller had nothing of Envoy's before Envoy's answer ended"
-		case <-r.Context().Done():
-			releasedBy <- "none: the agent gave up on Envoy"
-			return
-		}
-		io.WriteString(w, rest)
-	}))
-	defer envoy.Close()
-	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE app_up gauge\napp_up 1\n")}
-	base := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: portOf(t, envoy.URL),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+// busyEnvoy is Istio's request counter for n peers (requestLines).
+func busyEnvoy(first, n int) string { return requestLines("istio_requests_total", first, n) }
 
-	// Uncompressed: a compressor holds what it has not yet sent.
-	req, err := http.NewRequest(http.MethodGet, base+"/stats/prometheus", nil)
+// heldBack is a source that answers first, then holds the rest back until
+// the caller of the merged endpoint has had a line of the first (release),
+// and says what released it.
+type heldBack struct {
+	first, rest string
+	release     chan struct{}
+	releasedBy  chan string
+}
+
+func newHeldBack(first, rest string) *heldBack {
+	return &heldBack{first: first, rest: rest, release: make(chan struct{}), releasedBy: make(chan string, 1)}
+}
+
+func (h *heldBack) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	io.WriteString(w, h.first)
+	w.(http.Flusher).Flush()
+	select {
+	case <-h.release:
+		h.releasedBy <- "the caller"
+	case <-time.After(30 * time.Second):
+		h.releasedBy <- "the time-out: the caller had nothing of it before its answer ended"
+	case <-r.Context().Done():
+		h.releasedBy <- "none: the agent gave up on it"
+		return
+	}
+	io.WriteString(w, h.rest)
+}
+
+// scrapeReleasing scrapes url uncompressed (a compressor holds what it has
+// not yet sent) and releases h once the answer has had the line marker.
+func scrapeReleasing(t *testing.T, url string, h *heldBack, marker string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +85,11 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 	defer resp.Body.Close()
 	var got strings.Builder
 	lines := bufio.NewReader(resp.Body)
-	// A line 200 lines (~190 kB) before the end of Envoy's first part: the
-	// agent holds at most a window (64 kB) of it.
-	marker := busyEnvoy(100, 1)
 	for {
 		line, err := lines.ReadString('\n')
 		got.WriteString(line)
 		if line == marker {
-			close(callerHasFirst)
+			close(h.release)
 		}
 		if err == io.EOF {
 			break
@@ -92,10 +98,28 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if by := <-releasedBy; by != "the caller" {
-		t.Fatalf("Envoy's answer was released by %s", by)
+	if by := <-h.releasedBy; by != "the caller" {
+		t.Fatalf("the held-back answer was released by %s", by)
 	}
-	body := got.String()
+	return got.String()
+}
+
+// Envoy's exposition is streamed into the answer, as Istio's agent copies
+// it: the caller has Envoy's first lines before Envoy has sent the rest. Holding it whole cost a busy pod twice its exposition (#36).
+func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
+	first, rest := busyEnvoy(0, 300), busyEnvoy(300, 300)
+	envoy := newHeldBack(first, rest)
+	envoySrv := httptest.NewServer(envoy)
+	defer envoySrv.Close()
+	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE app_up gauge\napp_up 1\n")}
+	base := newFixtureIn(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: portOf(t, envoySrv.URL),
+		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
+	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+
+	// A line 200 lines (~190 kB) before the end of Envoy's first part: the
+	// agent holds at most a window (64 kB) of it.
+	body := scrapeReleasing(t, base+"/stats/prometheus", envoy, busyEnvoy(100, 1))
 	if !strings.Contains(body, first+rest) || !strings.HasSuffix(body, "app_up 1\n") {
 		t.Errorf("the answer does not hold Envoy's exposition as it came, then the application's")
 	}
@@ -103,6 +127,34 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 	promtoolCheck(t, body)
 	if n := len(fams["istio_requests_total"].GetMetric()); n != 600 {
 		t.Errorf("istio_requests_total: %d series, want 600", n)
+	}
+	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
+}
+
+// An application's text exposition longer than 256 KiB is streamed too,
+// after Envoy's, as Istio's agent copies it: a JVM service's runs to
+// megabytes, and holding it cost its pod that much between scrapes (#36).
+func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
+	first, rest := requestLines("http_server_requests_total", 0, 400), requestLines("http_server_requests_total", 400, 200)
+	app := newHeldBack(first, rest)
+	appSrv := httptest.NewServer(app)
+	defer appSrv.Close()
+	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
+	base := newFixtureIn(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: serveExposition(t, envoy),
+		App:       []metricsmerge.ScrapeTarget{{Port: portOf(t, appSrv.URL), Path: "/metrics"}},
+	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+
+	// A line past the 256 KiB held (~1 kB a line), and 100 lines before the
+	// end of the first part: the agent holds at most a window (64 kB) of it.
+	body := scrapeReleasing(t, base+"/stats/prometheus", app, requestLines("http_server_requests_total", 300, 1))
+	if !strings.HasSuffix(body, first+rest) || !strings.Contains(body, string(envoy.body)) {
+		t.Errorf("the answer does not end with Envoy's exposition then the application's, as they came")
+	}
+	fams := parseText(t, body)
+	promtoolCheck(t, body)
+	if n := len(fams["http_server_requests_total"].GetMetric()); n != 600 {
+		t.Errorf("http_server_requests_total: %d series, want 600", n)
 	}
 	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
 }
@@ -168,5 +220,67 @@ envoy_after_split 3
 	_, body = scrape(t, base+"/stats/prometheus", nil)
 	if v := testkit.MetricSample(t, parseText(t, body), "istio_agent_scrape_failures_total", "type", "envoy"); v != 1 {
 		t.Errorf("envoy failures = %v, want 1", v)
+	}
+}
+
+// A streamed application's exposition cannot be merged: a family the
+// answer already has (the agent's, Envoy's) or a second part of its own
+// is left out and logged once, and the answer parses strictly. An answer
+// that is not text reads it whole and merges it as before.
+func TestMergedMetricsStreamedApplicationsFamiliesThatClash(t *testing.T) {
+	pad := requestLines("app_requests_total", 0, 300) // past the 256 KiB held
+	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte(`# TYPE shared_total counter
+shared_total{from="app"} 4
+# TYPE istio_agent_scrapes_total counter
+istio_agent_scrapes_total{from="app"} 9
+# TYPE app_split_total counter
+app_split_total{part="1"} 1
+` + pad + `# TYPE app_split_total counter
+app_split_total{part="2"} 2
+# TYPE app_after gauge
+app_after 3
+`)}
+	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"envoy\"} 1\n")}
+	var logs testkit.LogBuffer
+	base := serveMergedLogged(t, envoy, app, &logs)
+	for range 2 {
+		body, fams := strictScrape(t, base+"/stats/prometheus")
+		if shared := fams["shared_total"]; len(shared.GetMetric()) != 1 || testkit.MetricSample(t, fams, "shared_total", "from", "envoy") != 1 {
+			t.Errorf("shared_total: %v, want Envoy's one series:\n%.2000s", shared.GetMetric(), body)
+		}
+		if scrapes := fams["istio_agent_scrapes_total"]; len(scrapes.GetMetric()) != 1 || len(scrapes.GetMetric()[0].GetLabel()) != 0 {
+			t.Errorf("istio_agent_scrapes_total: %v, want the agent's one series", scrapes.GetMetric())
+		}
+		if split := fams["app_split_total"]; len(split.GetMetric()) != 1 || testkit.MetricSample(t, fams, "app_split_total", "part", "1") != 1 {
+			t.Errorf("app_split_total: %d series, want its first part's one", len(split.GetMetric()))
+		}
+		if v := testkit.MetricSample(t, fams, "app_after"); v != 3 {
+			t.Errorf("the family after the split = %v", v)
+		}
+		if n := len(fams["app_requests_total"].GetMetric()); n != 300 {
+			t.Errorf("app_requests_total: %d series, want 300", n)
+		}
+	}
+	for _, family := range []string{"family=shared_total", "family=istio_agent_scrapes_total", "family=app_split_total"} {
+		if n := strings.Count(logs.String(), family); n != 1 {
+			t.Errorf("%s logged %d times over 2 scrapes, want once:\n%s", family, n, logs.String())
+		}
+	}
+
+	// OpenMetrics asked, and Envoy's answer is OpenMetrics: the answer is
+	// OpenMetrics, so the application's is read whole and merged.
+	envoy = &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: []byte("# TYPE shared counter\nshared_total{from=\"envoy\"} 1\n# EOF\n")}
+	base = serveMerged(t, envoy, app)
+	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"Accept": {string(expfmt.FmtOpenMetrics_1_0_0)}})
+	if expfmt.Format(resp.Header.Get("Content-Type")).FormatType() != expfmt.TypeOpenMetrics {
+		t.Fatalf("Content-Type %q, want OpenMetrics", resp.Header.Get("Content-Type"))
+	}
+	for _, want := range []string{`shared_total{from="envoy"} 1.0`, `shared_total{from="app"} 4.0`, `app_split_total{part="2"} 2.0`, "app_after 3.0"} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("the OpenMetrics answer has no %s", want)
+		}
+	}
+	if n := strings.Count(body, "app_requests_total{"); n != 300 {
+		t.Errorf("the OpenMetrics answer has %d app_requests_total series, want 300", n)
 	}
 }

@@ -7,6 +7,7 @@
 // It is a library of the status service, not a service: status serves
 // Handler on its routes and closes its idle connections when it stops. It
 // was part of package status until #26 put the merger (parsing, scanning
-// and merging expositions: handler.go, exposition.go, scan.go, merge.go)
-// apart from readiness.
+// and merging expositions: handler.go, exposition.go, scan.go, merge.go;
+// streaming Envoy's and a long application answer: stream.go) apart from
+// readiness.
 package metricsmerge

@@ -119,7 +119,12 @@ type sourceResult struct {
 	families []*dto.MetricFamily
 	// openMetrics: the source answered OpenMetrics (see negotiate).
 	openMetrics bool
-	err         error
+	// rest is the unread rest of an application's text answer longer than
+	// heldLimit; raw holds what was read of it. Both are streamed after
+	// the rest of a text answer (streamApps), not merged, or read to the
+	// end for another format (finish).
+	rest io.ReadCloser
+	err  error
 }
 
 // CloseIdleConnections ends the connections kept to the sources between
@@ -163,6 +168,9 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if res.raw != nil {
 				m.buffers.Put(res.raw)
 			}
+			if res.rest != nil {
+				res.rest.Close()
+			}
 		}
 	}()
 	// Envoy, when asked, is sources[0], and was asked for text.
@@ -174,6 +182,12 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if isOpenMetrics(envoy.Header.Get("Content-Type")) || format.FormatType() != expfmt.TypeTextPlain || !clean {
 			results[0], envoy = m.read(envoy, sources[0]), nil
 			format = m.negotiate(r.Header, results)
+		}
+	}
+	text := format.FormatType() == expfmt.TypeTextPlain
+	for i, res := range results {
+		if res.rest != nil && !text {
+			results[i] = m.finish(res, sources[i])
 		}
 	}
 	for i, res := range results {
@@ -188,24 +202,37 @@ func (m *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	out := m.buffer(&m.sizes[answerSize])
 	defer m.buffers.Put(out)
-	if format.FormatType() == expfmt.TypeTextPlain && passThrough(agent, results) {
+	var written map[string]bool // the answer's families, for streamApps
+	clean := false
+	if text {
+		written, clean = familyOrigins(agent, results)
+	}
+	if clean {
 		// The common case: the text answer is the agent's families and
 		// the sources' bodies as they came, as Istio's is, after checking
 		// that this makes one valid exposition.
 		m.encode(out, format, agent)
 		writeBodies(out, results)
 	} else {
-		m.encode(out, format, m.merge(agent, sources, results))
+		merged := m.merge(agent, sources, results)
+		m.encode(out, format, merged)
+		if streamed(results) {
+			written = make(map[string]bool, len(merged))
+			for _, f := range merged {
+				written[f.GetName()] = false
+			}
+		}
 	}
 	m.sizes[answerSize].Store(int64(out.Len()))
 	m.send(w, format, out.Bytes())
+	m.streamApps(&answerWriter{w: w}, written, sources, results)
 }
 
 // writeBodies writes the sources' bodies that pass through as they came,
-// each ending its last line.
+// each ending its last line (not those streamed after, streamApps).
 func writeBodies(w io.Writer, results []sourceResult) {
 	for _, res := range results {
-		if res.raw != nil {
+		if res.raw != nil && res.rest == nil {
 			w.Write(res.raw.Bytes())
 			if !bytes.HasSuffix(res.raw.Bytes(), []byte("\n")) {
 				w.Write([]byte("\n"))
@@ -260,15 +287,10 @@ func (m *Handler) acceptOf(h http.Header) *acceptance {
 	return a
 }
 
-// passThrough reports whether the sources can be written as they came:
-// each scanned clean, and no family is in two places.
-func passThrough(agent []*dto.MetricFamily, results []sourceResult) bool {
-	_, ok := familyOrigins(agent, results)
-	return ok
-}
-
 // familyOrigins are the names of the agent's families (false) and of the
-// sources' (true); ok is whether the sources pass through (passThrough).
+// sources' (true), those streamed after the rest (streamApps) aside: their
+// families are not known before. ok is whether the sources can be written
+// as they came: each scanned clean, and no family is in two places.
 func familyOrigins(agent []*dto.MetricFamily, results []sourceResult) (origins map[string]bool, ok bool) {
 	// Sized to what is there: a fixed 1024 more made 51 kB of garbage a
 	// scrape, most of what brings the idle agent's heap to its GC goal
@@ -282,7 +304,7 @@ func familyOrigins(agent []*dto.MetricFamily, results []sourceResult) (origins m
 		origins[f.GetName()] = false
 	}
 	for _, res := range results {
-		if res.err != nil {
+		if res.err != nil || res.rest != nil {
 			continue
 		}
 		if res.raw == nil {
@@ -304,7 +326,7 @@ func (m *Handler) merge(agent []*dto.MetricFamily, sources []source, results []s
 	set := newFamilySet(len(agent) + 1024)
 	set.add(agent)
 	for i, res := range results {
-		if res.err != nil {
+		if res.err != nil || res.rest != nil {
 			continue
 		}
 		fams := res.families
@@ -382,16 +404,46 @@ func (m *Handler) fetch(ctx context.Context, src source, userAgent string, budge
 	return resp, nil
 }
 
-// read reads and parses a source's answer.
+// read reads and parses a source's answer. An application's text answer
+// is read up to heldLimit, and past it left to be streamed (rest).
 func (m *Handler) read(resp *http.Response, src source) sourceResult {
-	defer resp.Body.Close()
+	body := http.MaxBytesReader(nil, resp.Body, m.cfg.BodyLimit)
+	ct := resp.Header.Get("Content-Type")
+	streamable := src.kind == failureApp && !isOpenMetrics(ct)
+	var r io.Reader = body
+	if streamable {
+		r = io.LimitReader(body, heldLimit+1)
+	}
 	buf := m.buffer(src.size)
-	if _, err := buf.ReadFrom(http.MaxBytesReader(nil, resp.Body, m.cfg.BodyLimit)); err != nil {
+	if _, err := buf.ReadFrom(r); err != nil {
+		body.Close()
 		m.buffers.Put(buf)
 		return sourceResult{err: &sourceError{url: src.url, msg: "reading the answer", err: err}}
 	}
 	src.size.Store(int64(buf.Len()))
-	if ct := resp.Header.Get("Content-Type"); isOpenMetrics(ct) {
+	if streamable && buf.Len() > heldLimit {
+		return sourceResult{raw: buf, rest: body}
+	}
+	body.Close()
+	return m.parse(buf, ct, src)
+}
+
+// finish reads the rest of an answer read in part (sourceResult.rest), for
+// an answer that is not text and so cannot stream it.
+func (m *Handler) finish(res sourceResult, src source) sourceResult {
+	defer res.rest.Close()
+	if _, err := res.raw.ReadFrom(res.rest); err != nil {
+		m.buffers.Put(res.raw)
+		return sourceResult{err: &sourceError{url: src.url, msg: "reading the answer", err: err}}
+	}
+	src.size.Store(int64(res.raw.Len()))
+	return m.parse(res.raw, "text/plain", src)
+}
+
+// parse parses a source's body buf of content type ct: a clean text body
+// is kept as it came (raw), anything else parsed into families.
+func (m *Handler) parse(buf *bytes.Buffer, ct string, src source) sourceResult {
+	if isOpenMetrics(ct) {
 		defer m.buffers.Put(buf)
 		fams, err := parseExposition(buf.Bytes(), ct)
 		if err != nil {

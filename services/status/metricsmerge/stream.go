@@ -31,11 +31,22 @@ import (
 // A window that does not parse, a body over the limit or a read that fails
 // ends the stream there: what was written before is whole lines, and the
 // source is counted as failed.
+//
+// An application's text exposition longer than heldLimit is streamed the
+// same way, after the rest of the answer (streamApps): a JVM service's runs
+// to megabytes too, and Istio's agent copies it as it copies Envoy's. Its
+// families are not known before, so none of Envoy's is held for it: a
+// family the answer already has is left out of it and logged, where a
+// shorter one is merged.
+
+// heldLimit is how much of an application's text answer is held, to be
+// merged; past it the answer is streamed.
+const heldLimit = 256 << 10
 
 // streamEnvoy answers a text scrape whose Envoy answered text and whose
-// other sources pass through (passThrough): the agent's families, Envoy's
+// other sources pass through (familyOrigins): the agent's families, Envoy's
 // body streamed, then the applications' bodies, or, when one of them has
-// a family Envoy has, the merge of those two.
+// a family Envoy has, the merge of those two; then those streamed.
 func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, format expfmt.Format,
 	agent []*dto.MetricFamily, origins map[string]bool, sources []source, results []sourceResult) {
 	defer envoy.Body.Close()
@@ -47,14 +58,8 @@ func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, forma
 	answer := &answerWriter{w: w}
 	answer.Write(out.Bytes())
 
-	s := newEnvoyStream(origins)
-	window, _ := m.windows.Get().(*[]byte)
-	if window == nil {
-		b := make([]byte, streamWindow, streamWindow+1) // the parser's spare byte (checkLines)
-		window = &b
-	}
-	err := s.copy(answer, http.MaxBytesReader(nil, envoy.Body, m.cfg.BodyLimit), *window)
-	m.windows.Put(window)
+	s := newLineStream(origins, true)
+	err := m.copyLines(answer, s, http.MaxBytesReader(nil, envoy.Body, m.cfg.BodyLimit))
 	if answer.err != nil {
 		return // the caller has gone
 	}
@@ -70,14 +75,70 @@ func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, forma
 
 	if s.held.Len() == 0 {
 		writeBodies(answer, results[1:])
-		return
+	} else {
+		// Envoy's families an application has too, merged as any clash is.
+		results[0] = sourceResult{raw: &s.held}
+		defer func() { results[0] = sourceResult{} }() // not a pooled buffer
+		out.Reset()
+		m.encode(out, format, m.merge(nil, sources, results))
+		answer.Write(out.Bytes())
 	}
-	// Envoy's families an application has too, merged as any clash is.
-	results[0] = sourceResult{raw: &s.held}
-	defer func() { results[0] = sourceResult{} }() // not a pooled buffer
-	out.Reset()
-	m.encode(out, format, m.merge(nil, sources, results))
-	answer.Write(out.Bytes())
+	if streamed(results) {
+		for name := range s.seen {
+			origins[name] = false
+		}
+		m.streamApps(answer, origins, sources, results)
+	}
+}
+
+// streamed reports whether an application's answer is left to streamApps.
+func streamed(results []sourceResult) bool {
+	for _, res := range results {
+		if res.rest != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// streamApps streams the applications' answers longer than heldLimit, at
+// the end of a text answer whose families are written (its keys): their
+// lines are left out of these, as are a family's split or repeated ones.
+func (m *Handler) streamApps(answer *answerWriter, written map[string]bool, sources []source, results []sourceResult) {
+	for i, res := range results {
+		if res.rest == nil || answer.err != nil {
+			continue
+		}
+		s := newLineStream(written, false)
+		err := m.copyLines(answer, s, io.MultiReader(bytes.NewReader(res.raw.Bytes()), res.rest))
+		if answer.err != nil {
+			return // the caller has gone
+		}
+		if err != nil {
+			m.failed(failureApp, &sourceError{url: sources[i].url, msg: "streaming the answer", err: err})
+		}
+		for _, name := range s.leftOut {
+			if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
+				m.log.Warn("metric family left out of the application's part of the merged metrics: the answer has it already, "+
+					"or it is split (an exposition over 256 KiB is streamed as it comes, not merged)",
+					"family", name, "url", sources[i].url)
+			}
+		}
+		for name := range s.seen {
+			written[name] = false
+		}
+	}
+}
+
+// copyLines copies body into w through s, a pooled window at a time.
+func (m *Handler) copyLines(w io.Writer, s *lineStream, body io.Reader) error {
+	window, _ := m.windows.Get().(*[]byte)
+	if window == nil {
+		b := make([]byte, streamWindow, streamWindow+1) // the parser's spare byte (checkLines)
+		window = &b
+	}
+	defer m.windows.Put(window)
+	return s.copy(w, body, *window)
 }
 
 // answerWriter keeps the first error writing the answer: the caller gone.
@@ -95,8 +156,8 @@ func (a *answerWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// streamWindow is how much of Envoy's body is read, checked and written at
-// a time; a line longer than it ends the stream.
+// streamWindow is how much of a streamed body is read, checked and written
+// at a time; a line longer than it ends the stream.
 const streamWindow = 64 << 10
 
 // errLineTooLong ends a stream whose line does not fit the window.
@@ -110,13 +171,16 @@ const (
 	routeLeaveOut
 )
 
-// envoyStream is one scrape's copy of Envoy's exposition.
-type envoyStream struct {
-	// origins are the families of the agent (false: already in the
-	// answer) and of the applications (true: held, merged after).
-	origins map[string]bool
-	held    bytes.Buffer    // the lines of the applications' families
-	seen    map[string]bool // families begun in this body
+// lineStream is one scrape's copy of a streamed exposition: Envoy's, or an
+// application's (streamApps).
+type lineStream struct {
+	// origins are the families already in the answer (false) and, for
+	// Envoy's, of the applications (true: held, merged after, when
+	// holdShared; else left out as the others).
+	origins    map[string]bool
+	holdShared bool
+	held       bytes.Buffer    // the lines of the applications' families
+	seen       map[string]bool // families begun in this body
 	// leftOut are the families left out, for the log.
 	leftOut []string
 
@@ -130,12 +194,12 @@ type envoyStream struct {
 	blockType              model.MetricType
 }
 
-func newEnvoyStream(origins map[string]bool) *envoyStream {
-	return &envoyStream{origins: origins, seen: map[string]bool{}, route: routeWrite}
+func newLineStream(origins map[string]bool, holdShared bool) *lineStream {
+	return &lineStream{origins: origins, holdShared: holdShared, seen: map[string]bool{}, route: routeWrite}
 }
 
 // copy streams body into w through buf (streamWindow bytes).
-func (s *envoyStream) copy(w io.Writer, body io.Reader, buf []byte) error {
+func (s *lineStream) copy(w io.Writer, body io.Reader, buf []byte) error {
 	n := 0
 	for {
 		m, err := body.Read(buf[n:])
@@ -169,7 +233,7 @@ func (s *envoyStream) copy(w io.Writer, body io.Reader, buf []byte) error {
 }
 
 // window checks whole lines and sends each where its family goes.
-func (s *envoyStream) window(w io.Writer, lines []byte) error {
+func (s *lineStream) window(w io.Writer, lines []byte) error {
 	if len(lines) == 0 {
 		return nil
 	}
@@ -230,7 +294,7 @@ func checkLines(lines []byte) error {
 
 // routeOf is where one line (without its newline) goes. The window has
 // parsed, so the line is well formed.
-func (s *envoyStream) routeOf(line []byte) lineRoute {
+func (s *lineStream) routeOf(line []byte) lineRoute {
 	switch {
 	case len(line) == 0:
 		return s.route
@@ -282,7 +346,7 @@ func (s *envoyStream) routeOf(line []byte) lineRoute {
 // begin moves to family's block, if it is not the current one, and says
 // whether its lines are kept: a family of the agent's, or one of Envoy's
 // begun before and left (a split), is left out; a held family stays held.
-func (s *envoyStream) begin(family []byte) bool {
+func (s *lineStream) begin(family []byte) bool {
 	if string(family) == s.family {
 		return s.route != routeLeaveOut
 	}
@@ -292,7 +356,7 @@ func (s *envoyStream) begin(family []byte) bool {
 	s.seen[s.family] = true
 	application, known := s.origins[s.family]
 	switch {
-	case application:
+	case application && s.holdShared:
 		s.route = routeHold
 	case known || split:
 		s.route = routeLeaveOut
@@ -304,7 +368,7 @@ func (s *envoyStream) begin(family []byte) bool {
 	return true
 }
 
-func (s *envoyStream) note(family string) {
+func (s *lineStream) note(family string) {
 	for _, f := range s.leftOut {
 		if f == family {
 			return
