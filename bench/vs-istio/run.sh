@@ -58,6 +58,11 @@
 #     request families for N peers (FAKE_ENVOY_STATS_PEERS, ~60 kB a
 #     peer): the scrape of a sidecar with traffic, not an idle one's
 #     26 kB (#36).
+#     MEM_APP_BYTES=N (default 0) gives both agents an application whose
+#     /metrics is a text exposition of ~N bytes (bench/vs-istio/app.py, a
+#     JVM service's request histogram), merged into every scrape
+#     (ISTIO_PROMETHEUS_ANNOTATIONS). The floor scrapes no application, so
+#     it is left out then (#36).
 #  3. xDS through the whole agent (bench/xds/xdsbench -agent): DISABLE_ENVOY,
 #     plaintext upstream, the client playing Envoy; CDS pushes of SIZES
 #     clusters, SotW and Delta, recv time via the agent / direct (median of
@@ -90,6 +95,7 @@ IDLE_DIRECT=${IDLE_DIRECT:-$IDLE}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
 MEM_FLOOR=${MEM_FLOOR:-1}
 MEM_STATS_PEERS=${MEM_STATS_PEERS:-0}
+MEM_APP_BYTES=${MEM_APP_BYTES:-0}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
 # XDS_SETTLE=S (default 0: not): the xDS phase also samples each agent's
@@ -336,6 +342,13 @@ ws() {
 mib() { awk -v u="$1" 'BEGIN {printf "%.1f", u / 1048576}'; }
 has mem || MEM_ROUNDS=0
 agents=("${variants[@]}")
+if [ "$MEM_APP_BYTES" != 0 ] && [ "$MEM_ROUNDS" != 0 ]; then
+	MEM_FLOOR=0 # it merges no application's metrics
+	app_port=$(free_port)
+	python3 bench/vs-istio/app.py "$app_port" "$MEM_APP_BYTES" &
+	pids+=($!)
+	for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$app_port/metrics" && break; sleep 0.05; done
+fi
 [ "$MEM_FLOOR" = 0 ] || [ "$MEM_ROUNDS" = 0 ] || variants+=(floor floorlinks)
 for ((r = 0; r < MEM_ROUNDS; r++)); do
 	echo "bench-vs-istio: memory round $((r + 1))/$MEM_ROUNDS: ${IDLE}s idle in cgroups..." >&2
@@ -357,6 +370,7 @@ for ((r = 0; r < MEM_ROUNDS; r++)); do
 		echo 512M >"$ecg/memory.limit_in_bytes"
 		agent_cgroups=("$cpu") envoy_cgroups=("$ecg" "$ecpu") launch_env=()
 		[ "$MEM_STATS_PEERS" = 0 ] || launch_env=(FAKE_ENVOY_STATS_PEERS="$MEM_STATS_PEERS")
+		[ "$MEM_APP_BYTES" = 0 ] || launch_env+=("ISTIO_PROMETHEUS_ANNOTATIONS={\"scrape\":\"true\",\"path\":\"/metrics\",\"port\":\"$app_port\"}")
 		launch "$v" "$dir" "$cg"
 		agent_cgroups=() envoy_cgroups=() launch_env=()
 		wait_ready "$status_port" "$agent_pid" || { echo "bench-vs-istio: $v never became ready" >&2; tail -20 "$dir/agent.log" >&2; exit 1; }
