@@ -270,7 +270,7 @@ record binary-mb istio "$(stat -c %s "$work/bin/pilot-agent" | awk '{printf "%.1
 
 # 1. Start → ready, warm.
 has start || START_ROUNDS=-1
-echo "bench-vs-istio: start → ready, $START_ROUNDS starts each..." >&2
+[ "$START_ROUNDS" -lt 0 ] || echo "bench-vs-istio: start → ready, $START_ROUNDS starts each..." >&2
 for v in "${variants[@]}"; do
 	mkdir -p "$work/start-$v/bin"
 	cp "$work/bin/fakeenvoy" "$work/start-$v/bin/"
