@@ -6,8 +6,9 @@
 //
 // It is a library of the status service, not a service: status serves
 // Handler on its routes and closes its idle connections when it stops. It
-// was part of package status until #26 put the merger (parsing, scanning
-// and merging expositions: handler.go, exposition.go, scan.go, merge.go;
-// streaming Envoy's and a long application answer: stream.go) apart from
-// readiness.
+// was part of package status until #26 put the merger apart from
+// readiness: handler.go answers a scrape, sources.go asks and reads Envoy
+// and the application, exposition.go, scan.go and merge.go parse, scan and
+// merge expositions, and stream.go streams Envoy's answer and a long
+// application answer into a text one (#36).
 package metricsmerge
