@@ -307,7 +307,7 @@ func istioAllocs(b *testing.B, c *http.Client, url string) allocCount {
 }
 
 // BenchmarkScrapeLargeApplication is a scrape whose application exposes
-// 2 MB (a JVM service's request histogram, #36): streamed past the 256 KiB
+// 2 MB (a JVM service's request histogram, #36): streamed past the 64 KiB
 // held, each window checked. BenchmarkFetchLargeApplication is what
 // copying the same sources costs, as Istio's agent does.
 func BenchmarkScrapeLargeApplication(b *testing.B) {

@@ -131,7 +131,7 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
 }
 
-// An application's text exposition longer than 256 KiB is streamed too,
+// An application's text exposition longer than 64 KiB is streamed too,
 // after Envoy's, as Istio's agent copies it: a JVM service's runs to
 // megabytes, and holding it cost its pod that much between scrapes (#36).
 func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
@@ -145,7 +145,7 @@ func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
 		App:       []metricsmerge.ScrapeTarget{{Port: portOf(t, appSrv.URL), Path: "/metrics"}},
 	}}, Inputs{Metrics: agentRegistry()}).serve(t)
 
-	// A line past the 256 KiB held (~1 kB a line), and 100 lines before the
+	// A line past the 64 KiB held (~1 kB a line), and 100 lines before the
 	// end of the first part: the agent holds at most a window (64 kB) of it.
 	body := scrapeReleasing(t, base+"/stats/prometheus", app, requestLines("http_server_requests_total", 300, 1))
 	if !strings.HasSuffix(body, first+rest) || !strings.Contains(body, string(envoy.body)) {
@@ -228,7 +228,7 @@ envoy_after_split 3
 // is left out and logged once, and the answer parses strictly. An answer
 // that is not text reads it whole and merges it as before.
 func TestMergedMetricsStreamedApplicationsFamiliesThatClash(t *testing.T) {
-	pad := requestLines("app_requests_total", 0, 300) // past the 256 KiB held
+	pad := requestLines("app_requests_total", 0, 300) // past the 64 KiB held
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte(`# TYPE shared_total counter
 shared_total{from="app"} 4
 # TYPE istio_agent_scrapes_total counter
