@@ -94,8 +94,7 @@ IDLE=${IDLE:-150} # past the Go runtime's 2-minute forced GC: part of the idle c
 IDLE_DIRECT=${IDLE_DIRECT:-$IDLE}
 MEM_ROUNDS=${MEM_ROUNDS:-2}
 MEM_FLOOR=${MEM_FLOOR:-1}
-MEM_STATS_PEERS=${MEM_STATS_PEERS:-0}
-MEM_APP_BYTES=${MEM_APP_BYTES:-0}
+export MEM_STATS_PEERS=${MEM_STATS_PEERS:-0} MEM_APP_BYTES=${MEM_APP_BYTES:-0}
 START_ROUNDS=${START_ROUNDS:-10}
 XDS_ROUNDS=${XDS_ROUNDS:-15}
 # XDS_SETTLE=S (default 0: not): the xDS phase also samples each agent's
@@ -887,7 +886,9 @@ print(f"| {'figure':<{w0}} | {'meshagent':<{w1}} | {'Istio' + chr(39) + 's agent
 print(f"|{'-'*(w0+2)}|{'-'*(w1+2)}|{'-'*(w2+2)}|-------|")
 for r in rows:
     print(f"| {r[0]:<{w0}} | {r[1]:<{w1}} | {r[2]:<{w2}} | {r[3]:>5} |")
-print(f"\nload average (1 min) during the run: {loads}; idle {idle}s; ratio = meshagent / Istio's agent")
+scrape = "".join(f"; {v} {k}" for k, v in (("peers in Envoy's exposition", os.environ.get("MEM_STATS_PEERS", "0")),
+                                          ("bytes of application exposition", os.environ.get("MEM_APP_BYTES", "0"))) if v != "0")
+print(f"\nload average (1 min) during the run: {loads}; idle {idle}s{scrape}; ratio = meshagent / Istio's agent")
 if os.path.exists(irounds) and os.path.getsize(irounds):
     per = {}
     for line in open(irounds):
