@@ -151,10 +151,15 @@ func BenchmarkScrapeMergedFamilyByFamily(b *testing.B) { benchmarkScrape(b, true
 
 func benchmarkScrape(b *testing.B, shared bool) {
 	envoyPort, appPort := scaleSources(b, shared)
-	reg := prometheus.NewRegistry()
+	scrapeSources(b, envoyPort, appPort)
+}
+
+// scrapeSources times our merged scrape of the sources on envoyPort and
+// appPort, with an empty agent registry.
+func scrapeSources(b *testing.B, envoyPort, appPort int) {
 	url := benchScrapeURLIn(b, Config{Metrics: metricsmerge.Config{
 		EnvoyPort: envoyPort, App: []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
-	}}, Inputs{Metrics: reg}) + "/stats/prometheus"
+	}}, Inputs{Metrics: prometheus.NewRegistry()}) + "/stats/prometheus"
 	c := benchClient(b)
 	b.ReportAllocs()
 	var size int
@@ -224,6 +229,12 @@ func benchmarkIdleScrape(b *testing.B, afterGC bool) {
 // application's expositions fetched one after the other, nothing merged.
 func BenchmarkFetchSourcesSeparately(b *testing.B) {
 	envoyPort, appPort := scaleSources(b, false)
+	fetchSources(b, envoyPort, appPort)
+}
+
+// fetchSources times fetching the sources on envoyPort and appPort one
+// after the other.
+func fetchSources(b *testing.B, envoyPort, appPort int) {
 	c := benchClient(b)
 	b.ReportAllocs()
 	var size int
@@ -312,26 +323,12 @@ func istioAllocs(b *testing.B, c *http.Client, url string) allocCount {
 // copying the same sources costs, as Istio's agent does.
 func BenchmarkScrapeLargeApplication(b *testing.B) {
 	envoyPort, appPort := largeAppSources(b)
-	url := benchScrapeURLIn(b, Config{Metrics: metricsmerge.Config{
-		EnvoyPort: envoyPort, App: []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
-	}}, Inputs{Metrics: prometheus.NewRegistry()}) + "/stats/prometheus"
-	c := benchClient(b)
-	b.ReportAllocs()
-	var size int
-	for b.Loop() {
-		size = fetch(b, c, url)
-	}
-	b.ReportMetric(float64(size), "bytes/scrape")
+	scrapeSources(b, envoyPort, appPort)
 }
 
 func BenchmarkFetchLargeApplication(b *testing.B) {
 	envoyPort, appPort := largeAppSources(b)
-	c := benchClient(b)
-	b.ReportAllocs()
-	for b.Loop() {
-		fetch(b, c, "http://localhost:"+strconv.Itoa(envoyPort)+"/stats/prometheus")
-		fetch(b, c, "http://localhost:"+strconv.Itoa(appPort)+"/metrics")
-	}
+	fetchSources(b, envoyPort, appPort)
 }
 
 func largeAppSources(b *testing.B) (envoyPort, appPort int) {

@@ -112,10 +112,7 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 	envoySrv := httptest.NewServer(envoy)
 	defer envoySrv.Close()
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE app_up gauge\napp_up 1\n")}
-	base := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: portOf(t, envoySrv.URL),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+	base := serveSources(t, portOf(t, envoySrv.URL), serveExposition(t, app))
 
 	// A line 200 lines (~190 kB) before the end of Envoy's first part: the
 	// agent holds at most a window (64 kB) of it.
@@ -123,12 +120,7 @@ func TestMergedMetricsStreamEnvoysAnswer(t *testing.T) {
 	if !strings.Contains(body, first+rest) || !strings.HasSuffix(body, "app_up 1\n") {
 		t.Errorf("the answer does not hold Envoy's exposition as it came, then the application's")
 	}
-	fams := parseText(t, body)
-	promtoolCheck(t, body)
-	if n := len(fams["istio_requests_total"].GetMetric()); n != 600 {
-		t.Errorf("istio_requests_total: %d series, want 600", n)
-	}
-	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
+	checkWhole(t, body, "istio_requests_total", 600)
 }
 
 // An application's text exposition longer than 64 KiB is streamed too,
@@ -140,10 +132,7 @@ func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
 	appSrv := httptest.NewServer(app)
 	defer appSrv.Close()
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
-	base := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: portOf(t, appSrv.URL), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+	base := serveSources(t, serveExposition(t, envoy), portOf(t, appSrv.URL))
 
 	// A line past the 64 KiB held (~1 kB a line), and 100 lines before the
 	// end of the first part: the agent holds at most a window (64 kB) of it.
@@ -151,10 +140,27 @@ func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
 	if !strings.HasSuffix(body, first+rest) || !strings.Contains(body, string(envoy.body)) {
 		t.Errorf("the answer does not end with Envoy's exposition then the application's, as they came")
 	}
+	checkWhole(t, body, "http_server_requests_total", 600)
+}
+
+// serveSources serves the agent's registry (agentRegistry) merged with
+// Envoy's exposition on envoyPort and the application's on appPort.
+func serveSources(t *testing.T, envoyPort, appPort int) string {
+	t.Helper()
+	return newFixtureIn(Config{Metrics: metricsmerge.Config{
+		EnvoyPort: envoyPort,
+		App:       []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
+	}}, Inputs{Metrics: agentRegistry()}).serve(t)
+}
+
+// checkWhole checks that a streamed answer parses strictly, with the
+// agent's families and n series of the streamed family.
+func checkWhole(t *testing.T, body, family string, n int) {
+	t.Helper()
 	fams := parseText(t, body)
 	promtoolCheck(t, body)
-	if n := len(fams["http_server_requests_total"].GetMetric()); n != 600 {
-		t.Errorf("http_server_requests_total: %d series, want 600", n)
+	if got := len(fams[family].GetMetric()); got != n {
+		t.Errorf("%s: %d series, want %d", family, got, n)
 	}
 	testkit.MetricSample(t, fams, "istio_agent_meshagent_service_restarts_total", "service", "dns")
 }
@@ -166,32 +172,14 @@ func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
 // parses strictly every time.
 func TestMergedMetricsStreamedFamiliesThatClash(t *testing.T) {
 	pad := busyEnvoy(0, 100) // past the first window (64 kB): the bad line is in the second
-	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: []byte(`# TYPE istio_agent_scrapes_total counter
-istio_agent_scrapes_total{from="envoy"} 9
-# TYPE envoy_split_total counter
-envoy_split_total{part="1"} 1
-# TYPE shared_total counter
-shared_total{from="envoy"} 1
-shared_total{from="both"} 2
-` + pad + `# TYPE envoy_split_total counter
-envoy_split_total{part="2"} 2
-# TYPE envoy_after_split gauge
-envoy_after_split 3
-`)}
+	envoy := &exposition{contentType: "text/plain; version=0.0.4",
+		body: clashingExposition("envoy", "# TYPE shared_total counter\nshared_total{from=\"envoy\"} 1\nshared_total{from=\"both\"} 2\n", pad)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"app\"} 4\nshared_total{from=\"both\"} 5\n")}
 	var logs testkit.LogBuffer
 	base := serveMergedLogged(t, envoy, app, &logs)
 	for range 2 {
 		body, fams := strictScrape(t, base+"/stats/prometheus")
-		if scrapes := fams["istio_agent_scrapes_total"]; len(scrapes.GetMetric()) != 1 || len(scrapes.GetMetric()[0].GetLabel()) != 0 {
-			t.Errorf("istio_agent_scrapes_total: %v, want the agent's one series, not Envoy's", scrapes.GetMetric())
-		}
-		if split := fams["envoy_split_total"]; len(split.GetMetric()) != 1 || testkit.MetricSample(t, fams, "envoy_split_total", "part", "1") != 1 {
-			t.Errorf("envoy_split_total: %d series, want its first part's one", len(split.GetMetric()))
-		}
-		if v := testkit.MetricSample(t, fams, "envoy_after_split"); v != 3 {
-			t.Errorf("the family after the split = %v", v)
-		}
+		checkLeftOut(t, fams, "envoy")
 		shared := fams["shared_total"]
 		if shared.GetType() != dto.MetricType_COUNTER || len(shared.GetMetric()) != 3 || testkit.MetricSample(t, fams, "shared_total", "from", "both") != 2 {
 			t.Errorf("shared_total: %v with %d series, want a counter of envoy, both (Envoy's 2), app:\n%s", shared.GetType(), len(shared.GetMetric()), body)
@@ -200,11 +188,7 @@ envoy_after_split 3
 			t.Errorf("istio_requests_total: %d series, want 100", n)
 		}
 	}
-	for _, family := range []string{"family=istio_agent_scrapes_total", "family=envoy_split_total"} {
-		if n := strings.Count(logs.String(), family); n != 1 {
-			t.Errorf("%s logged %d times over 2 scrapes, want once:\n%s", family, n, logs.String())
-		}
-	}
+	checkLoggedOnce(t, logs.String(), "istio_agent_scrapes_total", "envoy_split_total")
 
 	// A line that does not parse, in the second window: Envoy's part ends
 	// before it, the rest of the answer comes, the failure is counted.
@@ -229,17 +213,8 @@ envoy_after_split 3
 // that is not text reads it whole and merges it as before.
 func TestMergedMetricsStreamedApplicationsFamiliesThatClash(t *testing.T) {
 	pad := requestLines("app_requests_total", 0, 300) // past the 64 KiB held
-	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte(`# TYPE shared_total counter
-shared_total{from="app"} 4
-# TYPE istio_agent_scrapes_total counter
-istio_agent_scrapes_total{from="app"} 9
-# TYPE app_split_total counter
-app_split_total{part="1"} 1
-` + pad + `# TYPE app_split_total counter
-app_split_total{part="2"} 2
-# TYPE app_after gauge
-app_after 3
-`)}
+	app := &exposition{contentType: "text/plain; version=0.0.4",
+		body: clashingExposition("app", "# TYPE shared_total counter\nshared_total{from=\"app\"} 4\n", pad)}
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"envoy\"} 1\n")}
 	var logs testkit.LogBuffer
 	base := serveMergedLogged(t, envoy, app, &logs)
@@ -248,24 +223,12 @@ app_after 3
 		if shared := fams["shared_total"]; len(shared.GetMetric()) != 1 || testkit.MetricSample(t, fams, "shared_total", "from", "envoy") != 1 {
 			t.Errorf("shared_total: %v, want Envoy's one series:\n%.2000s", shared.GetMetric(), body)
 		}
-		if scrapes := fams["istio_agent_scrapes_total"]; len(scrapes.GetMetric()) != 1 || len(scrapes.GetMetric()[0].GetLabel()) != 0 {
-			t.Errorf("istio_agent_scrapes_total: %v, want the agent's one series", scrapes.GetMetric())
-		}
-		if split := fams["app_split_total"]; len(split.GetMetric()) != 1 || testkit.MetricSample(t, fams, "app_split_total", "part", "1") != 1 {
-			t.Errorf("app_split_total: %d series, want its first part's one", len(split.GetMetric()))
-		}
-		if v := testkit.MetricSample(t, fams, "app_after"); v != 3 {
-			t.Errorf("the family after the split = %v", v)
-		}
+		checkLeftOut(t, fams, "app")
 		if n := len(fams["app_requests_total"].GetMetric()); n != 300 {
 			t.Errorf("app_requests_total: %d series, want 300", n)
 		}
 	}
-	for _, family := range []string{"family=shared_total", "family=istio_agent_scrapes_total", "family=app_split_total"} {
-		if n := strings.Count(logs.String(), family); n != 1 {
-			t.Errorf("%s logged %d times over 2 scrapes, want once:\n%s", family, n, logs.String())
-		}
-	}
+	checkLoggedOnce(t, logs.String(), "shared_total", "istio_agent_scrapes_total", "app_split_total")
 
 	// OpenMetrics asked, and Envoy's answer is OpenMetrics: the answer is
 	// OpenMetrics, so the application's is read whole and merged.
@@ -275,12 +238,55 @@ app_after 3
 	if expfmt.Format(resp.Header.Get("Content-Type")).FormatType() != expfmt.TypeOpenMetrics {
 		t.Fatalf("Content-Type %q, want OpenMetrics", resp.Header.Get("Content-Type"))
 	}
-	for _, want := range []string{`shared_total{from="envoy"} 1.0`, `shared_total{from="app"} 4.0`, `app_split_total{part="2"} 2.0`, "app_after 3.0"} {
+	for _, want := range []string{`shared_total{from="envoy"} 1.0`, `shared_total{from="app"} 4.0`, `app_split_total{part="2"} 2.0`, "app_after_split 3.0"} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("the OpenMetrics answer has no %s", want)
 		}
 	}
 	if n := strings.Count(body, "app_requests_total{"); n != 300 {
 		t.Errorf("the OpenMetrics answer has %d app_requests_total series, want 300", n)
+	}
+}
+
+// clashingExposition is a source's exposition that a stream cannot pass as
+// it came: first, then a family of the agent's, a family split around pad
+// (<source>_split_total, parts 1 and 2) and <source>_after_split.
+func clashingExposition(source, first, pad string) []byte {
+	return []byte(first + `# TYPE istio_agent_scrapes_total counter
+istio_agent_scrapes_total{from="` + source + `"} 9
+# TYPE ` + source + `_split_total counter
+` + source + `_split_total{part="1"} 1
+` + pad + `# TYPE ` + source + `_split_total counter
+` + source + `_split_total{part="2"} 2
+# TYPE ` + source + `_after_split gauge
+` + source + `_after_split 3
+`)
+}
+
+// checkLeftOut checks that a streamed clashingExposition left its lines of
+// the agent's family and its split's second part out, and went on after.
+func checkLeftOut(t *testing.T, fams testkit.Families, source string) {
+	t.Helper()
+	if scrapes := fams["istio_agent_scrapes_total"]; len(scrapes.GetMetric()) != 1 || len(scrapes.GetMetric()[0].GetLabel()) != 0 {
+		t.Errorf("istio_agent_scrapes_total: %v, want the agent's one series, not the %s's", scrapes.GetMetric(), source)
+	}
+	split := source + "_split_total"
+	if f := fams[split]; len(f.GetMetric()) != 1 || testkit.MetricSample(t, fams, split, "part", "1") != 1 {
+		t.Errorf("%s: %d series, want its first part's one", split, len(f.GetMetric()))
+	}
+	if v := testkit.MetricSample(t, fams, source+"_after_split"); v != 3 {
+		t.Errorf("the family after the split = %v", v)
+	}
+}
+
+// checkLoggedOnce checks that each family's leaving out was logged once
+// over the scrapes.
+func checkLoggedOnce(t *testing.T, logs string, families ...string) {
+	t.Helper()
+	for _, family := range families {
+		key := "family=" + family
+		if n := strings.Count(logs, key+" ") + strings.Count(logs, key+"\n"); n != 1 {
+			t.Errorf("%s logged %d times, want once:\n%s", family, n, logs)
+		}
 	}
 }
