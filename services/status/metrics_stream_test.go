@@ -175,10 +175,7 @@ func TestMergedMetricsStreamedFamiliesThatClash(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4",
 		body: clashingExposition("envoy", "# TYPE shared_total counter\nshared_total{from=\"envoy\"} 1\nshared_total{from=\"both\"} 2\n", pad)}
 	app := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"app\"} 4\nshared_total{from=\"both\"} 5\n")}
-	var logs testkit.LogBuffer
-	base := serveMergedLogged(t, envoy, app, &logs)
-	for range 2 {
-		body, fams := strictScrape(t, base+"/stats/prometheus")
+	logs := scrapeTwice(t, envoy, app, func(body string, fams testkit.Families) {
 		checkLeftOut(t, fams, "envoy")
 		shared := fams["shared_total"]
 		if shared.GetType() != dto.MetricType_COUNTER || len(shared.GetMetric()) != 3 || testkit.MetricSample(t, fams, "shared_total", "from", "both") != 2 {
@@ -187,14 +184,14 @@ func TestMergedMetricsStreamedFamiliesThatClash(t *testing.T) {
 		if n := len(fams["istio_requests_total"].GetMetric()); n != 100 {
 			t.Errorf("istio_requests_total: %d series, want 100", n)
 		}
-	}
-	checkLoggedOnce(t, logs.String(), "istio_agent_scrapes_total", "envoy_split_total")
+	})
+	checkLoggedOnce(t, logs, "istio_agent_scrapes_total", "envoy_split_total")
 
 	// A line that does not parse, in the second window: Envoy's part ends
 	// before it, the rest of the answer comes, the failure is counted.
 	bad := &exposition{contentType: "text/plain; version=0.0.4",
 		body: []byte("# TYPE envoy_before gauge\nenvoy_before 1\n" + pad + "this is { not metrics\nenvoy_after 2\n")}
-	base = serveMerged(t, bad, app)
+	base := serveMerged(t, bad, app)
 	_, body := scrape(t, base+"/stats/prometheus", nil)
 	fams := parseText(t, body)
 	if _, ok := fams["envoy_after"]; ok || testkit.MetricSample(t, fams, "envoy_before") != 1 {
@@ -216,10 +213,7 @@ func TestMergedMetricsStreamedApplicationsFamiliesThatClash(t *testing.T) {
 	app := &exposition{contentType: "text/plain; version=0.0.4",
 		body: clashingExposition("app", "# TYPE shared_total counter\nshared_total{from=\"app\"} 4\n", pad)}
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: []byte("# TYPE shared_total counter\nshared_total{from=\"envoy\"} 1\n")}
-	var logs testkit.LogBuffer
-	base := serveMergedLogged(t, envoy, app, &logs)
-	for range 2 {
-		body, fams := strictScrape(t, base+"/stats/prometheus")
+	logs := scrapeTwice(t, envoy, app, func(body string, fams testkit.Families) {
 		if shared := fams["shared_total"]; len(shared.GetMetric()) != 1 || testkit.MetricSample(t, fams, "shared_total", "from", "envoy") != 1 {
 			t.Errorf("shared_total: %v, want Envoy's one series:\n%.2000s", shared.GetMetric(), body)
 		}
@@ -227,13 +221,13 @@ func TestMergedMetricsStreamedApplicationsFamiliesThatClash(t *testing.T) {
 		if n := len(fams["app_requests_total"].GetMetric()); n != 300 {
 			t.Errorf("app_requests_total: %d series, want 300", n)
 		}
-	}
-	checkLoggedOnce(t, logs.String(), "shared_total", "istio_agent_scrapes_total", "app_split_total")
+	})
+	checkLoggedOnce(t, logs, "shared_total", "istio_agent_scrapes_total", "app_split_total")
 
 	// OpenMetrics asked, and Envoy's answer is OpenMetrics: the answer is
 	// OpenMetrics, so the application's is read whole and merged.
 	envoy = &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: []byte("# TYPE shared counter\nshared_total{from=\"envoy\"} 1\n# EOF\n")}
-	base = serveMerged(t, envoy, app)
+	base := serveMerged(t, envoy, app)
 	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"Accept": {string(expfmt.FmtOpenMetrics_1_0_0)}})
 	if expfmt.Format(resp.Header.Get("Content-Type")).FormatType() != expfmt.TypeOpenMetrics {
 		t.Fatalf("Content-Type %q, want OpenMetrics", resp.Header.Get("Content-Type"))
@@ -277,6 +271,18 @@ func checkLeftOut(t *testing.T, fams testkit.Families, source string) {
 	if v := testkit.MetricSample(t, fams, source+"_after_split"); v != 3 {
 		t.Errorf("the family after the split = %v", v)
 	}
+}
+
+// scrapeTwice scrapes envoy and app merged twice, each answer parsed
+// strictly and given to check, and returns what was logged.
+func scrapeTwice(t *testing.T, envoy, app *exposition, check func(body string, fams testkit.Families)) string {
+	t.Helper()
+	var logs testkit.LogBuffer
+	base := serveMergedLogged(t, envoy, app, &logs)
+	for range 2 {
+		check(strictScrape(t, base+"/stats/prometheus"))
+	}
+	return logs.String()
 }
 
 // checkLoggedOnce checks that each family's leaving out was logged once
