@@ -345,8 +345,9 @@ func (s *lineStream) routeOf(line []byte) lineRoute {
 }
 
 // begin moves to family's block, if it is not the current one, and says
-// whether its lines are kept: a family of the agent's, or one of Envoy's
-// begun before and left (a split), is left out; a held family stays held.
+// whether its lines are kept: a family already in the answer (the agent's;
+// for an application's body, Envoy's too), or one of this body's begun
+// before and left (a split), is left out; a held family stays held.
 func (s *lineStream) begin(family []byte) bool {
 	if string(family) == s.family {
 		return s.route != routeLeaveOut
