@@ -101,7 +101,7 @@ import (
 // Simplified: messages are Envoy's framing (an 8-byte big-endian length,
 // then the body, one datagram each) with a JSON body naming Envoy's
 // HotRestartMessage fields instead of the protobuf; one socket per address
-// (no per-worker sockets, no reuse_port); no UDP forwarding socket (Envoy's
+// (SO_REUSEPORT, but no per-worker sockets); no UDP forwarding socket (Envoy's
 // <socket-path>_udp_* pair is not bound); the child waits at most 30s for a
 // reply where Envoy can block for ever; and no stats cross epochs: the
 // child asks for its parent's stats at each flush as Envoy does, but the

@@ -111,8 +111,10 @@ type relayListener struct {
 
 // reconcileRelays opens the capture listeners the bootstrap and LDS name
 // and closes those no longer named. A listener that cannot bind (the port
-// taken, say by another stand-in on the same host during tests) is logged
-// and tried again at the next LDS update; it does not fail the update.
+// held by a socket without SO_REUSEPORT: stand-ins of parallel tests share
+// Istio's 15001 and 15006, as Envoys do, bindSocket) is logged and tried
+// again at the next LDS update; it does not fail the update, where Envoy
+// would reject it.
 func (e *envoy) reconcileRelays() {
 	e.mu.Lock()
 	ls := append([]*listenerv3.Listener{}, e.boot.GetStaticResources().GetListeners()...)

@@ -189,7 +189,15 @@ func (l *workerListener) SyscallConn() (syscall.RawConn, error) { return l.sock.
 
 // bindSocket is a TCP socket bound to addr and not listening, with the
 // options Go's net.Listen sets (SO_REUSEADDR; a wildcard IPv6 address on
-// "tcp" is dual-stack, on "tcp6" IPv6 only).
+// "tcp" is dual-stack, on "tcp6" IPv6 only) and SO_REUSEPORT, as Envoy
+// binds a listener on Linux (Listener.enable_reuse_port defaults to true;
+// Istio leaves it). So two Envoys of one user on one host both listen on a
+// port, the kernel spreading connections between them, while a socket
+// without SO_REUSEPORT that listens first still makes Envoy's listen() fail
+// (TestListenersListenOnceTheWorkersStart). Without it, two stand-ins of
+// parallel tests that bound Istio's 15001 before either listened left the
+// second one's workers unstarted, and its agent never ready (make test,
+// TestProxyConfigTablesMatchTheConfigDump).
 func bindSocket(network, addr string) (*os.File, error) {
 	ta, err := net.ResolveTCPAddr(network, addr)
 	if err != nil {
@@ -210,9 +218,11 @@ func bindSocket(network, addr string) (*os.File, error) {
 	if err != nil {
 		return nil, os.NewSyscallError("socket", err)
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		unix.Close(fd)
-		return nil, os.NewSyscallError("setsockopt", err)
+	for _, opt := range []int{unix.SO_REUSEADDR, unix.SO_REUSEPORT} {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, 1); err != nil {
+			unix.Close(fd)
+			return nil, os.NewSyscallError("setsockopt", err)
+		}
 	}
 	if family == unix.AF_INET6 {
 		v6only := 0

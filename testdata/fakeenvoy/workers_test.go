@@ -83,6 +83,27 @@ func TestListenersListenOnceTheWorkersStart(t *testing.T) {
 		}
 	})
 
+	// Two Envoys of one user on one host both listen on a port they bound
+	// before either listened: Envoy binds with SO_REUSEPORT on Linux
+	// (enable_reuse_port defaults to true). Without it, the second one's
+	// workers never started, which made parallel e2e tests that share
+	// Istio's 15001 flaky.
+	t.Run("two on one port", func(t *testing.T) {
+		t.Parallel()
+		first, second := newHRFixture(t), newHRFixture(t)
+		second.capture = first.capture
+		testkit.WriteFile(t, second.boot, []byte(fmt.Sprintf(hrBootstrap, second.admin, second.http, second.capture, second.admin)))
+		for _, f := range []*hrFixture{first, second} {
+			f.start(t, 0, []string{"FAKE_ENVOY_READY_AFTER=2s"})
+		}
+		for i, f := range []*hrFixture{first, second} {
+			f.waitReady(t, fmt.Sprintf("stand-in %d's /ready LIVE", i+1), 200)
+			_, stats := testkit.Fetch("GET", fmt.Sprintf("http://127.0.0.1:%d/stats", f.admin))
+			testkit.Contains(t, fmt.Sprintf("stand-in %d's stats", i+1), stats, "listener_manager.workers_started: 1")
+		}
+		testkit.WaitFor(t, "the shared capture port accepting", func() bool { return dial(first.capture) == nil })
+	})
+
 	t.Run("live", func(t *testing.T) {
 		t.Parallel()
 		f := newHRFixture(t)
