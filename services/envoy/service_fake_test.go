@@ -32,8 +32,10 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshagent/meshagent/testdata/testkit"
 	"github.com/meshagent/meshagent/testdata/testkit/envoyadmin"
@@ -397,6 +399,52 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ready", port)); code != http.StatusServiceUnavailable {
 		t.Fatalf("/ready after a rejected CDS = %d", code)
 	}
+}
+
+// A listener Envoy cannot bind (its port held by a socket without
+// SO_REUSEPORT) makes Envoy reject the LDS update whole, with its message;
+// the stand-in logged it and ACKed. Once the port is free the next update
+// is taken.
+func TestFakeEnvoyRejectsAListenerItCannotBind(t *testing.T) {
+	skipIfReal(t)
+	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
+	port := testkit.FreePort(t)
+	args, err := writeBootstrapArgs(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := holder.Addr().(*net.TCPAddr).Port
+	capture := &listenerv3.Listener{Name: "virtualOutbound", UseOriginalDst: wrapperspb.Bool(true),
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(held)}}}}}
+	resources := map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}}, resource.ListenerType: {capture}}
+	x := startControlPlane(t, filepath.Join(dir, "XDS"), resources)
+	startFake(t, args...)
+	testkit.WaitFor(t, "an LDS NACK", func() bool { return x.Stats().NACKs[resource.ListenerType] > 0 })
+	want := fmt.Sprintf("Error adding/updating listener(s) virtualOutbound: cannot bind '127.0.0.1:%d': Address already in use", held)
+	if got := x.Stats().LastNACK[resource.ListenerType]; got != want {
+		t.Errorf("the NACK's message = %q, want Envoy's %q", got, want)
+	}
+	_, stats := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/stats?usedonly", port))
+	testkit.Contains(t, "stats", stats, "listener_manager.lds.update_rejected: 1")
+
+	holder.Close()
+	changed := proto.Clone(capture).(*listenerv3.Listener)
+	changed.StatPrefix = "changed" // Delta sends only what changed
+	resources[resource.ListenerType] = []types.Resource{changed}
+	setConfig(t, x, "2", resources)
+	testkit.WaitFor(t, "an LDS ACK once the port is free", func() bool { return acked(x, resource.ListenerType) })
+	testkit.WaitFor(t, "the capture listener accepting", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", held))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 }
 
 // startFake runs envoyBinary (the stand-in, or a real Envoy) with args

@@ -349,6 +349,11 @@ func (e *envoy) apply(u update) error {
 				break
 			}
 		}
+		if l, ok := m.(*listenerv3.Listener); ok {
+			if err = e.bindCheck(l); err != nil {
+				break
+			}
+		}
 		decoded = append(decoded, m)
 	}
 

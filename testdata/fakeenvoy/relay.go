@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -110,11 +112,10 @@ type relayListener struct {
 }
 
 // reconcileRelays opens the capture listeners the bootstrap and LDS name
-// and closes those no longer named. A listener that cannot bind (the port
-// held by a socket without SO_REUSEPORT: stand-ins of parallel tests share
-// Istio's 15001 and 15006, as Envoys do, bindSocket) is logged and tried
-// again at the next LDS update; it does not fail the update, where Envoy
-// would reject it.
+// and closes those no longer named. An LDS update with a listener that
+// cannot bind was rejected before it applied (bindCheck); one whose port
+// was taken between that check and this bind is logged and tried again at
+// the next update.
 func (e *envoy) reconcileRelays() {
 	e.mu.Lock()
 	ls := append([]*listenerv3.Listener{}, e.boot.GetStaticResources().GetListeners()...)
@@ -153,11 +154,7 @@ func (e *envoy) reconcileRelays() {
 		if r.open[s] != nil || draining {
 			continue // a parent that drains for its child opens nothing new
 		}
-		network := "tcp4"
-		if ip, err := netip.ParseAddr(s.host()); err == nil && ip.Is6() {
-			network = "tcp6"
-		}
-		ln, err := e.listen(s.name, network, s.addr)
+		ln, err := e.listen(s.name, s.network(), s.addr)
 		if err != nil {
 			log.Printf("relay %s: %v (not relaying on it)", s.name, err)
 			continue
@@ -174,6 +171,54 @@ func (e *envoy) reconcileRelays() {
 func (s relaySpec) host() string {
 	h, _, _ := net.SplitHostPort(s.addr)
 	return h
+}
+
+func (s relaySpec) network() string {
+	if ip, err := netip.ParseAddr(s.host()); err == nil && ip.Is6() {
+		return "tcp6"
+	}
+	return "tcp4"
+}
+
+// bindCheck is Envoy's refusal of a listener it cannot bind: an LDS update
+// with one whose port another socket holds (one without SO_REUSEPORT, as
+// the stand-ins of parallel tests share Istio's 15001 and 15006 as Envoys
+// do, bindSocket) is rejected whole, with Envoy's message. Only capture
+// listeners are bound on LDS here; an address already open is kept, as
+// Envoy keeps an unchanged listener's socket.
+func (e *envoy) bindCheck(l *listenerv3.Listener) error {
+	e.mu.Lock()
+	draining := e.hotDraining
+	e.mu.Unlock()
+	if draining {
+		return nil // a parent that drains for its child opens nothing new
+	}
+	for _, s := range captureListeners([]*listenerv3.Listener{l}) {
+		e.relays.mu.Lock()
+		open := e.relays.open[s] != nil
+		e.relays.mu.Unlock()
+		if open {
+			continue
+		}
+		sock, err := bindSocket(s.network(), s.addr)
+		if err != nil {
+			reason := err.Error()
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				reason = strerror(errno)
+			}
+			return fmt.Errorf("Error adding/updating listener(s) %s: cannot bind '%s': %s", l.GetName(), s.addr, reason)
+		}
+		sock.Close()
+	}
+	return nil
+}
+
+// strerror is errno as C's strerror words it, as Envoy's messages carry
+// it ("Address already in use"; Go's is lower case).
+func strerror(errno syscall.Errno) string {
+	msg := errno.Error()
+	return strings.ToUpper(msg[:1]) + msg[1:]
 }
 
 // closeRelays closes every capture listener and connection, for good.
