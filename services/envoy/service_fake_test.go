@@ -425,7 +425,7 @@ func TestFakeEnvoyRejectsAListenerItCannotBind(t *testing.T) {
 	x := startControlPlane(t, filepath.Join(dir, "XDS"), resources)
 	startFake(t, args...)
 	testkit.WaitFor(t, "an LDS NACK", func() bool { return x.Stats().NACKs[resource.ListenerType] > 0 })
-	want := fmt.Sprintf("Error adding/updating listener(s) virtualOutbound: cannot bind '127.0.0.1:%d': Address already in use", held)
+	want := fmt.Sprintf("Error adding/updating listener(s) virtualOutbound: cannot bind '127.0.0.1:%d': Address already in use\n", held)
 	if got := x.Stats().LastNACK[resource.ListenerType]; got != want {
 		t.Errorf("the NACK's message = %q, want Envoy's %q", got, want)
 	}

@@ -183,9 +183,12 @@ func (s relaySpec) network() string {
 // bindCheck is Envoy's refusal of a listener it cannot bind: an LDS update
 // with one whose port another socket holds (one without SO_REUSEPORT, as
 // the stand-ins of parallel tests share Istio's 15001 and 15006 as Envoys
-// do, bindSocket) is rejected whole, with Envoy's message. Only capture
-// listeners are bound on LDS here; an address already open is kept, as
-// Envoy keeps an unchanged listener's socket.
+// do, bindSocket) is rejected, with Envoy's message (its LdsApiImpl: the
+// listener's name, the error, a newline). The stand-in rejects the whole
+// update, as it rejects any update it finds invalid, where Envoy applies
+// the update's other listeners. Only capture listeners are bound on LDS
+// here; an address already open is kept, as Envoy keeps an unchanged
+// listener's socket.
 func (e *envoy) bindCheck(l *listenerv3.Listener) error {
 	e.mu.Lock()
 	draining := e.hotDraining
@@ -207,7 +210,7 @@ func (e *envoy) bindCheck(l *listenerv3.Listener) error {
 			if errors.As(err, &errno) {
 				reason = strerror(errno)
 			}
-			return fmt.Errorf("Error adding/updating listener(s) %s: cannot bind '%s': %s", l.GetName(), s.addr, reason)
+			return fmt.Errorf("Error adding/updating listener(s) %s: cannot bind '%s': %s\n", l.GetName(), s.addr, reason)
 		}
 		sock.Close()
 	}
