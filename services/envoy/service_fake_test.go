@@ -325,12 +325,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 	skipIfReal(t)
 	for _, delta := range []bool{true, false} {
 		t.Run(fmt.Sprintf("delta=%v", delta), func(t *testing.T) {
-			dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
-			port := testkit.FreePort(t)
-			args, err := writeBootstrapArgs(dir, port)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dir, port, args := fakeBootstrap(t)
 			if !delta {
 				args = append(args, "--config-yaml", "dynamic_resources: {ads_config: {api_type: GRPC}}")
 			}
@@ -382,12 +377,7 @@ func TestFakeEnvoyInitWaitsForWarming(t *testing.T) {
 // stand-in not live.
 func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 	skipIfReal(t)
-	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
-	port := testkit.FreePort(t)
-	args, err := writeBootstrapArgs(dir, port)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, port, args := fakeBootstrap(t)
 	// A cluster with a negative timeout fails Envoy's validation.
 	x := startControlPlane(t, filepath.Join(dir, "XDS"), map[resource.Type][]types.Resource{resource.ClusterType: {&clusterv3.Cluster{Name: "ok"}, &clusterv3.Cluster{ConnectTimeout: durationpb.New(-time.Second), Name: "neg"}}})
 	startFake(t, args...)
@@ -407,12 +397,7 @@ func TestFakeEnvoyRejectsInvalidConfig(t *testing.T) {
 // is taken.
 func TestFakeEnvoyRejectsAListenerItCannotBind(t *testing.T) {
 	skipIfReal(t)
-	dir := testkit.ShortTempDir(t, "fe") // unix socket paths are limited
-	port := testkit.FreePort(t)
-	args, err := writeBootstrapArgs(dir, port)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, port, args := fakeBootstrap(t)
 	holder, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -445,6 +430,19 @@ func TestFakeEnvoyRejectsAListenerItCannotBind(t *testing.T) {
 		}
 		return err == nil
 	})
+}
+
+// fakeBootstrap is a directory for a test's sockets, the admin port and
+// the command line of an Envoy with the test bootstrap (writeBootstrapArgs).
+func fakeBootstrap(t *testing.T) (dir string, port int, args []string) {
+	t.Helper()
+	dir = testkit.ShortTempDir(t, "fe") // unix socket paths are limited
+	port = testkit.FreePort(t)
+	args, err := writeBootstrapArgs(dir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, port, args
 }
 
 // startFake runs envoyBinary (the stand-in, or a real Envoy) with args
