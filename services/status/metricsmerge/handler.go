@@ -53,7 +53,7 @@ type Handler struct {
 	failures *prometheus.CounterVec
 
 	buffers sync.Pool // *bytes.Buffer: source bodies and the answer
-	windows sync.Pool // *[]byte of streamWindow: Envoy's body streamed
+	windows sync.Pool // *[]byte of streamWindow: a body streamed (stream.go)
 	// sizes are the last lengths of the answer and of each source's body
 	// (answerSize, envoySize, appSize), for buffer.
 	sizes []atomic.Int64

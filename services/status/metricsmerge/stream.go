@@ -60,18 +60,9 @@ func (m *Handler) streamEnvoy(w http.ResponseWriter, envoy *http.Response, forma
 	answer.Write(out.Bytes())
 
 	s := newLineStream(origins, true)
-	err := m.copyLines(answer, s, http.MaxBytesReader(nil, envoy.Body, m.cfg.BodyLimit))
-	if answer.err != nil {
+	if !m.streamSource(answer, s, http.MaxBytesReader(nil, envoy.Body, m.cfg.BodyLimit), sources[0],
+		"metric family left out of Envoy's part of the merged metrics: it is the agent's, or an earlier part of Envoy's") {
 		return // the caller has gone
-	}
-	if err != nil {
-		m.failed(failureEnvoy, &sourceError{url: sources[0].url, msg: "streaming the answer", err: err})
-	}
-	for _, name := range s.leftOut {
-		if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
-			m.log.Warn("metric family left out of Envoy's part of the merged metrics: it is the agent's, or an earlier part of Envoy's",
-				"family", name)
-		}
 	}
 
 	if s.held.Len() == 0 {
@@ -111,19 +102,11 @@ func (m *Handler) streamApps(answer *answerWriter, written map[string]bool, sour
 			continue
 		}
 		s := newLineStream(written, false)
-		err := m.copyLines(answer, s, io.MultiReader(bytes.NewReader(res.raw.Bytes()), res.rest))
-		if answer.err != nil {
+		if !m.streamSource(answer, s, io.MultiReader(bytes.NewReader(res.raw.Bytes()), res.rest), sources[i],
+			"metric family left out of the application's part of the merged metrics: the answer has it already, "+
+				"or it is split (an exposition over 64 KiB is streamed as it comes, not merged)",
+			"url", sources[i].url) {
 			return // the caller has gone
-		}
-		if err != nil {
-			m.failed(failureApp, &sourceError{url: sources[i].url, msg: "streaming the answer", err: err})
-		}
-		for _, name := range s.leftOut {
-			if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
-				m.log.Warn("metric family left out of the application's part of the merged metrics: the answer has it already, "+
-					"or it is split (an exposition over 64 KiB is streamed as it comes, not merged)",
-					"family", name, "url", sources[i].url)
-			}
 		}
 		for name := range s.seen {
 			written[name] = false
@@ -131,15 +114,29 @@ func (m *Handler) streamApps(answer *answerWriter, written map[string]bool, sour
 	}
 }
 
-// copyLines copies body into w through s, a pooled window at a time.
-func (m *Handler) copyLines(w io.Writer, s *lineStream, body io.Reader) error {
+// streamSource copies src's body into answer through s, a pooled window at
+// a time, counts a failure of src's, and logs each family s left out once
+// (why, with attrs); false: the caller has gone.
+func (m *Handler) streamSource(answer *answerWriter, s *lineStream, body io.Reader, src source, why string, attrs ...any) bool {
 	window, _ := m.windows.Get().(*[]byte)
 	if window == nil {
 		b := make([]byte, streamWindow, streamWindow+1) // the parser's spare byte (checkLines)
 		window = &b
 	}
-	defer m.windows.Put(window)
-	return s.copy(w, body, *window)
+	err := s.copy(answer, body, *window)
+	m.windows.Put(window)
+	if answer.err != nil {
+		return false
+	}
+	if err != nil {
+		m.failed(src.kind, &sourceError{url: src.url, msg: "streaming the answer", err: err})
+	}
+	for _, name := range s.leftOut {
+		if _, logged := m.conflicts.LoadOrStore(name, true); !logged {
+			m.log.Warn(why, append([]any{"family", name}, attrs...)...)
+		}
+	}
+	return true
 }
 
 // answerWriter keeps the first error writing the answer: the caller gone.
