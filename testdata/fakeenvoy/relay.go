@@ -147,9 +147,7 @@ func (e *envoy) reconcileRelays() {
 			log.Printf("relay %s on %s: closed (no longer in the configuration)", s.name, s.addr)
 		}
 	}
-	e.mu.Lock()
-	draining := e.hotDraining
-	e.mu.Unlock()
+	draining := e.drainingForChild()
 	for s := range want {
 		if r.open[s] != nil || draining {
 			continue // a parent that drains for its child opens nothing new
@@ -173,6 +171,14 @@ func (s relaySpec) host() string {
 	return h
 }
 
+// drainingForChild reports whether this process drains for a hot
+// restart's child, which opens nothing new.
+func (e *envoy) drainingForChild() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.hotDraining
+}
+
 func (s relaySpec) network() string {
 	if ip, err := netip.ParseAddr(s.host()); err == nil && ip.Is6() {
 		return "tcp6"
@@ -190,10 +196,7 @@ func (s relaySpec) network() string {
 // here; an address already open is kept, as Envoy keeps an unchanged
 // listener's socket.
 func (e *envoy) bindCheck(l *listenerv3.Listener) error {
-	e.mu.Lock()
-	draining := e.hotDraining
-	e.mu.Unlock()
-	if draining {
+	if e.drainingForChild() {
 		return nil // a parent that drains for its child opens nothing new
 	}
 	for _, s := range captureListeners([]*listenerv3.Listener{l}) {
