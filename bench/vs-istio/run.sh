@@ -347,6 +347,8 @@ if [ "$MEM_APP_BYTES" != 0 ] && [ "$MEM_ROUNDS" != 0 ]; then
 	python3 bench/vs-istio/app.py "$app_port" "$MEM_APP_BYTES" &
 	pids+=($!)
 	for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$app_port/metrics" && break; sleep 0.05; done
+	curl -sf -o /dev/null "http://127.0.0.1:$app_port/metrics" ||
+		{ echo "bench-vs-istio: the application (bench/vs-istio/app.py) does not answer on 127.0.0.1:$app_port" >&2; exit 1; }
 fi
 [ "$MEM_FLOOR" = 0 ] || [ "$MEM_ROUNDS" = 0 ] || variants+=(floor floorlinks)
 for ((r = 0; r < MEM_ROUNDS; r++)); do
