@@ -157,9 +157,7 @@ func benchmarkScrape(b *testing.B, shared bool) {
 // scrapeSources times our merged scrape of the sources on envoyPort and
 // appPort, with an empty agent registry.
 func scrapeSources(b *testing.B, envoyPort, appPort int) {
-	url := benchScrapeURLIn(b, Config{Metrics: metricsmerge.Config{
-		EnvoyPort: envoyPort, App: []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
-	}}, Inputs{Metrics: prometheus.NewRegistry()}) + "/stats/prometheus"
+	url := benchScrapeURLIn(b, mergedConfig(envoyPort, appPort), Inputs{Metrics: prometheus.NewRegistry()}) + "/stats/prometheus"
 	c := benchClient(b)
 	b.ReportAllocs()
 	var size int

@@ -13,7 +13,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/meshagent/meshagent/services/status/metricsmerge"
 	"github.com/meshagent/meshagent/testdata/testkit"
 )
 
@@ -141,16 +140,6 @@ func TestMergedMetricsStreamApplicationsAnswer(t *testing.T) {
 		t.Errorf("the answer does not end with Envoy's exposition then the application's, as they came")
 	}
 	checkWhole(t, body, "http_server_requests_total", 600)
-}
-
-// serveSources serves the agent's registry (agentRegistry) merged with
-// Envoy's exposition on envoyPort and the application's on appPort.
-func serveSources(t *testing.T, envoyPort, appPort int) string {
-	t.Helper()
-	return newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: envoyPort,
-		App:       []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()}).serve(t)
 }
 
 // checkWhole checks that a streamed answer parses strictly, with the

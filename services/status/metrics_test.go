@@ -176,21 +176,30 @@ func promtoolCheck(t *testing.T, body string) {
 // Envoy's exposition and the application's, and returns the base URL.
 func serveMerged(t *testing.T, envoy, app *exposition) string {
 	t.Helper()
-	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()})
-	return f.serve(t)
+	return serveSources(t, serveExposition(t, envoy), serveExposition(t, app))
+}
+
+// serveSources serves the agent's registry (agentRegistry) merged with
+// Envoy's exposition on envoyPort and the application's on appPort.
+func serveSources(t *testing.T, envoyPort, appPort int) string {
+	t.Helper()
+	return newFixtureIn(mergedConfig(envoyPort, appPort), Inputs{Metrics: agentRegistry()}).serve(t)
+}
+
+// mergedConfig merges Envoy's exposition on envoyPort and the
+// application's /metrics on appPort.
+func mergedConfig(envoyPort, appPort int) Config {
+	return Config{Metrics: metricsmerge.Config{
+		EnvoyPort: envoyPort,
+		App:       []metricsmerge.ScrapeTarget{{Port: appPort, Path: "/metrics"}},
+	}}
 }
 
 // serveMergedLogged is serveMerged with the fixture's own registry,
 // logging at Info into logs.
 func serveMergedLogged(t *testing.T, envoy, app *exposition, logs io.Writer) string {
 	t.Helper()
-	return newLoggedFixture(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, infoLogger(logs)).serve(t)
+	return newLoggedFixture(mergedConfig(serveExposition(t, envoy), serveExposition(t, app)), infoLogger(logs)).serve(t)
 }
 
 // The merged endpoint: the agent's metrics under Istio's prefix, Envoy's,
@@ -368,11 +377,7 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 	}))
 	defer hung.Close()
 	reg := prometheus.NewRegistry()
-	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: portOf(t, hung.URL),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: reg})
-	base := f.serve(t)
+	base := newFixtureIn(mergedConfig(portOf(t, hung.URL), serveExposition(t, app)), Inputs{Metrics: reg}).serve(t)
 	resp, body := scrape(t, base+"/stats/prometheus", http.Header{"X-Prometheus-Scrape-Timeout-Seconds": {"1"}})
 	if resp.StatusCode != 200 {
 		t.Fatalf("scrape = %d", resp.StatusCode)
@@ -396,11 +401,7 @@ func TestMergedMetricsTimeoutLeavesSlowSourceOut(t *testing.T) {
 func TestMergedMetricsOpenMetricsNegotiation(t *testing.T) {
 	envoy := &exposition{contentType: "text/plain; version=0.0.4", body: envoyExposition(t)}
 	app := &exposition{contentType: string(expfmt.FmtOpenMetrics_1_0_0), body: openMetricsApp(t)}
-	f := newFixtureIn(Config{Metrics: metricsmerge.Config{
-		EnvoyPort: serveExposition(t, envoy),
-		App:       []metricsmerge.ScrapeTarget{{Port: serveExposition(t, app), Path: "/metrics"}},
-	}}, Inputs{Metrics: agentRegistry()})
-	base := f.serve(t)
+	base := serveMerged(t, envoy, app)
 	// Prometheus 3's default Accept.
 	accept := "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4," +
 		"text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
